@@ -1,0 +1,54 @@
+"""pgprefetch: pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr.
+
+The dump side (config, pipeline, store) never imports torch, so cron start-up stays fast; the reader,
+:class:`EpochDataset`, is imported lazily on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .config import Config, load_config
+from .errors import (
+    ConfigError,
+    EpochNotFoundError,
+    EpochNotReadyError,
+    FormatVersionError,
+    PgprefetchError,
+    SampleError,
+    SourceError,
+    StoreError,
+)
+from .pipeline import DumpResult, dump_epoch, dump_epochs
+from .store import Store
+
+if TYPE_CHECKING:
+    from .reader import EpochDataset
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "DumpResult",
+    "EpochDataset",
+    "EpochNotFoundError",
+    "EpochNotReadyError",
+    "FormatVersionError",
+    "PgprefetchError",
+    "SampleError",
+    "SourceError",
+    "Store",
+    "StoreError",
+    "__version__",
+    "dump_epoch",
+    "dump_epochs",
+    "load_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EpochDataset":  # the only name that needs torch
+        from .reader import EpochDataset
+
+        return EpochDataset
+    raise AttributeError(f"module 'pgprefetch' has no attribute {name!r}")

@@ -1,0 +1,223 @@
+"""The ``pgprefetch`` command line: each command parses options, loads the config and calls the library.
+
+Errors are translated in one place, :class:`_Group`: a :class:`~pgprefetch.errors.PgprefetchError`
+becomes ``Error: <one line>`` with its exit code (2 for config and usage errors, 1 otherwise); anything
+unexpected becomes one line too, unless ``--debug`` asks for the traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ._version import __version__
+from .config import load_config
+from .errors import ConfigError, PgprefetchError
+from .pipeline import DumpResult, dump_epochs
+from .progress import BarProgress
+from .server import DEFAULT_DIR
+
+DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml")
+
+
+class _Group(click.Group):
+    """A click group that turns library errors into one-line messages and exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PgprefetchError as e:
+            if ctx.params.get("debug"):
+                raise
+            raise _fail(str(e), e.exit_code) from None
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            ctx.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:  # a bug or an environment problem: still one line, unless --debug
+            if ctx.params.get("debug"):
+                raise
+            detail = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e)
+            raise _fail(f"{type(e).__name__}: {detail} (run with --debug for the traceback)", 1) from None
+
+
+def _fail(message: str, code: int) -> click.ClickException:
+    e = click.ClickException(message)
+    e.exit_code = code
+    return e
+
+
+def _epochs(value: str) -> list[int]:
+    """Parse ``3``, ``3-5`` or ``1,4-6`` into a list of epochs."""
+    out: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(-?[0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
+        if not m:
+            raise ConfigError(f"--epochs: expected N, A-B or a comma-separated list of them, got {value!r}")
+        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
+        if lo < 0:
+            raise ConfigError(f"--epochs: epochs are 0 or more, got {lo}")
+        if hi < lo:
+            raise ConfigError(f"--epochs: empty range {part.strip()!r}")
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def _summary(r: DumpResult) -> str:
+    if r.skipped:
+        return f"epoch {r.epoch}: already complete in {r.path}, left untouched (use --force to rewrite)"
+    return (
+        f"epoch {r.epoch}: {r.n_batches} batches, {r.n_samples:,} samples, {r.bytes / 1e6:,.1f} MB "
+        f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}"
+    )
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The TOML config file.",
+)
+dsn_option = click.option(
+    "--dsn", help="PostgreSQL URI; wins over PGPREFETCH_DSN and [source] dsn.", envvar=None, default=None
+)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pgprefetch")
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+def cli(debug: bool) -> None:
+    """Pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr."""
+
+
+@cli.command()
+@config_option
+@click.option("--epoch", type=int, help="The epoch to dump.")
+@click.option("--epochs", "epoch_range", help="Several epochs: 3-5, or 1,4-6.")
+@click.option("--store", type=click.Path(path_type=Path), help="Store folder; overrides [store] path.")
+@dsn_option
+@click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
+@click.option("--force", is_flag=True, help="Rewrite epochs that are already complete.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object per epoch.")
+def dump(
+    config_path: Path,
+    epoch: int | None,
+    epoch_range: str | None,
+    store: Path | None,
+    dsn: str | None,
+    connections: int | None,
+    force: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    r"""Dump epochs of a config into its Zarr store.
+
+    \b
+    Example:
+        pgprefetch dump --config configs/demo.toml --epoch 3
+    """
+    if (epoch is None) == (epoch_range is None):
+        raise ConfigError("give either --epoch N or --epochs A-B")
+    epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
+    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store)
+    progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
+    for result in asyncio.run(dump_epochs(cfg, epochs, force=force, progress=progress)):
+        if as_json:
+            click.echo(json.dumps(result.to_json()))
+        elif not quiet:
+            click.echo(_summary(result))
+
+
+@cli.command("demo-data")
+@dsn_option
+@click.option(
+    "--scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="1 = 38,560 windows and 90,000 rows of training samples.",
+)
+def demo_data(dsn: str | None, scale: float) -> None:
+    """Load the two deterministic demo datasets (sequences and rows) into a database."""
+    from .demodata import load_demo_data
+
+    counts = asyncio.run(load_demo_data(dsn, scale))
+    click.echo(f"loaded sequences ({counts['sequences']:,} train windows) and rows ({counts['rows']:,} train rows)")
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    help="Where the server keeps its data.",
+)
+def server(folder: Path) -> None:
+    """Run the embedded PostgreSQL and print its DSN until Ctrl-C."""
+    from .server import embedded_server
+
+    with embedded_server(folder) as dsn:
+        click.echo(dsn)
+        try:
+            while True:
+                asyncio.run(asyncio.sleep(3600))
+        except KeyboardInterrupt:
+            click.echo("stopping", err=True)
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    help="Where the embedded server keeps its data.",
+)
+@click.option(
+    "--scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Size of the demo datasets.",
+)
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEMO_CONFIGS,
+    show_default=True,
+    help="Configs to dump epoch 0 of.",
+)
+def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
+    """Start the embedded PostgreSQL, load the demo data and dump epoch 0 of each demo config."""
+    from .demodata import load_demo_data
+    from .server import embedded_server
+
+    with embedded_server(folder) as dsn:
+        click.echo(f"embedded PostgreSQL at {dsn}")
+        counts = asyncio.run(load_demo_data(dsn, scale))
+        click.echo(f"loaded sequences ({counts['sequences']:,} windows) and rows ({counts['rows']:,} rows)")
+        for path in configs:
+            cfg = load_config(path, dsn=dsn)
+            progress = BarProgress(enabled=sys.stderr.isatty())
+            (result,) = asyncio.run(dump_epochs(cfg, [0], force=True, progress=progress))
+            click.echo(f"{path}: {_summary(result)}")
+            click.echo(json.dumps(result.to_json()))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="pgprefetch")

@@ -1,0 +1,352 @@
+"""The TOML config, validated once at the edge into frozen dataclasses.
+
+Nothing past :func:`load_config` sees a raw dict: the pipeline, the store and the CLI take these objects.
+Every error is one line naming the file, the key and what was expected (with a "did you mean" for typos),
+because a config is edited by hand and read by cron.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .sqltext import find_params, strip_statement
+
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+COMPRESSIONS = ("none", "zstd", "lz4")
+RESERVED_FIELDS = ("keys",)  # the store keeps each batch's keys in an array of that name
+
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|h|d)?\s*$")
+_DURATION_MS = {"ms": 1, "s": 1_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceConfig:
+    """Where the data lives and how hard to read it."""
+
+    dsn: str | None = None
+    """libpq-style URI; None lets asyncpg use the PG* environment variables."""
+    connections: int = 8
+    """Pool size, which is also the number of batches in flight."""
+    statement_timeout_ms: int | None = None
+    """Applied to every statement of every connection; None leaves the server's setting."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplesConfig:
+    """Which samples exist (``keys``) and how to read one of them (``query``)."""
+
+    keys: str
+    query: str
+    rows: int = 1
+    fraction: float = 1.0
+
+    @property
+    def max_param(self) -> int:
+        """The highest ``$n`` the query uses; it must not exceed the number of key columns."""
+        return max(find_params(self.query), default=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldConfig:
+    """One tensor of the batch, built from one or more result columns."""
+
+    name: str
+    columns: tuple[str, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchesConfig:
+    """How samples are grouped: size, shuffle seed and what to do with a short last batch."""
+
+    size: int
+    seed: int = 0
+    drop_last: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """Where epochs are written, and how."""
+
+    path: Path
+    compression: str = "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """A whole, validated config."""
+
+    source: SourceConfig
+    samples: SamplesConfig
+    fields: tuple[FieldConfig, ...]
+    batches: BatchesConfig
+    store: StoreConfig
+    file: Path | None = None
+    """The file it came from, for messages; None when built in code."""
+
+    def field(self, name: str) -> FieldConfig:
+        """Return the field called ``name``."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def content(self) -> dict[str, Any]:
+        """The settings that decide an epoch's bytes, as plain JSON data.
+
+        Connection settings and the store path are left out: they change where and how fast, not what.
+        """
+        return {
+            "samples": dataclasses.asdict(self.samples),
+            "fields": [dataclasses.asdict(f) | {"columns": list(f.columns)} for f in self.fields],
+            "batches": dataclasses.asdict(self.batches),
+            "compression": self.store.compression,
+        }
+
+    def sha256(self) -> str:
+        """Hash of :meth:`content`, recorded in every epoch to tell which config wrote it."""
+        text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    dsn: str | None = None,
+    connections: int | None = None,
+    store: str | os.PathLike[str] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Read, validate and freeze a config file, then apply command-line overrides.
+
+    Args:
+        path: the TOML file.
+        dsn: ``--dsn``; wins over ``PGPREFETCH_DSN``, which wins over ``[source] dsn``.
+        connections: ``--connections``, overriding ``[source] connections``.
+        store: ``--store``, overriding ``[store] path`` (relative to the working directory, as typed).
+        environ: the environment to read ``PGPREFETCH_DSN`` from (``os.environ`` by default).
+
+    Returns:
+        The frozen config.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or breaks the contract; the message names the key.
+    """
+    file = Path(path)
+    try:
+        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file}: cannot read config file: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{file}: invalid TOML: {e}") from None
+    cfg = parse_config(raw, file=file)
+    env = os.environ if environ is None else environ
+    source = cfg.source
+    chosen_dsn = dsn or env.get("PGPREFETCH_DSN") or source.dsn
+    if connections is not None:
+        source = dataclasses.replace(source, connections=_positive(connections, "--connections", None))
+    source = dataclasses.replace(source, dsn=chosen_dsn)
+    store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=Path(store))
+    return dataclasses.replace(cfg, source=source, store=store_cfg)
+
+
+def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
+    """Validate a config already parsed from TOML (see :func:`load_config`)."""
+    p = _Parser(file)
+    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source",))
+    source = p.section(raw, "source", required=False)
+    samples = p.section(raw, "samples")
+    batches = p.section(raw, "batches")
+    store = p.section(raw, "store")
+    fields = p.section(raw, "fields")
+
+    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout"))
+    p.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction"))
+    p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
+    p.keys(store, "store", required=("path",), optional=("compression",))
+
+    samples_cfg = SamplesConfig(
+        keys=p.sql(samples, "samples", "keys"),
+        query=p.sql(samples, "samples", "query"),
+        rows=p.positive_int(samples, "samples", "rows", default=1),
+        fraction=p.fraction(samples, "samples", "fraction"),
+    )
+    if 0 in find_params(samples_cfg.query):
+        p.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
+    return Config(
+        source=SourceConfig(
+            dsn=p.optional_str(source, "source", "dsn"),
+            connections=p.positive_int(source, "source", "connections", default=8),
+            statement_timeout_ms=p.duration(source, "source", "statement_timeout"),
+        ),
+        samples=samples_cfg,
+        fields=p.fields(fields),
+        batches=BatchesConfig(
+            size=p.positive_int(batches, "batches", "size"),
+            seed=p.integer(batches, "batches", "seed", default=0),
+            drop_last=p.boolean(batches, "batches", "drop_last", default=True),
+        ),
+        store=StoreConfig(
+            path=p.path(store, "store", "path"),
+            compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
+        ),
+        file=file,
+    )
+
+
+def _positive(value: Any, where: str, file: Path | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        prefix = f"{file}: " if file else ""
+        raise ConfigError(f"{prefix}{where}: expected a positive integer, got {value!r}")
+    return value
+
+
+class _Parser:
+    """Typed getters that raise a ConfigError naming the file and key."""
+
+    def __init__(self, file: Path | None) -> None:
+        self.file = file
+
+    def fail(self, where: str, message: str) -> None:
+        prefix = f"{self.file}: " if self.file else ""
+        raise ConfigError(f"{prefix}{where}: {message}")
+
+    def keys(
+        self, table: dict[str, Any], section: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    ) -> None:
+        known = required + optional
+        where = f"[{section}]" if section else "top level"
+        for key in table:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f' (did you mean "{close[0]}"?)' if close else f" (expected one of: {', '.join(known)})"
+                self.fail(where, f'unknown key "{key}"{hint}')
+        for key in required:
+            if key not in table:
+                self.fail(where, f'missing required {"section" if not section else "key"} "{key}"')
+
+    def section(self, raw: dict[str, Any], name: str, required: bool = True) -> dict[str, Any]:
+        value = raw.get(name, {} if not required else None)
+        if not isinstance(value, dict):
+            self.fail(f"[{name}]", f"expected a table, got {_kind(value)}")
+        return value  # type: ignore[return-value]
+
+    def _get(self, table: dict[str, Any], key: str, default: Any) -> Any:
+        return table.get(key, default)
+
+    def sql(self, table: dict[str, Any], section: str, key: str) -> str:
+        value = table[key]
+        if not isinstance(value, str):
+            self.fail(f"[{section}] {key}", f"expected a SQL string, got {_kind(value)}")
+        if not strip_statement(value):
+            self.fail(f"[{section}] {key}", "expected a SQL query, got an empty string")
+        return strip_statement(value)
+
+    def integer(self, table: dict[str, Any], section: str, key: str, default: int) -> int:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"[{section}] {key}", f"expected an integer, got {_kind(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def positive_int(self, table: dict[str, Any], section: str, key: str, default: int | None = None) -> int:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.fail(f"[{section}] {key}", f"expected a positive integer, got {_show(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def fraction(self, table: dict[str, Any], section: str, key: str) -> float:
+        value = table.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            self.fail(f"[{section}] {key}", f"expected a number with 0 < {key} <= 1, got {_show(value)}")
+        return float(value)
+
+    def boolean(self, table: dict[str, Any], section: str, key: str, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(f"[{section}] {key}", f"expected true or false, got {_show(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def optional_str(self, table: dict[str, Any], section: str, key: str) -> str | None:
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            self.fail(f"[{section}] {key}", f"expected a non-empty string, got {_kind(value)}")
+        return value
+
+    def choice(self, table: dict[str, Any], section: str, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = table.get(key, default)
+        if value not in choices:
+            self.fail(f"[{section}] {key}", f"expected one of {', '.join(choices)}; got {_show(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def path(self, table: dict[str, Any], section: str, key: str) -> Path:
+        value = table[key]
+        if not isinstance(value, str) or not value.strip():
+            self.fail(f"[{section}] {key}", f"expected a path string, got {_kind(value)}")
+        path = Path(value).expanduser()
+        # Relative to the config file, so cron's working directory doesn't matter.
+        if not path.is_absolute() and self.file is not None:
+            path = self.file.resolve().parent / path
+        return Path(os.path.normpath(path))
+
+    def duration(self, table: dict[str, Any], section: str, key: str) -> int | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value  # a bare number is milliseconds, as in postgresql.conf
+        m = _DURATION.match(value) if isinstance(value, str) else None
+        if not m:
+            self.fail(
+                f"[{section}] {key}",
+                f'expected a duration such as "500ms", "30s", "5min" or "1h", got {_show(value)}',
+            )
+        assert m is not None
+        return int(float(m[1]) * _DURATION_MS[m[2] or "ms"])
+
+    def fields(self, table: dict[str, Any]) -> tuple[FieldConfig, ...]:
+        if not table:
+            self.fail("[fields]", "expected at least one field, e.g. [fields.x] with columns and dtype")
+        out = []
+        for name, spec in table.items():
+            where = f"[fields.{name}]"
+            if name in RESERVED_FIELDS:
+                self.fail(where, f'"{name}" is reserved (the store keeps each batch\'s keys under it)')
+            if not _FIELD_NAME.match(name):
+                self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
+            if not isinstance(spec, dict):
+                self.fail(where, f"expected a table with columns and dtype, got {_kind(spec)}")
+            self.keys(spec, f"fields.{name}", required=("columns", "dtype"))
+            columns = spec["columns"]
+            if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
+                self.fail(f"{where} columns", f"expected a non-empty list of column names, got {_show(columns)}")
+            if len(set(columns)) != len(columns):
+                self.fail(f"{where} columns", f"a column is listed twice in {columns}")
+            dtype = spec["dtype"]
+            if dtype not in DTYPES:
+                close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
+                hint = f' (did you mean "{close[0]}"?)' if close else ""
+                self.fail(f"{where} dtype", f"expected one of {', '.join(DTYPES)}; got {_show(dtype)}{hint}")
+            out.append(FieldConfig(name=name, columns=tuple(columns), dtype=dtype))
+        return tuple(out)
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
+    return "nothing" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _show(value: Any) -> str:
+    return "nothing" if value is None else json.dumps(value) if not isinstance(value, float) else repr(value)

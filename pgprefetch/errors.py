@@ -1,0 +1,52 @@
+"""The exceptions pgprefetch raises, and the exit code each one maps to.
+
+The library raises; only the CLI prints. Every message is one line that says what is wrong and what was
+expected, because it is what a user reads at 3 a.m. in a cron mail::
+
+    PgprefetchError                  exit 1
+    ├── ConfigError (ValueError)      exit 2   bad config file or option
+    ├── SourceError                  exit 1   PostgreSQL refused, failed or returned unusable data
+    │   └── SampleError              exit 1   one sample's rows don't fit the fields (names the key)
+    └── StoreError                   exit 1   the Zarr store is missing, unreadable or not ours
+        ├── EpochNotFoundError (FileNotFoundError)
+        ├── EpochNotReadyError       the epoch is still being written
+        └── FormatVersionError       written by a newer pgprefetch
+"""
+
+from __future__ import annotations
+
+
+class PgprefetchError(Exception):
+    """Base class of every error pgprefetch raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(PgprefetchError, ValueError):
+    """A config file, a command-line option or the queries' shape is wrong: a usage error."""
+
+    exit_code = 2
+
+
+class SourceError(PgprefetchError):
+    """PostgreSQL could not be reached, refused a statement, or returned data pgprefetch cannot use."""
+
+
+class SampleError(SourceError):
+    """One sample's rows do not fit the fields: a NULL, a wrong row count or a wrong array length."""
+
+
+class StoreError(PgprefetchError):
+    """The Zarr store is missing, unwritable, or holds something pgprefetch did not write."""
+
+
+class EpochNotFoundError(StoreError, FileNotFoundError):
+    """The requested epoch is not in the store."""
+
+
+class EpochNotReadyError(StoreError):
+    """The requested epoch is still being written (or its dump died part-way)."""
+
+
+class FormatVersionError(StoreError):
+    """The store was written in a format version this pgprefetch does not read."""

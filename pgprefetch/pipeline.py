@@ -1,0 +1,258 @@
+"""The dump: keys -> shuffle -> one statement per batch -> decode -> Zarr, overlapped and bounded.
+
+``connections`` workers each own one database connection. A worker takes the next batch index, fetches
+the batch in one round trip, then decodes and writes it on a thread (CPU work stays off the event loop)
+while the other workers' statements run. Each worker reuses one set of batch buffers, so at most
+``connections`` batches are in memory whatever the epoch's size. Batches land in their own chunk files,
+so they can finish in any order; the epoch is published only when all of them are on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+from collections.abc import Awaitable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ._version import __version__
+from .collate import BatchLayout, array_lengths, result_columns
+from .config import Config
+from .errors import ConfigError, SourceError
+from .shuffle import n_batches, shuffle_keys
+from .source import BatchReader, Snapshot, batch_statement
+from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, EpochWriter, Store
+
+
+class Progress(Protocol):
+    """What the dump reports while it runs (the CLI shows it as a progress bar)."""
+
+    def start(self, epoch: int, n_samples: int) -> None:
+        """The epoch's size is known and fetching begins."""
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        """A batch of ``samples`` samples, ``nbytes`` bytes, is on disk."""
+
+    def close(self) -> None:
+        """The epoch is done (or failed)."""
+
+
+@dataclass(frozen=True)
+class DumpResult:
+    """The outcome of dumping one epoch."""
+
+    epoch: int
+    path: Path
+    skipped: bool = False
+    n_batches: int = 0
+    n_samples: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput of the whole dump, keys query included."""
+        return self.n_samples / self.seconds if self.seconds else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary ``--json`` prints."""
+        return {
+            "epoch": self.epoch,
+            "status": "skipped" if self.skipped else "written",
+            "path": str(self.path),
+            "n_batches": self.n_batches,
+            "n_samples": self.n_samples,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "samples_per_s": round(self.samples_per_s, 1),
+        }
+
+
+async def dump_epochs(
+    cfg: Config, epochs: Iterable[int], *, force: bool = False, progress: Progress | None = None
+) -> list[DumpResult]:
+    """Dump several epochs in turn (each with its own snapshot); see :func:`dump_epoch`."""
+    return [await dump_epoch(cfg, e, force=force, progress=progress) for e in epochs]
+
+
+async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: Progress | None = None) -> DumpResult:
+    """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
+
+    Returns:
+        What was written, or ``skipped=True`` when the epoch was already complete.
+
+    Raises:
+        ConfigError: the queries do not fit the config.
+        SourceError: the database failed, or a sample does not fit its fields (SampleError).
+        StoreError: the store cannot be written.
+    """
+    if epoch < 0:
+        raise ConfigError(f"epoch must be 0 or more, got {epoch}")
+    store = Store(cfg.store.path)
+    store.create()
+    if store.is_complete(epoch) and not force:
+        return DumpResult(epoch=epoch, path=store.epoch_path(epoch), skipped=True)
+    started = time.monotonic()
+    size = cfg.batches.size
+    async with Snapshot.open(cfg.source) as snap:
+        shape = await snap.describe(cfg)
+        keys = await snap.read_keys(cfg.samples.keys, shape.key_names)
+        n_keys = keys.shape[1]
+        if n_keys == 0:
+            raise SourceError("the keys query returned no rows: there is nothing to dump")
+        keys = await asyncio.to_thread(
+            shuffle_keys, keys, seed=cfg.batches.seed, epoch=epoch, fraction=cfg.samples.fraction
+        )
+        n = keys.shape[1]
+        nb = n_batches(n, size, cfg.batches.drop_last)
+        if nb == 0:
+            raise SourceError(
+                f"{n} samples make no full batch of {size}: lower [batches] size or set drop_last = false"
+            )
+        columns = result_columns(cfg.fields, shape.columns)
+        sql = batch_statement(cfg.samples.query, len(shape.key_names), columns)
+        async with BatchReader.open(cfg.source, snap.id, sql) as reader:
+            first = await reader.fetch(0, keys[:, :size])
+            layout = BatchLayout.build(
+                cfg.fields, columns, array_lengths(columns, first), cfg.samples.rows, shape.key_names
+            )
+            specs = [ArraySpec(f.name, f.dtype, f.sample_shape) for f in layout.fields]
+            specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(shape.key_names),)))
+            writer = EpochWriter(
+                store, epoch, n_batches=nb, batch_size=size, arrays=specs, compression=cfg.store.compression
+            )
+            if progress:
+                progress.start(epoch, min(n, nb * size))
+            try:
+                total = await _write_batches(reader, writer, layout, keys, nb, size, first, progress)
+                elapsed = time.monotonic() - started
+                manifest = _manifest(cfg, epoch, layout, keys, n_keys, nb, snap, total, elapsed)
+                path = await asyncio.to_thread(writer.publish, manifest)
+            except BaseException:
+                writer.discard()
+                raise
+            finally:
+                if progress:
+                    progress.close()
+    return DumpResult(
+        epoch=epoch,
+        path=path,
+        n_batches=nb,
+        n_samples=manifest["n_samples"],
+        bytes=total,
+        seconds=time.monotonic() - started,
+    )
+
+
+async def _write_batches(
+    reader: BatchReader,
+    writer: EpochWriter,
+    layout: BatchLayout,
+    keys: np.ndarray,
+    nb: int,
+    size: int,
+    first: tuple[bytes | None, ...],
+    progress: Progress | None,
+) -> int:
+    """Fetch, decode and write batches 1..nb-1 (batch 0 is ``first``) with ``reader.size`` workers."""
+    total = 0
+    todo: Iterator[int] = iter(range(1, nb))  # shared by the workers: each takes the next index
+    # The dump's own threads, so that no decode or write can outlive the dump (and race the cleanup).
+    with ThreadPoolExecutor(max_workers=reader.size, thread_name_prefix="pgprefetch") as pool:
+        loop = asyncio.get_running_loop()
+
+        def decode_and_write(batch: int, blobs: tuple[bytes | None, ...], buffers: dict[str, np.ndarray]) -> int:
+            batch_keys = keys[:, batch * size : (batch + 1) * size]
+            n = batch_keys.shape[1]
+            layout.decode(blobs, batch_keys, buffers)
+            key_buffer = buffers[KEYS_ARRAY]
+            key_buffer[:n] = batch_keys.T
+            if n < size:  # the padded last batch (drop_last = false): zeros after the real samples
+                for array in buffers.values():
+                    array[n:] = 0
+            return writer.write_batch(batch, buffers)
+
+        async def worker(blobs: tuple[bytes | None, ...] | None = None, batch: int = 0) -> None:
+            nonlocal total
+            buffers = layout.allocate(size)
+            buffers[KEYS_ARRAY] = np.zeros((size, keys.shape[0]), dtype=np.int64)
+            while True:
+                if blobs is None:
+                    batch = next(todo, -1)
+                    if batch < 0:
+                        return
+                    blobs = await reader.fetch(batch, keys[:, batch * size : (batch + 1) * size])
+                nbytes = await loop.run_in_executor(pool, decode_and_write, batch, blobs, buffers)
+                total += nbytes
+                if progress:
+                    progress.advance(min(size, keys.shape[1] - batch * size), nbytes)
+                blobs = None
+
+        await _first_error([worker(first, 0), *(worker() for _ in range(reader.size - 1))])
+    return total
+
+
+async def _first_error(coros: list[Awaitable[None]]) -> None:
+    """Run ``coros`` concurrently; on the first failure cancel the rest and raise it (no ExceptionGroup)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
+
+
+def _manifest(
+    cfg: Config,
+    epoch: int,
+    layout: BatchLayout,
+    keys: np.ndarray,
+    n_keys: int,
+    nb: int,
+    snap: Snapshot,
+    total: int,
+    elapsed: float,
+) -> dict[str, Any]:
+    """The epoch's manifest: everything a reader, an auditor or a resumed dump needs to know."""
+    n = keys.shape[1]
+    size = cfg.batches.size
+    used = nb * size if cfg.batches.drop_last else n
+    return {
+        "format_version": FORMAT_VERSION,
+        "pgprefetch_version": __version__,
+        "epoch": epoch,
+        "seed": cfg.batches.seed,
+        "batch_size": size,
+        "n_batches": nb,
+        "n_samples": used,
+        "drop_last": cfg.batches.drop_last,
+        "n_keys": n_keys,
+        "fraction": cfg.samples.fraction,
+        "rows": cfg.samples.rows,
+        "fields": {
+            f.name: {"dtype": f.dtype.name, "shape": list(f.sample_shape), "columns": [c.name for c in f.columns]}
+            for f in layout.fields
+        },
+        "key_columns": list(layout.key_names),
+        "keys_sha256": hashlib.sha256(np.ascontiguousarray(keys[:, :used]).tobytes()).hexdigest(),
+        "compression": cfg.store.compression,
+        "config_sha256": cfg.sha256(),
+        "config": dataclasses.asdict(cfg.samples),
+        "snapshot": snap.id,
+        "server_version": snap.server_version,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(elapsed, 3),
+        "bytes": total,
+        "complete": True,
+    }

@@ -1,0 +1,48 @@
+"""The dump's progress bar on stderr: samples/s, MB/s and ETA (only on a terminal)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+
+class BarProgress:
+    """A :class:`pgprefetch.pipeline.Progress` drawn with tqdm; does nothing when ``enabled`` is false."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: tqdm | None = None
+        self._bytes = 0
+        self._started = 0.0
+
+    def start(self, epoch: int, n_samples: int) -> None:
+        """Open a bar for one epoch."""
+        if not self.enabled:
+            return
+        self._bytes, self._started = 0, time.monotonic()
+        self._bar = tqdm(
+            total=n_samples,
+            desc=f"epoch {epoch}",
+            unit=" samples",
+            unit_scale=True,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            leave=False,
+        )
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        """Count one written batch."""
+        if self._bar is None:
+            return
+        self._bytes += nbytes
+        rate = self._bytes / max(time.monotonic() - self._started, 1e-9) / 1e6
+        self._bar.set_postfix_str(f"{rate:.1f} MB/s", refresh=False)
+        self._bar.update(samples)
+
+    def close(self) -> None:
+        """Remove the bar (the summary line replaces it)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

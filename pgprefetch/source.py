@@ -1,0 +1,258 @@
+"""The PostgreSQL side: connections, one exported snapshot, the keys cursor and the batch statement.
+
+An epoch reads one consistent state of the database. The *exporter* connection opens a
+``REPEATABLE READ READ ONLY`` transaction, exports its snapshot and streams the keys through a
+server-side cursor; every *worker* connection opens the same kind of transaction and imports that
+snapshot before its first query, so rows changed while the dump runs never reach the epoch, and user SQL
+can never write (a data-modifying CTE fails in a read-only transaction).
+
+Each batch is one prepared statement: the batch's key columns travel as ``int8[]`` bind parameters,
+``unnest(...) WITH ORDINALITY`` turns them back into samples, and the user's per-sample query runs
+``LATERAL`` for each. The statement returns one row holding every result column as a binary array
+(``array_send(array_agg(col))``), which :mod:`pgprefetch.collate` views with numpy. Bind parameters keep
+the statement text constant (prepared once per connection, no injection). ``COPY ... TO STDOUT`` is
+what this replaces: COPY cannot take bind parameters, so it would need the keys pasted into its text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import numpy as np
+
+from .collate import Column
+from .config import Config, SourceConfig
+from .errors import ConfigError, SampleError, SourceError
+from .sqltext import find_params, replace_params
+
+KEY_TYPES = ("int2", "int4", "int8")
+KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
+_SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
+_K = "_pgpf_k"  # aliases unlikely to collide with names in the user's query
+_Q = "_pgpf_q"
+
+
+def redact(dsn: str | None) -> str:
+    """The DSN as it may be shown: the password replaced by ``***`` (or the libpq environment)."""
+    if not dsn:
+        return "the server from the PG* environment"
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        if parts.password is not None:
+            user = parts.username or ""
+            host = parts.netloc.rsplit("@", 1)[1]
+            parts = parts._replace(netloc=f"{user}:***@{host}")
+        query = re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query)
+        return urlunsplit(parts._replace(query=query))
+    return re.sub(r"(?i)(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+
+
+def scrub(text: str, dsn: str | None) -> str:
+    """``text`` with the DSN's password, wherever it appears, replaced by ``***``."""
+    password = None
+    if dsn and "://" in dsn:
+        with suppress(ValueError):
+            password = urlsplit(dsn).password
+    if dsn and not password:
+        m = re.search(r"(?i)password\s*=\s*('([^']*)'|[^&\s]+)", dsn)
+        password = (m[2] if m and m[2] is not None else m[1]) if m else None
+    return text.replace(password, "***") if password else text
+
+
+def quote_ident(name: str) -> str:
+    """A SQL identifier, quoted so that any column name is taken literally."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
+    """Open one connection with pgprefetch's session settings, or raise a one-line SourceError."""
+    server_settings = {"application_name": "pgprefetch", **settings}
+    if source.statement_timeout_ms is not None:
+        server_settings["statement_timeout"] = str(source.statement_timeout_ms)
+    try:
+        return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=30)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as e:
+        reason = scrub(str(e) or type(e).__name__, source.dsn)
+        raise SourceError(f"cannot connect to {redact(source.dsn)}: {reason}") from None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the two queries return: key column names and the per-sample query's columns."""
+
+    key_names: tuple[str, ...]
+    columns: dict[str, Column]
+
+
+class Snapshot:
+    """The exporter: a read-only transaction whose snapshot every worker imports."""
+
+    def __init__(self, conn: asyncpg.Connection, snapshot_id: str, server_version: str) -> None:
+        self.conn = conn
+        self.id = snapshot_id
+        self.server_version = server_version
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, source: SourceConfig) -> AsyncIterator[Snapshot]:
+        """Connect, begin ``REPEATABLE READ READ ONLY`` and export the snapshot."""
+        conn = await connect(source)
+        try:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                snapshot_id, version = await conn.fetchrow(
+                    "SELECT pg_export_snapshot(), current_setting('server_version')"
+                )
+                if not _SNAPSHOT_ID.match(snapshot_id):  # it is spliced into SET TRANSACTION SNAPSHOT
+                    raise SourceError(f"the server exported an unexpected snapshot id {snapshot_id!r}")
+                yield cls(conn, snapshot_id, version)
+        finally:
+            await conn.close()
+
+    async def describe(self, cfg: Config) -> Shape:
+        """Check the keys and per-sample queries against the config, using the server's descriptions.
+
+        Raises:
+            ConfigError: SQL errors, non-integer key columns, a ``$n`` beyond the key columns, a field column
+                the query does not return, or a column type pgprefetch cannot put in a tensor.
+        """
+        where = _where(cfg)
+        keys = await self._prepare(cfg.samples.keys, f"{where}[samples] keys")
+        key_names = tuple(a.name for a in keys.get_attributes())
+        for a in keys.get_attributes():
+            if a.type.name not in KEY_TYPES:
+                raise ConfigError(
+                    f'{where}[samples] keys: key column "{a.name}" is {a.type.name}; '
+                    "keys must be integer columns (smallint, integer, bigint)"
+                )
+        if cfg.samples.max_param > len(key_names):
+            raise ConfigError(
+                f"{where}[samples] query: uses ${cfg.samples.max_param} but keys returns "
+                f"{len(key_names)} column(s) ({', '.join(key_names)})"
+            )
+        query = await self._prepare(cfg.samples.query, f"{where}[samples] query")
+        returned = {a.name: a for a in query.get_attributes()}
+        columns = {}
+        for f in cfg.fields:
+            for name in f.columns:
+                if name not in returned:
+                    raise ConfigError(
+                        f'{where}[fields.{f.name}] columns: the query returns no column "{name}" '
+                        f"(it returns {', '.join(returned) or 'nothing'})"
+                    )
+                t = returned[name].type
+                columns[name] = Column.from_type(name, t.name, t.kind, f"{where}[fields.{f.name}] columns")
+        return Shape(key_names=key_names, columns=columns)
+
+    async def _prepare(self, sql: str, where: str) -> asyncpg.prepared_stmt.PreparedStatement:
+        try:
+            async with self.conn.transaction():  # a savepoint: a failed prepare must not end the snapshot
+                return await self.conn.prepare(sql)
+        except asyncpg.PostgresError as e:
+            raise ConfigError(f"{where}: {_pg_message(e)}") from None
+
+    async def read_keys(self, sql: str, key_names: Sequence[str]) -> np.ndarray:
+        """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array."""
+        chunks = []
+        stmt = await self.conn.prepare(sql)
+        cursor = await stmt.cursor()
+        while records := await cursor.fetch(KEYS_PREFETCH):
+            try:
+                chunk = np.array(records, dtype=np.int64).reshape(len(records), len(key_names))
+            except TypeError:  # a None
+                row, col = next((i, j) for i, r in enumerate(records) for j, v in enumerate(r) if v is None)
+                raise SampleError(
+                    f'keys query returned a NULL in key column "{key_names[col]}" '
+                    f"(row {sum(c.shape[1] for c in chunks) + row + 1})"
+                ) from None
+            chunks.append(np.ascontiguousarray(chunk.T))
+        if not chunks:
+            return np.empty((len(key_names), 0), dtype=np.int64)
+        return np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
+
+
+def batch_statement(query: str, n_keys: int, columns: Sequence[Column]) -> str:
+    """The one-round-trip statement that runs the per-sample ``query`` for every key of a batch."""
+    inner = replace_params(query, lambda n: f"{_K}.k{n}")
+    arrays = ", ".join(f"${i}::int8[]" for i in range(1, n_keys + 1))
+    names = ", ".join(f"k{i}" for i in range(1, n_keys + 1))
+    selects = [f"array_send(array_agg({_K}.ord))"]
+    for c in columns:
+        ref = f"{_Q}.{quote_ident(c.name)}"
+        if c.is_array:
+            selects.append(f"string_agg(array_send({ref}{c.cast}), ''::bytea)")
+            selects.append(f"array_send(array_agg(cardinality({ref})))")
+        else:
+            selects.append(f"array_send(array_agg({ref}{c.cast}))")
+    return (
+        f"SELECT {', '.join(selects)}\n"
+        f"FROM unnest({arrays}) WITH ORDINALITY AS {_K}({names}, ord)\n"
+        f"CROSS JOIN LATERAL (\n{inner}\n) AS {_Q}"
+    )
+
+
+class BatchReader:
+    """``connections`` worker connections on the exported snapshot, each with the batch statement prepared."""
+
+    def __init__(self, workers: list[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]]) -> None:
+        self._idle: asyncio.Queue[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]] = asyncio.Queue()
+        for w in workers:
+            self._idle.put_nowait(w)
+        self.size = len(workers)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, source: SourceConfig, snapshot_id: str, sql: str) -> AsyncIterator[BatchReader]:
+        """Open the workers concurrently; each begins its transaction and imports ``snapshot_id``."""
+        if not _SNAPSHOT_ID.match(snapshot_id):
+            raise SourceError(f"refusing an invalid snapshot id {snapshot_id!r}")
+        conns: list[asyncpg.Connection] = []
+
+        async def start() -> tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]:
+            # Parallel plans would only compete with our own connections for the same cores.
+            conn = await connect(source, max_parallel_workers_per_gather="0")
+            conns.append(conn)
+            await conn.execute(
+                f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+            )
+            try:
+                return conn, await conn.prepare(sql)
+            except asyncpg.PostgresError as e:
+                raise SourceError(f"cannot prepare the batch statement: {_pg_message(e)}") from None
+
+        try:
+            workers = await asyncio.gather(*(start() for _ in range(source.connections)))
+            yield cls(list(workers))
+        finally:
+            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+
+    async def fetch(self, batch: int, keys: np.ndarray) -> tuple[bytes | None, ...]:
+        """Run the batch statement for ``keys`` (shape ``(n_key_columns, n)``) on an idle worker."""
+        conn, stmt = await self._idle.get()
+        try:
+            row = await stmt.fetchrow(*(column.tolist() for column in keys))
+        except asyncpg.QueryCanceledError as e:
+            raise SourceError(f"batch {batch}: {_pg_message(e)} (see [source] statement_timeout)") from None
+        except asyncpg.PostgresError as e:
+            raise SourceError(f"batch {batch}: {_pg_message(e)}") from None
+        finally:
+            self._idle.put_nowait((conn, stmt))
+        return tuple(row)
+
+
+def _pg_message(e: asyncpg.PostgresError) -> str:
+    """The server's message on one line (asyncpg's str() adds DETAIL/HINT on further lines)."""
+    message = getattr(e, "message", None) or str(e).splitlines()[0]
+    return message.replace("\n", " ")
+
+
+def _where(cfg: Config) -> str:
+    return f"{cfg.file}: " if cfg.file else ""
+
+
+__all__ = ["BatchReader", "Shape", "Snapshot", "batch_statement", "connect", "find_params", "redact"]
