@@ -1,0 +1,99 @@
+"""A real PostgreSQL for the whole test session, and a fresh database per test that needs one.
+
+``PGPREFETCH_TEST_DSN`` (a URI) points the suite at any reachable server, e.g. PostgreSQL 15; otherwise
+the session starts the embedded PostgreSQL 18 in a temporary folder. If the first connection fails the
+run stops at once with the reason (and the server's log), not with hundreds of failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from pgprefetch.demodata import load_demo_data
+
+
+def with_database(dsn: str, name: str) -> str:
+    """The same server URI, pointing at database ``name``."""
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+async def _execute(dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """The server's DSN (its maintenance database)."""
+    env = os.environ.get("PGPREFETCH_TEST_DSN")
+    if env:
+        _check(env, log=None)
+        yield env
+        return
+    from pgprefetch.server import embedded_server
+
+    folder = Path(tempfile.mkdtemp(prefix="pgpf-"))  # short: unix socket paths are capped near 107 bytes
+    try:
+        with embedded_server(folder) as dsn:
+            _check(dsn, log=folder / "pg" / "log")
+            yield dsn
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _check(dsn: str, log: Path | None) -> None:
+    try:
+        asyncio.run(_execute(dsn, "SELECT 1"))
+    except Exception as e:
+        tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else "(no log)"
+        pytest.exit(f"cannot connect to the test PostgreSQL: {e}\nserver log:\n{tail}", returncode=3)
+
+
+@pytest.fixture
+def db(pg_dsn: str) -> Iterator[str]:
+    """A fresh, empty database for one test; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_execute(pg_dsn, f"CREATE DATABASE {name}"))
+    try:
+        yield with_database(pg_dsn, name)
+    finally:
+        asyncio.run(_execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(scope="session")
+def demo_db(pg_dsn: str) -> Iterator[str]:
+    """A database holding both demo datasets at a small scale; tests must not modify it."""
+    name = f"demo_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_execute(pg_dsn, f"CREATE DATABASE {name}"))
+    dsn = with_database(pg_dsn, name)
+    asyncio.run(load_demo_data(dsn, scale=0.05))
+    try:
+        yield dsn
+    finally:
+        asyncio.run(_execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
+    """Run one query synchronously (for comparing dumps with what the database says)."""
+
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())

@@ -1,0 +1,105 @@
+"""Small helpers shared by the tests: writing configs, running dumps, reading stores."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+import zarr
+
+from pgprefetch import DumpResult, dump_epoch, load_config
+
+SEQUENCES = {
+    "keys": "SELECT series_id, start_t FROM train_samples",
+    "query": "SELECT f0, f1, label FROM ticks WHERE series_id = $1 AND t >= $2 ORDER BY t LIMIT 64",
+    "rows": 64,
+    "fields": {"x": (["f0", "f1"], "float32"), "y": (["label"], "int64")},
+    "size": 64,
+}
+
+
+def toml_value(v: Any) -> str:
+    return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
+
+
+def write_config(
+    folder: Path,
+    *,
+    keys: str,
+    query: str,
+    fields: dict[str, tuple[list[str], str]],
+    size: int,
+    rows: int = 1,
+    seed: int = 0,
+    drop_last: bool = True,
+    fraction: float = 1.0,
+    compression: str = "none",
+    connections: int = 4,
+    name: str = "test.toml",
+    store: str = "store.zarr",
+    extra_source: str = "",
+) -> Path:
+    """Write a config file into ``folder`` and return its path."""
+    lines = [
+        "[source]",
+        f"connections = {connections}",
+        extra_source,
+        "[samples]",
+        f"keys = {toml_value(keys)}",
+        f"query = {toml_value(query)}",
+        f"rows = {rows}",
+        f"fraction = {fraction}",
+        "[batches]",
+        f"size = {size}",
+        f"seed = {seed}",
+        f"drop_last = {toml_value(drop_last)}",
+        "[store]",
+        f"path = {toml_value(store)}",
+        f"compression = {toml_value(compression)}",
+    ]
+    for fname, (columns, dtype) in fields.items():
+        lines += [f"[fields.{fname}]", f"columns = {json.dumps(columns)}", f"dtype = {toml_value(dtype)}"]
+    path = folder / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def dump(config: Path, dsn: str, epoch: int = 0, **kwargs: Any) -> DumpResult:
+    """Load ``config`` with ``dsn`` and dump one epoch."""
+    force = kwargs.pop("force", False)
+    cfg = load_config(config, dsn=dsn, **kwargs)
+    return asyncio.run(dump_epoch(cfg, epoch, force=force))
+
+
+def epoch_group(result: DumpResult) -> zarr.Group:
+    return zarr.open_group(result.path, mode="r")
+
+
+def read_arrays(result: DumpResult) -> dict[str, np.ndarray]:
+    g = epoch_group(result)
+    return {name: g[name][:] for name in g.array_keys()}
+
+
+def execute(dsn: str, *statements: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            for s in statements:
+                await conn.execute(s)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def chunk_bytes(epoch_path: Path) -> dict[str, bytes]:
+    """Every file of a published epoch except the manifest, by relative path."""
+    return {
+        str(p.relative_to(epoch_path)): p.read_bytes()
+        for p in sorted(epoch_path.rglob("*"))
+        if p.is_file() and p.parent != epoch_path
+    }
