@@ -150,7 +150,8 @@ def test_short_last_batch_is_padded_and_counted(demo_db: str, tmp_path: Path) ->
     assert result.n_samples == g.attrs["pgprefetch"]["n_samples"] == n
     tail = n - (result.n_batches - 1) * 1000
     last = g["x"][result.n_batches - 1]
-    assert np.all(last[tail:] == 0) and np.any(last[:tail] != 0)
+    assert np.all(last[tail:] == 0)
+    assert np.any(last[:tail] != 0)
 
 
 def test_drop_last_drops_the_short_batch(demo_db: str, tmp_path: Path) -> None:
@@ -187,9 +188,11 @@ def test_complete_epoch_is_left_untouched_unless_forced(demo_db: str, seq_config
     first = dump(seq_config, demo_db)
     stamp = (first.path / "zarr.json").stat().st_mtime_ns
     again = dump(seq_config, demo_db)
-    assert again.skipped and (first.path / "zarr.json").stat().st_mtime_ns == stamp
+    assert again.skipped
+    assert (first.path / "zarr.json").stat().st_mtime_ns == stamp
     forced = dump(seq_config, demo_db, force=True)
-    assert not forced.skipped and chunk_bytes(forced.path) == chunk_bytes(first.path)
+    assert not forced.skipped
+    assert chunk_bytes(forced.path) == chunk_bytes(first.path)
 
 
 def test_failed_dump_publishes_nothing(db: str, tmp_path: Path) -> None:
