@@ -103,7 +103,7 @@ async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: 
     size = cfg.batches.size
     async with Snapshot.open(cfg.source) as snap:
         shape = await snap.describe(cfg)
-        keys = await snap.read_keys(cfg.samples.keys, shape.key_names)
+        keys = await snap.read_keys(cfg, shape.key_names)
         n_keys = keys.shape[1]
         if n_keys == 0:
             raise SourceError("the keys query returned no rows: there is nothing to dump")

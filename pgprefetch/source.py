@@ -29,7 +29,7 @@ import numpy as np
 from .collate import Column
 from .config import Config, SourceConfig
 from .errors import ConfigError, SampleError, SourceError
-from .sqltext import find_params, replace_params
+from .sqltext import replace_params
 
 KEY_TYPES = ("int2", "int4", "int8")
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
@@ -156,9 +156,15 @@ class Snapshot:
         except asyncpg.PostgresError as e:
             raise ConfigError(f"{where}: {_pg_message(e)}") from None
 
-    async def read_keys(self, sql: str, key_names: Sequence[str]) -> np.ndarray:
+    async def read_keys(self, cfg: Config, key_names: Sequence[str]) -> np.ndarray:
         """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array."""
-        chunks = []
+        try:
+            return await self._read_keys(cfg.samples.keys, key_names)
+        except asyncpg.PostgresError as e:
+            raise SourceError(f"{_where(cfg)}[samples] keys: {_pg_message(e)}") from None
+
+    async def _read_keys(self, sql: str, key_names: Sequence[str]) -> np.ndarray:
+        chunks: list[np.ndarray] = []
         stmt = await self.conn.prepare(sql)
         cursor = await stmt.cursor()
         while records := await cursor.fetch(KEYS_PREFETCH):
@@ -255,4 +261,3 @@ def _where(cfg: Config) -> str:
     return f"{cfg.file}: " if cfg.file else ""
 
 
-__all__ = ["BatchReader", "Shape", "Snapshot", "batch_statement", "connect", "find_params", "redact"]

@@ -1,0 +1,253 @@
+"""Every way the database side can go wrong gives one clear line, the right exit code, and no epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pgprefetch.cli import cli
+from pgprefetch.errors import ConfigError, SampleError, SourceError
+
+from .conftest import fetch
+from .helpers import dump, execute, write_config
+
+ONE_COLUMN = {"v": (["v"], "float32")}
+
+
+@pytest.fixture
+def table(db: str) -> str:
+    """``s(id, v, e)``: 64 rows, v = id, e = a real[3] array; ``w(id, k, v)``: 2 rows per id."""
+    execute(
+        db,
+        "CREATE TABLE s (id int PRIMARY KEY, v real, e real[], name text)",
+        "INSERT INTO s SELECT i, i, ARRAY[i, i, i], 'n' || i FROM generate_series(1, 64) i",
+        "CREATE TABLE w (id int, k int, v real)",
+        "INSERT INTO w SELECT i, k, i FROM generate_series(1, 64) i, generate_series(1, 2) k",
+    )
+    return db
+
+
+def expect(error: type[Exception], message: str, tmp_path: Path, dsn: str, epoch: int = 0, **config: object) -> None:
+    settings = {
+        "keys": "SELECT id FROM s ORDER BY id",
+        "query": "SELECT v FROM s WHERE id = $1",
+        "fields": ONE_COLUMN,
+        "size": 16,
+        **config,
+    }
+    path = write_config(tmp_path, **settings)  # type: ignore[arg-type]
+    with pytest.raises(error) as excinfo:
+        dump(path, dsn, epoch=epoch)
+    assert str(excinfo.value) == message.format(file=path)
+    assert not (tmp_path / "store.zarr" / f"epoch-{epoch:05d}").exists()
+
+
+def test_null_value_names_the_key_field_and_column(table: str, tmp_path: Path) -> None:
+    execute(table, "UPDATE s SET v = NULL WHERE id = 7")
+    expect(SampleError, "sample (id=7): field v, column v is NULL", tmp_path, table)
+
+
+def test_too_few_rows_names_the_key(table: str, tmp_path: Path) -> None:
+    execute(table, "DELETE FROM w WHERE id = 9 AND k = 2")
+    expect(
+        SampleError,
+        "sample (id=9): returned 1 rows, expected 2 ([samples] rows)",
+        tmp_path,
+        table,
+        query="SELECT v FROM w WHERE id = $1 ORDER BY k",
+        rows=2,
+    )
+
+
+def test_too_many_rows_names_the_key(table: str, tmp_path: Path) -> None:
+    execute(table, "INSERT INTO w VALUES (5, 3, 5)")
+    expect(
+        SampleError,
+        "sample (id=5): returned 3 rows, expected 2 ([samples] rows)",
+        tmp_path,
+        table,
+        query="SELECT v FROM w WHERE id = $1 ORDER BY k",
+        rows=2,
+    )
+
+
+def test_sample_without_rows_names_the_key(table: str, tmp_path: Path) -> None:
+    expect(
+        SampleError,
+        "sample (id=3): returned 0 rows, expected 1 ([samples] rows)",
+        tmp_path,
+        table,
+        query="SELECT v FROM s WHERE id = $1 AND id <> 3",
+    )
+
+
+def test_array_of_the_wrong_length_names_the_key(table: str, tmp_path: Path) -> None:
+    execute(table, "UPDATE s SET e = ARRAY[1, 2] WHERE id = 11")
+    expect(
+        SampleError,
+        "sample (id=11): field e, column e has 2 elements, expected 3 (as in the first sample)",
+        tmp_path,
+        table,
+        query="SELECT e FROM s WHERE id = $1",
+        fields={"e": (["e"], "float32")},
+    )
+
+
+def test_null_array_names_the_key(table: str, tmp_path: Path) -> None:
+    execute(table, "UPDATE s SET e = NULL WHERE id = 12")
+    expect(
+        SampleError,
+        "sample (id=12): field e, column e is NULL",
+        tmp_path,
+        table,
+        query="SELECT e FROM s WHERE id = $1",
+        fields={"e": (["e"], "float32")},
+    )
+
+
+def test_null_key_is_refused(table: str, tmp_path: Path) -> None:
+    expect(
+        SampleError,
+        'keys query returned a NULL in key column "id" (row 65)',
+        tmp_path,
+        table,
+        keys="SELECT id FROM s UNION ALL SELECT NULL ORDER BY 1 NULLS LAST",
+    )
+
+
+def test_non_integer_key_column_is_a_config_error(table: str, tmp_path: Path) -> None:
+    expect(
+        ConfigError,
+        '{file}: [samples] keys: key column "name" is text; keys must be integer columns (smallint, integer, bigint)',
+        tmp_path,
+        table,
+        keys="SELECT name FROM s",
+    )
+
+
+def test_parameter_beyond_the_key_columns_is_a_config_error(table: str, tmp_path: Path) -> None:
+    expect(
+        ConfigError,
+        "{file}: [samples] query: uses $2 but keys returns 1 column(s) (id)",
+        tmp_path,
+        table,
+        query="SELECT v FROM s WHERE id = $1 AND id > $2",
+    )
+
+
+def test_field_column_the_query_does_not_return(table: str, tmp_path: Path) -> None:
+    expect(
+        ConfigError,
+        '{file}: [fields.v] columns: the query returns no column "w" (it returns v)',
+        tmp_path,
+        table,
+        fields={"v": (["w"], "float32")},
+    )
+
+
+def test_unsupported_column_type(table: str, tmp_path: Path) -> None:
+    expect(
+        ConfigError,
+        '{file}: [fields.v] columns: column "name" is text; pgprefetch reads bool, smallint, '
+        "integer, bigint, real, double precision, numeric, date, timestamp, timestamptz and fixed-length "
+        "arrays of these",
+        tmp_path,
+        table,
+        query="SELECT name FROM s WHERE id = $1",
+        fields={"v": (["name"], "float32")},
+    )
+
+
+def test_syntax_error_in_keys(table: str, tmp_path: Path) -> None:
+    expect(ConfigError, '{file}: [samples] keys: syntax error at or near "s"', tmp_path, table, keys="SELECT id FORM s")
+
+
+def test_syntax_error_in_query(table: str, tmp_path: Path) -> None:
+    expect(
+        ConfigError,
+        '{file}: [samples] query: syntax error at or near "id"',
+        tmp_path,
+        table,
+        query="SELECT v FROM s WHER id = $1",
+    )
+
+
+def test_missing_table(table: str, tmp_path: Path) -> None:
+    expect(
+        ConfigError,
+        '{file}: [samples] query: relation "nope" does not exist',
+        tmp_path,
+        table,
+        query="SELECT v FROM nope WHERE id = $1",
+    )
+
+
+def test_no_keys_at_all(table: str, tmp_path: Path) -> None:
+    expect(
+        SourceError,
+        "the keys query returned no rows: there is nothing to dump",
+        tmp_path,
+        table,
+        keys="SELECT id FROM s WHERE false",
+    )
+
+
+def test_fewer_keys_than_one_batch_with_drop_last(table: str, tmp_path: Path) -> None:
+    expect(
+        SourceError,
+        "64 samples make no full batch of 100: lower [batches] size or set drop_last = false",
+        tmp_path,
+        table,
+        size=100,
+    )
+
+
+def test_negative_epoch(table: str, tmp_path: Path) -> None:
+    expect(ConfigError, "epoch must be 0 or more, got -1", tmp_path, table, epoch=-1)
+
+
+def test_data_modifying_keys_query_fails_and_changes_nothing(table: str, tmp_path: Path) -> None:
+    expect(
+        SourceError,
+        "{file}: [samples] keys: cannot execute SELECT in a read-only transaction",
+        tmp_path,
+        table,
+        keys="WITH d AS (DELETE FROM s RETURNING id) SELECT id FROM d",
+    )
+    assert fetch(table, "SELECT count(*) FROM s")[0][0] == 64
+
+
+def test_data_modifying_query_fails_and_changes_nothing(table: str, tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        keys="SELECT id FROM s",
+        fields=ONE_COLUMN,
+        size=16,
+        query="WITH u AS (UPDATE s SET v = -1 WHERE id = $1 RETURNING v) SELECT v FROM u",
+    )
+    with pytest.raises(SourceError):
+        dump(path, table)
+    assert fetch(table, "SELECT count(*) FROM s WHERE v = -1")[0][0] == 0
+
+
+def test_refused_connection_hides_the_password(tmp_path: Path) -> None:
+    path = write_config(tmp_path, keys="SELECT 1", query="SELECT 1", fields=ONE_COLUMN, size=1)
+    result = CliRunner().invoke(
+        cli, ["dump", "--config", str(path), "--epoch", "0", "--dsn", "postgresql://u:s3cret@127.0.0.1:9/db"]
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot connect to postgresql://u:***@127.0.0.1:9/db: ")
+    assert result.output.count("\n") == 1
+    assert "s3cret" not in result.output
+
+
+def test_store_path_that_is_a_file(table: str, tmp_path: Path) -> None:
+    (tmp_path / "store.zarr").write_text("not a folder")
+    expect(
+        Exception,
+        "store path {store} is a file, not a folder".replace("{store}", str(tmp_path / "store.zarr")),
+        tmp_path,
+        table,
+    )

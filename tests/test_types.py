@@ -1,0 +1,70 @@
+"""Each supported column type survives the trip from PostgreSQL into the batch arrays."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import numpy as np
+
+from .helpers import dump, execute, read_arrays, write_config
+
+N = 48
+
+
+def test_every_supported_column_type_round_trips(db: str, tmp_path: Path) -> None:
+    execute(
+        db,
+        """CREATE TABLE t (
+            id bigint PRIMARY KEY, b bool, i2 smallint, i4 integer, i8 bigint, f4 real, f8 double precision,
+            n numeric(12, 3), d date, ts timestamp, tstz timestamptz,
+            fa real[], ia integer[], na numeric[], ba boolean[]
+        )""",
+        """INSERT INTO t SELECT i, i % 2 = 0, -i, i * 1000, i * 10000000000, i / 4.0, i / 3.0,
+            i * 1.125, date '2024-01-01' + i, timestamp '2024-03-01 12:00:00' + i * interval '1 second',
+            timestamptz '2024-03-01 12:00:00+00' + i * interval '1 millisecond',
+            ARRAY[i, i + 0.5, -i]::real[], ARRAY[i, 2 * i], ARRAY[i * 0.25, 1], ARRAY[i % 3 = 0, true]
+           FROM generate_series(1, 48) i""",
+    )
+    fields = {
+        "b": (["b"], "bool"),
+        "i2": (["i2"], "int16"),
+        "i4": (["i4"], "int32"),
+        "i8": (["i8"], "int64"),
+        "f4": (["f4"], "float32"),
+        "f8": (["f8"], "float64"),
+        "n": (["n"], "float64"),
+        "d": (["d"], "int32"),
+        "ts": (["ts"], "int64"),
+        "tstz": (["tstz"], "int64"),
+        "fa": (["fa"], "float32"),
+        "ia": (["ia"], "int64"),
+        "na": (["na"], "float32"),
+        "ba": (["ba"], "uint8"),
+        "mixed": (["i2", "f8", "n"], "float32"),  # smallint, double and numeric cast into one float32 field
+    }
+    query = "SELECT b, i2, i4, i8, f4, f8, n, d, ts, tstz, fa, ia, na, ba FROM t WHERE id = $1"
+    config = write_config(tmp_path, keys="SELECT id FROM t", query=query, fields=fields, size=16)
+    a = read_arrays(dump(config, db))
+    i = a["keys"].reshape(-1).astype(np.int64)
+    flat = {name: v.reshape(N, *v.shape[2:]) for name, v in a.items()}
+
+    np.testing.assert_array_equal(flat["b"], i % 2 == 0)
+    np.testing.assert_array_equal(flat["i2"], -i)
+    np.testing.assert_array_equal(flat["i4"], i * 1000)
+    np.testing.assert_array_equal(flat["i8"], i * 10_000_000_000)
+    np.testing.assert_array_equal(flat["f4"], (i / 4.0).astype(np.float32))
+    np.testing.assert_allclose(flat["f8"], i / 3.0, rtol=1e-15)
+    np.testing.assert_allclose(flat["n"], i * 1.125)
+    days = np.array([(date(2024, 1, 1).toordinal() + int(k)) - date(1970, 1, 1).toordinal() for k in i])
+    np.testing.assert_array_equal(flat["d"], days)
+    ts0 = int(datetime(2024, 3, 1, 12, tzinfo=UTC).timestamp()) * 1_000_000
+    np.testing.assert_array_equal(flat["ts"], ts0 + i * 1_000_000)
+    np.testing.assert_array_equal(flat["tstz"], ts0 + i * 1_000)
+    np.testing.assert_array_equal(flat["fa"], np.stack([i, i + 0.5, -i], axis=1).astype(np.float32))
+    np.testing.assert_array_equal(flat["ia"], np.stack([i, 2 * i], axis=1))
+    np.testing.assert_array_equal(flat["na"], np.stack([i * 0.25, np.ones(N)], axis=1).astype(np.float32))
+    np.testing.assert_array_equal(flat["ba"], np.stack([i % 3 == 0, np.ones(N, bool)], axis=1).astype(np.uint8))
+    np.testing.assert_allclose(flat["mixed"], np.stack([-i, i / 3.0, i * 1.125], axis=1).astype(np.float32))
+    assert flat["fa"].dtype == np.float32
+    assert a["mixed"].shape == (3, 16, 3)
