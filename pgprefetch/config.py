@@ -324,7 +324,7 @@ class _Parser:
             where = f"[fields.{name}]"
             if name in RESERVED_FIELDS:
                 self.fail(where, f'"{name}" is reserved (the store keeps each batch\'s keys under it)')
-            if not _FIELD_NAME.match(name):
+            if not _FIELD_NAME.fullmatch(name):
                 self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
             if not isinstance(spec, dict):
                 self.fail(where, f"expected a table with columns and dtype, got {_kind(spec)}")
@@ -349,4 +349,6 @@ def _kind(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
-    return "nothing" if value is None else json.dumps(value) if not isinstance(value, float) else repr(value)
+    if value is None:
+        return "nothing"
+    return repr(value) if isinstance(value, float) else json.dumps(value, default=str)

@@ -259,5 +259,3 @@ def _pg_message(e: asyncpg.PostgresError) -> str:
 
 def _where(cfg: Config) -> str:
     return f"{cfg.file}: " if cfg.file else ""
-
-

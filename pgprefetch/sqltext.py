@@ -17,7 +17,7 @@ _TOKENS = re.compile(
     | (?P<ident>"(?:[^"]|"")*")                      # "quoted identifier"
     | (?P<line_comment>--[^\n]*)
     | (?P<block_comment>/\*.*?\*/)
-    | (?P<dollar>\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*)?\$.*?\$(?P=tag)\$)   # $$..$$ and $tag$..$tag$
+    | (?P<dollar>\$(?P<tag>(?:[A-Za-z_][A-Za-z_0-9]*)?)\$.*?\$(?P=tag)\$)   # $$..$$ and $tag$..$tag$
     | (?P<param>\$(?P<number>[0-9]+))
     """,
     re.VERBOSE | re.DOTALL,
@@ -40,4 +40,6 @@ def replace_params(sql: str, replacement: Callable[[int], str]) -> str:
 
 def strip_statement(sql: str) -> str:
     """Trim whitespace and trailing semicolons, so the query can be nested in another statement."""
-    return sql.strip().rstrip(";").rstrip()
+    while (stripped := sql.strip().rstrip(";")) != sql:
+        sql = stripped
+    return sql

@@ -4,7 +4,7 @@ Layout (plain Zarr v3; ``zarr.open_group(store)["epoch-00003"]["x"][7]`` is batc
 
     <store>/zarr.json                 root group, attribute pgprefetch_store = {"format_version": 1}
     <store>/epoch-00003/zarr.json     epoch group; attribute "pgprefetch" is the manifest
-    <store>/epoch-00003/<field>/      (n_batches, size, *sample_shape), one batch per chunk
+    <store>/epoch-00003/<field>/      (n_batches, size, *sample_shape), one batch per (inner) chunk
     <store>/epoch-00003/keys/         (n_batches, size, n_key_columns) int64
     <store>/.pgprefetch/partial/      epochs being written (not part of the Zarr hierarchy)
 
@@ -13,8 +13,9 @@ An epoch is written under ``.pgprefetch/partial/epoch-00003`` and becomes visibl
 partial epoch under the final name. On object storage (no rename) the same function will write a
 completion marker last; nothing else in pgprefetch knows how publication happens.
 
-Uncompressed chunks are written as raw little-endian bytes straight to the chunk file (exactly what zarr
-would write, without its per-call overhead); compressed chunks go through zarr's codec pipeline.
+Uncompressed arrays are sharded (about 64 MiB per file, one batch per inner chunk) and written as raw
+little-endian bytes at fixed offsets, byte for byte what zarr writes, without its per-call overhead;
+the reader memory-maps a shard once for many batches. Compressed arrays go through zarr's codecs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
@@ -134,8 +136,24 @@ class Store:
         return (self.epoch_path(epoch) / "zarr.json").exists()
 
 
+SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
+_MISSING = 2**64 - 1  # index entry of an inner chunk past the end of the array
+
+
+def shard_batches(chunk_bytes: int, n_batches: int) -> int:
+    """Batches per shard file for chunks of ``chunk_bytes`` (about 64 MiB a file, at least one batch)."""
+    return max(1, min(n_batches, SHARD_BYTES // max(chunk_bytes, 1)))
+
+
 class EpochWriter:
-    """Writes one epoch's batches into its partial folder; :meth:`publish` makes it visible."""
+    """Writes one epoch's batches into its partial folder; :meth:`publish` makes it visible.
+
+    Uncompressed arrays are sharded: each shard file holds ``S`` consecutive batches (inner chunks of one
+    batch each) followed by zarr's shard index. Every chunk has the same size, so the index is known up
+    front: the files are created with their index at the start, and each batch is ``pwrite``-n at its own
+    offset, in any order, by any thread, with no read-modify-write and nothing buffered. Compressed chunks
+    vary in size, so compressed arrays keep one file per batch and go through zarr's codecs.
+    """
 
     def __init__(
         self,
@@ -156,23 +174,31 @@ class EpochWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.group = zarr.open_group(self.path, mode="w-")
         self.arrays: dict[str, zarr.Array] = {}
+        self._shards: dict[str, tuple[int, int]] = {}  # array -> (batches per shard, chunk bytes)
         for spec in arrays:
-            self.arrays[spec.name] = self.group.create_array(
+            chunk = (1, batch_size, *spec.sample_shape)
+            chunk_bytes = int(np.prod(chunk)) * spec.dtype.itemsize
+            per_shard = shard_batches(chunk_bytes, n_batches)
+            self.arrays[spec.name] = array = self.group.create_array(
                 spec.name,
-                shape=(n_batches, batch_size, *spec.sample_shape),
-                chunks=(1, batch_size, *spec.sample_shape),
+                shape=(n_batches, *chunk[1:]),
+                chunks=chunk,
+                shards=None if self.compressed else (per_shard, *chunk[1:]),
                 dtype=spec.dtype,
                 compressors=_compressors(compression),
                 fill_value=0,
                 dimension_names=["batch", "sample", *(f"dim{i}" for i in range(len(spec.sample_shape)))],
-                config={"write_empty_chunks": True},  # a chunk file for every batch, zeros included
+                config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
             )
-        self._chunk_files = {name: self._chunk_file_fn(a) for name, a in self.arrays.items()}
+            if not self.compressed:
+                self._shards[spec.name] = (per_shard, chunk_bytes)
+                for shard in range(-(-n_batches // per_shard)):
+                    valid = min(per_shard, n_batches - shard * per_shard)
+                    _create_shard(self._file(array, shard), per_shard, valid, chunk_bytes)
 
-    def _chunk_file_fn(self, array: zarr.Array) -> Any:
-        zeros = (0,) * (array.ndim - 1)
-        base = self.path / array.basename
-        return lambda b: base / array.metadata.encode_chunk_key((b, *zeros))
+    def _file(self, array: zarr.Array, index: int) -> Path:
+        """The file of chunk (or shard) ``index`` along the batch axis."""
+        return self.path / array.basename / array.metadata.encode_chunk_key((index, *(0,) * (array.ndim - 1)))
 
     def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
         """Write batch ``batch`` of every array (blocking: call it from a worker thread); return bytes."""
@@ -181,10 +207,14 @@ class EpochWriter:
             if self.compressed:
                 self.arrays[name][batch] = data
             else:
-                path = self._chunk_files[name](batch)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "wb") as f:
-                    f.write(np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")).data)
+                per_shard, chunk_bytes = self._shards[name]
+                shard, slot = divmod(batch, per_shard)
+                raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+                fd = os.open(self._file(self.arrays[name], shard), os.O_WRONLY)
+                try:
+                    os.pwrite(fd, raw.data, slot * chunk_bytes)
+                finally:
+                    os.close(fd)
             written += data.nbytes
         return written
 
@@ -196,6 +226,19 @@ class EpochWriter:
     def discard(self) -> None:
         """Remove the partial epoch."""
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> None:
+    """Create a shard file: room for ``valid`` chunks, then zarr's index (offset, size per chunk) + CRC32C."""
+    index = np.full((per_shard, 2), _MISSING, dtype="<u8")
+    index[:valid, 0] = np.arange(valid, dtype=np.uint64) * chunk_bytes
+    index[:valid, 1] = chunk_bytes
+    raw = index.tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(valid * chunk_bytes)
+        f.seek(valid * chunk_bytes)
+        f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
 
 
 def publish_epoch(partial: Path, final: Path) -> Path:
@@ -239,11 +282,3 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def iter_chunk_files(epoch_path: Path, array: str, n_batches: int) -> Iterator[Path]:
-    """The chunk file of every batch of ``array`` (one chunk per batch), in batch order."""
-    meta = zarr.open_array(epoch_path / array, mode="r").metadata
-    ndim = len(meta.shape)
-    for b in range(n_batches):
-        yield epoch_path / array / meta.encode_chunk_key((b, *(0,) * (ndim - 1)))
