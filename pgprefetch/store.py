@@ -24,7 +24,6 @@ import ctypes
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
