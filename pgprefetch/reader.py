@@ -1,0 +1,250 @@
+"""``EpochDataset``: a published epoch as torch tensors, zero-copy from disk, ahead of the step on the GPU.
+
+The only module that imports torch. Batches are already shuffled, collated and fixed-shape on disk, so
+reading is slicing: ``ds[i]`` maps the shard file holding batch ``i`` (once for all its batches) and
+returns views of it, with no copy and no zarr call on the hot path. Compressed stores are decoded by zarr.
+
+Ranks split the epoch by arithmetic: global batch ``g`` goes to rank ``g % world_size``, the remainder is
+dropped, so every rank gets the same number of batches and none waits on another. The resume state is
+two numbers, (epoch, next global batch): resuming with another world size re-slices what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import numpy as np
+import torch
+import torch.utils.data
+import zarr
+
+from .config import load_config
+from .errors import ConfigError, EpochNotFoundError, EpochNotReadyError, StoreError
+from .layout import ArrayLayout
+from .store import KEYS_ARRAY, Store, epoch_name
+
+_TORCH_DTYPES = {
+    np.dtype(name): getattr(torch, name)
+    for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+}
+_MAPPINGS_KEPT = 16  # shard mappings kept open per dataset (per worker process)
+
+
+class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """One published epoch of a pgprefetch store, batch by batch, for one rank.
+
+    Args:
+        store: the store folder (``[store] path`` of the config).
+        epoch: the epoch to read.
+        fields: the fields to return (all by default).
+        rank: this process's rank; defaults to ``torch.distributed``'s when it is initialised, else 0.
+        world_size: the number of ranks; same default, else 1.
+        wait: if the epoch is not published yet, wait for it (up to ``timeout`` seconds).
+        timeout: how long ``wait`` waits.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str],
+        epoch: int,
+        *,
+        fields: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        wait: bool = False,
+        timeout: float = 600.0,
+    ) -> None:
+        self.store = Path(store)
+        self.epoch = epoch
+        self.manifest = _manifest(Store(self.store), epoch, wait, timeout)
+        available = list(self.manifest["fields"])
+        unknown = [f for f in fields or () if f not in available]
+        if unknown:
+            raise ConfigError(f"unknown field {unknown[0]!r}: epoch {epoch} has fields {', '.join(available)}")
+        self.fields = tuple(fields or available)
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.batch_size = int(self.manifest["batch_size"])
+        self.n_global = int(self.manifest["n_batches"])
+        self.n_samples = int(self.manifest["n_samples"])
+        path = self.store / epoch_name(epoch)
+        self._layouts = {name: ArrayLayout.read(path / name) for name in (*self.fields, KEYS_ARRAY)}
+        self._start = 0  # first global batch of this view (the resume point)
+        self._pos = 0  # local batches handed out by iteration
+        self._maps: OrderedDict[Path, tuple[torch.Tensor, np.ndarray | None]] = OrderedDict()
+
+    @classmethod
+    def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> EpochDataset:
+        """Open epoch ``epoch`` of the store named by a config file."""
+        return cls(load_config(config).store.path, epoch, **kwargs)
+
+    def __len__(self) -> int:
+        """Batches for this rank (from the resume point on)."""
+        return max(0, (self.n_global - self._start) // self.world_size)
+
+    def global_batch(self, i: int) -> int:
+        """The epoch-wide index of this rank's batch ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"batch {i} out of range for a rank with {len(self)} batches")
+        return self._start + i * self.world_size + self.rank
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        """Batch ``i`` of this rank: one tensor per field, ``(size, *sample_shape)``; a short last batch is trimmed."""
+        g = self.global_batch(i)
+        batch = {name: self._read(name, g) for name in self.fields}
+        if torch.utils.data.get_worker_info() is not None:
+            # In a DataLoader worker the batch is sent to the main process, and a view would drag its whole
+            # shard mapping into shared memory: hand over a compact copy of the batch instead.
+            batch = {name: t.clone() for name, t in batch.items()}
+        return batch
+
+    def batch_keys(self, i: int) -> torch.Tensor:
+        """The keys of batch ``i``'s samples, int64 ``(size, n_key_columns)``."""
+        return self._read(KEYS_ARRAY, self.global_batch(i))
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's batches from the resume state on; each one handed out advances the state."""
+        if self._pos >= len(self):
+            self._pos = 0  # a finished pass starts over
+        while self._pos < len(self):
+            batch = self[self._pos]
+            self._pos += 1
+            yield batch
+
+    def to_device(self, device: str | torch.device, prefetch: int = 2) -> Iterator[dict[str, torch.Tensor]]:
+        """Iterate like ``iter(self)``, with batches already on ``device``.
+
+        On CUDA, a ring of ``prefetch + 1`` reused pinned host buffers is filled with batches
+        ``i+1 .. i+prefetch`` and copied on a side stream while the step runs on batch ``i``; the consumer's
+        stream waits only for its own batch's copy. On the CPU the mapped tensors are yielded as they are.
+        """
+        device = torch.device(device)
+        if device.type == "cpu":
+            return iter(self)
+        if device.type == "cuda":
+            return _cuda_batches(self, device, max(1, prefetch))
+        return ({k: v.to(device) for k, v in b.items()} for b in self)
+
+    def state_dict(self) -> dict[str, int]:
+        """The resume state: the epoch and the first global batch not yet handed out."""
+        return {"epoch": self.epoch, "next_global_batch": self._start + self._pos * self.world_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from ``state``: this rank's batches are re-sliced from the remaining global batches."""
+        if state["epoch"] != self.epoch:
+            raise ConfigError(f"resume state is for epoch {state['epoch']}, this dataset reads epoch {self.epoch}")
+        if not 0 <= state["next_global_batch"] <= self.n_global:
+            raise ConfigError(f"resume state batch {state['next_global_batch']} is outside 0..{self.n_global}")
+        self._start, self._pos = int(state["next_global_batch"]), 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_maps"] = OrderedDict()  # mappings are per process: each DataLoader worker opens its own
+        return state
+
+    def _read(self, name: str, g: int) -> torch.Tensor:
+        layout = self._layouts[name]
+        valid = min(self.batch_size, self.n_samples - g * self.batch_size)
+        if not layout.raw:  # compressed: zarr decodes
+            data = zarr.open_array(layout.path, mode="r")[g]
+            return torch.from_numpy(np.ascontiguousarray(data))[:valid]
+        path, slot = layout.file(g)
+        mapping, index = self._map(path, layout)
+        offset = int(index[slot, 0]) if index is not None else 0
+        raw = mapping[offset : offset + layout.batch_bytes]
+        tensor = raw.view(_TORCH_DTYPES[layout.dtype]).view(layout.batch_shape)
+        return tensor[:valid] if valid < self.batch_size else tensor
+
+    def _map(self, path: Path, layout: ArrayLayout) -> tuple[torch.Tensor, np.ndarray | None]:
+        """The file as a uint8 tensor over a private mapping (copy-on-write), kept for later batches."""
+        if path in self._maps:
+            self._maps.move_to_end(path)
+            return self._maps[path]
+        size = path.stat().st_size
+        mapping = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+        index = None
+        if layout.sharded:
+            tail = mapping[size - layout.index_bytes :].numpy()
+            crc = int.from_bytes(tail[-4:].tobytes(), "little")
+            if google_crc32c.value(tail[:-4].tobytes()) != crc:
+                raise StoreError(f"{path}: shard index checksum mismatch (the file is damaged)")
+            index = layout.shard_index(tail).copy()
+        self._maps[path] = (mapping, index)
+        if len(self._maps) > _MAPPINGS_KEPT:  # tensors handed out keep their mapping alive themselves
+            self._maps.popitem(last=False)
+        return mapping, index
+
+
+def _manifest(store: Store, epoch: int, wait: bool, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return store.manifest(epoch)
+        except (EpochNotFoundError, EpochNotReadyError) as e:
+            if not wait:
+                raise
+            if time.monotonic() >= deadline:
+                raise EpochNotReadyError(f"{e}; gave up waiting after {timeout:g} s") from None
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    world = world_size if world_size is not None else (dist.get_world_size() if initialised else 1)
+    r = rank if rank is not None else (dist.get_rank() if initialised else 0)
+    if world < 1 or not 0 <= r < world:
+        raise ConfigError(f"rank {r} is outside 0..{world - 1} (world_size {world})")
+    return r, world
+
+
+def _cuda_batches(ds: EpochDataset, device: torch.device, depth: int) -> Iterator[dict[str, torch.Tensor]]:
+    """The CUDA side of :meth:`EpochDataset.to_device` (see its docstring)."""
+    stream = torch.cuda.Stream(device)
+    n_slots = depth + 1
+    pinned: list[dict[str, torch.Tensor] | None] = [None] * n_slots
+    copied: list[torch.cuda.Event | None] = [None] * n_slots
+    pending: deque[tuple[dict[str, torch.Tensor], torch.cuda.Event]] = deque()
+    if ds._pos >= len(ds):
+        ds._pos = 0
+    start, n = ds._pos, len(ds)
+
+    def submit(i: int) -> None:
+        slot = i % n_slots
+        if copied[slot] is not None:
+            copied[slot].synchronize()  # the slot's previous copy must be done before it is overwritten
+        host = ds[i]
+        if pinned[slot] is None:
+            pinned[slot] = {
+                k: torch.empty((ds.batch_size, *v.shape[1:]), dtype=v.dtype).pin_memory() for k, v in host.items()
+            }
+        buffers = pinned[slot]
+        assert buffers is not None
+        out = {}
+        with torch.cuda.stream(stream):
+            for name, tensor in host.items():
+                staging = buffers[name][: tensor.shape[0]]
+                staging.copy_(tensor)  # page cache -> pinned, on the CPU
+                out[name] = staging.to(device, non_blocking=True)  # pinned -> device, on the side stream
+            event = torch.cuda.Event()
+            event.record(stream)
+        copied[slot] = event
+        pending.append((out, event))
+
+    submitted = start
+    for i in range(start, n):
+        while submitted < n and submitted <= i + depth:
+            submit(submitted)
+            submitted += 1
+        out, event = pending.popleft()
+        current = torch.cuda.current_stream(device)
+        current.wait_event(event)  # the step waits for this batch only
+        for tensor in out.values():
+            tensor.record_stream(current)  # allocated on the side stream, used on the step's
+        ds._pos = i + 1
+        yield out

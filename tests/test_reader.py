@@ -1,0 +1,194 @@
+"""`EpochDataset` reads what `pgprefetch dump` published: same values, zero copy, ranks, resume, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from torch.utils.data import DataLoader
+
+import pgprefetch.store
+from pgprefetch import EpochDataset
+from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
+
+from .helpers import SEQUENCES, dump, write_config
+
+SIZE = 100
+
+
+@pytest.fixture(scope="module")
+def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Epochs 0 and 1 of the demo sequences, batch size 100 with a short last batch, 3 batches per shard."""
+    folder = tmp_path_factory.mktemp("reader")
+    config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pgprefetch.store, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
+        for epoch in (0, 1):
+            dump(config, demo_db, epoch=epoch)
+    return folder / "store.zarr"
+
+
+def zarr_batch(store: Path, epoch: int, name: str, g: int) -> np.ndarray:
+    return zarr.open_group(store, mode="r")[f"epoch-{epoch:05d}"][name][g]
+
+
+def test_batches_equal_the_arrays_the_dump_wrote(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    n_samples = ds.n_samples
+    assert len(ds) == ds.n_global == -(-n_samples // SIZE)
+    assert zarr.open_array(store / "epoch-00000" / "x", mode="r").shards[0] == 3  # several shard files
+    for i in range(len(ds)):
+        batch = ds[i]
+        valid = min(SIZE, n_samples - i * SIZE)
+        for name in ("x", "y"):
+            np.testing.assert_array_equal(batch[name].numpy(), zarr_batch(store, 0, name, i)[:valid])
+        np.testing.assert_array_equal(ds.batch_keys(i).numpy(), zarr_batch(store, 0, "keys", i)[:valid])
+    assert ds[len(ds) - 1]["x"].shape == (n_samples - (len(ds) - 1) * SIZE, 64, 2)  # the short batch, trimmed
+    assert ds[0]["x"].dtype == torch.float32
+    assert ds[0]["y"].shape == (SIZE, 64)
+
+
+def test_uncompressed_batches_share_the_file_mapping(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    a, b = ds[0]["x"], ds[1]["x"]
+    shard = store / "epoch-00000" / "x" / "c" / "0" / "0" / "0" / "0"
+    assert a.untyped_storage().nbytes() == shard.stat().st_size  # a view of the whole mapped file
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    assert b.data_ptr() - a.data_ptr() == a.numel() * 4
+
+
+def test_compressed_store_reads_the_same_batches(demo_db: str, tmp_path: Path, store: Path) -> None:
+    config = write_config(tmp_path, **{**SEQUENCES, "size": SIZE, "drop_last": False, "compression": "zstd"})
+    dump(config, demo_db, epoch=0)
+    packed, plain = EpochDataset(tmp_path / "store.zarr", epoch=0), EpochDataset(store, epoch=0)
+    for i in (0, 5, len(plain) - 1):
+        assert torch.equal(packed[i]["x"], plain[i]["x"])
+
+
+def test_from_config_opens_the_config_store(demo_db: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, **{**SEQUENCES, "size": SIZE})
+    dump(config, demo_db, epoch=2)
+    assert len(EpochDataset.from_config(config, epoch=2)) > 0
+
+
+def test_dataloader_with_two_workers_yields_every_batch_once(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    seen = [int(b["x"][0, 0, 0].item() * 1e6) for b in DataLoader(ds, batch_size=None, num_workers=2)]
+    expected = [int(ds[i]["x"][0, 0, 0].item() * 1e6) for i in range(len(ds))]
+    assert seen == expected
+
+
+def test_ranks_are_disjoint_equal_and_cover_all_but_the_remainder(store: Path) -> None:
+    world = 3
+    ranks = [EpochDataset(store, epoch=0, rank=r, world_size=world) for r in range(world)]
+    n_global = ranks[0].n_global
+    assert {len(r) for r in ranks} == {n_global // world}
+    globals_ = [r.global_batch(i) for r in ranks for i in range(len(r))]
+    assert sorted(globals_) == list(range(n_global // world * world))
+    for r in ranks:
+        for i in range(len(r)):
+            np.testing.assert_array_equal(
+                r.batch_keys(i).numpy(),
+                ranks[0].batch_keys(0).numpy() if r.global_batch(i) == 0 else r.batch_keys(i).numpy(),
+            )
+            assert r.global_batch(i) % world == r.rank
+
+
+def test_resume_yields_exactly_the_batches_not_seen(store: Path) -> None:
+    full = [b["y"].clone() for b in EpochDataset(store, epoch=0)]
+    ds = EpochDataset(store, epoch=0)
+    it = iter(ds)
+    seen = [next(it)["y"].clone() for _ in range(7)]
+    state = ds.state_dict()
+    assert state == {"epoch": 0, "next_global_batch": 7}
+    resumed = EpochDataset(store, epoch=0)
+    resumed.load_state_dict(state)
+    rest = [b["y"] for b in resumed]
+    assert len(seen) + len(rest) == len(full)
+    for a, b in zip(seen + rest, full, strict=True):
+        assert torch.equal(a, b)
+    assert resumed.state_dict()["next_global_batch"] == len(full)
+
+
+def test_resume_from_two_ranks_to_one_sees_the_remaining_global_batches(store: Path) -> None:
+    two = [EpochDataset(store, epoch=0, rank=r, world_size=2) for r in range(2)]
+    iters = [iter(d) for d in two]
+    for _ in range(3):  # three steps on each rank: global batches 0..5
+        for it in iters:
+            next(it)
+    state = two[0].state_dict()
+    assert state == two[1].state_dict() == {"epoch": 0, "next_global_batch": 6}
+    one = EpochDataset(store, epoch=0, rank=0, world_size=1)
+    one.load_state_dict(state)
+    assert [one.global_batch(i) for i in range(len(one))] == list(range(6, one.n_global))
+
+
+def test_to_device_cpu_yields_the_mapped_batches(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    batches = list(ds.to_device("cpu"))
+    assert len(batches) == len(ds)
+    assert torch.equal(batches[3]["x"], ds[3]["x"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_to_device_cuda_yields_the_same_batches_on_the_gpu(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    for i, batch in enumerate(ds.to_device("cuda", prefetch=2)):
+        assert batch["x"].is_cuda
+        assert torch.equal(batch["x"].cpu(), ds[i]["x"])
+
+
+def test_missing_epoch_lists_the_epochs_present(store: Path) -> None:
+    with pytest.raises(EpochNotFoundError) as e:
+        EpochDataset(store, epoch=9)
+    assert str(e.value) == f"epoch 9 is not in {store} (epochs present: 0, 1)"
+
+
+def test_epoch_being_written_is_not_read(store: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(store, copy)
+    (copy / ".pgprefetch" / "partial" / "epoch-00004").mkdir(parents=True)
+    with pytest.raises(EpochNotReadyError) as e:
+        EpochDataset(copy, epoch=4)
+    assert str(e.value) == f"epoch 4 in {copy} is still being written (or its dump died)"
+    with pytest.raises(EpochNotReadyError, match=r"gave up waiting after 0.3 s$"):
+        EpochDataset(copy, epoch=4, wait=True, timeout=0.3)
+
+
+def test_wait_blocks_until_the_epoch_is_published(store: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(store, copy)
+    (copy / "epoch-00001").rename(copy / "later")
+    t = threading.Timer(0.5, lambda: (copy / "later").rename(copy / "epoch-00001"))
+    t.start()
+    started = time.monotonic()
+    ds = EpochDataset(copy, epoch=1, wait=True, timeout=30)
+    assert time.monotonic() - started >= 0.4
+    assert len(ds) > 0
+
+
+def test_unknown_format_version_is_refused(store: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(store, copy)
+    meta = copy / "epoch-00000" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["pgprefetch"]["format_version"] = 99
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(FormatVersionError) as e:
+        EpochDataset(copy, epoch=0)
+    assert str(e.value) == f"{copy / 'epoch-00000'} has format version 99; this pgprefetch reads version 1"
+
+
+def test_unknown_field_is_refused(store: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        EpochDataset(store, epoch=0, fields=["x", "z"])
+    assert str(e.value) == "unknown field 'z': epoch 0 has fields x, y"
+    assert set(EpochDataset(store, epoch=0, fields=["y"])[0]) == {"y"}
