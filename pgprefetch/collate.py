@@ -146,7 +146,7 @@ class BatchLayout:
         n = keys.shape[1]
         if blobs[0] is None:  # no sample returned any row
             raise self._error(keys, 0, f"returned 0 rows, expected {self.rows} ([samples] rows)")
-        ordinals = _scalar(blobs[0], np.dtype(">i8"))
+        ordinals = _scalar(blobs[0], np.dtype(">i4"))
         self._check_rows(ordinals, keys)
         # Rows arrive sample by sample; should a plan ever interleave samples, a stable sort restores them.
         in_order = bool(np.all(ordinals[1:] >= ordinals[:-1]))

@@ -164,8 +164,9 @@ async def _write_batches(
     """Fetch, decode and write batches 1..nb-1 (batch 0 is ``first``) with ``reader.size`` workers."""
     total = 0
     todo: Iterator[int] = iter(range(1, nb))  # shared by the workers: each takes the next index
-    # The dump's own threads, so that no decode or write can outlive the dump (and race the cleanup).
-    with ThreadPoolExecutor(max_workers=reader.size, thread_name_prefix="pgprefetch") as pool:
+    # One thread of the dump's own decodes and writes: on a few cores more threads only fight over the GIL
+    # (and the event loop thread loses), and an executor of our own cannot outlive the dump to race its cleanup.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgprefetch-write") as pool:
         loop = asyncio.get_running_loop()
 
         def decode_and_write(batch: int, blobs: tuple[bytes | None, ...], buffers: dict[str, np.ndarray]) -> int:

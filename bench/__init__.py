@@ -1,0 +1,1 @@
+"""The benchmark ``make bench`` runs: blog post vs. COPY ceiling vs. ``pgprefetch dump``, as ratios."""

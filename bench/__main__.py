@@ -1,0 +1,239 @@
+"""``python -m bench``: load the demo data, run blog / ceiling / dump, RSS and the proxy runs, print the table."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+import numpy as np
+
+from . import contenders, dumprun
+from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
+from .report import LOCAL, Results, Row, render
+
+HERE = Path(__file__).resolve().parent
+DATABASE = "pgprefetch_bench"
+# Windows: 3,200 series -> 616,960 train windows (the ceiling takes ~10 s on 2 cores);
+# rows: 2.4M items -> 2.16M train rows.
+DEFAULT_SCALE_SEQ = 16.0
+DEFAULT_SCALE_ROWS = 24.0
+QUICK_SCALE_SEQ = 0.1
+QUICK_SCALE_ROWS = 0.05
+MIN_WINDOWS = 200_000
+MIN_ROWS = 1_000_000
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def with_database(dsn: str, name: str) -> str:
+    """The same server URI, pointing at database ``name``."""
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+def proxy_target(dsn: str) -> str:
+    """What the proxy forwards to: the server's unix socket file, or ``host:port``."""
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query))
+    host = query.get("host") or parts.hostname or ""
+    port = query.get("port") or parts.port or 5432
+    if not host:
+        raise SystemExit("the proxy needs a DSN that names its host (a socket folder or host:port)")
+    return f"{host}/.s.PGSQL.{port}" if host.startswith("/") else f"{host}:{port}"
+
+
+def proxied_dsn(dsn: str, port: int) -> str:
+    """``dsn`` with its host replaced by the proxy on 127.0.0.1:``port``."""
+    parts = urlsplit(dsn)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("host", "port", "sslmode")]
+    query.append(("sslmode", "disable"))
+    user = parts.username or ""
+    auth = f"{user}:{parts.password}@" if parts.password else f"{user}@" if user else ""
+    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}", query=urlencode(query)))
+
+
+@contextlib.contextmanager
+def server() -> Iterator[str]:
+    """The admin DSN: PGPREFETCH_BENCH_DSN, or a throwaway embedded PostgreSQL in a short temp folder."""
+    env = os.environ.get("PGPREFETCH_BENCH_DSN")
+    if env:
+        yield env
+        return
+    from pgprefetch.server import embedded_server
+
+    folder = Path(tempfile.mkdtemp(prefix="pgpf-bench-"))  # short: unix socket paths are capped near 107 bytes
+    try:
+        with embedded_server(folder) as dsn:
+            yield dsn
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def database(admin_dsn: str) -> Iterator[str]:
+    """A fresh database for the bench, dropped afterwards."""
+
+    async def execute(sql: str) -> None:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
+    asyncio.run(execute(f"CREATE DATABASE {DATABASE}"))
+    try:
+        yield with_database(admin_dsn, DATABASE)
+    finally:
+        asyncio.run(execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
+
+
+@contextlib.contextmanager
+def proxy(dsn: str, delay_ms: float) -> Iterator[str]:
+    """A delaying proxy in its own process; yields the DSN through it. It exits when its stdin closes."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bench.proxy", "--to", proxy_target(dsn), "--delay-ms", str(delay_ms)],
+        cwd=HERE.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline().split()
+        if len(line) != 4 or line[0] != "PORT":
+            raise RuntimeError(f"the proxy did not start (said {line!r})")
+        log(f"proxy on 127.0.0.1:{line[1]}, +{delay_ms:g} ms each way (time.sleep overshoot {line[3]} us corrected)")
+        yield proxied_dsn(dsn, int(line[1]))
+    finally:
+        if p.stdin:
+            p.stdin.close()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def load(dsn: str, scales: dict[str, float]) -> tuple[dict[str, int], str]:
+    """Load both datasets, freeze and checkpoint them; return their train sample counts and the server version."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        counts = {}
+        for ds in (WINDOWS, ROWS):
+            t = time.perf_counter()
+            counts[ds.name] = await ds.load(conn, scales[ds.name])
+            log(f"loaded {ds.name}: {counts[ds.name]:,} train samples in {time.perf_counter() - t:.1f} s")
+        # Set hint bits and the visibility map now, so that no contender pays for the first read of a page.
+        await conn.execute("VACUUM (FREEZE, ANALYZE) ticks, train_samples, items, train_items")
+        with contextlib.suppress(asyncpg.PostgresError):
+            await conn.execute("CHECKPOINT")
+        version = await conn.fetchval("SELECT version()")
+    finally:
+        await conn.close()
+    os.sync()  # the load's dirty pages must not be flushed by the first dump's syncfs
+    return counts, version
+
+
+async def read_keys(dsn: str, ds: Dataset) -> np.ndarray:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await ds.epoch_keys(conn)
+    finally:
+        await conn.close()
+
+
+def measure(ds: Dataset, dsn: str, workdir: Path, budget_s: float, transport: str, with_ceiling: bool = True) -> Row:
+    """Blog, then ceiling (unless told not to), then dump, for one dataset over one DSN."""
+    log(f"{ds.name} ({transport}): blog, {budget_s:g} s budget")
+    blog = asyncio.run(contenders.blog(dsn, ds, connections=CONNECTIONS, budget_s=budget_s))
+    log(f"  blog: {blog.samples:,} samples in {blog.seconds:.1f} s = {blog.rate:,.0f}/s")
+    ceiling = None
+    if with_ceiling:
+        keys = asyncio.run(read_keys(dsn, ds))
+        ceiling = asyncio.run(contenders.ceiling(dsn, ds, keys, connections=CONNECTIONS))
+        log(f"  ceiling: {ceiling.samples:,} samples in {ceiling.seconds:.1f} s = {ceiling.rate:,.0f}/s")
+    dump = dumprun.dump(ds, dsn, workdir)
+    log(f"  dump: {dump.samples:,} samples in {dump.seconds:.1f} s = {dump.rate:,.0f}/s")
+    return Row(ds.name, transport, dump.samples, blog, dump, ceiling)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, under a minute: a smoke test")
+    parser.add_argument("--scale-seq", type=float, help=f"windows dataset scale (default {DEFAULT_SCALE_SEQ})")
+    parser.add_argument("--scale-rows", type=float, help=f"rows dataset scale (default {DEFAULT_SCALE_ROWS})")
+    parser.add_argument("--blog-seconds", type=float, help="time budget of each blog run (default 12, quick 2)")
+    parser.add_argument("--delay-ms", type=float, default=0.5, help="proxy delay each way (default 0.5)")
+    parser.add_argument("--no-proxy", action="store_true", help="skip the runs through the delaying proxy")
+    parser.add_argument(
+        "--proxy-ceiling",
+        action="store_true",
+        help="also run the COPY ceiling through the proxy (its many small chunks cost the Python proxy CPU)",
+    )
+    parser.add_argument(
+        "--results", type=Path, help="where to write the markdown (default bench/RESULTS.md; none with --quick)"
+    )
+    args = parser.parse_args(argv)
+    args.scale_seq = args.scale_seq or (QUICK_SCALE_SEQ if args.quick else DEFAULT_SCALE_SEQ)
+    args.scale_rows = args.scale_rows or (QUICK_SCALE_ROWS if args.quick else DEFAULT_SCALE_ROWS)
+    args.blog_seconds = args.blog_seconds or (2.0 if args.quick else 12.0)
+    if args.results is None and not args.quick:
+        args.results = HERE / "RESULTS.md"
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    scales = {"windows": args.scale_seq, "rows": args.scale_rows}
+    small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
+    if small and not args.quick:
+        log(f"warning: below the issue's sizes ({MIN_WINDOWS:,} windows, {MIN_ROWS:,} rows)")
+    results = Results(quick=args.quick, scales=scales, delay_ms=args.delay_ms)
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
+    try:
+        with server() as admin_dsn, database(admin_dsn) as dsn:
+            _, results.server_version = asyncio.run(load(dsn, scales))
+            results.setup_s = time.perf_counter() - started
+            for ds in (WINDOWS, ROWS):
+                results.rows.append(measure(ds, dsn, workdir, args.blog_seconds, LOCAL))
+            for label, fraction in (("1x", 0.25), ("4x", 1.0)):
+                run = dumprun.dump(ROWS, dsn, workdir, fraction=fraction, measure_rss=True)
+                log(f"rss {label}: {run.samples:,} samples, peak RSS {run.max_rss / 2**20:,.1f} MiB")
+                results.rss.append((label, fraction, run))
+            if not args.no_proxy:
+                with proxy(dsn, args.delay_ms) as slow_dsn:
+                    results.rtt_ms["direct"] = asyncio.run(contenders.round_trip_ms(dsn))
+                    results.rtt_ms["proxy"] = asyncio.run(contenders.round_trip_ms(slow_dsn))
+                    direct, proxied = results.rtt_ms["direct"], results.rtt_ms["proxy"]
+                    log(f"round trip: {direct:.3f} ms direct, {proxied:.3f} ms proxied")
+                    transport = f"TCP proxy +{args.delay_ms:g} ms each way"
+                    for ds in (WINDOWS, ROWS):
+                        results.rows.append(
+                            measure(ds, slow_dsn, workdir, args.blog_seconds, transport, args.proxy_ceiling)
+                        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results.total_s = time.perf_counter() - started
+    text = render(results)
+    print(text)
+    if args.results:
+        args.results.write_text(text, encoding="utf-8")
+        log(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()

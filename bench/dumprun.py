@@ -1,0 +1,68 @@
+"""``pgprefetch dump`` as a whole process: its wall time, and its peak RSS through a tiny wrapper."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .datasets import Dataset
+
+PGPREFETCH = Path(sys.executable).parent / "pgprefetch"
+
+# Runs the dump as its only child and reports that child's peak RSS (KiB on Linux) on a last line.
+_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "rc = subprocess.run(sys.argv[1:]).returncode\n"
+    "print(f'MAXRSS_KIB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} RC {rc}', flush=True)\n"
+)
+
+
+@dataclass(frozen=True)
+class DumpRun:
+    """One dump: samples written, wall seconds around the process, peak RSS (bytes, 0 if not measured)."""
+
+    samples: int
+    seconds: float
+    dump_seconds: float  # as the dump reports it (no process start-up)
+    max_rss: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Samples per second of wall time."""
+        return self.samples / self.seconds if self.seconds else 0.0
+
+
+def dump(ds: Dataset, dsn: str, workdir: Path, *, fraction: float = 1.0, measure_rss: bool = False) -> DumpRun:
+    """Write a config for ``ds``, dump epoch 0 in a subprocess, then delete the store."""
+    store = workdir / f"store-{ds.name}"
+    config = workdir / f"{ds.name}.toml"
+    config.write_text(ds.config(store, fraction), encoding="utf-8")
+    argv = [str(PGPREFETCH), "dump", "--config", str(config), "--epoch", "0", "--force", "--json", "--dsn", dsn]
+    if measure_rss:
+        argv = [sys.executable, "-c", _WRAPPER, *argv]
+    try:
+        started = time.perf_counter()
+        p = subprocess.run(argv, capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - started
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    lines = p.stdout.strip().splitlines()
+    rss = 0
+    if measure_rss:
+        *lines, last = lines or ["MAXRSS_KIB 0 RC -1"]
+        _, kib, _, rc = last.split()
+        rss = int(kib) * 1024
+        failed = int(rc) != 0
+    else:
+        failed = p.returncode != 0
+    if failed or not lines:
+        raise RuntimeError(f"pgprefetch dump of {ds.name} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+    result = json.loads(lines[-1])
+    return DumpRun(
+        samples=int(result["n_samples"]), seconds=seconds, dump_seconds=float(result["seconds"]), max_rss=rss
+    )
