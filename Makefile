@@ -22,6 +22,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/pgprefetch demo
+	$(BIN)/python examples/train.py --config configs/demo.toml --epochs 0 --steps 30
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

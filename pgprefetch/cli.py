@@ -119,7 +119,7 @@ def dump(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    r"""Dump epochs of a config into its Zarr store.
+    """Dump epochs of a config into its Zarr store.
 
     \b
     Example:

@@ -6,7 +6,8 @@
 * ``rows``: ``items`` holds one sample per row: a ``real[16]`` embedding, a numeric price, an integer
   quantity, a date and a label; ``train_items`` / ``test_items`` split the ids.
 
-Values come from ``sin`` and ``hashint8extended`` of the row's coordinates, so every server (PostgreSQL
+A window's labels are a bucket of its ``f0`` (so the example model has something to learn). Values come
+from ``sin`` and ``hashint8extended`` of the row's coordinates, so every server (PostgreSQL
 11 and later) generates the same data for the same scale.
 """
 
@@ -57,7 +58,7 @@ async def load_sequences(conn: asyncpg.Connection, scale: float = 1.0) -> int:
         SELECT s, t,
                sin(s * 0.37 + t * 0.05)::real,
                (hashint8extended(s::bigint * 1000003 + t, 7) % 1000000) / 1e6,
-               ((s * 7 + t / 16) % 5)::smallint
+               least(4, floor((sin(s * 0.37 + t * 0.05) + 1) * 2.5))::smallint  -- learnable from f0
         FROM generate_series(1, $1::int) AS s, generate_series(0, $2::int - 1) AS t
         ORDER BY s, t
         """,
