@@ -71,11 +71,18 @@ def _epochs(value: str) -> list[int]:
 
 
 def _summary(r: DumpResult) -> str:
-    if r.skipped:
+    if r.status == "skipped":
         return f"epoch {r.epoch}: already complete in {r.path}, left untouched (use --force to rewrite)"
+    if r.status == "busy":
+        return f"epoch {r.epoch}: another dump is writing it ({r.holder}); skipped"
+    notes = ""
+    if r.restarted:
+        notes += f" (an interrupted dump was started over: {r.restarted})"
+    if r.resumed:
+        notes += f" (resumed: {r.resumed} of {r.n_batches} batches kept from an interrupted dump)"
     return (
         f"epoch {r.epoch}: {r.n_batches} batches, {r.n_samples:,} samples, {r.bytes / 1e6:,.1f} MB "
-        f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}"
+        f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}{notes}"
     )
 
 

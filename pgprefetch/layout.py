@@ -9,6 +9,7 @@ Anything this module does not recognise is read through zarr: correct first, fas
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ _RAW = ([{"name": "bytes", "configuration": {"endian": "little"}}], [{"name": "b
 _INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64 per inner chunk
 INDEX_CRC = 4
+_MISSING = 2**64 - 1  # index entry of an absent inner chunk
 
 
 @dataclass(frozen=True)
@@ -88,3 +90,28 @@ class ArrayLayout:
     def index_bytes(self) -> int:
         """Size of a shard's index with its checksum."""
         return self.per_file * INDEX_ENTRY + INDEX_CRC
+
+
+def read_batch_bytes(layout: ArrayLayout, batch: int) -> bytes | None:
+    """The bytes of ``batch`` as stored (raw values, or the compressed chunk); None when they are missing.
+
+    A plain read, for checksums (``verify``, resume); the reader maps files instead.
+    """
+    path, slot = layout.file(batch)
+    try:
+        with open(path, "rb") as f:
+            if not layout.sharded:
+                return f.read()
+            size = os.fstat(f.fileno()).st_size
+            if size < layout.index_bytes:
+                return None
+            f.seek(size - layout.index_bytes)
+            index = layout.shard_index(np.frombuffer(f.read(layout.index_bytes), dtype=np.uint8))
+            offset, nbytes = (int(v) for v in index[slot])
+            if offset == _MISSING or offset + nbytes > size - layout.index_bytes:
+                return None
+            f.seek(offset)
+            data = f.read(nbytes)
+            return data if len(data) == nbytes else None
+    except FileNotFoundError:
+        return None

@@ -28,7 +28,8 @@ from .config import Config
 from .errors import ConfigError, SourceError
 from .shuffle import n_batches, shuffle_keys
 from .source import BatchReader, Snapshot, batch_statement
-from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, EpochWriter, Store
+from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store
+from .writer import EpochWriter
 
 
 class Progress(Protocol):
@@ -50,11 +51,14 @@ class DumpResult:
 
     epoch: int
     path: Path
-    skipped: bool = False
+    status: str = "written"  # written | skipped (already complete) | busy (another dump is writing it)
     n_batches: int = 0
     n_samples: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    resumed: int = 0  # batches kept from an interrupted dump
+    restarted: str | None = None  # why an interrupted dump's partial epoch was discarded
+    holder: str | None = None  # who holds the epoch's lock, when busy
 
     @property
     def samples_per_s(self) -> float:
@@ -63,9 +67,9 @@ class DumpResult:
 
     def to_json(self) -> dict[str, Any]:
         """The summary ``--json`` prints."""
-        return {
+        out: dict[str, Any] = {
             "epoch": self.epoch,
-            "status": "skipped" if self.skipped else "written",
+            "status": self.status,
             "path": str(self.path),
             "n_batches": self.n_batches,
             "n_samples": self.n_samples,
@@ -73,6 +77,11 @@ class DumpResult:
             "seconds": round(self.seconds, 3),
             "samples_per_s": round(self.samples_per_s, 1),
         }
+        if self.resumed:
+            out["resumed_batches"] = self.resumed
+        if self.restarted:
+            out["restarted"] = self.restarted
+        return out
 
 
 async def dump_epochs(
@@ -85,8 +94,10 @@ async def dump_epochs(
 async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: Progress | None = None) -> DumpResult:
     """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
 
-    Returns:
-        What was written, or ``skipped=True`` when the epoch was already complete.
+    One dump writes an epoch at a time: if another holds the epoch's lock this returns ``status="busy"``
+    at once. A partial epoch left by an interrupted dump is resumed when its keys are unchanged, and
+    started over (``restarted`` says why) when they are not. On any failure, Ctrl-C included, the partial
+    epoch is kept for the next run and nothing is published.
 
     Raises:
         ConfigError: the queries do not fit the config.
@@ -98,7 +109,16 @@ async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: 
     store = Store(cfg.store.path)
     store.create()
     if store.is_complete(epoch) and not force:
-        return DumpResult(epoch=epoch, path=store.epoch_path(epoch), skipped=True)
+        return DumpResult(epoch=epoch, path=store.epoch_path(epoch), status="skipped")
+    with store.writer_lock(epoch) as held:
+        if not held:
+            return DumpResult(epoch, store.epoch_path(epoch), status="busy", holder=store.lock_holder(epoch))
+        if store.is_complete(epoch) and not force:  # finished by the dump we waited on
+            return DumpResult(epoch=epoch, path=store.epoch_path(epoch), status="skipped")
+        return await _dump_locked(cfg, store, epoch, progress)
+
+
+async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress | None) -> DumpResult:
     started = time.monotonic()
     size = cfg.batches.size
     async with Snapshot.open(cfg.source) as snap:
@@ -116,27 +136,34 @@ async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: 
             raise SourceError(
                 f"{n} samples make no full batch of {size}: lower [batches] size or set drop_last = false"
             )
+        used = nb * size if cfg.batches.drop_last else n
+        keys_sha = hashlib.sha256(np.ascontiguousarray(keys[:, :used]).tobytes()).hexdigest()
         columns = result_columns(cfg.fields, shape.columns)
         sql = batch_statement(cfg.samples.query, len(shape.key_names), columns)
         async with BatchReader.open(cfg.source, snap.id, sql) as reader:
-            first = await reader.fetch(0, keys[:, :size])
+            first = await reader.fetch(0, keys[:, :size])  # its array lengths fix the field shapes
             layout = BatchLayout.build(
                 cfg.fields, columns, array_lengths(columns, first), cfg.samples.rows, shape.key_names
             )
             specs = [ArraySpec(f.name, f.dtype, f.sample_shape) for f in layout.fields]
             specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(shape.key_names),)))
-            writer = EpochWriter(
-                store, epoch, n_batches=nb, batch_size=size, arrays=specs, compression=cfg.store.compression
-            )
+            identity = {"config_sha256": cfg.sha256(), "n_keys": used, "keys_sha256": keys_sha}
+            writer = await asyncio.to_thread(
+                EpochWriter, store, epoch, n_batches=nb, batch_size=size, arrays=specs,
+                compression=cfg.store.compression, identity=identity,
+            )  # fmt: skip
+            todo = [b for b in range(nb) if not writer.done[b]]
             if progress:
-                progress.start(epoch, min(n, nb * size))
+                progress.start(epoch, used)
+                progress.advance(min(used, writer.resumed * size), 0)
             try:
-                total = await _write_batches(reader, writer, layout, keys, nb, size, first, progress)
+                total = await _write_batches(reader, writer, layout, keys, todo, size, first, progress)
                 elapsed = time.monotonic() - started
-                manifest = _manifest(cfg, epoch, layout, keys, n_keys, nb, snap, total, elapsed)
+                manifest = _manifest(cfg, epoch, layout, n_keys, used, nb, keys_sha, snap, total, elapsed)
+                manifest["resumed_batches"] = writer.resumed
                 path = await asyncio.to_thread(writer.publish, manifest)
             except BaseException:
-                writer.discard()
+                writer.close()  # keep the partial epoch: the next dump resumes it
                 raise
             finally:
                 if progress:
@@ -145,9 +172,11 @@ async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: 
         epoch=epoch,
         path=path,
         n_batches=nb,
-        n_samples=manifest["n_samples"],
+        n_samples=used,
         bytes=total,
         seconds=time.monotonic() - started,
+        resumed=writer.resumed,
+        restarted=writer.restarted,
     )
 
 
@@ -156,14 +185,14 @@ async def _write_batches(
     writer: EpochWriter,
     layout: BatchLayout,
     keys: np.ndarray,
-    nb: int,
+    batches: list[int],
     size: int,
     first: tuple[bytes | None, ...],
     progress: Progress | None,
 ) -> int:
-    """Fetch, decode and write batches 1..nb-1 (batch 0 is ``first``) with ``reader.size`` workers."""
+    """Fetch, decode and write ``batches`` with ``reader.size`` workers (batch 0's rows are ``first``)."""
     total = 0
-    todo: Iterator[int] = iter(range(1, nb))  # shared by the workers: each takes the next index
+    todo: Iterator[int] = iter(b for b in batches if b != 0)  # shared by the workers: each takes the next
     # One thread of the dump's own decodes and writes: on a few cores more threads only fight over the GIL
     # (and the event loop thread loses), and an executor of our own cannot outlive the dump to race its cleanup.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgprefetch-write") as pool:
@@ -196,7 +225,8 @@ async def _write_batches(
                     progress.advance(min(size, keys.shape[1] - batch * size), nbytes)
                 blobs = None
 
-        await _first_error([worker(first, 0), *(worker() for _ in range(reader.size - 1))])
+        starters = [worker(first, 0)] if batches and batches[0] == 0 else [worker()]
+        await _first_error([*starters, *(worker() for _ in range(reader.size - 1))])
     return total
 
 
@@ -218,17 +248,16 @@ def _manifest(
     cfg: Config,
     epoch: int,
     layout: BatchLayout,
-    keys: np.ndarray,
     n_keys: int,
+    used: int,
     nb: int,
+    keys_sha: str,
     snap: Snapshot,
     total: int,
     elapsed: float,
 ) -> dict[str, Any]:
     """The epoch's manifest: everything a reader, an auditor or a resumed dump needs to know."""
-    n = keys.shape[1]
     size = cfg.batches.size
-    used = nb * size if cfg.batches.drop_last else n
     return {
         "format_version": FORMAT_VERSION,
         "pgprefetch_version": __version__,
@@ -246,7 +275,7 @@ def _manifest(
             for f in layout.fields
         },
         "key_columns": list(layout.key_names),
-        "keys_sha256": hashlib.sha256(np.ascontiguousarray(keys[:, :used]).tobytes()).hexdigest(),
+        "keys_sha256": keys_sha,
         "compression": cfg.store.compression,
         "config_sha256": cfg.sha256(),
         "config": dataclasses.asdict(cfg.samples),

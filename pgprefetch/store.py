@@ -6,29 +6,35 @@ Layout (plain Zarr v3; ``zarr.open_group(store)["epoch-00003"]["x"][7]`` is batc
     <store>/epoch-00003/zarr.json     epoch group; attribute "pgprefetch" is the manifest
     <store>/epoch-00003/<field>/      (n_batches, size, *sample_shape), one batch per (inner) chunk
     <store>/epoch-00003/keys/         (n_batches, size, n_key_columns) int64
-    <store>/.pgprefetch/partial/      epochs being written (not part of the Zarr hierarchy)
+    <store>/.pgprefetch/partial/      epochs being written, with their journals (not part of the Zarr hierarchy)
+    <store>/.pgprefetch/locks/        one lock file per epoch: one writer at a time
+    <store>/.pgprefetch/consumers/    the epoch each training run (consumer) opened last
 
 An epoch is written under ``.pgprefetch/partial/epoch-00003`` and becomes visible only through
 :func:`publish_epoch`: one filesystem sync, then a rename into place. A reader therefore never sees a
 partial epoch under the final name. On object storage (no rename) the same function will write a
 completion marker last; nothing else in pgprefetch knows how publication happens.
 
-Uncompressed arrays are sharded (about 64 MiB per file, one batch per inner chunk) and written as raw
-little-endian bytes at fixed offsets, byte for byte what zarr writes, without its per-call overhead;
-the reader memory-maps a shard once for many batches. Compressed arrays go through zarr's codecs.
+How batches are written is :mod:`pgprefetch.writer`'s business; this module knows where things are.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
+import json
 import os
 import re
 import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
@@ -39,6 +45,7 @@ FORMAT_VERSION = 1
 KEYS_ARRAY = "keys"
 META_DIR = ".pgprefetch"
 _EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
+_CONSUMER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def epoch_name(epoch: int) -> str:
@@ -46,7 +53,8 @@ def epoch_name(epoch: int) -> str:
     return f"epoch-{epoch:05d}"
 
 
-def _compressors(compression: str) -> Any:
+def compressors(compression: str) -> Any:
+    """Zarr's compressors for a ``[store] compression`` setting (None: raw, memory-mappable chunks)."""
     if compression == "zstd":
         return [ZstdCodec(level=3)]
     if compression == "lz4":
@@ -71,7 +79,7 @@ class Store:
 
     @property
     def meta(self) -> Path:
-        """Pgprefetch's own folder in the store: partial epochs, and later locks and consumers."""
+        """Pgprefetch's own folder in the store: partial epochs, locks and consumer records."""
         return self.path / META_DIR
 
     def epoch_path(self, epoch: int) -> Path:
@@ -81,6 +89,16 @@ class Store:
     def partial_path(self, epoch: int) -> Path:
         """Where an epoch is written before it is published."""
         return self.meta / "partial" / epoch_name(epoch)
+
+    def journal_path(self, epoch: int) -> Path:
+        """The journal of a partial epoch: what it holds and the checksum of every batch written."""
+        return self.meta / "partial" / f"{epoch_name(epoch)}.journal"
+
+    def partial_epochs(self) -> list[int]:
+        """Epochs with a partial folder: being written, or left by a dump that died."""
+        folder = self.meta / "partial"
+        found = (_EPOCH.match(p.name) for p in folder.iterdir()) if folder.is_dir() else ()
+        return sorted(int(m[1]) for m in found if m)
 
     def create(self) -> None:
         """Create the store (root group) if needed; refuse a path that is something else."""
@@ -120,7 +138,7 @@ class Store:
                 raise EpochNotReadyError(f"epoch {epoch} in {self.path} is still being written (or its dump died)")
             present = ", ".join(map(str, self.epochs())) or "none"
             raise EpochNotFoundError(f"epoch {epoch} is not in {self.path} (epochs present: {present})")
-        manifest = zarr.open_group(self.epoch_path(epoch), mode="r").attrs.get("pgprefetch")
+        manifest = json.loads(path.read_text()).get("attributes", {}).get("pgprefetch")
         if not isinstance(manifest, dict):
             raise StoreError(f"{self.epoch_path(epoch)} has no pgprefetch manifest")
         if manifest.get("format_version") != FORMAT_VERSION:
@@ -134,110 +152,67 @@ class Store:
         """True when the epoch is published (publication is atomic, so published means complete)."""
         return (self.epoch_path(epoch) / "zarr.json").exists()
 
+    @contextmanager
+    def writer_lock(self, epoch: int) -> Iterator[bool]:
+        """Hold the epoch's lock while the block runs; yields False (holding nothing) if another dump has it.
 
-SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
-_MISSING = 2**64 - 1  # index entry of an inner chunk past the end of the array
+        An advisory ``flock`` on ``.pgprefetch/locks/epoch-N.lock``: the kernel drops it when the holder
+        dies, even by ``kill -9``, so there are no stale locks to clean up. It holds on local filesystems
+        and on NFSv4 (Linux turns ``flock`` into a byte-range lock the server enforces); on NFSv3 without
+        a lock manager it does not, so run the dumps of one store from one host there.
+        """
+        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+                yield False
+                return
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+            yield True
+        finally:
+            os.close(fd)
 
+    def lock_holder(self, epoch: int) -> str:
+        """Who holds (or last held) an epoch's lock: "host pid"."""
+        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
+        try:
+            return path.read_text().strip() or "unknown"
+        except OSError:
+            return "unknown"
 
-def shard_batches(chunk_bytes: int, n_batches: int) -> int:
-    """Batches per shard file for chunks of ``chunk_bytes`` (about 64 MiB a file, at least one batch)."""
-    return max(1, min(n_batches, SHARD_BYTES // max(chunk_bytes, 1)))
+    def record_consumer(self, name: str, epoch: int) -> None:
+        """Note, atomically, that consumer ``name`` (a training run) opened ``epoch``."""
+        if not _CONSUMER.match(name):
+            raise StoreError(f"consumer name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        folder = self.meta / "consumers"
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {
+            "consumer": name,
+            "epoch": epoch,
+            "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, folder / f"{name}.json")
 
-
-class EpochWriter:
-    """Writes one epoch's batches into its partial folder; :meth:`publish` makes it visible.
-
-    Uncompressed arrays are sharded: each shard file holds ``S`` consecutive batches (inner chunks of one
-    batch each) followed by zarr's shard index. Every chunk has the same size, so the index is known up
-    front: the files are created with their index at the start, and each batch is ``pwrite``-n at its own
-    offset, in any order, by any thread, with no read-modify-write and nothing buffered. Compressed chunks
-    vary in size, so compressed arrays keep one file per batch and go through zarr's codecs.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        epoch: int,
-        *,
-        n_batches: int,
-        batch_size: int,
-        arrays: list[ArraySpec],
-        compression: str,
-    ) -> None:
-        self.store = store
-        self.epoch = epoch
-        self.path = store.partial_path(epoch)
-        self.compressed = compression != "none"
-        if self.path.exists():  # left by a dump that died; resume comes with the operations work
-            shutil.rmtree(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.group = zarr.open_group(self.path, mode="w-")
-        self.arrays: dict[str, zarr.Array] = {}
-        self._shards: dict[str, tuple[int, int]] = {}  # array -> (batches per shard, chunk bytes)
-        for spec in arrays:
-            chunk = (1, batch_size, *spec.sample_shape)
-            chunk_bytes = int(np.prod(chunk)) * spec.dtype.itemsize
-            per_shard = shard_batches(chunk_bytes, n_batches)
-            self.arrays[spec.name] = array = self.group.create_array(
-                spec.name,
-                shape=(n_batches, *chunk[1:]),
-                chunks=chunk,
-                shards=None if self.compressed else (per_shard, *chunk[1:]),
-                dtype=spec.dtype,
-                compressors=_compressors(compression),
-                fill_value=0,
-                dimension_names=["batch", "sample", *(f"dim{i}" for i in range(len(spec.sample_shape)))],
-                config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
-            )
-            if not self.compressed:
-                self._shards[spec.name] = (per_shard, chunk_bytes)
-                for shard in range(-(-n_batches // per_shard)):
-                    valid = min(per_shard, n_batches - shard * per_shard)
-                    _create_shard(self._file(array, shard), per_shard, valid, chunk_bytes)
-
-    def _file(self, array: zarr.Array, index: int) -> Path:
-        """The file of chunk (or shard) ``index`` along the batch axis."""
-        return self.path / array.basename / array.metadata.encode_chunk_key((index, *(0,) * (array.ndim - 1)))
-
-    def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
-        """Write batch ``batch`` of every array (blocking: call it from a worker thread); return bytes."""
-        written = 0
-        for name, data in arrays.items():
-            if self.compressed:
-                self.arrays[name][batch] = data
-            else:
-                per_shard, chunk_bytes = self._shards[name]
-                shard, slot = divmod(batch, per_shard)
-                raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
-                fd = os.open(self._file(self.arrays[name], shard), os.O_WRONLY)
-                try:
-                    os.pwrite(fd, raw.data, slot * chunk_bytes)
-                finally:
-                    os.close(fd)
-            written += data.nbytes
-        return written
-
-    def publish(self, manifest: dict[str, Any]) -> Path:
-        """Record the manifest and publish the epoch atomically; return its final path."""
-        self.group.attrs["pgprefetch"] = manifest
-        return publish_epoch(self.path, self.store.epoch_path(self.epoch))
-
-    def discard(self) -> None:
-        """Remove the partial epoch."""
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> None:
-    """Create a shard file: room for ``valid`` chunks, then zarr's index (offset, size per chunk) + CRC32C."""
-    index = np.full((per_shard, 2), _MISSING, dtype="<u8")
-    index[:valid, 0] = np.arange(valid, dtype=np.uint64) * chunk_bytes
-    index[:valid, 1] = chunk_bytes
-    raw = index.tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.truncate(valid * chunk_bytes)
-        f.seek(valid * chunk_bytes)
-        f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
+    def consumers(self) -> dict[str, int]:
+        """The epoch each consumer opened last."""
+        folder = self.meta / "consumers"
+        out = {}
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            try:
+                out[path.stem] = int(json.loads(path.read_text())["epoch"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a record being replaced, or damaged: the next open rewrites it
+        return out
 
 
 def publish_epoch(partial: Path, final: Path) -> Path:

@@ -188,10 +188,10 @@ def test_complete_epoch_is_left_untouched_unless_forced(demo_db: str, seq_config
     first = dump(seq_config, demo_db)
     stamp = (first.path / "zarr.json").stat().st_mtime_ns
     again = dump(seq_config, demo_db)
-    assert again.skipped
+    assert again.status == "skipped"
     assert (first.path / "zarr.json").stat().st_mtime_ns == stamp
     forced = dump(seq_config, demo_db, force=True)
-    assert not forced.skipped
+    assert forced.status == "written"
     assert chunk_bytes(forced.path) == chunk_bytes(first.path)
 
 
@@ -213,4 +213,6 @@ def test_failed_dump_publishes_nothing(db: str, tmp_path: Path) -> None:
         dump(config, db)
     store = tmp_path / "store.zarr"
     assert not (store / "epoch-00000").exists()
-    assert not any((store / ".pgprefetch" / "partial").iterdir())
+    # The partial epoch stays, with its journal, for the next dump to resume.
+    assert (store / ".pgprefetch" / "partial" / "epoch-00000").is_dir()
+    assert (store / ".pgprefetch" / "partial" / "epoch-00000.journal").exists()

@@ -14,7 +14,7 @@ import torch
 import zarr
 from torch.utils.data import DataLoader
 
-import pgprefetch.store
+import pgprefetch.writer
 from pgprefetch import EpochDataset
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
 
@@ -29,7 +29,7 @@ def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("reader")
     config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.store, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
+        mp.setattr(pgprefetch.writer, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
         for epoch in (0, 1):
             dump(config, demo_db, epoch=epoch)
     return folder / "store.zarr"

@@ -1,0 +1,234 @@
+"""Writing one epoch into its partial folder, crash-safely, then publishing it.
+
+Uncompressed arrays are sharded: each shard file holds ``S`` consecutive batches (inner chunks of one batch
+each) followed by zarr's shard index. Every chunk has the same size, so the index is known up front: the
+files are created with their index, and each batch is ``pwrite``-n at its own offset, in any order, with
+no read-modify-write and nothing buffered (byte for byte what zarr writes). Compressed chunks vary in
+size, so compressed arrays keep one file per batch and go through zarr's codecs.
+
+After each batch the writer appends its CRC32C per array to a journal beside the partial folder (no fsync:
+a lost line only means a batch fetched again). A dump that dies (``kill -9``, Ctrl-C, a full disk) leaves
+the partial folder and its journal; the next dump of the epoch resumes it if the journal's header, which
+holds the key list's count and sha256, matches: batches whose bytes on disk still match their journal
+checksum are kept, the rest are fetched again. The checksums end up in the manifest for ``verify``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import numpy as np
+import zarr
+
+from .layout import ArrayLayout, read_batch_bytes
+from .store import ArraySpec, Store, compressors, publish_epoch
+
+SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
+_MISSING = 2**64 - 1  # index entry of an inner chunk past the end of the array
+
+
+def shard_batches(chunk_bytes: int, n_batches: int) -> int:
+    """Batches per shard file for chunks of ``chunk_bytes`` (about 64 MiB a file, at least one batch)."""
+    return max(1, min(n_batches, SHARD_BYTES // max(chunk_bytes, 1)))
+
+
+class EpochWriter:
+    """Writes one epoch's batches into its partial folder (resuming one a dead dump left); publishes it.
+
+    Args:
+        store: the store.
+        epoch: the epoch.
+        n_batches: batches in the epoch.
+        batch_size: samples per batch.
+        arrays: the fields and the keys array.
+        compression: ``none``, ``zstd`` or ``lz4``.
+        identity: what makes a partial epoch resumable (config hash, key count and hash, ...): a journal
+            whose header differs is discarded and the epoch starts over.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        epoch: int,
+        *,
+        n_batches: int,
+        batch_size: int,
+        arrays: list[ArraySpec],
+        compression: str,
+        identity: dict[str, Any],
+    ) -> None:
+        self.store = store
+        self.epoch = epoch
+        self.path = store.partial_path(epoch)
+        self.journal_path = store.journal_path(epoch)
+        self.compressed = compression != "none"
+        self.names = [a.name for a in arrays]
+        self.header = {
+            **identity,
+            "n_batches": n_batches,
+            "batch_size": batch_size,
+            "compression": compression,
+            "arrays": {a.name: [a.dtype.str, list(a.sample_shape)] for a in arrays},
+        }
+        self.checksums = np.zeros((len(arrays), n_batches), dtype=np.uint32)
+        self.done = np.zeros(n_batches, dtype=bool)
+        self.restarted: str | None = None  # why a partial epoch found here was discarded
+        previous = self._read_journal()
+        if previous is not None and previous[0] != self.header:
+            self.restarted = _difference(previous[0], self.header)
+            previous = None
+        if previous is None:
+            self.discard()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "r+" if previous is not None else "w-"
+        self.group = zarr.open_group(self.path, mode=mode)
+        self.arrays = {
+            a.name: self._array(a, n_batches, batch_size, compression, create=previous is None) for a in arrays
+        }
+        self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
+        if previous is not None:
+            self._keep_verified(previous[1])
+        self._journal = open(self.journal_path, "a" if previous is not None else "w")  # noqa: SIM115
+        if previous is None:
+            self._journal.write(json.dumps(self.header, sort_keys=True) + "\n")
+            self._journal.flush()
+
+    @property
+    def resumed(self) -> int:
+        """Batches kept from a partial epoch a previous dump left."""
+        return int(self.done.sum())
+
+    def _array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str, create: bool) -> zarr.Array:
+        chunk = (1, batch_size, *spec.sample_shape)
+        if not create:
+            return self.group[spec.name]  # type: ignore[return-value]
+        chunk_bytes = int(np.prod(chunk)) * spec.dtype.itemsize
+        per_shard = shard_batches(chunk_bytes, n_batches)
+        array = self.group.create_array(
+            spec.name,
+            shape=(n_batches, *chunk[1:]),
+            chunks=chunk,
+            shards=None if self.compressed else (per_shard, *chunk[1:]),
+            dtype=spec.dtype,
+            compressors=compressors(compression),
+            fill_value=0,
+            dimension_names=["batch", "sample", *(f"dim{i}" for i in range(len(spec.sample_shape)))],
+            config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
+        )
+        if not self.compressed:
+            layout = ArrayLayout.read(self.path / spec.name)
+            for shard in range(-(-n_batches // per_shard)):
+                valid = min(per_shard, n_batches - shard * per_shard)
+                _create_shard(layout.file(shard * per_shard)[0], per_shard, valid, chunk_bytes)
+        return array
+
+    def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
+        if not (self.path.is_dir() and self.journal_path.exists()):
+            return None
+        lines = self.journal_path.read_text().splitlines()
+        try:
+            header = json.loads(lines[0])
+        except (IndexError, ValueError):
+            return None
+        done = {}
+        for line in lines[1:]:
+            parts = line.split()
+            if len(parts) == 1 + len(self.names):  # a line cut short by a crash is ignored
+                done[int(parts[0])] = [int(p) for p in parts[1:]]
+        return header, done
+
+    def _keep_verified(self, journal: dict[int, list[int]]) -> None:
+        """Keep the journal's batches whose bytes on disk still have their recorded checksums."""
+        for batch, crcs in journal.items():
+            if not 0 <= batch < self.done.size:
+                continue
+            actual = [_crc(read_batch_bytes(self.layouts[name], batch)) for name in self.names]
+            if actual == crcs:
+                self.checksums[:, batch] = crcs
+                self.done[batch] = True
+
+    def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
+        """Write batch ``batch`` of every array (blocking: call it from one worker thread); return bytes."""
+        written = 0
+        crcs = []
+        for j, name in enumerate(self.names):
+            data = arrays[name]
+            raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+            if self.compressed:
+                self.arrays[name][batch] = raw
+                crc = _crc(read_batch_bytes(self.layouts[name], batch))
+            else:
+                path, slot = self.layouts[name].file(batch)
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.pwrite(fd, raw.data, slot * self.layouts[name].batch_bytes)
+                finally:
+                    os.close(fd)
+                crc = _crc(raw)
+            self.checksums[j, batch] = crc
+            crcs.append(crc)
+            written += data.nbytes
+        self._journal.write(f"{batch} {' '.join(map(str, crcs))}\n")
+        self._journal.flush()
+        self.done[batch] = True
+        return written
+
+    def publish(self, manifest: dict[str, Any]) -> Path:
+        """Record the manifest (with every chunk's checksum) and publish the epoch atomically."""
+        manifest["checksums"] = {
+            "algorithm": "crc32c",
+            "arrays": {name: self.checksums[j].tolist() for j, name in enumerate(self.names)},
+        }
+        self.group.attrs["pgprefetch"] = manifest
+        self._journal.close()
+        final = publish_epoch(self.path, self.store.epoch_path(self.epoch))
+        self.journal_path.unlink(missing_ok=True)
+        return final
+
+    def close(self) -> None:
+        """Stop writing, keeping the partial epoch and its journal for the next dump to resume."""
+        self._journal.close()
+
+    def discard(self) -> None:
+        """Remove the partial epoch and its journal."""
+        if getattr(self, "_journal", None) is not None:
+            self._journal.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.journal_path.unlink(missing_ok=True)
+
+
+def _crc(data: bytes | np.ndarray | None) -> int:
+    """CRC32C of a chunk's bytes; -1 for a missing chunk. Arrays are checksummed in place, read-only."""
+    if data is None:
+        return -1
+    if isinstance(data, np.ndarray):
+        data = data.view()
+        data.flags.writeable = False  # the C extension takes read-only buffers only
+    return google_crc32c.value(data)
+
+
+def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Why a partial epoch cannot be resumed, in words."""
+    if old.get("n_keys") != new.get("n_keys") or old.get("keys_sha256") != new.get("keys_sha256"):
+        return f"the keys changed ({old.get('n_keys')} keys then, {new.get('n_keys')} now)"
+    if old.get("config_sha256") != new.get("config_sha256"):
+        return "the config changed"
+    return "it was written with other settings"
+
+
+def _create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> None:
+    """Create a shard file: room for ``valid`` chunks, then zarr's index (offset, size per chunk) + CRC32C."""
+    index = np.full((per_shard, 2), _MISSING, dtype="<u8")
+    index[:valid, 0] = np.arange(valid, dtype=np.uint64) * chunk_bytes
+    index[:valid, 1] = chunk_bytes
+    raw = index.tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(valid * chunk_bytes)
+        f.seek(valid * chunk_bytes)
+        f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
