@@ -19,9 +19,11 @@ import click
 from ._version import __version__
 from .config import load_config
 from .errors import ConfigError, PgprefetchError
+from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
 from .pipeline import DumpResult, dump_epochs
 from .progress import BarProgress
 from .server import DEFAULT_DIR
+from .store import Store
 
 DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml")
 
@@ -109,6 +111,9 @@ def cli(debug: bool) -> None:
 @config_option
 @click.option("--epoch", type=int, help="The epoch to dump.")
 @click.option("--epochs", "epoch_range", help="Several epochs: 3-5, or 1,4-6.")
+@click.option("--ahead", type=click.IntRange(min=1), help="Dump the next K epochs after the newest started one.")
+@click.option("--keep", type=click.IntRange(min=0), help="Then delete complete epochs older than newest started - N.")
+@click.option("--consumer", help="Go by this consumer's epoch for --ahead/--keep (default: all consumers).")
 @click.option("--store", type=click.Path(path_type=Path), help="Store folder; overrides [store] path.")
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
@@ -119,6 +124,9 @@ def dump(
     config_path: Path,
     epoch: int | None,
     epoch_range: str | None,
+    ahead: int | None,
+    keep: int | None,
+    consumer: str | None,
     store: Path | None,
     dsn: str | None,
     connections: int | None,
@@ -129,19 +137,105 @@ def dump(
     """Dump epochs of a config into its Zarr store.
 
     \b
-    Example:
+    Examples:
         pgprefetch dump --config configs/demo.toml --epoch 3
+        pgprefetch dump --config configs/demo.toml --ahead 2 --keep 1 --quiet   # from cron
     """
-    if (epoch is None) == (epoch_range is None):
-        raise ConfigError("give either --epoch N or --epochs A-B")
-    epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
+    if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
+        raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store)
+    target = Store(cfg.store.path)
+    if ahead is not None:
+        target.create()
+        epochs = plan_ahead(target, ahead, consumer)
+    else:
+        epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
     progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
     for result in asyncio.run(dump_epochs(cfg, epochs, force=force, progress=progress)):
         if as_json:
             click.echo(json.dumps(result.to_json()))
         elif not quiet:
             click.echo(_summary(result))
+    if keep is not None:
+        pruned = prune(target, keep, consumer, partials=False)
+        if pruned.epochs and not quiet and not as_json:
+            click.echo(f"deleted epochs {', '.join(map(str, pruned.epochs))} (--keep {keep})")
+    elif ahead is not None and not epochs and not quiet and not as_json:
+        click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
+
+
+def _store(config_path: Path | None, store: Path | None) -> Store:
+    """The store named by --store, or by the config's [store] path."""
+    if store is not None:
+        return Store(store)
+    if config_path is None:
+        raise ConfigError("give --config or --store")
+    return Store(load_config(config_path).store.path)
+
+
+store_options = [
+    click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="The config whose [store] path to use.",
+    ),
+    click.option("--store", type=click.Path(file_okay=False, path_type=Path), help="The store folder."),
+]
+
+
+def with_store_options(f: Any) -> Any:
+    """Add --config and --store to a command."""
+    for option in reversed(store_options):
+        f = option(f)
+    return f
+
+
+@cli.command("ls")
+@with_store_options
+@click.option("--json", "as_json", is_flag=True, help='Print {"epochs": [...]} instead of a table.')
+def ls(config_path: Path | None, store: Path | None, as_json: bool) -> None:
+    """List the epochs of a store: state, batches, samples, size, created, seconds."""
+    infos = list_epochs(_store(config_path, store))
+    if as_json:
+        click.echo(json.dumps({"epochs": [i.to_json() for i in infos]}))
+        return
+    click.echo(
+        f"{'epoch':>5}  {'state':<8} {'batches':>9} {'samples':>11} {'size':>10}  {'created':<25} {'seconds':>8}"
+    )
+    for i in infos:
+        batches = f"{i.batches_written}/{i.n_batches}" if i.state == "partial" else f"{i.n_batches}"
+        seconds = f"{i.seconds:.1f}" if i.seconds is not None else "-"
+        click.echo(
+            f"{i.epoch:>5}  {i.state:<8} {batches:>9} {i.n_samples or 0:>11,} {i.bytes / 1e6:>8.1f}MB"
+            f"  {i.created or '-':<25} {seconds:>8}"
+        )
+
+
+@cli.command()
+@with_store_options
+@click.option("--epoch", type=int, required=True, help="The epoch to check.")
+def verify(config_path: Path | None, store: Path | None, epoch: int) -> None:
+    """Recompute every chunk's checksum; name each corrupt or missing chunk (exit 1 if any)."""
+    problems = verify_epoch(_store(config_path, store), epoch)
+    for line in problems:
+        click.echo(line)
+    if problems:
+        raise _fail(f"epoch {epoch}: {len(problems)} corrupt or missing chunk(s)", 1)
+    click.echo(f"epoch {epoch}: every chunk matches its checksum")
+
+
+@cli.command("prune")
+@with_store_options
+@click.option("--keep", type=click.IntRange(min=0), required=True, help="Keep epochs from newest started - N on.")
+@click.option("--consumer", help="Go by this consumer's epoch (default: the slowest consumer).")
+def prune_command(config_path: Path | None, store: Path | None, keep: int, consumer: str | None) -> None:
+    """Delete complete epochs older than (newest started - N), and partial epochs of dead dumps."""
+    result = prune(_store(config_path, store), keep, consumer)
+    click.echo(
+        f"deleted epochs: {', '.join(map(str, result.epochs)) or 'none'}; "
+        f"removed partial epochs of dead dumps: {', '.join(map(str, result.partials)) or 'none'}"
+    )
 
 
 @cli.command("demo-data")

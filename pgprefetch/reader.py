@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -47,6 +48,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         world_size: the number of ranks; same default, else 1.
         wait: if the epoch is not published yet, wait for it (up to ``timeout`` seconds).
         timeout: how long ``wait`` waits.
+        consumer: the name this training run is recorded under in the store (the epoch it opened), which
+            ``pgprefetch dump --ahead`` and ``--keep`` go by; None records nothing.
     """
 
     def __init__(
@@ -59,10 +62,16 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         world_size: int | None = None,
         wait: bool = False,
         timeout: float = 600.0,
+        consumer: str | None = "default",
     ) -> None:
         self.store = Path(store)
         self.epoch = epoch
         self.manifest = _manifest(Store(self.store), epoch, wait, timeout)
+        if consumer is not None and torch.utils.data.get_worker_info() is None:
+            try:
+                Store(self.store).record_consumer(consumer, epoch)
+            except OSError as e:  # a read-only copy of a store can still be read
+                warnings.warn(f"cannot record consumer {consumer!r} in {self.store}: {e}", stacklevel=2)
         available = list(self.manifest["fields"])
         unknown = [f for f in fields or () if f not in available]
         if unknown:

@@ -93,15 +93,12 @@ class EpochWriter:
         self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
         if previous is not None:
             self._keep_verified(previous[1])
+        self.resumed = int(self.done.sum())
+        """Batches kept from a partial epoch a previous dump left."""
         self._journal = open(self.journal_path, "a" if previous is not None else "w")  # noqa: SIM115
         if previous is None:
             self._journal.write(json.dumps(self.header, sort_keys=True) + "\n")
             self._journal.flush()
-
-    @property
-    def resumed(self) -> int:
-        """Batches kept from a partial epoch a previous dump left."""
-        return int(self.done.sum())
 
     def _array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str, create: bool) -> zarr.Array:
         chunk = (1, batch_size, *spec.sample_shape)
@@ -147,7 +144,7 @@ class EpochWriter:
         for batch, crcs in journal.items():
             if not 0 <= batch < self.done.size:
                 continue
-            actual = [_crc(read_batch_bytes(self.layouts[name], batch)) for name in self.names]
+            actual = [checksum(read_batch_bytes(self.layouts[name], batch)) for name in self.names]
             if actual == crcs:
                 self.checksums[:, batch] = crcs
                 self.done[batch] = True
@@ -161,7 +158,7 @@ class EpochWriter:
             raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
             if self.compressed:
                 self.arrays[name][batch] = raw
-                crc = _crc(read_batch_bytes(self.layouts[name], batch))
+                crc = checksum(read_batch_bytes(self.layouts[name], batch))
             else:
                 path, slot = self.layouts[name].file(batch)
                 fd = os.open(path, os.O_WRONLY)
@@ -169,7 +166,7 @@ class EpochWriter:
                     os.pwrite(fd, raw.data, slot * self.layouts[name].batch_bytes)
                 finally:
                     os.close(fd)
-                crc = _crc(raw)
+                crc = checksum(raw)
             self.checksums[j, batch] = crc
             crcs.append(crc)
             written += data.nbytes
@@ -202,7 +199,7 @@ class EpochWriter:
         self.journal_path.unlink(missing_ok=True)
 
 
-def _crc(data: bytes | np.ndarray | None) -> int:
+def checksum(data: bytes | np.ndarray | None) -> int:
     """CRC32C of a chunk's bytes; -1 for a missing chunk. Arrays are checksummed in place, read-only."""
     if data is None:
         return -1

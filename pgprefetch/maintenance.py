@@ -1,0 +1,170 @@
+"""Operating a store: which epochs to dump ahead, listing, verifying and pruning epochs.
+
+Training runs record the epoch they open (:meth:`pgprefetch.store.Store.record_consumer`); cron runs
+``pgprefetch dump --ahead K --keep N``, which dumps the next K epochs after the newest one a consumer
+started and deletes complete epochs more than N behind. Nothing here talks to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .errors import StoreError
+from .layout import ArrayLayout, read_batch_bytes
+from .store import Store
+from .writer import checksum
+
+
+@dataclass(frozen=True)
+class EpochInfo:
+    """One line of ``pgprefetch ls``."""
+
+    epoch: int
+    state: str  # complete | partial
+    n_batches: int | None
+    n_samples: int | None
+    bytes: int
+    created: str | None
+    seconds: float | None
+    batches_written: int | None = None  # partial epochs: how far the dump got
+
+    def to_json(self) -> dict[str, object]:
+        """The entry ``ls --json`` prints."""
+        out = asdict(self)
+        if self.state == "complete":
+            del out["batches_written"]
+        return out
+
+
+def _folder_bytes(root: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def list_epochs(store: Store) -> list[EpochInfo]:
+    """Every epoch in the store, complete or partial, in epoch order (bytes as allocated on disk)."""
+    infos = []
+    for epoch in store.epochs():
+        m = store.manifest(epoch)
+        infos.append(
+            EpochInfo(
+                epoch,
+                "complete",
+                m["n_batches"],
+                m["n_samples"],
+                _folder_bytes(store.epoch_path(epoch)),
+                m.get("created"),
+                m.get("seconds"),
+            )
+        )
+    for epoch in store.partial_epochs():
+        if store.is_complete(epoch):
+            continue  # a --force rewrite in progress: the complete epoch is what readers get
+        header, written = _journal_summary(store, epoch)
+        mtime = store.partial_path(epoch).stat().st_mtime
+        infos.append(
+            EpochInfo(
+                epoch,
+                "partial",
+                header.get("n_batches"),
+                header.get("n_keys"),
+                _folder_bytes(store.partial_path(epoch)),
+                datetime.fromtimestamp(mtime, UTC).isoformat(timespec="seconds"),
+                None,
+                written,
+            )
+        )
+    return sorted(infos, key=lambda i: i.epoch)
+
+
+def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
+    try:
+        lines = store.journal_path(epoch).read_text().splitlines()
+        return json.loads(lines[0]), len({line.split()[0] for line in lines[1:] if line.strip()})
+    except (OSError, ValueError, IndexError):
+        return {}, 0
+
+
+def verify_epoch(store: Store, epoch: int) -> list[str]:
+    """Recompute every chunk's CRC32C; return one line per corrupt or missing chunk (empty: all good)."""
+    manifest = store.manifest(epoch)
+    recorded = manifest.get("checksums", {}).get("arrays")
+    if not recorded:
+        raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
+    problems = []
+    for name, crcs in recorded.items():
+        layout = ArrayLayout.read(store.epoch_path(epoch) / name)
+        for batch, expected in enumerate(crcs):
+            data = read_batch_bytes(layout, batch)
+            if data is None:
+                path, _ = layout.file(batch)
+                problems.append(f"{name} batch {batch}: missing ({path.relative_to(store.path)})")
+            elif checksum(data) != expected:
+                problems.append(f"{name} batch {batch}: checksum mismatch")
+    return problems
+
+
+def plan_ahead(store: Store, ahead: int, consumer: str | None = None) -> list[int]:
+    """The epochs ``--ahead`` dumps: the ``ahead`` epochs after the newest started one, not yet complete.
+
+    "Started" means opened by a consumer (all consumers, or just ``consumer``); with none, epoch 0 on.
+    """
+    started = _started(store, consumer)
+    first = max(started.values()) + 1 if started else 0
+    return [e for e in range(first, first + ahead) if not store.is_complete(e)]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``prune`` removed."""
+
+    epochs: list[int]
+    partials: list[int]
+
+
+def prune(store: Store, keep: int, consumer: str | None = None, *, partials: bool = True) -> PruneResult:
+    """Delete complete epochs older than (newest started - ``keep``), and partial epochs of dead dumps.
+
+    With several consumers the slowest one counts, so no training run loses an epoch it may still read.
+    With no consumer recorded, no complete epoch is deleted. A partial epoch is removed only when no dump
+    holds its lock (its dump died); a live dump's partial epoch is never touched.
+    """
+    started = _started(store, consumer)
+    removed = []
+    if started:
+        oldest_kept = min(started.values()) - keep
+        for epoch in store.epochs():
+            if epoch < oldest_kept:
+                _remove(store, store.epoch_path(epoch))
+                removed.append(epoch)
+    dead = []
+    for epoch in store.partial_epochs() if partials else ():
+        with store.writer_lock(epoch) as held:
+            if held:
+                _remove(store, store.partial_path(epoch))
+                store.journal_path(epoch).unlink(missing_ok=True)
+                dead.append(epoch)
+    return PruneResult(removed, dead)
+
+
+def _remove(store: Store, folder: Path) -> None:
+    """Delete an epoch folder: first renamed aside, so no reader finds half of it."""
+    trash = store.meta / "trash" / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
+    trash.parent.mkdir(parents=True, exist_ok=True)
+    folder.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _started(store: Store, consumer: str | None) -> dict[str, int]:
+    records = store.consumers()
+    if consumer is not None:
+        if consumer not in records:
+            raise StoreError(
+                f"no consumer {consumer!r} has opened an epoch of {store.path} "
+                f"(consumers: {', '.join(records) or 'none'})"
+            )
+        records = {consumer: records[consumer]}
+    return records

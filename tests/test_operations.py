@@ -1,0 +1,211 @@
+"""Cron-style operation: --ahead/--keep, ls, verify, prune, one writer per epoch, kill -9, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import pgprefetch.writer
+from pgprefetch import EpochDataset
+from pgprefetch.cli import cli
+
+from .helpers import chunk_bytes, dump, execute, write_config
+
+N_ROWS = 480
+SIZE = 16  # 30 batches
+
+
+@pytest.fixture
+def table(db: str) -> str:
+    execute(
+        db,
+        "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
+        f"INSERT INTO s SELECT i, i * 0.5 FROM generate_series(1, {N_ROWS}) i",
+    )
+    return db
+
+
+def config(folder: Path, *, slow: bool = False, name: str = "c.toml", store: str = "store.zarr") -> Path:
+    """A config over ``s``; ``slow`` makes each batch take ~0.25 s (a dump then lasts ~2 s)."""
+    query = "SELECT v" + (", pg_sleep(0.015)" if slow else "") + " FROM s WHERE id = $1"  # a sleep per sample
+    return write_config(
+        folder,
+        keys="SELECT id FROM s",
+        query=query,
+        fields={"v": (["v"], "float32")},
+        size=SIZE,
+        connections=2,
+        name=name,
+        store=store,
+    )
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def start_dump(cfg: Path, dsn: str, epoch: int = 0) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", str(epoch), "--dsn", dsn]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def journal_lines(store: Path, epoch: int = 0) -> int:
+    path = store / ".pgprefetch" / "partial" / f"epoch-{epoch:05d}.journal"
+    return len(path.read_text().splitlines()) - 1 if path.exists() else -1
+
+
+def wait_for(condition: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def test_ahead_and_keep_follow_the_recorded_consumer(table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    store = tmp_path / "store.zarr"
+    args = ["dump", "--config", str(cfg), "--dsn", table, "--quiet"]
+    assert run_cli(*args, "--ahead", "2")[0] == 0  # nothing started: epochs 0 and 1
+    assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00000", "epoch-00001"]
+    EpochDataset(store, epoch=1)  # training opens epoch 1 (consumer "default")
+    assert json.loads((store / ".pgprefetch" / "consumers" / "default.json").read_text())["epoch"] == 1
+    assert run_cli(*args, "--ahead", "2", "--keep", "1")[0] == 0  # dumps 2, 3; keeps epochs >= 0
+    assert sorted(p.name for p in store.glob("epoch-*")) == [f"epoch-0000{i}" for i in range(4)]
+    EpochDataset(store, epoch=3)
+    code, out = run_cli("dump", "--config", str(cfg), "--dsn", table, "--ahead", "1", "--keep", "1")
+    assert code == 0
+    assert out.splitlines()[-1] == "deleted epochs 0, 1 (--keep 1)"
+    assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00002", "epoch-00003", "epoch-00004"]
+
+
+def test_ls_json_lists_complete_and_partial_epochs(table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    result = dump(cfg, table, epoch=0)
+    partial = tmp_path / "store.zarr" / ".pgprefetch" / "partial"
+    (partial / "epoch-00001").mkdir(parents=True)
+    (partial / "epoch-00001.journal").write_text(json.dumps({"n_batches": 30, "n_keys": 480}) + "\n0 1 2\n1 3 4\n")
+    code, out = run_cli("ls", "--config", str(cfg), "--json")
+    assert code == 0
+    epochs = json.loads(out)["epochs"]
+    assert [(e["epoch"], e["state"]) for e in epochs] == [(0, "complete"), (1, "partial")]
+    complete = epochs[0]
+    assert set(complete) == {"epoch", "state", "n_batches", "n_samples", "bytes", "created", "seconds"}
+    assert (complete["n_batches"], complete["n_samples"]) == (30, 480)
+    assert complete["bytes"] >= result.bytes
+    assert complete["created"] and complete["seconds"] > 0
+    assert (epochs[1]["n_batches"], epochs[1]["batches_written"]) == (30, 2)
+    code, out = run_cli("ls", "--store", str(tmp_path / "store.zarr"))
+    assert out.splitlines()[1].split()[:3] == ["0", "complete", "30"]
+
+
+def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
+    table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pgprefetch.writer, "SHARD_BYTES", 4 * SIZE * 4)  # 4 batches of v per shard file
+    cfg = config(tmp_path)
+    dump(cfg, table)
+    assert run_cli("verify", "--config", str(cfg), "--epoch", "0") == (0, "epoch 0: every chunk matches its checksum\n")
+    epoch = tmp_path / "store.zarr" / "epoch-00000"
+    shard = epoch / "v" / "c" / "1" / "0"
+    data = bytearray(shard.read_bytes())
+    data[SIZE * 4 + 5] ^= 0x01  # a byte of batch 5 (the second batch of shard 1)
+    shard.write_bytes(bytes(data))
+    (epoch / "keys" / "c" / "0" / "0" / "0").unlink()  # the keys of batches 0 and 1 (128 bytes each)
+    code, out = run_cli("verify", "--config", str(cfg), "--epoch", "0")
+    assert code == 1
+    lines = out.splitlines()
+    assert "v batch 5: checksum mismatch" in lines
+    assert "keys batch 0: missing (epoch-00000/keys/c/0/0/0)" in lines
+    assert "keys batch 1: missing (epoch-00000/keys/c/0/0/0)" in lines
+    assert lines[-1] == "Error: epoch 0: 3 corrupt or missing chunk(s)"
+
+
+def test_prune_removes_old_epochs_and_dead_partials(table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    for e in range(3):
+        dump(cfg, table, epoch=e)
+    store = tmp_path / "store.zarr"
+    (store / ".pgprefetch" / "partial" / "epoch-00007").mkdir(parents=True)
+    EpochDataset(store, epoch=2)
+    assert run_cli("prune", "--config", str(cfg), "--keep", "1") == (
+        0,
+        "deleted epochs: 0; removed partial epochs of dead dumps: 7\n",
+    )
+    assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00001", "epoch-00002"]
+    assert not (store / ".pgprefetch" / "partial" / "epoch-00007").exists()
+
+
+def test_two_dumps_of_one_epoch_never_write_together(table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    first = start_dump(cfg, table)
+    try:
+        wait_for(lambda: journal_lines(store) >= 1)
+        code, out = run_cli("dump", "--config", str(cfg), "--epoch", "0", "--dsn", table)
+        assert code == 0
+        assert out == f"epoch 0: another dump is writing it ({os.uname().nodename} {first.pid}); skipped\n"
+    finally:
+        try:
+            assert first.wait(60) == 0
+        finally:
+            first.kill()
+    assert (store / "epoch-00000" / "zarr.json").exists()
+
+
+@pytest.mark.parametrize("kill_after", [0, 1, 12])
+def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(table: str, tmp_path: Path, kill_after: int) -> None:
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    victim = start_dump(cfg, table)
+    if kill_after == 0:
+        wait_for(lambda: (store / ".pgprefetch" / "locks" / "epoch-00000.lock").exists())
+    else:
+        wait_for(lambda: journal_lines(store) >= kill_after)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    assert not (store / "epoch-00000").exists()  # nothing published
+    resumed = dump(cfg, table)
+    if kill_after > 1:
+        assert resumed.resumed >= kill_after - 1
+    clean = dump(config(tmp_path, slow=True, name="clean.toml", store="clean.zarr"), table)
+    assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
+    assert not (store / ".pgprefetch" / "partial" / "epoch-00000").exists()
+
+
+def test_changed_keys_after_a_crash_restart_the_epoch(table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    victim = start_dump(cfg, table)
+    wait_for(lambda: journal_lines(store) >= 3)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    execute(table, f"INSERT INTO s SELECT i, i * 0.5 FROM generate_series({N_ROWS + 1}, {N_ROWS + 16}) i")
+    result = dump(cfg, table)
+    assert result.restarted == f"the keys changed ({N_ROWS} keys then, {N_ROWS + 16} now)"
+    assert result.resumed == 0
+    assert result.n_samples == N_ROWS + 16
+
+
+def test_ctrl_c_stops_within_a_second_and_leaves_a_resumable_epoch(table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    victim = start_dump(cfg, table)
+    wait_for(lambda: journal_lines(store) >= 2)
+    sent = time.monotonic()
+    victim.send_signal(signal.SIGINT)
+    assert victim.wait(10) == 130
+    assert time.monotonic() - sent < 1.5
+    assert victim.stderr is not None
+    assert victim.stderr.read().strip().splitlines()[-1] == "Interrupted."
+    assert not (store / "epoch-00000").exists()
+    assert journal_lines(store) >= 2
+    assert dump(cfg, table).resumed >= 2
