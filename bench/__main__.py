@@ -1,4 +1,4 @@
-"""``python -m bench``: load the demo data, run blog / ceiling / dump, RSS and the proxy runs, print the table."""
+"""``python -m bench``: load the demo data, run blog / ceiling / dump, RSS, the proxy runs and the reader; print."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import contenders, dumprun
+from . import contenders, dumprun, reader
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
-from .report import LOCAL, Results, Row, render
+from .report import LOCAL, Results, Row, render, render_reader, splice_reader
 
 HERE = Path(__file__).resolve().parent
 DATABASE = "pgprefetch_bench"
@@ -183,6 +183,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run the COPY ceiling through the proxy (its many small chunks cost the Python proxy CPU)",
     )
+    parser.add_argument("--reader-only", action="store_true", help="only the reader bench (no PostgreSQL)")
+    parser.add_argument("--no-reader", action="store_true", help="skip the reader bench")
+    parser.add_argument(
+        "--reader-gb",
+        type=float,
+        help=f"bytes of each reader bench epoch, in GiB (default {reader.EPOCH_BYTES / 2**30:g}, "
+        f"quick {reader.QUICK_EPOCH_BYTES / 2**30:g})",
+    )
     parser.add_argument(
         "--results", type=Path, help="where to write the markdown (default bench/RESULTS.md; none with --quick)"
     )
@@ -192,11 +200,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.blog_seconds = args.blog_seconds or (2.0 if args.quick else 12.0)
     if args.results is None and not args.quick:
         args.results = HERE / "RESULTS.md"
+    if args.reader_only and args.no_reader:
+        parser.error("--reader-only and --no-reader exclude each other")
+    default = reader.QUICK_EPOCH_BYTES if args.quick else reader.EPOCH_BYTES
+    args.reader_bytes = int(args.reader_gb * 2**30) if args.reader_gb else default
     return args
+
+
+def measure_reader(results: Results, epoch_bytes: int) -> None:
+    log(f"reader: two epochs of {epoch_bytes / 2**30:g} GiB (small and large batches), page cache warm")
+    started = time.perf_counter()
+    results.reader = reader.run(epoch_bytes)
+    results.reader_s = time.perf_counter() - started
+
+
+def reader_only(args: argparse.Namespace) -> None:
+    """``--reader-only``: print the reader section; with ``--results``, replace that section of the file."""
+    results = Results(quick=args.quick, scales={})
+    measure_reader(results, args.reader_bytes)
+    section = render_reader(results.reader, quick=args.quick, seconds=results.reader_s)
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice_reader(old, section), encoding="utf-8")
+        log(f"wrote the reader section of {args.results}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.reader_only:
+        reader_only(args)
+        return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
     if small and not args.quick:
@@ -227,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
                         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if not args.no_reader:  # after the server is gone: nothing else runs on the two cores
+        measure_reader(results, args.reader_bytes)
     results.total_s = time.perf_counter() - started
     text = render(results)
     print(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import subprocess
 from dataclasses import dataclass, field
 
@@ -13,7 +14,10 @@ from .dumprun import DumpRun
 TARGET_CEILING = 0.8
 TARGET_BLOG = {"windows": 5.0, "rows": 20.0}
 TARGET_RSS = 1.25
+TARGET_READER = 0.8
 LOCAL = "unix socket"
+READER_BEGIN = "<!-- reader bench: begin -->"
+READER_END = "<!-- reader bench: end -->"
 
 
 @dataclass
@@ -29,6 +33,49 @@ class Row:
 
 
 @dataclass
+class ReaderRow:
+    """One epoch of the reader bench: seconds per pass of each variant, first-batch latencies."""
+
+    label: str
+    batch_size: int
+    sample_shape: tuple[int, ...]
+    batch_bytes: int
+    n_batches: int
+    raw_s: list[float]
+    getitem_s: list[float]
+    to_device_s: list[float]
+    first_batch_s: list[float]
+
+    @property
+    def epoch_bytes(self) -> int:
+        """Bytes of field ``x`` read per pass."""
+        return self.batch_bytes * self.n_batches
+
+    def _gbs(self, seconds: list[float]) -> float:
+        return self.epoch_bytes / statistics.median(seconds) / 1e9
+
+    @property
+    def raw_gbs(self) -> float:
+        """GB/s of the median raw pass."""
+        return self._gbs(self.raw_s)
+
+    @property
+    def getitem_gbs(self) -> float:
+        """GB/s of the median ``ds[i]`` + copy pass."""
+        return self._gbs(self.getitem_s)
+
+    @property
+    def to_device_gbs(self) -> float:
+        """GB/s of the median ``to_device("cpu")`` + copy pass."""
+        return self._gbs(self.to_device_s)
+
+    @property
+    def first_batch_ms(self) -> float:
+        """Median milliseconds from ``EpochDataset(...)`` to the first batch read."""
+        return statistics.median(self.first_batch_s) * 1e3
+
+
+@dataclass
 class Results:
     """Everything one bench run measured."""
 
@@ -41,6 +88,8 @@ class Results:
     server_version: str = ""
     setup_s: float = 0.0
     total_s: float = 0.0
+    reader: list[ReaderRow] = field(default_factory=list)
+    reader_s: float = 0.0
 
 
 def _n(x: float) -> str:
@@ -144,6 +193,8 @@ def render(r: Results) -> str:
             "arrives in many small chunks, the dump's one-row result in a few large ones.",
             "",
         ]
+    if r.reader:
+        out += [render_reader(r.reader, quick=r.quick, seconds=r.reader_s), ""]
     scales = ", ".join(f"{k} {v:g}" for k, v in r.scales.items())
     out += [
         "Machine:",
@@ -156,3 +207,72 @@ def render(r: Results) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float) -> str:
+    """The reader bench's section, between markers so that ``--reader-only`` can replace it in RESULTS.md."""
+    import torch
+
+    out = [
+        READER_BEGIN,
+        "## Reader: `EpochDataset` against raw reads of the same bytes",
+        "",
+    ]
+    if quick:
+        out += ["**`--quick` smoke run: epochs too small to be representative.**", ""]
+    passes = len(rows[0].raw_s) if rows else 0
+    repeats = len(rows[0].first_batch_s) if rows else 0
+    out += [
+        "GB/s (10^9 bytes) of one whole epoch of field `x`, written by `EpochWriter` without PostgreSQL "
+        "(uncompressed, ~64 MiB shard files), page cache warm, each variant copying every batch into a page-aligned "
+        "buffer allocated once (the destination's alignment alone can halve `preadv`'s speed). *raw*: each "
+        "shard file opened once, `os.preadv` of each batch's byte range (the ranges "
+        "the reader serves, from the shard index). *ds[i]+copy*: `out[name][:n].copy_(t)` for each tensor of "
+        '`ds[i]`. *to_device(cpu)*: the same copy of each batch `ds.to_device("cpu")` yields (mapped views; '
+        "copied rather than summed on one element, so every byte is read, as in raw). A reader pass includes "
+        f"opening the `EpochDataset` and dropping it. One untimed raw pass first, then {passes} rounds of the "
+        "three variants in a rotating order; the median pass. *first batch*: median of "
+        f"{repeats}, from the `EpochDataset(...)` call to `ds[0]`'s tensors copied out.",
+        "",
+        "| batch | batch shape | epoch GB | raw GB/s | ds[i]+copy GB/s | ratio | to_device(cpu) GB/s | ratio "
+        "| first-batch latency ms |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        shape = " x ".join(map(str, (row.batch_size, *row.sample_shape)))
+        out.append(
+            f"| {row.label} ({_size(row.batch_bytes)}) | {shape} float32 | {row.epoch_bytes / 1e9:.2f} "
+            f"| {row.raw_gbs:.2f} | {row.getitem_gbs:.2f} | {_x(row.getitem_gbs / row.raw_gbs)} "
+            f"| {row.to_device_gbs:.2f} | {_x(row.to_device_gbs / row.raw_gbs)} | {row.first_batch_ms:.1f} |"
+        )
+    out += ["", "Targets (not meaningful at `--quick` sizes):" if quick else "Targets:", ""]
+    for row in rows:
+        for what, gbs in (("ds[i]+copy", row.getitem_gbs), ("to_device(cpu)", row.to_device_gbs)):
+            ratio = gbs / row.raw_gbs
+            out.append(
+                f"- {row.label} batches ({_size(row.batch_bytes)}): {what}/raw {_x(ratio)} >= {TARGET_READER}x: "
+                f"{_verdict(ratio >= TARGET_READER)}"
+            )
+    out += [
+        "",
+        f"Reader bench: torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} x "
+        f"{_cpu_model()}, Python {platform.python_version()}, pgprefetch {_revision()}; {seconds:.0f} s "
+        "including writing the epochs.",
+        READER_END,
+    ]
+    return "\n".join(out)
+
+
+def splice_reader(text: str, section: str) -> str:
+    """``text`` (a RESULTS.md) with its reader section replaced by ``section`` (or added before Machine)."""
+    begin, end = text.find(READER_BEGIN), text.find(READER_END)
+    if begin >= 0 and end > begin:
+        return text[:begin] + section + text[end + len(READER_END) :]
+    machine = text.find("\nMachine:\n")
+    if machine >= 0:
+        return text[: machine + 1] + section + "\n\n" + text[machine + 1 :]
+    return text.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KiB"

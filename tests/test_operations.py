@@ -101,7 +101,8 @@ def test_ls_json_lists_complete_and_partial_epochs(table: str, tmp_path: Path) -
     assert set(complete) == {"epoch", "state", "n_batches", "n_samples", "bytes", "created", "seconds"}
     assert (complete["n_batches"], complete["n_samples"]) == (30, 480)
     assert complete["bytes"] >= result.bytes
-    assert complete["created"] and complete["seconds"] > 0
+    assert complete["created"]
+    assert complete["seconds"] > 0
     assert (epochs[1]["n_batches"], epochs[1]["batches_written"]) == (30, 2)
     code, out = run_cli("ls", "--store", str(tmp_path / "store.zarr"))
     assert out.splitlines()[1].split()[:3] == ["0", "complete", "30"]
