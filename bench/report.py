@@ -232,7 +232,8 @@ def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float) -> str:
         "copied rather than summed on one element, so every byte is read, as in raw). A reader pass includes "
         f"opening the `EpochDataset` and dropping it. One untimed raw pass first, then {passes} rounds of the "
         "three variants in a rotating order; the median pass. *first batch*: median of "
-        f"{repeats}, from the `EpochDataset(...)` call to `ds[0]`'s tensors copied out.",
+        f"{repeats}, from the `EpochDataset(...)` call to `ds[0]`'s tensors copied out. A ratio over 1x is "
+        "possible: torch copies a 4 MiB batch on its intra-op threads, the kernel's `preadv` copy runs on one.",
         "",
         "| batch | batch shape | epoch GB | raw GB/s | ds[i]+copy GB/s | ratio | to_device(cpu) GB/s | ratio "
         "| first-batch latency ms |",

@@ -29,7 +29,14 @@ class ConfigError(PgprefetchError, ValueError):
 
 
 class SourceError(PgprefetchError):
-    """PostgreSQL could not be reached, refused a statement, or returned data pgprefetch cannot use."""
+    """PostgreSQL could not be reached, refused a statement, or returned data pgprefetch cannot use.
+
+    ``transient`` marks a lost connection or a server going away: the dump retries those.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class SampleError(SourceError):

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import asyncpg
 import numpy as np
 
 from ._version import __version__
@@ -27,7 +28,7 @@ from .collate import BatchLayout, array_lengths, result_columns
 from .config import Config
 from .errors import ConfigError, SourceError
 from .shuffle import n_batches, shuffle_keys
-from .source import BatchReader, Snapshot, batch_statement
+from .source import BatchReader, Snapshot, batch_statement, lost, redact
 from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store
 from .writer import EpochWriter
 
@@ -57,6 +58,7 @@ class DumpResult:
     bytes: int = 0
     seconds: float = 0.0
     resumed: int = 0  # batches kept from an interrupted dump
+    retries: int = 0  # lost connections survived
     restarted: str | None = None  # why an interrupted dump's partial epoch was discarded
     holder: str | None = None  # who holds the epoch's lock, when busy
 
@@ -81,17 +83,29 @@ class DumpResult:
             out["resumed_batches"] = self.resumed
         if self.restarted:
             out["restarted"] = self.restarted
+        if self.retries:
+            out["retries"] = self.retries
         return out
 
 
+RETRIES = 5  # lost connections survived per epoch; the waits double from 0.5 s up to 8 s
+
+
 async def dump_epochs(
-    cfg: Config, epochs: Iterable[int], *, force: bool = False, progress: Progress | None = None
+    cfg: Config,
+    epochs: Iterable[int],
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    retries: int = RETRIES,
 ) -> list[DumpResult]:
     """Dump several epochs in turn (each with its own snapshot); see :func:`dump_epoch`."""
-    return [await dump_epoch(cfg, e, force=force, progress=progress) for e in epochs]
+    return [await dump_epoch(cfg, e, force=force, progress=progress, retries=retries) for e in epochs]
 
 
-async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: Progress | None = None) -> DumpResult:
+async def dump_epoch(
+    cfg: Config, epoch: int, *, force: bool = False, progress: Progress | None = None, retries: int = RETRIES
+) -> DumpResult:
     """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
 
     One dump writes an epoch at a time: if another holds the epoch's lock this returns ``status="busy"``
@@ -99,8 +113,13 @@ async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: 
     started over (``restarted`` says why) when they are not. On any failure, Ctrl-C included, the partial
     epoch is kept for the next run and nothing is published.
 
+    A connection lost mid-dump (a terminated backend, a server restart) is retried up to ``retries``
+    times with backoff. The exported snapshot dies with its transaction, so a retry takes a new snapshot
+    and reads the keys again; the batches already written are kept only if the new key list is provably
+    the same (its sha256 matches), otherwise the epoch starts over.
+
     Raises:
-        ConfigError: the queries do not fit the config.
+        ConfigError: the queries do not fit the config, or the store holds another config's epochs.
         SourceError: the database failed, or a sample does not fit its fields (SampleError).
         StoreError: the store cannot be written.
     """
@@ -110,64 +129,108 @@ async def dump_epoch(cfg: Config, epoch: int, *, force: bool = False, progress: 
     store.create()
     if store.is_complete(epoch) and not force:
         return DumpResult(epoch=epoch, path=store.epoch_path(epoch), status="skipped")
+    if not force:
+        _check_same_config(store, cfg)
     with store.writer_lock(epoch) as held:
         if not held:
             return DumpResult(epoch, store.epoch_path(epoch), status="busy", holder=store.lock_holder(epoch))
         if store.is_complete(epoch) and not force:  # finished by the dump we waited on
             return DumpResult(epoch=epoch, path=store.epoch_path(epoch), status="skipped")
-        return await _dump_locked(cfg, store, epoch, progress)
+        for attempt in range(retries + 1):
+            try:
+                result = await _dump_locked(cfg, store, epoch, progress)
+                return dataclasses.replace(result, retries=attempt)
+            except (SourceError, *_LOST_TYPES) as e:
+                transient = e.transient if isinstance(e, SourceError) else lost(e)
+                # Only once the dump got going: a server that refuses the very first connection is an error.
+                if not (transient and getattr(e, "connected", False)):
+                    if isinstance(e, SourceError):
+                        raise
+                    raise SourceError(f"lost the connection to {redact(cfg.source.dsn)}: {_one_line(e)}") from None
+                if attempt == retries:
+                    raise SourceError(f"{_one_line(e)} (gave up after {retries} retries)") from None
+            await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+def _check_same_config(store: Store, cfg: Config) -> None:
+    """Refuse to add epochs of one config to a store holding another config's epochs."""
+    mine = cfg.sha256()
+    epochs = store.epochs()
+    if not epochs:
+        return
+    theirs = store.manifest(epochs[-1]).get("config_sha256")
+    if theirs != mine:
+        raise ConfigError(
+            f"{store.path} holds epochs of another config (epoch {epochs[-1]}: config sha256 {str(theirs)[:12]}, "
+            f"this config: {mine[:12]}); use another [store] path, or --force to write there anyway"
+        )
+
+
+def _one_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
 
 
 async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress | None) -> DumpResult:
+    """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
     started = time.monotonic()
-    size = cfg.batches.size
     async with Snapshot.open(cfg.source) as snap:
-        shape = await snap.describe(cfg)
-        keys = await snap.read_keys(cfg, shape.key_names)
-        n_keys = keys.shape[1]
-        if n_keys == 0:
-            raise SourceError("the keys query returned no rows: there is nothing to dump")
-        keys = await asyncio.to_thread(
-            shuffle_keys, keys, seed=cfg.batches.seed, epoch=epoch, fraction=cfg.samples.fraction
+        try:
+            return await _dump_snapshot(cfg, store, epoch, progress, snap, started)
+        except (SourceError, *_LOST_TYPES) as e:
+            e.connected = True  # type: ignore[union-attr]
+            raise
+
+
+async def _dump_snapshot(
+    cfg: Config, store: Store, epoch: int, progress: Progress | None, snap: Snapshot, started: float
+) -> DumpResult:
+    """Keys, shuffle, batches and publication, on one snapshot."""
+    size = cfg.batches.size
+    shape = await snap.describe(cfg)
+    keys = await snap.read_keys(cfg, shape.key_names)
+    n_keys = keys.shape[1]
+    if n_keys == 0:
+        raise SourceError("the keys query returned no rows: there is nothing to dump")
+    keys = await asyncio.to_thread(
+        shuffle_keys, keys, seed=cfg.batches.seed, epoch=epoch, fraction=cfg.samples.fraction
+    )
+    n = keys.shape[1]
+    nb = n_batches(n, size, cfg.batches.drop_last)
+    if nb == 0:
+        raise SourceError(f"{n} samples make no full batch of {size}: lower [batches] size or set drop_last = false")
+    used = nb * size if cfg.batches.drop_last else n
+    keys_sha = hashlib.sha256(np.ascontiguousarray(keys[:, :used]).tobytes()).hexdigest()
+    columns = result_columns(cfg.fields, shape.columns)
+    sql = batch_statement(cfg.samples.query, len(shape.key_names), columns)
+    async with BatchReader.open(cfg.source, snap.id, sql) as reader:
+        first = await reader.fetch(0, keys[:, :size])  # its array lengths fix the field shapes
+        layout = BatchLayout.build(
+            cfg.fields, columns, array_lengths(columns, first), cfg.samples.rows, shape.key_names
         )
-        n = keys.shape[1]
-        nb = n_batches(n, size, cfg.batches.drop_last)
-        if nb == 0:
-            raise SourceError(
-                f"{n} samples make no full batch of {size}: lower [batches] size or set drop_last = false"
-            )
-        used = nb * size if cfg.batches.drop_last else n
-        keys_sha = hashlib.sha256(np.ascontiguousarray(keys[:, :used]).tobytes()).hexdigest()
-        columns = result_columns(cfg.fields, shape.columns)
-        sql = batch_statement(cfg.samples.query, len(shape.key_names), columns)
-        async with BatchReader.open(cfg.source, snap.id, sql) as reader:
-            first = await reader.fetch(0, keys[:, :size])  # its array lengths fix the field shapes
-            layout = BatchLayout.build(
-                cfg.fields, columns, array_lengths(columns, first), cfg.samples.rows, shape.key_names
-            )
-            specs = [ArraySpec(f.name, f.dtype, f.sample_shape) for f in layout.fields]
-            specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(shape.key_names),)))
-            identity = {"config_sha256": cfg.sha256(), "n_keys": used, "keys_sha256": keys_sha}
-            writer = await asyncio.to_thread(
-                EpochWriter, store, epoch, n_batches=nb, batch_size=size, arrays=specs,
-                compression=cfg.store.compression, identity=identity,
-            )  # fmt: skip
-            todo = [b for b in range(nb) if not writer.done[b]]
+        specs = [ArraySpec(f.name, f.dtype, f.sample_shape) for f in layout.fields]
+        specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(shape.key_names),)))
+        identity = {"config_sha256": cfg.sha256(), "n_keys": used, "keys_sha256": keys_sha}
+        writer = await asyncio.to_thread(
+            EpochWriter, store, epoch, n_batches=nb, batch_size=size, arrays=specs,
+            compression=cfg.store.compression, identity=identity,
+        )  # fmt: skip
+        todo = [b for b in range(nb) if not writer.done[b]]
+        if progress:
+            progress.start(epoch, used)
+            progress.advance(min(used, writer.resumed * size), 0)
+        try:
+            total = await _write_batches(reader, writer, layout, keys, todo, size, first, progress)
+            elapsed = time.monotonic() - started
+            manifest = _manifest(cfg, epoch, layout, n_keys, used, nb, keys_sha, snap, total, elapsed)
+            manifest["resumed_batches"] = writer.resumed
+            path = await asyncio.to_thread(writer.publish, manifest)
+        except BaseException:
+            writer.close()  # keep the partial epoch: the next dump resumes it
+            raise
+        finally:
             if progress:
-                progress.start(epoch, used)
-                progress.advance(min(used, writer.resumed * size), 0)
-            try:
-                total = await _write_batches(reader, writer, layout, keys, todo, size, first, progress)
-                elapsed = time.monotonic() - started
-                manifest = _manifest(cfg, epoch, layout, n_keys, used, nb, keys_sha, snap, total, elapsed)
-                manifest["resumed_batches"] = writer.resumed
-                path = await asyncio.to_thread(writer.publish, manifest)
-            except BaseException:
-                writer.close()  # keep the partial epoch: the next dump resumes it
-                raise
-            finally:
-                if progress:
-                    progress.close()
+                progress.close()
     return DumpResult(
         epoch=epoch,
         path=path,
@@ -178,6 +241,10 @@ async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress
         resumed=writer.resumed,
         restarted=writer.restarted,
     )
+
+
+# What a lost connection looks like when asyncpg raises it outside our own translations.
+_LOST_TYPES = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.OperatorInterventionError, OSError)
 
 
 async def _write_batches(

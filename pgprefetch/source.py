@@ -66,6 +66,20 @@ def scrub(text: str, dsn: str | None) -> str:
     return text.replace(password, "***") if password else text
 
 
+def lost(e: BaseException) -> bool:
+    """True for errors meaning the connection or the server went away, which a retry may survive."""
+    return isinstance(
+        e,
+        asyncpg.PostgresConnectionError  # class 08: connection exceptions
+        | asyncpg.AdminShutdownError  # pg_terminate_backend, a fast or smart shutdown
+        | asyncpg.CrashShutdownError
+        | asyncpg.CannotConnectNowError  # starting up or shutting down
+        | asyncpg.InterfaceError  # "connection is closed"
+        | ConnectionError
+        | TimeoutError,
+    )
+
+
 def quote_ident(name: str) -> str:
     """A SQL identifier, quoted so that any column name is taken literally."""
     return '"' + name.replace('"', '""') + '"'
@@ -79,8 +93,8 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
     try:
         return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=30)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as e:
-        reason = scrub(str(e) or type(e).__name__, source.dsn)
-        raise SourceError(f"cannot connect to {redact(source.dsn)}: {reason}") from None
+        reason = scrub(str(e) or type(e).__name__, source.dsn).splitlines()[0]
+        raise SourceError(f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e)) from None
 
 
 @dataclass(frozen=True)
@@ -161,8 +175,8 @@ class Snapshot:
         """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array."""
         try:
             return await self._read_keys(cfg.samples.keys, key_names)
-        except asyncpg.PostgresError as e:
-            raise SourceError(f"{_where(cfg)}[samples] keys: {_pg_message(e)}") from None
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+            raise SourceError(f"{_where(cfg)}[samples] keys: {_pg_message(e)}", transient=lost(e)) from None
 
     async def _read_keys(self, sql: str, key_names: Sequence[str]) -> np.ndarray:
         chunks: list[np.ndarray] = []
@@ -226,13 +240,17 @@ class BatchReader:
             # Parallel plans would only compete with our own connections for the same cores.
             conn = await connect(source, max_parallel_workers_per_gather="0")
             conns.append(conn)
-            await conn.execute(
-                f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;SET TRANSACTION SNAPSHOT '{snapshot_id}'"
-            )
+            try:
+                await conn.execute(
+                    f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+                )
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+                # Also when the exporter died and took the snapshot with it: a retry takes a new one.
+                raise SourceError(f"cannot import the snapshot: {_pg_message(e)}", transient=True) from None
             try:
                 return conn, await conn.prepare(sql)
-            except asyncpg.PostgresError as e:
-                raise SourceError(f"cannot prepare the batch statement: {_pg_message(e)}") from None
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+                raise SourceError(f"cannot prepare the batch statement: {_pg_message(e)}", transient=lost(e)) from None
 
         try:
             workers = await asyncio.gather(*(start() for _ in range(source.connections)))
@@ -247,17 +265,18 @@ class BatchReader:
             row = await stmt.fetchrow(*(column.tolist() for column in keys))
         except asyncpg.QueryCanceledError as e:
             raise SourceError(f"batch {batch}: {_pg_message(e)} (see [source] statement_timeout)") from None
-        except asyncpg.PostgresError as e:
-            raise SourceError(f"batch {batch}: {_pg_message(e)}") from None
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+            what = "lost the connection: " if lost(e) else ""
+            raise SourceError(f"batch {batch}: {what}{_pg_message(e)}", transient=lost(e)) from None
         finally:
             self._idle.put_nowait((conn, stmt))
         return tuple(row)
 
 
-def _pg_message(e: asyncpg.PostgresError) -> str:
+def _pg_message(e: BaseException) -> str:
     """The server's message on one line (asyncpg's str() adds DETAIL/HINT on further lines)."""
-    message = getattr(e, "message", None) or str(e).splitlines()[0]
-    return message.replace("\n", " ")
+    message = getattr(e, "message", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    return str(message).replace("\n", " ")
 
 
 def _where(cfg: Config) -> str:

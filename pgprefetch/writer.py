@@ -15,9 +15,12 @@ checksum are kept, the rest are fetched again. The checksums end up in the manif
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ import google_crc32c
 import numpy as np
 import zarr
 
+from .errors import StoreError
 from .layout import ArrayLayout, read_batch_bytes
 from .store import ArraySpec, Store, compressors, publish_epoch
 
@@ -56,6 +60,19 @@ class EpochWriter:
         store: Store,
         epoch: int,
         *,
+        n_batches: int,
+        batch_size: int,
+        arrays: list[ArraySpec],
+        compression: str,
+        identity: dict[str, Any],
+    ) -> None:
+        with _io_errors(store.partial_path(epoch)):
+            self._open(store, epoch, n_batches, batch_size, arrays, compression, identity)
+
+    def _open(
+        self,
+        store: Store,
+        epoch: int,
         n_batches: int,
         batch_size: int,
         arrays: list[ArraySpec],
@@ -151,6 +168,10 @@ class EpochWriter:
 
     def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
         """Write batch ``batch`` of every array (blocking: call it from one worker thread); return bytes."""
+        with _io_errors(self.path):
+            return self._write_batch(batch, arrays)
+
+    def _write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
         written = 0
         crcs = []
         for j, name in enumerate(self.names):
@@ -181,10 +202,11 @@ class EpochWriter:
             "algorithm": "crc32c",
             "arrays": {name: self.checksums[j].tolist() for j, name in enumerate(self.names)},
         }
-        self.group.attrs["pgprefetch"] = manifest
-        self._journal.close()
-        final = publish_epoch(self.path, self.store.epoch_path(self.epoch))
-        self.journal_path.unlink(missing_ok=True)
+        with _io_errors(self.path):
+            self.group.attrs["pgprefetch"] = manifest
+            self._journal.close()
+            final = publish_epoch(self.path, self.store.epoch_path(self.epoch))
+            self.journal_path.unlink(missing_ok=True)
         return final
 
     def close(self) -> None:
@@ -197,6 +219,18 @@ class EpochWriter:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self.journal_path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _io_errors(where: Path) -> Iterator[None]:
+    """Turn a failed write (a full disk, a read-only or vanished store) into one line naming the epoch."""
+    try:
+        yield
+    except OSError as e:
+        hint = ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            hint = "; free some space and run the dump again: it resumes where it stopped"
+        raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None
 
 
 def checksum(data: bytes | np.ndarray | None) -> int:
