@@ -20,7 +20,7 @@ from ._version import __version__
 from .config import load_config
 from .errors import ConfigError, PgprefetchError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
-from .pipeline import DumpResult, dump_epochs
+from .pipeline import RETRIES, DumpResult, dump_epochs
 from .progress import BarProgress
 from .server import DEFAULT_DIR
 from .store import Store
@@ -78,6 +78,8 @@ def _summary(r: DumpResult) -> str:
     if r.status == "busy":
         return f"epoch {r.epoch}: another dump is writing it ({r.holder}); skipped"
     notes = ""
+    if r.retries:
+        notes += f" (survived {r.retries} lost connection(s))"
     if r.restarted:
         notes += f" (an interrupted dump was started over: {r.restarted})"
     if r.resumed:
@@ -117,7 +119,14 @@ def cli(debug: bool) -> None:
 @click.option("--store", type=click.Path(path_type=Path), help="Store folder; overrides [store] path.")
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
-@click.option("--force", is_flag=True, help="Rewrite epochs that are already complete.")
+@click.option("--force", is_flag=True, help="Rewrite complete epochs; write into a store of another config.")
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=RETRIES,
+    show_default=True,
+    help="Lost connections to survive per epoch.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object per epoch.")
 def dump(
@@ -131,6 +140,7 @@ def dump(
     dsn: str | None,
     connections: int | None,
     force: bool,
+    retries: int,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -151,7 +161,7 @@ def dump(
     else:
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
     progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
-    for result in asyncio.run(dump_epochs(cfg, epochs, force=force, progress=progress)):
+    for result in asyncio.run(dump_epochs(cfg, epochs, force=force, progress=progress, retries=retries)):
         if as_json:
             click.echo(json.dumps(result.to_json()))
         elif not quiet:

@@ -67,6 +67,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.store = Path(store)
         self.epoch = epoch
         self.manifest = _manifest(Store(self.store), epoch, wait, timeout)
+        self.manifest.pop("checksums", None)  # for `verify`; kept out of every DataLoader worker's pickle
         if consumer is not None and torch.utils.data.get_worker_info() is None:
             try:
                 Store(self.store).record_consumer(consumer, epoch)
@@ -83,9 +84,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.n_samples = int(self.manifest["n_samples"])
         path = self.store / epoch_name(epoch)
         self._layouts = {name: ArrayLayout.read(path / name) for name in (*self.fields, KEYS_ARRAY)}
+        self._last_valid = self.n_samples - (self.n_global - 1) * self.batch_size  # samples in the last batch
         self._start = 0  # first global batch of this view (the resume point)
         self._pos = 0  # local batches handed out by iteration
-        self._maps: OrderedDict[Path, tuple[torch.Tensor, np.ndarray | None]] = OrderedDict()
+        # (array, file number) -> batches of that file, indexable by slot (a tensor, or a list when a
+        # zarr-written shard stores its chunks out of order), and the byte offset of each slot.
+        self._shards: OrderedDict[tuple[str, int], tuple[Any, np.ndarray]] = OrderedDict()
 
     @classmethod
     def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> EpochDataset:
@@ -153,40 +157,73 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_maps"] = OrderedDict()  # mappings are per process: each DataLoader worker opens its own
+        state["_shards"] = OrderedDict()  # mappings are per process: each DataLoader worker opens its own
         return state
 
     def _read(self, name: str, g: int) -> torch.Tensor:
+        """Global batch ``g`` of array ``name``: a view of the mapped file, or zarr's decoded copy."""
         layout = self._layouts[name]
-        valid = min(self.batch_size, self.n_samples - g * self.batch_size)
         if not layout.raw:  # compressed: zarr decodes
-            data = zarr.open_array(layout.path, mode="r")[g]
-            return torch.from_numpy(np.ascontiguousarray(data))[:valid]
-        path, slot = layout.file(g)
-        mapping, index = self._map(path, layout)
-        offset = int(index[slot, 0]) if index is not None else 0
-        raw = mapping[offset : offset + layout.batch_bytes]
-        tensor = raw.view(_TORCH_DTYPES[layout.dtype]).view(layout.batch_shape)
-        return tensor[:valid] if valid < self.batch_size else tensor
+            tensor = torch.from_numpy(np.ascontiguousarray(zarr.open_array(layout.path, mode="r")[g]))
+        else:
+            number, slot = divmod(g, layout.per_file)
+            shard = self._shards.get((name, number))
+            if shard is None:
+                shard = self._map(name, number)
+            tensor = shard[0][slot]
+        return tensor[: self._last_valid] if g == self.n_global - 1 else tensor
 
-    def _map(self, path: Path, layout: ArrayLayout) -> tuple[torch.Tensor, np.ndarray | None]:
-        """The file as a uint8 tensor over a private mapping (copy-on-write), kept for later batches."""
-        if path in self._maps:
-            self._maps.move_to_end(path)
-            return self._maps[path]
+    def read_into(self, i: int, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Read batch ``i`` with ``preadv`` straight into ``out``'s tensors (one copy, no page mapping).
+
+        ``out`` holds a contiguous CPU tensor of shape ``(size, *sample_shape)`` per field, e.g. pinned
+        staging buffers; returns views of them (trimmed for a short last batch).
+        """
+        g = self.global_batch(i)
+        result = {}
+        for name in self.fields:
+            layout, target = self._layouts[name], out[name]
+            if not layout.raw:
+                batch = self._read(name, g)
+                target[: batch.shape[0]].copy_(batch)
+            else:
+                number, slot = divmod(g, layout.per_file)
+                shard = self._shards.get((name, number)) or self._map(name, number)
+                path, _ = layout.file(g)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.preadv(fd, [target.numpy().view(np.uint8).reshape(-1)], int(shard[1][slot]))
+                finally:
+                    os.close(fd)
+            result[name] = target[: self._last_valid] if g == self.n_global - 1 else target
+        return result
+
+    def _map(self, name: str, number: int) -> tuple[Any, np.ndarray]:
+        """Map file ``number`` of array ``name`` once (private, copy-on-write) and keep it for its batches."""
+        layout = self._layouts[name]
+        path, _ = layout.file(number * layout.per_file)
         size = path.stat().st_size
         mapping = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
-        index = None
+        nbytes = layout.batch_bytes
         if layout.sharded:
             tail = mapping[size - layout.index_bytes :].numpy()
             crc = int.from_bytes(tail[-4:].tobytes(), "little")
             if google_crc32c.value(tail[:-4].tobytes()) != crc:
                 raise StoreError(f"{path}: shard index checksum mismatch (the file is damaged)")
-            index = layout.shard_index(tail).copy()
-        self._maps[path] = (mapping, index)
-        if len(self._maps) > _MAPPINGS_KEPT:  # tensors handed out keep their mapping alive themselves
-            self._maps.popitem(last=False)
-        return mapping, index
+            offsets = layout.shard_index(tail)[:, 0].copy()
+        else:
+            offsets = np.zeros(1, dtype=np.uint64)
+        valid = min(layout.per_file, layout.n_batches - number * layout.per_file)
+        dtype = _TORCH_DTYPES[layout.dtype]
+        if np.array_equal(offsets[:valid], np.arange(valid, dtype=np.uint64) * nbytes):
+            # Chunks back to back (as pgprefetch writes them): one typed view, indexed by slot.
+            batches: Any = mapping[: valid * nbytes].view(dtype).view(valid, *layout.batch_shape)
+        else:
+            batches = [mapping[int(o) : int(o) + nbytes].view(dtype).view(layout.batch_shape) for o in offsets[:valid]]
+        self._shards[(name, number)] = (batches, offsets)
+        if len(self._shards) > _MAPPINGS_KEPT:  # tensors handed out keep their mapping alive themselves
+            self._shards.popitem(last=False)
+        return batches, offsets
 
 
 def _manifest(store: Store, epoch: int, wait: bool, timeout: float) -> dict[str, Any]:
@@ -227,18 +264,19 @@ def _cuda_batches(ds: EpochDataset, device: torch.device, depth: int) -> Iterato
         slot = i % n_slots
         if copied[slot] is not None:
             copied[slot].synchronize()  # the slot's previous copy must be done before it is overwritten
-        host = ds[i]
         if pinned[slot] is None:
             pinned[slot] = {
-                k: torch.empty((ds.batch_size, *v.shape[1:]), dtype=v.dtype).pin_memory() for k, v in host.items()
+                name: torch.empty(
+                    ds._layouts[name].batch_shape, dtype=_TORCH_DTYPES[ds._layouts[name].dtype]
+                ).pin_memory()
+                for name in ds.fields
             }
         buffers = pinned[slot]
         assert buffers is not None
+        host = ds.read_into(i, buffers)  # page cache -> pinned with preadv: one copy, no page faults
         out = {}
         with torch.cuda.stream(stream):
-            for name, tensor in host.items():
-                staging = buffers[name][: tensor.shape[0]]
-                staging.copy_(tensor)  # page cache -> pinned, on the CPU
+            for name, staging in host.items():
                 out[name] = staging.to(device, non_blocking=True)  # pinned -> device, on the side stream
             event = torch.cuda.Event()
             event.record(stream)

@@ -192,3 +192,13 @@ def test_unknown_field_is_refused(store: Path) -> None:
         EpochDataset(store, epoch=0, fields=["x", "z"])
     assert str(e.value) == "unknown field 'z': epoch 0 has fields x, y"
     assert set(EpochDataset(store, epoch=0, fields=["y"])[0]) == {"y"}
+
+
+def test_read_into_fills_caller_buffers_with_the_same_batch(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    out = {"x": torch.empty(SIZE, 64, 2), "y": torch.empty(SIZE, 64, dtype=torch.int64)}
+    for i in (0, 4, len(ds) - 1):  # within and across shards, and the short last batch
+        got = ds.read_into(i, out)
+        assert got["x"].data_ptr() == out["x"].data_ptr()
+        assert torch.equal(got["x"], ds[i]["x"])
+        assert torch.equal(got["y"], ds[i]["y"])
