@@ -174,12 +174,14 @@ def _one_line(e: BaseException) -> str:
 async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress | None) -> DumpResult:
     """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
     started = time.monotonic()
-    async with Snapshot.open(cfg.source) as snap:
-        try:
+    connected = False
+    try:
+        async with Snapshot.open(cfg.source) as snap:
+            connected = True
             return await _dump_snapshot(cfg, store, epoch, progress, snap, started)
-        except (SourceError, *_LOST_TYPES) as e:
-            e.connected = True  # type: ignore[union-attr]
-            raise
+    except (SourceError, *_LOST_TYPES) as e:
+        e.connected = connected  # type: ignore[union-attr]
+        raise
 
 
 async def _dump_snapshot(

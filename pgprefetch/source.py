@@ -45,7 +45,7 @@ def redact(dsn: str | None) -> str:
         return "the server from the PG* environment"
     if "://" in dsn:
         parts = urlsplit(dsn)
-        if parts.password is not None:
+        if parts.password:
             user = parts.username or ""
             host = parts.netloc.rsplit("@", 1)[1]
             parts = parts._replace(netloc=f"{user}:***@{host}")
@@ -74,10 +74,9 @@ def lost(e: BaseException) -> bool:
         | asyncpg.AdminShutdownError  # pg_terminate_backend, a fast or smart shutdown
         | asyncpg.CrashShutdownError
         | asyncpg.CannotConnectNowError  # starting up or shutting down
-        | asyncpg.InterfaceError  # "connection is closed"
         | ConnectionError
         | TimeoutError,
-    )
+    ) or (isinstance(e, asyncpg.InterfaceError) and "closed" in str(e))  # "connection is closed"
 
 
 def quote_ident(name: str) -> str:
@@ -119,15 +118,16 @@ class Snapshot:
         """Connect, begin ``REPEATABLE READ READ ONLY`` and export the snapshot."""
         conn = await connect(source)
         try:
-            async with conn.transaction(isolation="repeatable_read", readonly=True):
-                snapshot_id, version = await conn.fetchrow(
-                    "SELECT pg_export_snapshot(), current_setting('server_version')"
-                )
-                if not _SNAPSHOT_ID.match(snapshot_id):  # it is spliced into SET TRANSACTION SNAPSHOT
-                    raise SourceError(f"the server exported an unexpected snapshot id {snapshot_id!r}")
-                yield cls(conn, snapshot_id, version)
+            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snapshot_id, version = await conn.fetchrow("SELECT pg_export_snapshot(), current_setting('server_version')")
+            if not _SNAPSHOT_ID.match(snapshot_id):  # it is spliced into SET TRANSACTION SNAPSHOT
+                raise SourceError(f"the server exported an unexpected snapshot id {snapshot_id!r}")
+            yield cls(conn, snapshot_id, version)
         finally:
-            await conn.close()
+            # Read only: nothing to commit. Closing ends the transaction (and the snapshot); a connection
+            # that is already gone (a terminated backend) must not hide the error that got us here.
+            with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await conn.close()
 
     async def describe(self, cfg: Config) -> Shape:
         """Check the keys and per-sample queries against the config, using the server's descriptions.
@@ -165,11 +165,18 @@ class Snapshot:
         return Shape(key_names=key_names, columns=columns)
 
     async def _prepare(self, sql: str, where: str) -> asyncpg.prepared_stmt.PreparedStatement:
+        # A savepoint: a statement that fails to prepare must not abort the snapshot's transaction.
+        await self.conn.execute("SAVEPOINT pgprefetch_describe")
         try:
-            async with self.conn.transaction():  # a savepoint: a failed prepare must not end the snapshot
-                return await self.conn.prepare(sql)
+            stmt = await self.conn.prepare(sql)
         except asyncpg.PostgresError as e:
+            with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await self.conn.execute("ROLLBACK TO SAVEPOINT pgprefetch_describe")
+            if lost(e):
+                raise SourceError(f"{where}: {_pg_message(e)}", transient=True) from None
             raise ConfigError(f"{where}: {_pg_message(e)}") from None
+        await self.conn.execute("RELEASE SAVEPOINT pgprefetch_describe")
+        return stmt
 
     async def read_keys(self, cfg: Config, key_names: Sequence[str]) -> np.ndarray:
         """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array."""
