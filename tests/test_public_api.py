@@ -1,0 +1,36 @@
+"""The public surface: a sorted, complete __all__, a torch-free dump path, every command documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pgprefetch
+from pgprefetch.cli import cli
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_all_is_sorted_and_every_name_exists() -> None:
+    assert pgprefetch.__all__ == sorted(pgprefetch.__all__)
+    for name in pgprefetch.__all__:
+        assert getattr(pgprefetch, name) is not None
+
+
+def test_the_dump_path_does_not_import_torch() -> None:
+    code = "import sys, pgprefetch.cli, pgprefetch.pipeline; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    result = subprocess.run([sys.executable, "-m", "pgprefetch", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stdout == f"pgprefetch, version {pgprefetch.__version__}\n"
+
+
+def test_every_command_is_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in cli.commands:
+        assert f"pgprefetch {name}" in readme, name
