@@ -1,12 +1,14 @@
 """Decoding one batch's wire bytes straight into fixed-shape numpy arrays.
 
-The batch statement (see :mod:`pgprefetch.source`) returns one row whose values are PostgreSQL *binary*
-arrays (``array_send``), one per result column. A binary array of a fixed-width type is a 20-byte header
-followed by ``(int32 length, value)`` pairs, so numpy can view it as a structured array and the
-big-endian values land in the batch buffer with one vectorised cast: no Python object per value.
+The batch statement (see :mod:`pgprefetch.source`) returns one row: the number of rows each sample
+returned, then, per result column, the samples' PostgreSQL *binary* arrays (``array_send``) back to
+back. A binary array of a fixed-width type is a 20-byte header followed by ``(int32 length, value)``
+pairs, so once every sample is known to have ``rows`` rows, numpy views the whole column as a structured
+array and the big-endian values land in the batch buffer with one vectorised cast: no Python object per
+value.
 
-A fixed-length array column (``real[16]``) arrives as the concatenation of each row's ``array_send``
-bytes plus an ``int4`` array of the rows' ``cardinality``; once every length is checked, the rows are
+A fixed-length array column (``real[16]``) arrives as each row's ``array_send`` bytes back to back, plus
+per sample an ``int4`` array of the rows' ``cardinality``; once every length is checked, the rows are
 fixed-size records too.
 
 Anything that does not fit (a NULL, a sample with the wrong number of rows, an array of the wrong
@@ -144,26 +146,7 @@ class BatchLayout:
             SampleError: a sample returned the wrong number of rows, a NULL or an array of the wrong length.
         """
         n = keys.shape[1]
-        if blobs[0] is None:  # no sample returned any row
-            raise self._error(keys, 0, f"returned 0 rows, expected {self.rows} ([samples] rows)")
-        ordinals = _scalar(blobs[0], np.dtype(">i4"))
-        self._check_rows(ordinals, keys)
-        # Rows arrive sample by sample; should a plan ever interleave samples, a stable sort restores them.
-        in_order = bool(np.all(ordinals[1:] >= ordinals[:-1]))
-        order = None if in_order else np.argsort(ordinals, kind="stable")
-        values: dict[str, np.ndarray] = {}
-        i = 1
-        for col in self.columns:
-            try:
-                if col.is_array:
-                    v = _array(blobs[i], blobs[i + 1], col.wire, self._length(col))
-                else:
-                    v = _scalar(blobs[i], col.wire)
-            except _BadRow as e:  # e.row counts rows as they arrived, like ordinals
-                sample = int(ordinals[e.row]) - 1
-                raise self._error(keys, sample, f"{self._field_of(col)}column {col.name} {e}") from None
-            values[col.name] = v if order is None else v[order]
-            i += col.n_blobs
+        values = self._rows_flat(blobs, keys) if self.rows == 1 else self._rows_grouped(blobs, keys)
         for f in self.fields:
             target = out[f.name][:n].reshape(n * self.rows, len(f.columns), f.array_length)
             for j, col in enumerate(f.columns):
@@ -173,15 +156,57 @@ class BatchLayout:
                     v = v.astype(np.int64) + offset
                 np.copyto(target[:, j, :], v, casting="unsafe")
 
-    def _check_rows(self, ordinals: np.ndarray, keys: np.ndarray) -> None:
+    def _rows_grouped(self, blobs: Sequence[bytes | None], keys: np.ndarray) -> dict[str, np.ndarray]:
+        """Decode the statement shape for ``rows > 1``: row counts, then per-sample arrays per column."""
         n = keys.shape[1]
-        if ordinals.size == n * self.rows:
-            counts = np.bincount(ordinals - 1, minlength=n)
-            if counts.size == n and np.all(counts == self.rows):
-                return
-        counts = np.bincount(ordinals - 1, minlength=n)[:n]
-        bad = int(np.flatnonzero(counts != self.rows)[0])
-        raise self._error(keys, bad, f"returned {counts[bad]} rows, expected {self.rows} ([samples] rows)")
+        counts = _counts(blobs[0], n)
+        wrong = np.flatnonzero(counts != self.rows)
+        if wrong.size:
+            bad = int(wrong[0])
+            raise self._error(keys, bad, f"returned {counts[bad]} rows, expected {self.rows} ([samples] rows)")
+        values: dict[str, np.ndarray] = {}
+        i = 1
+        for col in self.columns:
+            try:
+                if col.is_array:
+                    lengths = _scalars(blobs[i + 1], np.dtype(">i4"), n, self.rows)
+                    try:
+                        values[col.name] = _array_rows(blobs[i], lengths, col.wire, self._length(col))
+                    except _BadSample as e:  # e.sample counts rows here
+                        raise _BadSample(e.sample // self.rows, str(e)) from None
+                else:
+                    values[col.name] = _scalars(blobs[i], col.wire, n, self.rows)
+            except _BadSample as e:
+                raise self._error(keys, e.sample, f"{self._field_of(col)}column {col.name} {e}") from None
+            i += col.n_blobs
+        return values
+
+    def _rows_flat(self, blobs: Sequence[bytes | None], keys: np.ndarray) -> dict[str, np.ndarray]:
+        """Decode the statement shape for ``rows = 1``: one array per column over the batch, plus ordinals."""
+        n = keys.shape[1]
+        ordinals = _flat(blobs[0], np.dtype(">i4")).astype(np.int64)
+        counts = np.bincount(ordinals - 1, minlength=n)[:n] if ordinals.size else np.zeros(n, np.int64)
+        wrong = np.flatnonzero(counts != 1)
+        if wrong.size or ordinals.size != n:
+            bad = int(wrong[0]) if wrong.size else 0
+            raise self._error(keys, bad, f"returned {counts[bad]} rows, expected 1 ([samples] rows)")
+        # Rows arrive in key order; should a plan ever reorder them, sorting by ordinal restores it.
+        order = None if np.all(ordinals[1:] > ordinals[:-1]) else np.argsort(ordinals)
+        values: dict[str, np.ndarray] = {}
+        i = 1
+        for col in self.columns:
+            try:
+                if col.is_array:
+                    lengths = _flat(blobs[i + 1], np.dtype(">i4"))
+                    v = _array_rows(blobs[i], lengths, col.wire, self._length(col))
+                else:
+                    v = _flat(blobs[i], col.wire)
+            except _BadSample as e:  # e.sample is the row as it arrived
+                sample = int(ordinals[e.sample]) - 1
+                raise self._error(keys, sample, f"{self._field_of(col)}column {col.name} {e}") from None
+            values[col.name] = v if order is None else v[order]
+            i += col.n_blobs
+        return values
 
     def _length(self, col: Column) -> int:
         for f in self.fields:
@@ -198,60 +223,88 @@ class BatchLayout:
         return SampleError(f"sample ({key}): {message}")
 
 
-class _BadRow(Exception):
-    """A value at result row ``row`` cannot be decoded; the message says why."""
+class _BadSample(Exception):
+    """A value of sample ``sample`` (its index in the batch) cannot be decoded; the message says why."""
 
-    def __init__(self, row: int, message: str) -> None:
+    def __init__(self, sample: int, message: str) -> None:
         super().__init__(message)
-        self.row = row
+        self.sample = sample
 
 
-def _scalar(blob: bytes | None, wire: np.dtype) -> np.ndarray:
-    """The values of a one-dimensional binary array of a fixed-width type."""
+def _counts(blob: bytes | None, n: int) -> np.ndarray:
+    """The rows each of the batch's ``n`` samples returned (an int4 binary array)."""
     if blob is None:
-        return np.empty(0, dtype=wire)
-    ndim, has_null, _oid, length, _lower = np.frombuffer(blob, dtype=">i4", count=5)
-    if has_null:
-        raise _BadRow(_first_null(blob, length), "is NULL")
-    assert ndim == 1
-    rec = np.frombuffer(blob, dtype=[("len", ">i4"), ("v", wire)], offset=_HEADER, count=length)
-    return rec["v"]
+        return np.zeros(n, dtype=np.int64)
+    rec = np.frombuffer(blob, dtype=[("len", ">i4"), ("v", ">i4")], offset=_HEADER, count=n)
+    return rec["v"].astype(np.int64)
 
 
-def _first_null(blob: bytes, length: int) -> int:
-    """Walk the elements of a binary array with NULLs to find the first one (error path only)."""
-    pos = _HEADER
-    for i in range(length):
-        n = int.from_bytes(blob[pos : pos + 4], "big", signed=True)
-        if n < 0:
-            return i
-        pos += 4 + n
+def _scalars(blob: bytes | None, wire: np.dtype, n: int, rows: int) -> np.ndarray:
+    """A scalar column: ``n`` per-sample binary arrays of ``rows`` values each, back to back -> ``(n * rows,)``."""
+    sample = np.dtype([("head", ">i4", (5,)), ("e", [("len", ">i4"), ("v", wire)], (rows,))])
+    if blob is None or len(blob) != n * sample.itemsize:  # a NULL element shortens its sample's array
+        raise _BadSample(_first_with_null(blob or b"", n, wire.itemsize), "is NULL")
+    rec = np.frombuffer(blob, dtype=sample, count=n)
+    nulls = np.flatnonzero(rec["head"][:, 1])
+    if nulls.size:
+        raise _BadSample(int(nulls[0]), "is NULL")
+    return rec["e"]["v"].reshape(n * rows)
+
+
+def _first_with_null(blob: bytes, n: int, width: int) -> int:
+    """Walk the per-sample arrays to the first one flagged as holding a NULL (error path only)."""
+    pos = 0
+    for s in range(n):
+        if pos + _HEADER > len(blob):
+            return s
+        _ndim, has_null, _oid, length, _lower = np.frombuffer(blob, dtype=">i4", count=5, offset=pos)
+        if has_null:
+            return s
+        pos += _HEADER + int(length) * (4 + width)
     return 0
 
 
-def _array(blob: bytes | None, lengths_blob: bytes | None, wire: np.dtype, n: int) -> np.ndarray:
-    """Rows of a fixed-length array column, shape ``(rows, n)``."""
-    if lengths_blob is None:
-        return np.empty((0, n), dtype=wire)
-    _ndim, has_null, _oid, rows, _lower = np.frombuffer(lengths_blob, dtype=">i4", count=5)
-    if has_null:  # cardinality(NULL) is NULL
-        raise _BadRow(_first_null(lengths_blob, rows), "is NULL")
-    lengths = np.frombuffer(lengths_blob, dtype=[("len", ">i4"), ("v", ">i4")], offset=_HEADER, count=rows)["v"]
-    if np.any(lengths != n):
-        bad = int(np.flatnonzero(lengths != n)[0])
-        raise _BadRow(bad, f"has {lengths[bad]} elements, expected {n} (as in the first sample)")
+def _flat(blob: bytes | None, wire: np.dtype) -> np.ndarray:
+    """The values of one binary array of a fixed-width type; a NULL raises with its position."""
+    if blob is None:
+        return np.empty(0, dtype=wire)
+    _ndim, has_null, _oid, length, _lower = np.frombuffer(blob, dtype=">i4", count=5)
+    if has_null:
+        raise _BadSample(_first_null(blob, int(length)), "is NULL")
+    return np.frombuffer(blob, dtype=[("len", ">i4"), ("v", wire)], offset=_HEADER, count=length)["v"]
+
+
+def _first_null(blob: bytes, length: int) -> int:
+    """Walk the elements of a binary array with NULLs to the first one (error path only)."""
+    pos = _HEADER
+    for i in range(length):
+        size = int.from_bytes(blob[pos : pos + 4], "big", signed=True)
+        if size < 0:
+            return i
+        pos += 4 + size
+    return 0
+
+
+def _array_rows(blob: bytes | None, lengths: np.ndarray, wire: np.dtype, width: int) -> np.ndarray:
+    """Rows of a fixed-length array column: each row's ``array_send`` back to back -> ``(rows, width)``.
+
+    ``lengths`` holds each row's ``cardinality``; errors raise with the row's position.
+    """
+    wrong = np.flatnonzero(lengths != width)
+    if wrong.size:
+        bad = int(wrong[0])
+        raise _BadSample(bad, f"has {lengths[bad]} elements, expected {width} (as in the first sample)")
     element = np.dtype([("len", ">i4"), ("v", wire)])
-    row = np.dtype(
-        [("ndim", ">i4"), ("has_null", ">i4"), ("oid", ">i4"), ("dim", ">i4"), ("lower", ">i4"), ("e", element, (n,))]
-    )
-    if blob is None or len(blob) != rows * row.itemsize:
-        raise _BadRow(
-            _first_irregular(blob or b"", rows, row.itemsize), "has a NULL element or more than one dimension"
+    row = np.dtype([("head", ">i4", (5,)), ("e", element, (width,))])
+    total = lengths.size
+    if blob is None or len(blob) != total * row.itemsize:
+        raise _BadSample(
+            _first_irregular(blob or b"", total, row.itemsize), "has a NULL element or more than one dimension"
         )
-    rec = np.frombuffer(blob, dtype=row, count=rows)
-    irregular = (rec["ndim"] != 1) | (rec["has_null"] != 0)
-    if np.any(irregular):
-        raise _BadRow(int(np.flatnonzero(irregular)[0]), "has a NULL element or more than one dimension")
+    rec = np.frombuffer(blob, dtype=row, count=total)
+    irregular = np.flatnonzero((rec["head"][:, 0] != 1) | (rec["head"][:, 1] != 0))
+    if irregular.size:
+        raise _BadSample(int(irregular[0]), "has a NULL element or more than one dimension")
     return rec["e"]["v"]
 
 
@@ -259,7 +312,9 @@ def _first_irregular(blob: bytes, rows: int, size: int) -> int:
     """The first row whose array is not a plain one-dimensional array without NULLs (error path only)."""
     pos = 0
     for i in range(rows):
-        ndim, has_null = np.frombuffer(blob, dtype=">i4", count=2, offset=pos) if pos + 8 <= len(blob) else (0, 1)
+        if pos + 8 > len(blob):
+            return i
+        ndim, has_null = np.frombuffer(blob, dtype=">i4", count=2, offset=pos)
         if ndim != 1 or has_null:
             return i
         pos += size

@@ -204,7 +204,7 @@ async def _dump_snapshot(
     used = nb * size if cfg.batches.drop_last else n
     keys_sha = hashlib.sha256(np.ascontiguousarray(keys[:, :used]).tobytes()).hexdigest()
     columns = result_columns(cfg.fields, shape.columns)
-    sql = batch_statement(cfg.samples.query, len(shape.key_names), columns)
+    sql = batch_statement(cfg.samples.query, len(shape.key_names), columns, cfg.samples.rows)
     async with BatchReader.open(cfg.source, snap.id, sql) as reader:
         first = await reader.fetch(0, keys[:, :size])  # its array lengths fix the field shapes
         layout = BatchLayout.build(

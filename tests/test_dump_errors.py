@@ -251,3 +251,32 @@ def test_store_path_that_is_a_file(table: str, tmp_path: Path) -> None:
         tmp_path,
         table,
     )
+
+
+def test_null_value_in_a_multi_row_sample_names_the_key(table: str, tmp_path: Path) -> None:
+    execute(table, "UPDATE w SET v = NULL WHERE id = 21 AND k = 2")
+    expect(
+        SampleError,
+        "sample (id=21): field v, column v is NULL",
+        tmp_path,
+        table,
+        query="SELECT v FROM w WHERE id = $1 ORDER BY k",
+        rows=2,
+    )
+
+
+def test_wrong_array_length_in_a_multi_row_sample_names_the_key(table: str, tmp_path: Path) -> None:
+    execute(
+        table,
+        "CREATE TABLE a AS SELECT id, k, ARRAY[k, k, k]::real[] AS e FROM w",
+        "UPDATE a SET e = ARRAY[1]::real[] WHERE id = 30 AND k = 2",
+    )
+    expect(
+        SampleError,
+        "sample (id=30): field e, column e has 1 elements, expected 3 (as in the first sample)",
+        tmp_path,
+        table,
+        query="SELECT e FROM a WHERE id = $1 ORDER BY k",
+        rows=2,
+        fields={"e": (["e"], "float32")},
+    )
