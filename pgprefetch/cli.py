@@ -20,7 +20,7 @@ from ._version import __version__
 from .config import load_config
 from .errors import ConfigError, PgprefetchError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
-from .pipeline import RETRIES, DumpResult, dump_epochs
+from .pipeline import RETRIES, DumpResult, dump_epoch, dump_epochs
 from .progress import BarProgress
 from .server import DEFAULT_DIR
 from .store import Store
@@ -161,7 +161,8 @@ def dump(
     else:
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
     progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
-    for result in asyncio.run(dump_epochs(cfg, epochs, force=force, progress=progress, retries=retries)):
+    for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
+        result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries))
         if as_json:
             click.echo(json.dumps(result.to_json()))
         elif not quiet:

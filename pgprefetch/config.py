@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 import tomllib
@@ -314,7 +315,8 @@ class _Parser:
                 f'expected a duration such as "500ms", "30s", "5min" or "1h", got {_show(value)}',
             )
         assert m is not None
-        return int(float(m[1]) * _DURATION_MS[m[2] or "ms"])
+        ms = float(m[1]) * _DURATION_MS[m[2] or "ms"]
+        return math.ceil(ms)  # rounded up: 0 would mean no timeout at all
 
     def fields(self, table: dict[str, Any]) -> tuple[FieldConfig, ...]:
         if not table:

@@ -83,7 +83,7 @@ def list_epochs(store: Store) -> list[EpochInfo]:
 def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
     try:
         lines = store.journal_path(epoch).read_text().splitlines()
-        return json.loads(lines[0]), len({line.split()[0] for line in lines[1:] if line.strip()})
+        return json.loads(lines[0]), len({line.split()[0] for line in lines[1:] if line.strip() and line[0] != "#"})
     except (OSError, ValueError, IndexError):
         return {}, 0
 

@@ -136,14 +136,17 @@ async def dump_epoch(
             return DumpResult(epoch, store.epoch_path(epoch), status="busy", holder=store.lock_holder(epoch))
         if store.is_complete(epoch) and not force:  # finished by the dump we waited on
             return DumpResult(epoch=epoch, path=store.epoch_path(epoch), status="skipped")
+        started = time.monotonic()
+        connected = False  # once any attempt got a snapshot, lost connections and refusals are retried
         for attempt in range(retries + 1):
             try:
                 result = await _dump_locked(cfg, store, epoch, progress)
-                return dataclasses.replace(result, retries=attempt)
+                return dataclasses.replace(result, retries=attempt, seconds=time.monotonic() - started)
             except (SourceError, *_LOST_TYPES) as e:
                 transient = e.transient if isinstance(e, SourceError) else lost(e)
+                connected = connected or getattr(e, "connected", False)
                 # Only once the dump got going: a server that refuses the very first connection is an error.
-                if not (transient and getattr(e, "connected", False)):
+                if not (transient and connected):
                     if isinstance(e, SourceError):
                         raise
                     raise SourceError(f"lost the connection to {redact(cfg.source.dsn)}: {_one_line(e)}") from None
@@ -151,6 +154,20 @@ async def dump_epoch(
                     raise SourceError(f"{_one_line(e)} (gave up after {retries} retries)") from None
             await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
     raise AssertionError("unreachable")
+
+
+async def _finish_in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn`` on a thread and wait for it even if cancelled (Ctrl-C).
+
+    So it cannot outlive the epoch's lock: a publish or a resume check half done by a thread nobody waits
+    for could race the next dump.
+    """
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
 
 
 def _check_same_config(store: Store, cfg: Config) -> None:
@@ -200,9 +217,13 @@ async def _dump_snapshot(
     n = keys.shape[1]
     nb = n_batches(n, size, cfg.batches.drop_last)
     if nb == 0:
-        raise SourceError(f"{n} samples make no full batch of {size}: lower [batches] size or set drop_last = false")
+        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
+        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
     used = nb * size if cfg.batches.drop_last else n
-    keys_sha = hashlib.sha256(np.ascontiguousarray(keys[:, :used]).tobytes()).hexdigest()
+    digest = hashlib.sha256()
+    for column in keys:  # rows of a C-ordered array: hashed in place, no copy of the keys
+        digest.update(np.ascontiguousarray(column[:used]))
+    keys_sha = digest.hexdigest()
     columns = result_columns(cfg.fields, shape.columns)
     sql = batch_statement(cfg.samples.query, len(shape.key_names), columns, cfg.samples.rows)
     async with BatchReader.open(cfg.source, snap.id, sql) as reader:
@@ -213,20 +234,23 @@ async def _dump_snapshot(
         specs = [ArraySpec(f.name, f.dtype, f.sample_shape) for f in layout.fields]
         specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(shape.key_names),)))
         identity = {"config_sha256": cfg.sha256(), "n_keys": used, "keys_sha256": keys_sha}
-        writer = await asyncio.to_thread(
+        writer = await _finish_in_thread(
             EpochWriter, store, epoch, n_batches=nb, batch_size=size, arrays=specs,
             compression=cfg.store.compression, identity=identity,
         )  # fmt: skip
+        writer.begin(snap.id)
         todo = [b for b in range(nb) if not writer.done[b]]
         if progress:
             progress.start(epoch, used)
             progress.advance(min(used, writer.resumed * size), 0)
         try:
-            total = await _write_batches(reader, writer, layout, keys, todo, size, first, progress)
+            await _write_batches(reader, writer, layout, keys, todo, size, first, progress)
+            total = nb * sum(spec.dtype.itemsize * size * int(np.prod(spec.sample_shape)) for spec in specs)
             elapsed = time.monotonic() - started
             manifest = _manifest(cfg, epoch, layout, n_keys, used, nb, keys_sha, snap, total, elapsed)
             manifest["resumed_batches"] = writer.resumed
-            path = await asyncio.to_thread(writer.publish, manifest)
+            manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
+            path = await _finish_in_thread(writer.publish, manifest)
         except BaseException:
             writer.close()  # keep the partial epoch: the next dump resumes it
             raise

@@ -34,7 +34,7 @@ _TORCH_DTYPES = {
     np.dtype(name): getattr(torch, name)
     for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
 }
-_MAPPINGS_KEPT = 16  # shard mappings kept open per dataset (per worker process)
+_MAPPINGS_KEPT = 32  # shard mappings kept open per dataset (per worker process), least recently used dropped
 
 
 class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -68,11 +68,6 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.epoch = epoch
         self.manifest = _manifest(Store(self.store), epoch, wait, timeout)
         self.manifest.pop("checksums", None)  # for `verify`; kept out of every DataLoader worker's pickle
-        if consumer is not None and torch.utils.data.get_worker_info() is None:
-            try:
-                Store(self.store).record_consumer(consumer, epoch)
-            except OSError as e:  # a read-only copy of a store can still be read
-                warnings.warn(f"cannot record consumer {consumer!r} in {self.store}: {e}", stacklevel=2)
         available = list(self.manifest["fields"])
         unknown = [f for f in fields or () if f not in available]
         if unknown:
@@ -90,6 +85,11 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         # (array, file number) -> batches of that file, indexable by slot (a tensor, or a list when a
         # zarr-written shard stores its chunks out of order), and the byte offset of each slot.
         self._shards: OrderedDict[tuple[str, int], tuple[Any, np.ndarray]] = OrderedDict()
+        if consumer is not None and torch.utils.data.get_worker_info() is None:
+            try:
+                Store(self.store).record_consumer(consumer, epoch)
+            except OSError as e:  # a read-only copy of a store can still be read
+                warnings.warn(f"cannot record consumer {consumer!r} in {self.store}: {e}", stacklevel=2)
 
     @classmethod
     def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> EpochDataset:
@@ -124,6 +124,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         """This rank's batches from the resume state on; each one handed out advances the state."""
         if self._pos >= len(self):
             self._pos = 0  # a finished pass starts over
+        if self._pos == 0:
+            self._shards.clear()  # a new pass maps the files afresh (in-place edits of a batch do not carry over)
         while self._pos < len(self):
             batch = self[self._pos]
             self._pos += 1
@@ -143,9 +145,15 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             return _cuda_batches(self, device, max(1, prefetch))
         return ({k: v.to(device) for k, v in b.items()} for b in self)
 
-    def state_dict(self) -> dict[str, int]:
-        """The resume state: the epoch and the first global batch not yet handed out."""
-        return {"epoch": self.epoch, "next_global_batch": self._start + self._pos * self.world_size}
+    def state_dict(self, batches: int | None = None) -> dict[str, int]:
+        """The resume state: the epoch and the first global batch not yet handed out.
+
+        Args:
+            batches: the batches this rank has consumed, when they came through a ``DataLoader`` (which
+                calls ``ds[i]``, not ``iter(ds)``, so the dataset cannot count them itself).
+        """
+        done = self._pos if batches is None else batches
+        return {"epoch": self.epoch, "next_global_batch": self._start + done * self.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from ``state``: this rank's batches are re-sliced from the remaining global batches."""
@@ -170,6 +178,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             shard = self._shards.get((name, number))
             if shard is None:
                 shard = self._map(name, number)
+            else:
+                self._shards.move_to_end((name, number))
             tensor = shard[0][slot]
         return tensor[: self._last_valid] if g == self.n_global - 1 else tensor
 
@@ -190,11 +200,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
                 number, slot = divmod(g, layout.per_file)
                 shard = self._shards.get((name, number)) or self._map(name, number)
                 path, _ = layout.file(g)
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.preadv(fd, [target.numpy().view(np.uint8).reshape(-1)], int(shard[1][slot]))
-                finally:
-                    os.close(fd)
+                _pread_all(path, target.numpy().reshape(-1).view(np.uint8), int(shard[1][slot]))
             result[name] = target[: self._last_valid] if g == self.n_global - 1 else target
         return result
 
@@ -224,6 +230,20 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if len(self._shards) > _MAPPINGS_KEPT:  # tensors handed out keep their mapping alive themselves
             self._shards.popitem(last=False)
         return batches, offsets
+
+
+def _pread_all(path: Path, buffer: np.ndarray, offset: int) -> None:
+    """Fill ``buffer`` from ``path`` at ``offset``; ``preadv`` may read less than asked (2 GiB a call)."""
+    view = memoryview(buffer)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while view:
+            n = os.preadv(fd, [view], offset)
+            if n == 0:
+                raise StoreError(f"{path}: the file ends before batch data it should hold (truncated?)")
+            view, offset = view[n:], offset + n
+    finally:
+        os.close(fd)
 
 
 def _manifest(store: Store, epoch: int, wait: bool, timeout: float) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def subsample(keys: np.ndarray, *, seed: int, epoch: int, fraction: float) -> np
         return keys
     h = key_hash(keys, seed=seed, epoch=epoch, stream=_SAMPLE_STREAM)
     threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
-    return keys[:, h < threshold]
+    return np.ascontiguousarray(keys[:, h < threshold])  # column-major layout kept: each key column contiguous
 
 
 def shuffle_keys(keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0) -> np.ndarray:

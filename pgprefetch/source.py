@@ -23,7 +23,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import asyncpg
 import numpy as np
@@ -41,31 +41,38 @@ _Q = "_pgpf_q"
 _U = "_pgpf_u"
 
 
+def _password(dsn: str) -> str | None:
+    """The password in a DSN, found without a URL parser (which gives up on an unencoded ``/`` or ``#``)."""
+    if "://" in dsn:
+        rest = dsn.split("://", 1)[1]
+        userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
+        if ":" in userinfo and userinfo.split(":", 1)[1]:
+            return userinfo.split(":", 1)[1]
+    m = re.search(r"(?i)password\s*=\s*('([^']*)'|[^&\s]+)", dsn)
+    return (m[2] if m[2] is not None else m[1]) if m else None
+
+
 def redact(dsn: str | None) -> str:
-    """The DSN as it may be shown: the password replaced by ``***`` (or the libpq environment)."""
+    """The DSN as it may be shown: every form of its password replaced by ``***``."""
     if not dsn:
         return "the server from the PG* environment"
     if "://" in dsn:
-        parts = urlsplit(dsn)
-        if parts.password:
-            user = parts.username or ""
-            host = parts.netloc.rsplit("@", 1)[1]
-            parts = parts._replace(netloc=f"{user}:***@{host}")
-        query = re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query)
-        return urlunsplit(parts._replace(query=query))
-    return re.sub(r"(?i)(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+        scheme, rest = dsn.split("://", 1)
+        at = rest.rfind("@")
+        if at >= 0 and ":" in rest[:at] and rest[:at].split(":", 1)[1]:
+            rest = f"{rest[:at].split(':', 1)[0]}:***{rest[at:]}"
+        dsn = f"{scheme}://{rest}"
+    return re.sub(r"(?i)(password\s*=\s*)('[^']*'|[^&\s]+)", r"\1***", dsn)
 
 
 def scrub(text: str, dsn: str | None) -> str:
-    """``text`` with the DSN's password, wherever it appears, replaced by ``***``."""
-    password = None
-    if dsn and "://" in dsn:
-        with suppress(ValueError):
-            password = urlsplit(dsn).password
-    if dsn and not password:
-        m = re.search(r"(?i)password\s*=\s*('([^']*)'|[^&\s]+)", dsn)
-        password = (m[2] if m and m[2] is not None else m[1]) if m else None
-    return text.replace(password, "***") if password else text
+    """``text`` with the DSN's password, as typed or percent-decoded, replaced by ``***``."""
+    password = _password(dsn) if dsn else None
+    if not password:
+        return text
+    for form in sorted({password, unquote(password)}, key=len, reverse=True):
+        text = text.replace(form, "***")
+    return text
 
 
 def lost(e: BaseException) -> bool:
@@ -88,7 +95,8 @@ def quote_ident(name: str) -> str:
 
 async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
     """Open one connection with pgprefetch's session settings, or raise a one-line SourceError."""
-    server_settings = {"application_name": "pgprefetch", **settings}
+    # A server-wide idle_in_transaction_session_timeout would kill the exporter while the client shuffles.
+    server_settings = {"application_name": "pgprefetch", "idle_in_transaction_session_timeout": "0", **settings}
     if source.statement_timeout_ms is not None:
         server_settings["statement_timeout"] = str(source.statement_timeout_ms)
     try:
@@ -282,8 +290,15 @@ class BatchReader:
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
                 raise SourceError(f"cannot prepare the batch statement: {_pg_message(e)}", transient=lost(e)) from None
 
+        tasks = [asyncio.ensure_future(start()) for _ in range(source.connections)]
         try:
-            workers = await asyncio.gather(*(start() for _ in range(source.connections)))
+            try:
+                workers = await asyncio.gather(*tasks)
+            except BaseException:  # one failed: stop the others before closing what they opened
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
             yield cls(list(workers))
         finally:
             await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)

@@ -95,10 +95,12 @@ class EpochWriter:
         self.checksums = np.zeros((len(arrays), n_batches), dtype=np.uint32)
         self.done = np.zeros(n_batches, dtype=bool)
         self.restarted: str | None = None  # why a partial epoch found here was discarded
+        self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
         previous = self._read_journal()
         if previous is not None and previous[0] != self.header:
             self.restarted = _difference(previous[0], self.header)
             previous = None
+            self.snapshots = []
         if previous is None:
             self.discard()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,12 +112,20 @@ class EpochWriter:
         self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
         if previous is not None:
             self._keep_verified(previous[1])
-        self.resumed = int(self.done.sum())
-        """Batches kept from a partial epoch a previous dump left."""
+
+        self.resumed = int(self.done.sum())  # batches kept from a partial epoch a previous dump left
         self._journal = open(self.journal_path, "a" if previous is not None else "w")  # noqa: SIM115
         if previous is None:
             self._journal.write(json.dumps(self.header, sort_keys=True) + "\n")
             self._journal.flush()
+        if not self.resumed:
+            self.snapshots = []  # nothing kept: the epoch reads only the new snapshot
+
+    def begin(self, snapshot: str) -> None:
+        """Note the snapshot this dump reads, so a resumed epoch lists every snapshot its batches came from."""
+        self.snapshots.append(snapshot)
+        self._journal.write(f"#snapshot {snapshot}\n")
+        self._journal.flush()
 
     def _array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str, create: bool) -> zarr.Array:
         chunk = (1, batch_size, *spec.sample_shape)
@@ -144,7 +154,7 @@ class EpochWriter:
     def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
         if not (self.path.is_dir() and self.journal_path.exists()):
             return None
-        lines = self.journal_path.read_text().splitlines()
+        lines = self.journal_path.read_text(errors="replace").splitlines()
         try:
             header = json.loads(lines[0])
         except (IndexError, ValueError):
@@ -152,8 +162,14 @@ class EpochWriter:
         done = {}
         for line in lines[1:]:
             parts = line.split()
-            if len(parts) == 1 + len(self.names):  # a line cut short by a crash is ignored
-                done[int(parts[0])] = [int(p) for p in parts[1:]]
+            if line.startswith("#snapshot "):
+                self.snapshots.append(line.split(" ", 1)[1])
+                continue
+            try:  # a line cut short or garbled by a crash is skipped: that batch is fetched again
+                if len(parts) == 1 + len(self.names):
+                    done[int(parts[0])] = [int(p) for p in parts[1:]]
+            except ValueError:
+                continue
         return header, done
 
     def _keep_verified(self, journal: dict[int, list[int]]) -> None:
@@ -182,11 +198,7 @@ class EpochWriter:
                 crc = checksum(read_batch_bytes(self.layouts[name], batch))
             else:
                 path, slot = self.layouts[name].file(batch)
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.pwrite(fd, raw.data, slot * self.layouts[name].batch_bytes)
-                finally:
-                    os.close(fd)
+                _pwrite_all(path, raw, slot * self.layouts[name].batch_bytes)
                 crc = checksum(raw)
             self.checksums[j, batch] = crc
             crcs.append(crc)
@@ -219,6 +231,20 @@ class EpochWriter:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self.journal_path.unlink(missing_ok=True)
+
+
+def _pwrite_all(path: Path, data: np.ndarray, offset: int) -> None:
+    """Write all of ``data`` at ``offset``: ``pwrite`` may write less (2 GiB at most a call, or a full disk)."""
+    view = memoryview(data.reshape(-1).view(np.uint8))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view, offset = view[written:], offset + written
+    finally:
+        os.close(fd)
 
 
 @contextmanager

@@ -60,7 +60,9 @@ def start_dump(cfg: Path, dsn: str, epoch: int = 0) -> subprocess.Popen[str]:
 
 def journal_lines(store: Path, epoch: int = 0) -> int:
     path = store / ".pgprefetch" / "partial" / f"epoch-{epoch:05d}.journal"
-    return len(path.read_text().splitlines()) - 1 if path.exists() else -1
+    if not path.exists():
+        return -1
+    return sum(1 for line in path.read_text().splitlines()[1:] if not line.startswith("#"))
 
 
 def wait_for(condition: object, timeout: float = 30.0) -> None:
