@@ -114,12 +114,16 @@ def cli(debug: bool) -> None:
 @click.option("--epoch", type=int, help="The epoch to dump.")
 @click.option("--epochs", "epoch_range", help="Several epochs: 3-5, or 1,4-6.")
 @click.option("--ahead", type=click.IntRange(min=1), help="Dump the next K epochs after the newest started one.")
-@click.option("--keep", type=click.IntRange(min=0), help="Then delete complete epochs older than newest started - N.")
+@click.option(
+    "--keep", type=click.IntRange(min=0), help="Then delete complete epochs more than N behind the consumers."
+)
 @click.option("--consumer", help="Go by this consumer's epoch for --ahead/--keep (default: all consumers).")
 @click.option("--store", type=click.Path(path_type=Path), help="Store folder; overrides [store] path.")
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
-@click.option("--force", is_flag=True, help="Rewrite complete epochs; write into a store of another config.")
+@click.option(
+    "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
+)
 @click.option(
     "--retries",
     type=click.IntRange(min=0),
@@ -238,10 +242,12 @@ def verify(config_path: Path | None, store: Path | None, epoch: int) -> None:
 
 @cli.command("prune")
 @with_store_options
-@click.option("--keep", type=click.IntRange(min=0), required=True, help="Keep epochs from newest started - N on.")
+@click.option(
+    "--keep", type=click.IntRange(min=0), required=True, help="Keep epochs from (the slowest consumer's epoch - N) on."
+)
 @click.option("--consumer", help="Go by this consumer's epoch (default: the slowest consumer).")
 def prune_command(config_path: Path | None, store: Path | None, keep: int, consumer: str | None) -> None:
-    """Delete complete epochs older than (newest started - N), and partial epochs of dead dumps."""
+    """Delete complete epochs more than N behind the consumers, and partial epochs of dead dumps."""
     result = prune(_store(config_path, store), keep, consumer)
     click.echo(
         f"deleted epochs: {', '.join(map(str, result.epochs)) or 'none'}; "

@@ -130,11 +130,6 @@ class BatchLayout:
             layouts.append(FieldLayout(f.name, np.dtype(f.dtype), cols, shape, max(n, 1)))
         return cls(columns=tuple(columns), fields=tuple(layouts), rows=rows, key_names=tuple(key_names))
 
-    @property
-    def n_blobs(self) -> int:
-        """Values in the batch row: the sample ordinals, then each column's."""
-        return 1 + sum(c.n_blobs for c in self.columns)
-
     def allocate(self, size: int) -> dict[str, np.ndarray]:
         """Zeroed batch buffers, one per field, to be filled by :meth:`decode` (and reused)."""
         return {f.name: np.zeros((size, *f.sample_shape), dtype=f.dtype) for f in self.fields}

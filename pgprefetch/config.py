@@ -158,7 +158,9 @@ def load_config(
     source = cfg.source
     chosen_dsn = dsn or env.get("PGPREFETCH_DSN") or source.dsn
     if connections is not None:
-        source = dataclasses.replace(source, connections=_positive(connections, "--connections", None))
+        if isinstance(connections, bool) or connections <= 0:
+            raise ConfigError(f"--connections: expected a positive integer, got {connections!r}")
+        source = dataclasses.replace(source, connections=connections)
     source = dataclasses.replace(source, dsn=chosen_dsn)
     store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=Path(store))
     return dataclasses.replace(cfg, source=source, store=store_cfg)
@@ -208,13 +210,6 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     )
 
 
-def _positive(value: Any, where: str, file: Path | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        prefix = f"{file}: " if file else ""
-        raise ConfigError(f"{prefix}{where}: expected a positive integer, got {value!r}")
-    return value
-
-
 class _Parser:
     """Typed getters that raise a ConfigError naming the file and key."""
 
@@ -244,9 +239,6 @@ class _Parser:
         if not isinstance(value, dict):
             self.fail(f"[{name}]", f"expected a table, got {_kind(value)}")
         return value  # type: ignore[return-value]
-
-    def _get(self, table: dict[str, Any], key: str, default: Any) -> Any:
-        return table.get(key, default)
 
     def sql(self, table: dict[str, Any], section: str, key: str) -> str:
         value = table[key]

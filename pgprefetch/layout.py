@@ -20,7 +20,7 @@ _RAW = ([{"name": "bytes", "configuration": {"endian": "little"}}], [{"name": "b
 _INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64 per inner chunk
 INDEX_CRC = 4
-_MISSING = 2**64 - 1  # index entry of an absent inner chunk
+MISSING = 2**64 - 1  # shard index entry of an absent inner chunk
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def read_batch_bytes(layout: ArrayLayout, batch: int) -> bytes | None:
             f.seek(size - layout.index_bytes)
             index = layout.shard_index(np.frombuffer(f.read(layout.index_bytes), dtype=np.uint8))
             offset, nbytes = (int(v) for v in index[slot])
-            if offset == _MISSING or offset + nbytes > size - layout.index_bytes:
+            if offset == MISSING or offset + nbytes > size - layout.index_bytes:
                 return None
             f.seek(offset)
             data = f.read(nbytes)

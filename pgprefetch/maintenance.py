@@ -141,6 +141,9 @@ def prune(store: Store, keep: int, consumer: str | None = None, *, partials: boo
                 _remove(store, store.epoch_path(epoch))
                 removed.append(epoch)
     dead = []
+    if partials:  # an epoch a --force dump moved aside and did not get to delete (it died in between)
+        for old in (store.meta / "partial").glob("*.replaced"):
+            shutil.rmtree(old, ignore_errors=True)
     for epoch in store.partial_epochs() if partials else ():
         with store.writer_lock(epoch) as held:
             if held:

@@ -140,7 +140,8 @@ async def dump_epoch(
         connected = False  # once any attempt got a snapshot, lost connections and refusals are retried
         for attempt in range(retries + 1):
             try:
-                result = await _dump_locked(cfg, store, epoch, progress)
+                # --force: a fresh epoch on one snapshot (the first attempt discards any partial one).
+                result = await _dump_locked(cfg, store, epoch, progress, fresh=force and attempt == 0)
                 return dataclasses.replace(result, retries=attempt, seconds=time.monotonic() - started)
             except (SourceError, *_LOST_TYPES) as e:
                 transient = e.transient if isinstance(e, SourceError) else lost(e)
@@ -185,24 +186,25 @@ def _check_same_config(store: Store, cfg: Config) -> None:
 
 
 def _one_line(e: BaseException) -> str:
+    """An exception's first line (asyncpg adds DETAIL and HINT lines)."""
     return (str(e).splitlines() or [type(e).__name__])[0]
 
 
-async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress | None) -> DumpResult:
+async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool) -> DumpResult:
     """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
     started = time.monotonic()
     connected = False
     try:
         async with Snapshot.open(cfg.source) as snap:
             connected = True
-            return await _dump_snapshot(cfg, store, epoch, progress, snap, started)
+            return await _dump_snapshot(cfg, store, epoch, progress, snap, started, fresh)
     except (SourceError, *_LOST_TYPES) as e:
         e.connected = connected  # type: ignore[union-attr]
         raise
 
 
 async def _dump_snapshot(
-    cfg: Config, store: Store, epoch: int, progress: Progress | None, snap: Snapshot, started: float
+    cfg: Config, store: Store, epoch: int, progress: Progress | None, snap: Snapshot, started: float, fresh: bool
 ) -> DumpResult:
     """Keys, shuffle, batches and publication, on one snapshot."""
     size = cfg.batches.size
@@ -236,7 +238,7 @@ async def _dump_snapshot(
         identity = {"config_sha256": cfg.sha256(), "n_keys": used, "keys_sha256": keys_sha}
         writer = await _finish_in_thread(
             EpochWriter, store, epoch, n_batches=nb, batch_size=size, arrays=specs,
-            compression=cfg.store.compression, identity=identity,
+            compression=cfg.store.compression, identity=identity, fresh=fresh,
         )  # fmt: skip
         writer.begin(snap.id)
         todo = [b for b in range(nb) if not writer.done[b]]

@@ -29,11 +29,10 @@ import numpy as np
 import zarr
 
 from .errors import StoreError
-from .layout import ArrayLayout, read_batch_bytes
+from .layout import MISSING, ArrayLayout, read_batch_bytes
 from .store import ArraySpec, Store, compressors, publish_epoch
 
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
-_MISSING = 2**64 - 1  # index entry of an inner chunk past the end of the array
 
 
 def shard_batches(chunk_bytes: int, n_batches: int) -> int:
@@ -53,6 +52,7 @@ class EpochWriter:
         compression: ``none``, ``zstd`` or ``lz4``.
         identity: what makes a partial epoch resumable (config hash, key count and hash, ...): a journal
             whose header differs is discarded and the epoch starts over.
+        fresh: discard any partial epoch instead of resuming it (``--force``: one snapshot for the epoch).
     """
 
     def __init__(
@@ -65,9 +65,10 @@ class EpochWriter:
         arrays: list[ArraySpec],
         compression: str,
         identity: dict[str, Any],
+        fresh: bool = False,
     ) -> None:
         with _io_errors(store.partial_path(epoch)):
-            self._open(store, epoch, n_batches, batch_size, arrays, compression, identity)
+            self._open(store, epoch, n_batches, batch_size, arrays, compression, identity, fresh)
 
     def _open(
         self,
@@ -78,6 +79,7 @@ class EpochWriter:
         arrays: list[ArraySpec],
         compression: str,
         identity: dict[str, Any],
+        fresh: bool,
     ) -> None:
         self.store = store
         self.epoch = epoch
@@ -96,7 +98,7 @@ class EpochWriter:
         self.done = np.zeros(n_batches, dtype=bool)
         self.restarted: str | None = None  # why a partial epoch found here was discarded
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
-        previous = self._read_journal()
+        previous = None if fresh else self._read_journal()
         if previous is not None and previous[0] != self.header:
             self.restarted = _difference(previous[0], self.header)
             previous = None
@@ -280,7 +282,7 @@ def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 def _create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> None:
     """Create a shard file: room for ``valid`` chunks, then zarr's index (offset, size per chunk) + CRC32C."""
-    index = np.full((per_shard, 2), _MISSING, dtype="<u8")
+    index = np.full((per_shard, 2), MISSING, dtype="<u8")
     index[:valid, 0] = np.arange(valid, dtype=np.uint64) * chunk_bytes
     index[:valid, 1] = chunk_bytes
     raw = index.tobytes()

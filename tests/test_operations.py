@@ -212,3 +212,25 @@ def test_ctrl_c_stops_within_a_second_and_leaves_a_resumable_epoch(table: str, t
     assert not (store / "epoch-00000").exists()
     assert journal_lines(store) >= 2
     assert dump(cfg, table).resumed >= 2
+
+
+def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+
+    def crash(epoch: int) -> None:
+        victim = start_dump(cfg, table, epoch=epoch)
+        wait_for(lambda: journal_lines(store, epoch) >= 3)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+
+    crash(0)
+    resumed = dump(cfg, table)
+    manifest = json.loads((resumed.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
+    assert resumed.resumed >= 3
+    assert len(manifest["snapshots"]) == 2  # batches kept from the first dump, the rest from the second
+    crash(1)
+    forced = dump(cfg, table, epoch=1, force=True)
+    manifest = json.loads((forced.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
+    assert forced.resumed == 0
+    assert len(manifest["snapshots"]) == 1  # --force: the whole epoch from one snapshot
