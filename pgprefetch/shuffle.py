@@ -55,17 +55,23 @@ def epoch_order(keys: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
     """Indices that put ``keys`` in the epoch's order: by hash, equal hashes broken by the key values."""
     h = key_hash(keys, seed=seed, epoch=epoch)
     order = np.argsort(h, kind="stable")
-    sorted_h = h[order]
-    ties = np.flatnonzero(sorted_h[1:] == sorted_h[:-1])
-    if ties.size:  # astronomically rare for distinct keys, but the order must not depend on arrival
-        starts = ties[np.concatenate(([True], ties[1:] != ties[:-1] + 1))]
-        for start in starts:
-            end = start + 1
-            while end < h.size and sorted_h[end] == sorted_h[start]:
-                end += 1
-            group = order[start:end]
-            order[start:end] = group[np.lexsort(keys[::-1, group])]
+    for start, end in _tied_runs(h, order):  # astronomically rare for distinct keys, but the order
+        group = order[start:end]  # must never depend on the order the rows arrived in
+        order[start:end] = group[np.lexsort(keys[::-1, group])]
     return order
+
+
+def _tied_runs(h: np.ndarray, order: np.ndarray, chunk: int = 1 << 20) -> list[tuple[int, int]]:
+    """The ``[start, end)`` runs of equal hashes in sorted order, looked for a chunk at a time (no full copy)."""
+    runs: list[tuple[int, int]] = []
+    for lo in range(0, max(h.size - 1, 0), chunk):
+        sorted_h = h[order[lo : lo + chunk + 1]]
+        for i in np.flatnonzero(sorted_h[1:] == sorted_h[:-1]) + lo:
+            if runs and runs[-1][1] >= i + 1:
+                runs[-1] = (runs[-1][0], int(i) + 2)
+            else:
+                runs.append((int(i), int(i) + 2))
+    return runs
 
 
 def subsample(keys: np.ndarray, *, seed: int, epoch: int, fraction: float) -> np.ndarray:

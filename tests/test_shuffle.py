@@ -1,0 +1,64 @@
+"""The epoch order is a pure function of (seed, epoch, the set of keys)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pgprefetch.shuffle
+from pgprefetch.shuffle import _tied_runs, epoch_order, n_batches, shuffle_keys, subsample
+
+
+def keys_of(n: int, columns: int = 2) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return np.ascontiguousarray(rng.integers(-(2**40), 2**40, size=(columns, n)))
+
+
+def test_order_is_a_permutation() -> None:
+    order = epoch_order(keys_of(10_000), seed=0, epoch=0)
+    assert sorted(order.tolist()) == list(range(10_000))
+
+
+def test_same_seed_and_epoch_give_the_same_order() -> None:
+    k = keys_of(5_000)
+    assert np.array_equal(shuffle_keys(k.copy(), seed=7, epoch=3), shuffle_keys(k.copy(), seed=7, epoch=3))
+
+
+def test_another_epoch_or_seed_gives_another_order() -> None:
+    k = keys_of(5_000)
+    base = shuffle_keys(k.copy(), seed=7, epoch=3)
+    assert (shuffle_keys(k.copy(), seed=7, epoch=4) != base).any(axis=0).mean() > 0.99
+    assert (shuffle_keys(k.copy(), seed=8, epoch=3) != base).any(axis=0).mean() > 0.99
+
+
+def test_order_does_not_depend_on_the_order_keys_arrive_in() -> None:
+    k = keys_of(5_000)
+    reversed_keys = np.ascontiguousarray(k[:, ::-1])
+    assert np.array_equal(shuffle_keys(k.copy(), seed=1, epoch=2), shuffle_keys(reversed_keys, seed=1, epoch=2))
+
+
+def test_equal_hashes_are_ordered_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pgprefetch.shuffle, "key_hash", lambda keys, **_: np.zeros(keys.shape[1], np.uint64))
+    k = np.array([[3, 1, 2, 1], [0, 9, 5, 4]], dtype=np.int64)
+    assert k[:, epoch_order(k, seed=0, epoch=0)].T.tolist() == [[1, 4], [1, 9], [2, 5], [3, 0]]
+
+
+def test_tied_runs_are_found_across_chunks() -> None:
+    h = np.array([5, 3, 3, 3, 9, 1, 1], dtype=np.uint64)
+    assert _tied_runs(h, np.argsort(h, kind="stable"), chunk=2) == [(0, 2), (2, 5)]
+
+
+def test_subsample_is_deterministic_uniform_and_new_each_epoch() -> None:
+    k = keys_of(100_000)
+    a, again, other = (subsample(k, seed=0, epoch=e, fraction=0.25) for e in (0, 0, 1))
+    assert np.array_equal(a, again)
+    assert 0.24 < a.shape[1] / 100_000 < 0.26
+    assert not np.array_equal(a, other)
+    assert subsample(k, seed=0, epoch=0, fraction=1.0) is k
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "drop_last", "expected"), [(10, 3, True, 3), (10, 3, False, 4), (9, 3, False, 3)]
+)
+def test_n_batches(n: int, size: int, drop_last: bool, expected: int) -> None:
+    assert n_batches(n, size, drop_last) == expected
