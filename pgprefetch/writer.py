@@ -67,20 +67,6 @@ class EpochWriter:
         identity: dict[str, Any],
         fresh: bool = False,
     ) -> None:
-        with _io_errors(store.partial_path(epoch)):
-            self._open(store, epoch, n_batches, batch_size, arrays, compression, identity, fresh)
-
-    def _open(
-        self,
-        store: Store,
-        epoch: int,
-        n_batches: int,
-        batch_size: int,
-        arrays: list[ArraySpec],
-        compression: str,
-        identity: dict[str, Any],
-        fresh: bool,
-    ) -> None:
         self.store = store
         self.epoch = epoch
         self.path = store.partial_path(epoch)
@@ -98,6 +84,12 @@ class EpochWriter:
         self.done = np.zeros(n_batches, dtype=bool)
         self.restarted: str | None = None  # why a partial epoch found here was discarded
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
+        with _io_errors(self.path):
+            self._open(arrays, fresh)
+
+    def _open(self, arrays: list[ArraySpec], fresh: bool) -> None:
+        """Resume the partial epoch a dead dump left (if its journal matches) or create a new one."""
+        n_batches, batch_size, compression = (self.header[k] for k in ("n_batches", "batch_size", "compression"))
         previous = None if fresh else self._read_journal()
         if previous is not None and previous[0] != self.header:
             self.restarted = _difference(previous[0], self.header)
