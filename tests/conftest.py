@@ -86,6 +86,26 @@ def demo_db(pg_dsn: str) -> Iterator[str]:
         asyncio.run(_execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
+@pytest.fixture
+def s_table(db: str) -> str:
+    """A fresh database holding ``s(id, v)``: 480 rows, v = id / 2."""
+    conn_sql = (
+        "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
+        "INSERT INTO s SELECT i, i * 0.5 FROM generate_series(1, 480) i",
+    )
+
+    async def run() -> None:
+        conn = await asyncpg.connect(db)
+        try:
+            for sql in conn_sql:
+                await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    return db
+
+
 def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
     """Run one query synchronously (for comparing dumps with what the database says)."""
 

@@ -22,6 +22,22 @@ SEQUENCES = {
 }
 
 
+S_ROWS = 480  # rows of the table ``s`` made by the ``s_table`` fixture: 30 batches of 16
+
+
+def s_config(folder: Path, *, slow: bool = False, dtype: str = "float32", **overrides: Any) -> Path:
+    """A config over ``s(id, v)``, one row per sample; ``slow`` makes each sample take 15 ms (a dump ~2 s)."""
+    query = "SELECT v" + (", pg_sleep(0.015)" if slow else "") + " FROM s WHERE id = $1"
+    settings: dict[str, Any] = {
+        "keys": "SELECT id FROM s",
+        "query": query,
+        "fields": {"v": (["v"], dtype)},
+        "size": 16,
+        "connections": 2,
+    }
+    return write_config(folder, **{**settings, **overrides})
+
+
 def toml_value(v: Any) -> str:
     return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
 

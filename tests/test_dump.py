@@ -14,7 +14,7 @@ from pgprefetch import load_config
 from pgprefetch.pipeline import dump_epoch
 
 from .conftest import fetch
-from .helpers import SEQUENCES, chunk_bytes, dump, epoch_group, execute, read_arrays, write_config
+from .helpers import SEQUENCES, chunk_bytes, dump, epoch_group, execute, read_arrays, s_config, write_config
 
 
 @pytest.fixture
@@ -105,14 +105,7 @@ def test_rows_changed_during_the_dump_do_not_reach_the_epoch(db: str, tmp_path: 
         "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
         "INSERT INTO s SELECT i, i FROM generate_series(1, 512) i",
     )
-    config = write_config(
-        tmp_path,
-        keys="SELECT id FROM s",
-        query="SELECT v FROM s WHERE id = $1",
-        fields={"v": (["v"], "float32")},
-        size=16,
-        connections=1,
-    )
+    config = s_config(tmp_path, connections=1)
     changed = threading.Event()
 
     class ChangeAfterFirstBatch:
@@ -202,13 +195,7 @@ def test_failed_dump_publishes_nothing(db: str, tmp_path: Path) -> None:
         "INSERT INTO s SELECT i, i FROM generate_series(1, 4000) i",
         "UPDATE s SET v = NULL WHERE id = 3999",
     )
-    config = write_config(
-        tmp_path,
-        keys="SELECT id FROM s",
-        query="SELECT v FROM s WHERE id = $1",
-        fields={"v": (["v"], "float32")},
-        size=16,
-    )
+    config = s_config(tmp_path, connections=4)
     with pytest.raises(Exception, match=r"sample \(id=3999\)"):
         dump(config, db)
     store = tmp_path / "store.zarr"

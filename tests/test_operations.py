@@ -17,35 +17,14 @@ import pgprefetch.writer
 from pgprefetch import EpochDataset
 from pgprefetch.cli import cli
 
-from .helpers import chunk_bytes, dump, execute, write_config
+from .helpers import S_ROWS, chunk_bytes, dump, execute, s_config
 
-N_ROWS = 480
 SIZE = 16  # 30 batches
 
 
-@pytest.fixture
-def table(db: str) -> str:
-    execute(
-        db,
-        "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
-        f"INSERT INTO s SELECT i, i * 0.5 FROM generate_series(1, {N_ROWS}) i",
-    )
-    return db
-
-
 def config(folder: Path, *, slow: bool = False, name: str = "c.toml", store: str = "store.zarr") -> Path:
-    """A config over ``s``; ``slow`` makes each batch take ~0.25 s (a dump then lasts ~2 s)."""
-    query = "SELECT v" + (", pg_sleep(0.015)" if slow else "") + " FROM s WHERE id = $1"  # a sleep per sample
-    return write_config(
-        folder,
-        keys="SELECT id FROM s",
-        query=query,
-        fields={"v": (["v"], "float32")},
-        size=SIZE,
-        connections=2,
-        name=name,
-        store=store,
-    )
+    """The config these tests share: ``s``, 2 connections."""
+    return s_config(folder, slow=slow, name=name, store=store)
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -53,9 +32,27 @@ def run_cli(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def start_dump(cfg: Path, dsn: str, epoch: int = 0) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", str(epoch), "--dsn", dsn]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def dump_argv(cfg: Path, dsn: str, epoch: int = 0, *extra: str) -> list[str]:
+    """``pgprefetch dump`` of one epoch as its own process."""
+    return [
+        sys.executable,
+        "-m",
+        "pgprefetch",
+        "dump",
+        "--config",
+        str(cfg),
+        "--epoch",
+        str(epoch),
+        "--dsn",
+        dsn,
+        *extra,
+    ]
+
+
+def start_dump(cfg: Path, dsn: str, epoch: int = 0, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        dump_argv(cfg, dsn, epoch, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def journal_lines(store: Path, epoch: int = 0) -> int:
@@ -72,10 +69,10 @@ def wait_for(condition: object, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def test_ahead_and_keep_follow_the_recorded_consumer(table: str, tmp_path: Path) -> None:
+def test_ahead_and_keep_follow_the_recorded_consumer(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     store = tmp_path / "store.zarr"
-    args = ["dump", "--config", str(cfg), "--dsn", table, "--quiet"]
+    args = ["dump", "--config", str(cfg), "--dsn", s_table, "--quiet"]
     assert run_cli(*args, "--ahead", "2")[0] == 0  # nothing started: epochs 0 and 1
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00000", "epoch-00001"]
     EpochDataset(store, epoch=1)  # training opens epoch 1 (consumer "default")
@@ -83,15 +80,15 @@ def test_ahead_and_keep_follow_the_recorded_consumer(table: str, tmp_path: Path)
     assert run_cli(*args, "--ahead", "2", "--keep", "1")[0] == 0  # dumps 2, 3; keeps epochs >= 0
     assert sorted(p.name for p in store.glob("epoch-*")) == [f"epoch-0000{i}" for i in range(4)]
     EpochDataset(store, epoch=3)
-    code, out = run_cli("dump", "--config", str(cfg), "--dsn", table, "--ahead", "1", "--keep", "1")
+    code, out = run_cli("dump", "--config", str(cfg), "--dsn", s_table, "--ahead", "1", "--keep", "1")
     assert code == 0
     assert out.splitlines()[-1] == "deleted epochs 0, 1 (--keep 1)"
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00002", "epoch-00003", "epoch-00004"]
 
 
-def test_ls_json_lists_complete_and_partial_epochs(table: str, tmp_path: Path) -> None:
+def test_ls_json_lists_complete_and_partial_epochs(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    result = dump(cfg, table, epoch=0)
+    result = dump(cfg, s_table, epoch=0)
     partial = tmp_path / "store.zarr" / ".pgprefetch" / "partial"
     (partial / "epoch-00001").mkdir(parents=True)
     (partial / "epoch-00001.journal").write_text(json.dumps({"n_batches": 30, "n_keys": 480}) + "\n0 1 2\n1 3 4\n")
@@ -111,11 +108,11 @@ def test_ls_json_lists_complete_and_partial_epochs(table: str, tmp_path: Path) -
 
 
 def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
-    table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pgprefetch.writer, "SHARD_BYTES", 4 * SIZE * 4)  # 4 batches of v per shard file
     cfg = config(tmp_path)
-    dump(cfg, table)
+    dump(cfg, s_table)
     assert run_cli("verify", "--config", str(cfg), "--epoch", "0") == (0, "epoch 0: every chunk matches its checksum\n")
     epoch = tmp_path / "store.zarr" / "epoch-00000"
     shard = epoch / "v" / "c" / "1" / "0"
@@ -132,10 +129,10 @@ def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
     assert lines[-1] == "Error: epoch 0: 3 corrupt or missing chunk(s)"
 
 
-def test_prune_removes_old_epochs_and_dead_partials(table: str, tmp_path: Path) -> None:
+def test_prune_removes_old_epochs_and_dead_partials(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     for e in range(3):
-        dump(cfg, table, epoch=e)
+        dump(cfg, s_table, epoch=e)
     store = tmp_path / "store.zarr"
     (store / ".pgprefetch" / "partial" / "epoch-00007").mkdir(parents=True)
     EpochDataset(store, epoch=2)
@@ -147,13 +144,13 @@ def test_prune_removes_old_epochs_and_dead_partials(table: str, tmp_path: Path) 
     assert not (store / ".pgprefetch" / "partial" / "epoch-00007").exists()
 
 
-def test_two_dumps_of_one_epoch_never_write_together(table: str, tmp_path: Path) -> None:
+def test_two_dumps_of_one_epoch_never_write_together(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    first = start_dump(cfg, table)
+    first = start_dump(cfg, s_table)
     try:
         wait_for(lambda: journal_lines(store) >= 1)
-        code, out = run_cli("dump", "--config", str(cfg), "--epoch", "0", "--dsn", table)
+        code, out = run_cli("dump", "--config", str(cfg), "--epoch", "0", "--dsn", s_table)
         assert code == 0
         assert out == f"epoch 0: another dump is writing it ({os.uname().nodename} {first.pid}); skipped\n"
     finally:
@@ -165,10 +162,10 @@ def test_two_dumps_of_one_epoch_never_write_together(table: str, tmp_path: Path)
 
 
 @pytest.mark.parametrize("kill_after", [0, 1, 12])
-def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(table: str, tmp_path: Path, kill_after: int) -> None:
+def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(s_table: str, tmp_path: Path, kill_after: int) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, table)
+    victim = start_dump(cfg, s_table)
     if kill_after == 0:
         wait_for(lambda: (store / ".pgprefetch" / "locks" / "epoch-00000.lock").exists())
     else:
@@ -176,32 +173,32 @@ def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(table: str, tmp
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     assert not (store / "epoch-00000").exists()  # nothing published
-    resumed = dump(cfg, table)
+    resumed = dump(cfg, s_table)
     if kill_after > 1:
         assert resumed.resumed >= kill_after - 1
-    clean = dump(config(tmp_path, slow=True, name="clean.toml", store="clean.zarr"), table)
+    clean = dump(config(tmp_path, slow=True, name="clean.toml", store="clean.zarr"), s_table)
     assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
     assert not (store / ".pgprefetch" / "partial" / "epoch-00000").exists()
 
 
-def test_changed_keys_after_a_crash_restart_the_epoch(table: str, tmp_path: Path) -> None:
+def test_changed_keys_after_a_crash_restart_the_epoch(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, table)
+    victim = start_dump(cfg, s_table)
     wait_for(lambda: journal_lines(store) >= 3)
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
-    execute(table, f"INSERT INTO s SELECT i, i * 0.5 FROM generate_series({N_ROWS + 1}, {N_ROWS + 16}) i")
-    result = dump(cfg, table)
-    assert result.restarted == f"the keys changed ({N_ROWS} keys then, {N_ROWS + 16} now)"
+    execute(s_table, f"INSERT INTO s SELECT i, i * 0.5 FROM generate_series({S_ROWS + 1}, {S_ROWS + 16}) i")
+    result = dump(cfg, s_table)
+    assert result.restarted == f"the keys changed ({S_ROWS} keys then, {S_ROWS + 16} now)"
     assert result.resumed == 0
-    assert result.n_samples == N_ROWS + 16
+    assert result.n_samples == S_ROWS + 16
 
 
-def test_ctrl_c_stops_within_a_second_and_leaves_a_resumable_epoch(table: str, tmp_path: Path) -> None:
+def test_ctrl_c_stops_within_a_second_and_leaves_a_resumable_epoch(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, table)
+    victim = start_dump(cfg, s_table)
     wait_for(lambda: journal_lines(store) >= 2)
     sent = time.monotonic()
     victim.send_signal(signal.SIGINT)
@@ -211,26 +208,26 @@ def test_ctrl_c_stops_within_a_second_and_leaves_a_resumable_epoch(table: str, t
     assert victim.stderr.read().strip().splitlines()[-1] == "Interrupted."
     assert not (store / "epoch-00000").exists()
     assert journal_lines(store) >= 2
-    assert dump(cfg, table).resumed >= 2
+    assert dump(cfg, s_table).resumed >= 2
 
 
-def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(table: str, tmp_path: Path) -> None:
+def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
 
     def crash(epoch: int) -> None:
-        victim = start_dump(cfg, table, epoch=epoch)
+        victim = start_dump(cfg, s_table, epoch=epoch)
         wait_for(lambda: journal_lines(store, epoch) >= 3)
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
 
     crash(0)
-    resumed = dump(cfg, table)
+    resumed = dump(cfg, s_table)
     manifest = json.loads((resumed.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
     assert resumed.resumed >= 3
     assert len(manifest["snapshots"]) == 2  # batches kept from the first dump, the rest from the second
     crash(1)
-    forced = dump(cfg, table, epoch=1, force=True)
+    forced = dump(cfg, s_table, epoch=1, force=True)
     manifest = json.loads((forced.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
     assert forced.resumed == 0
     assert len(manifest["snapshots"]) == 1  # --force: the whole epoch from one snapshot

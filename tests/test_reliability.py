@@ -10,7 +10,6 @@ import resource
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -23,81 +22,51 @@ from pgprefetch.config import SourceConfig
 from pgprefetch.errors import SourceError
 from pgprefetch.source import BatchReader
 
-from .helpers import chunk_bytes, dump, execute, write_config
-from .test_operations import config, journal_lines, start_dump, wait_for
-
-
-@pytest.fixture
-def table(db: str) -> str:
-    execute(
-        db,
-        "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
-        "INSERT INTO s SELECT i, i * 0.5 FROM generate_series(1, 480) i",
-    )
-    return db
+from .helpers import chunk_bytes, dump, execute, s_config
+from .test_operations import config, dump_argv, journal_lines, start_dump, wait_for
 
 
 def terminate_dump_connections(dsn: str) -> None:
     execute(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
 
 
-def test_terminated_connections_are_retried_and_the_epoch_completes(table: str, tmp_path: Path) -> None:
+def test_terminated_connections_are_retried_and_the_epoch_completes(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", "0", "--dsn", table, "--json"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_dump(cfg, s_table, 0, "--json")
     wait_for(lambda: journal_lines(store) >= 3)
-    terminate_dump_connections(table)
+    terminate_dump_connections(s_table)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     summary = json.loads(out)
     assert summary["retries"] == 1
     assert summary["resumed_batches"] >= 3  # the key list was unchanged: written batches were kept
-    clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr", slow=True), table)
+    clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr", slow=True), s_table)
     assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
 
 
-def test_retries_exhausted_is_one_line_exit_1_and_nothing_published(table: str, tmp_path: Path) -> None:
+def test_retries_exhausted_is_one_line_exit_1_and_nothing_published(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    argv = [
-        sys.executable,
-        "-m",
-        "pgprefetch",
-        "dump",
-        "--config",
-        str(cfg),
-        "--epoch",
-        "0",
-        "--dsn",
-        table,
-        "--retries",
-        "0",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_dump(cfg, s_table, 0, "--retries", "0")
     wait_for(lambda: journal_lines(store) >= 2)
-    terminate_dump_connections(table)
+    terminate_dump_connections(s_table)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert re.fullmatch(r"Error: batch \d+: lost the connection: .+ \(gave up after 0 retries\)\n", err), err
     assert not (store / "epoch-00000").exists()
 
 
-def test_statement_timeout_names_the_batch(table: str, tmp_path: Path) -> None:
-    cfg = write_config(
-        tmp_path,
-        keys="SELECT id FROM s",
-        query="SELECT v, pg_sleep(0.05) FROM s WHERE id = $1",
-        fields={"v": (["v"], "float32")},
-        size=16,
-        extra_source='statement_timeout = "200ms"',
+def test_statement_timeout_names_the_batch(s_table: str, tmp_path: Path) -> None:
+    cfg = s_config(
+        tmp_path, query="SELECT v, pg_sleep(0.05) FROM s WHERE id = $1", extra_source='statement_timeout = "200ms"'
     )
     with pytest.raises(SourceError) as e:
-        dump(cfg, table)
+        dump(cfg, s_table)
     assert str(e.value) == "batch 0: canceling statement due to statement timeout (see [source] statement_timeout)"
 
 
-def test_write_failure_is_one_line_and_the_dump_resumes_after(table: str, tmp_path: Path) -> None:
+def test_write_failure_is_one_line_and_the_dump_resumes_after(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     store = tmp_path / "store.zarr"
 
@@ -105,8 +74,9 @@ def test_write_failure_is_one_line_and_the_dump_resumes_after(table: str, tmp_pa
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
-    argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", "0", "--dsn", table]
-    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=small_files, timeout=60, check=False)
+    proc = subprocess.run(
+        dump_argv(cfg, s_table), capture_output=True, text=True, preexec_fn=small_files, timeout=60, check=False
+    )
     assert proc.returncode == 1
     assert re.fullmatch(
         rf"Error: cannot write {re.escape(str(store))}/\.pgprefetch/partial/epoch-00000: File too large; "
@@ -114,11 +84,11 @@ def test_write_failure_is_one_line_and_the_dump_resumes_after(table: str, tmp_pa
         proc.stderr,
     ), proc.stderr
     assert not (store / "epoch-00000").exists()
-    assert dump(cfg, table).status == "written"
+    assert dump(cfg, s_table).status == "written"
 
 
-def test_missing_database_is_one_line(table: str, tmp_path: Path) -> None:
-    missing = urlunsplit(urlsplit(table)._replace(path="/no_such_db"))
+def test_missing_database_is_one_line(s_table: str, tmp_path: Path) -> None:
+    missing = urlunsplit(urlsplit(s_table)._replace(path="/no_such_db"))
     code, out = run(["dump", "--config", str(config(tmp_path)), "--epoch", "0", "--dsn", missing])
     assert code == 1
     assert out == f'Error: cannot connect to {missing}: database "no_such_db" does not exist\n'
@@ -152,9 +122,9 @@ def test_wrong_password_is_one_line_without_the_password(password_user: str, tmp
     assert "wr0ng-s3cret" not in out
 
 
-def test_password_never_reaches_output_or_store(table: str, tmp_path: Path) -> None:
+def test_password_never_reaches_output_or_store(s_table: str, tmp_path: Path) -> None:
     secret = "hunter2-s3cret"
-    with_password = urlunsplit(urlsplit(table)._replace(netloc=f"postgres:{secret}@"))  # trust auth ignores it
+    with_password = urlunsplit(urlsplit(s_table)._replace(netloc=f"postgres:{secret}@"))  # trust auth ignores it
     cfg = config(tmp_path)
     for extra in ([], ["--json"]):
         code, out = run(["dump", "--config", str(cfg), "--epoch", "0", "--dsn", with_password, "--force", *extra])
@@ -177,17 +147,10 @@ def test_negative_epoch_on_the_command_line_is_a_usage_error(tmp_path: Path) -> 
     )
 
 
-def test_store_of_another_config_is_refused_unless_forced(table: str, tmp_path: Path) -> None:
-    dump(config(tmp_path), table)
-    other = write_config(
-        tmp_path,
-        keys="SELECT id FROM s",
-        query="SELECT v FROM s WHERE id = $1",
-        fields={"v": (["v"], "float64")},
-        size=16,
-        name="other.toml",
-    )
-    code, out = run(["dump", "--config", str(other), "--epoch", "1", "--dsn", table])
+def test_store_of_another_config_is_refused_unless_forced(s_table: str, tmp_path: Path) -> None:
+    dump(config(tmp_path), s_table)
+    other = s_config(tmp_path, dtype="float64", name="other.toml")
+    code, out = run(["dump", "--config", str(other), "--epoch", "1", "--dsn", s_table])
     assert code == 2
     assert re.fullmatch(
         rf"Error: {re.escape(str(tmp_path / 'store.zarr'))} holds epochs of another config \(epoch 0: config "
@@ -196,7 +159,7 @@ def test_store_of_another_config_is_refused_unless_forced(table: str, tmp_path: 
         out,
     ), out
     assert not (tmp_path / "store.zarr" / "epoch-00001").exists()
-    assert run(["dump", "--config", str(other), "--epoch", "1", "--dsn", table, "--force", "-q"]) == (0, "")
+    assert run(["dump", "--config", str(other), "--epoch", "1", "--dsn", s_table, "--force", "-q"]) == (0, "")
 
 
 def test_snapshot_id_is_validated_before_it_reaches_sql() -> None:
@@ -209,10 +172,10 @@ def test_snapshot_id_is_validated_before_it_reaches_sql() -> None:
     assert str(e.value) == 'refusing an invalid snapshot id "00000003-0000001B-1\'; DROP TABLE s; --"'
 
 
-def test_nothing_in_the_store_is_world_writable(table: str, tmp_path: Path) -> None:
+def test_nothing_in_the_store_is_world_writable(s_table: str, tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
-        result = dump(config(tmp_path), table)
+        result = dump(config(tmp_path), s_table)
     finally:
         os.umask(old)
     assert result.status == "written"
