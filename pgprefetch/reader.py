@@ -85,6 +85,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         # (array, file number) -> batches of that file, indexable by slot (a tensor, or a list when a
         # zarr-written shard stores its chunks out of order), and the byte offset of each slot.
         self._shards: OrderedDict[tuple[str, int], tuple[Any, np.ndarray]] = OrderedDict()
+        self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once
         if consumer is not None and torch.utils.data.get_worker_info() is None:
             try:
                 Store(self.store).record_consumer(consumer, epoch)
@@ -166,13 +167,16 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_shards"] = OrderedDict()  # mappings are per process: each DataLoader worker opens its own
+        state["_zarr"] = {}
         return state
 
     def _read(self, name: str, g: int) -> torch.Tensor:
         """Global batch ``g`` of array ``name``: a view of the mapped file, or zarr's decoded copy."""
         layout = self._layouts[name]
         if not layout.raw:  # compressed: zarr decodes
-            tensor = torch.from_numpy(np.ascontiguousarray(zarr.open_array(layout.path, mode="r")[g]))
+            if name not in self._zarr:
+                self._zarr[name] = zarr.open_array(layout.path, mode="r")
+            tensor = torch.from_numpy(np.ascontiguousarray(self._zarr[name][g]))
         else:
             number, slot = divmod(g, layout.per_file)
             shard = self._shards.get((name, number))

@@ -123,6 +123,7 @@ class Snapshot:
         self.conn = conn
         self.id = snapshot_id
         self.server_version = server_version
+        self._keys: asyncpg.prepared_stmt.PreparedStatement | None = None
 
     @classmethod
     @asynccontextmanager
@@ -149,7 +150,7 @@ class Snapshot:
                 the query does not return, or a column type pgprefetch cannot put in a tensor.
         """
         where = _where(cfg)
-        keys = await self._prepare(cfg.samples.keys, f"{where}[samples] keys")
+        keys = self._keys = await self._prepare(cfg.samples.keys, f"{where}[samples] keys")
         key_names = tuple(a.name for a in keys.get_attributes())
         for a in keys.get_attributes():
             if a.type.name not in KEY_TYPES:
@@ -193,15 +194,15 @@ class Snapshot:
     async def read_keys(self, cfg: Config, key_names: Sequence[str]) -> np.ndarray:
         """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array."""
         try:
-            return await self._read_keys(cfg.samples.keys, key_names)
+            return await self._read_keys(key_names)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
             raise SourceError(f"{_where(cfg)}[samples] keys: {_pg_message(e)}", transient=lost(e)) from None
 
-    async def _read_keys(self, sql: str, key_names: Sequence[str]) -> np.ndarray:
+    async def _read_keys(self, key_names: Sequence[str]) -> np.ndarray:
         chunks: list[np.ndarray] = []
         k = len(key_names)
-        stmt = await self.conn.prepare(sql)
-        cursor = await stmt.cursor()
+        assert self._keys is not None, "describe() prepares the keys statement first"
+        cursor = await self._keys.cursor()
         while records := await cursor.fetch(KEYS_PREFETCH):
             # chain() flattens the records in C: no per-row tuple or list, about 5x faster than np.array.
             try:
