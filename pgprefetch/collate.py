@@ -1,18 +1,28 @@
-"""Decoding one batch's wire bytes straight into fixed-shape numpy arrays.
+"""Decoding one batch's wire bytes straight into fixed-shape numpy arrays, with nothing silently lost.
 
 The batch statement (see :mod:`pgprefetch.source`) returns one row: the number of rows each sample
-returned, then, per result column, the samples' PostgreSQL *binary* arrays (``array_send``) back to
-back. A binary array of a fixed-width type is a 20-byte header followed by ``(int32 length, value)``
-pairs, so once every sample is known to have ``rows`` rows, numpy views the whole column as a structured
-array and the big-endian values land in the batch buffer with one vectorised cast: no Python object per
-value.
+returned, then, per result column, the samples' PostgreSQL *binary* arrays (``array_send``) back to back,
+which :mod:`pgprefetch.wire` views with numpy; the big-endian values land in the batch buffer with one
+vectorised cast: no Python object per value.
 
 A fixed-length array column (``real[16]``) arrives as each row's ``array_send`` bytes back to back, plus
 per sample an ``int4`` array of the rows' ``cardinality``; once every length is checked, the rows are
 fixed-size records too.
 
+What the server sends is shaped by each field's options:
+
+* ``null`` other than ``error``: the value arrives with NULL replaced by a placeholder (``coalesce``) and
+  a boolean column ``value IS NULL`` beside it. The placeholder becomes the fill value (or NaN), and the
+  mask is written as the field's ``<field>_null`` array.
+* ``categories``: the server maps each value to its position in the list, a bind parameter
+  (``array_position``), so the label never travels as text; -1 means "not in the list".
+* ``cast = "safe"`` (the default): every value must fit the field's dtype. Integer overflow, a float
+  overflowing to infinity, NaN or a fraction into an integer, and anything but 0/1 into ``bool`` are
+  errors. The checks are vectorised (``min``/``max`` where the source range can exceed the target's).
+
 Anything that does not fit (a NULL, a sample with the wrong number of rows, an array of the wrong
-length) raises :class:`~pgprefetch.errors.SampleError` naming the sample's key, the field and the column.
+length, a value out of range) raises :class:`~pgprefetch.errors.SampleError` naming the sample's key, the
+field and the column.
 """
 
 from __future__ import annotations
@@ -22,25 +32,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import wire
 from .config import FieldConfig
 from .errors import ConfigError, SampleError
 
-_HEADER = 20  # ndim, has-null flag, element type oid, dimension length, lower bound: 5 x int32
-
-# PostgreSQL type name -> (wire dtype, offset added to reach the Unix epoch, SQL cast applied server-side)
-_WIRE: dict[str, tuple[str, int, str]] = {
-    "bool": ("?", 0, ""),
-    "int2": (">i2", 0, ""),
-    "int4": (">i4", 0, ""),
-    "int8": (">i8", 0, ""),
-    "float4": (">f4", 0, ""),
-    "float8": (">f8", 0, ""),
-    "numeric": (">f8", 0, "float8"),  # arbitrary precision has no fixed width: PostgreSQL casts it
-    "date": (">i4", 10_957, ""),  # days since 2000-01-01 -> days since 1970-01-01
-    "timestamp": (">i8", 946_684_800_000_000, ""),  # microseconds since 2000-01-01 -> since 1970-01-01
-    "timestamptz": (">i8", 946_684_800_000_000, ""),
+# PostgreSQL type name -> (wire dtype, offset added to reach the Unix epoch, SQL cast applied server-side,
+# a placeholder of the type for a NULL under a NULL policy)
+_WIRE: dict[str, tuple[str, int, str, str]] = {
+    "bool": ("?", 0, "", "false"),
+    "int2": (">i2", 0, "", "0"),
+    "int4": (">i4", 0, "", "0"),
+    "int8": (">i8", 0, "", "0"),
+    "float4": (">f4", 0, "", "0"),
+    "float8": (">f8", 0, "", "0"),
+    "numeric": (">f8", 0, "float8", "0"),  # arbitrary precision has no fixed width: PostgreSQL casts it
+    "date": (">i4", 10_957, "", "'epoch'"),  # days since 2000-01-01 -> days since 1970-01-01
+    "timestamp": (">i8", 946_684_800_000_000, "", "'epoch'"),  # microseconds since 2000-01-01 -> since 1970
+    "timestamptz": (">i8", 946_684_800_000_000, "", "'epoch'"),
 }
+_UNITS = {"date": " (days since 1970-01-01)", "timestamp": " (µs since 1970-01-01)", "timestamptz": " (µs since 1970)"}
 SUPPORTED_TYPES = "bool, smallint, integer, bigint, real, double precision, numeric, date, timestamp, timestamptz"
+_TEXT_TYPES = ("text", "varchar", "bpchar", "name", "char", "citext")
 
 
 @dataclass(frozen=True)
@@ -48,49 +60,112 @@ class Column:
     """One result column of the per-sample query, as it travels and is decoded."""
 
     name: str
-    pg_type: str  # element type name as PostgreSQL reports it (int4, float8, ...)
+    pg_type: str  # type on the wire, as PostgreSQL names it (int4, float8, ...); int4 for category codes
     is_array: bool
+    nullable: bool = False  # sent with NULL replaced and a mask beside it (a field has a NULL policy)
+    vocabulary: int | None = None  # categorical: the bind parameter ($n) holding the category list
 
     @classmethod
-    def from_type(cls, name: str, type_name: str, kind: str, where: str) -> Column:
+    def from_type(
+        cls, name: str, type_name: str, kind: str, where: str, *, nullable: bool = False, vocabulary: int | None = None
+    ) -> Column:
         """Build a column from asyncpg's type description, or raise a ConfigError naming ``where``."""
         is_array = kind == "array"
         base = type_name.removesuffix("[]") if is_array else type_name  # asyncpg names arrays "float4[]"
         base = base[1:] if is_array and base.startswith("_") else base
+        shown = f"{base}[]" if is_array else base
+        if vocabulary is not None:
+            if is_array:
+                raise ConfigError(f'{where}: column "{name}" is {shown}; categories apply to scalar columns')
+            return cls(name=name, pg_type="int4", is_array=False, nullable=nullable, vocabulary=vocabulary)
         if base not in _WIRE:
-            shown = f"{base}[]" if is_array else base
+            hint = " (text labels: set categories)" if base in _TEXT_TYPES or kind == "enum" else ""
             raise ConfigError(
                 f'{where}: column "{name}" is {shown}; pgprefetch reads {SUPPORTED_TYPES} '
-                "and fixed-length arrays of these"
+                f"and fixed-length arrays of these{hint}"
             )
-        return cls(name=name, pg_type=base, is_array=is_array)
+        if nullable and is_array:
+            raise ConfigError(f'{where}: column "{name}" is {shown}; a null policy applies to scalar columns')
+        return cls(name=name, pg_type=base, is_array=is_array, nullable=nullable)
 
     @property
     def wire(self) -> np.dtype:
         """The dtype of one value on the wire (big-endian)."""
         return np.dtype(_WIRE[self.pg_type][0])
 
-    @property
-    def cast(self) -> str:
-        """The SQL cast PostgreSQL applies before sending ('' for none)."""
+    def value_sql(self, ref: str) -> str:
+        """The SQL expression the statement sends for this column of ``ref`` (a qualified column)."""
+        if self.vocabulary is not None:
+            return f"coalesce(array_position(${self.vocabulary}::text[], {ref}::text) - 1, -1)::int4"
         cast = _WIRE[self.pg_type][2]
-        return f"::{cast}[]" if cast and self.is_array else f"::{cast}" if cast else ""
+        value = f"{ref}::{cast}[]" if cast and self.is_array else f"{ref}::{cast}" if cast else ref
+        return f"coalesce({value}, {_WIRE[self.pg_type][3]})" if self.nullable else value
 
     @property
     def n_blobs(self) -> int:
-        """How many values of the batch row carry this column: arrays also send their lengths."""
-        return 2 if self.is_array else 1
+        """How many values of the batch row carry this column: arrays send lengths, nullable ones a mask."""
+        return 1 + self.is_array + self.nullable
+
+
+def plan_columns(
+    fields: Sequence[FieldConfig], returned: dict[str, tuple[str, str]], n_key_columns: int, where: str
+) -> tuple[tuple[Column, ...], dict[str, tuple[Column, ...]]]:
+    """The columns the batch statement sends (each once), and each field's columns.
+
+    ``returned`` maps the query's column names to (type name, kind). A column that several fields read is
+    sent once, nullable if any of them has a NULL policy; a categorical field gets its own columns, coded
+    with its own category list, bound as parameter ``$n`` after the key columns (in field order).
+    """
+    by_field: dict[str, tuple[Column, ...]] = {}
+    nullable = {name for f in fields if f.null != "error" for name in f.columns}
+    param = n_key_columns
+    for f in fields:
+        if f.categories is not None:
+            param += 1
+        cols = []
+        for name in f.columns:
+            if name not in returned:
+                raise ConfigError(
+                    f'{where}[fields.{f.name}] columns: the query returns no column "{name}" '
+                    f"(it returns {', '.join(returned) or 'nothing'})"
+                )
+            type_name, kind = returned[name]
+            cols.append(
+                Column.from_type(
+                    name,
+                    type_name,
+                    kind,
+                    f"{where}[fields.{f.name}] columns",
+                    nullable=name in nullable,
+                    vocabulary=param if f.categories is not None else None,
+                )
+            )
+        by_field[f.name] = tuple(cols)
+    return tuple(dict.fromkeys(c for cols in by_field.values() for c in cols)), by_field
 
 
 @dataclass(frozen=True)
 class FieldLayout:
-    """Where one field's columns go in its batch array."""
+    """Where one field's columns go in its batch array, and what each value must satisfy."""
 
-    name: str
+    config: FieldConfig
     dtype: np.dtype
     columns: tuple[Column, ...]
     sample_shape: tuple[int, ...]
     array_length: int  # elements per array value, 1 for scalar columns
+
+    @property
+    def name(self) -> str:
+        """The field's name."""
+        return self.config.name
+
+
+class UnknownCategoryError(SampleError):
+    """A categorical value is not in the field's list; the pipeline looks the value up to name it."""
+
+    def __init__(self, message: str, key: tuple[int, ...], field: str, column: str) -> None:
+        super().__init__(message)
+        self.key, self.field, self.column = key, field, column
 
 
 @dataclass(frozen=True)
@@ -107,79 +182,148 @@ class BatchLayout:
         cls,
         fields: Sequence[FieldConfig],
         columns: Sequence[Column],
-        array_lengths: dict[str, int],
+        by_field: dict[str, tuple[Column, ...]],
+        array_lengths: dict[Column, int],
         rows: int,
         key_names: Sequence[str],
     ) -> BatchLayout:
         """Combine the config's fields with the columns' types and array lengths (from the first sample).
 
-        ``columns`` must be in the order the batch statement sends them (see :func:`result_columns`).
+        ``columns`` must be in the order the batch statement sends them (see :func:`plan_columns`).
         """
-        by_name = {c.name: c for c in columns}
         layouts = []
         for f in fields:
-            cols = tuple(by_name[c] for c in f.columns)
-            lengths = {array_lengths[c.name] if c.is_array else 0 for c in cols}
+            cols = by_field[f.name]
+            lengths = {array_lengths[c] if c.is_array else 0 for c in cols}
             if len(lengths) != 1:
                 raise ConfigError(
                     f"[fields.{f.name}] columns: mixes scalars and arrays, or arrays of different lengths "
-                    f"({', '.join(f'{c.name}: {array_lengths.get(c.name, 1)}' for c in cols)})"
+                    f"({', '.join(f'{c.name}: {array_lengths.get(c, 1)}' for c in cols)})"
                 )
             n = lengths.pop()
             shape = (*([rows] if rows > 1 else []), *([len(cols)] if len(cols) > 1 else []), *([n] if n else []))
-            layouts.append(FieldLayout(f.name, np.dtype(f.dtype), cols, shape, max(n, 1)))
+            layouts.append(FieldLayout(f, np.dtype(f.dtype), cols, shape, max(n, 1)))
         return cls(columns=tuple(columns), fields=tuple(layouts), rows=rows, key_names=tuple(key_names))
 
+    def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        """Every array a batch fills: (name, dtype, per-sample shape), each field then its NULL mask."""
+        out = []
+        for f in self.fields:
+            out.append((f.name, f.dtype, f.sample_shape))
+            if f.config.null_mask:
+                out.append((f.config.null_mask, np.dtype(bool), f.sample_shape))
+        return out
+
     def allocate(self, size: int) -> dict[str, np.ndarray]:
-        """Zeroed batch buffers, one per field, to be filled by :meth:`decode` (and reused)."""
-        return {f.name: np.zeros((size, *f.sample_shape), dtype=f.dtype) for f in self.fields}
+        """Zeroed batch buffers, one per array, to be filled by :meth:`decode` (and reused)."""
+        return {name: np.zeros((size, *shape), dtype=dtype) for name, dtype, shape in self.arrays()}
 
     def decode(self, blobs: Sequence[bytes | None], keys: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """Fill ``out`` with the batch whose samples have ``keys`` (shape ``(n_key_columns, n)``).
 
         Raises:
-            SampleError: a sample returned the wrong number of rows, a NULL or an array of the wrong length.
+            SampleError: a sample returned the wrong number of rows, a NULL, an array of the wrong length,
+                or a value its field's dtype cannot hold.
         """
         n = keys.shape[1]
-        values = self._rows_flat(blobs, keys) if self.rows == 1 else self._rows_grouped(blobs, keys)
+        values, masks = self._rows_flat(blobs, keys) if self.rows == 1 else self._rows_grouped(blobs, keys)
+        per_sample = self.rows
         for f in self.fields:
             target = out[f.name][:n].reshape(n * self.rows, len(f.columns), f.array_length)
+            mask_out = out[f.config.null_mask][:n].reshape(target.shape) if f.config.null_mask else None
             for j, col in enumerate(f.columns):
-                v = values[col.name].reshape(n * self.rows, f.array_length)
-                offset = _WIRE[col.pg_type][1]
+                v = values[col].reshape(n * self.rows, f.array_length)
+                offset = _WIRE[col.pg_type][1] if col.vocabulary is None else 0
                 if offset:
                     v = v.astype(np.int64) + offset
+                mask = masks.get(col)
+                if col.vocabulary is not None:
+                    unknown = v[:, 0] < 0 if mask is None else (v[:, 0] < 0) & ~mask
+                    if unknown.any():
+                        sample = int(np.flatnonzero(unknown)[0]) // per_sample
+                        raise self._unknown(keys, sample, f, col)
+                if f.config.cast == "safe":
+                    self._check_fits(v, f, col, keys, per_sample * f.array_length, pre=True)
                 np.copyto(target[:, j, :], v, casting="unsafe")
+                if f.config.cast == "safe":
+                    self._check_fits(v, f, col, keys, per_sample * f.array_length, pre=False, out=target[:, j, :])
+                if mask is None:
+                    if mask_out is not None:
+                        mask_out[:, j, :] = False
+                    continue
+                if mask_out is None:  # another field's policy made the column nullable; this one's is "error"
+                    if mask.any():
+                        sample = int(np.flatnonzero(mask)[0]) // per_sample
+                        message = f"field {f.name}, column {col.name} {_nulls(int(mask.sum()))}{_null_hint(f.config)}"
+                        raise self._error(keys, sample, message)
+                    continue
+                mask_out[:, j, 0] = mask
+                fill = np.nan if f.config.null == "nan" else f.config.null
+                target[:, j, 0][mask] = fill
 
-    def _rows_grouped(self, blobs: Sequence[bytes | None], keys: np.ndarray) -> dict[str, np.ndarray]:
+    def _check_fits(
+        self,
+        v: np.ndarray,
+        f: FieldLayout,
+        col: Column,
+        keys: np.ndarray,
+        per_sample: int,
+        *,
+        pre: bool,
+        out: np.ndarray | None = None,
+    ) -> None:
+        bad = _misfit_before(v, f.dtype) if pre else _misfit_after(v, out, f.dtype)  # type: ignore[arg-type]
+        if bad is None:
+            return
+        index, why = bad
+        value = v.reshape(-1)[index]
+        shown = repr(float(value)) if v.dtype.kind == "f" else str(int(value))
+        unit = _UNITS.get(col.pg_type, "") if col.vocabulary is None else ""
+        raise self._error(
+            keys,
+            index // per_sample,
+            f"field {f.name}, column {col.name} value {shown}{unit} does not fit {f.dtype.name}{why}; "
+            f'set [fields.{f.name}] cast = "unsafe" to accept lossy casts',
+        )
+
+    def _rows_grouped(
+        self, blobs: Sequence[bytes | None], keys: np.ndarray
+    ) -> tuple[dict[Column, np.ndarray], dict[Column, np.ndarray]]:
         """Decode the statement shape for ``rows > 1``: row counts, then per-sample arrays per column."""
         n = keys.shape[1]
-        counts = _counts(blobs[0], n)
+        counts = wire.counts(blobs[0], n)
         wrong = np.flatnonzero(counts != self.rows)
         if wrong.size:
             bad = int(wrong[0])
             raise self._error(keys, bad, f"returned {counts[bad]} rows, expected {self.rows} ([samples] rows)")
-        values: dict[str, np.ndarray] = {}
+        values: dict[Column, np.ndarray] = {}
+        masks: dict[Column, np.ndarray] = {}
         i = 1
         for col in self.columns:
             try:
                 if col.is_array:
-                    lengths = _scalars(blobs[i + 1], np.dtype(">i4"), n, self.rows)
+                    lengths = wire.scalars(blobs[i + 1], np.dtype(">i4"), n, self.rows)
                     try:
-                        values[col.name] = _array_rows(blobs[i], lengths, col.wire, self._length(col))
-                    except _BadSample as e:  # e.sample counts rows here
-                        raise _BadSample(e.sample // self.rows, str(e)) from None
+                        values[col] = wire.array_rows(blobs[i], lengths, col.wire, self._length(col))
+                    except wire.BadSample as e:  # e.sample counts rows here
+                        raise wire.BadSample(e.sample // self.rows, str(e)) from None
                 else:
-                    values[col.name] = _scalars(blobs[i], col.wire, n, self.rows)
-            except _BadSample as e:
-                raise self._error(keys, e.sample, f"{self._field_of(col)}column {col.name} {e}") from None
+                    values[col] = wire.scalars(blobs[i], col.wire, n, self.rows)
+                if col.nullable:
+                    masks[col] = wire.scalars(blobs[i + 1], np.dtype("?"), n, self.rows)
+            except wire.BadSample as e:
+                raise self._error(
+                    keys, e.sample, f"{self._field_of(col)}column {col.name} {self._hint(col, e)}"
+                ) from None
             i += col.n_blobs
-        return values
+        return values, masks
 
-    def _rows_flat(self, blobs: Sequence[bytes | None], keys: np.ndarray) -> dict[str, np.ndarray]:
+    def _rows_flat(
+        self, blobs: Sequence[bytes | None], keys: np.ndarray
+    ) -> tuple[dict[Column, np.ndarray], dict[Column, np.ndarray]]:
         """Decode the statement shape for ``rows = 1``: one array per column over the batch, plus ordinals."""
         n = keys.shape[1]
-        ordinals = _flat(blobs[0], np.dtype(">i4")).astype(np.int64)
+        ordinals = wire.flat(blobs[0], np.dtype(">i4")).astype(np.int64)
         counts = np.bincount(ordinals - 1, minlength=n)[:n] if ordinals.size else np.zeros(n, np.int64)
         wrong = np.flatnonzero(counts != 1)
         if wrong.size or ordinals.size != n:
@@ -187,21 +331,27 @@ class BatchLayout:
             raise self._error(keys, bad, f"returned {counts[bad]} rows, expected 1 ([samples] rows)")
         # Rows arrive in key order; should a plan ever reorder them, sorting by ordinal restores it.
         order = None if np.all(ordinals[1:] > ordinals[:-1]) else np.argsort(ordinals)
-        values: dict[str, np.ndarray] = {}
+        values: dict[Column, np.ndarray] = {}
+        masks: dict[Column, np.ndarray] = {}
         i = 1
         for col in self.columns:
             try:
                 if col.is_array:
-                    lengths = _flat(blobs[i + 1], np.dtype(">i4"))
-                    v = _array_rows(blobs[i], lengths, col.wire, self._length(col))
+                    lengths = wire.flat(blobs[i + 1], np.dtype(">i4"))
+                    v = wire.array_rows(blobs[i], lengths, col.wire, self._length(col))
                 else:
-                    v = _flat(blobs[i], col.wire)
-            except _BadSample as e:  # e.sample is the row as it arrived
+                    v = wire.flat(blobs[i], col.wire)
+                if col.nullable:
+                    m = wire.flat(blobs[i + 1], np.dtype("?"))
+                    masks[col] = m if order is None else m[order]
+            except wire.BadSample as e:  # e.sample is the row as it arrived
                 sample = int(ordinals[e.sample]) - 1
-                raise self._error(keys, sample, f"{self._field_of(col)}column {col.name} {e}") from None
-            values[col.name] = v if order is None else v[order]
+                raise self._error(
+                    keys, sample, f"{self._field_of(col)}column {col.name} {self._hint(col, e)}"
+                ) from None
+            values[col] = v if order is None else v[order]
             i += col.n_blobs
-        return values
+        return values, masks
 
     def _length(self, col: Column) -> int:
         for f in self.fields:
@@ -209,132 +359,91 @@ class BatchLayout:
                 return f.array_length
         raise KeyError(col.name)
 
+    def _hint(self, col: Column, e: wire.BadSample) -> str:
+        """The decoding error, with the way to keep NULLs when that is what it is about."""
+        owner = next((f for f in self.fields if col in f.columns), None)
+        keep = owner is not None and not col.is_array and str(e).startswith("is NULL")
+        return f"{e}{_null_hint(owner.config)}" if keep else str(e)  # type: ignore[union-attr]
+
     def _field_of(self, col: Column) -> str:
         names = [f.name for f in self.fields if col in f.columns]
         return f"field {', '.join(names)}, " if names else ""
 
+    def _key(self, keys: np.ndarray, sample: int) -> tuple[int, ...]:
+        return tuple(int(keys[j, sample]) for j in range(len(self.key_names)))
+
     def _error(self, keys: np.ndarray, sample: int, message: str) -> SampleError:
-        key = ", ".join(f"{name}={int(keys[j, sample])}" for j, name in enumerate(self.key_names))
-        return SampleError(f"sample ({key}): {message}")
+        return SampleError(f"sample ({show_key(self.key_names, self._key(keys, sample))}): {message}")
 
-
-class _BadSample(Exception):
-    """A value of sample ``sample`` (its index in the batch) cannot be decoded; the message says why."""
-
-    def __init__(self, sample: int, message: str) -> None:
-        super().__init__(message)
-        self.sample = sample
-
-
-def _counts(blob: bytes | None, n: int) -> np.ndarray:
-    """The rows each of the batch's ``n`` samples returned (an int4 binary array)."""
-    if blob is None:
-        return np.zeros(n, dtype=np.int64)
-    rec = np.frombuffer(blob, dtype=[("len", ">i4"), ("v", ">i4")], offset=_HEADER, count=n)
-    return rec["v"].astype(np.int64)
-
-
-def _scalars(blob: bytes | None, wire: np.dtype, n: int, rows: int) -> np.ndarray:
-    """A scalar column: ``n`` per-sample binary arrays of ``rows`` values each, back to back -> ``(n * rows,)``."""
-    sample = np.dtype([("head", ">i4", (5,)), ("e", [("len", ">i4"), ("v", wire)], (rows,))])
-    if blob is None or len(blob) != n * sample.itemsize:  # a NULL element shortens its sample's array
-        raise _BadSample(_first_with_null(blob or b"", n, wire.itemsize), "is NULL")
-    rec = np.frombuffer(blob, dtype=sample, count=n)
-    nulls = np.flatnonzero(rec["head"][:, 1])
-    if nulls.size:
-        raise _BadSample(int(nulls[0]), "is NULL")
-    return rec["e"]["v"].reshape(n * rows)
-
-
-def _first_with_null(blob: bytes, n: int, width: int) -> int:
-    """Walk the per-sample arrays to the first one flagged as holding a NULL (error path only)."""
-    pos = 0
-    for s in range(n):
-        if pos + _HEADER > len(blob):
-            return s
-        _ndim, has_null, _oid, length, _lower = np.frombuffer(blob, dtype=">i4", count=5, offset=pos)
-        if has_null:
-            return s
-        pos += _HEADER + int(length) * (4 + width)
-    return 0
-
-
-def _flat(blob: bytes | None, wire: np.dtype) -> np.ndarray:
-    """The values of one binary array of a fixed-width type; a NULL raises with its position."""
-    if blob is None:
-        return np.empty(0, dtype=wire)
-    _ndim, has_null, _oid, length, _lower = np.frombuffer(blob, dtype=">i4", count=5)
-    if has_null:
-        raise _BadSample(_first_null(blob, int(length)), "is NULL")
-    return np.frombuffer(blob, dtype=[("len", ">i4"), ("v", wire)], offset=_HEADER, count=length)["v"]
-
-
-def _first_null(blob: bytes, length: int) -> int:
-    """Walk the elements of a binary array with NULLs to the first one (error path only)."""
-    pos = _HEADER
-    for i in range(length):
-        size = int.from_bytes(blob[pos : pos + 4], "big", signed=True)
-        if size < 0:
-            return i
-        pos += 4 + size
-    return 0
-
-
-def _array_rows(blob: bytes | None, lengths: np.ndarray, wire: np.dtype, width: int) -> np.ndarray:
-    """Rows of a fixed-length array column: each row's ``array_send`` back to back -> ``(rows, width)``.
-
-    ``lengths`` holds each row's ``cardinality``; errors raise with the row's position.
-    """
-    wrong = np.flatnonzero(lengths != width)
-    if wrong.size:
-        bad = int(wrong[0])
-        raise _BadSample(bad, f"has {lengths[bad]} elements, expected {width} (as in the first sample)")
-    element = np.dtype([("len", ">i4"), ("v", wire)])
-    row = np.dtype([("head", ">i4", (5,)), ("e", element, (width,))])
-    total = lengths.size
-    if blob is None or len(blob) != total * row.itemsize:
-        raise _BadSample(
-            _first_irregular(blob or b"", total, row.itemsize), "has a NULL element or more than one dimension"
+    def _unknown(self, keys: np.ndarray, sample: int, f: FieldLayout, col: Column) -> UnknownCategoryError:
+        key = self._key(keys, sample)
+        message = (
+            f"sample ({show_key(self.key_names, key)}): field {f.name}, column {col.name} "
+            f"has a value that is not in [fields.{f.name}] categories"
         )
-    rec = np.frombuffer(blob, dtype=row, count=total)
-    irregular = np.flatnonzero((rec["head"][:, 0] != 1) | (rec["head"][:, 1] != 0))
-    if irregular.size:
-        raise _BadSample(int(irregular[0]), "has a NULL element or more than one dimension")
-    return rec["e"]["v"]
+        return UnknownCategoryError(message, key, f.name, col.name)
 
 
-def _first_irregular(blob: bytes, rows: int, size: int) -> int:
-    """The first row whose array is not a plain one-dimensional array without NULLs (error path only)."""
-    pos = 0
-    for i in range(rows):
-        if pos + 8 > len(blob):
-            return i
-        ndim, has_null = np.frombuffer(blob, dtype=">i4", count=2, offset=pos)
-        if ndim != 1 or has_null:
-            return i
-        pos += size
-    return rows - 1
+def show_key(names: Sequence[str], key: Sequence[int]) -> str:
+    """A sample's key as messages show it: ``series_id=3, start_t=120``."""
+    return ", ".join(f"{name}={value}" for name, value in zip(names, key, strict=True))
 
 
-def result_columns(fields: Sequence[FieldConfig], columns: dict[str, Column]) -> tuple[Column, ...]:
-    """The columns the batch statement sends, each once, in the order the fields name them."""
-    return tuple(dict.fromkeys(columns[name] for f in fields for name in f.columns))
+def _null_hint(f: FieldConfig) -> str:
+    keep = '"nan" or a fill value' if f.dtype.startswith("float") else "a fill value"
+    return f"; set [fields.{f.name}] null = {keep} to keep NULLs"
 
 
-def array_lengths(layout_columns: Sequence[Column], blobs: Sequence[bytes | None]) -> dict[str, int]:
+def _nulls(count: int) -> str:
+    return f"is NULL ({count} NULL{'s' if count != 1 else ''} in this batch)"
+
+
+def _misfit_before(v: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
+    """The first value of ``v`` that ``dtype`` cannot hold, judged before the cast (which would wrap it)."""
+    src = v.dtype
+    if src.kind == "b" or (dtype.kind == "f" and src.kind == "f"):
+        return None  # bool fits every dtype; float narrowing is judged after the cast (see below)
+    if dtype.kind == "b":
+        bad = (v != 0) & (v != 1)
+        return (int(np.flatnonzero(bad)[0]), " (only 0 and 1 fit bool)") if bad.any() else None
+    if dtype.kind == "f":  # integers into floats: only float16's range (65504) can be exceeded
+        limit = float(np.finfo(dtype).max)
+        if src.itemsize <= 2 or v.size == 0 or (v.min() >= -limit and v.max() <= limit):
+            return None
+        return int(np.flatnonzero(np.abs(v.astype(np.float64)) > limit)[0]), ""
+    info = np.iinfo(dtype)
+    if src.kind in "iu":
+        s = np.iinfo(src)
+        if (s.min >= info.min and s.max <= info.max) or v.size == 0 or (v.min() >= info.min and v.max() <= info.max):
+            return None
+        return int(np.flatnonzero((v < info.min) | (v > info.max))[0]), f" (range {info.min}..{info.max})"
+    # floats into integers: finite, whole and in range (info.max + 1 is a power of two, exact as a float)
+    with np.errstate(invalid="ignore"):
+        ok = (v >= info.min) & (v < float(info.max) + 1) & (np.trunc(v) == v)
+    if ok.all():
+        return None
+    index = int(np.flatnonzero(~ok)[0])
+    value = float(v.reshape(-1)[index])
+    why = " (not a whole number)" if np.isfinite(value) and info.min <= value <= info.max else ""
+    return index, why or f" (range {info.min}..{info.max})"
+
+
+def _misfit_after(v: np.ndarray, out: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
+    """The first finite float that became infinite when cast to a narrower float ``dtype``."""
+    if not (v.dtype.kind == "f" and dtype.kind == "f" and v.dtype.itemsize > dtype.itemsize):
+        return None
+    if not np.isinf(out).any():
+        return None
+    bad = np.isinf(out).reshape(v.shape) & np.isfinite(v)
+    return (int(np.flatnonzero(bad)[0]), f" (largest {float(np.finfo(dtype).max):g})") if bad.any() else None
+
+
+def array_lengths(layout_columns: Sequence[Column], blobs: Sequence[bytes | None]) -> dict[Column, int]:
     """The element count of each array column in the first row of a batch (fixes the field shapes)."""
     out = {}
     i = 1
     for col in layout_columns:
         if col.is_array:
-            lengths_blob = blobs[i + 1]
-            if lengths_blob is not None:
-                _ndim, has_null, _oid, rows, _lower = np.frombuffer(lengths_blob, dtype=">i4", count=5)
-                if rows and not has_null:
-                    out[col.name] = int(np.frombuffer(lengths_blob, dtype=">i4", count=1, offset=_HEADER + 4)[0])
-                else:
-                    out[col.name] = 0
-            else:
-                out[col.name] = 0
+            out[col] = wire.first_length(blobs[i + 1])
         i += col.n_blobs
     return out

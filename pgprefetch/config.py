@@ -19,11 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import ConfigError
 from .sqltext import find_params, strip_statement
 
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+FLOAT_DTYPES = ("float16", "float32", "float64")
 COMPRESSIONS = ("none", "zstd", "lz4")
+CASTS = ("safe", "unsafe")
+DUPLICATES = ("error", "drop")
+NULL_SUFFIX = "_null"  # a field with a NULL policy gets a boolean array "<field>_null" beside it
 RESERVED_FIELDS = ("keys",)  # the store keeps each batch's keys in an array of that name
 
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,6 +58,8 @@ class SamplesConfig:
     query: str
     rows: int = 1
     fraction: float = 1.0
+    duplicates: str = "error"
+    """What a key returned twice by the keys query means: an error, or ("drop") one sample all the same."""
 
     @property
     def max_param(self) -> int:
@@ -65,6 +74,17 @@ class FieldConfig:
     name: str
     columns: tuple[str, ...]
     dtype: str
+    cast: str = "safe"
+    """``safe``: a value the dtype cannot hold (overflow, NaN into an integer) stops the dump; ``unsafe``: casts."""
+    null: str | float = "error"
+    """``error``, ``nan`` (float fields) or a fill value; other than ``error``, a mask array records the NULLs."""
+    categories: tuple[str, ...] | str | None = None
+    """Text labels stored as integer codes: the list (code = position), ``auto`` (sorted distinct values), or None."""
+
+    @property
+    def null_mask(self) -> str | None:
+        """The name of the boolean array recording this field's NULLs, or None when NULLs are errors."""
+        return f"{self.name}{NULL_SUFFIX}" if self.null != "error" else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +129,10 @@ class Config:
         Connection settings and the store path are left out: they change where and how fast, not what.
         """
         return {
-            "samples": dataclasses.asdict(self.samples),
-            "fields": [dataclasses.asdict(f) | {"columns": list(f.columns)} for f in self.fields],
+            "samples": _without_defaults(self.samples, ("duplicates",)),
+            "fields": [
+                _without_defaults(f, ("cast", "null", "categories")) | {"columns": list(f.columns)} for f in self.fields
+            ],
             "batches": dataclasses.asdict(self.batches),
             "compression": self.store.compression,
         }
@@ -119,6 +141,20 @@ class Config:
         """Hash of :meth:`content`, recorded in every epoch to tell which config wrote it."""
         text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _without_defaults(obj: Any, optional: tuple[str, ...]) -> dict[str, Any]:
+    """``asdict(obj)`` less the ``optional`` settings left at their defaults.
+
+    Settings added after a store format was fixed are hashed only when set, so a config that does not use
+    them keeps the hash its stores were written under.
+    """
+    out = dataclasses.asdict(obj)
+    defaults = {f.name: f.default for f in dataclasses.fields(obj)}
+    for name in optional:
+        if out[name] == defaults[name]:
+            del out[name]
+    return out
 
 
 def load_config(
@@ -177,7 +213,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     fields = p.section(raw, "fields")
 
     p.keys(source, "source", optional=("dsn", "connections", "statement_timeout"))
-    p.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction"))
+    p.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction", "duplicates"))
     p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
     p.keys(store, "store", required=("path",), optional=("compression",))
 
@@ -186,6 +222,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
         query=p.sql(samples, "samples", "query"),
         rows=p.positive_int(samples, "samples", "rows", default=1),
         fraction=p.fraction(samples, "samples", "fraction"),
+        duplicates=p.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
     )
     if 0 in find_params(samples_cfg.query):
         p.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
@@ -322,7 +359,7 @@ class _Parser:
                 self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
             if not isinstance(spec, dict):
                 self.fail(where, f"expected a table with columns and dtype, got {_kind(spec)}")
-            self.keys(spec, f"fields.{name}", required=("columns", "dtype"))
+            self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=("cast", "null", "categories"))
             columns = spec["columns"]
             if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
                 self.fail(f"{where} columns", f"expected a non-empty list of column names, got {_show(columns)}")
@@ -333,8 +370,61 @@ class _Parser:
                 close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
                 hint = f' (did you mean "{close[0]}"?)' if close else ""
                 self.fail(f"{where} dtype", f"expected one of {', '.join(DTYPES)}; got {_show(dtype)}{hint}")
-            out.append(FieldConfig(name=name, columns=tuple(columns), dtype=dtype))
+            out.append(
+                FieldConfig(
+                    name=name,
+                    columns=tuple(columns),
+                    dtype=dtype,
+                    cast=self.choice(spec, f"fields.{name}", "cast", CASTS, default="safe"),
+                    null=self.null_policy(spec, where, dtype),
+                    categories=self.categories(spec, where, dtype),
+                )
+            )
+        names = {f.name for f in out}
+        for f in out:
+            if f.null_mask in names:
+                self.fail(f"[fields.{f.null_mask}]", f"the name is taken by the NULL mask of [fields.{f.name}]")
         return tuple(out)
+
+    def null_policy(self, spec: dict[str, Any], where: str, dtype: str) -> str | float:
+        value = spec.get("null", "error")
+        if value in ("error", "nan") and not (value == "nan" and dtype not in FLOAT_DTYPES):
+            return value  # type: ignore[no-any-return]
+        if value == "nan":
+            self.fail(f"{where} null", f'"nan" needs a float dtype ({", ".join(FLOAT_DTYPES)}), not {dtype}')
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(f"{where} null", f'expected "error", "nan" or a fill value (a number), got {_show(value)}')
+        fits = _fits(value, dtype)
+        if not fits:
+            self.fail(f"{where} null", f"the fill value {_show(value)} does not fit {dtype}")
+        return value  # type: ignore[no-any-return]
+
+    def categories(self, spec: dict[str, Any], where: str, dtype: str) -> tuple[str, ...] | str | None:
+        value = spec.get("categories")
+        if value is None:
+            return None
+        if dtype not in INTEGER_DTYPES:
+            self.fail(f"{where} categories", f"categorical codes need an integer dtype ({', '.join(INTEGER_DTYPES)})")
+        if value == "auto":
+            return "auto"
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            self.fail(f"{where} categories", f'expected "auto" or a non-empty list of strings, got {_show(value)}')
+        if len(set(value)) != len(value):
+            twice = next(c for c in value if value.count(c) > 1)
+            self.fail(f"{where} categories", f"{json.dumps(twice)} is listed twice")
+        if not _fits(len(value) - 1, dtype):
+            self.fail(f"{where} categories", f"{len(value)} categories do not fit {dtype}")
+        return tuple(value)
+
+
+def _fits(value: float, dtype: str) -> bool:
+    """Whether ``value`` is exactly representable in ``dtype`` (a finite float may round in a float dtype)."""
+    if dtype == "bool":
+        return value in (0, 1)
+    if dtype in FLOAT_DTYPES:
+        return math.isnan(value) or abs(value) <= float(np.finfo(dtype).max)
+    info = np.iinfo(dtype)
+    return float(value).is_integer() and info.min <= value <= info.max
 
 
 def _kind(value: Any) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import time
 from collections.abc import Awaitable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +23,11 @@ import asyncpg
 import numpy as np
 
 from ._version import __version__
-from .collate import BatchLayout, array_lengths, result_columns
+from .collate import BatchLayout, UnknownCategoryError
 from .config import Config
 from .errors import ConfigError, SourceError
-from .shuffle import n_batches, shuffle_keys
-from .source import BatchReader, Snapshot, batch_statement, lost, redact
+from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch
+from .source import BatchReader, Snapshot, lost, redact
 from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store
 from .writer import EpochWriter
 
@@ -60,6 +59,7 @@ class DumpResult:
     resumed: int = 0  # batches kept from an interrupted dump
     retries: int = 0  # lost connections survived
     restarted: str | None = None  # why an interrupted dump's partial epoch was discarded
+    duplicates_dropped: int = 0  # repeated keys kept once ([samples] duplicates = "drop")
     holder: str | None = None  # who holds the epoch's lock, when busy
 
     @property
@@ -85,6 +85,8 @@ class DumpResult:
             out["restarted"] = self.restarted
         if self.retries:
             out["retries"] = self.retries
+        if self.duplicates_dropped:
+            out["duplicates_dropped"] = self.duplicates_dropped
         return out
 
 
@@ -206,50 +208,37 @@ async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress
 async def _dump_snapshot(
     cfg: Config, store: Store, epoch: int, progress: Progress | None, snap: Snapshot, started: float, fresh: bool
 ) -> DumpResult:
-    """Keys, shuffle, batches and publication, on one snapshot."""
+    """Plan, fetch and write every batch, and publish, on one snapshot."""
+    try:
+        return await _plan_and_write(cfg, store, epoch, progress, snap, started, fresh)
+    except UnknownCategoryError as e:
+        raise await name_unknown_category(cfg, snap, e) from None
+
+
+async def _plan_and_write(
+    cfg: Config, store: Store, epoch: int, progress: Progress | None, snap: Snapshot, started: float, fresh: bool
+) -> DumpResult:
     size = cfg.batches.size
-    shape = await snap.describe(cfg)
-    keys = await snap.read_keys(cfg, shape.key_names)
-    n_keys = keys.shape[1]
-    if n_keys == 0:
-        raise SourceError("the keys query returned no rows: there is nothing to dump")
-    keys = await asyncio.to_thread(
-        shuffle_keys, keys, seed=cfg.batches.seed, epoch=epoch, fraction=cfg.samples.fraction
-    )
-    n = keys.shape[1]
-    nb = n_batches(n, size, cfg.batches.drop_last)
-    if nb == 0:
-        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
-        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
-    used = nb * size if cfg.batches.drop_last else n
-    digest = hashlib.sha256()
-    for column in keys:  # rows of a C-ordered array: hashed in place, no copy of the keys
-        digest.update(np.ascontiguousarray(column[:used]))
-    keys_sha = digest.hexdigest()
-    columns = result_columns(cfg.fields, shape.columns)
-    sql = batch_statement(cfg.samples.query, len(shape.key_names), columns, cfg.samples.rows)
-    async with BatchReader.open(cfg.source, snap.id, sql) as reader:
-        first = await reader.fetch(0, keys[:, :size])  # its array lengths fix the field shapes
-        layout = BatchLayout.build(
-            cfg.fields, columns, array_lengths(columns, first), cfg.samples.rows, shape.key_names
-        )
-        specs = [ArraySpec(f.name, f.dtype, f.sample_shape) for f in layout.fields]
-        specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(shape.key_names),)))
-        identity = {"config_sha256": cfg.sha256(), "n_keys": used, "keys_sha256": keys_sha}
+    plan = await plan_epoch(cfg, snap, epoch)
+    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params) as reader:
+        first = await reader.fetch(0, plan.batch_keys(0, size))  # its array lengths fix the field shapes
+        layout = layout_from(cfg, plan, first)
+        specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in layout.arrays()]
+        specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(plan.key_names),)))
+        identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
         writer = await _finish_in_thread(
-            EpochWriter, store, epoch, n_batches=nb, batch_size=size, arrays=specs,
+            EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
             compression=cfg.store.compression, identity=identity, fresh=fresh,
         )  # fmt: skip
         writer.begin(snap.id)
-        todo = [b for b in range(nb) if not writer.done[b]]
+        todo = [b for b in range(plan.n_batches) if not writer.done[b]]
         if progress:
-            progress.start(epoch, used)
-            progress.advance(min(used, writer.resumed * size), 0)
+            progress.start(epoch, plan.used)
+            progress.advance(min(plan.used, writer.resumed * size), 0)
         try:
-            await _write_batches(reader, writer, layout, keys, todo, size, first, progress)
-            total = nb * sum(spec.dtype.itemsize * size * int(np.prod(spec.sample_shape)) for spec in specs)
-            elapsed = time.monotonic() - started
-            manifest = _manifest(cfg, epoch, layout, n_keys, used, nb, keys_sha, snap, total, elapsed)
+            await _write_batches(reader, writer, layout, plan.keys, todo, size, first, progress)
+            total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
+            manifest = _manifest(cfg, plan, layout, snap, total, time.monotonic() - started)
             manifest["resumed_batches"] = writer.resumed
             manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
             path = await _finish_in_thread(writer.publish, manifest)
@@ -262,12 +251,13 @@ async def _dump_snapshot(
     return DumpResult(
         epoch=epoch,
         path=path,
-        n_batches=nb,
-        n_samples=used,
+        n_batches=plan.n_batches,
+        n_samples=plan.used,
         bytes=total,
         seconds=time.monotonic() - started,
         resumed=writer.resumed,
         restarted=writer.restarted,
+        duplicates_dropped=plan.duplicates_dropped,
     )
 
 
@@ -340,37 +330,37 @@ async def _first_error(coros: list[Awaitable[None]]) -> None:
 
 
 def _manifest(
-    cfg: Config,
-    epoch: int,
-    layout: BatchLayout,
-    n_keys: int,
-    used: int,
-    nb: int,
-    keys_sha: str,
-    snap: Snapshot,
-    total: int,
-    elapsed: float,
+    cfg: Config, plan: EpochPlan, layout: BatchLayout, snap: Snapshot, total: int, elapsed: float
 ) -> dict[str, Any]:
     """The epoch's manifest: everything a reader, an auditor or a resumed dump needs to know."""
-    size = cfg.batches.size
+    fields: dict[str, Any] = {}
+    for f in layout.fields:
+        entry: dict[str, Any] = {
+            "dtype": f.dtype.name,
+            "shape": list(f.sample_shape),
+            "columns": [c.name for c in f.columns],
+        }
+        if f.config.null_mask:
+            entry["null"] = {"policy": f.config.null, "mask": f.config.null_mask}
+        if f.name in plan.categories:
+            entry["categories"] = plan.categories[f.name]
+        fields[f.name] = entry
     return {
         "format_version": FORMAT_VERSION,
         "pgprefetch_version": __version__,
-        "epoch": epoch,
+        "epoch": plan.epoch,
         "seed": cfg.batches.seed,
-        "batch_size": size,
-        "n_batches": nb,
-        "n_samples": used,
+        "batch_size": cfg.batches.size,
+        "n_batches": plan.n_batches,
+        "n_samples": plan.used,
         "drop_last": cfg.batches.drop_last,
-        "n_keys": n_keys,
+        "n_keys": plan.n_keys,
+        "duplicates_dropped": plan.duplicates_dropped,
         "fraction": cfg.samples.fraction,
         "rows": cfg.samples.rows,
-        "fields": {
-            f.name: {"dtype": f.dtype.name, "shape": list(f.sample_shape), "columns": [c.name for c in f.columns]}
-            for f in layout.fields
-        },
+        "fields": fields,
         "key_columns": list(layout.key_names),
-        "keys_sha256": keys_sha,
+        "keys_sha256": plan.keys_sha256,
         "compression": cfg.store.compression,
         "config_sha256": cfg.sha256(),
         "config": dataclasses.asdict(cfg.samples),

@@ -53,12 +53,19 @@ def key_hash(keys: np.ndarray, *, seed: int, epoch: int, stream: int = _ORDER_ST
 
 def epoch_order(keys: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
     """Indices that put ``keys`` in the epoch's order: by hash, equal hashes broken by the key values."""
+    return _sorted(keys, seed, epoch)[0]
+
+
+def _sorted(keys: np.ndarray, seed: int, epoch: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The epoch's order of ``keys`` and its runs of tied hashes."""
     h = key_hash(keys, seed=seed, epoch=epoch)
     order = np.argsort(h, kind="stable")
-    for start, end in _tied_runs(h, order):  # astronomically rare for distinct keys, but the order
-        group = order[start:end]  # must never depend on the order the rows arrived in
+    runs = _tied_runs(h, order)
+    del h
+    for start, end in runs:  # astronomically rare for distinct keys (repeated keys always tie), but the
+        group = order[start:end]  # order must never depend on the order the rows arrived in
         order[start:end] = group[np.lexsort(keys[::-1, group])]
-    return order
+    return order, runs
 
 
 def _tied_runs(h: np.ndarray, order: np.ndarray, chunk: int = 1 << 20) -> list[tuple[int, int]]:
@@ -74,6 +81,16 @@ def _tied_runs(h: np.ndarray, order: np.ndarray, chunk: int = 1 << 20) -> list[t
     return runs
 
 
+def _repeats(keys: np.ndarray, order: np.ndarray, runs: list[tuple[int, int]]) -> np.ndarray:
+    """Positions in ``order`` whose key equals the one before it (equal keys hash alike, so only ties count)."""
+    found = []
+    for start, end in runs:
+        group = keys[:, order[start:end]]
+        same = np.all(group[:, 1:] == group[:, :-1], axis=0)
+        found.append(np.flatnonzero(same) + start + 1)
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
+
 def subsample(keys: np.ndarray, *, seed: int, epoch: int, fraction: float) -> np.ndarray:
     """The keys kept by the epoch's deterministic ``fraction`` subset (all of them when it is 1)."""
     if fraction >= 1.0:
@@ -83,17 +100,50 @@ def subsample(keys: np.ndarray, *, seed: int, epoch: int, fraction: float) -> np
     return np.ascontiguousarray(keys[:, h < threshold])  # column-major layout kept: each key column contiguous
 
 
-def shuffle_keys(keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0) -> np.ndarray:
-    """Subsample and order the epoch's keys, shape ``(n_key_columns, n)`` int64.
+class DuplicateKeysError(ValueError):
+    """The keys hold ``count`` repeated keys; ``examples`` (``(n_key_columns, m)``) are the first, in key order."""
 
-    Reorders ``keys`` in place (one key column at a time) and returns it, or the subsample: the extra
-    memory is two int64 per key (hash and order), never a second copy of the keys.
+    def __init__(self, examples: np.ndarray, count: int) -> None:
+        super().__init__(f"{count} duplicate key(s)")
+        self.examples = examples
+        self.count = count
+
+
+def shuffle_keys(
+    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, duplicates: str = "error"
+) -> np.ndarray:
+    """Order, de-duplicate and subsample the epoch's keys, shape ``(n_key_columns, n)`` int64.
+
+    A key present twice would be two samples of one epoch, so repeated keys raise
+    :class:`DuplicateKeysError` (``duplicates="error"``) or are kept once (``"drop"``). Equal keys hash
+    alike, so they are found among the tied hashes the sort looks at anyway, on every key whatever the
+    ``fraction``. The subsample is taken from the ordered keys: the order of a subset is the full order
+    restricted to it, so this is the same order as shuffling the subset alone.
+
+    Reorders ``keys`` in place (one key column at a time) and returns it, or a smaller copy: the extra
+    memory is two int64 per key (hash and order), never a second copy of the keys unless keys are dropped.
     """
-    keys = subsample(keys, seed=seed, epoch=epoch, fraction=fraction)
-    order = epoch_order(keys, seed=seed, epoch=epoch)
-    for column in keys:
-        column[:] = column[order]
-    return keys
+    return shuffle_and_count(keys, seed=seed, epoch=epoch, fraction=fraction, duplicates=duplicates)[0]
+
+
+def shuffle_and_count(
+    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, duplicates: str = "error"
+) -> tuple[np.ndarray, int]:
+    """:func:`shuffle_keys`, also returning how many repeated keys were dropped."""
+    order, runs = _sorted(keys, seed, epoch)
+    repeats = _repeats(keys, order, runs)
+    if repeats.size and duplicates != "drop":
+        examples = keys[:, order[repeats]]
+        first = np.lexsort(examples[::-1])[:5]
+        raise DuplicateKeysError(examples[:, first], int(repeats.size))
+    if repeats.size:
+        order = np.delete(order, repeats)
+        keys = np.ascontiguousarray(keys[:, order])
+    else:
+        for column in keys:
+            column[:] = column[order]
+    del order
+    return subsample(keys, seed=seed, epoch=epoch, fraction=fraction), int(repeats.size)
 
 
 def n_batches(n_samples: int, size: int, drop_last: bool) -> int:

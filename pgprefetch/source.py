@@ -110,10 +110,10 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
 
 @dataclass(frozen=True)
 class Shape:
-    """What the two queries return: key column names and the per-sample query's columns."""
+    """What the two queries return: key column names and the per-sample query's columns (type name, kind)."""
 
     key_names: tuple[str, ...]
-    columns: dict[str, Column]
+    returned: dict[str, tuple[str, str]]
 
 
 class Snapshot:
@@ -164,18 +164,8 @@ class Snapshot:
                 f"{len(key_names)} column(s) ({', '.join(key_names)})"
             )
         query = await self._prepare(cfg.samples.query, f"{where}[samples] query")
-        returned = {a.name: a for a in query.get_attributes()}
-        columns = {}
-        for f in cfg.fields:
-            for name in f.columns:
-                if name not in returned:
-                    raise ConfigError(
-                        f'{where}[fields.{f.name}] columns: the query returns no column "{name}" '
-                        f"(it returns {', '.join(returned) or 'nothing'})"
-                    )
-                t = returned[name].type
-                columns[name] = Column.from_type(name, t.name, t.kind, f"{where}[fields.{f.name}] columns")
-        return Shape(key_names=key_names, columns=columns)
+        returned = {a.name: (a.type.name, a.type.kind) for a in query.get_attributes()}
+        return Shape(key_names=key_names, returned=returned)
 
     async def _prepare(self, sql: str, where: str) -> asyncpg.prepared_stmt.PreparedStatement:
         # A savepoint: a statement that fails to prepare must not abort the snapshot's transaction.
@@ -190,6 +180,32 @@ class Snapshot:
             raise ConfigError(f"{where}: {_pg_message(e)}") from None
         await self.conn.execute("RELEASE SAVEPOINT pgprefetch_describe")
         return stmt
+
+    async def distinct_text(self, cfg: Config, column: str) -> list[str]:
+        """The distinct non-NULL values of ``column`` over every sample, as text, sorted by code point.
+
+        For ``categories = "auto"``: computed in the epoch's snapshot over all keys (not the epoch's
+        ``fraction``), and sorted here rather than by the server's collation, so that the same data gives
+        the same codes in every epoch and on every server.
+        """
+        n = cfg.samples.max_param
+        names = ", ".join(f"k{i}" for i in range(1, n + 1))
+        keys = f"({cfg.samples.keys}) AS {_K}({names})" if n else f"({cfg.samples.keys}) AS {_K}"
+        ref = f"{_Q}.{quote_ident(column)}"
+        sql = (
+            f"SELECT DISTINCT {ref}::text FROM {keys}\nCROSS JOIN LATERAL (\n"
+            f"{replace_params(cfg.samples.query, lambda i: f'{_K}.k{i}')}\n) AS {_Q} WHERE {ref} IS NOT NULL"
+        )
+        try:
+            return sorted(r[0] for r in await self.conn.fetch(sql))
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+            where = f"{_where(cfg)}categories of column {column}"
+            raise SourceError(f"{where}: {_pg_message(e)}", transient=lost(e)) from None
+
+    async def sample_text(self, cfg: Config, key: Sequence[int], column: str) -> list[str | None]:
+        """The values of ``column`` the per-sample query returns for ``key``, as text (error messages)."""
+        sql = f"SELECT {_Q}.{quote_ident(column)}::text FROM ({cfg.samples.query}) AS {_Q}"
+        return [r[0] for r in await self.conn.fetch(sql, *key[: cfg.samples.max_param])]
 
     async def read_keys(self, cfg: Config, key_names: Sequence[str]) -> np.ndarray:
         """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array."""
@@ -235,33 +251,37 @@ def batch_statement(query: str, n_key_columns: int, columns: Sequence[Column], r
     if rows == 1:
         selects = [f"array_send(array_agg({_K}.ord::int4))"]
         for c in columns:
-            ref = f"{_Q}.{quote_ident(c.name)}"
-            if c.is_array:
-                selects.append(f"string_agg(array_send({ref}{c.cast}), ''::bytea)")
-                selects.append(f"array_send(array_agg(cardinality({ref})))")
-            else:
-                selects.append(f"array_send(array_agg({ref}{c.cast}))")
+            selects += _aggregates(c, f"{_Q}.{quote_ident(c.name)}")
         return f"SELECT {', '.join(selects)}\n{source}{inner_query}\n) AS {_Q}"
     inner = ["count(*)::int4 AS n"]
     outer = [f"array_send(array_agg({_Q}.n ORDER BY {_K}.ord))"]
     for i, c in enumerate(columns):
-        ref = f"{_U}.{quote_ident(c.name)}"
-        if c.is_array:
-            inner.append(f"string_agg(array_send({ref}{c.cast}), ''::bytea) AS c{i}")
-            inner.append(f"array_send(array_agg(cardinality({ref}))) AS l{i}")
-            outer.append(f"string_agg({_Q}.c{i}, ''::bytea ORDER BY {_K}.ord)")
-            outer.append(f"string_agg({_Q}.l{i}, ''::bytea ORDER BY {_K}.ord)")
-        else:
-            inner.append(f"array_send(array_agg({ref}{c.cast})) AS c{i}")
-            outer.append(f"string_agg({_Q}.c{i}, ''::bytea ORDER BY {_K}.ord)")
+        for j, aggregate in enumerate(_aggregates(c, f"{_U}.{quote_ident(c.name)}")):
+            inner.append(f"{aggregate} AS c{i}_{j}")
+            outer.append(f"string_agg({_Q}.c{i}_{j}, ''::bytea ORDER BY {_K}.ord)")
     grouped = f"SELECT {', '.join(inner)}\nFROM (\n{inner_query}\n) AS {_U}"
     return f"SELECT {', '.join(outer)}\n{source}{grouped}\n) AS {_Q}"
+
+
+def _aggregates(c: Column, ref: str) -> list[str]:
+    """The binary aggregates that carry column ``c``: its values, then array lengths or the NULL mask."""
+    if c.is_array:
+        return [f"string_agg(array_send({c.value_sql(ref)}), ''::bytea)", f"array_send(array_agg(cardinality({ref})))"]
+    out = [f"array_send(array_agg({c.value_sql(ref)}))"]
+    if c.nullable:
+        out.append(f"array_send(array_agg({ref} IS NULL))")
+    return out
 
 
 class BatchReader:
     """``connections`` worker connections on the exported snapshot, each with the batch statement prepared."""
 
-    def __init__(self, workers: list[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]]) -> None:
+    def __init__(
+        self,
+        workers: list[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]],
+        params: Sequence[object] = (),
+    ) -> None:
+        self._params = tuple(params)
         self._idle: asyncio.Queue[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]] = asyncio.Queue()
         for w in workers:
             self._idle.put_nowait(w)
@@ -269,8 +289,13 @@ class BatchReader:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, source: SourceConfig, snapshot_id: str, sql: str) -> AsyncIterator[BatchReader]:
-        """Open the workers concurrently; each begins its transaction and imports ``snapshot_id``."""
+    async def open(
+        cls, source: SourceConfig, snapshot_id: str, sql: str, params: Sequence[object] = ()
+    ) -> AsyncIterator[BatchReader]:
+        """Open the workers concurrently; each begins its transaction and imports ``snapshot_id``.
+
+        ``params`` follow the key arrays as the statement's bind parameters (the category lists).
+        """
         if not _SNAPSHOT_ID.match(snapshot_id):
             raise SourceError(f"refusing an invalid snapshot id {snapshot_id!r}")
         conns: list[asyncpg.Connection] = []
@@ -300,7 +325,7 @@ class BatchReader:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-            yield cls(list(workers))
+            yield cls(list(workers), params)
         finally:
             await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
 
@@ -308,7 +333,7 @@ class BatchReader:
         """Run the batch statement for ``keys`` (shape ``(n_key_columns, n)``) on an idle worker."""
         conn, stmt = await self._idle.get()
         try:
-            row = await stmt.fetchrow(*(column.tolist() for column in keys))
+            row = await stmt.fetchrow(*(column.tolist() for column in keys), *self._params)
         except asyncpg.QueryCanceledError as e:
             raise SourceError(f"batch {batch}: {_pg_message(e)} (see [source] statement_timeout)") from None
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:

@@ -46,7 +46,24 @@ def expect(error: type[Exception], message: str, tmp_path: Path, dsn: str, epoch
 
 def test_null_value_names_the_key_field_and_column(table: str, tmp_path: Path) -> None:
     execute(table, "UPDATE s SET v = NULL WHERE id = 7")
-    expect(SampleError, "sample (id=7): field v, column v is NULL", tmp_path, table)
+    expect(
+        SampleError,
+        'sample (id=7): field v, column v is NULL (1 NULL in this batch); set [fields.v] null = "nan" '
+        "or a fill value to keep NULLs",
+        tmp_path,
+        table,
+    )
+
+
+def test_null_error_counts_the_nulls_of_the_batch(table: str, tmp_path: Path) -> None:
+    execute(table, "UPDATE s SET v = NULL WHERE id IN (7, 9, 12)")
+    path = write_config(
+        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=64
+    )
+    with pytest.raises(
+        SampleError, match=r"^sample \(id=(7|9|12)\): field v, column v is NULL \(3 NULLs in this batch\)"
+    ):
+        dump(path, table)
 
 
 def test_too_few_rows_names_the_key(table: str, tmp_path: Path) -> None:
@@ -99,7 +116,7 @@ def test_null_array_names_the_key(table: str, tmp_path: Path) -> None:
     execute(table, "UPDATE s SET e = NULL WHERE id = 12")
     expect(
         SampleError,
-        "sample (id=12): field e, column e is NULL",
+        "sample (id=12): field e, column e is NULL (1 NULL in this batch)",
         tmp_path,
         table,
         query="SELECT e FROM s WHERE id = $1",
@@ -152,7 +169,7 @@ def test_unsupported_column_type(table: str, tmp_path: Path) -> None:
         ConfigError,
         '{file}: [fields.v] columns: column "name" is text; pgprefetch reads bool, smallint, '
         "integer, bigint, real, double precision, numeric, date, timestamp, timestamptz and fixed-length "
-        "arrays of these",
+        "arrays of these (text labels: set categories)",
         tmp_path,
         table,
         query="SELECT name FROM s WHERE id = $1",
@@ -257,7 +274,8 @@ def test_null_value_in_a_multi_row_sample_names_the_key(table: str, tmp_path: Pa
     execute(table, "UPDATE w SET v = NULL WHERE id = 21 AND k = 2")
     expect(
         SampleError,
-        "sample (id=21): field v, column v is NULL",
+        'sample (id=21): field v, column v is NULL (1 NULL in this batch); set [fields.v] null = "nan" '
+        "or a fill value to keep NULLs",
         tmp_path,
         table,
         query="SELECT v FROM w WHERE id = $1 ORDER BY k",

@@ -1,0 +1,141 @@
+"""What an epoch will hold, decided on its snapshot before anything is written.
+
+:func:`plan_epoch` does the database-side thinking that the dump (:mod:`pgprefetch.pipeline`) and
+``pgprefetch check`` share: check the queries against the config, read and shuffle the keys (refusing
+or dropping repeated keys), fix the category lists, and build the batch statement. The field shapes are
+fixed later, by the first batch (:func:`layout_from`), because a per-sample query's array lengths are
+only known once it has run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .collate import BatchLayout, Column, array_lengths, plan_columns, show_key
+from .config import Config
+from .errors import SampleError, SourceError
+from .shuffle import DuplicateKeysError, n_batches, shuffle_and_count
+from .source import Snapshot, batch_statement
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """An epoch's samples in order, and how to fetch and decode them."""
+
+    epoch: int
+    keys: np.ndarray  # (n_key_columns, n) int64, in the epoch's order
+    key_names: tuple[str, ...]
+    n_keys: int  # what the keys query returned, repeated keys included
+    duplicates_dropped: int
+    used: int  # samples written: all of them, or those of the full batches (drop_last)
+    n_batches: int
+    keys_sha256: str  # the used keys' hash: a partial epoch resumes only under the same keys
+    columns: tuple[Column, ...]
+    by_field: dict[str, tuple[Column, ...]]
+    categories: dict[str, list[str]]  # field -> the category list its codes index
+    sql: str
+    params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
+
+    def batch_keys(self, batch: int, size: int) -> np.ndarray:
+        """The keys of batch ``batch``, ``(n_key_columns, <= size)``."""
+        return self.keys[:, batch * size : (batch + 1) * size]
+
+
+async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
+    """Describe the queries, read and order the keys, fix the categories and the statement.
+
+    Raises:
+        ConfigError: the queries do not fit the config.
+        SourceError: the database failed, or the keys cannot make an epoch (none, repeated, no full batch).
+    """
+    size = cfg.batches.size
+    shape = await snap.describe(cfg)
+    keys = await snap.read_keys(cfg, shape.key_names)
+    n_keys = keys.shape[1]
+    if n_keys == 0:
+        raise SourceError("the keys query returned no rows: there is nothing to dump")
+    try:
+        keys, dropped = await asyncio.to_thread(
+            shuffle_and_count,
+            keys,
+            seed=cfg.batches.seed,
+            epoch=epoch,
+            fraction=cfg.samples.fraction,
+            duplicates=cfg.samples.duplicates,
+        )
+    except DuplicateKeysError as e:
+        shown = "; ".join(f"({show_key(shape.key_names, tuple(map(int, k)))})" for k in e.examples.T)
+        more = f" and {e.count - e.examples.shape[1]} more" if e.count > e.examples.shape[1] else ""
+        raise SampleError(
+            f"the keys query returned {e.count} repeated key(s), e.g. {shown}{more}: each sample must come once "
+            'per epoch; fix the keys query, or set [samples] duplicates = "drop" to keep one of each'
+        ) from None
+    n = keys.shape[1]
+    nb = n_batches(n, size, cfg.batches.drop_last)
+    if nb == 0:
+        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
+        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
+    used = nb * size if cfg.batches.drop_last else n
+    digest = hashlib.sha256()
+    for column in keys:  # rows of a C-ordered array: hashed in place, no copy of the keys
+        digest.update(np.ascontiguousarray(column[:used]))
+    where = f"{cfg.file}: " if cfg.file else ""
+    columns, by_field = plan_columns(cfg.fields, shape.returned, len(shape.key_names), where)
+    categories = {}
+    for f in cfg.fields:
+        if f.categories == "auto":
+            found: set[str] = set()
+            for column in f.columns:
+                found.update(await snap.distinct_text(cfg, column))
+            categories[f.name] = sorted(found)
+            limit = int(np.iinfo(f.dtype).max) + 1
+            if len(found) > limit:
+                raise SourceError(f"[fields.{f.name}] categories: {len(found)} distinct values do not fit {f.dtype}")
+        elif f.categories is not None:
+            categories[f.name] = list(f.categories)
+    sql = batch_statement(cfg.samples.query, len(shape.key_names), columns, cfg.samples.rows)
+    return EpochPlan(
+        epoch=epoch,
+        keys=keys,
+        key_names=shape.key_names,
+        n_keys=n_keys,
+        duplicates_dropped=dropped,
+        used=used,
+        n_batches=nb,
+        keys_sha256=digest.hexdigest(),
+        columns=columns,
+        by_field=by_field,
+        categories=categories,
+        sql=sql,
+        params=tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
+    )
+
+
+def layout_from(cfg: Config, plan: EpochPlan, first: tuple[bytes | None, ...]) -> BatchLayout:
+    """The decoding plan, with the field shapes fixed by the first batch's array lengths."""
+    lengths = array_lengths(plan.columns, first)
+    return BatchLayout.build(cfg.fields, plan.columns, plan.by_field, lengths, cfg.samples.rows, plan.key_names)
+
+
+async def name_unknown_category(cfg: Config, snap: Snapshot, e: SampleError) -> SampleError:
+    """The error for a value outside a field's category list, naming the value (looked up in the snapshot)."""
+    key, field, column = e.key, e.field, e.column  # type: ignore[attr-defined]
+    try:
+        values = await snap.sample_text(cfg, key, column)
+    except Exception:  # the message without the value is still right
+        return e
+    categories = next(f.categories for f in cfg.fields if f.name == field)
+    known = set(categories) if isinstance(categories, tuple) else set()
+    unknown = [v for v in values if v not in known]
+    prefix = str(e).split(":", 1)[0]
+    if unknown and unknown[0] is None:
+        return SampleError(f"{prefix}: field {field}, column {column} is NULL (a category needs a value)")
+    if unknown:
+        return SampleError(
+            f"{prefix}: field {field}, column {column} value {unknown[0]!r} is not in [fields.{field}] categories"
+        )
+    return e
