@@ -50,7 +50,11 @@ _WIRE: dict[str, tuple[str, int, str, str]] = {
     "timestamp": (">i8", 946_684_800_000_000, "", "'epoch'"),  # microseconds since 2000-01-01 -> since 1970
     "timestamptz": (">i8", 946_684_800_000_000, "", "'epoch'"),
 }
-_UNITS = {"date": " (days since 1970-01-01)", "timestamp": " (µs since 1970-01-01)", "timestamptz": " (µs since 1970)"}
+_UNITS = {
+    "date": " (days since 1970-01-01)",
+    "timestamp": " (µs since 1970-01-01)",
+    "timestamptz": " (µs since 1970-01-01)",
+}
 SUPPORTED_TYPES = "bool, smallint, integer, bigint, real, double precision, numeric, date, timestamp, timestamptz"
 _TEXT_TYPES = ("text", "varchar", "bpchar", "name", "char", "citext")
 
@@ -244,7 +248,8 @@ class BatchLayout:
                         raise self._unknown(keys, sample, f, col)
                 if f.config.cast == "safe":
                     self._check_fits(v, f, col, keys, per_sample * f.array_length, pre=True)
-                np.copyto(target[:, j, :], v, casting="unsafe")
+                with np.errstate(over="ignore", invalid="ignore"):  # judged by the checks, not by a warning
+                    np.copyto(target[:, j, :], v, casting="unsafe")
                 if f.config.cast == "safe":
                     self._check_fits(v, f, col, keys, per_sample * f.array_length, pre=False, out=target[:, j, :])
                 if mask is None:

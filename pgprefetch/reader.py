@@ -73,12 +73,15 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if unknown:
             raise ConfigError(f"unknown field {unknown[0]!r}: epoch {epoch} has fields {', '.join(available)}")
         self.fields = tuple(fields or available)
+        # A field with a NULL policy comes with its mask, "<field>_null", true where the database had NULL.
+        masks = (self.manifest["fields"][f].get("null", {}).get("mask") for f in self.fields)
+        self.arrays = (*self.fields, *(m for m in masks if m))
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.batch_size = int(self.manifest["batch_size"])
         self.n_global = int(self.manifest["n_batches"])
         self.n_samples = int(self.manifest["n_samples"])
         path = self.store / epoch_name(epoch)
-        self._layouts = {name: ArrayLayout.read(path / name) for name in (*self.fields, KEYS_ARRAY)}
+        self._layouts = {name: ArrayLayout.read(path / name) for name in (*self.arrays, KEYS_ARRAY)}
         self._last_valid = self.n_samples - (self.n_global - 1) * self.batch_size  # samples in the last batch
         self._start = 0  # first global batch of this view (the resume point)
         self._pos = 0  # local batches handed out by iteration
@@ -91,6 +94,11 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
                 Store(self.store).record_consumer(consumer, epoch)
             except OSError as e:  # a read-only copy of a store can still be read
                 warnings.warn(f"cannot record consumer {consumer!r} in {self.store}: {e}", stacklevel=2)
+
+    @property
+    def categories(self) -> dict[str, list[str]]:
+        """The category list of each categorical field: code ``i`` stands for ``categories[field][i]``."""
+        return {name: f["categories"] for name, f in self.manifest["fields"].items() if "categories" in f}
 
     @classmethod
     def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> EpochDataset:
@@ -108,9 +116,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return self._start + i * self.world_size + self.rank
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        """Batch ``i`` of this rank: one tensor per field, ``(size, *sample_shape)``; a short last batch is trimmed."""
+        """Batch ``i`` of this rank: one tensor per field (and NULL mask), ``(size, *sample_shape)``.
+
+        A short last batch is trimmed.
+        """
         g = self.global_batch(i)
-        batch = {name: self._read(name, g) for name in self.fields}
+        batch = {name: self._read(name, g) for name in self.arrays}
         if torch.utils.data.get_worker_info() is not None:
             # In a DataLoader worker the batch is sent to the main process, and a view would drag its whole
             # shard mapping into shared memory: hand over a compact copy of the batch instead.
@@ -190,12 +201,13 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def read_into(self, i: int, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Read batch ``i`` with ``preadv`` straight into ``out``'s tensors (one copy, no page mapping).
 
-        ``out`` holds a contiguous CPU tensor of shape ``(size, *sample_shape)`` per field, e.g. pinned
-        staging buffers; returns views of them (trimmed for a short last batch).
+        ``out`` holds a contiguous CPU tensor of shape ``(size, *sample_shape)`` per array (``self.arrays``:
+        the fields and their NULL masks), e.g. pinned staging buffers; returns views of them (trimmed for a
+        short last batch).
         """
         g = self.global_batch(i)
         result = {}
-        for name in self.fields:
+        for name in self.arrays:
             layout, target = self._layouts[name], out[name]
             if not layout.raw:
                 batch = self._read(name, g)
@@ -293,7 +305,7 @@ def _cuda_batches(ds: EpochDataset, device: torch.device, depth: int) -> Iterato
                 name: torch.empty(
                     ds._layouts[name].batch_shape, dtype=_TORCH_DTYPES[ds._layouts[name].dtype]
                 ).pin_memory()
-                for name in ds.fields
+                for name in ds.arrays
             }
         buffers = pinned[slot]
         assert buffers is not None

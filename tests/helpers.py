@@ -47,7 +47,7 @@ def write_config(
     *,
     keys: str,
     query: str,
-    fields: dict[str, tuple[list[str], str]],
+    fields: dict[str, tuple[Any, ...]],
     size: int,
     rows: int = 1,
     seed: int = 0,
@@ -58,8 +58,12 @@ def write_config(
     name: str = "test.toml",
     store: str = "store.zarr",
     extra_source: str = "",
+    extra_samples: str = "",
 ) -> Path:
-    """Write a config file into ``folder`` and return its path."""
+    """Write a config file into ``folder`` and return its path.
+
+    ``fields`` maps a name to ``(columns, dtype)`` or ``(columns, dtype, {option: value})``.
+    """
     lines = [
         "[source]",
         f"connections = {connections}",
@@ -69,6 +73,7 @@ def write_config(
         f"query = {toml_value(query)}",
         f"rows = {rows}",
         f"fraction = {fraction}",
+        extra_samples,
         "[batches]",
         f"size = {size}",
         f"seed = {seed}",
@@ -77,8 +82,9 @@ def write_config(
         f"path = {toml_value(store)}",
         f"compression = {toml_value(compression)}",
     ]
-    for fname, (columns, dtype) in fields.items():
+    for fname, (columns, dtype, *options) in fields.items():
         lines += [f"[fields.{fname}]", f"columns = {json.dumps(columns)}", f"dtype = {toml_value(dtype)}"]
+        lines += [f"{k} = {toml_value(v)}" for k, v in (options[0] if options else {}).items()]
     path = folder / name
     path.write_text("\n".join(lines) + "\n")
     return path
