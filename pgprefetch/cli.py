@@ -17,7 +17,8 @@ from typing import Any
 import click
 
 from ._version import __version__
-from .config import load_config
+from .check import SAMPLE_BATCHES, check_config
+from .config import load_config, parse_duration
 from .errors import ConfigError, PgprefetchError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
 from .pipeline import RETRIES, DumpResult, dump_epoch, dump_epochs
@@ -78,6 +79,8 @@ def _summary(r: DumpResult) -> str:
     if r.status == "busy":
         return f"epoch {r.epoch}: another dump is writing it ({r.holder}); skipped"
     notes = ""
+    if r.duplicates_dropped:
+        notes += f" ({r.duplicates_dropped:,} repeated keys dropped)"
     if r.retries:
         notes += f" (survived {r.retries} lost connection(s))"
     if r.restarted:
@@ -85,9 +88,15 @@ def _summary(r: DumpResult) -> str:
     if r.resumed:
         notes += f" (resumed: {r.resumed} of {r.n_batches} batches kept from an interrupted dump)"
     return (
-        f"epoch {r.epoch}: {r.n_batches} batches, {r.n_samples:,} samples, {r.bytes / 1e6:,.1f} MB "
+        f"epoch {r.epoch}: {_count(r.n_batches, 'batch', 'batches')}, {_count(r.n_samples, 'sample')}, "
+        f"{r.bytes / 1e6:,.1f} MB "
         f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}{notes}"
     )
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``1 batch``, ``2 batches``, ``1,024 samples``."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 config_option = click.option(
@@ -160,7 +169,6 @@ def dump(
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store)
     target = Store(cfg.store.path)
     if ahead is not None:
-        target.create()
         epochs = plan_ahead(target, ahead, consumer)
     else:
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
@@ -172,9 +180,9 @@ def dump(
         elif not quiet:
             click.echo(_summary(result))
     if keep is not None:
-        pruned = prune(target, keep, consumer, partials=False)
+        pruned = prune(target, keep, consumer)
         if pruned.epochs and not quiet and not as_json:
-            click.echo(f"deleted epochs {', '.join(map(str, pruned.epochs))} (--keep {keep})")
+            click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
     elif ahead is not None and not epochs and not quiet and not as_json:
         click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
 
@@ -246,13 +254,58 @@ def verify(config_path: Path | None, store: Path | None, epoch: int) -> None:
     "--keep", type=click.IntRange(min=0), required=True, help="Keep epochs from (the slowest consumer's epoch - N) on."
 )
 @click.option("--consumer", help="Go by this consumer's epoch (default: the slowest consumer).")
-def prune_command(config_path: Path | None, store: Path | None, keep: int, consumer: str | None) -> None:
-    """Delete complete epochs more than N behind the consumers, and partial epochs of dead dumps."""
-    result = prune(_store(config_path, store), keep, consumer)
-    click.echo(
-        f"deleted epochs: {', '.join(map(str, result.epochs)) or 'none'}; "
-        f"removed partial epochs of dead dumps: {', '.join(map(str, result.partials)) or 'none'}"
+@click.option(
+    "--partials", is_flag=True, help="Also delete partial epochs no dump is writing (a rerun would resume them)."
+)
+@click.option(
+    "--partials-older-than",
+    "partials_age",
+    metavar="DURATION",
+    help='Also delete partial epochs last written longer ago than this, e.g. "7d" or "12h".',
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing unless something fails (for cron).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def prune_command(
+    config_path: Path | None,
+    store: Path | None,
+    keep: int,
+    consumer: str | None,
+    partials: bool,
+    partials_age: str | None,
+    dry_run: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Delete complete epochs more than N behind the consumers; partial epochs only when told."""
+    age = parse_duration(partials_age, "--partials-older-than") / 1000 if partials_age is not None else None
+    result = prune(
+        _store(config_path, store), keep, consumer, partials=partials, partials_older_than=age, dry_run=dry_run
     )
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+    elif not quiet:
+        click.echo("\n".join(result.lines(keep)) or "nothing to delete")
+
+
+@cli.command()
+@config_option
+@dsn_option
+@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True, help="The epoch to plan.")
+@click.option(
+    "--batches", type=click.IntRange(min=1), default=SAMPLE_BATCHES, show_default=True, help="Batches to decode."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json: bool) -> None:
+    """Run everything a dump would decide against the database, on a sample of batches; write nothing.
+
+    Exits 0 when a dump of this config would go through, 1 with the errors otherwise.
+    """
+    cfg = load_config(config_path, dsn=dsn)
+    report = asyncio.run(check_config(cfg, epoch, batches))
+    click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines()))
+    if report.errors:
+        raise _fail(f"{config_path}: {len(report.errors)} problem(s) found", 1)
 
 
 @cli.command("demo-data")
@@ -282,16 +335,10 @@ def demo_data(dsn: str | None, scale: float) -> None:
     help="Where the server keeps its data.",
 )
 def server(folder: Path) -> None:
-    """Run the embedded PostgreSQL and print its DSN until Ctrl-C."""
-    from .server import embedded_server
+    """Run the embedded PostgreSQL and print its DSN until Ctrl-C or SIGTERM (both stop it)."""
+    from .server import run_server
 
-    with embedded_server(folder) as dsn:
-        click.echo(dsn)
-        try:
-            while True:
-                asyncio.run(asyncio.sleep(3600))
-        except KeyboardInterrupt:
-            click.echo("stopping", err=True)
+    run_server(folder, click.echo)
 
 
 @cli.command()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import wire
+from .casts import misfit_after, misfit_before
 from .config import FieldConfig
 from .errors import ConfigError, SampleError
 
@@ -277,7 +278,7 @@ class BatchLayout:
         pre: bool,
         out: np.ndarray | None = None,
     ) -> None:
-        bad = _misfit_before(v, f.dtype) if pre else _misfit_after(v, out, f.dtype)  # type: ignore[arg-type]
+        bad = misfit_before(v, f.dtype) if pre else misfit_after(v, out, f.dtype)  # type: ignore[arg-type]
         if bad is None:
             return
         index, why = bad
@@ -401,46 +402,6 @@ def _null_hint(f: FieldConfig) -> str:
 
 def _nulls(count: int) -> str:
     return f"is NULL ({count} NULL{'s' if count != 1 else ''} in this batch)"
-
-
-def _misfit_before(v: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
-    """The first value of ``v`` that ``dtype`` cannot hold, judged before the cast (which would wrap it)."""
-    src = v.dtype
-    if src.kind == "b" or (dtype.kind == "f" and src.kind == "f"):
-        return None  # bool fits every dtype; float narrowing is judged after the cast (see below)
-    if dtype.kind == "b":
-        bad = (v != 0) & (v != 1)
-        return (int(np.flatnonzero(bad)[0]), " (only 0 and 1 fit bool)") if bad.any() else None
-    if dtype.kind == "f":  # integers into floats: only float16's range (65504) can be exceeded
-        limit = float(np.finfo(dtype).max)
-        if src.itemsize <= 2 or v.size == 0 or (v.min() >= -limit and v.max() <= limit):
-            return None
-        return int(np.flatnonzero(np.abs(v.astype(np.float64)) > limit)[0]), ""
-    info = np.iinfo(dtype)
-    if src.kind in "iu":
-        s = np.iinfo(src)
-        if (s.min >= info.min and s.max <= info.max) or v.size == 0 or (v.min() >= info.min and v.max() <= info.max):
-            return None
-        return int(np.flatnonzero((v < info.min) | (v > info.max))[0]), f" (range {info.min}..{info.max})"
-    # floats into integers: finite, whole and in range (info.max + 1 is a power of two, exact as a float)
-    with np.errstate(invalid="ignore"):
-        ok = (v >= info.min) & (v < float(info.max) + 1) & (np.trunc(v) == v)
-    if ok.all():
-        return None
-    index = int(np.flatnonzero(~ok)[0])
-    value = float(v.reshape(-1)[index])
-    why = " (not a whole number)" if np.isfinite(value) and info.min <= value <= info.max else ""
-    return index, why or f" (range {info.min}..{info.max})"
-
-
-def _misfit_after(v: np.ndarray, out: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
-    """The first finite float that became infinite when cast to a narrower float ``dtype``."""
-    if not (v.dtype.kind == "f" and dtype.kind == "f" and v.dtype.itemsize > dtype.itemsize):
-        return None
-    if not np.isinf(out).any():
-        return None
-    bad = np.isinf(out).reshape(v.shape) & np.isfinite(v)
-    return (int(np.flatnonzero(bad)[0]), f" (largest {float(np.finfo(dtype).max):g})") if bad.any() else None
 
 
 def array_lengths(layout_columns: Sequence[Column], blobs: Sequence[bytes | None]) -> dict[Column, int]:

@@ -335,17 +335,8 @@ class _Parser:
         value = table.get(key)
         if value is None:
             return None
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value  # a bare number is milliseconds, as in postgresql.conf
-        m = _DURATION.match(value) if isinstance(value, str) else None
-        if not m:
-            self.fail(
-                f"[{section}] {key}",
-                f'expected a duration such as "500ms", "30s", "5min" or "1h", got {_show(value)}',
-            )
-        assert m is not None
-        ms = float(m[1]) * _DURATION_MS[m[2] or "ms"]
-        return math.ceil(ms)  # rounded up: 0 would mean no timeout at all
+        prefix = f"{self.file}: " if self.file else ""
+        return parse_duration(value, f"{prefix}[{section}] {key}")
 
     def fields(self, table: dict[str, Any]) -> tuple[FieldConfig, ...]:
         if not table:
@@ -415,6 +406,20 @@ class _Parser:
         if not _fits(len(value) - 1, dtype):
             self.fail(f"{where} categories", f"{len(value)} categories do not fit {dtype}")
         return tuple(value)
+
+
+def parse_duration(value: Any, where: str) -> int:
+    """Milliseconds from ``"500ms"``, ``"30s"``, ``"5min"``, ``"1h"``, ``"7d"`` or a bare number of ms.
+
+    Raises:
+        ConfigError: naming ``where`` (the key or the option) and what was expected.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value  # a bare number is milliseconds, as in postgresql.conf
+    m = _DURATION.match(value) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError(f'{where}: expected a duration such as "500ms", "30s", "5min" or "1h", got {_show(value)}')
+    return math.ceil(float(m[1]) * _DURATION_MS[m[2] or "ms"])  # rounded up: 0 would mean no timeout at all
 
 
 def _fits(value: float, dtype: str) -> bool:

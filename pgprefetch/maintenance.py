@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -119,18 +120,51 @@ def plan_ahead(store: Store, ahead: int, consumer: str | None = None) -> list[in
 
 @dataclass(frozen=True)
 class PruneResult:
-    """What ``prune`` removed."""
+    """What ``prune`` removed, and the partial epochs it kept."""
 
     epochs: list[int]
-    partials: list[int]
+    partials: list[int]  # partial epochs of dead dumps, removed
+    kept_partials: list[int] = field(default_factory=list)  # resumable partial epochs left for the next dump
+    dry_run: bool = False
+
+    def lines(self, keep: int) -> list[str]:
+        """What happened, in words: one line per kind of action (nothing when nothing was to do)."""
+        verb = "would delete" if self.dry_run else "deleted"
+        out = []
+        if self.epochs:
+            out.append(f"{verb} epochs {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer)")
+        if self.partials:
+            out.append(f"{verb} partial epochs {_listed(self.partials)} (no dump is writing them)")
+        if self.kept_partials:
+            out.append(
+                f"kept partial epochs {_listed(self.kept_partials)}: the next dump of each resumes it "
+                "(delete them with --partials)"
+            )
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        """The object ``prune --json`` prints."""
+        return {"deleted_epochs": self.epochs, "deleted_partials": self.partials, "kept_partials": self.kept_partials,
+                "dry_run": self.dry_run}  # fmt: skip
 
 
-def prune(store: Store, keep: int, consumer: str | None = None, *, partials: bool = True) -> PruneResult:
-    """Delete complete epochs older than (newest started - ``keep``), and partial epochs of dead dumps.
+def prune(
+    store: Store,
+    keep: int,
+    consumer: str | None = None,
+    *,
+    partials: bool = False,
+    partials_older_than: float | None = None,
+    dry_run: bool = False,
+) -> PruneResult:
+    """Delete complete epochs older than (newest started - ``keep``), and, if asked, dead partial epochs.
 
     With several consumers the slowest one counts, so no training run loses an epoch it may still read.
-    With no consumer recorded, no complete epoch is deleted. A partial epoch is removed only when no dump
-    holds its lock (its dump died); a live dump's partial epoch is never touched.
+    With no consumer recorded, no complete epoch is deleted.
+
+    A partial epoch is work a rerun of its dump resumes, so it is kept unless ``partials`` is set or it
+    was last written more than ``partials_older_than`` seconds ago; even then it is removed only when
+    no dump holds its lock (a live dump's partial epoch is never touched).
     """
     started = _started(store, consumer)
     removed = []
@@ -138,19 +172,43 @@ def prune(store: Store, keep: int, consumer: str | None = None, *, partials: boo
         oldest_kept = min(started.values()) - keep
         for epoch in store.epochs():
             if epoch < oldest_kept:
-                _remove(store, store.epoch_path(epoch))
+                if not dry_run:
+                    _remove(store, store.epoch_path(epoch))
                 removed.append(epoch)
-    dead = []
-    if partials:  # an epoch a --force dump moved aside and did not get to delete (it died in between)
-        for old in (store.meta / "partial").glob("*.replaced"):
-            shutil.rmtree(old, ignore_errors=True)
-    for epoch in store.partial_epochs() if partials else ():
+    dead, kept = [], []
+    now = time.time()
+    for epoch in store.partial_epochs():
+        if store.is_complete(epoch):
+            continue  # a --force rewrite in progress
+        age = now - _last_write(store, epoch)
+        if not (partials or (partials_older_than is not None and age > partials_older_than)):
+            kept.append(epoch)
+            continue
         with store.writer_lock(epoch) as held:
             if held:
-                _remove(store, store.partial_path(epoch))
-                store.journal_path(epoch).unlink(missing_ok=True)
+                if not dry_run:
+                    _remove(store, store.partial_path(epoch))
+                    store.journal_path(epoch).unlink(missing_ok=True)
                 dead.append(epoch)
-    return PruneResult(removed, dead)
+    if (partials or partials_older_than is not None) and not dry_run:
+        # epochs a --force dump moved aside and did not get to delete (it died in between)
+        for old in (store.meta / "partial").glob("*.replaced"):
+            shutil.rmtree(old, ignore_errors=True)
+    return PruneResult(removed, dead, kept, dry_run)
+
+
+def _last_write(store: Store, epoch: int) -> float:
+    """When a partial epoch was last written to (its journal, or its folder)."""
+    for path in (store.journal_path(epoch), store.partial_path(epoch)):
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            continue
+    return 0.0
+
+
+def _listed(epochs: list[int]) -> str:
+    return ", ".join(map(str, epochs))
 
 
 def _remove(store: Store, folder: Path) -> None:

@@ -128,16 +128,42 @@ async def dump_epoch(
     if epoch < 0:
         raise ConfigError(f"epoch must be 0 or more, got {epoch}")
     store = Store(cfg.store.path)
-    store.create()
     if store.is_complete(epoch) and not force:
-        return DumpResult(epoch=epoch, path=store.epoch_path(epoch), status="skipped")
+        return _skipped(store, epoch)
     if not force:
         _check_same_config(store, cfg)
+    created = not store.path.exists()
+    store.create()
+    try:
+        return await _dump_with_retries(cfg, store, epoch, force, progress, retries)
+    except BaseException:
+        if created:
+            store.remove_if_unused()  # a dump that wrote nothing leaves no trace (a bad config, a wrong DSN)
+        raise
+
+
+def _skipped(store: Store, epoch: int) -> DumpResult:
+    """The result for an epoch that is already complete, with its real counts."""
+    m = store.manifest(epoch)
+    return DumpResult(
+        epoch=epoch,
+        path=store.epoch_path(epoch),
+        status="skipped",
+        n_batches=m["n_batches"],
+        n_samples=m["n_samples"],
+        bytes=m.get("bytes", 0),
+    )
+
+
+async def _dump_with_retries(
+    cfg: Config, store: Store, epoch: int, force: bool, progress: Progress | None, retries: int
+) -> DumpResult:
+    """Hold the epoch's lock and dump it, retrying lost connections (see :func:`dump_epoch`)."""
     with store.writer_lock(epoch) as held:
         if not held:
             return DumpResult(epoch, store.epoch_path(epoch), status="busy", holder=store.lock_holder(epoch))
         if store.is_complete(epoch) and not force:  # finished by the dump we waited on
-            return DumpResult(epoch=epoch, path=store.epoch_path(epoch), status="skipped")
+            return _skipped(store, epoch)
         started = time.monotonic()
         connected = False  # once any attempt got a snapshot, lost connections and refusals are retried
         for attempt in range(retries + 1):

@@ -37,8 +37,9 @@ class BarProgress:
         if self._bar is None:
             return
         self._bytes += nbytes
-        rate = self._bytes / max(time.monotonic() - self._started, 1e-9) / 1e6
-        self._bar.set_postfix_str(f"{rate:.1f} MB/s", refresh=False)
+        if self._bytes:  # batches kept from an interrupted dump count as samples, not as bytes written now
+            rate = self._bytes / max(time.monotonic() - self._started, 1e-3)
+            self._bar.set_postfix_str(tqdm.format_sizeof(rate, "B/s", divisor=1000), refresh=False)
         self._bar.update(samples)
 
     def close(self) -> None:

@@ -117,6 +117,12 @@ class Store:
         except OSError as e:
             raise StoreError(f"cannot create store {self.path}: {e.strerror or e}") from None
 
+    def remove_if_unused(self) -> None:
+        """Remove a store that holds no epoch, complete or partial (one a failed first dump created)."""
+        if self.epochs() or self.partial_epochs():
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+
     def epochs(self) -> list[int]:
         """The published epochs, in order."""
         if not self.path.is_dir():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,31 @@ def test_wrong_array_length_in_a_multi_row_sample_names_the_key(table: str, tmp_
         rows=2,
         fields={"e": (["e"], "float32")},
     )
+
+
+def test_a_dump_that_fails_on_its_config_leaves_no_store(table: str, tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path, keys="SELECT id FROM s", query="SELECT nope FROM s WHERE id = $1", fields=ONE_COLUMN, size=16
+    )
+    result = CliRunner().invoke(cli, ["dump", "--config", str(path), "--epoch", "0", "--dsn", table])
+    assert result.exit_code == 2
+    assert not (tmp_path / "store.zarr").exists()
+
+
+def test_json_of_a_skipped_epoch_reports_its_real_counts(table: str, tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=16
+    )
+    argv = ["dump", "--config", str(path), "--epoch", "0", "--dsn", table, "--json"]
+    first = json.loads(CliRunner().invoke(cli, argv).output)
+    second = json.loads(CliRunner().invoke(cli, argv).output)
+    assert second["status"] == "skipped"
+    assert (second["n_batches"], second["n_samples"], second["bytes"]) == (4, 64, first["bytes"])
+
+
+def test_summary_counts_one_batch_in_the_singular(table: str, tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=64
+    )
+    out = CliRunner().invoke(cli, ["dump", "--config", str(path), "--epoch", "0", "--dsn", table]).output
+    assert out.startswith("epoch 0: 1 batch, 64 samples, ")

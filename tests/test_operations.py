@@ -82,7 +82,7 @@ def test_ahead_and_keep_follow_the_recorded_consumer(s_table: str, tmp_path: Pat
     EpochDataset(store, epoch=3)
     code, out = run_cli("dump", "--config", str(cfg), "--dsn", s_table, "--ahead", "1", "--keep", "1")
     assert code == 0
-    assert out.splitlines()[-1] == "deleted epochs 0, 1 (--keep 1)"
+    assert out.splitlines()[-1] == "deleted epochs 0, 1 (complete, more than 1 behind the slowest consumer)"
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00002", "epoch-00003", "epoch-00004"]
 
 
@@ -129,19 +129,56 @@ def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
     assert lines[-1] == "Error: epoch 0: 3 corrupt or missing chunk(s)"
 
 
-def test_prune_removes_old_epochs_and_dead_partials(s_table: str, tmp_path: Path) -> None:
+def test_prune_removes_old_epochs_and_keeps_partials_unless_told(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     for e in range(3):
         dump(cfg, s_table, epoch=e)
     store = tmp_path / "store.zarr"
-    (store / ".pgprefetch" / "partial" / "epoch-00007").mkdir(parents=True)
+    partial = store / ".pgprefetch" / "partial" / "epoch-00007"
+    partial.mkdir(parents=True)
     EpochDataset(store, epoch=2)
     assert run_cli("prune", "--config", str(cfg), "--keep", "1") == (
         0,
-        "deleted epochs: 0; removed partial epochs of dead dumps: 7\n",
+        "deleted epochs 0 (complete, more than 1 behind the slowest consumer)\n"
+        "kept partial epochs 7: the next dump of each resumes it (delete them with --partials)\n",
     )
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00001", "epoch-00002"]
-    assert not (store / ".pgprefetch" / "partial" / "epoch-00007").exists()
+    assert partial.exists()
+    assert run_cli("prune", "--config", str(cfg), "--keep", "1", "--partials-older-than", "1h") == (
+        0,
+        "kept partial epochs 7: the next dump of each resumes it (delete them with --partials)\n",
+    )
+    old = time.time() - 2 * 3600
+    os.utime(partial, (old, old))
+    code, out = run_cli("prune", "--config", str(cfg), "--keep", "1", "--partials-older-than", "1h", "--dry-run")
+    assert (code, out) == (0, "would delete partial epochs 7 (no dump is writing them)\n")
+    assert partial.exists()
+    assert run_cli("prune", "--config", str(cfg), "--keep", "1", "--partials", "--quiet") == (0, "")
+    assert not partial.exists()
+
+
+def test_prune_json_lists_what_it_did(s_table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    dump(cfg, s_table, epoch=0)
+    code, out = run_cli("prune", "--config", str(cfg), "--keep", "0", "--json")
+    assert code == 0
+    assert json.loads(out) == {"deleted_epochs": [], "deleted_partials": [], "kept_partials": [], "dry_run": False}
+
+
+def test_prune_never_touches_a_partial_epoch_a_live_dump_holds(s_table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    proc = start_dump(cfg, s_table)
+    try:
+        deadline = time.monotonic() + 30
+        while journal_lines(store) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code, out = run_cli("prune", "--config", str(cfg), "--keep", "0", "--partials")
+        assert (code, out) == (0, "nothing to delete\n")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (store / ".pgprefetch" / "partial" / "epoch-00000").exists()
 
 
 def test_two_dumps_of_one_epoch_never_write_together(s_table: str, tmp_path: Path) -> None:

@@ -161,7 +161,9 @@ def test_null_policy_in_multi_row_samples(gaps: str, tmp_path: Path) -> None:
     )
     arrays = read_arrays(dump(path, gaps))
     truth = {r["id"]: r["v"] for r in fetch(gaps, "SELECT id, v FROM s")}
-    for key, v, mask in zip(arrays["keys"].reshape(-1), arrays["v"].reshape(-1, 4), arrays["v_null"].reshape(-1, 4)):
+    for key, v, mask in zip(
+        arrays["keys"].reshape(-1), arrays["v"].reshape(-1, 4), arrays["v_null"].reshape(-1, 4), strict=True
+    ):
         rows = [truth[key + i] for i in range(4)]
         assert mask.tolist() == [r is None for r in rows]
         assert v.tolist() == [0.5 if r is None else r for r in rows]

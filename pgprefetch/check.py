@@ -1,0 +1,109 @@
+"""``pgprefetch check``: everything a dump would decide, run against the database, with nothing written.
+
+Users iterate on a config before the first real dump. The check plans epoch 0 on a snapshot exactly as
+the dump does (:func:`pgprefetch.plan.plan_epoch`: the queries described, the keys read, shuffled and
+checked for repeats, the categories fixed), then fetches a sample of batches spread over the epoch and
+decodes them with every type, cast, NULL and range check of the dump. Problems are collected, one line
+each, rather than stopping at the first, so one run shows what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .collate import UnknownCategoryError
+from .config import Config
+from .errors import ConfigError, SourceError
+from .plan import layout_from, name_unknown_category, plan_epoch
+from .source import BatchReader, Snapshot
+
+SAMPLE_BATCHES = 8
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found: the epoch's size and shapes, and one line per problem."""
+
+    n_keys: int = 0
+    duplicates_dropped: int = 0
+    n_samples: int = 0
+    n_batches: int = 0
+    batches_checked: int = 0
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)
+    epoch_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The report as printed."""
+        dropped = f" ({self.duplicates_dropped:,} repeated, dropped)" if self.duplicates_dropped else ""
+        out = [
+            f"keys: {self.n_keys:,}{dropped}",
+            f"epoch: {self.n_samples:,} samples in {self.n_batches:,} batch{'es' if self.n_batches != 1 else ''}, "
+            f"about {self.epoch_bytes / 1e6:,.1f} MB on disk uncompressed",
+        ]  # fmt: skip
+        for name, f in self.fields.items():
+            extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
+            out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
+        out.append(f"checked {self.batches_checked} batch(es) with every type, cast and NULL check of the dump")
+        out += [f"error: {e}" for e in self.errors]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``check --json`` prints."""
+        return {**self.__dict__, "ok": not self.errors}
+
+
+async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHES) -> CheckReport:
+    """Plan ``epoch`` and decode up to ``batches`` of its batches, spread over it; write nothing.
+
+    Raises:
+        SourceError: the database cannot be reached (the check cannot run at all).
+    """
+    report = CheckReport()
+    async with Snapshot.open(cfg.source) as snap:
+        try:
+            plan = await plan_epoch(cfg, snap, epoch)
+        except (ConfigError, SourceError) as e:
+            if isinstance(e, SourceError) and e.transient:
+                raise
+            report.errors.append(str(e))
+            return report
+        size = cfg.batches.size
+        report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
+        report.n_samples, report.n_batches = plan.used, plan.n_batches
+        chosen = sorted({int(b) for b in np.linspace(0, plan.n_batches - 1, min(batches, plan.n_batches))})
+        async with BatchReader.open(
+            dataclasses.replace(cfg.source, connections=1), snap.id, plan.sql, plan.params
+        ) as reader:
+            first = await reader.fetch(0, plan.batch_keys(0, size))
+            try:
+                layout = layout_from(cfg, plan, first)
+            except ConfigError as e:
+                report.errors.append(str(e))
+                return report
+            buffers = layout.allocate(size)
+            for batch in chosen:
+                keys = plan.batch_keys(batch, size)
+                blobs = first if batch == 0 else await reader.fetch(batch, keys)
+                try:
+                    layout.decode(blobs, keys, buffers)
+                except UnknownCategoryError as e:
+                    report.errors.append(str(await name_unknown_category(cfg, snap, e)))
+                except SourceError as e:
+                    report.errors.append(f"batch {batch}: {e}")
+                report.batches_checked += 1
+        per_sample = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in layout.arrays())
+        per_sample += 8 * len(plan.key_names)  # the keys array
+        report.epoch_bytes = plan.n_batches * size * per_sample
+        for f in layout.fields:
+            entry: dict[str, Any] = {"dtype": f.dtype.name, "shape": list(f.sample_shape)}
+            if f.config.null_mask:
+                entry["null"] = f.config.null
+            if f.name in plan.categories:
+                entry["categories"] = plan.categories[f.name]
+            report.fields[f.name] = entry
+    return report

@@ -1,0 +1,65 @@
+"""``pgprefetch check`` reports what a dump would decide, finds what would stop it, and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from pgprefetch.cli import cli
+
+from .helpers import execute, s_config
+
+
+def check(cfg: Path, dsn: str, *extra: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["check", "--config", str(cfg), "--dsn", dsn, *extra])
+    return result.exit_code, result.output
+
+
+def test_check_of_a_good_config_reports_the_epoch_and_writes_nothing(s_table: str, tmp_path: Path) -> None:
+    cfg = s_config(tmp_path)
+    code, out = check(cfg, s_table)
+    assert code == 0, out
+    assert out.splitlines() == [
+        "keys: 480",
+        "epoch: 480 samples in 30 batches, about 0.0 MB on disk uncompressed",
+        "field v: float32 () per sample",
+        "checked 8 batch(es) with every type, cast and NULL check of the dump",
+    ]
+    assert not (tmp_path / "store.zarr").exists()
+
+
+def test_check_json_has_the_sizes(s_table: str, tmp_path: Path) -> None:
+    code, out = check(s_config(tmp_path), s_table, "--json")
+    report = json.loads(out)
+    assert code == 0
+    assert (report["n_samples"], report["n_batches"], report["epoch_bytes"], report["ok"]) == (480, 30, 480 * 12, True)
+
+
+def test_check_collects_every_bad_batch(s_table: str, tmp_path: Path) -> None:
+    execute(s_table, "ALTER TABLE s ALTER COLUMN v DROP NOT NULL", "UPDATE s SET v = NULL")
+    code, out = check(s_config(tmp_path), s_table, "--batches", "3")
+    lines = out.splitlines()
+    errors = [line for line in lines if line.startswith("error: batch ")]
+    assert code == 1
+    assert len(errors) == 3
+    assert all("column v is NULL (16 NULLs in this batch)" in line for line in errors)
+    assert lines[-1] == f"Error: {tmp_path / 'test.toml'}: 3 problem(s) found"
+
+
+def test_check_reports_a_misfit_value_and_repeated_keys(s_table: str, tmp_path: Path) -> None:
+    execute(s_table, "UPDATE s SET v = 1e6 WHERE id = 1")
+    code, out = check(s_config(tmp_path, dtype="float16", size=480), s_table)
+    assert code == 1
+    assert "column v value 1000000.0 does not fit float16" in out
+    code, out = check(s_config(tmp_path, keys="SELECT id FROM s UNION ALL SELECT 1"), s_table)
+    assert code == 1
+    assert "error: the keys query returned 1 repeated key(s), e.g. (id=1)" in out
+
+
+def test_check_reports_a_query_that_does_not_fit_the_config(s_table: str, tmp_path: Path) -> None:
+    code, out = check(s_config(tmp_path, query="SELECT v AS w FROM s WHERE id = $1"), s_table)
+    assert code == 1
+    assert "error: " in out
+    assert 'the query returns no column "v" (it returns w)' in out
