@@ -1,4 +1,4 @@
-"""``python -m bench``: load the demo data, run blog / ceiling / dump, RSS, the proxy runs and the reader; print."""
+"""``python -m bench``: load the demo data, run blog / ceiling / dump, cast checks, RSS, proxy runs, reader; print."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import contenders, dumprun, reader
+from . import casts, contenders, dumprun, reader
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
 from .report import LOCAL, Results, Row, render, render_reader, splice_reader
 
@@ -186,6 +186,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reader-only", action="store_true", help="only the reader bench (no PostgreSQL)")
     parser.add_argument("--no-reader", action="store_true", help="skip the reader bench")
     parser.add_argument(
+        "--casts-only",
+        action="store_true",
+        help="only the cast checks' cost against a dump of each dataset (quick sizes unless scales are given); "
+        "prints, writes no results",
+    )
+    parser.add_argument(
         "--reader-gb",
         type=float,
         help=f"bytes of each reader bench epoch, in GiB (default {reader.EPOCH_BYTES / 2**30:g}, "
@@ -195,10 +201,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--results", type=Path, help="where to write the markdown (default bench/RESULTS.md; none with --quick)"
     )
     args = parser.parse_args(argv)
-    args.scale_seq = args.scale_seq or (QUICK_SCALE_SEQ if args.quick else DEFAULT_SCALE_SEQ)
-    args.scale_rows = args.scale_rows or (QUICK_SCALE_ROWS if args.quick else DEFAULT_SCALE_ROWS)
+    small = args.quick or args.casts_only
+    args.scale_seq = args.scale_seq or (QUICK_SCALE_SEQ if small else DEFAULT_SCALE_SEQ)
+    args.scale_rows = args.scale_rows or (QUICK_SCALE_ROWS if small else DEFAULT_SCALE_ROWS)
     args.blog_seconds = args.blog_seconds or (2.0 if args.quick else 12.0)
-    if args.results is None and not args.quick:
+    if args.casts_only and (args.reader_only or args.results):
+        parser.error("--casts-only prints only: not with --reader-only or --results")
+    if args.results is None and not small:
         args.results = HERE / "RESULTS.md"
     if args.reader_only and args.no_reader:
         parser.error("--reader-only and --no-reader exclude each other")
@@ -226,10 +235,38 @@ def reader_only(args: argparse.Namespace) -> None:
         log(f"wrote the reader section of {args.results}")
 
 
+def measure_casts(ds: Dataset, dsn: str, dump: dumprun.DumpRun) -> casts.CastRun:
+    log(f"{ds.name}: cast checks, safe against unsafe decodes, {casts.BUDGET_S:g} s budget")
+    run = casts.measure(ds, dsn, dump)
+    log(f"  {run.line()}")
+    return run
+
+
+def casts_only(args: argparse.Namespace) -> None:
+    """``--casts-only``: load, dump each dataset once for the baseline, time the cast checks; print."""
+    scales = {"windows": args.scale_seq, "rows": args.scale_rows}
+    runs = []
+    workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
+    try:
+        with server() as admin_dsn, database(admin_dsn) as dsn:
+            asyncio.run(load(dsn, scales))
+            for ds in (WINDOWS, ROWS):
+                dump = dumprun.dump(ds, dsn, workdir)
+                log(f"{ds.name} dump: {dump.samples:,} samples in {dump.seconds:.1f} s = {dump.rate:,.0f}/s")
+                runs.append(measure_casts(ds, dsn, dump))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
+    print(casts.render_casts(runs, quick=small))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.reader_only:
         reader_only(args)
+        return
+    if args.casts_only:
+        casts_only(args)
         return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
@@ -244,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
             results.setup_s = time.perf_counter() - started
             for ds in (WINDOWS, ROWS):
                 results.rows.append(measure(ds, dsn, workdir, args.blog_seconds, LOCAL))
+                results.casts.append(measure_casts(ds, dsn, results.rows[-1].dump))
             for label, fraction in (("1x", 0.25), ("4x", 1.0)):
                 run = dumprun.dump(ROWS, dsn, workdir, fraction=fraction, measure_rss=True)
                 log(f"rss {label}: {run.samples:,} samples, peak RSS {run.max_rss / 2**20:,.1f} MiB")

@@ -8,6 +8,7 @@ import statistics
 import subprocess
 from dataclasses import dataclass, field
 
+from .casts import CastRun, render_casts
 from .contenders import Run
 from .dumprun import DumpRun
 
@@ -90,6 +91,7 @@ class Results:
     total_s: float = 0.0
     reader: list[ReaderRow] = field(default_factory=list)
     reader_s: float = 0.0
+    casts: list[CastRun] = field(default_factory=list)
 
 
 def _n(x: float) -> str:
@@ -183,6 +185,8 @@ def render(r: Results) -> str:
         ratio = r.rss[1][2].max_rss / r.rss[0][2].max_rss
         out.append(f"- peak RSS 4x/1x {ratio:.2f} <= {TARGET_RSS}: {_verdict(ratio <= TARGET_RSS)}")
     out.append("")
+    if r.casts:
+        out += [render_casts(r.casts, quick=r.quick), ""]
     if r.rtt_ms:
         direct, proxied = r.rtt_ms["direct"], r.rtt_ms["proxy"]
         out += [

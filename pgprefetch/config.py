@@ -48,6 +48,11 @@ class SourceConfig:
     """Pool size, which is also the number of batches in flight."""
     statement_timeout_ms: int | None = None
     """Applied to every statement of every connection; None leaves the server's setting."""
+    io_timeout_ms: int = 60_000
+    """How long one round trip may go unanswered before its connection counts as lost (0: forever).
+
+    A peer that stops answering without closing (a dropped route, a frozen proxy) is otherwise noticed only
+    by TCP keepalives, after hours. It must exceed the slowest batch statement."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,7 +217,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     store = p.section(raw, "store")
     fields = p.section(raw, "fields")
 
-    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout"))
+    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout", "io_timeout"))
     p.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction", "duplicates"))
     p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
     p.keys(store, "store", required=("path",), optional=("compression",))
@@ -231,6 +236,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             dsn=p.optional_str(source, "source", "dsn"),
             connections=p.positive_int(source, "source", "connections", default=8),
             statement_timeout_ms=p.duration(source, "source", "statement_timeout"),
+            io_timeout_ms=_default(p.duration(source, "source", "io_timeout"), 60_000),
         ),
         samples=samples_cfg,
         fields=p.fields(fields),
@@ -420,6 +426,10 @@ def parse_duration(value: Any, where: str) -> int:
     if not m:
         raise ConfigError(f'{where}: expected a duration such as "500ms", "30s", "5min" or "1h", got {_show(value)}')
     return math.ceil(float(m[1]) * _DURATION_MS[m[2] or "ms"])  # rounded up: 0 would mean no timeout at all
+
+
+def _default(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _fits(value: float, dtype: str) -> bool:

@@ -31,12 +31,14 @@ class ConfigError(PgprefetchError, ValueError):
 class SourceError(PgprefetchError):
     """PostgreSQL could not be reached, refused a statement, or returned data pgprefetch cannot use.
 
-    ``transient`` marks a lost connection or a server going away: the dump retries those.
+    ``transient`` marks a lost connection or a server going away: the dump retries those, counted under
+    ``cause`` (see :mod:`pgprefetch.retry`).
     """
 
-    def __init__(self, message: str, *, transient: bool = False) -> None:
+    def __init__(self, message: str, *, transient: bool = False, cause: str | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.cause = cause
 
 
 class SampleError(SourceError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-import asyncpg
 import numpy as np
 
 from ._version import __version__
@@ -27,9 +27,12 @@ from .collate import BatchLayout, UnknownCategoryError
 from .config import Config
 from .errors import ConfigError, SourceError
 from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch
-from .source import BatchReader, Snapshot, lost, redact
+from .retry import RetryPolicy, count
+from .source import BatchReader, Snapshot
 from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store
 from .writer import EpochWriter
+
+log = logging.getLogger("pgprefetch")
 
 
 class Progress(Protocol):
@@ -58,6 +61,7 @@ class DumpResult:
     seconds: float = 0.0
     resumed: int = 0  # batches kept from an interrupted dump
     retries: int = 0  # lost connections survived
+    retry_causes: dict[str, int] = dataclasses.field(default_factory=dict)  # the same, by cause (retry.CAUSES)
     restarted: str | None = None  # why an interrupted dump's partial epoch was discarded
     duplicates_dropped: int = 0  # repeated keys kept once ([samples] duplicates = "drop")
     holder: str | None = None  # who holds the epoch's lock, when busy
@@ -85,12 +89,13 @@ class DumpResult:
             out["restarted"] = self.restarted
         if self.retries:
             out["retries"] = self.retries
+            out["retry_causes"] = self.retry_causes
         if self.duplicates_dropped:
             out["duplicates_dropped"] = self.duplicates_dropped
         return out
 
 
-RETRIES = 5  # lost connections survived per epoch; the waits double from 0.5 s up to 8 s
+RETRIES = RetryPolicy().retries  # lost connections survived per epoch; the waits double from 0.5 s up to 8 s
 
 
 async def dump_epochs(
@@ -99,14 +104,19 @@ async def dump_epochs(
     *,
     force: bool = False,
     progress: Progress | None = None,
-    retries: int = RETRIES,
+    retries: int | RetryPolicy = RETRIES,
 ) -> list[DumpResult]:
     """Dump several epochs in turn (each with its own snapshot); see :func:`dump_epoch`."""
     return [await dump_epoch(cfg, e, force=force, progress=progress, retries=retries) for e in epochs]
 
 
 async def dump_epoch(
-    cfg: Config, epoch: int, *, force: bool = False, progress: Progress | None = None, retries: int = RETRIES
+    cfg: Config,
+    epoch: int,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    retries: int | RetryPolicy = RETRIES,
 ) -> DumpResult:
     """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
 
@@ -115,8 +125,9 @@ async def dump_epoch(
     started over (``restarted`` says why) when they are not. On any failure, Ctrl-C included, the partial
     epoch is kept for the next run and nothing is published.
 
-    A connection lost mid-dump (a terminated backend, a server restart) is retried up to ``retries``
-    times with backoff. The exported snapshot dies with its transaction, so a retry takes a new snapshot
+    A connection lost mid-dump (a terminated backend, a server restart, a stalled route) is retried up to
+    ``retries`` times (a number, or a :class:`~pgprefetch.retry.RetryPolicy` with the waits) with backoff.
+    The exported snapshot dies with its transaction, so a retry takes a new snapshot
     and reads the keys again; the batches already written are kept only if the new key list is provably
     the same (its sha256 matches), otherwise the epoch starts over.
 
@@ -135,7 +146,8 @@ async def dump_epoch(
     created = not store.path.exists()
     store.create()
     try:
-        return await _dump_with_retries(cfg, store, epoch, force, progress, retries)
+        policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
+        return await _dump_with_retries(cfg, store, epoch, force, progress, policy)
     except BaseException:
         if created:
             store.remove_if_unused()  # a dump that wrote nothing leaves no trace (a bad config, a wrong DSN)
@@ -156,7 +168,7 @@ def _skipped(store: Store, epoch: int) -> DumpResult:
 
 
 async def _dump_with_retries(
-    cfg: Config, store: Store, epoch: int, force: bool, progress: Progress | None, retries: int
+    cfg: Config, store: Store, epoch: int, force: bool, progress: Progress | None, policy: RetryPolicy
 ) -> DumpResult:
     """Hold the epoch's lock and dump it, retrying lost connections (see :func:`dump_epoch`)."""
     with store.writer_lock(epoch) as held:
@@ -166,22 +178,24 @@ async def _dump_with_retries(
             return _skipped(store, epoch)
         started = time.monotonic()
         connected = False  # once any attempt got a snapshot, lost connections and refusals are retried
-        for attempt in range(retries + 1):
+        causes: dict[str, int] = {}
+        for attempt in range(policy.retries + 1):
             try:
                 # --force: a fresh epoch on one snapshot (the first attempt discards any partial one).
                 result = await _dump_locked(cfg, store, epoch, progress, fresh=force and attempt == 0)
-                return dataclasses.replace(result, retries=attempt, seconds=time.monotonic() - started)
-            except (SourceError, *_LOST_TYPES) as e:
-                transient = e.transient if isinstance(e, SourceError) else lost(e)
+                return dataclasses.replace(
+                    result, retries=attempt, retry_causes=causes, seconds=time.monotonic() - started
+                )
+            except SourceError as e:
                 connected = connected or getattr(e, "connected", False)
                 # Only once the dump got going: a server that refuses the very first connection is an error.
-                if not (transient and connected):
-                    if isinstance(e, SourceError):
-                        raise
-                    raise SourceError(f"lost the connection to {redact(cfg.source.dsn)}: {_one_line(e)}") from None
-                if attempt == retries:
-                    raise SourceError(f"{_one_line(e)} (gave up after {retries} retries)") from None
-            await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
+                if not (e.transient and connected):
+                    raise
+                if attempt == policy.retries:
+                    raise SourceError(f"{e} (gave up after {policy.retries} retries)") from None
+                causes = count(causes, e)
+                log.warning("epoch %d: %s; retrying in %.1f s", epoch, e, policy.wait(attempt))
+            await asyncio.sleep(policy.wait(attempt))
     raise AssertionError("unreachable")
 
 
@@ -213,11 +227,6 @@ def _check_same_config(store: Store, cfg: Config) -> None:
         )
 
 
-def _one_line(e: BaseException) -> str:
-    """An exception's first line (asyncpg adds DETAIL and HINT lines)."""
-    return (str(e).splitlines() or [type(e).__name__])[0]
-
-
 async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool) -> DumpResult:
     """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
     started = time.monotonic()
@@ -226,7 +235,7 @@ async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress
         async with Snapshot.open(cfg.source) as snap:
             connected = True
             return await _dump_snapshot(cfg, store, epoch, progress, snap, started, fresh)
-    except (SourceError, *_LOST_TYPES) as e:
+    except SourceError as e:
         e.connected = connected  # type: ignore[union-attr]
         raise
 
@@ -285,10 +294,6 @@ async def _plan_and_write(
         restarted=writer.restarted,
         duplicates_dropped=plan.duplicates_dropped,
     )
-
-
-# What a lost connection looks like when asyncpg raises it outside our own translations.
-_LOST_TYPES = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.OperatorInterventionError, OSError)
 
 
 async def _write_batches(

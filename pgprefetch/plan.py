@@ -19,7 +19,8 @@ from .collate import BatchLayout, Column, array_lengths, plan_columns, show_key
 from .config import Config
 from .errors import SampleError, SourceError
 from .shuffle import DuplicateKeysError, n_batches, shuffle_and_count
-from .source import Snapshot, batch_statement
+from .source import Snapshot
+from .statement import batch_statement
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,13 @@ An epoch reads one consistent state of the database. The *exporter* connection o
 ``REPEATABLE READ READ ONLY`` transaction, exports its snapshot and streams the keys through a
 server-side cursor; every *worker* connection opens the same kind of transaction and imports that
 snapshot before its first query, so rows changed while the dump runs never reach the epoch, and user SQL
-can never write (a data-modifying CTE fails in a read-only transaction).
+can never write (a data-modifying CTE fails in a read-only transaction). The statements themselves are
+written in :mod:`pgprefetch.statement`.
 
-Each batch is one prepared statement: the batch's key columns travel as ``int8[]`` bind parameters,
-``unnest(...) WITH ORDINALITY`` turns them back into samples, and the user's per-sample query runs
-``LATERAL`` for each. The statement returns one row holding every result column as binary arrays
-(``array_send(array_agg(col))`` per sample, concatenated), which :mod:`pgprefetch.collate` views with
-numpy. Bind parameters keep the statement text constant (prepared once per connection, no injection).
-``COPY ... TO STDOUT`` is what this replaces: COPY cannot take bind parameters, so it would need the keys
-pasted into its text.
+This module is the boundary to asyncpg: every database call goes through :func:`_call`, which bounds
+it by ``[source] io_timeout`` and turns whatever it raises into one :class:`~pgprefetch.errors.SourceError`,
+marked transient (with its cause) when :func:`pgprefetch.retry.lost` says the connection went away.
+Nothing above this module sees an asyncpg exception.
 """
 
 from __future__ import annotations
@@ -20,25 +18,24 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import unquote
 
 import asyncpg
 import numpy as np
 
-from .collate import Column
 from .config import Config, SourceConfig
-from .errors import ConfigError, SampleError, SourceError
-from .sqltext import replace_params
+from .errors import ConfigError, PgprefetchError, SampleError, SourceError
+from .retry import cause, lost
+from .statement import distinct_text_statement, sample_text_statement
 
 KEY_TYPES = ("int2", "int4", "int8")
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
 _SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
-_K = "_pgpf_k"  # aliases unlikely to collide with names in the user's query
-_Q = "_pgpf_q"
-_U = "_pgpf_u"
+T = TypeVar("T")
 
 
 def _password(dsn: str) -> str | None:
@@ -75,22 +72,51 @@ def scrub(text: str, dsn: str | None) -> str:
     return text
 
 
-def lost(e: BaseException) -> bool:
-    """True for errors meaning the connection or the server went away, which a retry may survive."""
-    return isinstance(
-        e,
-        asyncpg.PostgresConnectionError  # class 08: connection exceptions
-        | asyncpg.AdminShutdownError  # pg_terminate_backend, a fast or smart shutdown
-        | asyncpg.CrashShutdownError
-        | asyncpg.CannotConnectNowError  # starting up or shutting down
-        | ConnectionError
-        | TimeoutError,
-    ) or (isinstance(e, asyncpg.InterfaceError) and "closed" in str(e))  # "connection is closed"
+async def _call(conn: asyncpg.Connection, aw: Awaitable[T], what: str, timeout_ms: int) -> T:
+    """Await one database call on ``conn``, within ``timeout_ms`` (0: no limit); every failure a SourceError.
+
+    The limit is a watchdog that terminates the connection, rather than ``asyncio.wait_for``: cancelling
+    an asyncpg call sends a cancel request over a new connection, which a stalled route would stall too.
+    """
+    fired = False
+
+    def stalled() -> None:
+        nonlocal fired
+        fired = True
+        conn.terminate()  # the call fails at once with "connection closed"
+
+    watchdog = asyncio.get_running_loop().call_later(timeout_ms / 1000, stalled) if timeout_ms else None
+    try:
+        return await aw
+    except PgprefetchError:
+        raise
+    except Exception as e:
+        if fired:
+            message = f"{what}: lost the connection: no answer for {timeout_ms / 1000:g} s ([source] io_timeout)"
+            raise SourceError(message, transient=True, cause="stalled") from None
+        raise translate(e, what, conn) from None
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
 
 
-def quote_ident(name: str) -> str:
-    """A SQL identifier, quoted so that any column name is taken literally."""
-    return '"' + name.replace('"', '""') + '"'
+def translate(e: BaseException, what: str, conn: asyncpg.Connection | None = None) -> SourceError:
+    """The one-line SourceError for a database call's failure, transient when the connection was lost."""
+    if isinstance(e, asyncpg.QueryCanceledError) and not lost(e, conn):
+        return SourceError(f"{what}: {_pg_message(e)} (see [source] statement_timeout)")
+    if lost(e, conn):
+        return SourceError(f"{what}: lost the connection: {_pg_message(e)}", transient=True, cause=cause(e))
+    return SourceError(f"{what}: {_pg_message(e)}")
+
+
+async def close(conn: asyncpg.Connection, timeout_ms: int) -> None:
+    """Close ``conn`` politely if it still answers, or drop it; never raise, never hang."""
+    if conn.is_closed():
+        return
+    try:
+        await asyncio.wait_for(conn.close(), (timeout_ms or 60_000) / 1000)
+    except Exception:  # a broken or stalled connection: drop the socket
+        conn.terminate()
 
 
 async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
@@ -100,12 +126,14 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
     if source.statement_timeout_ms is not None:
         server_settings["statement_timeout"] = str(source.statement_timeout_ms)
     try:
-        return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=30)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as e:
+        timeout = (source.io_timeout_ms or 60_000) / 1000
+        return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=timeout)
+    except Exception as e:
         reason = scrub(str(e) or type(e).__name__, source.dsn).splitlines()[0]
         # A restarting server refuses, or has no socket yet: transient (retried only once a dump got going).
-        transient = lost(e) or isinstance(e, OSError)
-        raise SourceError(f"cannot connect to {redact(source.dsn)}: {reason}", transient=transient) from None
+        raise SourceError(
+            f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e), cause=cause(e)
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -119,10 +147,11 @@ class Shape:
 class Snapshot:
     """The exporter: a read-only transaction whose snapshot every worker imports."""
 
-    def __init__(self, conn: asyncpg.Connection, snapshot_id: str, server_version: str) -> None:
+    def __init__(self, conn: asyncpg.Connection, snapshot_id: str, server_version: str, source: SourceConfig) -> None:
         self.conn = conn
         self.id = snapshot_id
         self.server_version = server_version
+        self._timeout = source.io_timeout_ms
         self._keys: asyncpg.prepared_stmt.PreparedStatement | None = None
 
     @classmethod
@@ -131,16 +160,19 @@ class Snapshot:
         """Connect, begin ``REPEATABLE READ READ ONLY`` and export the snapshot."""
         conn = await connect(source)
         try:
-            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            snapshot_id, version = await conn.fetchrow("SELECT pg_export_snapshot(), current_setting('server_version')")
+            sql = "SELECT pg_export_snapshot(), current_setting('server_version')"
+            begin = conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            await _call(conn, begin, "cannot begin the snapshot", source.io_timeout_ms)
+            snapshot_id, version = await _call(
+                conn, conn.fetchrow(sql), "cannot export the snapshot", source.io_timeout_ms
+            )
             if not _SNAPSHOT_ID.match(snapshot_id):  # it is spliced into SET TRANSACTION SNAPSHOT
                 raise SourceError(f"the server exported an unexpected snapshot id {snapshot_id!r}")
-            yield cls(conn, snapshot_id, version)
+            yield cls(conn, snapshot_id, version, source)
         finally:
             # Read only: nothing to commit. Closing ends the transaction (and the snapshot); a connection
             # that is already gone (a terminated backend) must not hide the error that got us here.
-            with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                await conn.close()
+            await close(conn, source.io_timeout_ms)
 
     async def describe(self, cfg: Config) -> Shape:
         """Check the keys and per-sample queries against the config, using the server's descriptions.
@@ -169,17 +201,19 @@ class Snapshot:
 
     async def _prepare(self, sql: str, where: str) -> asyncpg.prepared_stmt.PreparedStatement:
         # A savepoint: a statement that fails to prepare must not abort the snapshot's transaction.
-        await self.conn.execute("SAVEPOINT pgprefetch_describe")
+        await self._run(self.conn.execute("SAVEPOINT pgprefetch_describe"), where)
         try:
-            stmt = await self.conn.prepare(sql)
-        except asyncpg.PostgresError as e:
-            with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                await self.conn.execute("ROLLBACK TO SAVEPOINT pgprefetch_describe")
-            if lost(e):
-                raise SourceError(f"{where}: {_pg_message(e)}", transient=True) from None
-            raise ConfigError(f"{where}: {_pg_message(e)}") from None
-        await self.conn.execute("RELEASE SAVEPOINT pgprefetch_describe")
+            stmt = await self._run(self.conn.prepare(sql), where)
+        except SourceError as e:
+            if e.transient:
+                raise
+            await self._run(self.conn.execute("ROLLBACK TO SAVEPOINT pgprefetch_describe"), where)
+            raise ConfigError(str(e)) from None  # the user's SQL: a usage error
+        await self._run(self.conn.execute("RELEASE SAVEPOINT pgprefetch_describe"), where)
         return stmt
+
+    async def _run(self, aw: Awaitable[T], what: str) -> T:
+        return await _call(self.conn, aw, what, self._timeout)
 
     async def distinct_text(self, cfg: Config, column: str) -> list[str]:
         """The distinct non-NULL values of ``column`` over every sample, as text, sorted by code point.
@@ -188,38 +222,27 @@ class Snapshot:
         ``fraction``), and sorted here rather than by the server's collation, so that the same data gives
         the same codes in every epoch and on every server.
         """
-        n = cfg.samples.max_param
-        names = ", ".join(f"k{i}" for i in range(1, n + 1))
-        keys = f"({cfg.samples.keys}) AS {_K}({names})" if n else f"({cfg.samples.keys}) AS {_K}"
-        ref = f"{_Q}.{quote_ident(column)}"
-        sql = (
-            f"SELECT DISTINCT {ref}::text FROM {keys}\nCROSS JOIN LATERAL (\n"
-            f"{replace_params(cfg.samples.query, lambda i: f'{_K}.k{i}')}\n) AS {_Q} WHERE {ref} IS NOT NULL"
-        )
-        try:
-            return sorted(r[0] for r in await self.conn.fetch(sql))
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
-            where = f"{_where(cfg)}categories of column {column}"
-            raise SourceError(f"{where}: {_pg_message(e)}", transient=lost(e)) from None
+        sql = distinct_text_statement(cfg.samples.keys, cfg.samples.query, cfg.samples.max_param, column)
+        rows = await self._run(self.conn.fetch(sql, timeout=None), f"{_where(cfg)}categories of column {column}")
+        return sorted(r[0] for r in rows)
 
     async def sample_text(self, cfg: Config, key: Sequence[int], column: str) -> list[str | None]:
         """The values of ``column`` the per-sample query returns for ``key``, as text (error messages)."""
-        sql = f"SELECT {_Q}.{quote_ident(column)}::text FROM ({cfg.samples.query}) AS {_Q}"
-        return [r[0] for r in await self.conn.fetch(sql, *key[: cfg.samples.max_param])]
+        sql = sample_text_statement(cfg.samples.query, column)
+        rows = await self._run(self.conn.fetch(sql, *key[: cfg.samples.max_param]), "looking up a value")
+        return [r[0] for r in rows]
 
     async def read_keys(self, cfg: Config, key_names: Sequence[str]) -> np.ndarray:
-        """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array."""
-        try:
-            return await self._read_keys(key_names)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
-            raise SourceError(f"{_where(cfg)}[samples] keys: {_pg_message(e)}", transient=lost(e)) from None
+        """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array.
 
-    async def _read_keys(self, key_names: Sequence[str]) -> np.ndarray:
+        Each cursor round trip is bounded by ``io_timeout`` on its own: a long key list is not a stall.
+        """
+        where = f"{_where(cfg)}[samples] keys"
         chunks: list[np.ndarray] = []
         k = len(key_names)
         assert self._keys is not None, "describe() prepares the keys statement first"
-        cursor = await self._keys.cursor()
-        while records := await cursor.fetch(KEYS_PREFETCH):
+        cursor = await self._run(self._keys.cursor(), where)
+        while records := await self._run(cursor.fetch(KEYS_PREFETCH), where):
             # chain() flattens the records in C: no per-row tuple or list, about 5x faster than np.array.
             try:
                 flat = np.fromiter(itertools.chain.from_iterable(records), dtype=np.int64, count=len(records) * k)
@@ -235,53 +258,17 @@ class Snapshot:
         return np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
 
 
-def batch_statement(query: str, n_key_columns: int, columns: Sequence[Column], rows: int) -> str:
-    """The one-round-trip statement that runs the per-sample ``query`` for every key of a batch.
-
-    With ``rows > 1`` each sample's rows are aggregated where they are produced (one array per column, and
-    the row count), then the samples' arrays are concatenated in key order: about 30% less server work
-    than aggregating the batch row by row (measured on the demo windows). With ``rows = 1`` there is
-    nothing to group, and one array per column over the whole batch, with each row's key ordinal, is
-    cheaper still (about 25%, measured on the demo rows).
-    """
-    inner_query = replace_params(query, lambda n: f"{_K}.k{n}")
-    arrays = ", ".join(f"${i}::int8[]" for i in range(1, n_key_columns + 1))
-    names = ", ".join(f"k{i}" for i in range(1, n_key_columns + 1))
-    source = f"FROM unnest({arrays}) WITH ORDINALITY AS {_K}({names}, ord)\nCROSS JOIN LATERAL (\n"
-    if rows == 1:
-        selects = [f"array_send(array_agg({_K}.ord::int4))"]
-        for c in columns:
-            selects += _aggregates(c, f"{_Q}.{quote_ident(c.name)}")
-        return f"SELECT {', '.join(selects)}\n{source}{inner_query}\n) AS {_Q}"
-    inner = ["count(*)::int4 AS n"]
-    outer = [f"array_send(array_agg({_Q}.n ORDER BY {_K}.ord))"]
-    for i, c in enumerate(columns):
-        for j, aggregate in enumerate(_aggregates(c, f"{_U}.{quote_ident(c.name)}")):
-            inner.append(f"{aggregate} AS c{i}_{j}")
-            outer.append(f"string_agg({_Q}.c{i}_{j}, ''::bytea ORDER BY {_K}.ord)")
-    grouped = f"SELECT {', '.join(inner)}\nFROM (\n{inner_query}\n) AS {_U}"
-    return f"SELECT {', '.join(outer)}\n{source}{grouped}\n) AS {_Q}"
-
-
-def _aggregates(c: Column, ref: str) -> list[str]:
-    """The binary aggregates that carry column ``c``: its values, then array lengths or the NULL mask."""
-    if c.is_array:
-        return [f"string_agg(array_send({c.value_sql(ref)}), ''::bytea)", f"array_send(array_agg(cardinality({ref})))"]
-    out = [f"array_send(array_agg({c.value_sql(ref)}))"]
-    if c.nullable:
-        out.append(f"array_send(array_agg({ref} IS NULL))")
-    return out
-
-
 class BatchReader:
     """``connections`` worker connections on the exported snapshot, each with the batch statement prepared."""
 
     def __init__(
         self,
         workers: list[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]],
-        params: Sequence[object] = (),
+        params: Sequence[object],
+        timeout_ms: int,
     ) -> None:
         self._params = tuple(params)
+        self._timeout = timeout_ms
         self._idle: asyncio.Queue[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]] = asyncio.Queue()
         for w in workers:
             self._idle.put_nowait(w)
@@ -299,22 +286,19 @@ class BatchReader:
         if not _SNAPSHOT_ID.match(snapshot_id):
             raise SourceError(f"refusing an invalid snapshot id {snapshot_id!r}")
         conns: list[asyncpg.Connection] = []
+        timeout = source.io_timeout_ms
 
         async def start() -> tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]:
             # Parallel plans would only compete with our own connections for the same cores.
             conn = await connect(source, max_parallel_workers_per_gather="0")
             conns.append(conn)
+            begin = f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
             try:
-                await conn.execute(
-                    f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
-                )
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+                await _call(conn, conn.execute(begin), "cannot import the snapshot", timeout)
+            except SourceError as e:
                 # Also when the exporter died and took the snapshot with it: a retry takes a new one.
-                raise SourceError(f"cannot import the snapshot: {_pg_message(e)}", transient=True) from None
-            try:
-                return conn, await conn.prepare(sql)
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
-                raise SourceError(f"cannot prepare the batch statement: {_pg_message(e)}", transient=lost(e)) from None
+                raise SourceError(str(e), transient=True, cause=e.cause or "connection lost") from None
+            return conn, await _call(conn, conn.prepare(sql), "cannot prepare the batch statement", timeout)
 
         tasks = [asyncio.ensure_future(start()) for _ in range(source.connections)]
         try:
@@ -325,20 +309,20 @@ class BatchReader:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-            yield cls(list(workers), params)
+            yield cls(list(workers), params, timeout)
         finally:
-            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+            await asyncio.gather(*(close(c, timeout) for c in conns))
 
     async def fetch(self, batch: int, keys: np.ndarray) -> tuple[bytes | None, ...]:
         """Run the batch statement for ``keys`` (shape ``(n_key_columns, n)``) on an idle worker."""
         conn, stmt = await self._idle.get()
         try:
-            row = await stmt.fetchrow(*(column.tolist() for column in keys), *self._params)
-        except asyncpg.QueryCanceledError as e:
-            raise SourceError(f"batch {batch}: {_pg_message(e)} (see [source] statement_timeout)") from None
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
-            what = "lost the connection: " if lost(e) else ""
-            raise SourceError(f"batch {batch}: {what}{_pg_message(e)}", transient=lost(e)) from None
+            row = await _call(
+                conn,
+                stmt.fetchrow(*(column.tolist() for column in keys), *self._params),
+                f"batch {batch}",
+                self._timeout,
+            )
         finally:
             self._idle.put_nowait((conn, stmt))
         return tuple(row)

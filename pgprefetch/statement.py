@@ -1,0 +1,78 @@
+"""The one-round-trip batch statement, and the other SQL pgprefetch writes around the user's queries.
+
+Each batch is one prepared statement: the batch's key columns travel as ``int8[]`` bind parameters,
+``unnest(...) WITH ORDINALITY`` turns them back into samples, and the user's per-sample query runs
+``LATERAL`` for each. The statement returns one row holding every result column as binary arrays
+(``array_send(array_agg(col))`` per sample, concatenated), which :mod:`pgprefetch.collate` views with
+numpy. Bind parameters keep the statement text constant (prepared once per connection, no injection).
+``COPY ... TO STDOUT`` is what this replaces: COPY cannot take bind parameters, so it would need the keys
+pasted into its text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .collate import Column
+from .sqltext import replace_params
+
+K = "_pgpf_k"  # aliases unlikely to collide with names in the user's query
+Q = "_pgpf_q"
+U = "_pgpf_u"
+
+
+def quote_ident(name: str) -> str:
+    """A SQL identifier, quoted so that any column name is taken literally."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def batch_statement(query: str, n_key_columns: int, columns: Sequence[Column], rows: int) -> str:
+    """The one-round-trip statement that runs the per-sample ``query`` for every key of a batch.
+
+    With ``rows > 1`` each sample's rows are aggregated where they are produced (one array per column, and
+    the row count), then the samples' arrays are concatenated in key order: about 30% less server work
+    than aggregating the batch row by row (measured on the demo windows). With ``rows = 1`` there is
+    nothing to group, and one array per column over the whole batch, with each row's key ordinal, is
+    cheaper still (about 25%, measured on the demo rows).
+    """
+    inner_query = replace_params(query, lambda n: f"{K}.k{n}")
+    arrays = ", ".join(f"${i}::int8[]" for i in range(1, n_key_columns + 1))
+    names = ", ".join(f"k{i}" for i in range(1, n_key_columns + 1))
+    source = f"FROM unnest({arrays}) WITH ORDINALITY AS {K}({names}, ord)\nCROSS JOIN LATERAL (\n"
+    if rows == 1:
+        selects = [f"array_send(array_agg({K}.ord::int4))"]
+        for c in columns:
+            selects += _aggregates(c, f"{Q}.{quote_ident(c.name)}")
+        return f"SELECT {', '.join(selects)}\n{source}{inner_query}\n) AS {Q}"
+    inner = ["count(*)::int4 AS n"]
+    outer = [f"array_send(array_agg({Q}.n ORDER BY {K}.ord))"]
+    for i, c in enumerate(columns):
+        for j, aggregate in enumerate(_aggregates(c, f"{U}.{quote_ident(c.name)}")):
+            inner.append(f"{aggregate} AS c{i}_{j}")
+            outer.append(f"string_agg({Q}.c{i}_{j}, ''::bytea ORDER BY {K}.ord)")
+    grouped = f"SELECT {', '.join(inner)}\nFROM (\n{inner_query}\n) AS {U}"
+    return f"SELECT {', '.join(outer)}\n{source}{grouped}\n) AS {Q}"
+
+
+def _aggregates(c: Column, ref: str) -> list[str]:
+    """The binary aggregates that carry column ``c``: its values, then array lengths or the NULL mask."""
+    if c.is_array:
+        return [f"string_agg(array_send({c.value_sql(ref)}), ''::bytea)", f"array_send(array_agg(cardinality({ref})))"]
+    out = [f"array_send(array_agg({c.value_sql(ref)}))"]
+    if c.nullable:
+        out.append(f"array_send(array_agg({ref} IS NULL))")
+    return out
+
+
+def distinct_text_statement(keys: str, query: str, n_params: int, column: str) -> str:
+    """``SELECT DISTINCT column::text`` over the samples of every key (``categories = "auto"``)."""
+    names = ", ".join(f"k{i}" for i in range(1, n_params + 1))
+    source = f"({keys}) AS {K}({names})" if n_params else f"({keys}) AS {K}"
+    ref = f"{Q}.{quote_ident(column)}"
+    inner = replace_params(query, lambda i: f"{K}.k{i}")
+    return f"SELECT DISTINCT {ref}::text FROM {source}\nCROSS JOIN LATERAL (\n{inner}\n) AS {Q} WHERE {ref} IS NOT NULL"
+
+
+def sample_text_statement(query: str, column: str) -> str:
+    """``column::text`` of one sample's rows (the per-sample query with its own parameters)."""
+    return f"SELECT {Q}.{quote_ident(column)}::text FROM ({query}) AS {Q}"
