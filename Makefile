@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench clean
+.PHONY: install test demo lint format bench chaos clean
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The fault suite at length: 200 faulted dumps (make test runs 20), and the 810k-row epoch killed three times, ten times.
+chaos: $(STAMP)
+	PGPREFETCH_CHAOS_RUNS=200 PGPREFETCH_CHAOS_LONG=1 $(BIN)/python -m pytest -q -s tests/test_chaos.py
 
 clean:
 	rm -rf $(VENV) .pgprefetch prefetch .pytest_cache .ruff_cache *.egg-info

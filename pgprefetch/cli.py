@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import sys
 from pathlib import Path
@@ -82,7 +83,8 @@ def _summary(r: DumpResult) -> str:
     if r.duplicates_dropped:
         notes += f" ({r.duplicates_dropped:,} repeated keys dropped)"
     if r.retries:
-        notes += f" (survived {r.retries} lost connection(s))"
+        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(r.retry_causes.items()))
+        notes += f" (survived {r.retries} lost connection(s): {causes})"
     if r.restarted:
         notes += f" (an interrupted dump was started over: {r.restarted})"
     if r.resumed:
@@ -92,6 +94,17 @@ def _summary(r: DumpResult) -> str:
         f"{r.bytes / 1e6:,.1f} MB "
         f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}{notes}"
     )
+
+
+def _log_to_stderr(quiet: bool) -> None:
+    """Retries and restarts go to stderr as they happen (a cron mail shows them); ``--quiet`` keeps only errors."""
+    logger = logging.getLogger("pgprefetch")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s pgprefetch %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.ERROR if quiet else logging.INFO)
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -172,6 +185,7 @@ def dump(
         epochs = plan_ahead(target, ahead, consumer)
     else:
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
+    _log_to_stderr(quiet)
     progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
     for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
         result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries))

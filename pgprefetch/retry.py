@@ -62,8 +62,8 @@ def lost(e: BaseException, conn: asyncpg.Connection | None = None) -> bool:
 
 def cause(e: BaseException) -> str:
     """Which of :data:`CAUSES` a lost connection is counted under."""
-    if isinstance(e, asyncpg.AdminShutdownError | asyncpg.CrashShutdownError):
-        return "terminated"
+    if isinstance(e, asyncpg.AdminShutdownError | asyncpg.CrashShutdownError) or "administrator command" in str(e):
+        return "terminated"  # asyncpg may wrap the server's FATAL in "connection was closed in the middle ..."
     if isinstance(e, StalledError):
         return "stalled"
     if isinstance(e, asyncpg.CannotConnectNowError | ConnectionRefusedError | FileNotFoundError):

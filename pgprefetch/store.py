@@ -20,6 +20,7 @@ How batches are written is :mod:`pgprefetch.writer`'s business; this module know
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -178,8 +179,9 @@ class Store:
                     raise
                 yield False
                 return
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+            with contextlib.suppress(OSError):  # who holds it is a courtesy; a full disk must not stop the dump
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
             yield True
         finally:
             os.close(fd)

@@ -15,6 +15,7 @@ checksum are kept, the rest are fetched again. The checksums end up in the manif
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -216,8 +217,13 @@ class EpochWriter:
         return final
 
     def close(self) -> None:
-        """Stop writing, keeping the partial epoch and its journal for the next dump to resume."""
-        self._journal.close()
+        """Stop writing, keeping the partial epoch and its journal for the next dump to resume.
+
+        Never raises: it runs on the way out of a failure (a full disk may refuse the journal's last
+        buffered line too), and a lost line only means a batch fetched again.
+        """
+        with contextlib.suppress(OSError):
+            self._journal.close()
 
     def discard(self) -> None:
         """Remove the partial epoch and its journal."""

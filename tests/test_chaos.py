@@ -1,0 +1,209 @@
+"""Chaos: dumps faulted at random moments publish an epoch byte-identical to a clean dump, or nothing.
+
+Each run draws its faults from a seed it prints (``PGPREFETCH_CHAOS_SEED`` replays a run): kills of
+every connection (one to three, 0.6-0.9 s apart), a server restart, a route that freezes mid-dump, and
+SIGKILL or SIGTERM of the dump process followed by a rerun. ``make test`` runs a short suite
+(``PGPREFETCH_CHAOS_RUNS``, 20 by default); ``make chaos`` runs 200 and the large-epoch scenario of the
+issue (an 810k-row epoch, every connection killed three times, ten times in a row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pgprefetch import DumpResult, dump_epoch, load_config
+from pgprefetch.errors import PgprefetchError
+from pgprefetch.retry import RetryPolicy
+
+from .faults import FreezableProxy, kill_every_connection, restart_server, socket_of
+from .helpers import chunk_bytes, execute, write_config
+
+RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "20"))
+SEED = int(os.environ.get("PGPREFETCH_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 30))))
+LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
+ROWS = 3840  # 120 batches of 32; each sample sleeps 1 ms, so a dump with 4 connections takes about 1 s
+FAST_RETRY = RetryPolicy(retries=10, first_wait=0.05, max_wait=0.4)
+
+
+@dataclass
+class Bed:
+    """A server of the suite's own (restarts must not hit other tests), its proxy and a clean reference."""
+
+    dsn: str  # the database, through the proxy
+    direct: str  # the database, on the server's socket (for the faults themselves)
+    pgdata: Path
+    proxy: FreezableProxy
+    folder: Path
+    reference: dict[str, bytes]
+    seconds: float  # how long the clean dump took
+
+    def config(self, name: str) -> Path:
+        folder = self.folder / name
+        folder.mkdir()
+        return write_config(
+            folder,
+            keys="SELECT id FROM s",
+            query="SELECT v, pg_sleep(0.001) FROM s WHERE id = $1",
+            fields={"v": (["v"], "float32")},
+            size=32,
+            connections=4,
+            extra_source='io_timeout = "1s"',
+        )
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Bed]:
+    from pgprefetch.server import embedded_server
+
+    root = Path(tempfile.mkdtemp(prefix="pgpf-c-"))  # short: unix socket paths are capped near 107 bytes
+    with embedded_server(root) as admin:
+        execute(admin, "CREATE DATABASE chaos")
+        direct = admin.replace("/postgres?", "/chaos?")
+        execute(
+            direct,
+            "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
+            f"INSERT INTO s SELECT i, i * 0.25 FROM generate_series(1, {ROWS}) i",
+        )
+        proxy = FreezableProxy(socket_of(direct))
+        try:
+            bed = Bed(proxy.dsn(direct), direct, root / "pg", proxy, root / "runs", {}, 0.0)
+            bed.folder.mkdir()
+            started = time.monotonic()
+            result = in_process(bed.config("clean"), bed.dsn)
+            bed.seconds = time.monotonic() - started
+            bed.reference = chunk_bytes(result.path)
+            yield bed
+        finally:
+            proxy.close()
+
+
+def in_process(cfg: Path, dsn: str) -> DumpResult:
+    return asyncio.run(dump_epoch(load_config(cfg, dsn=dsn), 0, retries=FAST_RETRY))
+
+
+def cli_argv(cfg: Path, dsn: str) -> list[str]:
+    return [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", "0", "--dsn", dsn, "-q"]
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    published: bool
+    error: str = ""
+    causes: Counter[str] | None = None  # the retries of an in-process dump, by cause
+
+
+def faulted_in_process(
+    bed: Bed, cfg: Path, faults: list[tuple[float, Callable[[], object]]]
+) -> tuple[str, Counter[str]]:
+    """Dump in a thread while ``faults`` (delay, action) strike from here: (error line or "", retries by cause)."""
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(in_process, cfg, bed.dsn)
+        started = time.monotonic()
+        for delay, action in faults:
+            time.sleep(max(0.0, started + delay - time.monotonic()))
+            action()
+        try:
+            return "", Counter(future.result(timeout=120).retry_causes)
+        except PgprefetchError as e:
+            return str(e), Counter()
+
+
+def faulted_process(bed: Bed, cfg: Path, delay: float, sig: int) -> str:
+    """A dump process hit by ``sig`` after ``delay`` s, then a clean rerun; its error output on failure."""
+    proc = subprocess.Popen(cli_argv(cfg, bed.dsn), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    rerun = subprocess.run(cli_argv(cfg, bed.dsn), capture_output=True, text=True, timeout=120, check=False)
+    return rerun.stderr.strip() if rerun.returncode else ""
+
+
+SCENARIOS = ("kill", "kill x2", "kill x3", "restart", "freeze", "sigkill", "sigterm", "kill", "freeze", "restart")
+
+
+def one_run(bed: Bed, run: int, rng: random.Random) -> Outcome:
+    scenario = SCENARIOS[run % len(SCENARIOS)]
+    cfg = bed.config(f"run{run}")
+    moment = rng.uniform(0.05, 0.8) * bed.seconds
+    causes = None
+    if scenario.startswith("kill"):
+        n = int(scenario[-1]) if "x" in scenario else 1
+        kills, at = [], moment
+        for _ in range(n):
+            kills.append((at, lambda: kill_every_connection(bed.direct)))
+            at += rng.uniform(0.6, 0.9)
+        error, causes = faulted_in_process(bed, cfg, kills)
+    elif scenario == "restart":
+        error, causes = faulted_in_process(bed, cfg, [(moment, lambda: restart_server(bed.pgdata))])
+    elif scenario == "freeze":
+        error, causes = faulted_in_process(bed, cfg, [(moment, bed.proxy.freeze)])
+    else:  # a process killed, then rerun: the rerun resumes (startup counts: the moment is later)
+        sig = signal.SIGKILL if scenario == "sigkill" else signal.SIGTERM
+        error = faulted_process(bed, cfg, 0.6 + moment, sig)
+    epoch = cfg.parent / "store.zarr" / "epoch-00000"
+    published = epoch.exists()
+    if published:
+        assert chunk_bytes(epoch) == bed.reference, f"run {run} ({scenario}): published bytes differ"
+    else:
+        assert error, f"run {run} ({scenario}): nothing published and no error"
+        assert "\n" not in error, f"run {run} ({scenario}): the error is more than one line"
+    return Outcome(scenario, published, error, causes)
+
+
+def test_faulted_dumps_publish_the_clean_bytes_or_nothing(bed: Bed) -> None:
+    print(f"chaos seed {SEED} (PGPREFETCH_CHAOS_SEED={SEED} replays it), {RUNS} runs")
+    rng = random.Random(SEED)
+    outcomes = [one_run(bed, run, rng) for run in range(RUNS)]
+    survived = Counter(o.scenario for o in outcomes if o.published)
+    failed = [f"{o.scenario}: {o.error}" for o in outcomes if not o.published]
+    retried = sum((o.causes for o in outcomes if o.causes), Counter())
+    struck = sum(1 for o in outcomes if o.causes)
+    in_process_runs = sum(1 for o in outcomes if o.causes is not None)
+    print(f"survived {sum(survived.values())} of {RUNS}: {dict(survived)}")
+    print(f"in-process faults that struck a running dump: {struck} of {in_process_runs}; retries: {dict(retried)}")
+    assert not failed, f"seed {SEED}: {len(failed)} of {RUNS} faulted dumps published nothing: {failed}"
+    assert struck >= 0.7 * in_process_runs, "most faults must land while the dump runs, or the suite proves little"
+    if len(SCENARIOS) <= RUNS:
+        assert {"terminated", "stalled"} <= set(retried), retried
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_an_810k_row_epoch_survives_three_kills_of_every_connection_ten_times(tmp_path: Path) -> None:
+    from pgprefetch.demodata import load_demo_data
+    from pgprefetch.server import embedded_server
+
+    root = Path(tempfile.mkdtemp(prefix="pgpf-l-"))
+    with embedded_server(root) as admin:
+        execute(admin, "CREATE DATABASE big")
+        dsn = admin.replace("/postgres?", "/big?")
+        asyncio.run(load_demo_data(dsn, scale=9))  # 810,000 train rows
+        cfg = Path(__file__).resolve().parents[1] / "configs" / "demo-rows.toml"
+        reference = None
+        for run in range(10):
+            store = tmp_path / f"run{run}.zarr"
+            argv = [*cli_argv(cfg, dsn), "--store", str(store)]
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(2.0)  # past the start-up: the keys are read and batches are being fetched
+            for _ in range(3):
+                kill_every_connection(dsn)
+                time.sleep(random.uniform(0.6, 0.9))
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, f"run {run}: {err}"
+            got = chunk_bytes(store / "epoch-00000")
+            reference = reference or got
+            assert got == reference, f"run {run}: bytes differ from run 0"
