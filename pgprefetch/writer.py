@@ -113,6 +113,8 @@ class EpochWriter:
         if previous is None:
             self._journal.write(json.dumps(self.header, sort_keys=True) + "\n")
             self._journal.flush()
+        elif not self.journal_path.read_bytes().endswith(b"\n"):
+            self._journal.write("\n")  # a last line a crash cut short must not swallow this dump's first one
         if not self.resumed:
             self.snapshots = []  # nothing kept: the epoch reads only the new snapshot
 

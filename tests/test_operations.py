@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,8 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 import pgprefetch.writer
-from pgprefetch import EpochDataset
+from pgprefetch import EpochDataset, load_config
 from pgprefetch.cli import cli
+from pgprefetch.layout import ArrayLayout
+from pgprefetch.pipeline import dump_epoch
 
 from .helpers import S_ROWS, chunk_bytes, dump, execute, s_config
 
@@ -268,3 +271,86 @@ def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, 
     manifest = json.loads((forced.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
     assert forced.resumed == 0
     assert len(manifest["snapshots"]) == 1  # --force: the whole epoch from one snapshot
+
+
+def damage_partial_epoch(store: Path) -> int:
+    """Damage a killed dump's partial epoch three ways; return how many journaled batches are still intact.
+
+    The first journaled batch gets a flipped byte in its data; a middle one loses its journal line (its data
+    stays: written, not journaled); the last journal line is cut short mid-number, its tail NUL bytes and
+    no newline, as a crash on a journaling filesystem can leave it.
+    """
+    journal = store / ".pgprefetch" / "partial" / "epoch-00000.journal"
+    lines = journal.read_text().splitlines()
+    batch_lines = [i for i, line in enumerate(lines) if i > 0 and not line.startswith("#")]
+    assert len(batch_lines) >= 6, lines
+    flipped, dropped, cut = batch_lines[0], batch_lines[len(batch_lines) // 2], batch_lines[-1]
+    assert cut == len(lines) - 1  # the journal ends with a batch line
+
+    layout = ArrayLayout.read(store / ".pgprefetch" / "partial" / "epoch-00000" / "v")
+    path, slot = layout.file(int(lines[flipped].split()[0]))
+    data = bytearray(path.read_bytes())
+    data[slot * layout.batch_bytes + 5 if layout.raw else len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+    batch, crc_v, crc_keys = lines[cut].split()
+    lines[cut] = f"{batch} {crc_v} {crc_keys[: len(crc_keys) // 2]}\0\0\0"
+    del lines[dropped]
+    journal.write_text("\n".join(lines))  # no newline after the cut line
+    return len(batch_lines) - 3
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_resume_refetches_exactly_the_damaged_batches_and_equals_a_clean_dump(
+    s_table: str, tmp_path: Path, compression: str
+) -> None:
+    # 8 ms a sample on 2 connections: a batch line every ~64 ms, the whole epoch in about a second.
+    cfg = s_config(tmp_path, query="SELECT v, pg_sleep(0.008) FROM s WHERE id = $1", compression=compression)
+    store = tmp_path / "store.zarr"
+    victim = start_dump(cfg, s_table)
+    wait_for(lambda: journal_lines(store) >= 8)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    assert not (store / "epoch-00000").exists()
+    intact = damage_partial_epoch(store)
+    code, out = run_cli("dump", "--config", str(cfg), "--epoch", "0", "--dsn", s_table, "--json")
+    assert code == 0, out
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["status"] == "written"
+    assert summary["resumed_batches"] == intact  # the flipped, the unjournaled and the cut batch are refetched
+    clean = dump(s_config(tmp_path, name="clean.toml", store="clean.zarr", compression=compression), s_table)
+    resumed = Path(summary["path"])
+    assert chunk_bytes(resumed) == chunk_bytes(clean.path)
+    checksums = [
+        json.loads((p / "zarr.json").read_text())["attributes"]["pgprefetch"]["checksums"]
+        for p in (resumed, clean.path)
+    ]
+    assert checksums[0] == checksums[1]
+
+
+class StopAfter:
+    """A progress hook that fails the dump once ``batches`` batches were written (an interrupted dump)."""
+
+    def __init__(self, batches: int) -> None:
+        self.left = batches
+
+    def start(self, epoch: int, n_samples: int) -> None: ...
+    def close(self) -> None: ...
+    def advance(self, samples: int, nbytes: int) -> None:
+        if nbytes:
+            self.left -= 1
+            if self.left == 0:
+                raise RuntimeError("interrupted")
+
+
+def test_a_cut_journal_line_loses_no_snapshot_of_a_later_resume(s_table: str, tmp_path: Path) -> None:
+    cfg = load_config(s_config(tmp_path, connections=1), dsn=s_table)
+    journal = tmp_path / "store.zarr" / ".pgprefetch" / "partial" / "epoch-00000.journal"
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="interrupted"):
+            asyncio.run(dump_epoch(cfg, 0, progress=StopAfter(4)))  # type: ignore[arg-type]
+        journal.write_text(journal.read_text()[:-5])  # the last journal line cut short, no newline
+    result = asyncio.run(dump_epoch(cfg, 0))
+    manifest = json.loads((result.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
+    assert result.resumed == 6  # 4 + 4 batches written, the two cut short fetched again
+    assert len(set(manifest["snapshots"])) == 3  # batches of all three dumps, each dump's snapshot listed
