@@ -354,3 +354,16 @@ def test_a_cut_journal_line_loses_no_snapshot_of_a_later_resume(s_table: str, tm
     manifest = json.loads((result.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
     assert result.resumed == 6  # 4 + 4 batches written, the two cut short fetched again
     assert len(set(manifest["snapshots"])) == 3  # batches of all three dumps, each dump's snapshot listed
+
+
+def test_store_files_follow_a_permissive_umask(s_table: str, tmp_path: Path) -> None:
+    old = os.umask(0o002)  # a group-shared store: files 664, folders 775
+    try:
+        assert run_cli("dump", "--config", str(config(tmp_path)), "--epoch", "0", "--dsn", s_table, "-q") == (0, "")
+        EpochDataset(tmp_path / "store.zarr", epoch=0)  # records the consumer
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in (tmp_path / "store.zarr").rglob("*")}
+    assert len(modes) > 10
+    wrong = {p: m for p, m in modes.items() if m != (oct(0o775) if (tmp_path / p).is_dir() else oct(0o664))}
+    assert wrong == {}
