@@ -93,12 +93,22 @@ def test_ranks_are_disjoint_equal_and_cover_all_but_the_remainder(store: Path) -
     globals_ = [r.global_batch(i) for r in ranks for i in range(len(r))]
     assert sorted(globals_) == list(range(n_global // world * world))
     for r in ranks:
-        for i in range(len(r)):
-            np.testing.assert_array_equal(
-                r.batch_keys(i).numpy(),
-                ranks[0].batch_keys(0).numpy() if r.global_batch(i) == 0 else r.batch_keys(i).numpy(),
-            )
-            assert r.global_batch(i) % world == r.rank
+        assert all(r.global_batch(i) % world == r.rank for i in range(len(r)))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_rank_batch_is_that_global_batch_of_the_whole_epoch(store: Path, world: int) -> None:
+    whole = EpochDataset(store, epoch=0)
+    for rank in range(world):
+        ds = EpochDataset(store, epoch=0, rank=rank, world_size=world)
+        for i in range(len(ds)):
+            g = ds.global_batch(i)
+            assert g == i * world + rank
+            batch, expected = ds[i], whole[g]
+            assert set(batch) == set(expected) == {"x", "y"}
+            for name in batch:
+                assert torch.equal(batch[name], expected[name])
+            assert torch.equal(ds.batch_keys(i), whole.batch_keys(g))
 
 
 def test_resume_yields_exactly_the_batches_not_seen(store: Path) -> None:
@@ -202,3 +212,69 @@ def test_read_into_fills_caller_buffers_with_the_same_batch(store: Path) -> None
         assert got["x"].data_ptr() == out["x"].data_ptr()
         assert torch.equal(got["x"], ds[i]["x"])
         assert torch.equal(got["y"], ds[i]["y"])
+
+
+def expected_batch(store: Path, g: int) -> dict[str, np.ndarray]:
+    """Global batch ``g`` of epoch 0 as zarr reads it, trimmed like the reader's."""
+    n_batches, n_samples = (EpochDataset(store, epoch=0, consumer=None).manifest[k] for k in ("n_batches", "n_samples"))
+    valid = n_samples - g * SIZE if g == n_batches - 1 else SIZE
+    return {name: zarr_batch(store, 0, name, g)[:valid] for name in ("x", "y")}
+
+
+def ring_pass(ds: EpochDataset, depth: int = 2) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """Read this rank's batches as ``to_device("cuda")`` does, into ``depth + 1`` reused buffers filled ahead.
+
+    Each batch is looked at when it is consumed, after the batches ahead of it were read into the other
+    buffers; returns (global batch, copy of what it held) in consumption order.
+    """
+    slots = [{"x": torch.empty(SIZE, 64, 2), "y": torch.empty(SIZE, 64, dtype=torch.int64)} for _ in range(depth + 1)]
+    filled: list[dict[str, torch.Tensor]] = []
+    seen = []
+    ahead = 0
+    for i in range(len(ds)):
+        while ahead < len(ds) and ahead <= i + depth:
+            batch = ds.read_into(ahead, slots[ahead % (depth + 1)])
+            assert all(batch[k].data_ptr() == slots[ahead % (depth + 1)][k].data_ptr() for k in batch)
+            filled.append(batch)
+            ahead += 1
+        seen.append((ds.global_batch(i), {k: v.numpy().copy() for k, v in filled.pop(0).items()}))
+    return seen
+
+
+def test_read_into_a_ring_of_reused_buffers_yields_the_epoch_in_order(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    seen = ring_pass(ds)
+    assert [g for g, _ in seen] == list(range(ds.n_global))
+    for g, batch in seen:
+        for name, expected in expected_batch(store, g).items():
+            np.testing.assert_array_equal(batch[name], expected)
+
+
+@pytest.mark.parametrize(("world", "start"), [(1, 13), (2, 6), (3, 4)])
+def test_read_into_a_ring_of_reused_buffers_resumes_at_the_saved_batch(store: Path, world: int, start: int) -> None:
+    n_global = EpochDataset(store, epoch=0).n_global
+    for rank in range(world):
+        ds = EpochDataset(store, epoch=0, rank=rank, world_size=world)
+        ds.load_state_dict({"epoch": 0, "next_global_batch": start})
+        seen = ring_pass(ds)
+        assert [g for g, _ in seen] == list(range(start + rank, start + (n_global - start) // world * world, world))
+        for g, batch in seen:
+            for name, expected in expected_batch(store, g).items():
+                np.testing.assert_array_equal(batch[name], expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_to_device_cuda_resumes_at_the_saved_batch(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    it = ds.to_device("cuda", prefetch=2)
+    first = [next(it) for _ in range(5)]
+    state = ds.state_dict()
+    assert state == {"epoch": 0, "next_global_batch": 5}
+    resumed = EpochDataset(store, epoch=0)
+    resumed.load_state_dict(state)
+    rest = list(resumed.to_device("cuda", prefetch=2))
+    assert len(first) + len(rest) == ds.n_global
+    for g, batch in enumerate(first + rest):
+        for name, expected in expected_batch(store, g).items():
+            np.testing.assert_array_equal(batch[name].cpu().numpy(), expected)
