@@ -22,7 +22,7 @@ from .check import SAMPLE_BATCHES, check_config
 from .config import load_config, parse_duration
 from .errors import ConfigError, PgprefetchError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
-from .pipeline import RETRIES, DumpResult, dump_epoch, dump_epochs
+from .pipeline import RETRIES, DumpResult, ReadCache, dump_epoch, dump_epochs
 from .progress import BarProgress
 from .server import DEFAULT_DIR
 from .store import Store
@@ -82,6 +82,10 @@ def _summary(r: DumpResult) -> str:
     notes = ""
     if r.duplicates_dropped:
         notes += f" ({r.duplicates_dropped:,} repeated keys dropped)"
+    if r.rows_read == 0:
+        notes += " (cut from the table read for an earlier epoch)"
+    elif r.rows_read:
+        notes += f" ({r.rows_read:,} table rows read)"
     if r.retries:
         causes = ", ".join(f"{cause} {n}" for cause, n in sorted(r.retry_causes.items()))
         notes += f" (survived {r.retries} lost connection(s): {causes})"
@@ -143,6 +147,7 @@ def cli(debug: bool) -> None:
 @click.option("--store", type=click.Path(path_type=Path), help="Store folder; overrides [store] path.")
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
+@click.option("--memory", metavar="SIZE", help='Scan mode: table data held at once, e.g. "2GiB"; overrides [source].')
 @click.option(
     "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
 )
@@ -165,6 +170,7 @@ def dump(
     store: Path | None,
     dsn: str | None,
     connections: int | None,
+    memory: str | None,
     force: bool,
     retries: int,
     quiet: bool,
@@ -179,7 +185,7 @@ def dump(
     """
     if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
         raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
-    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store)
+    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory)
     target = Store(cfg.store.path)
     if ahead is not None:
         epochs = plan_ahead(target, ahead, consumer)
@@ -187,8 +193,9 @@ def dump(
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
     _log_to_stderr(quiet)
     progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
+    cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
     for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
-        result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries))
+        result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))
         if as_json:
             click.echo(json.dumps(result.to_json()))
         elif not quiet:

@@ -98,10 +98,14 @@ class Column:
         """The dtype of one value on the wire (big-endian)."""
         return np.dtype(_WIRE[self.pg_type][0])
 
-    def value_sql(self, ref: str) -> str:
-        """The SQL expression the statement sends for this column of ``ref`` (a qualified column)."""
+    def value_sql(self, ref: str, categories: str | None = None) -> str:
+        """The SQL expression the statement sends for this column of ``ref`` (a qualified column).
+
+        ``categories`` is the category list as SQL, where it cannot be the bind parameter (a COPY).
+        """
         if self.vocabulary is not None:
-            return f"coalesce(array_position(${self.vocabulary}::text[], {ref}::text) - 1, -1)::int4"
+            vocabulary = categories or f"${self.vocabulary}::text[]"
+            return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
         cast = _WIRE[self.pg_type][2]
         value = f"{ref}::{cast}[]" if cast and self.is_array else f"{ref}::{cast}" if cast else ref
         return f"coalesce({value}, {_WIRE[self.pg_type][3]})" if self.nullable else value
@@ -113,16 +117,25 @@ class Column:
 
 
 def plan_columns(
-    fields: Sequence[FieldConfig], returned: dict[str, tuple[str, str]], n_key_columns: int, where: str
+    fields: Sequence[FieldConfig],
+    returned: dict[str, tuple[str, str]],
+    n_key_columns: int,
+    where: str,
+    *,
+    all_nullable: bool = False,
 ) -> tuple[tuple[Column, ...], dict[str, tuple[Column, ...]]]:
     """The columns the batch statement sends (each once), and each field's columns.
 
     ``returned`` maps the query's column names to (type name, kind). A column that several fields read is
     sent once, nullable if any of them has a NULL policy; a categorical field gets its own columns, coded
     with its own category list, bound as parameter ``$n`` after the key columns (in field order).
+    ``all_nullable`` sends every scalar column with its NULL mask (scan mode: a NULL is an error only in
+    a row some sample uses, which is known only after the read).
     """
     by_field: dict[str, tuple[Column, ...]] = {}
     nullable = {name for f in fields if f.null != "error" for name in f.columns}
+    if all_nullable:
+        nullable |= {name for f in fields for name in f.columns if returned.get(name, ("", ""))[1] != "array"}
     param = n_key_columns
     for f in fields:
         if f.categories is not None:
@@ -230,8 +243,21 @@ class BatchLayout:
             SampleError: a sample returned the wrong number of rows, a NULL, an array of the wrong length,
                 or a value its field's dtype cannot hold.
         """
-        n = keys.shape[1]
         values, masks = self._rows_flat(blobs, keys) if self.rows == 1 else self._rows_grouped(blobs, keys)
+        self.fill(values, masks, keys, out)
+
+    def fill(
+        self,
+        values: dict[Column, np.ndarray],
+        masks: dict[Column, np.ndarray],
+        keys: np.ndarray,
+        out: dict[str, np.ndarray],
+    ) -> None:
+        """Cast the batch's column values (``(n * rows, ...)`` each, wire dtypes) into ``out``, checking each.
+
+        Both modes end here: the batch statement's decoded blobs, and the rows scan mode gathered.
+        """
+        n = keys.shape[1]
         per_sample = self.rows
         for f in self.fields:
             target = out[f.name][:n].reshape(n * self.rows, len(f.columns), f.array_length)

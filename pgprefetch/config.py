@@ -33,6 +33,7 @@ DUPLICATES = ("error", "drop")
 NULL_SUFFIX = "_null"  # a field with a NULL policy gets a boolean array "<field>_null" beside it
 RESERVED_FIELDS = ("keys",)  # the store keeps each batch's keys in an array of that name
 
+_TABLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|h|d)?\s*$")
 _DURATION_MS = {"ms": 1, "s": 1_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -53,6 +54,8 @@ class SourceConfig:
 
     A peer that stops answering without closing (a dropped route, a frozen proxy) is otherwise noticed only
     by TCP keepalives, after hours. It must exceed the slowest batch statement."""
+    memory_bytes: int = 512 << 20
+    """Scan mode: the table data held at once; a larger table is read in several range passes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +73,29 @@ class SamplesConfig:
     def max_param(self) -> int:
         """The highest ``$n`` the query uses; it must not exceed the number of key columns."""
         return max(find_params(self.query), default=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScanConfig:
+    """Scan mode: samples cut from one read of ``table`` per epoch (rows, or windows over series)."""
+
+    table: str
+    """A table or view name, or a SELECT returning the key, order and field columns."""
+    key: tuple[str, ...]
+    """Integer columns: a sample's key (rows), or a series' key (windows)."""
+    order: str | None = None
+    """Windows only: the integer, timestamp or date column ordering a series' rows."""
+    window: int | None = None
+    """Windows only: rows per sample."""
+    stride: int = 1
+    """Windows only: rows from one window start to the next, counted from a series' first row."""
+    fraction: float = 1.0
+    duplicates: str = "error"
+
+    @property
+    def rows(self) -> int:
+        """Rows per sample: the window, or 1."""
+        return self.window or 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,12 +140,17 @@ class Config:
     """A whole, validated config."""
 
     source: SourceConfig
-    samples: SamplesConfig
+    samples: SamplesConfig | ScanConfig
     fields: tuple[FieldConfig, ...]
     batches: BatchesConfig
     store: StoreConfig
     file: Path | None = None
     """The file it came from, for messages; None when built in code."""
+
+    @property
+    def mode(self) -> str:
+        """``query`` (a statement per batch) or ``scan`` (one read of a table per epoch)."""
+        return "scan" if isinstance(self.samples, ScanConfig) else "query"
 
     def field(self, name: str) -> FieldConfig:
         """Return the field called ``name``."""
@@ -134,7 +165,7 @@ class Config:
         Connection settings and the store path are left out: they change where and how fast, not what.
         """
         return {
-            "samples": _without_defaults(self.samples, ("duplicates",)),
+            "samples": _without_defaults(self.samples, ("duplicates",) if self.mode == "query" else ()),
             "fields": [
                 _without_defaults(f, ("cast", "null", "categories")) | {"columns": list(f.columns)} for f in self.fields
             ],
@@ -168,6 +199,7 @@ def load_config(
     dsn: str | None = None,
     connections: int | None = None,
     store: str | os.PathLike[str] | None = None,
+    memory: str | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
     """Read, validate and freeze a config file, then apply command-line overrides.
@@ -177,6 +209,7 @@ def load_config(
         dsn: ``--dsn``; wins over ``PGPREFETCH_DSN``, which wins over ``[source] dsn``.
         connections: ``--connections``, overriding ``[source] connections``.
         store: ``--store``, overriding ``[store] path`` (relative to the working directory, as typed).
+        memory: ``--memory``, overriding ``[source] memory`` (scan mode).
         environ: the environment to read ``PGPREFETCH_DSN`` from (``os.environ`` by default).
 
     Returns:
@@ -202,6 +235,8 @@ def load_config(
         if isinstance(connections, bool) or connections <= 0:
             raise ConfigError(f"--connections: expected a positive integer, got {connections!r}")
         source = dataclasses.replace(source, connections=connections)
+    if memory is not None:
+        source = dataclasses.replace(source, memory_bytes=parse_size(memory, "--memory"))
     source = dataclasses.replace(source, dsn=chosen_dsn)
     store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=Path(store))
     return dataclasses.replace(cfg, source=source, store=store_cfg)
@@ -217,26 +252,18 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     store = p.section(raw, "store")
     fields = p.section(raw, "fields")
 
-    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout", "io_timeout"))
-    p.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction", "duplicates"))
+    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout", "io_timeout", "memory"))
     p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
     p.keys(store, "store", required=("path",), optional=("compression",))
 
-    samples_cfg = SamplesConfig(
-        keys=p.sql(samples, "samples", "keys"),
-        query=p.sql(samples, "samples", "query"),
-        rows=p.positive_int(samples, "samples", "rows", default=1),
-        fraction=p.fraction(samples, "samples", "fraction"),
-        duplicates=p.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
-    )
-    if 0 in find_params(samples_cfg.query):
-        p.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
+    samples_cfg = p.samples(samples)
     return Config(
         source=SourceConfig(
             dsn=p.optional_str(source, "source", "dsn"),
             connections=p.positive_int(source, "source", "connections", default=8),
             statement_timeout_ms=p.duration(source, "source", "statement_timeout"),
             io_timeout_ms=_default(p.duration(source, "source", "io_timeout"), 60_000),
+            memory_bytes=parse_size(source.get("memory", 512 << 20), f"{p.prefix}[source] memory"),
         ),
         samples=samples_cfg,
         fields=p.fields(fields),
@@ -259,9 +286,67 @@ class _Parser:
     def __init__(self, file: Path | None) -> None:
         self.file = file
 
+    def samples(self, samples: dict[str, Any]) -> SamplesConfig | ScanConfig:
+        """``[samples]``: either ``keys`` + ``query`` (query mode) or ``table`` (scan mode), never both."""
+        if "table" in samples and ("keys" in samples or "query" in samples):
+            self.fail("[samples]", 'give either "keys" and "query" (query mode) or "table" (scan mode), not both')
+        if "table" not in samples:
+            self.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction", "duplicates"))
+            query = SamplesConfig(
+                keys=self.sql(samples, "samples", "keys"),
+                query=self.sql(samples, "samples", "query"),
+                rows=self.positive_int(samples, "samples", "rows", default=1),
+                fraction=self.fraction(samples, "samples", "fraction"),
+                duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
+            )
+            if 0 in find_params(query.query):
+                self.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
+            return query
+        optional = ("order", "window", "stride", "fraction", "duplicates")
+        self.keys(samples, "samples", required=("table", "key"), optional=optional)
+        window = samples.get("window")
+        if window is None:
+            for key in ("order", "stride"):
+                if key in samples:
+                    self.fail(f"[samples] {key}", "only windows have it: set window too, or remove it")
+        elif "order" not in samples:
+            self.fail("[samples] order", "windows need the column that orders a series' rows")
+        key = samples["key"]
+        key = [key] if isinstance(key, str) else key
+        if not isinstance(key, list) or not key or not all(isinstance(k, str) and k for k in key):
+            self.fail("[samples] key", f"expected a column name or a non-empty list of them, got {_show(key)}")
+        if len(set(key)) != len(key):
+            self.fail("[samples] key", f"a column is listed twice in {key}")
+        order = samples.get("order")
+        if order is not None and (not isinstance(order, str) or not order):
+            self.fail("[samples] order", f"expected a column name, got {_show(order)}")
+        if order in key:
+            self.fail("[samples] order", f'"{order}" is a key column too')
+        return ScanConfig(
+            table=self.table(samples),
+            key=tuple(key),
+            order=order,
+            window=None if window is None else self.positive_int(samples, "samples", "window"),
+            stride=self.positive_int(samples, "samples", "stride", default=1),
+            fraction=self.fraction(samples, "samples", "fraction"),
+            duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
+        )
+
+    def table(self, samples: dict[str, Any]) -> str:
+        value = samples["table"]
+        if not isinstance(value, str) or not strip_statement(value):
+            self.fail("[samples] table", f"expected a table or view name, or a SELECT, got {_kind(value)}")
+        text = strip_statement(value)
+        if not (_TABLE_NAME.fullmatch(text) or re.match(r"(?is)^\s*(select|with|values)\b", text)):
+            self.fail("[samples] table", f"expected a table or view name (schema.name), or a SELECT; got {_show(text)}")
+        return text
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.file}: " if self.file else ""
+
     def fail(self, where: str, message: str) -> None:
-        prefix = f"{self.file}: " if self.file else ""
-        raise ConfigError(f"{prefix}{where}: {message}")
+        raise ConfigError(f"{self.prefix}{where}: {message}")
 
     def keys(
         self, table: dict[str, Any], section: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
@@ -426,6 +511,30 @@ def parse_duration(value: Any, where: str) -> int:
     if not m:
         raise ConfigError(f'{where}: expected a duration such as "500ms", "30s", "5min" or "1h", got {_show(value)}')
     return math.ceil(float(m[1]) * _DURATION_MS[m[2] or "ms"])  # rounded up: 0 would mean no timeout at all
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$")
+_SIZE_BYTES = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "K": 1 << 10, "M": 1 << 20,
+               "G": 1 << 30, "T": 1 << 40, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}  # fmt: skip
+_MIN_MEMORY = 1 << 20
+
+
+def parse_size(value: Any, where: str) -> int:
+    """Bytes from ``"512MiB"``, ``"2GB"``, ``"1G"`` (binary) or a bare number of bytes; at least 1 MiB.
+
+    Raises:
+        ConfigError: naming ``where`` and what was expected.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        m = _SIZE.match(value) if isinstance(value, str) else None
+        if not m:
+            raise ConfigError(f'{where}: expected a size such as "512MiB" or "2GiB", got {_show(value)}')
+        size = int(float(m[1]) * _SIZE_BYTES[m[2] or "B"])
+    if size < _MIN_MEMORY:
+        raise ConfigError(f"{where}: at least 1MiB, got {size} bytes")
+    return size
 
 
 def _default(value: int | None, default: int) -> int:

@@ -23,12 +23,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ._version import __version__
-from .collate import BatchLayout, UnknownCategoryError
 from .config import Config
 from .errors import ConfigError, SourceError
-from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch
+from .modes import BatchSource, ScanRead, query_source, read_scan, scan_source
 from .retry import RetryPolicy, count
-from .source import BatchReader, Snapshot
+from .source import Snapshot
 from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store
 from .writer import EpochWriter
 
@@ -64,6 +63,7 @@ class DumpResult:
     retry_causes: dict[str, int] = dataclasses.field(default_factory=dict)  # the same, by cause (retry.CAUSES)
     restarted: str | None = None  # why an interrupted dump's partial epoch was discarded
     duplicates_dropped: int = 0  # repeated keys kept once ([samples] duplicates = "drop")
+    rows_read: int | None = None  # scan mode: table rows this epoch read (0 when cut from an earlier read)
     holder: str | None = None  # who holds the epoch's lock, when busy
 
     @property
@@ -92,6 +92,8 @@ class DumpResult:
             out["retry_causes"] = self.retry_causes
         if self.duplicates_dropped:
             out["duplicates_dropped"] = self.duplicates_dropped
+        if self.rows_read is not None:
+            out["rows_read"] = self.rows_read
         return out
 
 
@@ -106,8 +108,13 @@ async def dump_epochs(
     progress: Progress | None = None,
     retries: int | RetryPolicy = RETRIES,
 ) -> list[DumpResult]:
-    """Dump several epochs in turn (each with its own snapshot); see :func:`dump_epoch`."""
-    return [await dump_epoch(cfg, e, force=force, progress=progress, retries=retries) for e in epochs]
+    """Dump several epochs in turn; see :func:`dump_epoch`.
+
+    In query mode each epoch has its own snapshot. In scan mode the table is read once, on one snapshot,
+    and every epoch is cut from that read (each manifest records the snapshot).
+    """
+    cache = ReadCache()
+    return [await dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache) for e in epochs]
 
 
 async def dump_epoch(
@@ -117,6 +124,7 @@ async def dump_epoch(
     force: bool = False,
     progress: Progress | None = None,
     retries: int | RetryPolicy = RETRIES,
+    cache: ReadCache | None = None,
 ) -> DumpResult:
     """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
 
@@ -130,6 +138,8 @@ async def dump_epoch(
     The exported snapshot dies with its transaction, so a retry takes a new snapshot
     and reads the keys again; the batches already written are kept only if the new key list is provably
     the same (its sha256 matches), otherwise the epoch starts over.
+
+    ``cache`` carries a scan mode table read from one epoch to the next (see :func:`dump_epochs`).
 
     Raises:
         ConfigError: the queries do not fit the config, or the store holds another config's epochs.
@@ -147,7 +157,7 @@ async def dump_epoch(
     store.create()
     try:
         policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
-        return await _dump_with_retries(cfg, store, epoch, force, progress, policy)
+        return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache())
     except BaseException:
         if created:
             store.remove_if_unused()  # a dump that wrote nothing leaves no trace (a bad config, a wrong DSN)
@@ -168,7 +178,13 @@ def _skipped(store: Store, epoch: int) -> DumpResult:
 
 
 async def _dump_with_retries(
-    cfg: Config, store: Store, epoch: int, force: bool, progress: Progress | None, policy: RetryPolicy
+    cfg: Config,
+    store: Store,
+    epoch: int,
+    force: bool,
+    progress: Progress | None,
+    policy: RetryPolicy,
+    cache: ReadCache,
 ) -> DumpResult:
     """Hold the epoch's lock and dump it, retrying lost connections (see :func:`dump_epoch`)."""
     with store.writer_lock(epoch) as held:
@@ -182,7 +198,7 @@ async def _dump_with_retries(
         for attempt in range(policy.retries + 1):
             try:
                 # --force: a fresh epoch on one snapshot (the first attempt discards any partial one).
-                result = await _dump_locked(cfg, store, epoch, progress, fresh=force and attempt == 0)
+                result = await _dump_locked(cfg, store, epoch, progress, fresh=force and attempt == 0, cache=cache)
                 return dataclasses.replace(
                     result, retries=attempt, retry_causes=causes, seconds=time.monotonic() - started
                 )
@@ -227,62 +243,74 @@ def _check_same_config(store: Store, cfg: Config) -> None:
         )
 
 
-async def _dump_locked(cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool) -> DumpResult:
+class ReadCache:
+    """A scan mode table read on one snapshot, kept so that the next epochs of one run are cut from it."""
+
+    def __init__(self) -> None:
+        self.read: ScanRead | None = None
+
+
+async def _dump_locked(
+    cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool, cache: ReadCache
+) -> DumpResult:
     """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
     started = time.monotonic()
     connected = False
     try:
+        if cfg.mode == "scan":
+            if cache.read is None:
+                async with Snapshot.open(cfg.source) as snap:
+                    connected = True
+                    cache.read = await read_scan(cfg, snap)
+            connected = True
+            source = scan_source(cfg, cache.read, epoch)
+            return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
         async with Snapshot.open(cfg.source) as snap:
             connected = True
-            return await _dump_snapshot(cfg, store, epoch, progress, snap, started, fresh)
+            async with query_source(cfg, snap, epoch) as source:
+                return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
     except SourceError as e:
         e.connected = connected  # type: ignore[union-attr]
         raise
 
 
-async def _dump_snapshot(
-    cfg: Config, store: Store, epoch: int, progress: Progress | None, snap: Snapshot, started: float, fresh: bool
+async def _write_epoch(
+    cfg: Config,
+    store: Store,
+    epoch: int,
+    source: BatchSource,
+    progress: Progress | None,
+    started: float,
+    fresh: bool,
 ) -> DumpResult:
-    """Plan, fetch and write every batch, and publish, on one snapshot."""
-    try:
-        return await _plan_and_write(cfg, store, epoch, progress, snap, started, fresh)
-    except UnknownCategoryError as e:
-        raise await name_unknown_category(cfg, snap, e) from None
-
-
-async def _plan_and_write(
-    cfg: Config, store: Store, epoch: int, progress: Progress | None, snap: Snapshot, started: float, fresh: bool
-) -> DumpResult:
+    """Write every batch of ``source`` not yet on disk (resuming a partial epoch), then publish."""
     size = cfg.batches.size
-    plan = await plan_epoch(cfg, snap, epoch)
-    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params) as reader:
-        first = await reader.fetch(0, plan.batch_keys(0, size))  # its array lengths fix the field shapes
-        layout = layout_from(cfg, plan, first)
-        specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in layout.arrays()]
-        specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(plan.key_names),)))
-        identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
-        writer = await _finish_in_thread(
-            EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-            compression=cfg.store.compression, identity=identity, fresh=fresh,
-        )  # fmt: skip
-        writer.begin(snap.id)
-        todo = [b for b in range(plan.n_batches) if not writer.done[b]]
+    plan = source.plan
+    specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
+    specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(plan.key_names),)))
+    identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    writer = await _finish_in_thread(
+        EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
+        compression=cfg.store.compression, identity=identity, fresh=fresh,
+    )  # fmt: skip
+    writer.begin(source.snapshot)
+    todo = [b for b in range(plan.n_batches) if not writer.done[b]]
+    if progress:
+        progress.start(epoch, plan.used)
+        progress.advance(min(plan.used, writer.resumed * size), 0)
+    try:
+        await _write_batches(source, writer, todo, size, progress)
+        total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
+        manifest = _manifest(cfg, source, total, time.monotonic() - started)
+        manifest["resumed_batches"] = writer.resumed
+        manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
+        path = await _finish_in_thread(writer.publish, manifest)
+    except BaseException:
+        writer.close()  # keep the partial epoch: the next dump resumes it
+        raise
+    finally:
         if progress:
-            progress.start(epoch, plan.used)
-            progress.advance(min(plan.used, writer.resumed * size), 0)
-        try:
-            await _write_batches(reader, writer, layout, plan.keys, todo, size, first, progress)
-            total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
-            manifest = _manifest(cfg, plan, layout, snap, total, time.monotonic() - started)
-            manifest["resumed_batches"] = writer.resumed
-            manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
-            path = await _finish_in_thread(writer.publish, manifest)
-        except BaseException:
-            writer.close()  # keep the partial epoch: the next dump resumes it
-            raise
-        finally:
-            if progress:
-                progress.close()
+            progress.close()
     return DumpResult(
         epoch=epoch,
         path=path,
@@ -293,56 +321,44 @@ async def _plan_and_write(
         resumed=writer.resumed,
         restarted=writer.restarted,
         duplicates_dropped=plan.duplicates_dropped,
+        rows_read=source.rows_read,
     )
 
 
 async def _write_batches(
-    reader: BatchReader,
-    writer: EpochWriter,
-    layout: BatchLayout,
-    keys: np.ndarray,
-    batches: list[int],
-    size: int,
-    first: tuple[bytes | None, ...],
-    progress: Progress | None,
+    source: BatchSource, writer: EpochWriter, batches: list[int], size: int, progress: Progress | None
 ) -> int:
-    """Fetch, decode and write ``batches`` with ``reader.size`` workers (batch 0's rows are ``first``)."""
+    """Fetch, produce and write ``batches`` with ``source.concurrency`` batches in flight."""
     total = 0
-    todo: Iterator[int] = iter(b for b in batches if b != 0)  # shared by the workers: each takes the next
+    keys = source.plan.keys
+    todo: Iterator[int] = iter(batches)  # shared by the workers: each takes the next
     # One thread of the dump's own decodes and writes: on a few cores more threads only fight over the GIL
     # (and the event loop thread loses), and an executor of our own cannot outlive the dump to race its cleanup.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgprefetch-write") as pool:
         loop = asyncio.get_running_loop()
 
-        def decode_and_write(batch: int, blobs: tuple[bytes | None, ...], buffers: dict[str, np.ndarray]) -> int:
-            batch_keys = keys[:, batch * size : (batch + 1) * size]
+        def produce_and_write(batch: int, fetched: object, buffers: dict[str, np.ndarray]) -> int:
+            batch_keys = source.plan.batch_keys(batch, size)
             n = batch_keys.shape[1]
-            layout.decode(blobs, batch_keys, buffers)
-            key_buffer = buffers[KEYS_ARRAY]
-            key_buffer[:n] = batch_keys.T
+            source.produce(batch, fetched, buffers)
+            buffers[KEYS_ARRAY][:n] = batch_keys.T
             if n < size:  # the padded last batch (drop_last = false): zeros after the real samples
                 for array in buffers.values():
                     array[n:] = 0
             return writer.write_batch(batch, buffers)
 
-        async def worker(blobs: tuple[bytes | None, ...] | None = None, batch: int = 0) -> None:
+        async def worker() -> None:
             nonlocal total
-            buffers = layout.allocate(size)
+            buffers = source.layout.allocate(size)
             buffers[KEYS_ARRAY] = np.zeros((size, keys.shape[0]), dtype=np.int64)
-            while True:
-                if blobs is None:
-                    batch = next(todo, -1)
-                    if batch < 0:
-                        return
-                    blobs = await reader.fetch(batch, keys[:, batch * size : (batch + 1) * size])
-                nbytes = await loop.run_in_executor(pool, decode_and_write, batch, blobs, buffers)
+            for batch in todo:
+                fetched = await source.fetch(batch)
+                nbytes = await loop.run_in_executor(pool, produce_and_write, batch, fetched, buffers)
                 total += nbytes
                 if progress:
                     progress.advance(min(size, keys.shape[1] - batch * size), nbytes)
-                blobs = None
 
-        starters = [worker(first, 0)] if batches and batches[0] == 0 else [worker()]
-        await _first_error([*starters, *(worker() for _ in range(reader.size - 1))])
+        await _first_error([worker() for _ in range(source.concurrency)])
     return total
 
 
@@ -360,10 +376,9 @@ async def _first_error(coros: list[Awaitable[None]]) -> None:
             raise t.exception()  # type: ignore[misc]
 
 
-def _manifest(
-    cfg: Config, plan: EpochPlan, layout: BatchLayout, snap: Snapshot, total: int, elapsed: float
-) -> dict[str, Any]:
+def _manifest(cfg: Config, source: BatchSource, total: int, elapsed: float) -> dict[str, Any]:
     """The epoch's manifest: everything a reader, an auditor or a resumed dump needs to know."""
+    plan, layout = source.plan, source.layout
     fields: dict[str, Any] = {}
     for f in layout.fields:
         entry: dict[str, Any] = {
@@ -395,10 +410,12 @@ def _manifest(
         "compression": cfg.store.compression,
         "config_sha256": cfg.sha256(),
         "config": dataclasses.asdict(cfg.samples),
-        "snapshot": snap.id,
-        "server_version": snap.server_version,
+        "mode": cfg.mode,
+        "snapshot": source.snapshot,
+        "server_version": source.server_version,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(elapsed, 3),
         "bytes": total,
+        **({"rows_read": source.rows_read} if source.rows_read is not None else {}),
         "complete": True,
     }

@@ -9,16 +9,17 @@ only known once it has run.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .collate import BatchLayout, Column, array_lengths, plan_columns, show_key
 from .config import Config
 from .errors import SampleError, SourceError
-from .shuffle import DuplicateKeysError, n_batches, shuffle_and_count
+from .scan import ScanShape
+from .shuffle import DuplicateKeysError, epoch_indices, n_batches
 from .source import Snapshot
 from .statement import batch_statement
 
@@ -38,8 +39,9 @@ class EpochPlan:
     columns: tuple[Column, ...]
     by_field: dict[str, tuple[Column, ...]]
     categories: dict[str, list[str]]  # field -> the category list its codes index
-    sql: str
+    sql: str  # the batch statement (query mode; "" in scan mode)
     params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
+    starts: np.ndarray | None = None  # scan mode: the table row each sample starts at, in the epoch's order
 
     def batch_keys(self, batch: int, size: int) -> np.ndarray:
         """The keys of batch ``batch``, ``(n_key_columns, <= size)``."""
@@ -53,37 +55,9 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
         ConfigError: the queries do not fit the config.
         SourceError: the database failed, or the keys cannot make an epoch (none, repeated, no full batch).
     """
-    size = cfg.batches.size
     shape = await snap.describe(cfg)
     keys = await snap.read_keys(cfg, shape.key_names)
-    n_keys = keys.shape[1]
-    if n_keys == 0:
-        raise SourceError("the keys query returned no rows: there is nothing to dump")
-    try:
-        keys, dropped = await asyncio.to_thread(
-            shuffle_and_count,
-            keys,
-            seed=cfg.batches.seed,
-            epoch=epoch,
-            fraction=cfg.samples.fraction,
-            duplicates=cfg.samples.duplicates,
-        )
-    except DuplicateKeysError as e:
-        shown = "; ".join(f"({show_key(shape.key_names, tuple(map(int, k)))})" for k in e.examples.T)
-        more = f" and {e.count - e.examples.shape[1]} more" if e.count > e.examples.shape[1] else ""
-        raise SampleError(
-            f"the keys query returned {e.count} repeated key(s), e.g. {shown}{more}: each sample must come once "
-            'per epoch; fix the keys query, or set [samples] duplicates = "drop" to keep one of each'
-        ) from None
-    n = keys.shape[1]
-    nb = n_batches(n, size, cfg.batches.drop_last)
-    if nb == 0:
-        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
-        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
-    used = nb * size if cfg.batches.drop_last else n
-    digest = hashlib.sha256()
-    for column in keys:  # rows of a C-ordered array: hashed in place, no copy of the keys
-        digest.update(np.ascontiguousarray(column[:used]))
+    order = order_keys(cfg, keys, shape.key_names, epoch, in_place=True)
     where = f"{cfg.file}: " if cfg.file else ""
     columns, by_field = plan_columns(cfg.fields, shape.returned, len(shape.key_names), where)
     categories = {}
@@ -99,20 +73,87 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
         elif f.categories is not None:
             categories[f.name] = list(f.categories)
     sql = batch_statement(cfg.samples.query, len(shape.key_names), columns, cfg.samples.rows)
+    order.pop("index")
     return EpochPlan(
         epoch=epoch,
-        keys=keys,
         key_names=shape.key_names,
-        n_keys=n_keys,
-        duplicates_dropped=dropped,
-        used=used,
-        n_batches=nb,
-        keys_sha256=digest.hexdigest(),
+        **order,
         columns=columns,
         by_field=by_field,
         categories=categories,
         sql=sql,
         params=tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
+    )
+
+
+def order_keys(
+    cfg: Config, keys: np.ndarray, key_names: tuple[str, ...], epoch: int, *, in_place: bool = False
+) -> dict[str, Any]:
+    """The epoch's order of ``keys`` (repeats refused or dropped, ``fraction`` applied) and its counts.
+
+    ``in_place`` reorders ``keys`` itself when nothing is dropped (a key list read for this epoch alone:
+    no second copy of the keys); scan mode keeps its samples' keys for the next epoch.
+
+    Returns the :class:`EpochPlan` fields both modes share: ``keys`` in order, ``index`` (the order as
+    indices into the given keys), ``n_keys``, ``duplicates_dropped``, ``used``, ``n_batches``, ``keys_sha256``.
+    """
+    size = cfg.batches.size
+    n_keys = keys.shape[1]
+    if n_keys == 0:
+        raise SourceError("the keys query returned no rows: there is nothing to dump")
+    samples = cfg.samples
+    try:
+        index, dropped = epoch_indices(
+            keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction, duplicates=samples.duplicates
+        )
+    except DuplicateKeysError as e:
+        shown = "; ".join(f"({show_key(key_names, tuple(map(int, k)))})" for k in e.examples.T)
+        more = f" and {e.count - e.examples.shape[1]} more" if e.count > e.examples.shape[1] else ""
+        what = "the keys query" if cfg.mode == "query" else "[samples] table"
+        raise SampleError(
+            f"{what} returned {e.count} repeated key(s), e.g. {shown}{more}: each sample must come once "
+            'per epoch; fix the keys query, or set [samples] duplicates = "drop" to keep one of each'
+        ) from None
+    n = index.size
+    nb = n_batches(n, size, cfg.batches.drop_last)
+    if nb == 0:
+        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
+        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
+    used = nb * size if cfg.batches.drop_last else n
+    if in_place and n == n_keys:
+        for column in keys:  # one key column at a time
+            column[:] = column[index]
+        ordered = keys
+    else:
+        ordered = np.ascontiguousarray(keys[:, index])
+    digest = hashlib.sha256()
+    for column in ordered:  # rows of a C-ordered array: hashed in place
+        digest.update(np.ascontiguousarray(column[:used]))
+    return {
+        "keys": ordered,
+        "index": index,
+        "n_keys": n_keys,
+        "duplicates_dropped": dropped,
+        "used": used,
+        "n_batches": nb,
+        "keys_sha256": digest.hexdigest(),
+    }
+
+
+def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, starts: np.ndarray, epoch: int) -> EpochPlan:
+    """The epoch of a scanned table: its samples (cut by :func:`pgprefetch.scan.cut`) in the epoch's order."""
+    order = order_keys(cfg, sample_keys, shape.key_names, epoch)
+    index = order.pop("index")
+    return EpochPlan(
+        epoch=epoch,
+        key_names=shape.key_names,
+        **order,
+        columns=shape.columns,
+        by_field=shape.by_field,
+        categories=shape.categories,
+        sql="",
+        params=(),
+        starts=starts[index],
     )
 
 

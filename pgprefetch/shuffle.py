@@ -130,6 +130,21 @@ def shuffle_and_count(
     keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, duplicates: str = "error"
 ) -> tuple[np.ndarray, int]:
     """:func:`shuffle_keys`, also returning how many repeated keys were dropped."""
+    index, dropped = epoch_indices(keys, seed=seed, epoch=epoch, fraction=fraction, duplicates=duplicates)
+    if index.size < keys.shape[1]:
+        return np.ascontiguousarray(keys[:, index]), dropped
+    for column in keys:  # a permutation: in place, one key column at a time
+        column[:] = column[index]
+    return keys, dropped
+
+
+def epoch_indices(
+    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, duplicates: str = "error"
+) -> tuple[np.ndarray, int]:
+    """The indices of the epoch's samples in ``keys``, in the epoch's order, and the repeats dropped.
+
+    What :func:`shuffle_keys` orders, as indices: scan mode gathers its samples' rows with them.
+    """
     order, runs = _sorted(keys, seed, epoch)
     repeats = _repeats(keys, order, runs)
     if repeats.size and duplicates != "drop":
@@ -138,12 +153,10 @@ def shuffle_and_count(
         raise DuplicateKeysError(examples[:, first], int(repeats.size))
     if repeats.size:
         order = np.delete(order, repeats)
-        keys = np.ascontiguousarray(keys[:, order])
-    else:
-        for column in keys:
-            column[:] = column[order]
-    del order
-    return subsample(keys, seed=seed, epoch=epoch, fraction=fraction), int(repeats.size)
+    if fraction < 1.0:
+        h = key_hash(keys, seed=seed, epoch=epoch, stream=_SAMPLE_STREAM)
+        order = order[h[order] < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))]
+    return order, int(repeats.size)
 
 
 def n_batches(n_samples: int, size: int, drop_last: bool) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -72,32 +72,56 @@ def scrub(text: str, dsn: str | None) -> str:
     return text
 
 
-async def _call(conn: asyncpg.Connection, aw: Awaitable[T], what: str, timeout_ms: int) -> T:
-    """Await one database call on ``conn``, within ``timeout_ms`` (0: no limit); every failure a SourceError.
+class _Watchdog:
+    """Terminates a connection that has not answered for ``timeout_ms`` (0: never); :meth:`arm` restarts the wait.
 
-    The limit is a watchdog that terminates the connection, rather than ``asyncio.wait_for``: cancelling
-    an asyncpg call sends a cancel request over a new connection, which a stalled route would stall too.
+    A watchdog rather than ``asyncio.wait_for``: cancelling an asyncpg call sends a cancel request over a
+    new connection, which a stalled route would stall too. Terminating drops the socket, and the pending
+    call fails at once with "connection closed".
     """
-    fired = False
 
-    def stalled() -> None:
-        nonlocal fired
-        fired = True
-        conn.terminate()  # the call fails at once with "connection closed"
+    def __init__(self, conn: asyncpg.Connection, timeout_ms: int) -> None:
+        self.conn, self.timeout_ms, self.fired = conn, timeout_ms, False
+        self._handle: asyncio.TimerHandle | None = None
 
-    watchdog = asyncio.get_running_loop().call_later(timeout_ms / 1000, stalled) if timeout_ms else None
+    def arm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self.timeout_ms:
+            self._handle = asyncio.get_running_loop().call_later(self.timeout_ms / 1000, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        self.conn.terminate()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def error(self, what: str) -> SourceError:
+        message = f"{what}: lost the connection: no answer for {self.timeout_ms / 1000:g} s ([source] io_timeout)"
+        return SourceError(message, transient=True, cause="stalled")
+
+
+async def _call(
+    conn: asyncpg.Connection, aw: Awaitable[T], what: str, timeout_ms: int, watchdog: _Watchdog | None = None
+) -> T:
+    """Await one database call on ``conn``, unanswered for at most ``timeout_ms``; every failure a SourceError.
+
+    ``watchdog`` is one the call re-arms itself whenever data arrives (a COPY); by default one wait.
+    """
+    dog = watchdog or _Watchdog(conn, timeout_ms)
+    dog.arm()
     try:
         return await aw
     except PgprefetchError:
         raise
     except Exception as e:
-        if fired:
-            message = f"{what}: lost the connection: no answer for {timeout_ms / 1000:g} s ([source] io_timeout)"
-            raise SourceError(message, transient=True, cause="stalled") from None
+        if dog.fired:
+            raise dog.error(what) from None
         raise translate(e, what, conn) from None
     finally:
-        if watchdog is not None:
-            watchdog.cancel()
+        dog.cancel()
 
 
 def translate(e: BaseException, what: str, conn: asyncpg.Connection | None = None) -> SourceError:
@@ -226,6 +250,15 @@ class Snapshot:
         rows = await self._run(self.conn.fetch(sql, timeout=None), f"{_where(cfg)}categories of column {column}")
         return sorted(r[0] for r in rows)
 
+    async def describe_sql(self, sql: str, what: str) -> dict[str, tuple[str, str]]:
+        """The columns ``sql`` returns, name -> (type name, kind), as the server describes them."""
+        stmt = await self._prepare(sql, what)
+        return {a.name: (a.type.name, a.type.kind) for a in stmt.get_attributes()}
+
+    async def fetch(self, sql: str, what: str) -> list[asyncpg.Record]:
+        """Run a small query in the snapshot (statistics, bounds)."""
+        return await self._run(self.conn.fetch(sql), what)
+
     async def sample_text(self, cfg: Config, key: Sequence[int], column: str) -> list[str | None]:
         """The values of ``column`` the per-sample query returns for ``key``, as text (error messages)."""
         sql = sample_text_statement(cfg.samples.query, column)
@@ -277,11 +310,12 @@ class BatchReader:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, source: SourceConfig, snapshot_id: str, sql: str, params: Sequence[object] = ()
+        cls, source: SourceConfig, snapshot_id: str, sql: str | None, params: Sequence[object] = ()
     ) -> AsyncIterator[BatchReader]:
         """Open the workers concurrently; each begins its transaction and imports ``snapshot_id``.
 
-        ``params`` follow the key arrays as the statement's bind parameters (the category lists).
+        ``sql`` is the batch statement each prepares (None for workers that only COPY); ``params`` follow
+        the key arrays as its bind parameters (the category lists).
         """
         if not _SNAPSHOT_ID.match(snapshot_id):
             raise SourceError(f"refusing an invalid snapshot id {snapshot_id!r}")
@@ -298,6 +332,8 @@ class BatchReader:
             except SourceError as e:
                 # Also when the exporter died and took the snapshot with it: a retry takes a new one.
                 raise SourceError(str(e), transient=True, cause=e.cause or "connection lost") from None
+            if sql is None:
+                return conn, None
             return conn, await _call(conn, conn.prepare(sql), "cannot prepare the batch statement", timeout)
 
         tasks = [asyncio.ensure_future(start()) for _ in range(source.connections)]
@@ -312,6 +348,23 @@ class BatchReader:
             yield cls(list(workers), params, timeout)
         finally:
             await asyncio.gather(*(close(c, timeout) for c in conns))
+
+    async def copy(self, what: str, sql: str, sink: Callable[[bytes], None]) -> None:
+        """Run ``COPY (sql) TO STDOUT (FORMAT binary)`` on an idle worker, handing each chunk to ``sink``.
+
+        ``io_timeout`` bounds the wait for each chunk, not the whole COPY: a long scan is not a stall.
+        """
+        conn, _ = await self._idle.get()
+        dog = _Watchdog(conn, self._timeout)
+
+        async def output(data: bytes) -> None:
+            dog.arm()
+            sink(data)
+
+        try:
+            await _call(conn, conn.copy_from_query(sql, output=output, format="binary"), what, self._timeout, dog)
+        finally:
+            self._idle.put_nowait((conn, _))
 
     async def fetch(self, batch: int, keys: np.ndarray) -> tuple[bytes | None, ...]:
         """Run the batch statement for ``keys`` (shape ``(n_key_columns, n)``) on an idle worker."""

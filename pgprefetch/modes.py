@@ -1,0 +1,106 @@
+"""Where an epoch's batches come from: the query mode and the scan mode, side by side, for one writer.
+
+The writer (:mod:`pgprefetch.pipeline`) knows nothing of either. It gets a :class:`BatchSource`: the
+epoch's plan (keys in order, counts), the decoding layout, and per batch two steps: ``fetch``, the
+database side, awaited on the event loop, and ``produce``, the CPU side, run on the writer's thread, which
+fills the batch buffers.
+
+- **Query mode** (``[samples] keys`` + ``query``): ``fetch`` runs the batch statement on one of the
+  worker connections (one round trip per batch); ``produce`` decodes its binary arrays.
+- **Scan mode** (``[samples] table``): the table was read once (:func:`read_scan`), possibly for several
+  epochs; ``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from .collate import BatchLayout, UnknownCategoryError
+from .config import Config, ScanConfig
+from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch, plan_scan
+from .scan import ScanShape, Table, cut, describe_scan, gather, read_table
+from .source import BatchReader, Snapshot
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """One epoch's batches, ready to be written."""
+
+    plan: EpochPlan
+    layout: BatchLayout
+    snapshot: str
+    server_version: str
+    rows_read: int | None  # table rows read for this epoch (scan mode); None when not counted
+    fetch: Callable[[int], Awaitable[object]]
+    produce: Callable[[int, object, dict[str, np.ndarray]], None]
+    concurrency: int  # batches in flight
+
+
+@asynccontextmanager
+async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator[BatchSource]:
+    """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``."""
+    size = cfg.batches.size
+    plan = await plan_epoch(cfg, snap, epoch)
+    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params) as reader:
+        first = await reader.fetch(0, plan.batch_keys(0, size))  # its array lengths fix the field shapes
+        layout = layout_from(cfg, plan, first)
+
+        async def fetch(batch: int) -> object:
+            return first if batch == 0 else await reader.fetch(batch, plan.batch_keys(batch, size))
+
+        def produce(batch: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
+            layout.decode(blobs, plan.batch_keys(batch, size), buffers)  # type: ignore[arg-type]
+
+        try:
+            yield BatchSource(plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size)
+        except UnknownCategoryError as e:
+            raise await name_unknown_category(cfg, snap, e) from None
+
+
+@dataclass
+class ScanRead:
+    """A table read once on one snapshot, cut into samples: what every epoch of a ``--epochs`` run uses."""
+
+    shape: ScanShape
+    table: Table
+    sample_keys: np.ndarray  # (n_key_columns, n_samples), in key order
+    starts: np.ndarray  # the row each sample starts at
+    snapshot: str
+    server_version: str
+    epochs_cut: int = 0
+
+
+async def read_scan(cfg: Config, snap: Snapshot) -> ScanRead:
+    """Describe, read and cut the table of a scan config on ``snap``."""
+    assert isinstance(cfg.samples, ScanConfig)
+    shape = await describe_scan(cfg, snap)
+    table = await read_table(cfg, snap, shape)
+    sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
+    return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version)
+
+
+def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
+    """The scan mode: epoch ``epoch`` cut from a table already in memory."""
+    size = cfg.batches.size
+    plan = plan_scan(cfg, read.shape, read.sample_keys, read.starts, epoch)
+    lengths = {c: v.shape[1] for c, v in read.table.values.items() if c.is_array}
+    layout = BatchLayout.build(
+        cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_names
+    )
+    starts = plan.starts
+    assert starts is not None
+
+    async def fetch(batch: int) -> object:
+        return None
+
+    def produce(batch: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        gather(read.table, layout, starts[batch * size : (batch + 1) * size], plan.batch_keys(batch, size), buffers)
+
+    rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
+    read.epochs_cut += 1
+    return BatchSource(plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, 1)

@@ -1,0 +1,389 @@
+"""Scan mode: the database reads each table row once per epoch; the client cuts the samples.
+
+Query mode runs the per-sample query for every sample, so a 64-row window with stride 1 reads each row 64
+times. Scan mode reads the table once with binary ``COPY`` and does the rest in numpy:
+
+1. **Parallel page ranges on one snapshot.** ``connections`` workers import the epoch's snapshot and each
+   COPYs a disjoint range of the table's pages (``ctid >= '(a,0)' AND ctid < '(b,0)'``, a TID range scan
+   on PostgreSQL 14+): ranges balanced by size, no index needed, and no server-side sort. A ``table``
+   given as a SELECT cannot be split by pages and is read by one COPY.
+2. **Decoding straight into numpy.** Every value is sent fixed-width and NOT NULL (NULLs arrive as a
+   placeholder plus a boolean mask column), so every row of the stream has the same byte length and a
+   chunk of rows is one big-endian structured array.
+3. **Cutting.** The rows are sorted by (key, order) on the client (``lexsort``), series found where the
+   key changes, and window starts computed per series; a sample's key is its series' key plus the order
+   value of its first row. The shuffle is the query mode's, on these keys, so a scan config and its
+   query-mode twin give byte-identical epochs.
+4. **Gathering.** A batch's rows are a fancy index into the table's columns, cast and checked by
+   :meth:`pgprefetch.collate.BatchLayout.fill`, the code the query mode's decoded blobs go through.
+
+The table stays in memory for as long as the dump runs, so several epochs (``--epochs A-B``) are cut from
+one read. ``[source] memory`` bounds it; a table larger than the budget is refused with the figures (a
+multi-pass read is not built yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collate import BatchLayout, Column, plan_columns, show_key
+from .config import Config, ScanConfig
+from .errors import ConfigError, SampleError, SourceError
+from .source import BatchReader, Snapshot
+from .statement import quote_ident
+
+KEY_TYPES = {"int2": ">i2", "int4": ">i4", "int8": ">i8"}
+# order column type -> (wire dtype, offset to the Unix epoch in its unit)
+ORDER_TYPES = {
+    "int2": (">i2", 0),
+    "int4": (">i4", 0),
+    "int8": (">i8", 0),
+    "date": (">i4", 10_957),
+    "timestamp": (">i8", 946_684_800_000_000),
+    "timestamptz": (">i8", 946_684_800_000_000),
+}
+_HEADER = b"PGCOPY\n\xff\r\n\x00"
+_HEADER_BYTES = 19  # signature, flags, header extension length
+_SIMPLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
+_T = "_pgpf_t"
+
+
+@dataclass(frozen=True)
+class ScanShape:
+    """What the scan reads: the relation, key and order columns, and the field columns as they travel."""
+
+    relation: str  # SQL for FROM
+    plain_table: bool  # a table name: split into page ranges
+    key_names: tuple[str, ...]  # the key columns, then the order column's name (windows)
+    key_wire: tuple[np.dtype, ...]
+    order_wire: np.dtype | None
+    order_offset: int
+    columns: tuple[Column, ...]
+    by_field: dict[str, tuple[Column, ...]]
+    categories: dict[str, list[str]]
+
+    @property
+    def n_key(self) -> int:
+        """Key columns of a series (or a row), without the order column."""
+        return len(self.key_wire)
+
+
+async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
+    """Check ``[samples] table`` and the fields against the server's description of the relation."""
+    samples = cfg.samples
+    assert isinstance(samples, ScanConfig)
+    where = f"{cfg.file}: " if cfg.file else ""
+    plain = bool(_SIMPLE_NAME.match(samples.table))
+    relation = samples.table if plain else f"({samples.table}) AS {_T}"
+    returned = await snap.describe_sql(f"SELECT * FROM {relation} LIMIT 0", f"{where}[samples] table")
+    for name in (*samples.key, *([samples.order] if samples.order else [])):
+        if name not in returned:
+            raise ConfigError(
+                f'{where}[samples] table: no column "{name}" (it has {", ".join(returned) or "no columns"})'
+            )
+    for name in samples.key:
+        if returned[name][0] not in KEY_TYPES:
+            raise ConfigError(
+                f'{where}[samples] key: column "{name}" is {returned[name][0]}; '
+                "keys must be integer columns (smallint, integer, bigint)"
+            )
+    order_wire, offset = None, 0
+    if samples.order:
+        kind = returned[samples.order][0]
+        if kind not in ORDER_TYPES:
+            raise ConfigError(
+                f'{where}[samples] order: column "{samples.order}" is {kind}; '
+                "expected an integer, date, timestamp or timestamptz column"
+            )
+        order_wire, offset = np.dtype(ORDER_TYPES[kind][0]), ORDER_TYPES[kind][1]
+    columns, by_field = plan_columns(cfg.fields, returned, 0, where, all_nullable=True)
+    categories = {}
+    for f in cfg.fields:
+        if f.categories == "auto":
+            found: set[str] = set()
+            for name in f.columns:
+                ref = quote_ident(name)
+                sql = f"SELECT DISTINCT {ref}::text FROM {relation} WHERE {ref} IS NOT NULL"
+                found.update(r[0] for r in await snap.fetch(sql, f"{where}categories of column {name}"))
+            categories[f.name] = sorted(found)
+        elif f.categories is not None:
+            categories[f.name] = list(f.categories)
+    return ScanShape(
+        relation=relation,
+        plain_table=plain,
+        key_names=(*samples.key, *([samples.order] if samples.order else [])),
+        key_wire=tuple(np.dtype(KEY_TYPES[returned[k][0]]) for k in samples.key),
+        order_wire=order_wire,
+        order_offset=offset,
+        columns=columns,
+        by_field=by_field,
+        categories=categories,
+    )
+
+
+def copy_select(shape: ScanShape, where: str = "") -> str:
+    """The SELECT a range's COPY runs: key columns, order, then each column's value and NULL mask."""
+    exprs = [quote_ident(k) for k in shape.key_names]
+    vocabularies = {
+        c: _text_array(shape.categories[f]) for f, cols in shape.by_field.items() for c in cols if f in shape.categories
+    }
+    for c in shape.columns:
+        ref = quote_ident(c.name)
+        exprs.append(c.value_sql(ref, vocabularies.get(c)))
+        if c.nullable:
+            exprs.append(f"({ref} IS NULL)")
+    return f"SELECT {', '.join(exprs)} FROM {shape.relation}{where}"
+
+
+def _text_array(values: Sequence[str]) -> str:
+    """A text[] literal (COPY takes no bind parameters); quotes doubled, as standard_conforming_strings reads them."""
+    return "ARRAY[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]::text[]"
+
+
+@dataclass
+class Table:
+    """The rows of one read, sorted by (key, order): key columns, order values and each column's values."""
+
+    keys: np.ndarray  # (n_key_columns [+ 1 for the order], n_rows) int64, sorted
+    values: dict[Column, np.ndarray] = field(default_factory=dict)  # wire dtypes, (n_rows, ...)
+    masks: dict[Column, np.ndarray] = field(default_factory=dict)
+    rows_read: int = 0
+    nbytes: int = 0
+
+
+class _Decoder:
+    """Turns one range's COPY stream into column arrays, a chunk of rows at a time (fixed-size rows)."""
+
+    def __init__(self, shape: ScanShape) -> None:
+        self.shape = shape
+        self.pending = bytearray()
+        self.started = False
+        self.parts: list[np.ndarray] = []
+        self.row: np.dtype | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        self.pending += data
+        if len(self.pending) >= 8 << 20:
+            self._drain()
+
+    def finish(self) -> np.ndarray:
+        self._drain(final=True)
+        if not self.parts:
+            return np.empty(0, dtype=self.row or np.dtype([("n", ">i2")]))
+        return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+
+    def _drain(self, final: bool = False) -> None:
+        buf = self.pending
+        start = 0
+        if not self.started:
+            if len(buf) < _HEADER_BYTES:
+                return
+            if bytes(buf[:11]) != _HEADER:
+                raise SourceError("the server's COPY stream does not start with the binary COPY signature")
+            start = _HEADER_BYTES + int.from_bytes(buf[15:19], "big")
+            self.started = True
+        if self.row is None:
+            if len(buf) - start < 2 or buf[start : start + 2] == b"\xff\xff":
+                self.pending = buf[start:]
+                self.done = self.done or len(buf) - start >= 2
+                return
+            self.row = self._row_dtype(bytes(buf[start:]))
+        size = self.row.itemsize
+        body = len(buf) - start
+        if final:
+            if body < 2 or buf[len(buf) - 2 :] != b"\xff\xff":
+                raise SourceError("the server's COPY stream ended without its trailer")
+            body -= 2
+            if body % size:
+                raise self._irregular(bytes(buf[start:]))
+        n = body // size
+        if n:
+            rows = np.frombuffer(bytes(buf[start : start + n * size]), dtype=self.row)
+            self._check(rows)
+            self.parts.append(rows)
+        self.pending = buf[start + n * size :]
+
+    def _row_dtype(self, data: bytes) -> np.dtype:
+        """The record of one row, with each array column's length taken from the first row."""
+        fields: list[tuple[str, object]] = [("n", ">i2")]
+        pos = 2
+        wires = [*self.shape.key_wire, *([self.shape.order_wire] if self.shape.order_wire is not None else [])]
+        for i, w in enumerate(wires):
+            fields += [(f"l{i}", ">i4"), (f"k{i}", w)]
+            pos += 4 + w.itemsize
+        for j, c in enumerate(self.shape.columns):
+            if c.is_array:
+                size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+                if size < 20:
+                    raise SampleError(f"column {c.name} is NULL or empty in the table's first row")
+                length = int.from_bytes(data[pos + 16 : pos + 20], "big")
+                element = np.dtype([("len", ">i4"), ("v", c.wire)])
+                fields += [(f"l_c{j}", ">i4"), (f"c{j}", [("head", ">i4", (5,)), ("e", element, (length,))])]
+                pos += 4 + size
+            else:
+                fields += [(f"l_c{j}", ">i4"), (f"c{j}", c.wire)]
+                pos += 4 + c.wire.itemsize
+            if c.nullable:
+                fields += [(f"l_m{j}", ">i4"), (f"m{j}", "?")]
+                pos += 5
+        return np.dtype(fields)
+
+    def _check(self, rows: np.ndarray) -> None:
+        """Every row has every field, each with the byte length of the first row's (names: n, l0, k0, ...)."""
+        assert self.row is not None
+        names = self.row.names
+        bad = rows["n"] != (len(names) - 1) // 2
+        for length, value in zip(names[1::2], names[2::2], strict=True):
+            bad |= rows[length] != self.row.fields[value][0].itemsize
+        if bad.any():
+            raise self._irregular(b"")
+
+    def _irregular(self, data: bytes) -> SampleError:
+        """The error for a row that breaks the fixed layout: an array of another length, or a NULL array."""
+        del data
+        names = [c.name for c in self.shape.columns if c.is_array]
+        return SampleError(
+            f"an array column ({', '.join(names) or 'none'}) has a NULL, a NULL element or another length in some row "
+            "of the table: in scan mode every row's arrays must have the first row's length"
+        )
+
+
+async def read_table(cfg: Config, snap: Snapshot, shape: ScanShape) -> Table:
+    """Read the whole relation on the snapshot, ``connections`` page ranges at once, into a sorted Table.
+
+    Raises:
+        SourceError: the database failed (transient when a connection was lost), or the table does not fit
+            ``[source] memory``.
+    """
+    ranges = await _page_ranges(snap, shape, cfg.source.connections)
+    decoders = [_Decoder(shape) for _ in ranges]
+    budget = cfg.source.memory_bytes
+    held = [0]
+
+    def sink(decoder: _Decoder) -> Callable[[bytes], None]:
+        def take(data: bytes) -> None:
+            held[0] += len(data)
+            if held[0] > budget:
+                raise SourceError(
+                    f"the table does not fit [source] memory ({budget / 2**20:,.0f} MiB; more than that read so "
+                    "far): raise it (dump --memory), or use query mode for this table"
+                )
+            decoder.feed(data)
+
+        return take
+
+    async with BatchReader.open(cfg.source, snap.id, None) as workers:
+        copies = [
+            workers.copy(f"reading {shape.relation}", f"{copy_select(shape, where)}", sink(d))
+            for d, where in zip(decoders, ranges, strict=True)
+        ]
+        await _all_or_first_error(copies)
+    return await asyncio.to_thread(_assemble, shape, [d.finish() for d in decoders])
+
+
+async def _all_or_first_error(coros: list[Awaitable[None]]) -> None:
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
+    """``WHERE`` clauses splitting a plain table into ``n`` page ranges of about equal size (one for a SELECT).
+
+    The last range is open-ended, so pages the table grew by after the size was read are still covered;
+    the snapshot decides which rows are seen either way.
+    """
+    if not shape.plain_table or n == 1:
+        return [""]
+    sql = f"SELECT pg_relation_size('{shape.relation}'::regclass) / current_setting('block_size')::int8"
+    pages = int((await snap.fetch(sql, f"size of {shape.relation}"))[0][0])
+    n = max(1, min(n, pages))
+    bounds = [round(i * pages / n) for i in range(1, n)]
+    clauses = []
+    for i in range(n):
+        parts = []
+        if i > 0:
+            parts.append(f"ctid >= '({bounds[i - 1]},0)'::tid")
+        if i < n - 1:
+            parts.append(f"ctid < '({bounds[i]},0)'::tid")
+        clauses.append(" WHERE " + " AND ".join(parts) if parts else "")
+    return clauses
+
+
+def _assemble(shape: ScanShape, parts: list[np.ndarray]) -> Table:
+    """Column arrays from the ranges' row records, sorted by (key, order) (a ``lexsort``: no server sort)."""
+    rows = [p for p in parts if p.size]
+    n = sum(p.size for p in rows)
+    if not n:
+        raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
+    n_keys = len(shape.key_names)
+    keys = np.empty((n_keys, n), dtype=np.int64)
+    for i in range(n_keys):
+        np.concatenate([p[f"k{i}"] for p in rows] or [np.empty(0)], out=keys[i], casting="unsafe")
+    if shape.order_wire is not None and shape.order_offset:
+        keys[-1] += shape.order_offset
+    order = np.lexsort(keys[::-1])
+    sorted_order = bool(n < 2 or np.all(order[1:] > order[:-1]))
+    table = Table(keys=keys if sorted_order else np.ascontiguousarray(keys[:, order]), rows_read=n)
+    for j, c in enumerate(shape.columns):
+        values = np.concatenate([p[f"c{j}"]["e"]["v"] if c.is_array else p[f"c{j}"] for p in rows])
+        table.values[c] = values if sorted_order else values[order]
+        if c.nullable:
+            masks = np.concatenate([p[f"m{j}"] for p in rows])
+            table.masks[c] = masks if sorted_order else masks[order]
+    table.nbytes = (
+        keys.nbytes + sum(v.nbytes for v in table.values.values()) + sum(m.nbytes for m in table.masks.values())
+    )
+    return table
+
+
+def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of a sorted table: their keys ``(n_key_columns, n)`` and the row each starts at.
+
+    Rows: every row is a sample, keyed by its key columns. Windows: a series is the rows sharing the key;
+    its samples start at rows ``0, stride, 2 * stride, ...`` while a whole window fits, and a sample's key
+    is the series' key plus the order value of its first row.
+
+    Raises:
+        SampleError: two rows of one series have the same order value (windows).
+    """
+    keys = table.keys
+    n = keys.shape[1]
+    if samples.window is None:
+        return keys, np.arange(n, dtype=np.int64)
+    series, order = keys[:-1], keys[-1]
+    change = np.any(series[:, 1:] != series[:, :-1], axis=0)
+    same_order = np.flatnonzero(~change & (order[1:] == order[:-1]))
+    if same_order.size:
+        i = int(same_order[0])
+        raise SampleError(
+            f"series ({show_key(shape.key_names[:-1], tuple(int(v) for v in series[:, i]))}) has two rows with "
+            f"{shape.key_names[-1]} = {int(order[i])}: a series' rows need distinct order values"
+        )
+    first = np.concatenate([[0], np.flatnonzero(change) + 1]) if n else np.empty(0, np.int64)
+    lengths = np.diff(np.concatenate([first, [n]]))
+    window, stride = samples.window, samples.stride
+    per_series = np.where(lengths >= window, (lengths - window) // stride + 1, 0)
+    total = int(per_series.sum())
+    ends = np.cumsum(per_series)
+    within = np.arange(total, dtype=np.int64) - np.repeat(ends - per_series, per_series)
+    starts = np.repeat(first, per_series) + within * stride
+    return keys[:, starts], starts
+
+
+def gather(table: Table, layout: BatchLayout, starts: np.ndarray, keys: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    """Fill ``out`` with the samples starting at rows ``starts`` (keys ``keys``), cast and checked."""
+    rows = (starts[:, None] + np.arange(layout.rows)).reshape(-1) if layout.rows > 1 else starts
+    values = {c: v[rows] for c, v in table.values.items()}
+    masks = {c: m[rows] for c, m in table.masks.items()}
+    layout.fill(values, masks, keys, out)
