@@ -18,7 +18,7 @@ import pgprefetch.writer
 from pgprefetch import EpochDataset
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
 
-from .helpers import SEQUENCES, dump, write_config
+from .helpers import SEQUENCES, dump, execute, write_config
 
 SIZE = 100
 
@@ -278,3 +278,64 @@ def test_to_device_cuda_resumes_at_the_saved_batch(store: Path) -> None:
     for g, batch in enumerate(first + rest):
         for name, expected in expected_batch(store, g).items():
             np.testing.assert_array_equal(batch[name].cpu().numpy(), expected)
+
+
+def mapped_regions() -> list[tuple[int, int, str, int]]:
+    """This process's mappings from ``/proc/self/smaps``: (start, end, file or "", resident bytes)."""
+    regions: list[tuple[int, int, str, int]] = []
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if "-" in head[0] and ":" not in head[0]:
+            start, end = (int(a, 16) for a in head[0].split("-"))
+            regions.append((start, end, head[5] if len(head) > 5 else "", 0))
+        elif head[0] == "Rss:":
+            start, end, path, _ = regions[-1]
+            regions[-1] = (start, end, path, int(head[1]) * 1024)
+    return regions
+
+
+def resident_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_a_pass_maps_the_shard_file_and_makes_resident_only_the_batches_it_reads(db: str, tmp_path: Path) -> None:
+    execute(
+        db,
+        "CREATE TABLE big (id int PRIMARY KEY, emb real[] NOT NULL)",
+        "INSERT INTO big SELECT i, array_fill(i::real, ARRAY[1024]) FROM generate_series(1, 2048) i",
+    )
+    fields = {"emb": (["emb"], "float32")}
+    config = write_config(
+        tmp_path, keys="SELECT id FROM big", query="SELECT emb FROM big WHERE id = $1", fields=fields, size=64
+    )
+    dump(config, db)  # 32 batches of 256 KiB in one 8 MiB shard file
+    shard = tmp_path / "store.zarr" / "epoch-00000" / "emb" / "c" / "0" / "0" / "0"
+    assert shard.stat().st_size > 32 * 256 * 1024
+    ds = EpochDataset(tmp_path / "store.zarr", epoch=0, rank=1, world_size=4)  # 8 batches, one in four
+
+    def holds_its_keys(emb: torch.Tensor, keys: torch.Tensor) -> bool:  # reads every byte of the batch
+        return torch.equal(emb.sum(dim=1), keys[:, 0].to(torch.float32) * 1024)
+
+    # torch's first call of each kernel allocates (thread pools, caches): not the reader's doing.
+    assert holds_its_keys(torch.zeros(64, 1024), torch.zeros(64, 1, dtype=torch.int64))
+    mapped_regions()
+    before = resident_bytes()
+    batches = []
+    for i, batch in enumerate(ds):
+        assert holds_its_keys(batch["emb"], ds.batch_keys(i))
+        batches.append(batch["emb"])
+    grown = resident_bytes() - before
+    read = sum(emb.nbytes for emb in batches)
+    assert read == 8 * 256 * 1024
+    regions = [(start, end, rss) for start, end, path, rss in mapped_regions() if path == str(shard)]
+    assert len(regions) == 1, regions  # one mapping of the shard file...
+    start, end, resident = regions[0]
+    for emb in batches:  # ...that every batch lies in
+        assert start <= emb.data_ptr() < emb.data_ptr() + emb.nbytes <= end
+    # Fault-around may map up to 64 KiB around each first touch; the shard index sits in the last page.
+    slack = len(ds) * 128 * 1024 + 64 * 1024
+    assert resident <= read + slack < shard.stat().st_size / 2
+    assert grown <= read + slack + (1 << 20)
