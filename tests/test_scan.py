@@ -1,0 +1,310 @@
+"""Scan mode: one read of the table per epoch, samples cut on the client, byte-identical to the query mode."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pgprefetch.cli import cli
+from pgprefetch.errors import ConfigError, SampleError
+
+from .conftest import fetch
+from .helpers import chunk_bytes, dump, execute, read_arrays, toml_value
+
+SERIES = 40  # series of 1..120 rows (some shorter than a window)
+
+
+@pytest.fixture
+def ticks(db: str) -> str:
+    """``ticks(series_id, part, t, ts, day, f0, f1, label)``: series of varying length, rows in random heap order."""
+    execute(
+        db,
+        """CREATE TABLE ticks (series_id int, part int, t int, ts timestamptz, day date,
+           f0 real NOT NULL, f1 float8 NOT NULL, label int NOT NULL)""",
+        f"""INSERT INTO ticks
+           SELECT s, s % 3, t, timestamptz '2024-01-01 00:00:00+00' + t * interval '1 minute' + s * interval '1 s',
+                  date '2024-01-01' + t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
+           FROM generate_series(1, {SERIES}) s, generate_series(1, (s * 37) % 120 + 1) t
+           ORDER BY random()""",
+        "CREATE TABLE items (id bigint PRIMARY KEY, emb real[] NOT NULL, price numeric NOT NULL, day date NOT NULL)",
+        """INSERT INTO items SELECT i, ARRAY[i, -i, i / 2.0, 1], i * 1.25, date '2020-01-01' + i
+           FROM generate_series(1, 700) i ORDER BY random()""",
+    )
+    return db
+
+
+def scan_config(folder: Path, name: str = "scan.toml", **samples: Any) -> Path:
+    fields = samples.pop("fields", {"x": (["f0", "f1"], "float32"), "y": (["label"], "int64")})
+    extra = samples.pop("extra", "")
+    size = samples.pop("size", 32)
+    lines = ["[source]", "connections = 3", extra, "[samples]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in samples.items()]
+    lines += ["[batches]", f"size = {size}", "seed = 5", "drop_last = false", "[store]", 'path = "store.zarr"']
+    for fname, (columns, dtype) in fields.items():
+        lines += [f"[fields.{fname}]", f"columns = {json.dumps(columns)}", f"dtype = {toml_value(dtype)}"]
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("\n".join(lines) + "\n")
+    return folder / name
+
+
+def twin_config(folder: Path, window: int, stride: int, fraction: float = 1.0) -> Path:
+    """The query-mode twin of a windows scan config: the same start points, one window per query."""
+    keys = f"""SELECT series_id, t FROM (
+                 SELECT series_id, t, row_number() OVER w - 1 AS i, count(*) OVER (PARTITION BY series_id) AS n
+                 FROM ticks WINDOW w AS (PARTITION BY series_id ORDER BY t)) s
+               WHERE i % {stride} = 0 AND i + {window} <= n"""
+    query = f"SELECT f0, f1, label FROM ticks WHERE series_id = $1 AND t >= $2 ORDER BY t LIMIT {window}"
+    return scan_config(folder, keys=keys, query=query, rows=window, fraction=fraction)
+
+
+@pytest.mark.parametrize(("window", "stride", "fraction"), [(8, 1, 1.0), (16, 5, 0.6)])
+def test_windows_are_byte_identical_to_the_query_mode_twin(
+    ticks: str, tmp_path: Path, window: int, stride: int, fraction: float
+) -> None:
+    scan = dump(
+        scan_config(
+            tmp_path / "scan",
+            table="ticks",
+            key=["series_id"],
+            order="t",
+            window=window,
+            stride=stride,
+            fraction=fraction,
+        ),
+        ticks,
+    )
+    twin = dump(twin_config(tmp_path / "twin", window, stride, fraction), ticks)
+    assert scan.n_samples == twin.n_samples > 0
+    assert chunk_bytes(scan.path) == chunk_bytes(twin.path)
+    assert scan.rows_read == fetch(ticks, "SELECT count(*) FROM ticks")[0][0]
+
+
+def test_rows_are_byte_identical_to_the_query_mode_twin(ticks: str, tmp_path: Path) -> None:
+    fields = {"emb": (["emb"], "float32"), "f": (["price", "day"], "float64")}
+    scan = dump(scan_config(tmp_path / "scan", table="items", key="id", fields=fields), ticks)
+    query = "SELECT emb, price, day FROM items WHERE id = $1"
+    twin = dump(scan_config(tmp_path / "twin", keys="SELECT id FROM items", query=query, fields=fields), ticks)
+    assert scan.n_samples == 700
+    assert chunk_bytes(scan.path) == chunk_bytes(twin.path)
+
+
+def test_a_select_as_table_and_a_multi_column_key(ticks: str, tmp_path: Path) -> None:
+    table = "SELECT series_id, part, t, f0, f1, label FROM ticks WHERE series_id <= 30"
+    cfg = scan_config(tmp_path, table=table, key=["part", "series_id"], order="t", window=4, stride=3)
+    arrays = read_arrays(dump(cfg, ticks))
+    keys = arrays["keys"].reshape(-1, 3)
+    rows = fetch(ticks, "SELECT series_id, part, t, f0, label FROM ticks WHERE series_id <= 30 ORDER BY series_id, t")
+    by_series: dict[int, list[Any]] = {}
+    for r in rows:
+        by_series.setdefault(r["series_id"], []).append(r)
+    expected = {(s[0]["part"], sid, s[i]["t"]) for sid, s in by_series.items() for i in range(0, len(s) - 3, 3)}
+    real = keys[np.any(keys != 0, axis=1)]  # the padded last batch holds zeros
+    assert {tuple(map(int, k)) for k in real} == expected
+    assert len(real) == len(expected)
+    first = {(int(k[0]), int(k[1]), int(k[2])): i for i, k in enumerate(keys)}
+    part, sid, t = min(expected)
+    got = arrays["y"].reshape(-1, 4)[first[(part, sid, t)]]
+    assert got.tolist() == [r["label"] for r in by_series[sid] if r["t"] >= t][:4]
+
+
+@pytest.mark.parametrize(("order", "unit"), [("ts", "us"), ("day", "D")])
+def test_timestamp_and_date_order_give_unix_keys(ticks: str, tmp_path: Path, order: str, unit: str) -> None:
+    cfg = scan_config(tmp_path, table="ticks", key=["series_id"], order=order, window=3, stride=50)
+    arrays = read_arrays(dump(cfg, ticks))
+    keys = arrays["keys"].reshape(-1, 2)
+    keys = keys[keys[:, 0] != 0]
+    rows = fetch(ticks, f"SELECT series_id, {order} AS o FROM ticks ORDER BY series_id, {order}")
+    starts: dict[int, list[Any]] = {}
+    for r in rows:
+        starts.setdefault(r["series_id"], []).append(r["o"])
+    expected = set()
+    for sid, values in starts.items():
+        for i in range(0, len(values) - 2, 50):
+            v = values[i]
+            stamp = np.datetime64(v.replace(tzinfo=None) if unit == "us" else v, unit)
+            expected.add((sid, int(stamp.astype(np.int64))))
+    assert {tuple(map(int, k)) for k in keys} == expected
+
+
+def test_series_shorter_than_a_window_give_no_samples(ticks: str, tmp_path: Path) -> None:
+    cfg = scan_config(tmp_path, table="ticks", key=["series_id"], order="t", window=100, size=1)
+    result = dump(cfg, ticks)
+    lengths = [r[0] for r in fetch(ticks, "SELECT count(*) FROM ticks GROUP BY series_id")]
+    assert result.n_samples == sum(n - 99 for n in lengths if n >= 100)
+
+
+def test_several_epochs_come_from_one_read(ticks: str, tmp_path: Path) -> None:
+    cfg = scan_config(tmp_path, table="ticks", key=["series_id"], order="t", window=8)
+    n_rows = fetch(ticks, "SELECT count(*) FROM ticks")[0][0]
+    reads = "SELECT pg_stat_force_next_flush(), seq_tup_read FROM pg_stat_user_tables WHERE relname = 'ticks'"
+    before = fetch(ticks, reads)[0][1]
+    out = CliRunner().invoke(cli, ["dump", "--config", str(cfg), "--epochs", "0-3", "--dsn", ticks, "--json"]).output
+    results = [json.loads(line) for line in out.splitlines()]
+    assert [r["rows_read"] for r in results] == [n_rows, 0, 0, 0]
+    fetch(ticks, "SELECT pg_stat_force_next_flush()")
+    after = fetch(ticks, reads)[0][1]
+    assert after - before <= 1.1 * n_rows  # read once for four epochs (the counter is the server's)
+    snapshots = {
+        json.loads((tmp_path / "store.zarr" / f"epoch-{e:05d}" / "zarr.json").read_text())["attributes"]["pgprefetch"][
+            "snapshot"
+        ]
+        for e in range(4)
+    }
+    assert len(snapshots) == 1
+    epochs = [read_arrays_of(tmp_path / "store.zarr", e)["keys"] for e in range(4)]
+    assert not np.array_equal(epochs[0], epochs[1])  # each epoch has its own order
+
+
+def read_arrays_of(store: Path, epoch: int) -> dict[str, np.ndarray]:
+    import zarr
+
+    g = zarr.open_group(store / f"epoch-{epoch:05d}", mode="r")
+    return {name: g[name][:] for name in g.array_keys()}
+
+
+def test_two_rows_of_a_series_with_one_order_value_name_the_series(ticks: str, tmp_path: Path) -> None:
+    execute(
+        ticks,
+        "INSERT INTO ticks SELECT series_id, part, t, ts, day, f0, f1, label FROM ticks WHERE series_id = 7 AND t = 3",
+    )
+    cfg = scan_config(tmp_path, table="ticks", key=["series_id"], order="t", window=4)
+    with pytest.raises(SampleError) as e:
+        dump(cfg, ticks)
+    assert str(e.value) == "series (series_id=7) has two rows with t = 3: a series' rows need distinct order values"
+
+
+def test_a_repeated_row_key_is_named(ticks: str, tmp_path: Path) -> None:
+    execute(ticks, "ALTER TABLE items DROP CONSTRAINT items_pkey", "INSERT INTO items SELECT * FROM items WHERE id = 9")
+    with pytest.raises(SampleError, match=r"^\[samples\] table returned 1 repeated key\(s\), e.g. \(id=9\)"):
+        dump(scan_config(tmp_path, table="items", key="id", fields={"p": (["price"], "float32")}), ticks)
+
+
+def test_a_null_in_a_sample_row_is_named_and_outside_every_sample_ignored(ticks: str, tmp_path: Path) -> None:
+    execute(ticks, "ALTER TABLE ticks ALTER COLUMN f0 DROP NOT NULL")
+    execute(ticks, "UPDATE ticks SET f0 = NULL WHERE series_id = 2 AND t = 7")  # windows of 5 every 10: unused
+    windows = {"table": "ticks", "key": ["series_id"], "order": "t", "window": 5, "stride": 10, "size": 1000}
+    dump(scan_config(tmp_path / "a", **windows), ticks)  # no sample holds the NULL: no error, as in the query mode
+    execute(ticks, "UPDATE ticks SET f0 = NULL WHERE series_id = 3 AND t = 1")
+    with pytest.raises(SampleError) as e:
+        dump(scan_config(tmp_path / "b", **windows), ticks)
+    assert str(e.value) == (
+        'sample (series_id=3, t=1): field x, column f0 is NULL (1 NULL in this batch); set [fields.x] null = "nan" '
+        "or a fill value to keep NULLs"
+    )
+
+
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [
+        (
+            {"table": "ticks", "keys": "SELECT 1", "key": "series_id"},
+            '[samples]: give either "keys" and "query" (query mode) or "table" (scan mode), not both',
+        ),
+        (
+            {"table": "ticks", "key": "series_id", "window": 4},
+            "[samples] order: windows need the column that orders a series' rows",
+        ),
+        (
+            {"table": "ticks", "key": "series_id", "stride": 2},
+            "[samples] stride: only windows have it: set window too, or remove it",
+        ),
+        (
+            {"table": "ticks; DROP TABLE x", "key": "series_id"},
+            '[samples] table: expected a table or view name (schema.name), or a SELECT; got "ticks; DROP TABLE x"',
+        ),
+        (
+            {"table": "ticks", "key": "series_id", "order": "series_id", "window": 2},
+            '[samples] order: "series_id" is a key column too',
+        ),
+    ],
+)
+def test_scan_config_errors_are_one_line(tmp_path: Path, samples: dict[str, Any], message: str) -> None:
+    cfg = scan_config(tmp_path, **samples)
+    with pytest.raises(ConfigError) as e:
+        dump(cfg, "postgresql://unused")
+    assert str(e.value) == f"{cfg}: {message}"
+
+
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [
+        (
+            {"table": "ticks", "key": "f0"},
+            '[samples] key: column "f0" is float4; keys must be integer columns (smallint, integer, bigint)',
+        ),
+        (
+            {"table": "ticks", "key": "series_id", "order": "f1", "window": 2},
+            '[samples] order: column "f1" is float8; expected an integer, date, timestamp or timestamptz column',
+        ),
+        (
+            {"table": "ticks", "key": "nope"},
+            '[samples] table: no column "nope" (it has series_id, part, t, ts, day, f0, f1, label)',
+        ),
+        ({"table": "nope", "key": "id"}, '[samples] table: relation "nope" does not exist'),
+    ],
+)
+def test_scan_errors_found_by_the_server_are_one_line(
+    ticks: str, tmp_path: Path, samples: dict[str, Any], message: str
+) -> None:
+    cfg = scan_config(tmp_path, **samples)
+    with pytest.raises(ConfigError) as e:
+        dump(cfg, ticks)
+    assert str(e.value) == f"{cfg}: {message}"
+    assert not (tmp_path / "store.zarr").exists()
+
+
+SLOW = "SELECT series_id, t, f0, f1, label, pg_sleep(0.0005) AS pause FROM ticks"  # a COPY of about 1.2 s
+
+
+def test_a_connection_terminated_mid_scan_is_retried(ticks: str, tmp_path: Path) -> None:
+    import asyncio
+    import threading
+    import time
+
+    from pgprefetch import dump_epoch, load_config
+    from pgprefetch.retry import RetryPolicy
+
+    from .faults import kill_every_connection
+
+    cfg = scan_config(tmp_path / "a", table=SLOW, key=["series_id"], order="t", window=8)
+    killer = threading.Timer(0.6, kill_every_connection, args=(ticks,))
+    killer.start()
+    started = time.monotonic()
+    result = asyncio.run(dump_epoch(load_config(cfg, dsn=ticks), 0, retries=RetryPolicy(first_wait=0.1)))
+    killer.join()
+    assert time.monotonic() - started > 0.6
+    assert result.retries == 1
+    assert result.retry_causes == {"terminated": 1}
+    clean = dump(scan_config(tmp_path / "b", table="ticks", key=["series_id"], order="t", window=8), ticks)
+    assert chunk_bytes(result.path) == chunk_bytes(clean.path)
+
+
+@pytest.mark.parametrize("moment", ["reading", "writing"])
+def test_kill_9_mid_scan_then_rerun_gives_the_clean_bytes(ticks: str, tmp_path: Path, moment: str) -> None:
+    import time
+
+    from .test_operations import dump_argv, journal_lines, wait_for
+
+    table = SLOW if moment == "reading" else "ticks"
+    cfg = scan_config(tmp_path / "a", table=table, key=["series_id"], order="t", window=2, size=1)
+    store = tmp_path / "a" / "store.zarr"
+    proc = subprocess.Popen(dump_argv(cfg, ticks), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if moment == "reading":
+        time.sleep(1.5)  # started, connected, in the middle of the COPY
+    else:
+        wait_for(lambda: journal_lines(store) >= 20)
+    proc.kill()
+    proc.communicate()
+    assert not (store / "epoch-00000").exists()
+    rerun = subprocess.run([*dump_argv(cfg, ticks), "--json"], capture_output=True, text=True, timeout=120, check=False)
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads(rerun.stdout)
+    assert (summary.get("resumed_batches", 0) > 0) == (moment == "writing")
+    clean = dump(scan_config(tmp_path / "b", table="ticks", key=["series_id"], order="t", window=2, size=1), ticks)
+    assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
