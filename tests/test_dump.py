@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 import zarr
 
-from pgprefetch import load_config
+from pgprefetch import load_config, wire
+from pgprefetch.collate import Column
 from pgprefetch.pipeline import dump_epoch
+from pgprefetch.shuffle import shuffle_keys
+from pgprefetch.statement import batch_statement
 
 from .conftest import fetch
-from .helpers import SEQUENCES, chunk_bytes, dump, epoch_group, execute, read_arrays, s_config, write_config
+from .helpers import S_ROWS, SEQUENCES, chunk_bytes, dump, epoch_group, execute, read_arrays, s_config, write_config
 
 
 @pytest.fixture
@@ -134,17 +137,38 @@ def test_rows_changed_during_the_dump_do_not_reach_the_epoch(db: str, tmp_path: 
     np.testing.assert_array_equal(arrays["v"].ravel(), arrays["keys"].ravel().astype(np.float32))
 
 
-def test_short_last_batch_is_padded_and_counted(demo_db: str, tmp_path: Path) -> None:
+def test_padded_last_batch_holds_the_database_rows_then_zeros_for_multi_row_samples(
+    demo_db: str, tmp_path: Path
+) -> None:
     n = len(fetch(demo_db, "SELECT 1 FROM train_samples"))
-    config = write_config(tmp_path, **{**SEQUENCES, "size": 1000, "drop_last": False})
+    # One connection: the last batch reuses the buffers of a full one, so stale rows would show in the padding.
+    config = write_config(tmp_path, **{**SEQUENCES, "size": 1000, "drop_last": False, "connections": 1})
     result = dump(config, demo_db)
     g = epoch_group(result)
-    assert result.n_batches == -(-n // 1000)
+    assert result.n_batches == -(-n // 1000) >= 2
     assert result.n_samples == g.attrs["pgprefetch"]["n_samples"] == n
     tail = n - (result.n_batches - 1) * 1000
-    last = g["x"][result.n_batches - 1]
-    assert np.all(last[tail:] == 0)
-    assert np.any(last[:tail] != 0)
+    last = {name: g[name][result.n_batches - 1] for name in ("x", "y", "keys")}
+    truth = ticks_by_key(demo_db)
+    for i, (s, t) in enumerate(last["keys"][:tail]):
+        window = truth[int(s), int(t)]
+        np.testing.assert_array_equal(last["x"][i], window[:, :2].astype(np.float32))
+        np.testing.assert_array_equal(last["y"][i], window[:, 2].astype(np.int64))
+    for name, array in last.items():
+        assert not array[tail:].any(), name
+
+
+def test_padded_last_batch_holds_the_database_rows_then_zeros_for_one_row_samples(s_table: str, tmp_path: Path) -> None:
+    config = s_config(tmp_path, size=100, drop_last=False, connections=1)  # 480 rows: 4 full batches and 80
+    result = dump(config, s_table)
+    assert (result.n_batches, result.n_samples) == (5, 480)
+    g = epoch_group(result)
+    keys, v = g["keys"][4][:, 0], g["v"][4]
+    truth = dict(fetch(s_table, "SELECT id, v FROM s"))
+    np.testing.assert_array_equal(v[:80], np.array([truth[int(k)] for k in keys[:80]], dtype=np.float32))
+    assert sorted(read_arrays(result)["keys"].ravel()[:480].tolist()) == list(range(1, 481))
+    assert not keys[80:].any()
+    assert not v[80:].any()
 
 
 def test_drop_last_drops_the_short_batch(demo_db: str, tmp_path: Path) -> None:
@@ -203,3 +227,21 @@ def test_failed_dump_publishes_nothing(db: str, tmp_path: Path) -> None:
     # The partial epoch stays, with its journal, for the next dump to resume.
     assert (store / ".pgprefetch" / "partial" / "epoch-00000").is_dir()
     assert (store / ".pgprefetch" / "partial" / "epoch-00000.journal").exists()
+
+
+def test_one_row_samples_arriving_out_of_key_order_are_put_back_in_order(s_table: str, tmp_path: Path) -> None:
+    # No nested loop, no hash join: the server merge-joins the batch's keys with s, so each batch's rows
+    # arrive in id order, not in the epoch's (shuffled) order, and the decoder must re-sort them by ordinal.
+    (name,) = fetch(s_table, "SELECT current_database()")[0]
+    execute(
+        s_table, f"ALTER DATABASE {name} SET enable_nestloop = off", f"ALTER DATABASE {name} SET enable_hashjoin = off"
+    )
+    keys = shuffle_keys(np.arange(1, S_ROWS + 1, dtype=np.int64).reshape(1, -1), seed=0, epoch=0)
+    sql = batch_statement("SELECT v FROM s WHERE id = $1", 1, [Column("v", "float4", is_array=False)], rows=1)
+    ordinals = wire.flat(fetch(s_table, sql, keys[0, :16].tolist())[0][0], np.dtype(">i4"))
+    assert sorted(ordinals.tolist()) == list(range(1, 17))
+    assert ordinals.tolist() != list(range(1, 17))  # out of order: the re-sort branch runs
+    result = dump(s_config(tmp_path), s_table)
+    arrays = read_arrays(result)
+    np.testing.assert_array_equal(arrays["keys"].ravel(), keys[0])
+    np.testing.assert_array_equal(arrays["v"].ravel(), keys[0].astype(np.float32) * 0.5)
