@@ -245,3 +245,9 @@ def test_one_row_samples_arriving_out_of_key_order_are_put_back_in_order(s_table
     arrays = read_arrays(result)
     np.testing.assert_array_equal(arrays["keys"].ravel(), keys[0])
     np.testing.assert_array_equal(arrays["v"].ravel(), keys[0].astype(np.float32) * 0.5)
+
+
+def test_a_dumped_epoch_has_the_pinned_order(s_table: str, tmp_path: Path) -> None:
+    # Part of the format (see test_shuffle.GOLDEN): epoch 2 of s, seed 0, as pgprefetch 0.1.0 wrote it.
+    keys = read_arrays(dump(s_config(tmp_path), s_table, epoch=2))["keys"].ravel()
+    assert keys[:16].tolist() == [98, 136, 43, 315, 313, 133, 54, 51, 444, 157, 285, 305, 261, 21, 77, 373]
