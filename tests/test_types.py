@@ -7,6 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.datasets import ROWS
+from pgprefetch import load_config
+
+from .conftest import fetch
 from .helpers import dump, execute, read_arrays, write_config
 
 N = 48
@@ -68,3 +72,29 @@ def test_every_supported_column_type_round_trips(db: str, tmp_path: Path) -> Non
     np.testing.assert_allclose(flat["mixed"], np.stack([-i, i / 3.0, i * 1.125], axis=1).astype(np.float32))
     assert flat["fa"].dtype == np.float32
     assert a["mixed"].shape == (3, 16, 3)
+
+
+def test_the_bench_rows_dataset_dumps_what_the_database_holds(demo_db: str, tmp_path: Path) -> None:
+    # The benchmark's own config: real[16], numeric and integer into float32, date, bigint; 8 connections,
+    # batches of 1024, drop_last = false (4,500 train rows here: four full batches and 404 samples).
+    config = tmp_path / "rows.toml"
+    config.write_text(ROWS.config(tmp_path / "rows.zarr"))
+    result = dump(config, demo_db)
+    a = read_arrays(result)
+    rows = fetch(demo_db, "SELECT id, emb, price, qty, day, label FROM items JOIN train_items USING (id)")
+    assert (result.n_samples, result.n_batches) == (len(rows), 5)
+    assert load_config(config).source.connections == 8
+    n = result.n_samples
+    flat = {name: v.reshape(-1, *v.shape[2:]) for name, v in a.items()}
+    keys = flat["keys"][:n, 0]
+    assert sorted(keys.tolist()) == sorted(r["id"] for r in rows)
+    by_id = {r["id"]: r for r in rows}
+    truth = [by_id[int(k)] for k in keys]
+    np.testing.assert_array_equal(flat["emb"][:n], np.array([r["emb"] for r in truth], dtype=np.float32))
+    features = np.array([(float(r["price"]), r["qty"]) for r in truth], dtype=np.float64).astype(np.float32)
+    np.testing.assert_array_equal(flat["features"][:n], features)
+    np.testing.assert_array_equal(flat["day"][:n], [(r["day"] - date(1970, 1, 1)).days for r in truth])
+    np.testing.assert_array_equal(flat["label"][:n], [r["label"] for r in truth])
+    assert flat["emb"].shape == (5 * 1024, 16)
+    for name, array in flat.items():  # the padding after the last real sample
+        assert not array[n:].any(), name
