@@ -8,7 +8,9 @@ fills the batch buffers.
 - **Query mode** (``[samples] keys`` + ``query``): ``fetch`` runs the batch statement on one of the
   worker connections (one round trip per batch); ``produce`` decodes its binary arrays.
 - **Scan mode** (``[samples] table``): the table was read once (:func:`read_scan`), possibly for several
-  epochs; ``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory.
+  epochs; ``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory. A table larger
+  than ``[source] memory`` is read in passes into a spool first (:func:`multipass_source`), and
+  ``produce`` takes the batch from the spool.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .collate import BatchLayout, UnknownCategoryError
 from .config import Config, ScanConfig
+from .passes import Spool, key_passes, keys_only, spool_pass
 from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch, plan_scan
-from .scan import ScanShape, Table, cut, describe_scan, gather, read_table
+from .scan import ScanShape, Table, TableTooLarge, cut, describe_scan, gather, read_table
 from .source import BatchReader, Snapshot
 
 
@@ -73,27 +77,75 @@ class ScanRead:
     snapshot: str
     server_version: str
     epochs_cut: int = 0
+    fits: bool = True  # False: ``table`` holds only the keys (the keys pass); the data comes in passes
+    bytes_per_row: float = 0.0
 
 
 async def read_scan(cfg: Config, snap: Snapshot) -> ScanRead:
-    """Describe, read and cut the table of a scan config on ``snap``."""
+    """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit."""
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
-    table = await read_table(cfg, snap, shape)
+    try:
+        table = await read_table(cfg, snap, shape)
+        fits, per_row = True, 0.0
+    except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
+        table = await read_table(cfg, snap, keys_only(shape), budget=0)
+        table.rows_read += e.rows
+        fits, per_row = False, e.bytes_per_row
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
-    return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version)
+    return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
+
+
+async def multipass_source(cfg: Config, snap: Snapshot, read: ScanRead, epoch: int, spool_dir: Path) -> BatchSource:
+    """The scan mode for a table larger than ``[source] memory``: data passes over key ranges into a spool."""
+    size, budget = cfg.batches.size, cfg.source.memory_bytes
+    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
+    assert plan.samples is not None
+    position = np.full(read.sample_keys.shape[1], -1, dtype=np.int64)  # each cut sample's place in the epoch
+    position[plan.samples[: plan.used]] = np.arange(plan.used, dtype=np.int64)
+    rows_per_pass = max(1, int(budget / max(read.bytes_per_row, 1.0)))
+    passes = key_passes(read.table, read.shape, rows_per_pass, cfg.source.connections)
+    spool: Spool | None = None
+    layout: BatchLayout | None = None
+    first_sample, rows_read = 0, read.table.rows_read
+    for wheres in passes:
+        table = await read_table(cfg, snap, read.shape, wheres, budget=0)
+        rows_read += table.rows_read
+        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
+        if layout is None:
+            lengths = {c: v.shape[1] for c, v in table.values.items() if c.is_array}
+            layout = BatchLayout.build(
+                cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_names
+            )
+            spool = Spool(spool_dir, layout, size, plan.n_batches, budget)
+        assert spool is not None
+        first_sample += await asyncio.to_thread(
+            spool_pass, spool, layout, table, pass_keys, pass_starts, read.sample_keys, first_sample, position
+        )
+        del table
+    assert layout is not None
+    assert spool is not None
+    done = spool
+
+    async def fetch(batch: int) -> object:
+        return None
+
+    def produce(batch: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        done.batch(batch, buffers)
+
+    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1)
 
 
 def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
     """The scan mode: epoch ``epoch`` cut from a table already in memory."""
     size = cfg.batches.size
-    plan = plan_scan(cfg, read.shape, read.sample_keys, read.starts, epoch)
+    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
     lengths = {c: v.shape[1] for c, v in read.table.values.items() if c.is_array}
     layout = BatchLayout.build(
         cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_names
     )
-    starts = plan.starts
-    assert starts is not None
+    assert plan.samples is not None
+    starts = read.starts[plan.samples]
 
     async def fetch(batch: int) -> object:
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ import numpy as np
 from ._version import __version__
 from .config import Config
 from .errors import ConfigError, SourceError
-from .modes import BatchSource, ScanRead, query_source, read_scan, scan_source
+from .modes import BatchSource, ScanRead, multipass_source, query_source, read_scan, scan_source
 from .retry import RetryPolicy, count
 from .source import Snapshot
 from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store
@@ -257,14 +258,23 @@ async def _dump_locked(
     started = time.monotonic()
     connected = False
     try:
-        if cfg.mode == "scan":
-            if cache.read is None:
-                async with Snapshot.open(cfg.source) as snap:
-                    connected = True
-                    cache.read = await read_scan(cfg, snap)
+        if cfg.mode == "scan" and cache.read is not None:  # an earlier epoch of this run read the table
             connected = True
-            source = scan_source(cfg, cache.read, epoch)
-            return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
+            return await _write_epoch(cfg, store, epoch, scan_source(cfg, cache.read, epoch), progress, started, fresh)
+        if cfg.mode == "scan":
+            async with Snapshot.open(cfg.source) as snap:
+                connected = True
+                read = await read_scan(cfg, snap)
+                if read.fits:
+                    cache.read = read
+                    source = scan_source(cfg, read, epoch)
+                    return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
+                spool = store.meta / "spool" / f"epoch-{epoch:05d}"
+                try:
+                    source = await multipass_source(cfg, snap, read, epoch, spool)
+                    return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
+                finally:
+                    shutil.rmtree(spool, ignore_errors=True)
         async with Snapshot.open(cfg.source) as snap:
             connected = True
             async with query_source(cfg, snap, epoch) as source:

@@ -41,7 +41,7 @@ class EpochPlan:
     categories: dict[str, list[str]]  # field -> the category list its codes index
     sql: str  # the batch statement (query mode; "" in scan mode)
     params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
-    starts: np.ndarray | None = None  # scan mode: the table row each sample starts at, in the epoch's order
+    samples: np.ndarray | None = None  # scan mode: each sample of the epoch, as its index among the cut samples
 
     def batch_keys(self, batch: int, size: int) -> np.ndarray:
         """The keys of batch ``batch``, ``(n_key_columns, <= size)``."""
@@ -140,7 +140,7 @@ def order_keys(
     }
 
 
-def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, starts: np.ndarray, epoch: int) -> EpochPlan:
+def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int) -> EpochPlan:
     """The epoch of a scanned table: its samples (cut by :func:`pgprefetch.scan.cut`) in the epoch's order."""
     order = order_keys(cfg, sample_keys, shape.key_names, epoch)
     index = order.pop("index")
@@ -153,7 +153,7 @@ def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, starts: np
         categories=shape.categories,
         sql="",
         params=(),
-        starts=starts[index],
+        samples=index,
     )
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from .collate import BatchLayout, Column, plan_columns, show_key
 from .config import Config, ScanConfig
-from .errors import ConfigError, SampleError, SourceError
+from .errors import ConfigError, PgprefetchError, SampleError, SourceError
 from .source import BatchReader, Snapshot
 from .statement import quote_ident
 
@@ -170,15 +170,16 @@ class _Decoder:
     def feed(self, data: bytes) -> None:
         self.pending += data
         if len(self.pending) >= 8 << 20:
-            self._drain()
+            self.drain()
 
     def finish(self) -> np.ndarray:
-        self._drain(final=True)
+        self.drain(final=True)
         if not self.parts:
             return np.empty(0, dtype=self.row or np.dtype([("n", ">i2")]))
         return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
 
-    def _drain(self, final: bool = False) -> None:
+    def drain(self, final: bool = False) -> None:
+        """Decode the whole rows received so far (``final``: the stream is complete, trailer included)."""
         buf = self.pending
         start = 0
         if not self.started:
@@ -254,26 +255,41 @@ class _Decoder:
         )
 
 
-async def read_table(cfg: Config, snap: Snapshot, shape: ScanShape) -> Table:
-    """Read the whole relation on the snapshot, ``connections`` page ranges at once, into a sorted Table.
+class TableTooLarge(PgprefetchError):
+    """The relation does not fit ``[source] memory``: read it in passes (:mod:`pgprefetch.passes`)."""
+
+    def __init__(self, bytes_per_row: float, rows: int) -> None:
+        super().__init__("the table does not fit [source] memory")
+        self.bytes_per_row = bytes_per_row
+        self.rows = rows  # decoded before the read was given up (the server read them)
+
+
+async def read_table(
+    cfg: Config, snap: Snapshot, shape: ScanShape, wheres: list[str] | None = None, *, budget: int | None = None
+) -> Table:
+    """Read the relation (or the ranges ``wheres``, one COPY each) on the snapshot into a sorted Table.
+
+    Without ``wheres`` the relation is split into ``connections`` page ranges.
 
     Raises:
-        SourceError: the database failed (transient when a connection was lost), or the table does not fit
-            ``[source] memory``.
+        TableTooLarge: more than ``budget`` bytes arrived (default ``[source] memory``; 0: no limit).
+        SourceError: the database failed (transient when a connection was lost).
     """
-    ranges = await _page_ranges(snap, shape, cfg.source.connections)
+    ranges = wheres if wheres is not None else await _page_ranges(snap, shape, cfg.source.connections)
     decoders = [_Decoder(shape) for _ in ranges]
-    budget = cfg.source.memory_bytes
+    limit = cfg.source.memory_bytes if budget is None else budget
     held = [0]
 
     def sink(decoder: _Decoder) -> Callable[[bytes], None]:
         def take(data: bytes) -> None:
             held[0] += len(data)
-            if held[0] > budget:
-                raise SourceError(
-                    f"the table does not fit [source] memory ({budget / 2**20:,.0f} MiB; more than that read so "
-                    "far): raise it (dump --memory), or use query mode for this table"
-                )
+            if limit and held[0] > limit:
+                decoder.feed(data)
+                for d in decoders:
+                    d.drain()  # decode what is held, to measure the rows' size
+                rows = sum(p.size for d in decoders for p in d.parts)
+                per_row = held[0] / rows if rows else float(decoder.row.itemsize if decoder.row else 64)
+                raise TableTooLarge(per_row, rows)
             decoder.feed(data)
 
         return take
