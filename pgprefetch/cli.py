@@ -27,7 +27,7 @@ from .progress import BarProgress
 from .server import DEFAULT_DIR
 from .store import Store
 
-DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml")
+DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml", "configs/demo-scan.toml")
 
 
 class _Group(click.Group):

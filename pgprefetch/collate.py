@@ -108,7 +108,9 @@ class Column:
             return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
         cast = _WIRE[self.pg_type][2]
         value = f"{ref}::{cast}[]" if cast and self.is_array else f"{ref}::{cast}" if cast else ref
-        return f"coalesce({value}, {_WIRE[self.pg_type][3]})" if self.nullable else value
+        # The placeholder carries the type: coalesce(smallint, 0) would be an integer, 4 bytes on the wire.
+        placeholder = f"{_WIRE[self.pg_type][3]}::{cast or self.pg_type}"
+        return f"coalesce({value}, {placeholder})" if self.nullable else value
 
     @property
     def n_blobs(self) -> int:

@@ -51,6 +51,7 @@ _HEADER = b"PGCOPY\n\xff\r\n\x00"
 _HEADER_BYTES = 19  # signature, flags, header extension length
 _SIMPLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
 _T = "_pgpf_t"
+DRAIN_BYTES = 8 << 20  # decode a range's stream every 8 MiB, not all at its end
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ class _Decoder:
 
     def feed(self, data: bytes) -> None:
         self.pending += data
-        if len(self.pending) >= 8 << 20:
+        if len(self.pending) >= DRAIN_BYTES:
             self.drain()
 
     def finish(self) -> np.ndarray:

@@ -26,7 +26,7 @@ def ticks(db: str) -> str:
     execute(
         db,
         """CREATE TABLE ticks (series_id int, part int, t int, ts timestamptz, day date,
-           f0 real NOT NULL, f1 float8 NOT NULL, label int NOT NULL)""",
+           f0 real NOT NULL, f1 float8 NOT NULL, label smallint NOT NULL)""",
         f"""INSERT INTO ticks
            SELECT s, s % 3, t, timestamptz '2024-01-01 00:00:00+00' + t * interval '1 minute' + s * interval '1 s',
                   date '2024-01-01' + t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
@@ -83,6 +83,18 @@ def test_windows_are_byte_identical_to_the_query_mode_twin(
     assert scan.n_samples == twin.n_samples > 0
     assert chunk_bytes(scan.path) == chunk_bytes(twin.path)
     assert scan.rows_read == fetch(ticks, "SELECT count(*) FROM ticks")[0][0]
+
+
+def test_a_stream_decoded_a_few_rows_at_a_time_gives_the_same_epoch(
+    ticks: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pgprefetch.scan
+
+    windows = {"table": "ticks", "key": ["series_id"], "order": "t", "window": 8, "stride": 2}
+    whole = dump(scan_config(tmp_path / "whole", **windows), ticks)
+    monkeypatch.setattr(pgprefetch.scan, "DRAIN_BYTES", 1000)  # rows straddle every chunk boundary
+    pieces = dump(scan_config(tmp_path / "pieces", **windows), ticks)
+    assert chunk_bytes(pieces.path) == chunk_bytes(whole.path)
 
 
 def test_rows_are_byte_identical_to_the_query_mode_twin(ticks: str, tmp_path: Path) -> None:

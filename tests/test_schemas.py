@@ -151,6 +151,14 @@ def test_null_nan_and_fill_value_keep_the_gaps_with_a_mask(gaps: str, tmp_path: 
     assert arrays["v_null"].dtype == bool
 
 
+def test_null_fill_keeps_the_width_of_a_smallint_column(gaps: str, tmp_path: Path) -> None:
+    execute(gaps, "ALTER TABLE s ADD COLUMN h smallint", "UPDATE s SET h = id % 300 WHERE id % 4 <> 0")
+    path = s_config(tmp_path, query="SELECT h FROM s WHERE id = $1", fields={"h": (["h"], "int16", {"null": -1})})
+    arrays = read_arrays(dump(path, gaps))
+    expected = [-1 if k % 4 == 0 else k % 300 for k in arrays["keys"].reshape(-1)]
+    assert arrays["h"].reshape(-1).tolist() == expected
+
+
 def test_null_policy_in_multi_row_samples(gaps: str, tmp_path: Path) -> None:
     path = s_config(
         tmp_path,
