@@ -2,7 +2,7 @@
 
 Each run draws its faults from a seed it prints (``PGPREFETCH_CHAOS_SEED`` replays a run): kills of
 every connection (one to three, 0.6-0.9 s apart), a server restart, a route that freezes mid-dump, and
-SIGKILL or SIGTERM of the dump process followed by a rerun. ``make test`` runs a short suite
+SIGKILL or SIGTERM of the dump process followed by a rerun, and kills and frozen routes during a scan mode COPY. ``make test`` runs a short suite
 (``PGPREFETCH_CHAOS_RUNS``, 20 by default); ``make chaos`` runs 200 and the large-epoch scenario of the
 issue (an 810k-row epoch, every connection killed three times, ten times in a row).
 """
@@ -51,9 +51,18 @@ class Bed:
     reference: dict[str, bytes]
     seconds: float  # how long the clean dump took
 
-    def config(self, name: str) -> Path:
+    def config(self, name: str, scan: bool = False) -> Path:
         folder = self.folder / name
         folder.mkdir()
+        if scan:  # the scan mode twin of the query config below: the same bytes, one COPY of about 1 s
+            path = folder / "test.toml"
+            path.write_text(
+                '[source]\nconnections = 4\nio_timeout = "1s"\n[samples]\n'
+                'table = "SELECT id, v, pg_sleep(0.00025) AS pause FROM s"\nkey = "id"\n'
+                '[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n[batches]\nsize = 32\n'
+                '[store]\npath = "store.zarr"\n'
+            )
+            return path
         return write_config(
             folder,
             keys="SELECT id FROM s",
@@ -133,15 +142,30 @@ def faulted_process(bed: Bed, cfg: Path, delay: float, sig: int) -> str:
     return rerun.stderr.strip() if rerun.returncode else ""
 
 
-SCENARIOS = ("kill", "kill x2", "kill x3", "restart", "freeze", "sigkill", "sigterm", "kill", "freeze", "restart")
+SCENARIOS = (
+    "kill",
+    "kill x2",
+    "kill x3",
+    "restart",
+    "freeze",
+    "sigkill",
+    "sigterm",
+    "scan kill",
+    "scan freeze",
+    "restart",
+)
 
 
 def one_run(bed: Bed, run: int, rng: random.Random) -> Outcome:
     scenario = SCENARIOS[run % len(SCENARIOS)]
-    cfg = bed.config(f"run{run}")
+    cfg = bed.config(f"run{run}", scan=scenario.startswith("scan"))
     moment = rng.uniform(0.05, 0.8) * bed.seconds
     causes = None
-    if scenario.startswith("kill"):
+    if scenario == "scan kill":
+        error, causes = faulted_in_process(bed, cfg, [(moment, lambda: kill_every_connection(bed.direct))])
+    elif scenario == "scan freeze":
+        error, causes = faulted_in_process(bed, cfg, [(moment, bed.proxy.freeze)])
+    elif scenario.startswith("kill"):
         n = int(scenario[-1]) if "x" in scenario else 1
         kills, at = [], moment
         for _ in range(n):
