@@ -1,10 +1,11 @@
 """Chaos: dumps faulted at random moments publish an epoch byte-identical to a clean dump, or nothing.
 
 Each run draws its faults from a seed it prints (``PGPREFETCH_CHAOS_SEED`` replays a run): kills of
-every connection (one to three, 0.6-0.9 s apart), a server restart, a route that freezes mid-dump, and
-SIGKILL or SIGTERM of the dump process followed by a rerun, and kills and frozen routes during a scan mode COPY. ``make test`` runs a short suite
-(``PGPREFETCH_CHAOS_RUNS``, 20 by default); ``make chaos`` runs 200 and the large-epoch scenario of the
-issue (an 810k-row epoch, every connection killed three times, ten times in a row).
+every connection (one to three, 0.6-0.9 s apart), a server restart, a route that freezes mid-dump,
+SIGKILL or SIGTERM of the dump process followed by a rerun, and kills and frozen routes during a scan
+mode COPY. ``make test`` runs a short suite (``PGPREFETCH_CHAOS_RUNS``, 20 by default); ``make chaos``
+runs 200 and the large-epoch scenario of the issue (an 810k-row epoch, every connection killed three
+times, ten times in a row).
 """
 
 from __future__ import annotations
