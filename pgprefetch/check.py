@@ -10,6 +10,8 @@ each, rather than stopping at the first, so one run shows what to fix.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +20,9 @@ import numpy as np
 from .collate import UnknownCategoryError
 from .config import Config
 from .errors import ConfigError, SourceError
-from .plan import layout_from, name_unknown_category, plan_epoch
-from .source import BatchReader, Snapshot
+from .modes import BatchSource, query_source, read_scan, scan_source
+from .plan import name_unknown_category, plan_scan
+from .source import Snapshot
 
 SAMPLE_BATCHES = 8
 
@@ -36,6 +39,7 @@ class CheckReport:
     fields: dict[str, dict[str, Any]] = field(default_factory=dict)
     epoch_bytes: int = 0
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The report as printed."""
@@ -49,6 +53,7 @@ class CheckReport:
             extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
             out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
         out.append(f"checked {self.batches_checked} batch(es) with every type, cast and NULL check of the dump")
+        out += [f"note: {n}" for n in self.notes]
         out += [f"error: {e}" for e in self.errors]
         return out
 
@@ -60,50 +65,67 @@ class CheckReport:
 async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHES) -> CheckReport:
     """Plan ``epoch`` and decode up to ``batches`` of its batches, spread over it; write nothing.
 
+    In scan mode the table is read as a dump would read it (once); one larger than ``[source] memory`` is
+    checked on its keys only, with a note.
+
     Raises:
         SourceError: the database cannot be reached (the check cannot run at all).
     """
     report = CheckReport()
     async with Snapshot.open(cfg.source) as snap:
         try:
-            plan = await plan_epoch(cfg, snap, epoch)
+            async with _source(cfg, snap, epoch, report) as source:
+                if source is not None:
+                    await _sample(cfg, snap, source, batches, report)
         except (ConfigError, SourceError) as e:
             if isinstance(e, SourceError) and e.transient:
                 raise
             report.errors.append(str(e))
-            return report
-        size = cfg.batches.size
-        report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
-        report.n_samples, report.n_batches = plan.used, plan.n_batches
-        chosen = sorted({int(b) for b in np.linspace(0, plan.n_batches - 1, min(batches, plan.n_batches))})
-        async with BatchReader.open(
-            dataclasses.replace(cfg.source, connections=1), snap.id, plan.sql, plan.params
-        ) as reader:
-            first = await reader.fetch(0, plan.batch_keys(0, size))
-            try:
-                layout = layout_from(cfg, plan, first)
-            except ConfigError as e:
-                report.errors.append(str(e))
-                return report
-            buffers = layout.allocate(size)
-            for batch in chosen:
-                keys = plan.batch_keys(batch, size)
-                blobs = first if batch == 0 else await reader.fetch(batch, keys)
-                try:
-                    layout.decode(blobs, keys, buffers)
-                except UnknownCategoryError as e:
-                    report.errors.append(str(await name_unknown_category(cfg, snap, e)))
-                except SourceError as e:
-                    report.errors.append(f"batch {batch}: {e}")
-                report.batches_checked += 1
-        per_sample = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in layout.arrays())
-        per_sample += 8 * len(plan.key_names)  # the keys array
-        report.epoch_bytes = plan.n_batches * size * per_sample
-        for f in layout.fields:
-            entry: dict[str, Any] = {"dtype": f.dtype.name, "shape": list(f.sample_shape)}
-            if f.config.null_mask:
-                entry["null"] = f.config.null
-            if f.name in plan.categories:
-                entry["categories"] = plan.categories[f.name]
-            report.fields[f.name] = entry
     return report
+
+
+@asynccontextmanager
+async def _source(cfg: Config, snap: Snapshot, epoch: int, report: CheckReport) -> AsyncIterator[BatchSource | None]:
+    """The dump's own batch source for ``epoch`` (one connection in query mode)."""
+    if cfg.mode == "query":
+        one = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
+        async with query_source(one, snap, epoch) as source:
+            yield source
+        return
+    read = await read_scan(cfg, snap)
+    if read.fits:
+        yield scan_source(cfg, read, epoch)
+        return
+    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
+    report.n_keys, report.n_samples, report.n_batches = plan.n_keys, plan.used, plan.n_batches
+    report.notes.append("the table does not fit [source] memory: checked its keys only (a dump reads it in passes)")
+    yield None
+
+
+async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int, report: CheckReport) -> None:
+    """Produce batches spread over the epoch with every check of the dump, collecting the errors."""
+    plan, layout, size = source.plan, source.layout, cfg.batches.size
+    report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
+    report.n_samples, report.n_batches = plan.used, plan.n_batches
+    chosen = sorted({int(b) for b in np.linspace(0, plan.n_batches - 1, min(batches, plan.n_batches))})
+    buffers = layout.allocate(size)
+    for batch in chosen:
+        try:
+            source.produce(batch, await source.fetch(batch), buffers)
+        except UnknownCategoryError as e:
+            report.errors.append(str(await name_unknown_category(cfg, snap, e)))
+        except SourceError as e:
+            if e.transient:
+                raise
+            report.errors.append(f"batch {batch}: {e}")
+        report.batches_checked += 1
+    per_sample = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in layout.arrays())
+    per_sample += 8 * len(plan.key_names)  # the keys array
+    report.epoch_bytes = plan.n_batches * size * per_sample
+    for f in layout.fields:
+        entry: dict[str, Any] = {"dtype": f.dtype.name, "shape": list(f.sample_shape)}
+        if f.config.null_mask:
+            entry["null"] = f.config.null
+        if f.name in plan.categories:
+            entry["categories"] = plan.categories[f.name]
+        report.fields[f.name] = entry

@@ -81,22 +81,32 @@ class ScanRead:
     bytes_per_row: float = 0.0
 
 
-async def read_scan(cfg: Config, snap: Snapshot) -> ScanRead:
-    """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit."""
+async def read_scan(cfg: Config, snap: Snapshot, on_rows: Callable[[int], None] | None = None) -> ScanRead:
+    """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
+
+    ``on_rows`` hears of the rows as they arrive (the progress bar).
+    """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
     try:
-        table = await read_table(cfg, snap, shape)
+        table = await read_table(cfg, snap, shape, on_rows=on_rows)
         fits, per_row = True, 0.0
     except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
-        table = await read_table(cfg, snap, keys_only(shape), budget=0)
+        table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
         table.rows_read += e.rows
         fits, per_row = False, e.bytes_per_row
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
     return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
 
 
-async def multipass_source(cfg: Config, snap: Snapshot, read: ScanRead, epoch: int, spool_dir: Path) -> BatchSource:
+async def multipass_source(
+    cfg: Config,
+    snap: Snapshot,
+    read: ScanRead,
+    epoch: int,
+    spool_dir: Path,
+    on_rows: Callable[[int], None] | None = None,
+) -> BatchSource:
     """The scan mode for a table larger than ``[source] memory``: data passes over key ranges into a spool."""
     size, budget = cfg.batches.size, cfg.source.memory_bytes
     plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
@@ -109,7 +119,7 @@ async def multipass_source(cfg: Config, snap: Snapshot, read: ScanRead, epoch: i
     layout: BatchLayout | None = None
     first_sample, rows_read = 0, read.table.rows_read
     for wheres in passes:
-        table = await read_table(cfg, snap, read.shape, wheres, budget=0)
+        table = await read_table(cfg, snap, read.shape, wheres, budget=0, on_rows=on_rows)
         rows_read += table.rows_read
         pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
         if layout is None:

@@ -38,6 +38,12 @@ log = logging.getLogger("pgprefetch")
 class Progress(Protocol):
     """What the dump reports while it runs (the CLI shows it as a progress bar)."""
 
+    def reading(self, epoch: int) -> None:
+        """Scan mode: the table read begins (rows are counted by :meth:`rows`)."""
+
+    def rows(self, n: int) -> None:
+        """Scan mode: ``n`` more table rows arrived."""
+
     def start(self, epoch: int, n_samples: int) -> None:
         """The epoch's size is known and fetching begins."""
 
@@ -264,14 +270,16 @@ async def _dump_locked(
         if cfg.mode == "scan":
             async with Snapshot.open(cfg.source) as snap:
                 connected = True
-                read = await read_scan(cfg, snap)
+                if progress:
+                    progress.reading(epoch)
+                read = await read_scan(cfg, snap, progress.rows if progress else None)
                 if read.fits:
                     cache.read = read
                     source = scan_source(cfg, read, epoch)
                     return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
                 spool = store.meta / "spool" / f"epoch-{epoch:05d}"
                 try:
-                    source = await multipass_source(cfg, snap, read, epoch, spool)
+                    source = await multipass_source(cfg, snap, read, epoch, spool, progress.rows if progress else None)
                     return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
                 finally:
                     shutil.rmtree(spool, ignore_errors=True)

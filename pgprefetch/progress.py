@@ -17,10 +17,29 @@ class BarProgress:
         self._bytes = 0
         self._started = 0.0
 
-    def start(self, epoch: int, n_samples: int) -> None:
-        """Open a bar for one epoch."""
+    def reading(self, epoch: int) -> None:
+        """Open a bar counting the table rows a scan reads (the total is not known ahead)."""
         if not self.enabled:
             return
+        self._bar = tqdm(
+            desc=f"epoch {epoch}: reading",
+            unit=" rows",
+            unit_scale=True,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            leave=False,
+        )
+
+    def rows(self, n: int) -> None:
+        """Count table rows read."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def start(self, epoch: int, n_samples: int) -> None:
+        """Open a bar for one epoch (closing the reading bar, if any)."""
+        if not self.enabled:
+            return
+        self.close()
         self._bytes, self._started = 0, time.monotonic()
         self._bar = tqdm(
             total=n_samples,

@@ -160,8 +160,9 @@ class Table:
 class _Decoder:
     """Turns one range's COPY stream into column arrays, a chunk of rows at a time (fixed-size rows)."""
 
-    def __init__(self, shape: ScanShape) -> None:
+    def __init__(self, shape: ScanShape, on_rows: Callable[[int], None] | None = None) -> None:
         self.shape = shape
+        self.on_rows = on_rows
         self.pending = bytearray()
         self.started = False
         self.parts: list[np.ndarray] = []
@@ -209,6 +210,8 @@ class _Decoder:
             rows = np.frombuffer(bytes(buf[start : start + n * size]), dtype=self.row)
             self._check(rows)
             self.parts.append(rows)
+            if self.on_rows:
+                self.on_rows(n)
         self.pending = buf[start + n * size :]
 
     def _row_dtype(self, data: bytes) -> np.dtype:
@@ -266,18 +269,25 @@ class TableTooLarge(PgprefetchError):
 
 
 async def read_table(
-    cfg: Config, snap: Snapshot, shape: ScanShape, wheres: list[str] | None = None, *, budget: int | None = None
+    cfg: Config,
+    snap: Snapshot,
+    shape: ScanShape,
+    wheres: list[str] | None = None,
+    *,
+    budget: int | None = None,
+    on_rows: Callable[[int], None] | None = None,
 ) -> Table:
     """Read the relation (or the ranges ``wheres``, one COPY each) on the snapshot into a sorted Table.
 
-    Without ``wheres`` the relation is split into ``connections`` page ranges.
+    Without ``wheres`` the relation is split into ``connections`` page ranges. ``on_rows`` hears of the
+    rows decoded, a piece at a time.
 
     Raises:
         TableTooLarge: more than ``budget`` bytes arrived (default ``[source] memory``; 0: no limit).
         SourceError: the database failed (transient when a connection was lost).
     """
     ranges = wheres if wheres is not None else await _page_ranges(snap, shape, cfg.source.connections)
-    decoders = [_Decoder(shape) for _ in ranges]
+    decoders = [_Decoder(shape, on_rows) for _ in ranges]
     limit = cfg.source.memory_bytes if budget is None else budget
     held = [0]
 

@@ -345,3 +345,18 @@ def test_a_table_larger_than_memory_is_read_in_passes_and_gives_the_same_bytes(
     got = read_arrays(passes)
     for name, array in read_arrays(whole).items():
         np.testing.assert_array_equal(got[name], array)
+
+
+def test_check_runs_a_scan_config_without_writing(ticks: str, tmp_path: Path) -> None:
+    cfg = scan_config(tmp_path, table="ticks", key=["series_id"], order="t", window=8, stride=4)
+    result = CliRunner().invoke(cli, ["check", "--config", str(cfg), "--dsn", ticks, "--json"])
+    report = json.loads(result.output)
+    twin = dump(twin_config(tmp_path / "twin", 8, 4), ticks)
+    assert result.exit_code == 0, result.output
+    assert (report["n_samples"], report["n_batches"]) == (twin.n_samples, twin.n_batches)
+    assert report["fields"] == {"x": {"dtype": "float32", "shape": [8, 2]}, "y": {"dtype": "int64", "shape": [8]}}
+    assert not (tmp_path / "store.zarr").exists()
+    execute(ticks, "ALTER TABLE ticks ALTER COLUMN f1 DROP NOT NULL", "UPDATE ticks SET f1 = NULL")
+    result = CliRunner().invoke(cli, ["check", "--config", str(cfg), "--dsn", ticks, "--batches", "2"])
+    assert result.exit_code == 1
+    assert result.output.count("column f1 is NULL") == 2
