@@ -11,7 +11,9 @@ import asyncio
 import json
 import logging
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,9 @@ class _Group(click.Group):
                 raise
             raise _fail(str(e), e.exit_code) from None
         except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
-            ctx.exit(130)
+            terminated = _TERMINATED.is_set()
+            click.echo("Terminated." if terminated else "Interrupted.", err=True)
+            ctx.exit(143 if terminated else 130)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as e:  # a bug or an environment problem: still one line, unless --debug
@@ -50,6 +53,24 @@ class _Group(click.Group):
                 raise
             detail = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e)
             raise _fail(f"{type(e).__name__}: {detail} (run with --debug for the traceback)", 1) from None
+
+
+_TERMINATED = threading.Event()
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, systemd, Kubernetes) stops a dump as Ctrl-C does, and it exits 143.
+
+    The handler raises SIGINT in turn, so asyncio cancels the statements in flight and the partial epoch is
+    kept for the next run, exactly as after Ctrl-C.
+    """
+
+    def on_term(signum: int, frame: object) -> None:
+        _TERMINATED.set()
+        signal.raise_signal(signal.SIGINT)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
 
 
 def _fail(message: str, code: int) -> click.ClickException:
@@ -192,6 +213,7 @@ def dump(
     else:
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
     _log_to_stderr(quiet)
+    _stop_on_sigterm()
     progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
     cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
     for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none

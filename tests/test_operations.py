@@ -251,6 +251,21 @@ def test_ctrl_c_stops_within_a_second_and_leaves_a_resumable_epoch(s_table: str,
     assert dump(cfg, s_table).resumed >= 2
 
 
+def test_sigterm_stops_like_ctrl_c_with_exit_143_and_the_dump_resumes(s_table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    victim = start_dump(cfg, s_table)
+    wait_for(lambda: journal_lines(store) >= 2)
+    sent = time.monotonic()
+    victim.send_signal(signal.SIGTERM)
+    assert victim.wait(10) == 143
+    assert time.monotonic() - sent < 1.5
+    assert victim.stderr is not None
+    assert victim.stderr.read().strip().splitlines()[-1] == "Terminated."
+    assert not (store / "epoch-00000").exists()
+    assert dump(cfg, s_table).resumed >= 2
+
+
 def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
