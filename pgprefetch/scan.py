@@ -203,8 +203,10 @@ class _Decoder:
             if body < 2 or buf[len(buf) - 2 :] != b"\xff\xff":
                 raise SourceError("the server's COPY stream ended without its trailer")
             body -= 2
-            if body % size:
-                raise self._irregular(bytes(buf[start:]))
+            if body % size:  # the rows before the irregular one are checked first, to name the right column
+                whole = body // size
+                self._check(np.frombuffer(bytes(buf[start : start + whole * size]), dtype=self.row))
+                raise self._irregular(self._culprit(bytes(buf[start + whole * size :])))
         n = body // size
         if n:
             rows = np.frombuffer(bytes(buf[start : start + n * size]), dtype=self.row)
@@ -247,15 +249,35 @@ class _Decoder:
         for length, value in zip(names[1::2], names[2::2], strict=True):
             bad |= rows[length] != self.row.fields[value][0].itemsize
         if bad.any():
-            raise self._irregular(b"")
+            raise self._irregular(self._culprit(rows[int(np.flatnonzero(bad)[0]) :].tobytes()))
 
-    def _irregular(self, data: bytes) -> SampleError:
-        """The error for a row that breaks the fixed layout: an array of another length, or a NULL array."""
-        del data
-        names = [c.name for c in self.shape.columns if c.is_array]
+    def _culprit(self, data: bytes) -> str | None:
+        """The field (``k0``, ``c1``, ...) where the row at the start of ``data`` leaves the fixed layout."""
+        assert self.row is not None
+        names, pos = self.row.names, 2
+        for value in names[2::2]:
+            size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+            if size != self.row.fields[value][0].itemsize:
+                return value
+            pos += 4 + size
+        return None
+
+    def _irregular(self, field: str | None = None) -> SampleError:
+        """The error for a row that breaks the fixed layout, naming the column where it breaks.
+
+        Field values are sent NOT NULL (placeholder and mask), so what can break it is a NULL key or order
+        value, or an array column whose value is NULL, holds a NULL or has another length than the first
+        row's. (After that row the stream is misaligned, so only the first such row is named.)
+        """
+        keys = self.shape.key_names
+        if field is not None and field[0] == "k":
+            return SampleError(f'[samples] table: a row has a NULL in column "{keys[int(field[1:])]}"')
+        arrays = [c.name for c in self.shape.columns if c.is_array]
+        if field is not None and field[0] in "cm":
+            arrays = [self.shape.columns[int(field[1:])].name]
         return SampleError(
-            f"an array column ({', '.join(names) or 'none'}) has a NULL, a NULL element or another length in some row "
-            "of the table: in scan mode every row's arrays must have the first row's length"
+            f"[samples] table: a row's {' or '.join(arrays) or 'value'} is a NULL array, holds a NULL or has another "
+            "length than the first row's (scan mode needs every row's arrays to have one length)"
         )
 
 

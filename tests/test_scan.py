@@ -360,3 +360,17 @@ def test_check_runs_a_scan_config_without_writing(ticks: str, tmp_path: Path) ->
     result = CliRunner().invoke(cli, ["check", "--config", str(cfg), "--dsn", ticks, "--batches", "2"])
     assert result.exit_code == 1
     assert result.output.count("column f1 is NULL") == 2
+
+
+def test_a_null_key_and_an_irregular_array_are_named(ticks: str, tmp_path: Path) -> None:
+    execute(ticks, "INSERT INTO ticks (series_id, t, f0, f1, label) VALUES (NULL, 1, 0, 0, 0)")
+    with pytest.raises(SampleError) as e:
+        dump(scan_config(tmp_path / "a", table="ticks", key=["series_id"], order="t", window=4), ticks)
+    assert str(e.value) == '[samples] table: a row has a NULL in column "series_id"'
+    execute(ticks, "UPDATE items SET emb = ARRAY[1, 2] WHERE id = 350")
+    with pytest.raises(SampleError) as e:
+        dump(scan_config(tmp_path / "b", table="items", key="id", fields={"emb": (["emb"], "float32")}), ticks)
+    assert str(e.value) == (
+        "[samples] table: a row's emb is a NULL array, holds a NULL or has another length than the first row's "
+        "(scan mode needs every row's arrays to have one length)"
+    )
