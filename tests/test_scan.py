@@ -88,11 +88,11 @@ def test_windows_are_byte_identical_to_the_query_mode_twin(
 def test_a_stream_decoded_a_few_rows_at_a_time_gives_the_same_epoch(
     ticks: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pgprefetch.scan
+    import pgprefetch.copystream
 
     windows = {"table": "ticks", "key": ["series_id"], "order": "t", "window": 8, "stride": 2}
     whole = dump(scan_config(tmp_path / "whole", **windows), ticks)
-    monkeypatch.setattr(pgprefetch.scan, "DRAIN_BYTES", 1000)  # rows straddle every chunk boundary
+    monkeypatch.setattr(pgprefetch.copystream, "DRAIN_BYTES", 1000)  # rows straddle every chunk boundary
     pieces = dump(scan_config(tmp_path / "pieces", **windows), ticks)
     assert chunk_bytes(pieces.path) == chunk_bytes(whole.path)
 

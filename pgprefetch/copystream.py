@@ -1,0 +1,151 @@
+"""Binary ``COPY ... TO STDOUT (FORMAT binary)`` streams viewed as numpy records, a chunk at a time.
+
+The stream is an 11-byte signature, flags and a header extension, then per row an int16 field count and,
+per field, an int32 byte length (-1: NULL) and the value's bytes, big-endian; then an int16 -1. Scan mode
+sends every value fixed-width and NOT NULL (NULLs as a placeholder plus a boolean mask), so every row has
+the byte length of the first one, and a run of whole rows is one big-endian structured array: decoding is
+a ``frombuffer`` and a check of the length words, with no Python object per row. A row that breaks the
+layout (a NULL key, an array of another length) is named, column and all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import SampleError, SourceError
+
+if TYPE_CHECKING:
+    from .scan import ScanShape
+
+_HEADER = b"PGCOPY\n\xff\r\n\x00"
+_HEADER_BYTES = 19  # signature, flags, header extension length
+DRAIN_BYTES = 8 << 20  # decode a range's stream every 8 MiB, not all at its end
+
+
+class CopyDecoder:
+    """Turns one range's COPY stream into column arrays, a chunk of rows at a time (fixed-size rows)."""
+
+    def __init__(self, shape: ScanShape, on_rows: Callable[[int], None] | None = None) -> None:
+        self.shape = shape
+        self.on_rows = on_rows
+        self.pending = bytearray()
+        self.started = False
+        self.parts: list[np.ndarray] = []
+        self.row: np.dtype | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        """Take the next chunk of the stream (decoded once enough has gathered)."""
+        self.pending += data
+        if len(self.pending) >= DRAIN_BYTES:
+            self.drain()
+
+    def finish(self) -> np.ndarray:
+        """The stream has ended: decode the rest, check the trailer, return every row's record."""
+        self.drain(final=True)
+        if not self.parts:
+            return np.empty(0, dtype=self.row or np.dtype([("n", ">i2")]))
+        return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+
+    def drain(self, final: bool = False) -> None:
+        """Decode the whole rows received so far (``final``: the stream is complete, trailer included)."""
+        buf = self.pending
+        start = 0
+        if not self.started:
+            if len(buf) < _HEADER_BYTES:
+                return
+            if bytes(buf[:11]) != _HEADER:
+                raise SourceError("the server's COPY stream does not start with the binary COPY signature")
+            start = _HEADER_BYTES + int.from_bytes(buf[15:19], "big")
+            self.started = True
+        if self.row is None:
+            if len(buf) - start < 2 or buf[start : start + 2] == b"\xff\xff":
+                self.pending = buf[start:]
+                self.done = self.done or len(buf) - start >= 2
+                return
+            self.row = self._row_dtype(bytes(buf[start:]))
+        size = self.row.itemsize
+        body = len(buf) - start
+        if final:
+            if body < 2 or buf[len(buf) - 2 :] != b"\xff\xff":
+                raise SourceError("the server's COPY stream ended without its trailer")
+            body -= 2
+            if body % size:  # the rows before the irregular one are checked first, to name the right column
+                whole = body // size
+                self._check(np.frombuffer(bytes(buf[start : start + whole * size]), dtype=self.row))
+                raise self._irregular(self._culprit(bytes(buf[start + whole * size :])))
+        n = body // size
+        if n:
+            rows = np.frombuffer(bytes(buf[start : start + n * size]), dtype=self.row)
+            self._check(rows)
+            self.parts.append(rows)
+            if self.on_rows:
+                self.on_rows(n)
+        self.pending = buf[start + n * size :]
+
+    def _row_dtype(self, data: bytes) -> np.dtype:
+        """The record of one row, with each array column's length taken from the first row."""
+        fields: list[tuple[str, object]] = [("n", ">i2")]
+        pos = 2
+        wires = [*self.shape.key_wire, *([self.shape.order_wire] if self.shape.order_wire is not None else [])]
+        for i, w in enumerate(wires):
+            fields += [(f"l{i}", ">i4"), (f"k{i}", w)]
+            pos += 4 + w.itemsize
+        for j, c in enumerate(self.shape.columns):
+            if c.is_array:
+                size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+                if size < 20:
+                    raise SampleError(f"column {c.name} is NULL or empty in the table's first row")
+                length = int.from_bytes(data[pos + 16 : pos + 20], "big")
+                element = np.dtype([("len", ">i4"), ("v", c.wire)])
+                fields += [(f"l_c{j}", ">i4"), (f"c{j}", [("head", ">i4", (5,)), ("e", element, (length,))])]
+                pos += 4 + size
+            else:
+                fields += [(f"l_c{j}", ">i4"), (f"c{j}", c.wire)]
+                pos += 4 + c.wire.itemsize
+            if c.nullable:
+                fields += [(f"l_m{j}", ">i4"), (f"m{j}", "?")]
+                pos += 5
+        return np.dtype(fields)
+
+    def _check(self, rows: np.ndarray) -> None:
+        """Every row has every field, each with the byte length of the first row's (names: n, l0, k0, ...)."""
+        assert self.row is not None
+        names = self.row.names
+        bad = rows["n"] != (len(names) - 1) // 2
+        for length, value in zip(names[1::2], names[2::2], strict=True):
+            bad |= rows[length] != self.row.fields[value][0].itemsize
+        if bad.any():
+            raise self._irregular(self._culprit(rows[int(np.flatnonzero(bad)[0]) :].tobytes()))
+
+    def _culprit(self, data: bytes) -> str | None:
+        """The field (``k0``, ``c1``, ...) where the row at the start of ``data`` leaves the fixed layout."""
+        assert self.row is not None
+        names, pos = self.row.names, 2
+        for value in names[2::2]:
+            size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+            if size != self.row.fields[value][0].itemsize:
+                return value
+            pos += 4 + size
+        return None
+
+    def _irregular(self, field: str | None = None) -> SampleError:
+        """The error for a row that breaks the fixed layout, naming the column where it breaks.
+
+        Field values are sent NOT NULL (placeholder and mask), so what can break it is a NULL key or order
+        value, or an array column whose value is NULL, holds a NULL or has another length than the first
+        row's. (After that row the stream is misaligned, so only the first such row is named.)
+        """
+        keys = self.shape.key_names
+        if field is not None and field[0] == "k":
+            return SampleError(f'[samples] table: a row has a NULL in column "{keys[int(field[1:])]}"')
+        arrays = [c.name for c in self.shape.columns if c.is_array]
+        if field is not None and field[0] in "cm":
+            arrays = [self.shape.columns[int(field[1:])].name]
+        return SampleError(
+            f"[samples] table: a row's {' or '.join(arrays) or 'value'} is a NULL array, holds a NULL or has another "
+            "length than the first row's (scan mode needs every row's arrays to have one length)"
+        )
