@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import numpy as np
 
 from . import casts, contenders, dumprun, reader
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
-from .report import LOCAL, Results, Row, render, render_reader, splice_reader
+from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice_reader
 
 HERE = Path(__file__).resolve().parent
 DATABASE = "pgprefetch_bench"
@@ -36,6 +37,10 @@ MIN_ROWS = 1_000_000
 
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
 def with_database(dsn: str, name: str) -> str:
@@ -156,18 +161,34 @@ async def read_keys(dsn: str, ds: Dataset) -> np.ndarray:
 
 
 def measure(ds: Dataset, dsn: str, workdir: Path, budget_s: float, transport: str, with_ceiling: bool = True) -> Row:
-    """Blog, then ceiling (unless told not to), then dump, for one dataset over one DSN."""
+    """Blog, then both ceilings (unless told not to), then dump, for one dataset over one DSN.
+
+    The ceilings' batches are checked against the ``keys`` array the dump wrote: the same samples, in the
+    same order, cut into the same batches.
+    """
     log(f"{ds.name} ({transport}): blog, {budget_s:g} s budget")
     blog = asyncio.run(contenders.blog(dsn, ds, connections=CONNECTIONS, budget_s=budget_s))
     log(f"  blog: {blog.samples:,} samples in {blog.seconds:.1f} s = {blog.rate:,.0f}/s")
-    ceiling = None
+    ceiling = statement = None
+    sent: dict[str, np.ndarray] = {}
     if with_ceiling:
-        keys = asyncio.run(read_keys(dsn, ds))
-        ceiling = asyncio.run(contenders.ceiling(dsn, ds, keys, connections=CONNECTIONS))
-        log(f"  ceiling: {ceiling.samples:,} samples in {ceiling.seconds:.1f} s = {ceiling.rate:,.0f}/s")
-    dump = dumprun.dump(ds, dsn, workdir)
+        sent["row ceiling"] = asyncio.run(read_keys(dsn, ds))
+        ceiling = asyncio.run(contenders.ceiling(dsn, ds, sent["row ceiling"], connections=CONNECTIONS))
+        log(f"  row ceiling: {ceiling.samples:,} samples in {ceiling.seconds:.1f} s = {ceiling.rate:,.0f}/s")
+        cfg = casts.config(ds, dsn, connections=CONNECTIONS)
+        statement, sent["statement ceiling"] = asyncio.run(contenders.statement_ceiling(cfg, connections=CONNECTIONS))
+        log(
+            f"  statement ceiling: {statement.samples:,} samples in {statement.seconds:.1f} s = {statement.rate:,.0f}/s"
+        )
+    dump = dumprun.dump(ds, dsn, workdir, keep_keys=with_ceiling)
     log(f"  dump: {dump.samples:,} samples in {dump.seconds:.1f} s = {dump.rate:,.0f}/s")
-    return Row(ds.name, transport, dump.samples, blog, dump, ceiling)
+    for name, keys in sent.items():
+        if dump.keys is None or keys.shape != dump.keys.shape or not np.array_equal(keys, dump.keys):
+            raise RuntimeError(f"{ds.name}: the {name}'s batches are not the dump's (its keys array differs)")
+    if sent:
+        log(f"  both ceilings sent the dump's batches: its keys array, {dump.samples:,} samples, equal")
+    dump = dataclasses.replace(dump, keys=None)
+    return Row(ds.name, transport, dump.samples, blog, dump, ceiling, statement, keys_checked=bool(sent))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -225,9 +246,9 @@ def measure_reader(results: Results, epoch_bytes: int) -> None:
 
 def reader_only(args: argparse.Namespace) -> None:
     """``--reader-only``: print the reader section; with ``--results``, replace that section of the file."""
-    results = Results(quick=args.quick, scales={})
+    results = Results(quick=args.quick, scales={}, revision=code_revision())
     measure_reader(results, args.reader_bytes)
-    section = render_reader(results.reader, quick=args.quick, seconds=results.reader_s)
+    section = render_reader(results.reader, quick=args.quick, seconds=results.reader_s, revision=results.revision)
     print(section)
     if args.results:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
@@ -272,7 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
     if small and not args.quick:
         log(f"warning: below the issue's sizes ({MIN_WINDOWS:,} windows, {MIN_ROWS:,} rows)")
-    results = Results(quick=args.quick, scales=scales, delay_ms=args.delay_ms)
+    results = Results(
+        quick=args.quick, scales=scales, delay_ms=args.delay_ms, started=utc_now(), revision=code_revision()
+    )
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
     try:

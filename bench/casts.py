@@ -83,10 +83,10 @@ class CastRun:
         )
 
 
-def config(ds: Dataset, dsn: str, *, unsafe: bool = False) -> Config:
+def config(ds: Dataset, dsn: str, *, unsafe: bool = False, connections: int = 1) -> Config:
     """The bench's config for ``ds`` on ``dsn``, every field ``cast = "unsafe"`` if asked."""
     cfg = parse_config(tomllib.loads(ds.config(Path("unused"))))
-    cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, dsn=dsn, connections=1))
+    cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, dsn=dsn, connections=connections))
     if unsafe:
         cfg = dataclasses.replace(cfg, fields=tuple(dataclasses.replace(f, cast="unsafe") for f in cfg.fields))
     return cfg

@@ -7,8 +7,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+import zarr
 
 from .datasets import Dataset
 
@@ -30,6 +33,8 @@ class DumpRun:
     seconds: float
     dump_seconds: float  # as the dump reports it (no process start-up)
     max_rss: int = 0
+    # The epoch's `keys` array as the dump wrote it, (n_key_columns, samples), to check the ceilings' batches.
+    keys: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def rate(self) -> float:
@@ -37,18 +42,24 @@ class DumpRun:
         return self.samples / self.seconds if self.seconds else 0.0
 
 
-def dump(ds: Dataset, dsn: str, workdir: Path, *, fraction: float = 1.0, measure_rss: bool = False) -> DumpRun:
-    """Write a config for ``ds``, dump epoch 0 in a subprocess, then delete the store."""
+def dump(
+    ds: Dataset, dsn: str, workdir: Path, *, fraction: float = 1.0, measure_rss: bool = False, keep_keys: bool = False
+) -> DumpRun:
+    """Write a config for ``ds``, dump epoch 0 in a subprocess (``keep_keys``: read its keys), delete the store."""
     store = workdir / f"store-{ds.name}"
     config = workdir / f"{ds.name}.toml"
     config.write_text(ds.config(store, fraction), encoding="utf-8")
     argv = [str(PGPREFETCH), "dump", "--config", str(config), "--epoch", "0", "--force", "--json", "--dsn", dsn]
     if measure_rss:
         argv = [sys.executable, "-c", _WRAPPER, *argv]
+    keys = None
     try:
         started = time.perf_counter()
         p = subprocess.run(argv, capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - started
+        if keep_keys and p.returncode == 0:
+            written = zarr.open_array(store / "epoch-00000" / "keys", mode="r")[:]  # (n_batches, size, k)
+            keys = written.reshape(-1, written.shape[-1]).T
     finally:
         shutil.rmtree(store, ignore_errors=True)
     lines = p.stdout.strip().splitlines()
@@ -63,6 +74,11 @@ def dump(ds: Dataset, dsn: str, workdir: Path, *, fraction: float = 1.0, measure
     if failed or not lines:
         raise RuntimeError(f"pgprefetch dump of {ds.name} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
     result = json.loads(lines[-1])
+    samples = int(result["n_samples"])
     return DumpRun(
-        samples=int(result["n_samples"]), seconds=seconds, dump_seconds=float(result["seconds"]), max_rss=rss
+        samples=samples,
+        seconds=seconds,
+        dump_seconds=float(result["seconds"]),
+        max_rss=rss,
+        keys=None if keys is None else np.ascontiguousarray(keys[:, :samples]),
     )

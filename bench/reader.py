@@ -9,6 +9,9 @@ epoch, three variants read every batch of field ``x`` into a buffer allocated on
 - *ds[i]+copy*: ``out["x"][:n].copy_(t)`` for every tensor of ``ds[i]``, ``i`` over the epoch.
 - *to_device(cpu)*: the same copy for every batch ``ds.to_device("cpu")`` yields (mapped views). A copy,
   not a one-element sum: summing one element would touch one page of 25 and leave the rest unread.
+- *ds[i]+copy, 1 thread*: *ds[i]+copy* with ``torch.set_num_threads(1)``. *raw* is one thread's ``preadv``
+  (the kernel copies on the calling thread), while torch's ``copy_`` of a large batch runs on its intra-op
+  threads: this variant compares the two at equal threads.
 
 A reader pass opens a fresh ``EpochDataset`` inside the clock (manifest, layouts, and mappings made and
 torn down: the cost of an epoch), the raw pass opens and closes its files inside it too. One untimed raw
@@ -156,6 +159,16 @@ def getitem_pass(store: Path, epoch: int, out: dict[str, torch.Tensor]) -> float
     return time.perf_counter() - start
 
 
+def one_thread(fn: Callable[[], float]) -> float:
+    """``fn()`` with torch limited to one intra-op thread (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def to_device_pass(store: Path, epoch: int, out: dict[str, torch.Tensor]) -> float:
     """Seconds to open the epoch and copy every batch of ``ds.to_device("cpu")`` into ``out``."""
     start = time.perf_counter()
@@ -204,6 +217,7 @@ def measure_case(store: Path, epoch: int, label: str, sample_shape: tuple[int, .
         "raw": lambda: raw_pass(plan, nbytes, buf),
         "getitem": lambda: getitem_pass(store, epoch, out),
         "to_device": lambda: to_device_pass(store, epoch, out),
+        "getitem_1t": lambda: one_thread(lambda: getitem_pass(store, epoch, out)),
     }
     names = list(variants)
     seconds: dict[str, list[float]] = {name: [] for name in names}
@@ -220,11 +234,13 @@ def measure_case(store: Path, epoch: int, label: str, sample_shape: tuple[int, .
         getitem_s=seconds["getitem"],
         to_device_s=seconds["to_device"],
         first_batch_s=latency,
+        getitem_1t_s=seconds["getitem_1t"],
     )
     log(
         f"  {label} ({nbytes / 1e3:,.0f} KB x {n_batches:,}): raw {row.raw_gbs:.2f} GB/s, "
         f"ds[i]+copy {row.getitem_gbs:.2f} GB/s ({row.getitem_gbs / row.raw_gbs:.2f}x), "
         f"to_device(cpu) {row.to_device_gbs:.2f} GB/s ({row.to_device_gbs / row.raw_gbs:.2f}x), "
+        f"ds[i]+copy on 1 thread {row.getitem_1t_gbs:.2f} GB/s ({row.getitem_1t_gbs / row.raw_gbs:.2f}x), "
         f"first batch {statistics.median(latency) * 1e3:.1f} ms; passes (s): "
         + "; ".join(f"{k} " + " ".join(f"{s:.3f}" for s in v) for k, v in seconds.items())
     )

@@ -30,7 +30,9 @@ class Row:
     samples: int
     blog: Run
     dump: DumpRun
-    ceiling: Run | None
+    ceiling: Run | None  # COPY of the per-sample query joined to the batch's keys: one row per tuple
+    statement: Run | None = None  # COPY of the dump's own batch statement (per-sample aggregated arrays)
+    keys_checked: bool = False  # both ceilings' batches were checked against the dump's keys array
 
 
 @dataclass
@@ -46,6 +48,7 @@ class ReaderRow:
     getitem_s: list[float]
     to_device_s: list[float]
     first_batch_s: list[float]
+    getitem_1t_s: list[float] = field(default_factory=list)  # ds[i]+copy with torch.set_num_threads(1)
 
     @property
     def epoch_bytes(self) -> int:
@@ -64,6 +67,11 @@ class ReaderRow:
     def getitem_gbs(self) -> float:
         """GB/s of the median ``ds[i]`` + copy pass."""
         return self._gbs(self.getitem_s)
+
+    @property
+    def getitem_1t_gbs(self) -> float:
+        """GB/s of the median ``ds[i]`` + copy pass on one torch thread (0 when not measured)."""
+        return self._gbs(self.getitem_1t_s) if self.getitem_1t_s else 0.0
 
     @property
     def to_device_gbs(self) -> float:
@@ -92,6 +100,8 @@ class Results:
     reader: list[ReaderRow] = field(default_factory=list)
     reader_s: float = 0.0
     casts: list[CastRun] = field(default_factory=list)
+    started: str = ""  # when the run started (UTC)
+    revision: str = ""  # pgprefetch's version and commit when the run started (see code_revision())
 
 
 def _n(x: float) -> str:
@@ -113,21 +123,27 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _revision() -> str:
-    """pgprefetch's version and the checkout's commit (``+dirty`` with uncommitted changes)."""
+def code_revision() -> str:
+    """pgprefetch's version and the checkout's commit (``+dirty`` with uncommitted changes to the code run)."""
     from pgprefetch import __version__
 
     here = os.path.dirname(os.path.abspath(__file__))
+    code = ["../pgprefetch", ".", ":(exclude)RESULTS.md"]  # the package and the bench, not this report
     try:
         sha = subprocess.run(
             ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--", "../pgprefetch"], capture_output=True, text=True
+            ["git", "-C", here, "status", "--porcelain", "--", *code], capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return __version__
     return f"{__version__}, commit {sha}{'+dirty' if dirty else ''}"
+
+
+def rss_per_sample(small: DumpRun, large: DumpRun) -> float:
+    """Peak RSS growth per extra sample between two dumps of different sizes, in bytes."""
+    return (large.max_rss - small.max_rss) / (large.samples - small.samples)
 
 
 def _verdict(ok: bool) -> str:
@@ -136,29 +152,54 @@ def _verdict(ok: bool) -> str:
 
 def render(r: Results) -> str:
     """The whole report as markdown."""
-    out = ["# pgprefetch bench", ""]
+    out = [
+        "# pgprefetch bench",
+        "",
+        f"Run at pgprefetch {r.revision or code_revision()}, {r.started or 'unknown time'}.",
+        "",
+    ]
     if r.quick:
         out += ["**`--quick` smoke run: sizes too small to be representative.**", ""]
     out += [
-        "Samples/s of three ways to read the same epoch, measured in the same run (compare the ratios, not the "
-        "absolute figures, across machines). *blog*: the blog post's loop, one query per sample, `asyncio.gather` "
-        "over an asyncpg pool of 8, on a time-bounded prefix of the keys. *ceiling*: one binary "
-        "`COPY (batch query) TO STDOUT` per batch, bytes discarded, 8 in flight, same batches as the dump. "
-        "*dump*: `pgprefetch dump` as a whole process; wall time includes interpreter start-up, the keys query, "
-        "the shuffle, decoding, writing and syncing the Zarr store (its own reported seconds in brackets).",
+        "Samples/s of four ways to read the same epoch, measured in the same run (compare the ratios, not the "
+        "absolute figures, across machines).",
         "",
-        "| dataset | samples | blog samples/s | ceiling samples/s | dump samples/s | dump/ceiling | dump/blog "
-        "| blog sampled | dump wall s |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "- *blog*: the blog post's loop, one query per sample with its values pasted into the SQL text, "
+        "`asyncio.gather` over an asyncpg pool of 8, for a time budget: its rate is measured on the samples "
+        "it read in that time (*blog sampled*), not on the whole epoch. The pool and the keys cursor's "
+        "connection are opened before its clock starts. Each sample costs four round trips (asyncpg 0.32, "
+        "counted with a message-counting proxy): Parse and Describe of the new SQL text (every text is unique, "
+        "so asyncpg's statement cache never hits); Close of the statement that cache (100 per connection) "
+        "evicted, from a connection's 101st sample on; Bind and Execute; and on release to the pool its reset, "
+        "`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;`.",
+        "- *row ceiling*: one binary `COPY (per-sample query joined to the batch's keys) TO STDOUT` per batch, "
+        "one row per tuple, bytes discarded, 8 in flight.",
+        "- *statement ceiling*: one binary `COPY (the dump's own batch statement) TO STDOUT` per batch (per-sample "
+        "aggregated binary arrays, built by `pgprefetch.statement.batch_statement` through pgprefetch's planning; "
+        "its key arrays pasted in as `int8[]` literals, since COPY takes no bind parameters), bytes discarded, "
+        "8 in flight. The dump's server work without its client work: what separates it from the dump is "
+        "decoding, checking and writing, and the dump process's start-up, keys query and shuffle.",
+        "- *dump*: `pgprefetch dump` as a whole process; wall time includes interpreter start-up, the keys "
+        "query, the shuffle, decoding, writing and syncing the Zarr store (its own reported seconds in brackets).",
+        "",
+        "Both ceilings send the dump's batches: each run checks the keys they sent, batch by batch, against the "
+        "`keys` array the dump wrote (*keys checked*).",
+        "",
+        "| dataset | samples | blog samples/s | row ceiling samples/s | statement ceiling samples/s "
+        "| dump samples/s | dump/row ceiling | dump/statement ceiling | dump/blog | blog sampled | dump wall s "
+        "| keys checked |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for row in r.rows:
         ceiling = _n(row.ceiling.rate) if row.ceiling else "—"
+        statement = _n(row.statement.rate) if row.statement else "—"
         vs_ceiling = _x(row.dump.rate / row.ceiling.rate) if row.ceiling else "—"
+        vs_statement = _x(row.dump.rate / row.statement.rate) if row.statement else "—"
         out.append(
-            f"| {row.dataset} ({row.transport}) | {_n(row.samples)} | {_n(row.blog.rate)} | {ceiling} "
-            f"| {_n(row.dump.rate)} | {vs_ceiling} | {_x(row.dump.rate / row.blog.rate)} "
+            f"| {row.dataset} ({row.transport}) | {_n(row.samples)} | {_n(row.blog.rate)} | {ceiling} | {statement} "
+            f"| {_n(row.dump.rate)} | {vs_ceiling} | {vs_statement} | {_x(row.dump.rate / row.blog.rate)} "
             f"| {_n(row.blog.samples)} in {row.blog.seconds:.1f} s "
-            f"| {row.dump.seconds:.1f} ({row.dump.dump_seconds:.1f}) |"
+            f"| {row.dump.seconds:.1f} ({row.dump.dump_seconds:.1f}) | {'yes' if row.keys_checked else '—'} |"
         )
     out.append("")
     if r.rss:
@@ -169,6 +210,14 @@ def render(r: Results) -> str:
                 f"| {label} | {fraction:g} | {_n(run.samples)} | {run.max_rss / 2**20:,.1f} | {run.seconds:.1f} |"
             )
         out.append("")
+        if len(r.rss) == 2:
+            small, large = r.rss[0][2], r.rss[1][2]
+            out += [
+                f"Peak RSS growth per extra sample: {rss_per_sample(small, large):,.1f} bytes "
+                f"({(large.max_rss - small.max_rss) / 2**20:,.1f} MiB for {_n(large.samples - small.samples)} more "
+                "samples; the interpreter and its imports are the rest).",
+                "",
+            ]
     out += ["Targets (not meaningful at `--quick` sizes):" if r.quick else "Targets:", ""]
     for row in r.rows:
         vs_blog = row.dump.rate / row.blog.rate
@@ -176,14 +225,25 @@ def render(r: Results) -> str:
         where = f"{row.dataset}, {row.transport}"
         if row.transport == LOCAL and ratio is not None:
             target = TARGET_BLOG[row.dataset]
-            out.append(f"- {where}: dump/ceiling {_x(ratio)} >= {TARGET_CEILING}x: {_verdict(ratio >= TARGET_CEILING)}")
+            out.append(
+                f"- {where}: dump/row ceiling {_x(ratio)} >= {TARGET_CEILING}x: {_verdict(ratio >= TARGET_CEILING)}"
+            )
+            if row.statement:
+                vs_statement = row.dump.rate / row.statement.rate
+                out.append(
+                    f"- {where}: dump/statement ceiling {_x(vs_statement)} "
+                    "(no target: the same server work, so the gap is the client's)"
+                )
             out.append(f"- {where}: dump/blog {_x(vs_blog)} >= {target:g}x: {_verdict(vs_blog >= target)}")
         else:
             also = f", dump/ceiling {_x(ratio)}" if ratio is not None else ""
             out.append(f"- {where}: dump/blog {_x(vs_blog)}{also} (no target)")
     if len(r.rss) == 2:
         ratio = r.rss[1][2].max_rss / r.rss[0][2].max_rss
-        out.append(f"- peak RSS 4x/1x {ratio:.2f} <= {TARGET_RSS}: {_verdict(ratio <= TARGET_RSS)}")
+        out.append(
+            f"- peak RSS 4x/1x {ratio:.2f} <= {TARGET_RSS}: {_verdict(ratio <= TARGET_RSS)} "
+            f"({rss_per_sample(r.rss[0][2], r.rss[1][2]):,.1f} bytes per extra sample)"
+        )
     out.append("")
     if r.casts:
         out += [render_casts(r.casts, quick=r.quick), ""]
@@ -198,7 +258,7 @@ def render(r: Results) -> str:
             "",
         ]
     if r.reader:
-        out += [render_reader(r.reader, quick=r.quick, seconds=r.reader_s), ""]
+        out += [render_reader(r.reader, quick=r.quick, seconds=r.reader_s, revision=r.revision), ""]
     scales = ", ".join(f"{k} {v:g}" for k, v in r.scales.items())
     out += [
         "Machine:",
@@ -206,14 +266,14 @@ def render(r: Results) -> str:
         f"- platform: {platform.platform()}",
         f"- CPUs: {os.cpu_count()} x {_cpu_model()}",
         f"- PostgreSQL: {r.server_version}",
-        f"- Python {platform.python_version()}; pgprefetch {_revision()}",
+        f"- Python {platform.python_version()}; pgprefetch {r.revision or code_revision()}",
         f"- demo data scales: {scales}; setup (server, load, vacuum) {r.setup_s:.0f} s; bench total {r.total_s:.0f} s",
         "",
     ]
     return "\n".join(out)
 
 
-def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float) -> str:
+def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float, revision: str = "") -> str:
     """The reader bench's section, between markers so that ``--reader-only`` can replace it in RESULTS.md."""
     import torch
 
@@ -233,22 +293,25 @@ def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float) -> str:
         "shard file opened once, `os.preadv` of each batch's byte range (the ranges "
         "the reader serves, from the shard index). *ds[i]+copy*: `out[name][:n].copy_(t)` for each tensor of "
         '`ds[i]`. *to_device(cpu)*: the same copy of each batch `ds.to_device("cpu")` yields (mapped views; '
-        "copied rather than summed on one element, so every byte is read, as in raw). A reader pass includes "
-        f"opening the `EpochDataset` and dropping it. One untimed raw pass first, then {passes} rounds of the "
-        "three variants in a rotating order; the median pass. *first batch*: median of "
-        f"{repeats}, from the `EpochDataset(...)` call to `ds[0]`'s tensors copied out. A ratio over 1x is "
-        "possible: torch copies a 4 MiB batch on its intra-op threads, the kernel's `preadv` copy runs on one.",
+        "copied rather than summed on one element, so every byte is read, as in raw). *1 thread*: ds[i]+copy "
+        "with `torch.set_num_threads(1)`. *raw* is single-threaded (`preadv` copies on the calling thread) while "
+        f"torch's `copy_` runs on its intra-op threads ({torch.get_num_threads()} here): a ratio over 1x for large "
+        "batches is those threads, not a cheaper read; the 1-thread column compares at equal threads. A reader "
+        "pass includes opening the `EpochDataset` and dropping it. One untimed raw pass first, then "
+        f"{passes} rounds of the four variants in a rotating order; the median pass. *first batch*: median of "
+        f"{repeats}, from the `EpochDataset(...)` call to `ds[0]`'s tensors copied out.",
         "",
         "| batch | batch shape | epoch GB | raw GB/s | ds[i]+copy GB/s | ratio | to_device(cpu) GB/s | ratio "
-        "| first-batch latency ms |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| ds[i]+copy 1 thread GB/s | ratio | first-batch latency ms |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in rows:
         shape = " x ".join(map(str, (row.batch_size, *row.sample_shape)))
         out.append(
             f"| {row.label} ({_size(row.batch_bytes)}) | {shape} float32 | {row.epoch_bytes / 1e9:.2f} "
             f"| {row.raw_gbs:.2f} | {row.getitem_gbs:.2f} | {_x(row.getitem_gbs / row.raw_gbs)} "
-            f"| {row.to_device_gbs:.2f} | {_x(row.to_device_gbs / row.raw_gbs)} | {row.first_batch_ms:.1f} |"
+            f"| {row.to_device_gbs:.2f} | {_x(row.to_device_gbs / row.raw_gbs)} "
+            f"| {row.getitem_1t_gbs:.2f} | {_x(row.getitem_1t_gbs / row.raw_gbs)} | {row.first_batch_ms:.1f} |"
         )
     out += ["", "Targets (not meaningful at `--quick` sizes):" if quick else "Targets:", ""]
     for row in rows:
@@ -258,10 +321,16 @@ def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float) -> str:
                 f"- {row.label} batches ({_size(row.batch_bytes)}): {what}/raw {_x(ratio)} >= {TARGET_READER}x: "
                 f"{_verdict(ratio >= TARGET_READER)}"
             )
+        if row.getitem_1t_s:
+            out.append(
+                f"- {row.label} batches ({_size(row.batch_bytes)}): ds[i]+copy on 1 thread/raw "
+                f"{_x(row.getitem_1t_gbs / row.raw_gbs)} (no target; raw and reader at equal threads)"
+            )
     out += [
         "",
         f"Reader bench: torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} x "
-        f"{_cpu_model()}, Python {platform.python_version()}, pgprefetch {_revision()}; {seconds:.0f} s "
+        f"{_cpu_model()}, Python {platform.python_version()}, pgprefetch {revision or code_revision()}; "
+        f"{seconds:.0f} s "
         "including writing the epochs.",
         READER_END,
     ]
