@@ -311,24 +311,22 @@ async def _write_epoch(
         EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
         compression=cfg.store.compression, identity=identity, fresh=fresh,
     )  # fmt: skip
-    writer.begin(source.snapshot)
-    todo = [b for b in range(plan.n_batches) if not writer.done[b]]
-    if progress:
-        progress.start(epoch, plan.used)
-        progress.advance(min(plan.used, writer.resumed * size), 0)
-    try:
-        await _write_batches(source, writer, todo, size, progress)
+    with writer:  # a failure keeps the partial epoch: the next dump resumes it
+        writer.begin(source.snapshot)
+        todo = [b for b in range(plan.n_batches) if not writer.done[b]]
+        if progress:
+            progress.start(epoch, plan.used)
+            progress.advance(min(plan.used, writer.resumed * size), 0)
+        try:
+            await _write_batches(source, writer, todo, size, progress)
+        finally:
+            if progress:
+                progress.close()
         total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
         manifest = _manifest(cfg, source, total, time.monotonic() - started)
         manifest["resumed_batches"] = writer.resumed
         manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
         path = await _finish_in_thread(writer.publish, manifest)
-    except BaseException:
-        writer.close()  # keep the partial epoch: the next dump resumes it
-        raise
-    finally:
-        if progress:
-            progress.close()
     return DumpResult(
         epoch=epoch,
         path=path,

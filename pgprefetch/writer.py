@@ -118,6 +118,14 @@ class EpochWriter:
         if not self.resumed:
             self.snapshots = []  # nothing kept: the epoch reads only the new snapshot
 
+    def __enter__(self) -> EpochWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        """On any failure (Ctrl-C included) stop writing and keep the partial epoch for the next dump."""
+        if kind is not None:
+            self.close()
+
     def begin(self, snapshot: str) -> None:
         """Note the snapshot this dump reads, so a resumed epoch lists every snapshot its batches came from."""
         self.snapshots.append(snapshot)
