@@ -217,8 +217,9 @@ async def _dump_with_retries(
                 if attempt == policy.retries:
                     raise SourceError(f"{e} (gave up after {policy.retries} retries)") from None
                 causes = count(causes, e)
-                log.warning("epoch %d: %s; retrying in %.1f s", epoch, e, policy.wait(attempt))
-            await asyncio.sleep(policy.wait(attempt))
+                wait = policy.wait(attempt)
+                log.warning("epoch %d: %s; retrying in %.1f s", epoch, e, wait)
+            await asyncio.sleep(wait)
     raise AssertionError("unreachable")
 
 

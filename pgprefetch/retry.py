@@ -15,6 +15,7 @@ from a cursor, ``InterfaceError: connection is closed``, or an ``OSError`` from 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,11 @@ def cause(e: BaseException) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How many lost connections one epoch survives, and the waits between tries (doubling, capped)."""
+    """How many lost connections one epoch survives, and the waits between tries (doubling, capped, jittered).
+
+    The jitter (each wait is drawn between half and all of its step) keeps the dumps of many hosts, cut off
+    by one restart, from all coming back in the same instant.
+    """
 
     retries: int = 5
     first_wait: float = 0.5
@@ -81,7 +86,7 @@ class RetryPolicy:
 
     def wait(self, attempt: int) -> float:
         """Seconds to wait before try ``attempt + 1`` (``attempt`` counts from 0)."""
-        return min(self.max_wait, self.first_wait * 2**attempt)
+        return min(self.max_wait, self.first_wait * 2**attempt) * random.uniform(0.5, 1.0)
 
 
 def count(causes: dict[str, int], e: Any) -> dict[str, int]:
