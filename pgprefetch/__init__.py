@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .api import build_config, dump, ls, prune, verify
 from .config import Config, load_config
 from .errors import (
     ConfigError,
@@ -40,9 +41,14 @@ __all__ = [
     "Store",
     "StoreError",
     "__version__",
+    "build_config",
+    "dump",
     "dump_epoch",
     "dump_epochs",
     "load_config",
+    "ls",
+    "prune",
+    "verify",
 ]
 
 

@@ -228,6 +228,19 @@ def load_config(
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{file}: invalid TOML: {e}") from None
     cfg = parse_config(raw, file=file)
+    return with_overrides(cfg, dsn=dsn, connections=connections, store=store, memory=memory, environ=environ)
+
+
+def with_overrides(
+    cfg: Config,
+    *,
+    dsn: str | None = None,
+    connections: int | None = None,
+    store: str | os.PathLike[str] | None = None,
+    memory: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """``cfg`` with the command-line (or API) overrides applied; see :func:`load_config`."""
     env = os.environ if environ is None else environ
     source = cfg.source
     chosen_dsn = dsn or env.get("PGPREFETCH_DSN") or source.dsn

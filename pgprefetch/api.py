@@ -1,0 +1,80 @@
+"""The Python API for notebooks, Airflow tasks and scripts: the CLI's commands as plain functions.
+
+Each takes what the command takes (a config file, a dict shaped like the TOML file, or a :class:`Config`;
+a store path) and returns what the command prints, as objects. A dict is validated exactly as a file is,
+with the same one-line messages. The functions are synchronous; inside a running event loop (a Jupyter
+cell) the dump runs on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .config import Config, load_config, parse_config, with_overrides
+from .maintenance import EpochInfo, PruneResult, list_epochs, verify_epoch
+from .maintenance import prune as prune_store
+from .pipeline import RETRIES, DumpResult, dump_epochs
+from .store import Store
+
+T = TypeVar("T")
+ConfigLike = Config | dict[str, Any] | str | os.PathLike[str]
+
+
+def build_config(spec: ConfigLike, **overrides: Any) -> Config:
+    """A validated :class:`Config` from a file path, a dict shaped like the TOML file, or a Config.
+
+    ``overrides`` are the command line's: ``dsn``, ``connections``, ``store``, ``memory``.
+    """
+    if isinstance(spec, Config):
+        return with_overrides(spec, **overrides)
+    if isinstance(spec, dict):
+        return with_overrides(parse_config(spec), **overrides)
+    return load_config(spec, **overrides)
+
+
+def dump(
+    spec: ConfigLike,
+    epochs: int | Iterable[int] = 0,
+    *,
+    force: bool = False,
+    retries: int = RETRIES,
+    **overrides: Any,
+) -> list[DumpResult]:
+    """Dump ``epochs`` of a config (``pgprefetch dump``); in scan mode they are cut from one read.
+
+    Example::
+
+        pgprefetch.dump("configs/demo.toml", epochs=range(3), dsn="postgresql://...")
+    """
+    cfg = build_config(spec, **overrides)
+    wanted = [epochs] if isinstance(epochs, int) else list(epochs)
+    return _run(dump_epochs(cfg, wanted, force=force, retries=retries))
+
+
+def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:
+    """The epochs of a store, complete and partial (``pgprefetch ls``)."""
+    return list_epochs(Store(Path(store)))
+
+
+def verify(store: str | os.PathLike[str], epoch: int) -> list[str]:
+    """One line per corrupt or missing chunk of a published epoch; empty when all is well."""
+    return verify_epoch(Store(Path(store)), epoch)
+
+
+def prune(store: str | os.PathLike[str], keep: int, **options: Any) -> PruneResult:
+    """Delete complete epochs more than ``keep`` behind the consumers (``pgprefetch prune``)."""
+    return prune_store(Store(Path(store)), keep, **options)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:  # a running loop (a notebook): the dump gets a loop of its own
+        return pool.submit(asyncio.run, coro).result()

@@ -1,0 +1,56 @@
+"""The Python API: the CLI's commands as functions, a dict validated as a file is."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import pgprefetch
+from pgprefetch.errors import ConfigError
+
+from .helpers import chunk_bytes, dump, s_config
+
+
+def s_dict(store: Path) -> dict[str, object]:
+    return {
+        "source": {"connections": 2},
+        "samples": {"keys": "SELECT id FROM s", "query": "SELECT v FROM s WHERE id = $1"},
+        "fields": {"v": {"columns": ["v"], "dtype": "float32"}},
+        "batches": {"size": 16},
+        "store": {"path": str(store)},
+    }
+
+
+def test_dump_takes_a_dict_and_gives_the_bytes_of_the_file_config(s_table: str, tmp_path: Path) -> None:
+    (result,) = pgprefetch.dump(s_dict(tmp_path / "api.zarr"), epochs=0, dsn=s_table)
+    from_file = dump(s_config(tmp_path), s_table)
+    assert result.status == "written"
+    assert chunk_bytes(result.path) == chunk_bytes(from_file.path)
+
+
+def test_a_dict_is_validated_with_the_files_messages(tmp_path: Path) -> None:
+    spec = s_dict(tmp_path / "x.zarr")
+    spec["batches"] = {"size": 0}
+    with pytest.raises(ConfigError) as e:
+        pgprefetch.build_config(spec)
+    assert str(e.value) == "[batches] size: expected a positive integer, got 0"
+
+
+def test_ls_verify_and_prune_as_functions(s_table: str, tmp_path: Path) -> None:
+    store = tmp_path / "api.zarr"
+    results = pgprefetch.dump(s_dict(store), epochs=range(3), dsn=s_table)
+    assert [r.epoch for r in results] == [0, 1, 2]
+    assert [(i.epoch, i.state) for i in pgprefetch.ls(store)] == [(0, "complete"), (1, "complete"), (2, "complete")]
+    assert pgprefetch.verify(store, 1) == []
+    pgprefetch.Store(store).record_consumer("run", 2)
+    assert pgprefetch.prune(store, keep=0).epochs == [0, 1]
+
+
+def test_dump_works_inside_a_running_event_loop(s_table: str, tmp_path: Path) -> None:
+    async def notebook_cell() -> str:
+        (result,) = pgprefetch.dump(s_dict(tmp_path / "nb.zarr"), dsn=s_table)
+        return result.status
+
+    assert asyncio.run(notebook_cell()) == "written"
