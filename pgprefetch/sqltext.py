@@ -10,32 +10,89 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-# One alternation, tried left to right at each position: the skippable spans first, then a parameter.
-_TOKENS = re.compile(
-    r"""
-      (?P<string>[EeXxBbUu]?'(?:[^']|'')*')          # 'text', E'..', with '' escapes
-    | (?P<ident>"(?:[^"]|"")*")                      # "quoted identifier"
-    | (?P<line_comment>--[^\n]*)
-    | (?P<block_comment>/\*.*?\*/)
-    | (?P<dollar>\$(?P<tag>(?:[A-Za-z_][A-Za-z_0-9]*)?)\$.*?\$(?P=tag)\$)   # $$..$$ and $tag$..$tag$
-    | (?P<param>\$(?P<number>[0-9]+))
-    """,
-    re.VERBOSE | re.DOTALL,
-)
+_IDENT_START = re.compile(r"[A-Za-z_\u0080-\uffff]")
+_IDENT_REST = re.compile(r"[A-Za-z0-9_$\u0080-\uffff]*")
+_PARAM = re.compile(r"\$([0-9]+)")
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$")
+
+
+def _params(sql: str) -> list[tuple[int, int, int]]:
+    """``(start, end, n)`` of each ``$n`` parameter, found by a scan that follows PostgreSQL's lexer.
+
+    Skipped: string literals (``'..'`` with ``''``; ``E'..'`` also with backslash escapes), quoted
+    identifiers, ``--`` comments, nested ``/* /* */ */`` comments, dollar quotes (``$$..$$``,
+    ``$tag$..$tag$``), and identifiers, which may contain ``$`` (``col$1`` is a column, not ``col`` and ``$1``).
+    """
+    found = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c == "'":
+            i = _string_end(sql, i, escapes=False)
+        elif c == '"':
+            end = sql.find('"', i + 1)
+            while end != -1 and sql.startswith('""', end):
+                end = sql.find('"', end + 2)
+            i = n if end == -1 else end + 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end == -1 else end + 1
+        elif sql.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if sql.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif sql.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c == "$":
+            if m := _PARAM.match(sql, i):
+                found.append((i, m.end(), int(m[1])))
+                i = m.end()
+            elif m := _DOLLAR_TAG.match(sql, i):
+                end = sql.find(m[0], m.end())
+                i = n if end == -1 else end + len(m[0])
+            else:
+                i += 1
+        elif _IDENT_START.match(c):
+            end = _IDENT_REST.match(sql, i + 1).end()  # type: ignore[union-attr]
+            escaped = sql[i:end] in ("E", "e") and sql.startswith("'", end)  # E'...': backslash escapes
+            i = _string_end(sql, end, escapes=True) if escaped else end
+        else:
+            i += 1
+    return found
+
+
+def _string_end(sql: str, start: int, *, escapes: bool) -> int:
+    """The index just past the string literal opening at ``start`` (``''`` doubles; backslashes escape in E'')."""
+    i, n = start + 1, len(sql)
+    while i < n:
+        c = sql[i]
+        if escapes and c == "\\":
+            i += 2
+        elif c == "'":
+            if sql.startswith("''", i):
+                i += 2
+            else:
+                return i + 1
+        else:
+            i += 1
+    return n
 
 
 def find_params(sql: str) -> set[int]:
     """Return the numbers of the ``$n`` parameters that ``sql`` uses."""
-    return {int(m["number"]) for m in _TOKENS.finditer(sql) if m["param"]}
+    return {number for _, _, number in _params(sql)}
 
 
 def replace_params(sql: str, replacement: Callable[[int], str]) -> str:
     """Return ``sql`` with each ``$n`` parameter replaced by ``replacement(n)``."""
-
-    def substitute(m: re.Match[str]) -> str:
-        return replacement(int(m["number"])) if m["param"] else m[0]
-
-    return _TOKENS.sub(substitute, sql)
+    out, last = [], 0
+    for start, end, number in _params(sql):
+        out += [sql[last:start], replacement(number)]
+        last = end
+    return "".join([*out, sql[last:]])
 
 
 def strip_statement(sql: str) -> str:

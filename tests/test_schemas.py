@@ -238,3 +238,9 @@ def test_auto_categories_are_sorted_and_the_same_every_epoch(odd: str, tmp_path:
         codes = [-1 if truth[k] is None else ["B", "M", "X"].index(truth[k]) for k in keys]
         assert arrays["label"].reshape(-1).tolist() == codes
         assert arrays["label_null"].reshape(-1).tolist() == [truth[k] is None for k in keys]
+
+
+def test_a_column_named_with_a_dollar_is_not_a_parameter(s_table: str, tmp_path: Path) -> None:
+    execute(s_table, "ALTER TABLE s ADD COLUMN col$1 real", "UPDATE s SET col$1 = v * 2")
+    arrays = read_arrays(dump(s_config(tmp_path, query="SELECT col$1 AS v FROM s WHERE id = $1"), s_table))
+    np.testing.assert_array_equal(arrays["v"].reshape(-1), arrays["keys"].reshape(-1).astype(np.float32))

@@ -136,3 +136,24 @@ def test_replace_params_calls_the_replacement_with_each_number() -> None:
 )
 def test_strip_statement_trims_whitespace_and_trailing_semicolons(sql: str, expected: str) -> None:
     assert strip_statement(sql) == expected
+
+
+@pytest.mark.parametrize(
+    ("sql", "params"),
+    [
+        ("SELECT col$1 FROM t WHERE id = $2", {2}),  # $ inside an identifier
+        ("SELECT E'it\\'s $3', $1", {1}),  # a backslash escape in an E'' string
+        ("SELECT e'a\\\\', $1", {1}),  # an escaped backslash ends the string
+        ("SELECT /* a /* nested $3 */ still $4 */ $1", {1}),  # comments nest
+        ("SELECT 'it''s $7', $2", {2}),
+        ("SELECT $q$ it's $9 $q$, $1", {1}),
+    ],
+)
+def test_the_scanner_follows_postgresql_lexing(sql: str, params: set[int]) -> None:
+    assert find_params(sql) == params
+
+
+def test_an_identifier_with_a_dollar_is_left_alone_by_the_replacement() -> None:
+    assert replace_params("SELECT col$1 FROM t WHERE id = $1", lambda n: f"k.k{n}") == (
+        "SELECT col$1 FROM t WHERE id = k.k1"
+    )
