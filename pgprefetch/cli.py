@@ -24,8 +24,8 @@ from .check import SAMPLE_BATCHES, check_config
 from .config import load_config, parse_duration
 from .errors import ConfigError, PgprefetchError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
-from .pipeline import RETRIES, DumpResult, ReadCache, dump_epoch, dump_epochs
-from .progress import BarProgress
+from .pipeline import RETRIES, DumpResult, Progress, ReadCache, dump_epoch, dump_epochs
+from .progress import BarProgress, JsonFormatter, LogProgress
 from .server import DEFAULT_DIR
 from .store import Store
 
@@ -121,14 +121,16 @@ def _summary(r: DumpResult) -> str:
     )
 
 
-def _log_to_stderr(quiet: bool) -> None:
-    """Retries and restarts go to stderr as they happen (a cron mail shows them); ``--quiet`` keeps only errors."""
+def _log_to_stderr(quiet: bool, log_format: str = "text") -> None:
+    """Retries, resumes and progress go to stderr as they happen; ``--quiet`` keeps only errors."""
     logger = logging.getLogger("pgprefetch")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s pgprefetch %(levelname)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+    handler = logging.StreamHandler(sys.stderr)
+    text = logging.Formatter("%(asctime)s pgprefetch %(levelname)s: %(message)s")
+    handler.setFormatter(JsonFormatter() if log_format == "json" else text)
+    logger.addHandler(handler)
+    logger.propagate = False
     logger.setLevel(logging.ERROR if quiet else logging.INFO)
 
 
@@ -179,8 +181,23 @@ def cli(debug: bool) -> None:
     show_default=True,
     help="Lost connections to survive per epoch.",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no log lines and no summary; errors only.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object per epoch.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr (progress when stderr is not a terminal, retries, resumes): text or JSON.",
+)
+@click.option(
+    "--log-every",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Progress log interval when stderr is not a terminal.",
+)
 def dump(
     config_path: Path,
     epoch: int | None,
@@ -196,6 +213,8 @@ def dump(
     retries: int,
     quiet: bool,
     as_json: bool,
+    log_format: str,
+    log_every: float,
 ) -> None:
     """Dump epochs of a config into its Zarr store.
 
@@ -212,9 +231,11 @@ def dump(
         epochs = plan_ahead(target, ahead, consumer)
     else:
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
-    _log_to_stderr(quiet)
+    _log_to_stderr(quiet, log_format)
     _stop_on_sigterm()
-    progress = BarProgress(enabled=not (quiet or as_json) and sys.stderr.isatty())
+    progress: Progress = (
+        BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
+    )
     cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
     for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
         result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))

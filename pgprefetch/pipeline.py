@@ -313,6 +313,11 @@ async def _write_epoch(
         compression=cfg.store.compression, identity=identity, fresh=fresh,
     )  # fmt: skip
     with writer:  # a failure keeps the partial epoch: the next dump resumes it
+        if writer.restarted:
+            log.warning("epoch %d: an interrupted dump was started over: %s", epoch, writer.restarted)
+        if writer.resumed:
+            log.info("epoch %d: resuming: %d of %d batches kept from an interrupted dump", epoch, writer.resumed,
+                     plan.n_batches)  # fmt: skip
         writer.begin(source.snapshot)
         todo = [b for b in range(plan.n_batches) if not writer.done[b]]
         if progress:

@@ -1,0 +1,41 @@
+"""Logs cron and Kubernetes can keep: progress lines when stderr is not a terminal, text or JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from .helpers import s_config
+from .test_operations import dump_argv, journal_lines, start_dump, wait_for
+
+
+def test_a_piped_dump_logs_its_progress(s_table: str, tmp_path: Path) -> None:
+    cfg = s_config(tmp_path, slow=True)
+    done = subprocess.run(dump_argv(cfg, s_table, 0, "--log-every", "0.3"), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "samples/s, ETA" in line]
+    assert len(lines) >= 2
+    assert re.fullmatch(
+        r"\S+ \S+ pgprefetch INFO: epoch 0: [\d,]+ of 480 samples \(\d+%\), [\d,]+ samples/s, ETA \d+ s", lines[0]
+    ), lines[0]
+
+
+def test_json_log_lines_carry_the_figures_and_the_resume(s_table: str, tmp_path: Path) -> None:
+    cfg = s_config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    victim = start_dump(cfg, s_table)
+    wait_for(lambda: journal_lines(store) >= 3)
+    victim.kill()
+    victim.wait()
+    argv = dump_argv(cfg, s_table, 0, "--log-format", "json", "--log-every", "0.3")
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert records[0]["level"] == "info"
+    assert records[0]["message"].startswith("epoch 0: resuming: ")
+    progress = [r for r in records if "samples" in r]
+    assert progress
+    assert {"time", "epoch", "samples", "total", "samples_per_s", "eta_s"} <= set(progress[0])
+    assert progress[0]["total"] == 480
