@@ -319,8 +319,11 @@ def damage_partial_epoch(store: Path) -> int:
 def test_resume_refetches_exactly_the_damaged_batches_and_equals_a_clean_dump(
     s_table: str, tmp_path: Path, compression: str
 ) -> None:
-    # 8 ms a sample on 2 connections: a batch line every ~64 ms, the whole epoch in about a second.
-    cfg = s_config(tmp_path, query="SELECT v, pg_sleep(0.008) FROM s WHERE id = $1", compression=compression)
+    # Each sample sleeps pace.seconds: 15 ms while the victim runs (about 4 s for the epoch, so the kill
+    # lands mid-way), nothing for the resume. The config stays the same, so the resume is allowed.
+    execute(s_table, "CREATE TABLE pace (seconds float8)", "INSERT INTO pace VALUES (0.015)")
+    query = "SELECT v, pg_sleep(pace.seconds) FROM s, pace WHERE id = $1"
+    cfg = s_config(tmp_path, query=query, compression=compression)
     store = tmp_path / "store.zarr"
     victim = start_dump(cfg, s_table)
     wait_for(lambda: journal_lines(store) >= 8)
@@ -328,6 +331,7 @@ def test_resume_refetches_exactly_the_damaged_batches_and_equals_a_clean_dump(
     victim.wait(10)
     assert not (store / "epoch-00000").exists()
     intact = damage_partial_epoch(store)
+    execute(s_table, "UPDATE pace SET seconds = 0")
     code, out = run_cli("dump", "--config", str(cfg), "--epoch", "0", "--dsn", s_table, "--json")
     assert code == 0, out
     summary = json.loads(out.splitlines()[-1])
