@@ -33,9 +33,14 @@ DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml", "configs/demo-sca
 
 
 class _Group(click.Group):
-    """A click group that turns library errors into one-line messages and exit codes."""
+    """A click group that turns library errors into one-line messages and exit codes.
+
+    With ``--json`` the error is one JSON object on stdout instead, ``{"error": ..., "exit_code": ...}``,
+    so that a script parsing the output never has to parse an error line.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
+        _JSON.clear()
         try:
             return super().invoke(ctx)
         except PgprefetchError as e:
@@ -44,8 +49,11 @@ class _Group(click.Group):
             raise _fail(str(e), e.exit_code) from None
         except KeyboardInterrupt:
             terminated = _TERMINATED.is_set()
-            click.echo("Terminated." if terminated else "Interrupted.", err=True)
-            ctx.exit(143 if terminated else 130)
+            message, code = ("Terminated.", 143) if terminated else ("Interrupted.", 130)
+            if _JSON.is_set():
+                click.echo(json.dumps({"error": message, "exit_code": code}))
+            click.echo(message, err=True)
+            ctx.exit(code)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as e:  # a bug or an environment problem: still one line, unless --debug
@@ -73,8 +81,29 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, on_term)
 
 
+_JSON = threading.Event()  # the command was given --json: errors are JSON too
+
+
+def json_option(help_text: str) -> Any:
+    """``--json``, which also turns a failure into one JSON object on stdout."""
+
+    def note(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        if value:
+            _JSON.set()
+        return value
+
+    return click.option("--json", "as_json", is_flag=True, help=help_text, callback=note, is_eager=True)
+
+
+class _JsonFailure(click.ClickException):
+    """A failure reported as ``{"error": ..., "exit_code": ...}`` on stdout."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(json.dumps({"error": self.message, "exit_code": self.exit_code}))
+
+
 def _fail(message: str, code: int) -> click.ClickException:
-    e = click.ClickException(message)
+    e = _JsonFailure(message) if _JSON.is_set() else click.ClickException(message)
     e.exit_code = code
     return e
 
@@ -182,7 +211,7 @@ def cli(debug: bool) -> None:
     help="Lost connections to survive per epoch.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no log lines and no summary; errors only.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary object per epoch.")
+@json_option("Print one JSON summary object per epoch.")
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -252,12 +281,12 @@ def dump(
 
 
 def _store(config_path: Path | None, store: Path | None) -> Store:
-    """The store named by --store, or by the config's [store] path."""
+    """The store named by --store, or by the config's [store] path; it must exist."""
     if store is not None:
-        return Store(store)
+        return Store(store).require()
     if config_path is None:
         raise ConfigError("give --config or --store")
-    return Store(load_config(config_path).store.path)
+    return Store(load_config(config_path).store.path).require()
 
 
 store_options = [
@@ -280,7 +309,7 @@ def with_store_options(f: Any) -> Any:
 
 @cli.command("ls")
 @with_store_options
-@click.option("--json", "as_json", is_flag=True, help='Print {"epochs": [...]} instead of a table.')
+@json_option('Print {"epochs": [...]} instead of a table.')
 def ls(config_path: Path | None, store: Path | None, as_json: bool) -> None:
     """List the epochs of a store: state, batches, samples, size, created, seconds."""
     infos = list_epochs(_store(config_path, store))
@@ -302,9 +331,15 @@ def ls(config_path: Path | None, store: Path | None, as_json: bool) -> None:
 @cli.command()
 @with_store_options
 @click.option("--epoch", type=int, required=True, help="The epoch to check.")
-def verify(config_path: Path | None, store: Path | None, epoch: int) -> None:
+@json_option('Print {"epoch", "problems": [...], "ok"}.')
+def verify(config_path: Path | None, store: Path | None, epoch: int, as_json: bool) -> None:
     """Recompute every chunk's checksum; name each corrupt or missing chunk (exit 1 if any)."""
     problems = verify_epoch(_store(config_path, store), epoch)
+    if as_json:
+        click.echo(json.dumps({"epoch": epoch, "problems": problems, "ok": not problems}))
+        if problems:
+            raise click.exceptions.Exit(1)
+        return
     for line in problems:
         click.echo(line)
     if problems:
@@ -329,7 +364,7 @@ def verify(config_path: Path | None, store: Path | None, epoch: int) -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing unless something fails (for cron).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 def prune_command(
     config_path: Path | None,
     store: Path | None,
@@ -359,7 +394,7 @@ def prune_command(
 @click.option(
     "--batches", type=click.IntRange(min=1), default=SAMPLE_BATCHES, show_default=True, help="Batches to decode."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json: bool) -> None:
     """Run everything a dump would decide against the database, on a sample of batches; write nothing.
 

@@ -118,6 +118,13 @@ class Store:
         except OSError as e:
             raise StoreError(f"cannot create store {self.path}: {e.strerror or e}") from None
 
+    def require(self) -> Store:
+        """This store, if it exists; a one-line StoreError naming the path otherwise (a typo, a wrong mount)."""
+        if not (self.path / "zarr.json").is_file():
+            what = "a folder that is not a pgprefetch store" if self.path.is_dir() else "nothing there"
+            raise StoreError(f"no store at {self.path} ({what})")
+        return self
+
     def remove_if_unused(self) -> None:
         """Remove a store that holds no epoch, complete or partial (one a failed first dump created)."""
         if self.epochs() or self.partial_epochs():

@@ -39,3 +39,31 @@ def test_json_log_lines_carry_the_figures_and_the_resume(s_table: str, tmp_path:
     assert progress
     assert {"time", "epoch", "samples", "total", "samples_per_s", "eta_s"} <= set(progress[0])
     assert progress[0]["total"] == 480
+
+
+def run(*args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from pgprefetch.cli import cli
+
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_with_json_an_error_is_one_object_on_stdout(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    assert run("dump", "--config", str(missing), "--epoch", "0", "--json") == (
+        2,
+        json.dumps({"error": f"{missing}: no such config file", "exit_code": 2}) + "\n",
+    )
+    for command in (["ls"], ["verify", "--epoch", "0"], ["prune", "--keep", "1"]):
+        code, out = run(*command, "--store", str(tmp_path / "absent.zarr"), "--json")
+        assert code == 1
+        assert json.loads(out) == {"error": f"no store at {tmp_path / 'absent.zarr'} (nothing there)", "exit_code": 1}
+
+
+def test_a_missing_store_is_one_line(tmp_path: Path) -> None:
+    assert run("ls", "--store", str(tmp_path)) == (
+        1,
+        f"Error: no store at {tmp_path} (a folder that is not a pgprefetch store)\n",
+    )
