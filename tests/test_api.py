@@ -54,3 +54,26 @@ def test_dump_works_inside_a_running_event_loop(s_table: str, tmp_path: Path) ->
         return result.status
 
     assert asyncio.run(notebook_cell()) == "written"
+
+
+def test_a_service_file_names_the_database(s_table: str, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(s_table)
+    service = tmp_path / "pg_service.conf"
+    service.write_text(
+        f"[training]\nhost={parse_qs(parts.query)['host'][0]}\ndbname={parts.path.lstrip('/')}\nuser=postgres\n"
+    )
+    cfg = s_config(tmp_path)  # no dsn anywhere: libpq's variables decide
+    env = {**os.environ, "PGSERVICEFILE": str(service), "PGSERVICE": "training"}
+    env.pop("PGPREFETCH_DSN", None)
+    argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", "0", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "b").mkdir()
+    assert chunk_bytes(tmp_path / "store.zarr" / "epoch-00000") == chunk_bytes(
+        dump(s_config(tmp_path / "b"), s_table).path
+    )

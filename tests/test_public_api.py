@@ -34,3 +34,17 @@ def test_every_command_is_in_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     for name in cli.commands:
         assert f"pgprefetch {name}" in readme, name
+
+
+def test_the_reader_without_torch_says_what_to_install() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # as if torch were not installed
+        "import pgprefetch\n"
+        "try:\n    pgprefetch.EpochDataset\nexcept ImportError as e:\n    print(e)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == "pgprefetch.EpochDataset needs torch: pip install 'pgprefetch[torch]'\n"
+
+
+def test_the_package_is_typed() -> None:
+    assert (ROOT / "pgprefetch" / "py.typed").exists()
