@@ -146,7 +146,9 @@ class EpochWriter:
             dtype=spec.dtype,
             compressors=compressors(compression),
             fill_value=0,
-            dimension_names=["batch", "sample", *(f"dim{i}" for i in range(len(spec.sample_shape)))],
+            # Each array's own axes get names of their own: arrays sharing "dim0" with other sizes make
+            # xarray refuse the epoch (pydata/xarray#9685).
+            dimension_names=["batch", "sample", *(f"{spec.name}_dim{i}" for i in range(len(spec.sample_shape)))],
             config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
         )
         if not self.compressed:

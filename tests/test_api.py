@@ -77,3 +77,21 @@ def test_a_service_file_names_the_database(s_table: str, tmp_path: Path) -> None
     assert chunk_bytes(tmp_path / "store.zarr" / "epoch-00000") == chunk_bytes(
         dump(s_config(tmp_path / "b"), s_table).path
     )
+
+
+def test_xarray_and_dask_open_an_epoch(demo_db: str, tmp_path: Path) -> None:
+    import dask.array
+    import numpy as np
+    import xarray
+    import zarr
+
+    from .helpers import SEQUENCES, write_config
+
+    result = dump(write_config(tmp_path, **SEQUENCES), demo_db)  # x (64, 2), y (64,), keys (2,) per sample
+    epoch = xarray.open_zarr(result.path.parent, group=result.path.name, consolidated=False)
+    assert set(epoch.data_vars) == {"x", "y", "keys"}
+    assert epoch["x"].dims == ("batch", "sample", "x_dim0", "x_dim1")
+    group = zarr.open_group(result.path, mode="r")
+    np.testing.assert_array_equal(epoch["y"].values, group["y"][:])
+    lazy = dask.array.from_zarr(str(result.path / "x"))
+    np.testing.assert_array_equal(lazy[3].compute(), group["x"][3])
