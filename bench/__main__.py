@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import casts, contenders, dumprun, reader
+from . import casts, contenders, dumprun, reader, scan
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
 from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice_reader
 
@@ -205,6 +205,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run the COPY ceiling through the proxy (its many small chunks cost the Python proxy CPU)",
     )
     parser.add_argument("--reader-only", action="store_true", help="only the reader bench (no PostgreSQL)")
+    parser.add_argument(
+        "--scan-only",
+        action="store_true",
+        help="only the scan mode's section (scan, bare COPY, rows read, RSS; the query dump and row ceiling too)",
+    )
+    parser.add_argument("--no-scan", action="store_true", help="skip the scan mode's section")
     parser.add_argument("--no-reader", action="store_true", help="skip the reader bench")
     parser.add_argument(
         "--casts-only",
@@ -281,6 +287,35 @@ def casts_only(args: argparse.Namespace) -> None:
     print(casts.render_casts(runs, quick=small))
 
 
+def measure_scan(dsn: str, workdir: Path, rows: list[Row]) -> scan.ScanResults:
+    """The scan mode's figures, beside the query mode's dumps of the same datasets in ``rows``."""
+    out = scan.ScanResults()
+    for ds in (WINDOWS, ROWS):
+        query = next((r.dump for r in rows if r.dataset == ds.name and r.transport == LOCAL), None)
+        out.rows.append(scan.measure(ds, dsn, workdir, query))
+    out.rss = scan.measure_rss(dsn, workdir)
+    return out
+
+
+def scan_section(results: scan.ScanResults, rows: list[Row]) -> list[str]:
+    rates = {r.dataset: (r.dump.rate, r.ceiling.rate if r.ceiling else 0.0) for r in rows if r.transport == LOCAL}
+    return scan.render(results, rates)
+
+
+def scan_only(args: argparse.Namespace) -> None:
+    """Load both datasets, measure the query dump and row ceiling, then the scan mode; print the section."""
+    scales = {"windows": args.scale_seq, "rows": args.scale_rows}
+    workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
+    try:
+        with server() as admin_dsn, database(admin_dsn) as dsn:
+            asyncio.run(load(dsn, scales))
+            rows = [measure(ds, dsn, workdir, 1.0, LOCAL) for ds in (WINDOWS, ROWS)]
+            results = measure_scan(dsn, workdir, rows)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("\n".join(scan_section(results, rows)))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.reader_only:
@@ -288,6 +323,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.casts_only:
         casts_only(args)
+        return
+    if args.scan_only:
+        scan_only(args)
         return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
@@ -298,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
+    scan_results = scan.ScanResults()
     try:
         with server() as admin_dsn, database(admin_dsn) as dsn:
             _, results.server_version = asyncio.run(load(dsn, scales))
@@ -305,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
             for ds in (WINDOWS, ROWS):
                 results.rows.append(measure(ds, dsn, workdir, args.blog_seconds, LOCAL))
                 results.casts.append(measure_casts(ds, dsn, results.rows[-1].dump))
+            if not args.no_scan:
+                scan_results = measure_scan(dsn, workdir, results.rows)
             for label, fraction in (("1x", 0.25), ("4x", 1.0)):
                 run = dumprun.dump(ROWS, dsn, workdir, fraction=fraction, measure_rss=True)
                 log(f"rss {label}: {run.samples:,} samples, peak RSS {run.max_rss / 2**20:,.1f} MiB")
@@ -326,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
         measure_reader(results, args.reader_bytes)
     results.total_s = time.perf_counter() - started
     text = render(results)
+    if not args.no_scan:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(scan_section(scan_results, results.rows)) + "\n"
     print(text)
     if args.results:
         args.results.write_text(text, encoding="utf-8")

@@ -43,13 +43,26 @@ class DumpRun:
 
 
 def dump(
-    ds: Dataset, dsn: str, workdir: Path, *, fraction: float = 1.0, measure_rss: bool = False, keep_keys: bool = False
+    ds: Dataset,
+    dsn: str,
+    workdir: Path,
+    *,
+    fraction: float = 1.0,
+    measure_rss: bool = False,
+    keep_keys: bool = False,
+    config: str | None = None,
 ) -> DumpRun:
-    """Write a config for ``ds``, dump epoch 0 in a subprocess (``keep_keys``: read its keys), delete the store."""
+    """Write a config for ``ds`` (or ``config``), dump epoch 0 in a subprocess, delete the store.
+
+    ``keep_keys`` reads the epoch's keys before the store goes. A ``config`` names its own store path.
+    """
     store = workdir / f"store-{ds.name}"
-    config = workdir / f"{ds.name}.toml"
-    config.write_text(ds.config(store, fraction), encoding="utf-8")
-    argv = [str(PGPREFETCH), "dump", "--config", str(config), "--epoch", "0", "--force", "--json", "--dsn", dsn]
+    text = ds.config(store, fraction) if config is None else config
+    if config is not None:
+        store = Path(text.split('[store]\npath = "', 1)[1].split('"', 1)[0])
+    path = workdir / f"{ds.name}.toml"
+    path.write_text(text, encoding="utf-8")
+    argv = [str(PGPREFETCH), "dump", "--config", str(path), "--epoch", "0", "--force", "--json", "--dsn", dsn]
     if measure_rss:
         argv = [sys.executable, "-c", _WRAPPER, *argv]
     keys = None
