@@ -1,19 +1,17 @@
 """The ``pgprefetch`` command line: each command parses options, loads the config and calls the library.
 
-Errors are translated in one place, :class:`_Group`: a :class:`~pgprefetch.errors.PgprefetchError`
-becomes ``Error: <one line>`` with its exit code (2 for config and usage errors, 1 otherwise); anything
-unexpected becomes one line too, unless ``--debug`` asks for the traceback.
+Errors are translated in one place, :class:`pgprefetch.console.Group`: a
+:class:`~pgprefetch.errors.PgprefetchError` becomes ``Error: <one line>`` with its exit code (2 for config
+and usage errors, 1 otherwise), or a JSON object after ``--json``; anything unexpected becomes one line too,
+unless ``--debug`` asks for the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,90 +20,15 @@ import click
 from ._version import __version__
 from .check import SAMPLE_BATCHES, check_config
 from .config import load_config, parse_duration
-from .errors import ConfigError, PgprefetchError
+from .console import Group, fail, json_option, log_to_stderr, stop_on_sigterm
+from .errors import ConfigError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
 from .pipeline import RETRIES, DumpResult, Progress, ReadCache, dump_epoch, dump_epochs
-from .progress import BarProgress, JsonFormatter, LogProgress
+from .progress import BarProgress, LogProgress
 from .server import DEFAULT_DIR
 from .store import Store
 
 DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml", "configs/demo-scan.toml")
-
-
-class _Group(click.Group):
-    """A click group that turns library errors into one-line messages and exit codes.
-
-    With ``--json`` the error is one JSON object on stdout instead, ``{"error": ..., "exit_code": ...}``,
-    so that a script parsing the output never has to parse an error line.
-    """
-
-    def invoke(self, ctx: click.Context) -> Any:
-        _JSON.clear()
-        try:
-            return super().invoke(ctx)
-        except PgprefetchError as e:
-            if ctx.params.get("debug"):
-                raise
-            raise _fail(str(e), e.exit_code) from None
-        except KeyboardInterrupt:
-            terminated = _TERMINATED.is_set()
-            message, code = ("Terminated.", 143) if terminated else ("Interrupted.", 130)
-            if _JSON.is_set():
-                click.echo(json.dumps({"error": message, "exit_code": code}))
-            click.echo(message, err=True)
-            ctx.exit(code)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except Exception as e:  # a bug or an environment problem: still one line, unless --debug
-            if ctx.params.get("debug"):
-                raise
-            detail = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e)
-            raise _fail(f"{type(e).__name__}: {detail} (run with --debug for the traceback)", 1) from None
-
-
-_TERMINATED = threading.Event()
-
-
-def _stop_on_sigterm() -> None:
-    """SIGTERM (``kill``, systemd, Kubernetes) stops a dump as Ctrl-C does, and it exits 143.
-
-    The handler raises SIGINT in turn, so asyncio cancels the statements in flight and the partial epoch is
-    kept for the next run, exactly as after Ctrl-C.
-    """
-
-    def on_term(signum: int, frame: object) -> None:
-        _TERMINATED.set()
-        signal.raise_signal(signal.SIGINT)
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_term)
-
-
-_JSON = threading.Event()  # the command was given --json: errors are JSON too
-
-
-def json_option(help_text: str) -> Any:
-    """``--json``, which also turns a failure into one JSON object on stdout."""
-
-    def note(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-        if value:
-            _JSON.set()
-        return value
-
-    return click.option("--json", "as_json", is_flag=True, help=help_text, callback=note, is_eager=True)
-
-
-class _JsonFailure(click.ClickException):
-    """A failure reported as ``{"error": ..., "exit_code": ...}`` on stdout."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(json.dumps({"error": self.message, "exit_code": self.exit_code}))
-
-
-def _fail(message: str, code: int) -> click.ClickException:
-    e = _JsonFailure(message) if _JSON.is_set() else click.ClickException(message)
-    e.exit_code = code
-    return e
 
 
 def _epochs(value: str) -> list[int]:
@@ -150,19 +73,6 @@ def _summary(r: DumpResult) -> str:
     )
 
 
-def _log_to_stderr(quiet: bool, log_format: str = "text") -> None:
-    """Retries, resumes and progress go to stderr as they happen; ``--quiet`` keeps only errors."""
-    logger = logging.getLogger("pgprefetch")
-    for old in list(logger.handlers):
-        logger.removeHandler(old)
-    handler = logging.StreamHandler(sys.stderr)
-    text = logging.Formatter("%(asctime)s pgprefetch %(levelname)s: %(message)s")
-    handler.setFormatter(JsonFormatter() if log_format == "json" else text)
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(logging.ERROR if quiet else logging.INFO)
-
-
 def _count(n: int, one: str, many: str | None = None) -> str:
     """``1 batch``, ``2 batches``, ``1,024 samples``."""
     return f"{n:,} {one if n == 1 else many or one + 's'}"
@@ -180,7 +90,7 @@ dsn_option = click.option(
 )
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pgprefetch")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def cli(debug: bool) -> None:
@@ -260,8 +170,8 @@ def dump(
         epochs = plan_ahead(target, ahead, consumer)
     else:
         epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
-    _log_to_stderr(quiet, log_format)
-    _stop_on_sigterm()
+    log_to_stderr(quiet, log_format)
+    stop_on_sigterm()
     progress: Progress = (
         BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
     )
@@ -343,7 +253,7 @@ def verify(config_path: Path | None, store: Path | None, epoch: int, as_json: bo
     for line in problems:
         click.echo(line)
     if problems:
-        raise _fail(f"epoch {epoch}: {len(problems)} corrupt or missing chunk(s)", 1)
+        raise fail(f"epoch {epoch}: {len(problems)} corrupt or missing chunk(s)", 1)
     click.echo(f"epoch {epoch}: every chunk matches its checksum")
 
 
@@ -404,7 +314,7 @@ def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json:
     report = asyncio.run(check_config(cfg, epoch, batches))
     click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines()))
     if report.errors:
-        raise _fail(f"{config_path}: {len(report.errors)} problem(s) found", 1)
+        raise fail(f"{config_path}: {len(report.errors)} problem(s) found", 1)
 
 
 @cli.command("demo-data")

@@ -8,7 +8,6 @@ because a config is edited by hand and read by cron.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -20,10 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import numpy as np
-
 from .errors import ConfigError
-from .sqltext import find_params, strip_statement
+from .sqltext import find_params
 
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
 INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
@@ -33,11 +30,6 @@ CASTS = ("safe", "unsafe")
 DUPLICATES = ("error", "drop")
 NULL_SUFFIX = "_null"  # a field with a NULL policy gets a boolean array "<field>_null" beside it
 RESERVED_FIELDS = ("keys",)  # the store keeps each batch's keys in an array of that name
-
-_TABLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
-_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|h|d)?\s*$")
-_DURATION_MS = {"ms": 1, "s": 1_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,259 +252,13 @@ def with_overrides(
 
 def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     """Validate a config already parsed from TOML (see :func:`load_config`)."""
-    p = _Parser(file)
-    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source",))
-    source = p.section(raw, "source", required=False)
-    samples = p.section(raw, "samples")
-    batches = p.section(raw, "batches")
-    store = p.section(raw, "store")
-    fields = p.section(raw, "fields")
+    from .configparse import parse_config as parse  # the parser needs this module's classes: imported late
 
-    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout", "io_timeout", "memory"))
-    p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
-    p.keys(store, "store", required=("path",), optional=("compression",))
-
-    samples_cfg = p.samples(samples)
-    return Config(
-        source=SourceConfig(
-            dsn=p.optional_str(source, "source", "dsn"),
-            connections=p.positive_int(source, "source", "connections", default=8),
-            statement_timeout_ms=p.duration(source, "source", "statement_timeout"),
-            io_timeout_ms=_default(p.duration(source, "source", "io_timeout"), 60_000),
-            memory_bytes=parse_size(source.get("memory", 512 << 20), f"{p.prefix}[source] memory"),
-        ),
-        samples=samples_cfg,
-        fields=p.fields(fields),
-        batches=BatchesConfig(
-            size=p.positive_int(batches, "batches", "size"),
-            seed=p.integer(batches, "batches", "seed", default=0),
-            drop_last=p.boolean(batches, "batches", "drop_last", default=True),
-        ),
-        store=StoreConfig(
-            path=p.path(store, "store", "path"),
-            compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
-        ),
-        file=file,
-    )
+    return parse(raw, file=file)
 
 
-class _Parser:
-    """Typed getters that raise a ConfigError naming the file and key."""
-
-    def __init__(self, file: Path | None) -> None:
-        self.file = file
-
-    def samples(self, samples: dict[str, Any]) -> SamplesConfig | ScanConfig:
-        """``[samples]``: either ``keys`` + ``query`` (query mode) or ``table`` (scan mode), never both."""
-        if "table" in samples and ("keys" in samples or "query" in samples):
-            self.fail("[samples]", 'give either "keys" and "query" (query mode) or "table" (scan mode), not both')
-        if "table" not in samples:
-            self.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction", "duplicates"))
-            query = SamplesConfig(
-                keys=self.sql(samples, "samples", "keys"),
-                query=self.sql(samples, "samples", "query"),
-                rows=self.positive_int(samples, "samples", "rows", default=1),
-                fraction=self.fraction(samples, "samples", "fraction"),
-                duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
-            )
-            if 0 in find_params(query.query):
-                self.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
-            return query
-        optional = ("order", "window", "stride", "fraction", "duplicates")
-        self.keys(samples, "samples", required=("table", "key"), optional=optional)
-        window = samples.get("window")
-        if window is None:
-            for key in ("order", "stride"):
-                if key in samples:
-                    self.fail(f"[samples] {key}", "only windows have it: set window too, or remove it")
-        elif "order" not in samples:
-            self.fail("[samples] order", "windows need the column that orders a series' rows")
-        key = samples["key"]
-        key = [key] if isinstance(key, str) else key
-        if not isinstance(key, list) or not key or not all(isinstance(k, str) and k for k in key):
-            self.fail("[samples] key", f"expected a column name or a non-empty list of them, got {_show(key)}")
-        if len(set(key)) != len(key):
-            self.fail("[samples] key", f"a column is listed twice in {key}")
-        order = samples.get("order")
-        if order is not None and (not isinstance(order, str) or not order):
-            self.fail("[samples] order", f"expected a column name, got {_show(order)}")
-        if order in key:
-            self.fail("[samples] order", f'"{order}" is a key column too')
-        return ScanConfig(
-            table=self.table(samples),
-            key=tuple(key),
-            order=order,
-            window=None if window is None else self.positive_int(samples, "samples", "window"),
-            stride=self.positive_int(samples, "samples", "stride", default=1),
-            fraction=self.fraction(samples, "samples", "fraction"),
-            duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
-        )
-
-    def table(self, samples: dict[str, Any]) -> str:
-        value = samples["table"]
-        if not isinstance(value, str) or not strip_statement(value):
-            self.fail("[samples] table", f"expected a table or view name, or a SELECT, got {_kind(value)}")
-        text = strip_statement(value)
-        if not (_TABLE_NAME.fullmatch(text) or re.match(r"(?is)^\s*(select|with|values)\b", text)):
-            self.fail("[samples] table", f"expected a table or view name (schema.name), or a SELECT; got {_show(text)}")
-        return text
-
-    @property
-    def prefix(self) -> str:
-        return f"{self.file}: " if self.file else ""
-
-    def fail(self, where: str, message: str) -> None:
-        raise ConfigError(f"{self.prefix}{where}: {message}")
-
-    def keys(
-        self, table: dict[str, Any], section: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
-    ) -> None:
-        known = required + optional
-        where = f"[{section}]" if section else "top level"
-        for key in table:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f' (did you mean "{close[0]}"?)' if close else f" (expected one of: {', '.join(known)})"
-                self.fail(where, f'unknown key "{key}"{hint}')
-        for key in required:
-            if key not in table:
-                self.fail(where, f'missing required {"section" if not section else "key"} "{key}"')
-
-    def section(self, raw: dict[str, Any], name: str, required: bool = True) -> dict[str, Any]:
-        value = raw.get(name, {} if not required else None)
-        if not isinstance(value, dict):
-            self.fail(f"[{name}]", f"expected a table, got {_kind(value)}")
-        return value  # type: ignore[return-value]
-
-    def sql(self, table: dict[str, Any], section: str, key: str) -> str:
-        value = table[key]
-        if not isinstance(value, str):
-            self.fail(f"[{section}] {key}", f"expected a SQL string, got {_kind(value)}")
-        if not strip_statement(value):
-            self.fail(f"[{section}] {key}", "expected a SQL query, got an empty string")
-        return strip_statement(value)
-
-    def integer(self, table: dict[str, Any], section: str, key: str, default: int) -> int:
-        value = table.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(f"[{section}] {key}", f"expected an integer, got {_kind(value)}")
-        return value  # type: ignore[no-any-return]
-
-    def positive_int(self, table: dict[str, Any], section: str, key: str, default: int | None = None) -> int:
-        value = table.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            self.fail(f"[{section}] {key}", f"expected a positive integer, got {_show(value)}")
-        return value  # type: ignore[no-any-return]
-
-    def fraction(self, table: dict[str, Any], section: str, key: str) -> float:
-        value = table.get(key, 1.0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-            self.fail(f"[{section}] {key}", f"expected a number with 0 < {key} <= 1, got {_show(value)}")
-        return float(value)
-
-    def boolean(self, table: dict[str, Any], section: str, key: str, default: bool) -> bool:
-        value = table.get(key, default)
-        if not isinstance(value, bool):
-            self.fail(f"[{section}] {key}", f"expected true or false, got {_show(value)}")
-        return value  # type: ignore[no-any-return]
-
-    def optional_str(self, table: dict[str, Any], section: str, key: str) -> str | None:
-        value = table.get(key)
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            self.fail(f"[{section}] {key}", f"expected a non-empty string, got {_kind(value)}")
-        return value
-
-    def choice(self, table: dict[str, Any], section: str, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = table.get(key, default)
-        if value not in choices:
-            self.fail(f"[{section}] {key}", f"expected one of {', '.join(choices)}; got {_show(value)}")
-        return value  # type: ignore[no-any-return]
-
-    def path(self, table: dict[str, Any], section: str, key: str) -> Path:
-        value = table[key]
-        if not isinstance(value, str) or not value.strip():
-            self.fail(f"[{section}] {key}", f"expected a path string, got {_kind(value)}")
-        path = Path(value).expanduser()
-        # Relative to the config file, so cron's working directory doesn't matter.
-        if not path.is_absolute() and self.file is not None:
-            path = self.file.resolve().parent / path
-        return Path(os.path.normpath(path))
-
-    def duration(self, table: dict[str, Any], section: str, key: str) -> int | None:
-        value = table.get(key)
-        if value is None:
-            return None
-        prefix = f"{self.file}: " if self.file else ""
-        return parse_duration(value, f"{prefix}[{section}] {key}")
-
-    def fields(self, table: dict[str, Any]) -> tuple[FieldConfig, ...]:
-        if not table:
-            self.fail("[fields]", "expected at least one field, e.g. [fields.x] with columns and dtype")
-        out = []
-        for name, spec in table.items():
-            where = f"[fields.{name}]"
-            if name in RESERVED_FIELDS:
-                self.fail(where, f'"{name}" is reserved (the store keeps each batch\'s keys under it)')
-            if not _FIELD_NAME.fullmatch(name):
-                self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
-            if not isinstance(spec, dict):
-                self.fail(where, f"expected a table with columns and dtype, got {_kind(spec)}")
-            self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=("cast", "null", "categories"))
-            columns = spec["columns"]
-            if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
-                self.fail(f"{where} columns", f"expected a non-empty list of column names, got {_show(columns)}")
-            if len(set(columns)) != len(columns):
-                self.fail(f"{where} columns", f"a column is listed twice in {columns}")
-            dtype = spec["dtype"]
-            if dtype not in DTYPES:
-                close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
-                hint = f' (did you mean "{close[0]}"?)' if close else ""
-                self.fail(f"{where} dtype", f"expected one of {', '.join(DTYPES)}; got {_show(dtype)}{hint}")
-            out.append(
-                FieldConfig(
-                    name=name,
-                    columns=tuple(columns),
-                    dtype=dtype,
-                    cast=self.choice(spec, f"fields.{name}", "cast", CASTS, default="safe"),
-                    null=self.null_policy(spec, where, dtype),
-                    categories=self.categories(spec, where, dtype),
-                )
-            )
-        names = {f.name for f in out}
-        for f in out:
-            if f.null_mask in names:
-                self.fail(f"[fields.{f.null_mask}]", f"the name is taken by the NULL mask of [fields.{f.name}]")
-        return tuple(out)
-
-    def null_policy(self, spec: dict[str, Any], where: str, dtype: str) -> str | float:
-        value = spec.get("null", "error")
-        if value in ("error", "nan") and not (value == "nan" and dtype not in FLOAT_DTYPES):
-            return value  # type: ignore[no-any-return]
-        if value == "nan":
-            self.fail(f"{where} null", f'"nan" needs a float dtype ({", ".join(FLOAT_DTYPES)}), not {dtype}')
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(f"{where} null", f'expected "error", "nan" or a fill value (a number), got {_show(value)}')
-        fits = _fits(value, dtype)
-        if not fits:
-            self.fail(f"{where} null", f"the fill value {_show(value)} does not fit {dtype}")
-        return value  # type: ignore[no-any-return]
-
-    def categories(self, spec: dict[str, Any], where: str, dtype: str) -> tuple[str, ...] | str | None:
-        value = spec.get("categories")
-        if value is None:
-            return None
-        if dtype not in INTEGER_DTYPES:
-            self.fail(f"{where} categories", f"categorical codes need an integer dtype ({', '.join(INTEGER_DTYPES)})")
-        if value == "auto":
-            return "auto"
-        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
-            self.fail(f"{where} categories", f'expected "auto" or a non-empty list of strings, got {_show(value)}')
-        if len(set(value)) != len(value):
-            twice = next(c for c in value if value.count(c) > 1)
-            self.fail(f"{where} categories", f"{json.dumps(twice)} is listed twice")
-        if not _fits(len(value) - 1, dtype):
-            self.fail(f"{where} categories", f"{len(value)} categories do not fit {dtype}")
-        return tuple(value)
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|h|d)?\s*$")
+_DURATION_MS = {"ms": 1, "s": 1_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def parse_duration(value: Any, where: str) -> int:
@@ -525,7 +271,7 @@ def parse_duration(value: Any, where: str) -> int:
         return value  # a bare number is milliseconds, as in postgresql.conf
     m = _DURATION.match(value) if isinstance(value, str) else None
     if not m:
-        raise ConfigError(f'{where}: expected a duration such as "500ms", "30s", "5min" or "1h", got {_show(value)}')
+        raise ConfigError(f'{where}: expected a duration such as "500ms", "30s", "5min" or "1h", got {show(value)}')
     return math.ceil(float(m[1]) * _DURATION_MS[m[2] or "ms"])  # rounded up: 0 would mean no timeout at all
 
 
@@ -546,33 +292,15 @@ def parse_size(value: Any, where: str) -> int:
     else:
         m = _SIZE.match(value) if isinstance(value, str) else None
         if not m:
-            raise ConfigError(f'{where}: expected a size such as "512MiB" or "2GiB", got {_show(value)}')
+            raise ConfigError(f'{where}: expected a size such as "512MiB" or "2GiB", got {show(value)}')
         size = int(float(m[1]) * _SIZE_BYTES[m[2] or "B"])
     if size < _MIN_MEMORY:
         raise ConfigError(f"{where}: at least 1MiB, got {size} bytes")
     return size
 
 
-def _default(value: int | None, default: int) -> int:
-    return default if value is None else value
-
-
-def _fits(value: float, dtype: str) -> bool:
-    """Whether ``value`` is exactly representable in ``dtype`` (a finite float may round in a float dtype)."""
-    if dtype == "bool":
-        return value in (0, 1)
-    if dtype in FLOAT_DTYPES:
-        return math.isnan(value) or abs(value) <= float(np.finfo(dtype).max)
-    info = np.iinfo(dtype)
-    return float(value).is_integer() and info.min <= value <= info.max
-
-
-def _kind(value: Any) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
-    return "nothing" if value is None else names.get(type(value), type(value).__name__)
-
-
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A value as config messages show it: JSON, with floats as Python writes them."""
     if value is None:
         return "nothing"
     return repr(value) if isinstance(value, float) else json.dumps(value, default=str)

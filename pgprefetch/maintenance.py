@@ -13,6 +13,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from .errors import StoreError
 from .layout import ArrayLayout, read_batch_bytes
@@ -92,9 +95,7 @@ def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
 def verify_epoch(store: Store, epoch: int) -> list[str]:
     """Recompute every chunk's CRC32C; return one line per corrupt or missing chunk (empty: all good)."""
     manifest = store.manifest(epoch)
-    recorded = manifest.get("checksums", {}).get("arrays")
-    if not recorded:
-        raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
+    recorded = _recorded_checksums(store, epoch, manifest.get("checksums", {}))
     problems = []
     for name, crcs in recorded.items():
         layout = ArrayLayout.read(store.epoch_path(epoch) / name)
@@ -106,6 +107,23 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
             elif checksum(data) != expected:
                 problems.append(f"{name} batch {batch}: checksum mismatch")
     return problems
+
+
+def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict[str, list[int]]:
+    """Each array's per-batch CRC32C: from the sidecar file, or from the manifest of an older epoch."""
+    if "file" not in entry:
+        if not entry.get("arrays"):
+            raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
+        return entry["arrays"]  # type: ignore[no-any-return]
+    path = store.epoch_path(epoch) / entry["file"]
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise StoreError(f"cannot read the checksums of epoch {epoch} ({path}): {e.strerror or e}") from None
+    if checksum(raw) != entry["crc32c"]:
+        raise StoreError(f"{path}: the checksum file is damaged (its own CRC32C does not match)")
+    table = np.frombuffer(raw, dtype="<u4").reshape(len(entry["arrays"]), -1)
+    return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}
 
 
 def plan_ahead(store: Store, ahead: int, consumer: str | None = None) -> list[int]:

@@ -17,19 +17,18 @@ import time
 from collections.abc import Awaitable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from ._version import __version__
 from .config import Config
 from .errors import ConfigError, SourceError
+from .manifest import epoch_manifest
 from .modes import BatchSource, ScanRead, multipass_source, query_source, read_scan, scan_source
 from .retry import RetryPolicy, count
 from .source import Snapshot
-from .store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store
+from .store import KEYS_ARRAY, ArraySpec, Store
 from .writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
@@ -329,7 +328,7 @@ async def _write_epoch(
             if progress:
                 progress.close()
         total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
-        manifest = _manifest(cfg, source, total, time.monotonic() - started)
+        manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
         manifest["resumed_batches"] = writer.resumed
         manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
         path = await _finish_in_thread(writer.publish, manifest)
@@ -396,48 +395,3 @@ async def _first_error(coros: list[Awaitable[None]]) -> None:
     for t in done:
         if not t.cancelled() and t.exception() is not None:
             raise t.exception()  # type: ignore[misc]
-
-
-def _manifest(cfg: Config, source: BatchSource, total: int, elapsed: float) -> dict[str, Any]:
-    """The epoch's manifest: everything a reader, an auditor or a resumed dump needs to know."""
-    plan, layout = source.plan, source.layout
-    fields: dict[str, Any] = {}
-    for f in layout.fields:
-        entry: dict[str, Any] = {
-            "dtype": f.dtype.name,
-            "shape": list(f.sample_shape),
-            "columns": [c.name for c in f.columns],
-        }
-        if f.config.null_mask:
-            entry["null"] = {"policy": f.config.null, "mask": f.config.null_mask}
-        if f.name in plan.categories:
-            entry["categories"] = plan.categories[f.name]
-        fields[f.name] = entry
-    return {
-        "format_version": FORMAT_VERSION,
-        "pgprefetch_version": __version__,
-        "epoch": plan.epoch,
-        "seed": cfg.batches.seed,
-        "batch_size": cfg.batches.size,
-        "n_batches": plan.n_batches,
-        "n_samples": plan.used,
-        "drop_last": cfg.batches.drop_last,
-        "n_keys": plan.n_keys,
-        "duplicates_dropped": plan.duplicates_dropped,
-        "fraction": cfg.samples.fraction,
-        "rows": cfg.samples.rows,
-        "fields": fields,
-        "key_columns": list(layout.key_names),
-        "keys_sha256": plan.keys_sha256,
-        "compression": cfg.store.compression,
-        "config_sha256": cfg.sha256(),
-        "config": dataclasses.asdict(cfg.samples),
-        "mode": cfg.mode,
-        "snapshot": source.snapshot,
-        "server_version": source.server_version,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seconds": round(elapsed, 3),
-        "bytes": total,
-        **({"rows_read": source.rows_read} if source.rows_read is not None else {}),
-        "complete": True,
-    }

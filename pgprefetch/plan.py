@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .collate import BatchLayout, Column, array_lengths, plan_columns, show_key
+from .collate import BatchLayout, array_lengths, show_key
+from .columns import Column, plan_columns
 from .config import Config
 from .errors import SampleError, SourceError
 from .scan import ScanShape

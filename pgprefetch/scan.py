@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collate import BatchLayout, Column, plan_columns, show_key
+from .collate import BatchLayout, show_key
+from .columns import Column, plan_columns
 from .config import Config, ScanConfig
 from .copystream import CopyDecoder
 from .errors import ConfigError, PgprefetchError, SampleError, SourceError

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .collate import Column
+from .columns import Column
 from .sqltext import replace_params
 
 K = "_pgpf_k"  # aliases unlikely to collide with names in the user's query

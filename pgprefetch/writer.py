@@ -10,7 +10,7 @@ After each batch the writer appends its CRC32C per array to a journal beside the
 a lost line only means a batch fetched again). A dump that dies (``kill -9``, Ctrl-C, a full disk) leaves
 the partial folder and its journal; the next dump of the epoch resumes it if the journal's header, which
 holds the key list's count and sha256, matches: batches whose bytes on disk still match their journal
-checksum are kept, the rest are fetched again. The checksums end up in the manifest for ``verify``.
+checksum are kept, the rest are fetched again. The checksums end up beside the manifest for ``verify``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from .errors import StoreError
 from .layout import MISSING, ArrayLayout, read_batch_bytes
 from .store import ArraySpec, Store, compressors, publish_epoch
 
+CHECKSUMS_FILE = "pgprefetch-checksums.u32"  # beside the manifest, in the epoch's folder
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
 
 
@@ -216,12 +217,20 @@ class EpochWriter:
         return written
 
     def publish(self, manifest: dict[str, Any]) -> Path:
-        """Record the manifest (with every chunk's checksum) and publish the epoch atomically."""
+        """Record the checksums and the manifest, and publish the epoch atomically.
+
+        The per-chunk checksums go to a sidecar file in the epoch's folder, not into the manifest: an epoch
+        of 10^5 batches would otherwise carry megabytes of JSON that every reader and ``ls`` parses.
+        """
+        raw = np.ascontiguousarray(self.checksums, dtype="<u4").tobytes()
         manifest["checksums"] = {
             "algorithm": "crc32c",
-            "arrays": {name: self.checksums[j].tolist() for j, name in enumerate(self.names)},
+            "file": CHECKSUMS_FILE,  # little-endian uint32, one row per array in this order, a column per batch
+            "arrays": self.names,
+            "crc32c": google_crc32c.value(raw),
         }
         with _io_errors(self.path):
+            (self.path / CHECKSUMS_FILE).write_bytes(raw)
             self.group.attrs["pgprefetch"] = manifest
             self._journal.close()
             final = publish_epoch(self.path, self.store.epoch_path(self.epoch))

@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from pgprefetch import load_config, wire
-from pgprefetch.collate import Column
+from pgprefetch.columns import Column
 from pgprefetch.pipeline import dump_epoch
 from pgprefetch.shuffle import shuffle_keys
 from pgprefetch.statement import batch_statement

@@ -67,3 +67,21 @@ def test_a_missing_store_is_one_line(tmp_path: Path) -> None:
         1,
         f"Error: no store at {tmp_path} (a folder that is not a pgprefetch store)\n",
     )
+
+
+def test_checksums_live_beside_the_manifest_which_stays_small(s_table: str, tmp_path: Path) -> None:
+    from .helpers import dump
+
+    result = dump(s_config(tmp_path, size=1), s_table)  # 480 batches
+    manifest = result.path / "zarr.json"
+    assert manifest.stat().st_size < 8192
+    sidecar = result.path / "pgprefetch-checksums.u32"
+    assert sidecar.stat().st_size == 2 * 480 * 4  # v and keys, a uint32 per batch
+    assert run("verify", "--store", str(result.path.parent), "--epoch", "0")[0] == 0
+    data = bytearray(sidecar.read_bytes())
+    data[17] ^= 0xFF
+    sidecar.write_bytes(bytes(data))
+    assert run("verify", "--store", str(result.path.parent), "--epoch", "0") == (
+        1,
+        f"Error: {sidecar}: the checksum file is damaged (its own CRC32C does not match)\n",
+    )

@@ -1,0 +1,139 @@
+"""The per-sample query's columns as they travel: their wire types and the SQL that sends them.
+
+A :class:`Column` is what the batch statement (:mod:`pgprefetch.statement`) and the scan's COPY
+(:mod:`pgprefetch.scan`) select for one result column, shaped by the fields that read it: cast by the
+server where its type has no fixed width (``numeric``), coded against a category list (``categories``),
+or sent with a NULL placeholder and a mask (a NULL policy). :func:`plan_columns` decides that for a
+config, once, from the server's description of the query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import FieldConfig
+from .errors import ConfigError
+
+# PostgreSQL type name -> (wire dtype, offset added to reach the Unix epoch, SQL cast applied server-side,
+# a placeholder of the type for a NULL under a NULL policy)
+WIRE: dict[str, tuple[str, int, str, str]] = {
+    "bool": ("?", 0, "", "false"),
+    "int2": (">i2", 0, "", "0"),
+    "int4": (">i4", 0, "", "0"),
+    "int8": (">i8", 0, "", "0"),
+    "float4": (">f4", 0, "", "0"),
+    "float8": (">f8", 0, "", "0"),
+    "numeric": (">f8", 0, "float8", "0"),  # arbitrary precision has no fixed width: PostgreSQL casts it
+    "date": (">i4", 10_957, "", "'epoch'"),  # days since 2000-01-01 -> days since 1970-01-01
+    "timestamp": (">i8", 946_684_800_000_000, "", "'epoch'"),  # microseconds since 2000-01-01 -> since 1970
+    "timestamptz": (">i8", 946_684_800_000_000, "", "'epoch'"),
+}
+SUPPORTED_TYPES = "bool, smallint, integer, bigint, real, double precision, numeric, date, timestamp, timestamptz"
+_TEXT_TYPES = ("text", "varchar", "bpchar", "name", "char", "citext")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One result column of the per-sample query, as it travels and is decoded."""
+
+    name: str
+    pg_type: str  # type on the wire, as PostgreSQL names it (int4, float8, ...); int4 for category codes
+    is_array: bool
+    nullable: bool = False  # sent with NULL replaced and a mask beside it (a field has a NULL policy)
+    vocabulary: int | None = None  # categorical: the bind parameter ($n) holding the category list
+
+    @classmethod
+    def from_type(
+        cls, name: str, type_name: str, kind: str, where: str, *, nullable: bool = False, vocabulary: int | None = None
+    ) -> Column:
+        """Build a column from asyncpg's type description, or raise a ConfigError naming ``where``."""
+        is_array = kind == "array"
+        base = type_name.removesuffix("[]") if is_array else type_name  # asyncpg names arrays "float4[]"
+        base = base[1:] if is_array and base.startswith("_") else base
+        shown = f"{base}[]" if is_array else base
+        if vocabulary is not None:
+            if is_array:
+                raise ConfigError(f'{where}: column "{name}" is {shown}; categories apply to scalar columns')
+            return cls(name=name, pg_type="int4", is_array=False, nullable=nullable, vocabulary=vocabulary)
+        if base not in WIRE:
+            hint = " (text labels: set categories)" if base in _TEXT_TYPES or kind == "enum" else ""
+            raise ConfigError(
+                f'{where}: column "{name}" is {shown}; pgprefetch reads {SUPPORTED_TYPES} '
+                f"and fixed-length arrays of these{hint}"
+            )
+        if nullable and is_array:
+            raise ConfigError(f'{where}: column "{name}" is {shown}; a null policy applies to scalar columns')
+        return cls(name=name, pg_type=base, is_array=is_array, nullable=nullable)
+
+    @property
+    def wire(self) -> np.dtype:
+        """The dtype of one value on the wire (big-endian)."""
+        return np.dtype(WIRE[self.pg_type][0])
+
+    def value_sql(self, ref: str, categories: str | None = None) -> str:
+        """The SQL expression the statement sends for this column of ``ref`` (a qualified column).
+
+        ``categories`` is the category list as SQL, where it cannot be the bind parameter (a COPY).
+        """
+        if self.vocabulary is not None:
+            vocabulary = categories or f"${self.vocabulary}::text[]"
+            return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
+        cast = WIRE[self.pg_type][2]
+        value = f"{ref}::{cast}[]" if cast and self.is_array else f"{ref}::{cast}" if cast else ref
+        # The placeholder carries the type: coalesce(smallint, 0) would be an integer, 4 bytes on the wire.
+        placeholder = f"{WIRE[self.pg_type][3]}::{cast or self.pg_type}"
+        return f"coalesce({value}, {placeholder})" if self.nullable else value
+
+    @property
+    def n_blobs(self) -> int:
+        """How many values of the batch row carry this column: arrays send lengths, nullable ones a mask."""
+        return 1 + self.is_array + self.nullable
+
+
+def plan_columns(
+    fields: Sequence[FieldConfig],
+    returned: dict[str, tuple[str, str]],
+    n_key_columns: int,
+    where: str,
+    *,
+    all_nullable: bool = False,
+) -> tuple[tuple[Column, ...], dict[str, tuple[Column, ...]]]:
+    """The columns the batch statement sends (each once), and each field's columns.
+
+    ``returned`` maps the query's column names to (type name, kind). A column that several fields read is
+    sent once, nullable if any of them has a NULL policy; a categorical field gets its own columns, coded
+    with its own category list, bound as parameter ``$n`` after the key columns (in field order).
+    ``all_nullable`` sends every scalar column with its NULL mask (scan mode: a NULL is an error only in
+    a row some sample uses, which is known only after the read).
+    """
+    by_field: dict[str, tuple[Column, ...]] = {}
+    nullable = {name for f in fields if f.null != "error" for name in f.columns}
+    if all_nullable:
+        nullable |= {name for f in fields for name in f.columns if returned.get(name, ("", ""))[1] != "array"}
+    param = n_key_columns
+    for f in fields:
+        if f.categories is not None:
+            param += 1
+        cols = []
+        for name in f.columns:
+            if name not in returned:
+                raise ConfigError(
+                    f'{where}[fields.{f.name}] columns: the query returns no column "{name}" '
+                    f"(it returns {', '.join(returned) or 'nothing'})"
+                )
+            type_name, kind = returned[name]
+            cols.append(
+                Column.from_type(
+                    name,
+                    type_name,
+                    kind,
+                    f"{where}[fields.{f.name}] columns",
+                    nullable=name in nullable,
+                    vocabulary=param if f.categories is not None else None,
+                )
+            )
+        by_field[f.name] = tuple(cols)
+    return tuple(dict.fromkeys(c for cols in by_field.values() for c in cols)), by_field
