@@ -29,7 +29,7 @@ COMPRESSIONS = ("none", "zstd", "lz4")
 CASTS = ("safe", "unsafe")
 DUPLICATES = ("error", "drop")
 NULL_SUFFIX = "_null"  # a field with a NULL policy gets a boolean array "<field>_null" beside it
-RESERVED_FIELDS = ("keys",)  # the store keeps each batch's keys in an array of that name
+RESERVED_FIELDS = ("keys", "_checksums")  # arrays of every epoch: each batch's keys, every chunk's CRC32C
 
 
 @dataclass(frozen=True, kw_only=True)

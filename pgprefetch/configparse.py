@@ -236,7 +236,8 @@ class _Parser:
         for name, spec in table.items():
             where = f"[fields.{name}]"
             if name in RESERVED_FIELDS:
-                self.fail(where, f'"{name}" is reserved (the store keeps each batch\'s keys under it)')
+                what = "each batch's keys" if name == "keys" else "every chunk's checksum"
+                self.fail(where, f'"{name}" is reserved (the store keeps {what} under it)')
             if not _FIELD_NAME.fullmatch(name):
                 self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
             if not isinstance(spec, dict):

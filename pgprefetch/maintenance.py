@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import zarr
 
 from .errors import StoreError
 from .layout import ArrayLayout, read_batch_bytes
@@ -110,19 +110,16 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
 
 
 def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict[str, list[int]]:
-    """Each array's per-batch CRC32C: from the sidecar file, or from the manifest of an older epoch."""
-    if "file" not in entry:
+    """Each array's per-batch CRC32C: from the epoch's ``_checksums`` array, or an older epoch's manifest."""
+    if "array" not in entry:
         if not entry.get("arrays"):
             raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
         return entry["arrays"]  # type: ignore[no-any-return]
-    path = store.epoch_path(epoch) / entry["file"]
+    path = store.epoch_path(epoch) / entry["array"]
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise StoreError(f"cannot read the checksums of epoch {epoch} ({path}): {e.strerror or e}") from None
-    if checksum(raw) != entry["crc32c"]:
-        raise StoreError(f"{path}: the checksum file is damaged (its own CRC32C does not match)")
-    table = np.frombuffer(raw, dtype="<u4").reshape(len(entry["arrays"]), -1)
+        table = zarr.open_array(path, mode="r")[:]
+    except (OSError, ValueError, KeyError) as e:
+        raise StoreError(f"cannot read the checksums of epoch {epoch} ({path}): {e}") from None
     return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}
 
 

@@ -33,7 +33,7 @@ from .errors import StoreError
 from .layout import MISSING, ArrayLayout, read_batch_bytes
 from .store import ArraySpec, Store, compressors, publish_epoch
 
-CHECKSUMS_FILE = "pgprefetch-checksums.u32"  # beside the manifest, in the epoch's folder
+CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
 
 
@@ -219,18 +219,19 @@ class EpochWriter:
     def publish(self, manifest: dict[str, Any]) -> Path:
         """Record the checksums and the manifest, and publish the epoch atomically.
 
-        The per-chunk checksums go to a sidecar file in the epoch's folder, not into the manifest: an epoch
-        of 10^5 batches would otherwise carry megabytes of JSON that every reader and ``ls`` parses.
+        The per-chunk checksums go to an array of their own in the epoch (``_checksums``: a row per array,
+        a column per batch), not into the manifest: an epoch of 10^5 batches would otherwise carry
+        megabytes of JSON that every reader and ``ls`` parses. (A plain file beside the manifest would
+        make zarr and xarray warn about an unknown object in the group.)
         """
-        raw = np.ascontiguousarray(self.checksums, dtype="<u4").tobytes()
-        manifest["checksums"] = {
-            "algorithm": "crc32c",
-            "file": CHECKSUMS_FILE,  # little-endian uint32, one row per array in this order, a column per batch
-            "arrays": self.names,
-            "crc32c": google_crc32c.value(raw),
-        }
+        manifest["checksums"] = {"algorithm": "crc32c", "array": CHECKSUMS_ARRAY, "arrays": self.names}
         with _io_errors(self.path):
-            (self.path / CHECKSUMS_FILE).write_bytes(raw)
+            self.group.create_array(
+                CHECKSUMS_ARRAY,
+                data=self.checksums.astype("<u4"),
+                compressors=None,
+                dimension_names=[f"{CHECKSUMS_ARRAY}_array", "batch"],
+            )
             self.group.attrs["pgprefetch"] = manifest
             self._journal.close()
             final = publish_epoch(self.path, self.store.epoch_path(self.epoch))

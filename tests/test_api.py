@@ -89,7 +89,7 @@ def test_xarray_and_dask_open_an_epoch(demo_db: str, tmp_path: Path) -> None:
 
     result = dump(write_config(tmp_path, **SEQUENCES), demo_db)  # x (64, 2), y (64,), keys (2,) per sample
     epoch = xarray.open_zarr(result.path.parent, group=result.path.name, consolidated=False)
-    assert set(epoch.data_vars) == {"x", "y", "keys"}
+    assert set(epoch.data_vars) == {"x", "y", "keys", "_checksums"}
     assert epoch["x"].dims == ("batch", "sample", "x_dim0", "x_dim1")
     group = zarr.open_group(result.path, mode="r")
     np.testing.assert_array_equal(epoch["y"].values, group["y"][:])
