@@ -33,7 +33,8 @@ class CopyDecoder:
         self.on_rows = on_rows
         self.pending = bytearray()
         self.started = False
-        self.parts: list[np.ndarray] = []
+        self.parts: list[np.ndarray] = []  # decoded rows, compacted, a chunk at a time
+        self.decoded_bytes = 0
         self.row: np.dtype | None = None
         self.done = False
 
@@ -81,10 +82,33 @@ class CopyDecoder:
         if n:
             rows = np.frombuffer(bytes(buf[start : start + n * size]), dtype=self.row)
             self._check(rows)
-            self.parts.append(rows)
+            self.parts.append(self._compact(rows))
+            self.decoded_bytes += self.parts[-1].nbytes
             if self.on_rows:
                 self.on_rows(n)
         self.pending = buf[start + n * size :]
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory this stream holds: its decoded rows, and the bytes not decoded yet."""
+        return self.decoded_bytes + len(self.pending)
+
+    def _compact(self, rows: np.ndarray) -> np.ndarray:
+        """The rows' values alone, native byte order: no length words, no array headers (about half the bytes)."""
+        assert self.row is not None
+        fields = []
+        for name in self.row.names[2::2]:
+            kind = self.row.fields[name][0]
+            if kind.names:  # an array column: its elements' values
+                element = kind["e"]
+                fields.append((name, element.base["v"].newbyteorder("="), element.shape))
+            else:
+                fields.append((name, kind.newbyteorder("=")))
+        compact = np.empty(rows.size, dtype=fields)
+        for name in compact.dtype.names:
+            source = rows[name]
+            compact[name] = source["e"]["v"] if source.dtype.names else source
+        return compact
 
     def _row_dtype(self, data: bytes) -> np.dtype:
         """The record of one row, with each array column's length taken from the first row."""

@@ -186,19 +186,18 @@ async def read_table(
     ranges = wheres if wheres is not None else await _page_ranges(snap, shape, cfg.source.connections)
     decoders = [CopyDecoder(shape, on_rows) for _ in ranges]
     limit = cfg.source.memory_bytes if budget is None else budget
-    held = [0]
 
     def sink(decoder: CopyDecoder) -> Callable[[bytes], None]:
         def take(data: bytes) -> None:
-            held[0] += len(data)
-            if limit and held[0] > limit:
-                decoder.feed(data)
+            decoder.feed(data)
+            held = sum(d.held_bytes for d in decoders)
+            if limit and held > limit:
                 for d in decoders:
                     d.drain()  # decode what is held, to measure the rows' size
                 rows = sum(p.size for d in decoders for p in d.parts)
-                per_row = held[0] / rows if rows else float(decoder.row.itemsize if decoder.row else 64)
+                decoded = sum(d.decoded_bytes for d in decoders)
+                per_row = decoded / rows if rows else float(decoder.row.itemsize if decoder.row else 64)
                 raise TableTooLarge(per_row, rows)
-            decoder.feed(data)
 
         return take
 
@@ -260,11 +259,12 @@ def _assemble(shape: ScanShape, parts: list[np.ndarray]) -> Table:
     sorted_order = bool(n < 2 or np.all(order[1:] > order[:-1]))
     table = Table(keys=keys if sorted_order else np.ascontiguousarray(keys[:, order]), rows_read=n)
     for j, c in enumerate(shape.columns):
-        values = np.concatenate([p[f"c{j}"]["e"]["v"] if c.is_array else p[f"c{j}"] for p in rows])
+        values = np.concatenate([p[f"c{j}"] for p in rows])
         table.values[c] = values if sorted_order else values[order]
         if c.nullable:
             masks = np.concatenate([p[f"m{j}"] for p in rows])
-            table.masks[c] = masks if sorted_order else masks[order]
+            if masks.any():  # a column without a NULL in the whole table needs no mask, and no check
+                table.masks[c] = masks if sorted_order else masks[order]
     table.nbytes = (
         keys.nbytes + sum(v.nbytes for v in table.values.values()) + sum(m.nbytes for m in table.masks.values())
     )
@@ -307,7 +307,19 @@ def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray
 
 def gather(table: Table, layout: BatchLayout, starts: np.ndarray, keys: np.ndarray, out: dict[str, np.ndarray]) -> None:
     """Fill ``out`` with the samples starting at rows ``starts`` (keys ``keys``), cast and checked."""
-    rows = (starts[:, None] + np.arange(layout.rows)).reshape(-1) if layout.rows > 1 else starts
-    values = {c: v[rows] for c, v in table.values.items()}
-    masks = {c: m[rows] for c, m in table.masks.items()}
+    values = {c: _rows(v, starts, layout.rows) for c, v in table.values.items()}
+    masks = {c: _rows(m, starts, layout.rows) for c, m in table.masks.items()}
     layout.fill(values, masks, keys, out)
+
+
+def _rows(column: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
+    """The ``window`` rows from each start, back to back: ``(len(starts) * window, ...)``.
+
+    A scalar column's windows are rows of a strided view (a copy of contiguous runs, about three times
+    faster than an index per row); array columns take an index per row.
+    """
+    if window == 1:
+        return column[starts]
+    if column.ndim == 1:
+        return np.lib.stride_tricks.sliding_window_view(column, window)[starts].reshape(-1)
+    return column[(starts[:, None] + np.arange(window)).reshape(-1)]
