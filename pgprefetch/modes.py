@@ -43,6 +43,7 @@ class BatchSource:
     fetch: Callable[[int], Awaitable[object]]
     produce: Callable[[int, object, dict[str, np.ndarray]], None]
     concurrency: int  # batches in flight
+    threads: int = 1  # threads producing and writing them
 
 
 @asynccontextmanager
@@ -165,4 +166,7 @@ def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
 
     rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
     read.epochs_cut += 1
-    return BatchSource(plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, 1)
+    # Two threads: one gathers a batch while the other's pwrite (which releases the GIL) writes the last.
+    # Compressed chunks go through zarr, which is left to one thread.
+    threads = 2 if cfg.store.compression == "none" else 1
+    return BatchSource(plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, threads, threads)

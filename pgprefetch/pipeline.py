@@ -353,9 +353,9 @@ async def _write_batches(
     total = 0
     keys = source.plan.keys
     todo: Iterator[int] = iter(batches)  # shared by the workers: each takes the next
-    # One thread of the dump's own decodes and writes: on a few cores more threads only fight over the GIL
-    # (and the event loop thread loses), and an executor of our own cannot outlive the dump to race its cleanup.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgprefetch-write") as pool:
+    # The dump's own threads (one in query mode: on a few cores more only fight over the GIL while the
+    # event loop decodes; see BatchSource.threads); an executor of its own cannot outlive the dump.
+    with ThreadPoolExecutor(max_workers=source.threads, thread_name_prefix="pgprefetch-write") as pool:
         loop = asyncio.get_running_loop()
 
         def produce_and_write(batch: int, fetched: object, buffers: dict[str, np.ndarray]) -> int:

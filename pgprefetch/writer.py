@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +84,7 @@ class EpochWriter:
             "arrays": {a.name: [a.dtype.str, list(a.sample_shape)] for a in arrays},
         }
         self.checksums = np.zeros((len(arrays), n_batches), dtype=np.uint32)
+        self._journal_lock = threading.Lock()
         self.done = np.zeros(n_batches, dtype=bool)
         self.restarted: str | None = None  # why a partial epoch found here was discarded
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
@@ -211,9 +213,10 @@ class EpochWriter:
             self.checksums[j, batch] = crc
             crcs.append(crc)
             written += data.nbytes
-        self._journal.write(f"{batch} {' '.join(map(str, crcs))}\n")
-        self._journal.flush()
-        self.done[batch] = True
+        with self._journal_lock:  # batches may be written from two threads (scan mode, uncompressed)
+            self._journal.write(f"{batch} {' '.join(map(str, crcs))}\n")
+            self._journal.flush()
+            self.done[batch] = True
         return written
 
     def publish(self, manifest: dict[str, Any]) -> Path:
