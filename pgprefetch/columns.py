@@ -100,6 +100,7 @@ def plan_columns(
     where: str,
     *,
     all_nullable: bool = False,
+    not_null: frozenset[str] = frozenset(),
 ) -> tuple[tuple[Column, ...], dict[str, tuple[Column, ...]]]:
     """The columns the batch statement sends (each once), and each field's columns.
 
@@ -107,12 +108,18 @@ def plan_columns(
     sent once, nullable if any of them has a NULL policy; a categorical field gets its own columns, coded
     with its own category list, bound as parameter ``$n`` after the key columns (in field order).
     ``all_nullable`` sends every scalar column with its NULL mask (scan mode: a NULL is an error only in
-    a row some sample uses, which is known only after the read).
+    a row some sample uses, which is known only after the read), except those in ``not_null`` (declared
+    NOT NULL by the table: no mask to send, no placeholder for the server to compute).
     """
     by_field: dict[str, tuple[Column, ...]] = {}
     nullable = {name for f in fields if f.null != "error" for name in f.columns}
     if all_nullable:
-        nullable |= {name for f in fields for name in f.columns if returned.get(name, ("", ""))[1] != "array"}
+        nullable |= {
+            name
+            for f in fields
+            for name in f.columns
+            if returned.get(name, ("", ""))[1] != "array" and name not in not_null
+        }
     param = n_key_columns
     for f in fields:
         if f.categories is not None:

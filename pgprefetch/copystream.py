@@ -38,11 +38,10 @@ class CopyDecoder:
         self.row: np.dtype | None = None
         self.done = False
 
-    def feed(self, data: bytes) -> None:
-        """Take the next chunk of the stream (decoded once enough has gathered)."""
+    def feed(self, data: bytes) -> bool:
+        """Take the next chunk of the stream; True when enough has gathered to :meth:`drain` it."""
         self.pending += data
-        if len(self.pending) >= DRAIN_BYTES:
-            self.drain()
+        return len(self.pending) >= DRAIN_BYTES
 
     def finish(self) -> np.ndarray:
         """The stream has ended: decode the rest, check the trailer, return every row's record."""
@@ -80,12 +79,13 @@ class CopyDecoder:
                 raise self._irregular(self._culprit(bytes(buf[start + whole * size :])))
         n = body // size
         if n:
-            rows = np.frombuffer(bytes(buf[start : start + n * size]), dtype=self.row)
+            rows = np.frombuffer(buf, dtype=self.row, count=n, offset=start)  # a view: compacted, then let go
             self._check(rows)
             self.parts.append(self._compact(rows))
             self.decoded_bytes += self.parts[-1].nbytes
             if self.on_rows:
                 self.on_rows(n)
+            del rows
         self.pending = buf[start + n * size :]
 
     @property

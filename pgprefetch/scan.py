@@ -101,7 +101,11 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
                 "expected an integer, date, timestamp or timestamptz column"
             )
         order_wire, offset = np.dtype(ORDER_TYPES[kind][0]), ORDER_TYPES[kind][1]
-    columns, by_field = plan_columns(cfg.fields, returned, 0, where, all_nullable=True)
+    not_null: frozenset[str] = frozenset()
+    if plain:  # columns the table declares NOT NULL need no mask
+        sql = f"SELECT attname FROM pg_attribute WHERE attrelid = '{relation}'::regclass AND attnotnull AND attnum > 0"
+        not_null = frozenset(r[0] for r in await snap.fetch(sql, f"{where}[samples] table"))
+    columns, by_field = plan_columns(cfg.fields, returned, 0, where, all_nullable=True, not_null=not_null)
     categories = {}
     for f in cfg.fields:
         if f.categories == "auto":
@@ -187,9 +191,10 @@ async def read_table(
     decoders = [CopyDecoder(shape, on_rows) for _ in ranges]
     limit = cfg.source.memory_bytes if budget is None else budget
 
-    def sink(decoder: CopyDecoder) -> Callable[[bytes], None]:
-        def take(data: bytes) -> None:
-            decoder.feed(data)
+    def sink(decoder: CopyDecoder) -> Callable[[bytes], Awaitable[None]]:
+        async def take(data: bytes) -> None:
+            if decoder.feed(data):  # decoded on a thread: the event loop keeps the other COPYs streaming
+                await asyncio.to_thread(decoder.drain)
             held = sum(d.held_bytes for d in decoders)
             if limit and held > limit:
                 for d in decoders:

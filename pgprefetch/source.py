@@ -349,17 +349,19 @@ class BatchReader:
         finally:
             await asyncio.gather(*(close(c, timeout) for c in conns))
 
-    async def copy(self, what: str, sql: str, sink: Callable[[bytes], None]) -> None:
+    async def copy(self, what: str, sql: str, sink: Callable[[bytes], Awaitable[None]]) -> None:
         """Run ``COPY (sql) TO STDOUT (FORMAT binary)`` on an idle worker, handing each chunk to ``sink``.
 
-        ``io_timeout`` bounds the wait for each chunk, not the whole COPY: a long scan is not a stall.
+        The server waits while ``sink`` runs, so it may decode on a thread while the other workers' COPYs
+        stream. ``io_timeout`` bounds the wait for each chunk, not the whole COPY: a long scan is not a stall.
         """
         conn, _ = await self._idle.get()
         dog = _Watchdog(conn, self._timeout)
 
         async def output(data: bytes) -> None:
+            dog.cancel()
+            await sink(data)
             dog.arm()
-            sink(data)
 
         try:
             await _call(conn, conn.copy_from_query(sql, output=output, format="binary"), what, self._timeout, dog)
