@@ -18,8 +18,8 @@ times. Scan mode reads the table once with binary ``COPY`` and does the rest in 
    :meth:`pgprefetch.collate.BatchLayout.fill`, the code the query mode's decoded blobs go through.
 
 The table stays in memory for as long as the dump runs, so several epochs (``--epochs A-B``) are cut from
-one read. ``[source] memory`` bounds it; a table larger than the budget is refused with the figures (a
-multi-pass read is not built yet).
+one read. ``[source] memory`` bounds it: a read that outgrows the budget is given up and the table is read
+in passes instead (:mod:`pgprefetch.passes`).
 """
 
 from __future__ import annotations

@@ -104,16 +104,22 @@ class _Watchdog:
 
 
 async def _call(
-    conn: asyncpg.Connection, aw: Awaitable[T], what: str, timeout_ms: int, watchdog: _Watchdog | None = None
+    conn: asyncpg.Connection,
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    timeout_ms: int,
+    watchdog: _Watchdog | None = None,
 ) -> T:
-    """Await one database call on ``conn``, unanswered for at most ``timeout_ms``; every failure a SourceError.
+    """Make and await one database call on ``conn``, unanswered for at most ``timeout_ms``; failures SourceErrors.
 
-    ``watchdog`` is one the call re-arms itself whenever data arrives (a COPY); by default one wait.
+    ``call`` is made inside the boundary because asyncpg checks a statement's or cursor's connection when
+    the call is made, before there is anything to await: a dead connection raises there. ``watchdog`` is one
+    the call re-arms itself whenever data arrives (a COPY); by default one wait.
     """
     dog = watchdog or _Watchdog(conn, timeout_ms)
     dog.arm()
     try:
-        return await aw
+        return await call()
     except PgprefetchError:
         raise
     except Exception as e:
@@ -185,10 +191,10 @@ class Snapshot:
         conn = await connect(source)
         try:
             sql = "SELECT pg_export_snapshot(), current_setting('server_version')"
-            begin = conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            await _call(conn, begin, "cannot begin the snapshot", source.io_timeout_ms)
+            begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            await _call(conn, lambda: conn.execute(begin), "cannot begin the snapshot", source.io_timeout_ms)
             snapshot_id, version = await _call(
-                conn, conn.fetchrow(sql), "cannot export the snapshot", source.io_timeout_ms
+                conn, lambda: conn.fetchrow(sql), "cannot export the snapshot", source.io_timeout_ms
             )
             if not _SNAPSHOT_ID.match(snapshot_id):  # it is spliced into SET TRANSACTION SNAPSHOT
                 raise SourceError(f"the server exported an unexpected snapshot id {snapshot_id!r}")
@@ -225,19 +231,19 @@ class Snapshot:
 
     async def _prepare(self, sql: str, where: str) -> asyncpg.prepared_stmt.PreparedStatement:
         # A savepoint: a statement that fails to prepare must not abort the snapshot's transaction.
-        await self._run(self.conn.execute("SAVEPOINT pgprefetch_describe"), where)
+        await self._run(lambda: self.conn.execute("SAVEPOINT pgprefetch_describe"), where)
         try:
-            stmt = await self._run(self.conn.prepare(sql), where)
+            stmt = await self._run(lambda: self.conn.prepare(sql), where)
         except SourceError as e:
             if e.transient:
                 raise
-            await self._run(self.conn.execute("ROLLBACK TO SAVEPOINT pgprefetch_describe"), where)
+            await self._run(lambda: self.conn.execute("ROLLBACK TO SAVEPOINT pgprefetch_describe"), where)
             raise ConfigError(str(e)) from None  # the user's SQL: a usage error
-        await self._run(self.conn.execute("RELEASE SAVEPOINT pgprefetch_describe"), where)
+        await self._run(lambda: self.conn.execute("RELEASE SAVEPOINT pgprefetch_describe"), where)
         return stmt
 
-    async def _run(self, aw: Awaitable[T], what: str) -> T:
-        return await _call(self.conn, aw, what, self._timeout)
+    async def _run(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        return await _call(self.conn, call, what, self._timeout)
 
     async def distinct_text(self, cfg: Config, column: str) -> list[str]:
         """The distinct non-NULL values of ``column`` over every sample, as text, sorted by code point.
@@ -247,7 +253,9 @@ class Snapshot:
         the same codes in every epoch and on every server.
         """
         sql = distinct_text_statement(cfg.samples.keys, cfg.samples.query, cfg.samples.max_param, column)
-        rows = await self._run(self.conn.fetch(sql, timeout=None), f"{_where(cfg)}categories of column {column}")
+        rows = await self._run(
+            lambda: self.conn.fetch(sql, timeout=None), f"{_where(cfg)}categories of column {column}"
+        )
         return sorted(r[0] for r in rows)
 
     async def describe_sql(self, sql: str, what: str) -> dict[str, tuple[str, str]]:
@@ -257,12 +265,12 @@ class Snapshot:
 
     async def fetch(self, sql: str, what: str) -> list[asyncpg.Record]:
         """Run a small query in the snapshot (statistics, bounds)."""
-        return await self._run(self.conn.fetch(sql), what)
+        return await self._run(lambda: self.conn.fetch(sql), what)
 
     async def sample_text(self, cfg: Config, key: Sequence[int], column: str) -> list[str | None]:
         """The values of ``column`` the per-sample query returns for ``key``, as text (error messages)."""
         sql = sample_text_statement(cfg.samples.query, column)
-        rows = await self._run(self.conn.fetch(sql, *key[: cfg.samples.max_param]), "looking up a value")
+        rows = await self._run(lambda: self.conn.fetch(sql, *key[: cfg.samples.max_param]), "looking up a value")
         return [r[0] for r in rows]
 
     async def read_keys(self, cfg: Config, key_names: Sequence[str]) -> np.ndarray:
@@ -274,8 +282,8 @@ class Snapshot:
         chunks: list[np.ndarray] = []
         k = len(key_names)
         assert self._keys is not None, "describe() prepares the keys statement first"
-        cursor = await self._run(self._keys.cursor(), where)
-        while records := await self._run(cursor.fetch(KEYS_PREFETCH), where):
+        cursor = await self._run(lambda: self._keys.cursor(), where)
+        while records := await self._run(lambda: cursor.fetch(KEYS_PREFETCH), where):
             # chain() flattens the records in C: no per-row tuple or list, about 5x faster than np.array.
             try:
                 flat = np.fromiter(itertools.chain.from_iterable(records), dtype=np.int64, count=len(records) * k)
@@ -328,13 +336,13 @@ class BatchReader:
             conns.append(conn)
             begin = f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
             try:
-                await _call(conn, conn.execute(begin), "cannot import the snapshot", timeout)
+                await _call(conn, lambda: conn.execute(begin), "cannot import the snapshot", timeout)
             except SourceError as e:
                 # Also when the exporter died and took the snapshot with it: a retry takes a new one.
                 raise SourceError(str(e), transient=True, cause=e.cause or "connection lost") from None
             if sql is None:
                 return conn, None
-            return conn, await _call(conn, conn.prepare(sql), "cannot prepare the batch statement", timeout)
+            return conn, await _call(conn, lambda: conn.prepare(sql), "cannot prepare the batch statement", timeout)
 
         tasks = [asyncio.ensure_future(start()) for _ in range(source.connections)]
         try:
@@ -364,7 +372,9 @@ class BatchReader:
             dog.arm()
 
         try:
-            await _call(conn, conn.copy_from_query(sql, output=output, format="binary"), what, self._timeout, dog)
+            await _call(
+                conn, lambda: conn.copy_from_query(sql, output=output, format="binary"), what, self._timeout, dog
+            )
         finally:
             self._idle.put_nowait((conn, _))
 
@@ -374,7 +384,7 @@ class BatchReader:
         try:
             row = await _call(
                 conn,
-                stmt.fetchrow(*(column.tolist() for column in keys), *self._params),
+                lambda: stmt.fetchrow(*(column.tolist() for column in keys), *self._params),
                 f"batch {batch}",
                 self._timeout,
             )

@@ -309,3 +309,26 @@ def test_asyncpg_errors_on_a_dead_connection_count_as_lost(s_table: str) -> None
     assert internal  # asyncpg's protocol state is broken
     assert not interface_alive
     assert interface_dead  # the same error on a dead connection: lost
+
+
+def test_a_statement_on_a_connection_already_closed_is_a_lost_connection(s_table: str) -> None:
+    import numpy as np
+
+    from pgprefetch.source import Snapshot
+
+    from .faults import kill_every_connection
+
+    async def run() -> SourceError:
+        source = SourceConfig(dsn=s_table, connections=1)
+        async with Snapshot.open(source) as snap, BatchReader.open(source, snap.id, "SELECT $1::int8[]") as reader:
+            await asyncio.to_thread(kill_every_connection, s_table)
+            await asyncio.sleep(0.5)  # the client has seen its connections close
+            try:
+                await reader.fetch(3, np.arange(4, dtype=np.int64).reshape(1, 4))
+            except SourceError as e:  # asyncpg checks the connection as the call is made, before any await
+                return e
+        raise AssertionError("the fetch on a dead connection succeeded")
+
+    error = asyncio.run(run())
+    assert error.transient
+    assert str(error).startswith("batch 3: lost the connection: ")
