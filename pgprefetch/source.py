@@ -22,13 +22,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import unquote
 
 import asyncpg
 import numpy as np
 
 from .config import Config, SourceConfig
 from .errors import ConfigError, PgprefetchError, SampleError, SourceError
+from .redaction import redact, scrub
 from .retry import cause, lost
 from .statement import distinct_text_statement, sample_text_statement
 
@@ -36,40 +36,6 @@ KEY_TYPES = ("int2", "int4", "int8")
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
 _SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
 T = TypeVar("T")
-
-
-def _password(dsn: str) -> str | None:
-    """The password in a DSN, found without a URL parser (which gives up on an unencoded ``/`` or ``#``)."""
-    if "://" in dsn:
-        rest = dsn.split("://", 1)[1]
-        userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
-        if ":" in userinfo and userinfo.split(":", 1)[1]:
-            return userinfo.split(":", 1)[1]
-    m = re.search(r"(?i)password\s*=\s*('([^']*)'|[^&\s]+)", dsn)
-    return (m[2] if m[2] is not None else m[1]) if m else None
-
-
-def redact(dsn: str | None) -> str:
-    """The DSN as it may be shown: every form of its password replaced by ``***``."""
-    if not dsn:
-        return "the server from the PG* environment"
-    if "://" in dsn:
-        scheme, rest = dsn.split("://", 1)
-        at = rest.rfind("@")
-        if at >= 0 and ":" in rest[:at] and rest[:at].split(":", 1)[1]:
-            rest = f"{rest[:at].split(':', 1)[0]}:***{rest[at:]}"
-        dsn = f"{scheme}://{rest}"
-    return re.sub(r"(?i)(password\s*=\s*)('[^']*'|[^&\s]+)", r"\1***", dsn)
-
-
-def scrub(text: str, dsn: str | None) -> str:
-    """``text`` with the DSN's password, as typed or percent-decoded, replaced by ``***``."""
-    password = _password(dsn) if dsn else None
-    if not password:
-        return text
-    for form in sorted({password, unquote(password)}, key=len, reverse=True):
-        text = text.replace(form, "***")
-    return text
 
 
 class _Watchdog:
