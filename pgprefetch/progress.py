@@ -30,14 +30,7 @@ class BarProgress:
         """Open a bar counting the table rows a scan reads (the total is not known ahead)."""
         if not self.enabled:
             return
-        self._bar = tqdm(
-            desc=f"epoch {epoch}: reading",
-            unit=" rows",
-            unit_scale=True,
-            file=sys.stderr,
-            dynamic_ncols=True,
-            leave=False,
-        )
+        self._bar = _bar(f"epoch {epoch}: reading", " rows", None)
 
     def rows(self, n: int) -> None:
         """Count table rows read."""
@@ -50,15 +43,7 @@ class BarProgress:
             return
         self.close()
         self._bytes, self._started = 0, time.monotonic()
-        self._bar = tqdm(
-            total=n_samples,
-            desc=f"epoch {epoch}",
-            unit=" samples",
-            unit_scale=True,
-            file=sys.stderr,
-            dynamic_ncols=True,
-            leave=False,
-        )
+        self._bar = _bar(f"epoch {epoch}", " samples", n_samples)
 
     def advance(self, samples: int, nbytes: int) -> None:
         """Count one written batch."""
@@ -75,6 +60,13 @@ class BarProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _bar(description: str, unit: str, total: int | None) -> tqdm:
+    """A bar on stderr that the summary line replaces (``leave=False``)."""
+    return tqdm(
+        total=total, desc=description, unit=unit, unit_scale=True, file=sys.stderr, dynamic_ncols=True, leave=False
+    )
 
 
 log = logging.getLogger("pgprefetch")

@@ -235,34 +235,24 @@ def test_changed_keys_after_a_crash_restart_the_epoch(s_table: str, tmp_path: Pa
     assert result.n_samples == S_ROWS + 16
 
 
-def test_ctrl_c_stops_within_a_second_and_leaves_a_resumable_epoch(s_table: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "code", "line"), [(signal.SIGINT, 130, "Interrupted."), (signal.SIGTERM, 143, "Terminated.")]
+)
+def test_ctrl_c_and_sigterm_stop_within_a_second_and_leave_a_resumable_epoch(
+    s_table: str, tmp_path: Path, sig: signal.Signals, code: int, line: str
+) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
     victim = start_dump(cfg, s_table)
     wait_for(lambda: journal_lines(store) >= 2)
     sent = time.monotonic()
-    victim.send_signal(signal.SIGINT)
-    assert victim.wait(10) == 130
+    victim.send_signal(sig)
+    assert victim.wait(10) == code
     assert time.monotonic() - sent < 1.5
     assert victim.stderr is not None
-    assert victim.stderr.read().strip().splitlines()[-1] == "Interrupted."
+    assert victim.stderr.read().strip().splitlines()[-1] == line
     assert not (store / "epoch-00000").exists()
     assert journal_lines(store) >= 2
-    assert dump(cfg, s_table).resumed >= 2
-
-
-def test_sigterm_stops_like_ctrl_c_with_exit_143_and_the_dump_resumes(s_table: str, tmp_path: Path) -> None:
-    cfg = config(tmp_path, slow=True)
-    store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
-    wait_for(lambda: journal_lines(store) >= 2)
-    sent = time.monotonic()
-    victim.send_signal(signal.SIGTERM)
-    assert victim.wait(10) == 143
-    assert time.monotonic() - sent < 1.5
-    assert victim.stderr is not None
-    assert victim.stderr.read().strip().splitlines()[-1] == "Terminated."
-    assert not (store / "epoch-00000").exists()
     assert dump(cfg, s_table).resumed >= 2
 
 
