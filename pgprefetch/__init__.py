@@ -21,6 +21,7 @@ from .errors import (
     SourceError,
     StoreError,
 )
+from .keys import KeyColumns, uuid_bytes, uuid_slots
 from .pipeline import DumpResult, dump_epoch, dump_epochs
 from .store import Store
 
@@ -35,6 +36,7 @@ __all__ = [
     "EpochNotFoundError",
     "EpochNotReadyError",
     "FormatVersionError",
+    "KeyColumns",
     "PgprefetchError",
     "SampleError",
     "SourceError",
@@ -48,6 +50,8 @@ __all__ = [
     "load_config",
     "ls",
     "prune",
+    "uuid_bytes",
+    "uuid_slots",
     "verify",
 ]
 

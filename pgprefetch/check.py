@@ -111,7 +111,7 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int
     buffers = layout.allocate(size)
     for batch in chosen:
         try:
-            source.produce(batch, await source.fetch(batch), buffers)
+            source.produce(batch, 1, await source.fetch(batch, 1), buffers)
         except UnknownCategoryError as e:
             report.errors.append(str(await name_unknown_category(cfg, snap, e)))
         except SourceError as e:
@@ -120,7 +120,7 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int
             report.errors.append(f"batch {batch}: {e}")
         report.batches_checked += 1
     per_sample = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in layout.arrays())
-    per_sample += 8 * len(plan.key_names)  # the keys array
+    per_sample += 8 * plan.key_columns.width  # the keys array
     report.epoch_bytes = plan.n_batches * size * per_sample
     for f in layout.fields:
         entry: dict[str, Any] = {"dtype": f.dtype.name, "shape": list(f.sample_shape)}

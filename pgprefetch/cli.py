@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -330,7 +331,8 @@ def demo_data(dsn: str | None, scale: float) -> None:
     """Load the two deterministic demo datasets (sequences and rows) into a database."""
     from .demodata import load_demo_data
 
-    counts = asyncio.run(load_demo_data(dsn, scale))
+    # As for every other command: --dsn, then PGPREFETCH_DSN, then the PG* variables.
+    counts = asyncio.run(load_demo_data(dsn or os.environ.get("PGPREFETCH_DSN"), scale))
     click.echo(f"loaded sequences ({counts['sequences']:,} train windows) and rows ({counts['rows']:,} train rows)")
 
 

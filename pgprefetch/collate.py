@@ -37,6 +37,7 @@ from .casts import misfit_after, misfit_before
 from .columns import WIRE, Column
 from .config import FieldConfig
 from .errors import ConfigError, SampleError
+from .keys import KeyColumns
 
 _UNITS = {
     "date": " (days since 1970-01-01)",
@@ -64,19 +65,19 @@ class FieldLayout:
 class UnknownCategoryError(SampleError):
     """A categorical value is not in the field's list; the pipeline looks the value up to name it."""
 
-    def __init__(self, message: str, key: tuple[int, ...], field: str, column: str) -> None:
+    def __init__(self, message: str, key: tuple[object, ...], field: str, column: str) -> None:
         super().__init__(message)
         self.key, self.field, self.column = key, field, column
 
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """The decoding plan of a dump: result columns, fields, rows per sample and key column names."""
+    """The decoding plan of a dump: result columns, fields, rows per sample and the key columns."""
 
     columns: tuple[Column, ...]
     fields: tuple[FieldLayout, ...]
     rows: int
-    key_names: tuple[str, ...]
+    keys: KeyColumns  # how errors name a sample
 
     @classmethod
     def build(
@@ -86,7 +87,7 @@ class BatchLayout:
         by_field: dict[str, tuple[Column, ...]],
         array_lengths: dict[Column, int],
         rows: int,
-        key_names: Sequence[str],
+        keys: KeyColumns,
     ) -> BatchLayout:
         """Combine the config's fields with the columns' types and array lengths (from the first sample).
 
@@ -104,7 +105,7 @@ class BatchLayout:
             n = lengths.pop()
             shape = (*([rows] if rows > 1 else []), *([len(cols)] if len(cols) > 1 else []), *([n] if n else []))
             layouts.append(FieldLayout(f, np.dtype(f.dtype), cols, shape, max(n, 1)))
-        return cls(columns=tuple(columns), fields=tuple(layouts), rows=rows, key_names=tuple(key_names))
+        return cls(columns=tuple(columns), fields=tuple(layouts), rows=rows, keys=keys)
 
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
         """Every array a batch fills: (name, dtype, per-sample shape), each field then its NULL mask."""
@@ -284,24 +285,15 @@ class BatchLayout:
         names = [f.name for f in self.fields if col in f.columns]
         return f"field {', '.join(names)}, " if names else ""
 
-    def _key(self, keys: np.ndarray, sample: int) -> tuple[int, ...]:
-        return tuple(int(keys[j, sample]) for j in range(len(self.key_names)))
-
     def _error(self, keys: np.ndarray, sample: int, message: str) -> SampleError:
-        return SampleError(f"sample ({show_key(self.key_names, self._key(keys, sample))}): {message}")
+        return SampleError(f"sample ({self.keys.show(keys[:, sample])}): {message}")
 
     def _unknown(self, keys: np.ndarray, sample: int, f: FieldLayout, col: Column) -> UnknownCategoryError:
-        key = self._key(keys, sample)
         message = (
-            f"sample ({show_key(self.key_names, key)}): field {f.name}, column {col.name} "
+            f"sample ({self.keys.show(keys[:, sample])}): field {f.name}, column {col.name} "
             f"has a value that is not in [fields.{f.name}] categories"
         )
-        return UnknownCategoryError(message, key, f.name, col.name)
-
-
-def show_key(names: Sequence[str], key: Sequence[int]) -> str:
-    """A sample's key as messages show it: ``series_id=3, start_t=120``."""
-    return ", ".join(f"{name}={value}" for name, value in zip(names, key, strict=True))
+        return UnknownCategoryError(message, self.keys.values(keys[:, sample]), f.name, col.name)
 
 
 def _null_hint(f: FieldConfig) -> str:

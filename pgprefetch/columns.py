@@ -96,7 +96,7 @@ class Column:
 def plan_columns(
     fields: Sequence[FieldConfig],
     returned: dict[str, tuple[str, str]],
-    n_key_columns: int,
+    n_key_params: int,
     where: str,
     *,
     all_nullable: bool = False,
@@ -120,7 +120,7 @@ def plan_columns(
             for name in f.columns
             if returned.get(name, ("", ""))[1] != "array" and name not in not_null
         }
-    param = n_key_columns
+    param = n_key_params  # the key arrays come first: one bind parameter per key slot
     for f in fields:
         if f.categories is not None:
             param += 1

@@ -47,7 +47,7 @@ def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float)
         "fraction": cfg.samples.fraction,
         "rows": cfg.samples.rows,
         "fields": fields,
-        "key_columns": list(layout.key_names),
+        **layout.keys.manifest(),  # key_columns, and key_types: "uuid" takes two slots of the keys array
         "keys_sha256": plan.keys_sha256,
         "compression": cfg.store.compression,
         "config_sha256": cfg.sha256(),

@@ -1,9 +1,12 @@
 """Where an epoch's batches come from: the query mode and the scan mode, side by side, for one writer.
 
 The writer (:mod:`pgprefetch.pipeline`) knows nothing of either. It gets a :class:`BatchSource`: the
-epoch's plan (keys in order, counts), the decoding layout, and per batch two steps: ``fetch``, the
-database side, awaited on the event loop, and ``produce``, the CPU side, run on the writer's thread, which
-fills the batch buffers.
+epoch's plan (keys in order, counts), the decoding layout, and per *unit* (a run of consecutive batches)
+two steps: ``fetch``, the database side, awaited on the event loop, and ``produce``, the CPU side, run on
+the writer's thread, which fills the unit's buffers. A unit is one batch, unless batches are small: every
+step has a fixed cost (a round trip, a statement, a thread hand-off, a write and a journal line), so
+batches of 10 are handled up to ~100 at a time, and the database and the client see units of up to about
+a thousand samples whatever the batch size (:mod:`pgprefetch.units`).
 
 - **Query mode** (``[samples] keys`` + ``query``): ``fetch`` runs the batch statement on one of the
   worker connections (one round trip per batch); ``produce`` decodes its binary arrays.
@@ -29,6 +32,7 @@ from .passes import Spool, key_passes, keys_only, spool_pass
 from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch, plan_scan
 from .scan import ScanShape, Table, TableTooLarge, cut, describe_scan, gather, read_table
 from .source import BatchReader, Snapshot
+from .units import unit_batches
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,11 @@ class BatchSource:
     snapshot: str
     server_version: str
     rows_read: int | None  # table rows read for this epoch (scan mode); None when not counted
-    fetch: Callable[[int], Awaitable[object]]
-    produce: Callable[[int, object, dict[str, np.ndarray]], None]
-    concurrency: int  # batches in flight
+    fetch: Callable[[int, int], Awaitable[object]]  # (first batch, count) -> what produce needs
+    produce: Callable[[int, int, object, dict[str, np.ndarray]], None]  # fills count * size samples
+    concurrency: int  # units in flight
     threads: int = 1  # threads producing and writing them
+    unit: int = 1  # the most consecutive batches fetched and produced together (buffers hold that many)
 
 
 @asynccontextmanager
@@ -51,18 +56,20 @@ async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator
     """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``."""
     size = cfg.batches.size
     plan = await plan_epoch(cfg, snap, epoch)
+    unit = min(unit_batches(size), plan.n_batches)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params) as reader:
-        first = await reader.fetch(0, plan.batch_keys(0, size))  # its array lengths fix the field shapes
-        layout = layout_from(cfg, plan, first)
+        # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
+        # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
+        layout = layout_from(cfg, plan, await reader.fetch(0, plan.batch_keys(0, size)))
 
-        async def fetch(batch: int) -> object:
-            return first if batch == 0 else await reader.fetch(batch, plan.batch_keys(batch, size))
+        async def fetch(batch: int, count: int) -> object:
+            return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
 
-        def produce(batch: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
-            layout.decode(blobs, plan.batch_keys(batch, size), buffers)  # type: ignore[arg-type]
+        def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
+            layout.decode(blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
 
         try:
-            yield BatchSource(plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size)
+            yield BatchSource(plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit)
         except UnknownCategoryError as e:
             raise await name_unknown_category(cfg, snap, e) from None
 
@@ -126,7 +133,7 @@ async def multipass_source(
         if layout is None:
             lengths = {c: v.shape[1] for c, v in table.values.items() if c.is_array}
             layout = BatchLayout.build(
-                cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_names
+                cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
             )
             spool = Spool(spool_dir, layout, size, plan.n_batches, budget)
         assert spool is not None
@@ -138,13 +145,15 @@ async def multipass_source(
     assert spool is not None
     done = spool
 
-    async def fetch(batch: int) -> object:
+    async def fetch(batch: int, count: int) -> object:
         return None
 
-    def produce(batch: int, _: object, buffers: dict[str, np.ndarray]) -> None:
-        done.batch(batch, buffers)
+    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        for i in range(count):
+            done.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
 
-    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1)
+    unit = unit_batches(size)
+    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)
 
 
 def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
@@ -153,20 +162,24 @@ def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
     plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
     lengths = {c: v.shape[1] for c, v in read.table.values.items() if c.is_array}
     layout = BatchLayout.build(
-        cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_names
+        cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
     )
     assert plan.samples is not None
     starts = read.starts[plan.samples]
 
-    async def fetch(batch: int) -> object:
+    async def fetch(batch: int, count: int) -> object:
         return None
 
-    def produce(batch: int, _: object, buffers: dict[str, np.ndarray]) -> None:
-        gather(read.table, layout, starts[batch * size : (batch + 1) * size], plan.batch_keys(batch, size), buffers)
+    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        keys = plan.batch_keys(batch, size, count)
+        gather(read.table, layout, starts[batch * size : (batch + count) * size], keys, buffers)
 
     rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
     read.epochs_cut += 1
     # Two threads: one gathers a batch while the other's pwrite (which releases the GIL) writes the last.
     # Compressed chunks go through zarr, which is left to one thread.
     threads = 2 if cfg.store.compression == "none" else 1
-    return BatchSource(plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, threads, threads)
+    unit = unit_batches(size)
+    return BatchSource(
+        plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, threads, threads, unit
+    )

@@ -32,7 +32,7 @@ import numpy as np
 from .collate import BatchLayout
 from .errors import SourceError
 from .scan import ScanShape, Table, gather
-from .statement import quote_ident
+from .sqltext import quote_ident
 
 
 def key_passes(keys: Table, shape: ScanShape, rows_per_pass: int, connections: int) -> list[list[str]]:

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from .modes import BatchSource, ScanRead, multipass_source, query_source, read_s
 from .retry import RetryPolicy, count
 from .source import Snapshot
 from .store import KEYS_ARRAY, ArraySpec, Store
+from .units import Units
 from .writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
@@ -305,7 +306,7 @@ async def _write_epoch(
     size = cfg.batches.size
     plan = source.plan
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
-    specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (len(plan.key_names),)))
+    specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
     identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
     writer = await _finish_in_thread(
         EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
@@ -349,35 +350,38 @@ async def _write_epoch(
 async def _write_batches(
     source: BatchSource, writer: EpochWriter, batches: list[int], size: int, progress: Progress | None
 ) -> int:
-    """Fetch, produce and write ``batches`` with ``source.concurrency`` batches in flight."""
+    """Fetch, produce and write ``batches`` a unit at a time, ``source.concurrency`` units in flight."""
     total = 0
     keys = source.plan.keys
-    todo: Iterator[int] = iter(batches)  # shared by the workers: each takes the next
+    todo = Units(batches, source.unit)  # shared by the workers: each takes the next unit
     # The dump's own threads (one in query mode: on a few cores more only fight over the GIL while the
     # event loop decodes; see BatchSource.threads); an executor of its own cannot outlive the dump.
     with ThreadPoolExecutor(max_workers=source.threads, thread_name_prefix="pgprefetch-write") as pool:
         loop = asyncio.get_running_loop()
 
-        def produce_and_write(batch: int, fetched: object, buffers: dict[str, np.ndarray]) -> int:
-            batch_keys = source.plan.batch_keys(batch, size)
-            n = batch_keys.shape[1]
-            source.produce(batch, fetched, buffers)
-            buffers[KEYS_ARRAY][:n] = batch_keys.T
-            if n < size:  # the padded last batch (drop_last = false): zeros after the real samples
+        def produce_and_write(first: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> int:
+            unit_keys = source.plan.batch_keys(first, size, count)
+            n = unit_keys.shape[1]
+            source.produce(first, count, fetched, buffers)
+            buffers[KEYS_ARRAY][:n] = unit_keys.T
+            if n < count * size:  # the padded last batch (drop_last = false): zeros after the real samples
                 for array in buffers.values():
-                    array[n:] = 0
-            return writer.write_batch(batch, buffers)
+                    array[n : count * size] = 0
+            return writer.write_batches(first, count, buffers)
 
         async def worker() -> None:
             nonlocal total
-            buffers = source.layout.allocate(size)
-            buffers[KEYS_ARRAY] = np.zeros((size, keys.shape[0]), dtype=np.int64)
-            for batch in todo:
-                fetched = await source.fetch(batch)
-                nbytes = await loop.run_in_executor(pool, produce_and_write, batch, fetched, buffers)
+            buffers = source.layout.allocate(size * source.unit)
+            buffers[KEYS_ARRAY] = np.zeros((size * source.unit, keys.shape[0]), dtype=np.int64)
+            while unit := todo.next():
+                first, count = unit
+                started = time.monotonic()
+                fetched = await source.fetch(first, count)
+                todo.took(count, time.monotonic() - started)
+                nbytes = await loop.run_in_executor(pool, produce_and_write, first, count, fetched, buffers)
                 total += nbytes
                 if progress:
-                    progress.advance(min(size, keys.shape[1] - batch * size), nbytes)
+                    progress.advance(min(count * size, keys.shape[1] - first * size), nbytes)
 
         await _first_error([worker() for _ in range(source.concurrency)])
     return total

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from .collate import BatchLayout, array_lengths, show_key
+from .collate import BatchLayout, array_lengths
 from .columns import Column, plan_columns
 from .config import Config
 from .errors import SampleError, SourceError
+from .keys import KeyColumns
 from .scan import ScanShape
 from .shuffle import DuplicateKeysError, epoch_indices, n_batches
 from .source import Snapshot
@@ -30,8 +31,8 @@ class EpochPlan:
     """An epoch's samples in order, and how to fetch and decode them."""
 
     epoch: int
-    keys: np.ndarray  # (n_key_columns, n) int64, in the epoch's order
-    key_names: tuple[str, ...]
+    keys: np.ndarray  # (n_slots, n) int64, in the epoch's order: a slot per integer key column, two per uuid
+    key_columns: KeyColumns
     n_keys: int  # what the keys query returned, repeated keys included
     duplicates_dropped: int
     used: int  # samples written: all of them, or those of the full batches (drop_last)
@@ -44,9 +45,9 @@ class EpochPlan:
     params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
     samples: np.ndarray | None = None  # scan mode: each sample of the epoch, as its index among the cut samples
 
-    def batch_keys(self, batch: int, size: int) -> np.ndarray:
-        """The keys of batch ``batch``, ``(n_key_columns, <= size)``."""
-        return self.keys[:, batch * size : (batch + 1) * size]
+    def batch_keys(self, batch: int, size: int, count: int = 1) -> np.ndarray:
+        """The keys of ``count`` batches from ``batch`` on, ``(n_slots, <= count * size)``."""
+        return self.keys[:, batch * size : (batch + count) * size]
 
 
 async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
@@ -57,10 +58,10 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
         SourceError: the database failed, or the keys cannot make an epoch (none, repeated, no full batch).
     """
     shape = await snap.describe(cfg)
-    keys = await snap.read_keys(cfg, shape.key_names)
-    order = order_keys(cfg, keys, shape.key_names, epoch, in_place=True)
+    keys = await snap.read_keys(cfg, shape.keys)
+    order = order_keys(cfg, keys, shape.keys, epoch, in_place=True)
     where = f"{cfg.file}: " if cfg.file else ""
-    columns, by_field = plan_columns(cfg.fields, shape.returned, len(shape.key_names), where)
+    columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
     categories = {}
     for f in cfg.fields:
         if f.categories == "auto":
@@ -73,11 +74,11 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
                 raise SourceError(f"[fields.{f.name}] categories: {len(found)} distinct values do not fit {f.dtype}")
         elif f.categories is not None:
             categories[f.name] = list(f.categories)
-    sql = batch_statement(cfg.samples.query, len(shape.key_names), columns, cfg.samples.rows)
+    sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows)
     order.pop("index")
     return EpochPlan(
         epoch=epoch,
-        key_names=shape.key_names,
+        key_columns=shape.keys,
         **order,
         columns=columns,
         by_field=by_field,
@@ -88,7 +89,7 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
 
 
 def order_keys(
-    cfg: Config, keys: np.ndarray, key_names: tuple[str, ...], epoch: int, *, in_place: bool = False
+    cfg: Config, keys: np.ndarray, key_columns: KeyColumns, epoch: int, *, in_place: bool = False
 ) -> dict[str, Any]:
     """The epoch's order of ``keys`` (repeats refused or dropped, ``fraction`` applied) and its counts.
 
@@ -108,7 +109,7 @@ def order_keys(
             keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction, duplicates=samples.duplicates
         )
     except DuplicateKeysError as e:
-        shown = "; ".join(f"({show_key(key_names, tuple(map(int, k)))})" for k in e.examples.T)
+        shown = "; ".join(f"({key_columns.show(k)})" for k in e.examples.T)
         more = f" and {e.count - e.examples.shape[1]} more" if e.count > e.examples.shape[1] else ""
         what = "the keys query" if cfg.mode == "query" else "[samples] table"
         raise SampleError(
@@ -143,11 +144,12 @@ def order_keys(
 
 def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int) -> EpochPlan:
     """The epoch of a scanned table: its samples (cut by :func:`pgprefetch.scan.cut`) in the epoch's order."""
-    order = order_keys(cfg, sample_keys, shape.key_names, epoch)
+    key_columns = KeyColumns(shape.key_names)
+    order = order_keys(cfg, sample_keys, key_columns, epoch)
     index = order.pop("index")
     return EpochPlan(
         epoch=epoch,
-        key_names=shape.key_names,
+        key_columns=key_columns,
         **order,
         columns=shape.columns,
         by_field=shape.by_field,
@@ -161,7 +163,7 @@ def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int
 def layout_from(cfg: Config, plan: EpochPlan, first: tuple[bytes | None, ...]) -> BatchLayout:
     """The decoding plan, with the field shapes fixed by the first batch's array lengths."""
     lengths = array_lengths(plan.columns, first)
-    return BatchLayout.build(cfg.fields, plan.columns, plan.by_field, lengths, cfg.samples.rows, plan.key_names)
+    return BatchLayout.build(cfg.fields, plan.columns, plan.by_field, lengths, cfg.samples.rows, plan.key_columns)
 
 
 async def name_unknown_category(cfg: Config, snap: Snapshot, e: SampleError) -> SampleError:

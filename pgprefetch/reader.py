@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,7 @@ import zarr
 
 from .config import load_config
 from .errors import ConfigError, EpochNotFoundError, EpochNotReadyError, StoreError
+from .keys import KeyColumns
 from .layout import ArrayLayout
 from .store import KEYS_ARRAY, Store, epoch_name
 
@@ -100,6 +102,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         """The category list of each categorical field: code ``i`` stands for ``categories[field][i]``."""
         return {name: f["categories"] for name, f in self.manifest["fields"].items() if "categories" in f}
 
+    @property
+    def key_columns(self) -> KeyColumns:
+        """The key columns: each takes one int64 slot of :meth:`batch_keys`, a uuid column two."""
+        m = self.manifest
+        return KeyColumns(tuple(m["key_columns"]), tuple(t == "uuid" for t in m.get("key_types", ())))
+
     @classmethod
     def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> EpochDataset:
         """Open epoch ``epoch`` of the store named by a config file."""
@@ -129,8 +137,17 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return batch
 
     def batch_keys(self, i: int) -> torch.Tensor:
-        """The keys of batch ``i``'s samples, int64 ``(size, n_key_columns)``."""
+        """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``.
+
+        A slot per key column, two per uuid column: its 16 bytes as two big-endian halves, which
+        :func:`pgprefetch.uuid_bytes` turns back into bytes (:meth:`sample_keys` gives ``uuid.UUID``).
+        """
         return self._read(KEYS_ARRAY, self.global_batch(i))
+
+    def sample_keys(self, i: int) -> list[tuple[int | uuid.UUID, ...]]:
+        """The keys of batch ``i``'s samples as the database has them: ints, and ``uuid.UUID`` for uuids."""
+        columns = self.key_columns
+        return [columns.values(row) for row in self.batch_keys(i).numpy().tolist()]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's batches from the resume state on; each one handed out advances the state."""

@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collate import BatchLayout, show_key
+from .collate import BatchLayout
 from .columns import Column, plan_columns
 from .config import Config, ScanConfig
 from .copystream import CopyDecoder
 from .errors import ConfigError, PgprefetchError, SampleError, SourceError
+from .keys import KeyColumns
 from .source import BatchReader, Snapshot
-from .statement import quote_ident
+from .sqltext import quote_ident
 
 KEY_TYPES = {"int2": ">i2", "int4": ">i4", "int8": ">i8"}
 # order column type -> (wire dtype, offset to the Unix epoch in its unit)
@@ -90,7 +91,8 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
         if returned[name][0] not in KEY_TYPES:
             raise ConfigError(
                 f'{where}[samples] key: column "{name}" is {returned[name][0]}; '
-                "keys must be integer columns (smallint, integer, bigint)"
+                "scan mode keys must be integer columns (smallint, integer, bigint)"
+                + ("; uuid keys work in query mode ([samples] keys and query)" if returned[name][0] == "uuid" else "")
             )
     order_wire, offset = None, 0
     if samples.order:
@@ -296,7 +298,7 @@ def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray
     if same_order.size:
         i = int(same_order[0])
         raise SampleError(
-            f"series ({show_key(shape.key_names[:-1], tuple(int(v) for v in series[:, i]))}) has two rows with "
+            f"series ({KeyColumns(shape.key_names[:-1]).show(series[:, i])}) has two rows with "
             f"{shape.key_names[-1]} = {int(order[i])}: a series' rows need distinct order values"
         )
     first = np.concatenate([[0], np.flatnonzero(change) + 1]) if n else np.empty(0, np.int64)

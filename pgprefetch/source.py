@@ -28,11 +28,11 @@ import numpy as np
 
 from .config import Config, SourceConfig
 from .errors import ConfigError, PgprefetchError, SampleError, SourceError
+from .keys import INTEGER_TYPES, UUID_TYPE, KeyColumns
 from .redaction import redact, scrub
 from .retry import cause, lost
 from .statement import distinct_text_statement, sample_text_statement
 
-KEY_TYPES = ("int2", "int4", "int8")
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
 _SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
 T = TypeVar("T")
@@ -136,7 +136,7 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
 class Shape:
     """What the two queries return: key column names and the per-sample query's columns (type name, kind)."""
 
-    key_names: tuple[str, ...]
+    keys: KeyColumns
     returned: dict[str, tuple[str, str]]
 
 
@@ -178,22 +178,27 @@ class Snapshot:
                 the query does not return, or a column type pgprefetch cannot put in a tensor.
         """
         where = _where(cfg)
-        keys = self._keys = await self._prepare(cfg.samples.keys, f"{where}[samples] keys")
-        key_names = tuple(a.name for a in keys.get_attributes())
-        for a in keys.get_attributes():
-            if a.type.name not in KEY_TYPES:
+        stmt = await self._prepare(cfg.samples.keys, f"{where}[samples] keys")
+        for a in stmt.get_attributes():
+            if a.type.name not in (*INTEGER_TYPES, UUID_TYPE):
                 raise ConfigError(
                     f'{where}[samples] keys: key column "{a.name}" is {a.type.name}; '
-                    "keys must be integer columns (smallint, integer, bigint)"
+                    "keys must be integer (smallint, integer, bigint) or uuid columns"
                 )
-        if cfg.samples.max_param > len(key_names):
+        attributes = stmt.get_attributes()
+        keys = KeyColumns(tuple(a.name for a in attributes), tuple(a.type.name == UUID_TYPE for a in attributes))
+        if cfg.samples.max_param > len(keys.names):
             raise ConfigError(
                 f"{where}[samples] query: uses ${cfg.samples.max_param} but keys returns "
-                f"{len(key_names)} column(s) ({', '.join(key_names)})"
+                f"{len(keys.names)} column(s) ({', '.join(keys.names)})"
             )
+        if keys.has_uuid:  # the keys read as int8 slots: two per uuid, converted by the server
+            slots = ", ".join(keys.slot_sql("_pgpf_q"))
+            stmt = await self._prepare(f"SELECT {slots} FROM ({cfg.samples.keys}) AS _pgpf_q", f"{where}[samples] keys")
+        self._keys = stmt
         query = await self._prepare(cfg.samples.query, f"{where}[samples] query")
         returned = {a.name: (a.type.name, a.type.kind) for a in query.get_attributes()}
-        return Shape(key_names=key_names, returned=returned)
+        return Shape(keys=keys, returned=returned)
 
     async def _prepare(self, sql: str, where: str) -> asyncpg.prepared_stmt.PreparedStatement:
         # A savepoint: a statement that fails to prepare must not abort the snapshot's transaction.
@@ -233,20 +238,20 @@ class Snapshot:
         """Run a small query in the snapshot (statistics, bounds)."""
         return await self._run(lambda: self.conn.fetch(sql), what)
 
-    async def sample_text(self, cfg: Config, key: Sequence[int], column: str) -> list[str | None]:
-        """The values of ``column`` the per-sample query returns for ``key``, as text (error messages)."""
+    async def sample_text(self, cfg: Config, key: Sequence[object], column: str) -> list[str | None]:
+        """The values of ``column`` the per-sample query returns for ``key`` (column values), as text."""
         sql = sample_text_statement(cfg.samples.query, column)
         rows = await self._run(lambda: self.conn.fetch(sql, *key[: cfg.samples.max_param]), "looking up a value")
         return [r[0] for r in rows]
 
-    async def read_keys(self, cfg: Config, key_names: Sequence[str]) -> np.ndarray:
-        """Stream the keys through a server-side cursor into a ``(n_key_columns, n)`` int64 array.
+    async def read_keys(self, cfg: Config, keys: KeyColumns) -> np.ndarray:
+        """Stream the keys through a server-side cursor into a ``(n_slots, n)`` int64 array.
 
         Each cursor round trip is bounded by ``io_timeout`` on its own: a long key list is not a stall.
         """
         where = f"{_where(cfg)}[samples] keys"
         chunks: list[np.ndarray] = []
-        k = len(key_names)
+        k = keys.width
         assert self._keys is not None, "describe() prepares the keys statement first"
         cursor = await self._run(lambda: self._keys.cursor(), where)
         while records := await self._run(lambda: cursor.fetch(KEYS_PREFETCH), where):
@@ -256,12 +261,12 @@ class Snapshot:
             except TypeError:  # a None
                 row, col = next((i, j) for i, r in enumerate(records) for j, v in enumerate(r) if v is None)
                 raise SampleError(
-                    f'keys query returned a NULL in key column "{key_names[col]}" '
+                    f'keys query returned a NULL in key column "{keys.column_of_slot(col)}" '
                     f"(row {sum(c.shape[1] for c in chunks) + row + 1})"
                 ) from None
             chunks.append(np.ascontiguousarray(flat.reshape(len(records), k).T))
         if not chunks:
-            return np.empty((len(key_names), 0), dtype=np.int64)
+            return np.empty((k, 0), dtype=np.int64)
         return np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
 
 
@@ -344,14 +349,18 @@ class BatchReader:
         finally:
             self._idle.put_nowait((conn, _))
 
-    async def fetch(self, batch: int, keys: np.ndarray) -> tuple[bytes | None, ...]:
-        """Run the batch statement for ``keys`` (shape ``(n_key_columns, n)``) on an idle worker."""
+    async def fetch(self, batch: int, keys: np.ndarray, count: int = 1) -> tuple[bytes | None, ...]:
+        """Run the batch statement for ``keys`` (shape ``(n_key_columns, n)``) on an idle worker.
+
+        ``keys`` may hold ``count`` consecutive batches from ``batch`` on: small batches travel together.
+        """
         conn, stmt = await self._idle.get()
+        what = f"batch {batch}" if count == 1 else f"batches {batch}-{batch + count - 1}"
         try:
             row = await _call(
                 conn,
                 lambda: stmt.fetchrow(*(column.tolist() for column in keys), *self._params),
-                f"batch {batch}",
+                what,
                 self._timeout,
             )
         finally:

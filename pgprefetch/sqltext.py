@@ -16,6 +16,11 @@ _PARAM = re.compile(r"\$([0-9]+)")
 _DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$")
 
 
+def quote_ident(name: str) -> str:
+    """A SQL identifier, quoted so that any column name is taken literally."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _params(sql: str) -> list[tuple[int, int, int]]:
     """``(start, end, n)`` of each ``$n`` parameter, found by a scan that follows PostgreSQL's lexer.
 

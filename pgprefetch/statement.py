@@ -14,19 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .columns import Column
-from .sqltext import replace_params
+from .keys import KeyColumns
+from .sqltext import quote_ident, replace_params
 
 K = "_pgpf_k"  # aliases unlikely to collide with names in the user's query
 Q = "_pgpf_q"
 U = "_pgpf_u"
 
 
-def quote_ident(name: str) -> str:
-    """A SQL identifier, quoted so that any column name is taken literally."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def batch_statement(query: str, n_key_columns: int, columns: Sequence[Column], rows: int) -> str:
+def batch_statement(query: str, keys: KeyColumns, columns: Sequence[Column], rows: int) -> str:
     """The one-round-trip statement that runs the per-sample ``query`` for every key of a batch.
 
     With ``rows > 1`` each sample's rows are aggregated where they are produced (one array per column, and
@@ -35,9 +31,10 @@ def batch_statement(query: str, n_key_columns: int, columns: Sequence[Column], r
     nothing to group, and one array per column over the whole batch, with each row's key ordinal, is
     cheaper still (about 25%, measured on the demo rows).
     """
-    inner_query = replace_params(query, lambda n: f"{K}.k{n}")
-    arrays = ", ".join(f"${i}::int8[]" for i in range(1, n_key_columns + 1))
-    names = ", ".join(f"k{i}" for i in range(1, n_key_columns + 1))
+    values = keys.value_sql([f"{K}.k{i}" for i in range(1, keys.width + 1)])  # a uuid from its two slots
+    inner_query = replace_params(query, lambda n: values[n - 1])
+    arrays = ", ".join(f"${i}::int8[]" for i in range(1, keys.width + 1))
+    names = ", ".join(f"k{i}" for i in range(1, keys.width + 1))
     source = f"FROM unnest({arrays}) WITH ORDINALITY AS {K}({names}, ord)\nCROSS JOIN LATERAL (\n"
     if rows == 1:
         selects = [f"array_send(array_agg({K}.ord::int4))"]

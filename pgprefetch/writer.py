@@ -6,11 +6,12 @@ files are created with their index, and each batch is ``pwrite``-n at its own of
 no read-modify-write and nothing buffered (byte for byte what zarr writes). Compressed chunks vary in
 size, so compressed arrays keep one file per batch and go through zarr's codecs.
 
-After each batch the writer appends its CRC32C per array to a journal beside the partial folder (no fsync:
-a lost line only means a batch fetched again). A dump that dies (``kill -9``, Ctrl-C, a full disk) leaves
-the partial folder and its journal; the next dump of the epoch resumes it if the journal's header, which
-holds the key list's count and sha256, matches: batches whose bytes on disk still match their journal
-checksum are kept, the rest are fetched again. The checksums end up beside the manifest for ``verify``.
+After each batch (or run of small batches) the writer appends their CRC32C per array to a journal
+beside the partial folder (no fsync: a lost line only means a batch fetched again). A dump that dies
+(``kill -9``, Ctrl-C, a full disk) leaves the partial folder and its journal; the next dump of the epoch
+resumes it if the journal's header, which holds the key list's count and sha256, matches: batches whose
+bytes on disk still match their journal checksum are kept, the rest are fetched again. The checksums end
+up beside the manifest for ``verify``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from .store import ArraySpec, Store, compressors, publish_epoch
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
+# The most bytes one pwrite joins from several small batches. Larger writes would save nothing more, and
+# the page cache would hold them in large folios (ext4 and xfs since Linux 6.x), which a reader's first
+# touch maps whole: a rank reading one batch in four would make the others' batches resident too.
+WRITE_BYTES = 64 << 10
 
 
 def shard_batches(chunk_bytes: int, n_batches: int) -> int:
@@ -194,29 +199,46 @@ class EpochWriter:
 
     def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
         """Write batch ``batch`` of every array (blocking: call it from one worker thread); return bytes."""
-        with _io_errors(self.path):
-            return self._write_batch(batch, arrays)
+        return self.write_batches(batch, 1, arrays)
 
-    def _write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
+    def write_batches(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> int:
+        """Write ``count`` consecutive batches from ``first`` on; return bytes. Blocking: run it on a thread.
+
+        Each array in ``arrays`` holds at least ``count * batch_size`` samples, the batches one after another.
+        """
+        with _io_errors(self.path):
+            return self._write_batches(first, count, arrays)
+
+    def _write_batches(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> int:
+        size = self.header["batch_size"]
         written = 0
-        crcs = []
+        crcs = np.empty((len(self.names), count), dtype=np.uint32)
         for j, name in enumerate(self.names):
-            data = arrays[name]
+            data = arrays[name][: count * size]
             raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+            layout = self.layouts[name]
             if self.compressed:
-                self.arrays[name][batch] = raw
-                crc = checksum(read_batch_bytes(self.layouts[name], batch))
+                for i in range(count):
+                    self.arrays[name][first + i] = raw[i * size : (i + 1) * size]
+                    crcs[j, i] = checksum(read_batch_bytes(layout, first + i))
             else:
-                path, slot = self.layouts[name].file(batch)
-                _pwrite_all(path, raw, slot * self.layouts[name].batch_bytes)
-                crc = checksum(raw)
-            self.checksums[j, batch] = crc
-            crcs.append(crc)
+                # Consecutive batches of one shard file are consecutive bytes: small batches share a pwrite.
+                batch, most = first, max(1, WRITE_BYTES // layout.batch_bytes)
+                while batch < first + count:
+                    path, slot = layout.file(batch)
+                    run = min(first + count - batch, layout.per_file - slot, most)
+                    lo = (batch - first) * size
+                    _pwrite_all(path, raw[lo : lo + run * size], slot * layout.batch_bytes)
+                    batch += run
+                for i, chunk in enumerate(raw.reshape(count, -1)):
+                    crcs[j, i] = checksum(chunk)
             written += data.nbytes
-        with self._journal_lock:  # batches may be written from two threads (scan mode, uncompressed)
-            self._journal.write(f"{batch} {' '.join(map(str, crcs))}\n")
+        self.checksums[:, first : first + count] = crcs
+        lines = "".join(f"{first + i} {' '.join(map(str, crcs[:, i].tolist()))}\n" for i in range(count))
+        with self._journal_lock:  # units may be written from two threads (scan mode, uncompressed)
+            self._journal.write(lines)
             self._journal.flush()
-            self.done[batch] = True
+            self.done[first : first + count] = True
         return written
 
     def publish(self, manifest: dict[str, Any]) -> Path:

@@ -12,6 +12,7 @@ import zarr
 
 from pgprefetch import load_config, wire
 from pgprefetch.columns import Column
+from pgprefetch.keys import KeyColumns
 from pgprefetch.pipeline import dump_epoch
 from pgprefetch.shuffle import shuffle_keys
 from pgprefetch.statement import batch_statement
@@ -237,7 +238,8 @@ def test_one_row_samples_arriving_out_of_key_order_are_put_back_in_order(s_table
         s_table, f"ALTER DATABASE {name} SET enable_nestloop = off", f"ALTER DATABASE {name} SET enable_hashjoin = off"
     )
     keys = shuffle_keys(np.arange(1, S_ROWS + 1, dtype=np.int64).reshape(1, -1), seed=0, epoch=0)
-    sql = batch_statement("SELECT v FROM s WHERE id = $1", 1, [Column("v", "float4", is_array=False)], rows=1)
+    column = Column("v", "float4", is_array=False)
+    sql = batch_statement("SELECT v FROM s WHERE id = $1", KeyColumns(("id",)), [column], rows=1)
     ordinals = wire.flat(fetch(s_table, sql, keys[0, :16].tolist())[0][0], np.dtype(">i4"))
     assert sorted(ordinals.tolist()) == list(range(1, 17))
     assert ordinals.tolist() != list(range(1, 17))  # out of order: the re-sort branch runs

@@ -138,7 +138,8 @@ def test_null_key_is_refused(table: str, tmp_path: Path) -> None:
 def test_non_integer_key_column_is_a_config_error(table: str, tmp_path: Path) -> None:
     expect(
         ConfigError,
-        '{file}: [samples] keys: key column "name" is text; keys must be integer columns (smallint, integer, bigint)',
+        '{file}: [samples] keys: key column "name" is text; '
+        "keys must be integer (smallint, integer, bigint) or uuid columns",
         tmp_path,
         table,
         keys="SELECT name FROM s",

@@ -338,7 +338,10 @@ def test_resume_refetches_exactly_the_damaged_batches_and_equals_a_clean_dump(
 
 
 class StopAfter:
-    """A progress hook that fails the dump once ``batches`` batches were written (an interrupted dump)."""
+    """A progress hook that fails the dump after ``batches`` writes (an interrupted dump).
+
+    A write is a unit of batches: one batch each only when fetching a batch is slow (``slow=True``).
+    """
 
     def __init__(self, batches: int) -> None:
         self.left = batches
@@ -353,7 +356,7 @@ class StopAfter:
 
 
 def test_a_cut_journal_line_loses_no_snapshot_of_a_later_resume(s_table: str, tmp_path: Path) -> None:
-    cfg = load_config(s_config(tmp_path, connections=1), dsn=s_table)
+    cfg = load_config(s_config(tmp_path, connections=1, slow=True), dsn=s_table)  # slow: units of one batch
     journal = tmp_path / "store.zarr" / ".pgprefetch" / "partial" / "epoch-00000.journal"
     for _ in range(2):
         with pytest.raises(RuntimeError, match="interrupted"):

@@ -43,9 +43,11 @@ def scan_config(folder: Path, name: str = "scan.toml", **samples: Any) -> Path:
     fields = samples.pop("fields", {"x": (["f0", "f1"], "float32"), "y": (["label"], "int64")})
     extra = samples.pop("extra", "")
     size = samples.pop("size", 32)
+    compression = samples.pop("compression", "none")
     lines = ["[source]", "connections = 3", extra, "[samples]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in samples.items()]
     lines += ["[batches]", f"size = {size}", "seed = 5", "drop_last = false", "[store]", 'path = "store.zarr"']
+    lines += [f'compression = "{compression}"']
     for fname, (columns, dtype) in fields.items():
         lines += [f"[fields.{fname}]", f"columns = {json.dumps(columns)}", f"dtype = {toml_value(dtype)}"]
     (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +250,7 @@ def test_scan_config_errors_are_one_line(tmp_path: Path, samples: dict[str, Any]
     [
         (
             {"table": "ticks", "key": "f0"},
-            '[samples] key: column "f0" is float4; keys must be integer columns (smallint, integer, bigint)',
+            '[samples] key: column "f0" is float4; scan mode keys must be integer columns (smallint, integer, bigint)',
         ),
         (
             {"table": "ticks", "key": "series_id", "order": "f1", "window": 2},
@@ -304,7 +306,11 @@ def test_kill_9_mid_scan_then_rerun_gives_the_clean_bytes(ticks: str, tmp_path: 
     from .test_operations import dump_argv, journal_lines, wait_for
 
     table = SLOW if moment == "reading" else "ticks"
-    cfg = scan_config(tmp_path / "a", table=table, key=["series_id"], order="t", window=2, size=1)
+    # Writing: batches of two samples, compressed: milliseconds each through zarr, so the dump is still
+    # writing when it is killed (uncompressed, units of up to 512 such batches would write it all at once).
+    settings = {"key": ["series_id"], "order": "t", "window": 2, "size": 1 if moment == "reading" else 2}
+    settings["compression"] = "none" if moment == "reading" else "zstd"
+    cfg = scan_config(tmp_path / "a", table=table, **settings)
     store = tmp_path / "a" / "store.zarr"
     proc = subprocess.Popen(dump_argv(cfg, ticks), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if moment == "reading":
@@ -318,7 +324,7 @@ def test_kill_9_mid_scan_then_rerun_gives_the_clean_bytes(ticks: str, tmp_path: 
     assert rerun.returncode == 0, rerun.stderr
     summary = json.loads(rerun.stdout)
     assert (summary.get("resumed_batches", 0) > 0) == (moment == "writing")
-    clean = dump(scan_config(tmp_path / "b", table="ticks", key=["series_id"], order="t", window=2, size=1), ticks)
+    clean = dump(scan_config(tmp_path / "b", table="ticks", **settings), ticks)
     assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
 
 
@@ -334,10 +340,8 @@ def test_a_table_larger_than_memory_is_read_in_passes_and_gives_the_same_bytes(
         "CREATE INDEX ON big (series_id, t)",
     )  # about 63,000 rows: 3.3 MB as COPY sends them
     windows = {"table": "big", "key": ["series_id"], "order": "t", "window": 16, "stride": 3, "fraction": 0.8}
-    store = f'\n[store]\npath = "store.zarr"\ncompression = "{compression}"'
     whole = dump(scan_config(tmp_path / "whole", **windows), db)
-    small = scan_config(tmp_path / "small", **windows, extra='memory = "1MiB"')
-    small.write_text(small.read_text().replace('[store]\npath = "store.zarr"', store.strip()))
+    small = scan_config(tmp_path / "small", **windows, extra='memory = "1MiB"', compression=compression)
     passes = dump(small, db)
     assert passes.rows_read is not None
     assert passes.rows_read > 2 * whole.rows_read  # the keys pass, then the data passes (an index serves them)
