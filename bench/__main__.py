@@ -1,4 +1,4 @@
-"""``python -m bench``: load the demo data, run blog / ceiling / dump, cast checks, RSS, proxy runs, reader; print."""
+"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small batches."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import casts, contenders, dumprun, reader, scan
+from . import casts, contenders, dumprun, opening, reader, scan
+from . import small as small_bench  # `small` is a flag in several functions here
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
-from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice_reader
+from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice, splice_reader
 
 HERE = Path(__file__).resolve().parent
 DATABASE = "pgprefetch_bench"
@@ -132,17 +133,22 @@ def proxy(dsn: str, delay_ms: float) -> Iterator[str]:
             p.wait()
 
 
-async def load(dsn: str, scales: dict[str, float]) -> tuple[dict[str, int], str]:
-    """Load both datasets, freeze and checkpoint them; return their train sample counts and the server version."""
+TABLES = {"windows": "ticks, train_samples", "rows": "items, train_items"}  # what each dataset's load writes
+
+
+async def load(
+    dsn: str, scales: dict[str, float], datasets: tuple[Dataset, ...] = (WINDOWS, ROWS)
+) -> tuple[dict[str, int], str]:
+    """Load the datasets, freeze and checkpoint them; return their train sample counts and the server version."""
     conn = await asyncpg.connect(dsn)
     try:
         counts = {}
-        for ds in (WINDOWS, ROWS):
+        for ds in datasets:
             t = time.perf_counter()
             counts[ds.name] = await ds.load(conn, scales[ds.name])
             log(f"loaded {ds.name}: {counts[ds.name]:,} train samples in {time.perf_counter() - t:.1f} s")
         # Set hint bits and the visibility map now, so that no contender pays for the first read of a page.
-        await conn.execute("VACUUM (FREEZE, ANALYZE) ticks, train_samples, items, train_items")
+        await conn.execute(f"VACUUM (FREEZE, ANALYZE) {', '.join(TABLES[ds.name] for ds in datasets)}")
         with contextlib.suppress(asyncpg.PostgresError):
             await conn.execute("CHECKPOINT")
         version = await conn.fetchval("SELECT version()")
@@ -213,6 +219,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-scan", action="store_true", help="skip the scan mode's section")
     parser.add_argument("--no-reader", action="store_true", help="skip the reader bench")
     parser.add_argument(
+        "--opening-only",
+        action="store_true",
+        help="only the opening bench (EpochDataset and ls on 10^5 batches against 100; no PostgreSQL)",
+    )
+    parser.add_argument("--no-opening", action="store_true", help="skip the opening bench")
+    parser.add_argument(
+        "--small-only",
+        action="store_true",
+        help=f"only the small batches bench (one epoch of {small_bench.SAMPLES:,} rows dumped in batches of "
+        f"{', '.join(map(str, small_bench.SIZES))}; loads only the rows dataset)",
+    )
+    parser.add_argument("--no-small", action="store_true", help="skip the small batches bench")
+    parser.add_argument(
         "--casts-only",
         action="store_true",
         help="only the cast checks' cost against a dump of each dataset (quick sizes unless scales are given); "
@@ -238,6 +257,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.results = HERE / "RESULTS.md"
     if args.reader_only and args.no_reader:
         parser.error("--reader-only and --no-reader exclude each other")
+    if args.opening_only and (
+        args.no_opening or args.reader_only or args.casts_only or args.scan_only or args.small_only
+    ):
+        parser.error("--opening-only runs the opening bench alone: not with --no-opening or another --*-only")
+    if args.small_only and (args.no_small or args.reader_only or args.casts_only or args.scan_only):
+        parser.error("--small-only runs the small batches bench alone: not with --no-small or another --*-only")
     default = reader.QUICK_EPOCH_BYTES if args.quick else reader.EPOCH_BYTES
     args.reader_bytes = int(args.reader_gb * 2**30) if args.reader_gb else default
     return args
@@ -260,6 +285,52 @@ def reader_only(args: argparse.Namespace) -> None:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
         args.results.write_text(splice_reader(old, section), encoding="utf-8")
         log(f"wrote the reader section of {args.results}")
+
+
+def measure_opening(results: Results) -> None:
+    sizes = " and ".join(f"{n:,}" for n in opening.SIZES.values())
+    log(f"opening: EpochDataset(...), list_epochs and ls on epochs of {sizes} batches")
+    results.opening = opening.run()
+    ratios = ", ".join(f"{k.removesuffix('_s')} {v:.2f}x" for k, v in results.opening.ratios().items())
+    log(f"  opening: 10^5/100 {ratios} in {results.opening.seconds:.0f} s")
+
+
+def opening_only(args: argparse.Namespace) -> None:
+    """``--opening-only``: print the opening section; with ``--results``, replace that section of the file."""
+    results = Results(quick=args.quick, scales={}, revision=code_revision())
+    measure_opening(results)
+    assert results.opening is not None
+    section = opening.render(results.opening, revision=results.revision)
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, opening.BEGIN, opening.END), encoding="utf-8")
+        log(f"wrote the opening section of {args.results}")
+
+
+def measure_small(results: Results, dsn: str, quick: bool) -> None:
+    samples = small_bench.QUICK_SAMPLES if quick else small_bench.SAMPLES
+    sizes = ", ".join(f"{n:,}" for n in small_bench.SIZES)
+    log(f"small batches: {samples:,} rows dumped in batches of {sizes}, {small_bench.ROUNDS} rounds")
+    results.small = small_bench.run(dsn, samples=samples)
+    ratio, wall = results.small.ratio(), results.small.ratio(wall=True)
+    seconds = results.small.seconds
+    log(f"  small batches: {small_bench.SMALL}/{small_bench.BASE:,} {ratio:.2f}x ({wall:.2f}x wall) in {seconds:.0f} s")
+
+
+def small_only(args: argparse.Namespace) -> None:
+    """``--small-only``: load the rows dataset alone, print the small batches section; with ``--results``, splice it."""
+    results = Results(quick=args.quick, scales={"rows": args.scale_rows}, revision=code_revision())
+    with server() as admin_dsn, database(admin_dsn) as dsn:
+        asyncio.run(load(dsn, results.scales, (ROWS,)))
+        measure_small(results, dsn, args.quick)
+    assert results.small is not None
+    section = small_bench.render(results.small, revision=results.revision)
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, small_bench.BEGIN, small_bench.END), encoding="utf-8")
+        log(f"wrote the small batches section of {args.results}")
 
 
 def measure_casts(ds: Dataset, dsn: str, dump: dumprun.DumpRun) -> casts.CastRun:
@@ -327,6 +398,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.scan_only:
         scan_only(args)
         return
+    if args.opening_only:
+        opening_only(args)
+        return
+    if args.small_only:
+        small_only(args)
+        return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
     if small and not args.quick:
@@ -350,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
                 run = dumprun.dump(ROWS, dsn, workdir, fraction=fraction, measure_rss=True)
                 log(f"rss {label}: {run.samples:,} samples, peak RSS {run.max_rss / 2**20:,.1f} MiB")
                 results.rss.append((label, fraction, run))
+            if not args.no_small:
+                measure_small(results, dsn, args.quick)
             if not args.no_proxy:
                 with proxy(dsn, args.delay_ms) as slow_dsn:
                     results.rtt_ms["direct"] = asyncio.run(contenders.round_trip_ms(dsn))
@@ -365,6 +444,8 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     if not args.no_reader:  # after the server is gone: nothing else runs on the two cores
         measure_reader(results, args.reader_bytes)
+    if not args.no_opening:
+        measure_opening(results)
     results.total_s = time.perf_counter() - started
     text = render(results)
     if not args.no_scan:

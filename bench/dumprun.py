@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,10 +52,12 @@ def dump(
     measure_rss: bool = False,
     keep_keys: bool = False,
     config: str | None = None,
+    read_keys: Callable[[Path], np.ndarray] | None = None,
 ) -> DumpRun:
     """Write a config for ``ds`` (or ``config``), dump epoch 0 in a subprocess, delete the store.
 
-    ``keep_keys`` reads the epoch's keys before the store goes. A ``config`` names its own store path.
+    ``keep_keys`` reads the epoch's keys before the store goes: through zarr, or ``read_keys(store)``,
+    which returns them ``(samples, n_key_columns)``. A ``config`` names its own store path.
     """
     store = workdir / f"store-{ds.name}"
     text = ds.config(store, fraction) if config is None else config
@@ -71,7 +74,10 @@ def dump(
         p = subprocess.run(argv, capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - started
         if keep_keys and p.returncode == 0:
-            written = zarr.open_array(store / "epoch-00000" / "keys", mode="r")[:]  # (n_batches, size, k)
+            if read_keys is None:
+                written = zarr.open_array(store / "epoch-00000" / "keys", mode="r")[:]  # (n_batches, size, k)
+            else:
+                written = read_keys(store)
             keys = written.reshape(-1, written.shape[-1]).T
     finally:
         shutil.rmtree(store, ignore_errors=True)

@@ -7,10 +7,15 @@ import platform
 import statistics
 import subprocess
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .casts import CastRun, render_casts
 from .contenders import Run
 from .dumprun import DumpRun
+
+if TYPE_CHECKING:
+    from .opening import OpeningResults
+    from .small import SmallResults
 
 TARGET_CEILING = 0.8
 TARGET_BLOG = {"windows": 5.0, "rows": 20.0}
@@ -100,6 +105,8 @@ class Results:
     reader: list[ReaderRow] = field(default_factory=list)
     reader_s: float = 0.0
     casts: list[CastRun] = field(default_factory=list)
+    opening: OpeningResults | None = None  # opening and listing an epoch of 10^5 batches against 100
+    small: SmallResults | None = None  # the same epoch dumped in batches of 10 against batches of 1,000
     started: str = ""  # when the run started (UTC)
     revision: str = ""  # pgprefetch's version and commit when the run started (see code_revision())
 
@@ -259,6 +266,14 @@ def render(r: Results) -> str:
         ]
     if r.reader:
         out += [render_reader(r.reader, quick=r.quick, seconds=r.reader_s, revision=r.revision), ""]
+    if r.opening:
+        from .opening import render as render_opening
+
+        out += [render_opening(r.opening, revision=r.revision), ""]
+    if r.small:
+        from .small import render as render_small
+
+        out += [render_small(r.small, revision=r.revision), ""]
     scales = ", ".join(f"{k} {v:g}" for k, v in r.scales.items())
     out += [
         "Machine:",
@@ -339,9 +354,14 @@ def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float, revisio
 
 def splice_reader(text: str, section: str) -> str:
     """``text`` (a RESULTS.md) with its reader section replaced by ``section`` (or added before Machine)."""
-    begin, end = text.find(READER_BEGIN), text.find(READER_END)
+    return splice(text, section, READER_BEGIN, READER_END)
+
+
+def splice(text: str, section: str, begin_marker: str, end_marker: str) -> str:
+    """``text`` with the section between the markers replaced by ``section`` (or added before Machine)."""
+    begin, end = text.find(begin_marker), text.find(end_marker)
     if begin >= 0 and end > begin:
-        return text[:begin] + section + text[end + len(READER_END) :]
+        return text[:begin] + section + text[end + len(end_marker) :]
     machine = text.find("\nMachine:\n")
     if machine >= 0:
         return text[: machine + 1] + section + "\n\n" + text[machine + 1 :]
