@@ -12,7 +12,6 @@ import asyncio
 import os
 from collections.abc import Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 from .config import Config, load_config, parse_config, with_overrides
@@ -58,17 +57,17 @@ def dump(
 
 def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:
     """The epochs of a store, complete and partial (``pgprefetch ls``)."""
-    return list_epochs(Store(Path(store)))
+    return list_epochs(Store(store))
 
 
 def verify(store: str | os.PathLike[str], epoch: int) -> list[str]:
     """One line per corrupt or missing chunk of a published epoch; empty when all is well."""
-    return verify_epoch(Store(Path(store)), epoch)
+    return verify_epoch(Store(store), epoch)
 
 
 def prune(store: str | os.PathLike[str], keep: int, **options: Any) -> PruneResult:
     """Delete complete epochs more than ``keep`` behind the consumers (``pgprefetch prune``)."""
-    return prune_store(Store(Path(store)), keep, **options)
+    return prune_store(Store(store), keep, **options)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

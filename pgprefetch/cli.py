@@ -107,7 +107,7 @@ def cli(debug: bool) -> None:
     "--keep", type=click.IntRange(min=0), help="Then delete complete epochs more than N behind the consumers."
 )
 @click.option("--consumer", help="Go by this consumer's epoch for --ahead/--keep (default: all consumers).")
-@click.option("--store", type=click.Path(path_type=Path), help="Store folder; overrides [store] path.")
+@click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store; overrides [store] path.")
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
 @click.option("--memory", metavar="SIZE", help='Scan mode: table data held at once, e.g. "2GiB"; overrides [source].')
@@ -145,7 +145,7 @@ def dump(
     ahead: int | None,
     keep: int | None,
     consumer: str | None,
-    store: Path | None,
+    store: str | None,
     dsn: str | None,
     connections: int | None,
     memory: str | None,
@@ -191,7 +191,7 @@ def dump(
         click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
 
 
-def _store(config_path: Path | None, store: Path | None) -> Store:
+def _store(config_path: Path | None, store: str | None) -> Store:
     """The store named by --store, or by the config's [store] path; it must exist."""
     if store is not None:
         return Store(store).require()
@@ -207,7 +207,7 @@ store_options = [
         type=click.Path(dir_okay=False, path_type=Path),
         help="The config whose [store] path to use.",
     ),
-    click.option("--store", type=click.Path(file_okay=False, path_type=Path), help="The store folder."),
+    click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store: a folder or an S3 URL."),
 ]
 
 
@@ -221,7 +221,7 @@ def with_store_options(f: Any) -> Any:
 @cli.command("ls")
 @with_store_options
 @json_option('Print {"epochs": [...]} instead of a table.')
-def ls(config_path: Path | None, store: Path | None, as_json: bool) -> None:
+def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
     """List the epochs of a store: state, batches, samples, size, created, seconds."""
     infos = list_epochs(_store(config_path, store))
     if as_json:
@@ -243,7 +243,7 @@ def ls(config_path: Path | None, store: Path | None, as_json: bool) -> None:
 @with_store_options
 @click.option("--epoch", type=int, required=True, help="The epoch to check.")
 @json_option('Print {"epoch", "problems": [...], "ok"}.')
-def verify(config_path: Path | None, store: Path | None, epoch: int, as_json: bool) -> None:
+def verify(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
     """Recompute every chunk's checksum; name each corrupt or missing chunk (exit 1 if any)."""
     problems = verify_epoch(_store(config_path, store), epoch)
     if as_json:
@@ -278,7 +278,7 @@ def verify(config_path: Path | None, store: Path | None, epoch: int, as_json: bo
 @json_option("Print one JSON object.")
 def prune_command(
     config_path: Path | None,
-    store: Path | None,
+    store: str | None,
     keep: int,
     consumer: str | None,
     partials: bool,

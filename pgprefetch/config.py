@@ -124,7 +124,7 @@ class BatchesConfig:
 class StoreConfig:
     """Where epochs are written, and how."""
 
-    path: Path
+    path: Path | str  # a local folder, or an object store URL (``s3://bucket/prefix``; see store_location)
     compression: str = "none"
 
 
@@ -224,6 +224,35 @@ def load_config(
     return with_overrides(cfg, dsn=dsn, connections=connections, store=store, memory=memory, environ=environ)
 
 
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def store_location(value: str | os.PathLike[str], where: str, base: Path | None = None) -> Path | str:
+    """A store location: ``s3://bucket/prefix`` as a normalised string, or a local folder as a Path.
+
+    Any other URL scheme is an error: ``Path("gs://b/x")`` would silently be a local folder named ``gs:``.
+    A relative folder is taken relative to ``base`` (the config file's folder) when given.
+    """
+    text = os.fspath(value)
+    url = _URL.match(text) if isinstance(text, str) else None
+    if url is None:
+        path = Path(text).expanduser()
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        return Path(os.path.normpath(path))
+    scheme, rest = url[1].lower(), url[2]
+    if scheme != "s3":
+        raise ConfigError(f"{where}: unsupported store URL {scheme}://...: use a local folder or s3://bucket/prefix")
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET.match(bucket):
+        raise ConfigError(f"{where}: {text!r} does not name a valid S3 bucket (s3://bucket/prefix)")
+    parts = [p for p in prefix.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ConfigError(f"{where}: {text!r}: '.' and '..' are not allowed in an S3 prefix")
+    return "s3://" + "/".join([bucket, *parts])
+
+
 def with_overrides(
     cfg: Config,
     *,
@@ -246,7 +275,7 @@ def with_overrides(
     if memory is not None:
         source = dataclasses.replace(source, memory_bytes=parse_size(memory, "--memory"))
     source = dataclasses.replace(source, dsn=chosen_dsn)
-    store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=Path(store))
+    store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=store_location(store, "--store"))
     return dataclasses.replace(cfg, source=source, store=store_cfg)
 
 

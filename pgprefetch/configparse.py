@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from .config import (
     parse_duration,
     parse_size,
     show,
+    store_location,
 )
 from .errors import ConfigError
 from .sqltext import find_params, strip_statement
@@ -73,7 +73,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             drop_last=p.boolean(batches, "batches", "drop_last", default=True),
         ),
         store=StoreConfig(
-            path=p.path(store, "store", "path"),
+            path=p.location(store, "store", "path"),
             compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
         ),
         file=file,
@@ -212,15 +212,14 @@ class _Parser:
             self.fail(f"[{section}] {key}", f"expected one of {', '.join(choices)}; got {show(value)}")
         return value  # type: ignore[no-any-return]
 
-    def path(self, table: dict[str, Any], section: str, key: str) -> Path:
+    def location(self, table: dict[str, Any], section: str, key: str) -> Path | str:
         value = table[key]
         if not isinstance(value, str) or not value.strip():
             self.fail(f"[{section}] {key}", f"expected a path string, got {_kind(value)}")
-        path = Path(value).expanduser()
+        prefix = f"{self.file}: " if self.file else ""
         # Relative to the config file, so cron's working directory doesn't matter.
-        if not path.is_absolute() and self.file is not None:
-            path = self.file.resolve().parent / path
-        return Path(os.path.normpath(path))
+        base = self.file.resolve().parent if self.file is not None else None
+        return store_location(value, f"{prefix}[{section}] {key}", base)
 
     def duration(self, table: dict[str, Any], section: str, key: str) -> int | None:
         value = table.get(key)

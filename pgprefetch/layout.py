@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ MISSING = 2**64 - 1  # shard index entry of an absent inner chunk
 class ArrayLayout:
     """One array of an epoch: shape, dtype and how batch ``b`` maps to a file and byte range."""
 
-    path: Path
+    path: PurePath  # the array's folder: a local Path, or a key prefix in an object store
     dtype: np.dtype
     shape: tuple[int, ...]  # (n_batches, batch_size, *sample_shape)
     per_file: int  # batches per file: the shard's length, or 1 for one chunk per file
@@ -39,7 +39,11 @@ class ArrayLayout:
     @classmethod
     def read(cls, path: Path) -> ArrayLayout:
         """Parse ``path/zarr.json``."""
-        meta: dict[str, Any] = json.loads((path / "zarr.json").read_text())
+        return cls.parse(json.loads((path / "zarr.json").read_text()), path)
+
+    @classmethod
+    def parse(cls, meta: dict[str, Any], path: PurePath) -> ArrayLayout:
+        """The layout an array's ``zarr.json`` (``meta``) describes, for the array at ``path``."""
         shape = tuple(meta["shape"])
         dtype = np.dtype(meta["data_type"])
         outer = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
@@ -75,7 +79,7 @@ class ArrayLayout:
         """Batches in the array."""
         return self.shape[0]
 
-    def file(self, batch: int) -> tuple[Path, int]:
+    def file(self, batch: int) -> tuple[Any, int]:
         """The file holding ``batch``, and the batch's slot in it (0 for one chunk per file)."""
         index, slot = divmod(batch, self.per_file)
         coords = [str(index), *("0" * (len(self.shape) - 1))]

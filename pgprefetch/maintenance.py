@@ -8,18 +8,15 @@ started and deletes complete epochs more than N behind. Nothing here talks to Po
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import zarr
 
 from .errors import StoreError
-from .layout import ArrayLayout, read_batch_bytes
-from .store import Store
+from .store import Store, epoch_name
 from .writer import checksum
 
 
@@ -44,10 +41,6 @@ class EpochInfo:
         return out
 
 
-def _folder_bytes(root: Path) -> int:
-    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
-
-
 def list_epochs(store: Store) -> list[EpochInfo]:
     """Every epoch in the store, complete or partial, in epoch order (bytes as allocated on disk)."""
     infos = []
@@ -59,7 +52,7 @@ def list_epochs(store: Store) -> list[EpochInfo]:
                 "complete",
                 m["n_batches"],
                 m["n_samples"],
-                _folder_bytes(store.epoch_path(epoch)),
+                store.epoch_bytes(epoch),
                 m.get("created"),
                 m.get("seconds"),
             )
@@ -68,14 +61,14 @@ def list_epochs(store: Store) -> list[EpochInfo]:
         if store.is_complete(epoch):
             continue  # a --force rewrite in progress: the complete epoch is what readers get
         header, written = _journal_summary(store, epoch)
-        mtime = store.partial_path(epoch).stat().st_mtime
+        nbytes, mtime = store.partial_info(epoch)
         infos.append(
             EpochInfo(
                 epoch,
                 "partial",
                 header.get("n_batches"),
                 header.get("n_keys"),
-                _folder_bytes(store.partial_path(epoch)),
+                nbytes,
                 datetime.fromtimestamp(mtime, UTC).isoformat(timespec="seconds"),
                 None,
                 written,
@@ -98,12 +91,14 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
     recorded = _recorded_checksums(store, epoch, manifest.get("checksums", {}))
     problems = []
     for name, crcs in recorded.items():
-        layout = ArrayLayout.read(store.epoch_path(epoch) / name)
+        layout = store.array_layout(epoch, name)
         for batch, expected in enumerate(crcs):
-            data = read_batch_bytes(layout, batch)
+            data = store.batch_bytes(layout, batch)
             if data is None:
                 path, _ = layout.file(batch)
-                problems.append(f"{name} batch {batch}: missing ({path.relative_to(store.path)})")
+                problems.append(
+                    f"{name} batch {batch}: missing ({epoch_name(epoch)}/{path.relative_to(layout.path.parent)})"
+                )
             elif checksum(data) != expected:
                 problems.append(f"{name} batch {batch}: checksum mismatch")
     return problems
@@ -115,11 +110,11 @@ def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict
         if not entry.get("arrays"):
             raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
         return entry["arrays"]  # type: ignore[no-any-return]
-    path = store.epoch_path(epoch) / entry["array"]
+    path = f"{epoch_name(epoch)}/{entry['array']}"
     try:
-        table = zarr.open_array(path, mode="r")[:]
+        table = zarr.open_array(store.zarr_store(), path=path, mode="r")[:]
     except (OSError, ValueError, KeyError) as e:
-        raise StoreError(f"cannot read the checksums of epoch {epoch} ({path}): {e}") from None
+        raise StoreError(f"cannot read the checksums of epoch {epoch} ({store.location}/{path}): {e}") from None
     return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}
 
 
@@ -188,50 +183,27 @@ def prune(
         for epoch in store.epochs():
             if epoch < oldest_kept:
                 if not dry_run:
-                    _remove(store, store.epoch_path(epoch))
+                    store.remove_epoch(epoch)
                 removed.append(epoch)
     dead, kept = [], []
     now = time.time()
     for epoch in store.partial_epochs():
         if store.is_complete(epoch):
             continue  # a --force rewrite in progress
-        age = now - _last_write(store, epoch)
+        age = now - store.partial_info(epoch)[1]
         if not (partials or (partials_older_than is not None and age > partials_older_than)):
             kept.append(epoch)
             continue
         with store.writer_lock(epoch) as held:
             if held:
                 if not dry_run:
-                    _remove(store, store.partial_path(epoch))
-                    store.journal_path(epoch).unlink(missing_ok=True)
+                    store.remove_partial(epoch)
                 dead.append(epoch)
-    if (partials or partials_older_than is not None) and not dry_run:
-        # epochs a --force dump moved aside and did not get to delete (it died in between)
-        for old in (store.meta / "partial").glob("*.replaced"):
-            shutil.rmtree(old, ignore_errors=True)
     return PruneResult(removed, dead, kept, dry_run)
-
-
-def _last_write(store: Store, epoch: int) -> float:
-    """When a partial epoch was last written to (its journal, or its folder)."""
-    for path in (store.journal_path(epoch), store.partial_path(epoch)):
-        try:
-            return path.stat().st_mtime
-        except OSError:
-            continue
-    return 0.0
 
 
 def _listed(epochs: list[int]) -> str:
     return ", ".join(map(str, epochs))
-
-
-def _remove(store: Store, folder: Path) -> None:
-    """Delete an epoch folder: first renamed aside, so no reader finds half of it."""
-    trash = store.meta / "trash" / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
-    trash.parent.mkdir(parents=True, exist_ok=True)
-    folder.rename(trash)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _started(store: Store, consumer: str | None) -> dict[str, int]:
@@ -239,7 +211,7 @@ def _started(store: Store, consumer: str | None) -> dict[str, int]:
     if consumer is not None:
         if consumer not in records:
             raise StoreError(
-                f"no consumer {consumer!r} has opened an epoch of {store.path} "
+                f"no consumer {consumer!r} has opened an epoch of {store.location} "
                 f"(consumers: {', '.join(records) or 'none'})"
             )
         records = {consumer: records[consumer]}

@@ -28,7 +28,7 @@ from .manifest import epoch_manifest
 from .modes import BatchSource, ScanRead, multipass_source, query_source, read_scan, scan_source
 from .retry import RetryPolicy, count
 from .source import Snapshot
-from .store import KEYS_ARRAY, ArraySpec, Store
+from .store import KEYS_ARRAY, ArraySpec, Store, Uploader
 from .units import Units
 from .writer import EpochWriter
 
@@ -59,7 +59,7 @@ class DumpResult:
     """The outcome of dumping one epoch."""
 
     epoch: int
-    path: Path
+    path: Path | str  # the epoch's folder, or its URL in an object store
     status: str = "written"  # written | skipped (already complete) | busy (another dump is writing it)
     n_batches: int = 0
     n_samples: int = 0
@@ -160,7 +160,7 @@ async def dump_epoch(
         return _skipped(store, epoch)
     if not force:
         _check_same_config(store, cfg)
-    created = not store.path.exists()
+    created = not store.exists()
     store.create()
     try:
         policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
@@ -176,7 +176,7 @@ def _skipped(store: Store, epoch: int) -> DumpResult:
     m = store.manifest(epoch)
     return DumpResult(
         epoch=epoch,
-        path=store.epoch_path(epoch),
+        path=store.epoch_location(epoch),
         status="skipped",
         n_batches=m["n_batches"],
         n_samples=m["n_samples"],
@@ -196,7 +196,7 @@ async def _dump_with_retries(
     """Hold the epoch's lock and dump it, retrying lost connections (see :func:`dump_epoch`)."""
     with store.writer_lock(epoch) as held:
         if not held:
-            return DumpResult(epoch, store.epoch_path(epoch), status="busy", holder=store.lock_holder(epoch))
+            return DumpResult(epoch, store.epoch_location(epoch), status="busy", holder=store.lock_holder(epoch))
         if store.is_complete(epoch) and not force:  # finished by the dump we waited on
             return _skipped(store, epoch)
         started = time.monotonic()
@@ -246,7 +246,7 @@ def _check_same_config(store: Store, cfg: Config) -> None:
     theirs = store.manifest(epochs[-1]).get("config_sha256")
     if theirs != mine:
         raise ConfigError(
-            f"{store.path} holds epochs of another config (epoch {epochs[-1]}: config sha256 {str(theirs)[:12]}, "
+            f"{store.location} holds epochs of another config (epoch {epochs[-1]}: config sha256 {str(theirs)[:12]}, "
             f"this config: {mine[:12]}); use another [store] path, or --force to write there anyway"
         )
 
@@ -278,7 +278,7 @@ async def _dump_locked(
                     cache.read = read
                     source = scan_source(cfg, read, epoch)
                     return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
-                spool = store.meta / "spool" / f"epoch-{epoch:05d}"
+                spool = store.scratch("spool") / f"epoch-{epoch:05d}"
                 try:
                     source = await multipass_source(cfg, snap, read, epoch, spool, progress.rows if progress else None)
                     return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
@@ -303,6 +303,20 @@ async def _write_epoch(
     fresh: bool,
 ) -> DumpResult:
     """Write every batch of ``source`` not yet on disk (resuming a partial epoch), then publish."""
+    with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
+        return await _write_with(cfg, store, epoch, source, progress, started, fresh, uploader)
+
+
+async def _write_with(
+    cfg: Config,
+    store: Store,
+    epoch: int,
+    source: BatchSource,
+    progress: Progress | None,
+    started: float,
+    fresh: bool,
+    uploader: Uploader | None,
+) -> DumpResult:
     size = cfg.batches.size
     plan = source.plan
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
@@ -310,7 +324,7 @@ async def _write_epoch(
     identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
     writer = await _finish_in_thread(
         EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-        compression=cfg.store.compression, identity=identity, fresh=fresh,
+        compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader,
     )  # fmt: skip
     with writer:  # a failure keeps the partial epoch: the next dump resumes it
         if writer.restarted:

@@ -17,6 +17,7 @@ import uuid
 import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from .config import load_config
 from .errors import ConfigError, EpochNotFoundError, EpochNotReadyError, StoreError
 from .keys import KeyColumns
 from .layout import ArrayLayout
+from .localstore import LocalStore
 from .store import KEYS_ARRAY, Store, epoch_name
 
 _TORCH_DTYPES = {
@@ -43,7 +45,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     """One published epoch of a pgprefetch store, batch by batch, for one rank.
 
     Args:
-        store: the store folder (``[store] path`` of the config).
+        store: the store (``[store] path`` of the config): a folder, or ``s3://bucket/prefix``.
         epoch: the epoch to read.
         fields: the fields to return (all by default).
         rank: this process's rank; defaults to ``torch.distributed``'s when it is initialised, else 0.
@@ -52,6 +54,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         timeout: how long ``wait`` waits.
         consumer: the name this training run is recorded under in the store (the epoch it opened), which
             ``pgprefetch dump --ahead`` and ``--keep`` go by; None records nothing.
+        prefetch: object stores: batches fetched ahead during iteration, as concurrent ranged GETs.
     """
 
     def __init__(
@@ -65,10 +68,15 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         wait: bool = False,
         timeout: float = 600.0,
         consumer: str | None = "default",
+        prefetch: int = 4,
     ) -> None:
-        self.store = Path(store)
+        self._backend = Store(store)
+        self._remote = not isinstance(self._backend, LocalStore)
+        self.store: Path | str = self._backend.location if self._remote else Path(store)
         self.epoch = epoch
-        self.manifest = _manifest(Store(self.store), epoch, wait, timeout)
+        self.prefetch = max(1, prefetch)
+        self.bytes_fetched = 0  # object stores: batch bytes this dataset fetched (in this process)
+        self.manifest = _manifest(self._backend, epoch, wait, timeout)
         self.manifest.pop("checksums", None)  # for `verify`; kept out of every DataLoader worker's pickle
         available = list(self.manifest["fields"])
         unknown = [f for f in fields or () if f not in available]
@@ -82,8 +90,11 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.batch_size = int(self.manifest["batch_size"])
         self.n_global = int(self.manifest["n_batches"])
         self.n_samples = int(self.manifest["n_samples"])
-        path = self.store / epoch_name(epoch)
-        self._layouts = {name: ArrayLayout.read(path / name) for name in (*self.arrays, KEYS_ARRAY)}
+        names = (*self.arrays, KEYS_ARRAY)
+        if self._remote:
+            self._layouts = {name: self._backend.array_layout(epoch, name) for name in names}
+        else:  # local: Paths, for mapping and preadv
+            self._layouts = {name: ArrayLayout.read(Path(store) / epoch_name(epoch) / name) for name in names}
         self._last_valid = self.n_samples - (self.n_global - 1) * self.batch_size  # samples in the last batch
         self._start = 0  # first global batch of this view (the resume point)
         self._pos = 0  # local batches handed out by iteration
@@ -93,8 +104,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once
         if consumer is not None and torch.utils.data.get_worker_info() is None:
             try:
-                Store(self.store).record_consumer(consumer, epoch)
-            except OSError as e:  # a read-only copy of a store can still be read
+                self._backend.record_consumer(consumer, epoch)
+            except (OSError, StoreError) as e:  # a read-only copy of a store can still be read
                 warnings.warn(f"cannot record consumer {consumer!r} in {self.store}: {e}", stacklevel=2)
 
     @property
@@ -130,7 +141,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         """
         g = self.global_batch(i)
         batch = {name: self._read(name, g) for name in self.arrays}
-        if torch.utils.data.get_worker_info() is not None:
+        if torch.utils.data.get_worker_info() is not None and not self._remote:
             # In a DataLoader worker the batch is sent to the main process, and a view would drag its whole
             # shard mapping into shared memory: hand over a compact copy of the batch instead.
             batch = {name: t.clone() for name, t in batch.items()}
@@ -155,10 +166,30 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             self._pos = 0  # a finished pass starts over
         if self._pos == 0:
             self._shards.clear()  # a new pass maps the files afresh (in-place edits of a batch do not carry over)
+        if self._remote:
+            yield from self._fetch_ahead()
+            return
         while self._pos < len(self):
             batch = self[self._pos]
             self._pos += 1
             yield batch
+
+    def _fetch_ahead(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Object stores: ``prefetch`` batches in flight as concurrent ranged GETs, handed out in order."""
+        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="pgprefetch-read") as pool:
+            pending: deque[Future[dict[str, torch.Tensor]]] = deque()
+            ahead = self._pos
+            try:
+                while self._pos < len(self):
+                    while ahead < len(self) and len(pending) < self.prefetch:
+                        pending.append(pool.submit(self.__getitem__, ahead))
+                        ahead += 1
+                    batch = pending.popleft().result()
+                    self._pos += 1
+                    yield batch
+            finally:
+                for future in pending:
+                    future.cancel()
 
     def to_device(self, device: str | torch.device, prefetch: int = 2) -> Iterator[dict[str, torch.Tensor]]:
         """Iterate like ``iter(self)``, with batches already on ``device``.
@@ -199,12 +230,16 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return state
 
     def _read(self, name: str, g: int) -> torch.Tensor:
-        """Global batch ``g`` of array ``name``: a view of the mapped file, or zarr's decoded copy."""
+        """Global batch ``g`` of array ``name``: a view of the mapped file, a fetched copy, or zarr's decoding."""
         layout = self._layouts[name]
         if not layout.raw:  # compressed: zarr decodes
             if name not in self._zarr:
-                self._zarr[name] = zarr.open_array(layout.path, mode="r")
+                key = f"{epoch_name(self.epoch)}/{name}"
+                self._zarr[name] = zarr.open_array(self._backend.zarr_store(), path=key, mode="r")
             tensor = torch.from_numpy(np.ascontiguousarray(self._zarr[name][g]))
+        elif self._remote:
+            tensor = torch.empty(layout.batch_shape, dtype=_TORCH_DTYPES[layout.dtype])
+            self._fetch_into(name, g, tensor.numpy())
         else:
             number, slot = divmod(g, layout.per_file)
             shard = self._shards.get((name, number))
@@ -229,6 +264,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             if not layout.raw:
                 batch = self._read(name, g)
                 target[: batch.shape[0]].copy_(batch)
+            elif self._remote:
+                self._fetch_into(name, g, target.numpy())
             else:
                 number, slot = divmod(g, layout.per_file)
                 shard = self._shards.get((name, number)) or self._map(name, number)
@@ -236,6 +273,21 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
                 _pread_all(path, target.numpy().reshape(-1).view(np.uint8), int(shard[1][slot]))
             result[name] = target[: self._last_valid] if g == self.n_global - 1 else target
         return result
+
+    def _fetch_into(self, name: str, g: int, out: np.ndarray) -> None:
+        """Object stores: one ranged GET of batch ``g`` of ``name`` into ``out``.
+
+        pgprefetch writes a shard's chunks back to back, so the range is known from the layout, with no
+        read of the shard's index.
+        """
+        layout = self._layouts[name]
+        path, slot = layout.file(g)
+        data = self._backend.read_range(str(path), slot * layout.batch_bytes, layout.batch_bytes)
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if raw.size != layout.batch_bytes:
+            raise StoreError(f"{self.store}/{path}: the object ends before batch {g} (truncated?)")
+        out.reshape(-1).view(np.uint8)[:] = raw
+        self.bytes_fetched += raw.size
 
     def _map(self, name: str, number: int) -> tuple[Any, np.ndarray]:
         """Map file ``number`` of array ``name`` once (private, copy-on-write) and keep it for its batches."""

@@ -1,51 +1,51 @@
-"""The Zarr side: the store layout, writing an epoch's batches, and publishing it atomically.
+"""The store: one interface, two backends (a local folder, an object store), that own everything a store does.
 
 Layout (plain Zarr v3; ``zarr.open_group(store)["epoch-00003"]["x"][7]`` is batch 7)::
 
     <store>/zarr.json                 root group, attribute pgprefetch_store = {"format_version": 1}
     <store>/epoch-00003/zarr.json     epoch group; attribute "pgprefetch" is the manifest
     <store>/epoch-00003/<field>/      (n_batches, size, *sample_shape), one batch per (inner) chunk
-    <store>/epoch-00003/keys/         (n_batches, size, n_key_columns) int64
-    <store>/.pgprefetch/partial/      epochs being written, with their journals (not part of the Zarr hierarchy)
-    <store>/.pgprefetch/locks/        one lock file per epoch: one writer at a time
+    <store>/epoch-00003/keys/         (n_batches, size, n_slots) int64
+    <store>/.pgprefetch/locks/        one lock per epoch: one writer at a time
     <store>/.pgprefetch/consumers/    the epoch each training run (consumer) opened last
 
-An epoch is written under ``.pgprefetch/partial/epoch-00003`` and becomes visible only through
-:func:`publish_epoch`: one filesystem sync, then a rename into place. A reader therefore never sees a
-partial epoch under the final name. On object storage (no rename) the same function will write a
-completion marker last; nothing else in pgprefetch knows how publication happens.
+An epoch is always written into a local folder first (:meth:`Store.partial_path`, with its journal): the
+writer (:mod:`pgprefetch.writer`) ``pwrite``-s batches there and resumes it after a crash. What differs is
+how it becomes visible, and the backends own that: :class:`~pgprefetch.localstore.LocalStore` syncs and
+renames the folder into place; :class:`~pgprefetch.objectstore.S3Store` uploads its files (while the dump
+runs) and writes the epoch's ``zarr.json``, which holds the manifest, last, with a conditional create. In
+both, an epoch whose group ``zarr.json`` exists is complete, and nothing else is.
 
-How batches are written is :mod:`pgprefetch.writer`'s business; this module knows where things are.
+``Store(location)`` opens the backend the location names, as ``pathlib.Path`` does: ``s3://bucket/prefix``
+an object store, anything else a folder.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import errno
-import fcntl
+import abc
 import json
 import os
 import re
-import shutil
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
-import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
-from .errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
+from .config import store_location
+from .errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
+from .layout import MISSING, ArrayLayout
 
 FORMAT_VERSION = 1
 KEYS_ARRAY = "keys"
 META_DIR = ".pgprefetch"
-_EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
+ROOT_ATTRIBUTES = {"pgprefetch_store": {"format_version": FORMAT_VERSION}}
+EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
 _CONSUMER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -72,71 +72,82 @@ class ArraySpec:
     sample_shape: tuple[int, ...]
 
 
-class Store:
-    """A folder holding epochs of one config."""
+class Uploader(abc.ABC):
+    """Sends the files of an epoch being written to where it will be published, while the dump runs."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    @abc.abstractmethod
+    def submit(self, path: Path) -> None:
+        """``path`` (in the partial folder) is final: send it when there is room."""
 
-    @property
-    def meta(self) -> Path:
-        """Pgprefetch's own folder in the store: partial epochs, locks and consumer records."""
-        return self.path / META_DIR
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Wait until everything submitted is sent; raise the first failure."""
 
-    def epoch_path(self, epoch: int) -> Path:
-        """Where a published epoch lives."""
-        return self.path / epoch_name(epoch)
 
-    def partial_path(self, epoch: int) -> Path:
-        """Where an epoch is written before it is published."""
-        return self.meta / "partial" / epoch_name(epoch)
+class Store(abc.ABC):
+    """Where the epochs of one config live; ``Store(location)`` opens the backend it names."""
 
-    def journal_path(self, epoch: int) -> Path:
-        """The journal of a partial epoch: what it holds and the checksum of every batch written."""
-        return self.meta / "partial" / f"{epoch_name(epoch)}.journal"
+    location: str  # as messages show it: the folder, or s3://bucket/prefix
 
-    def partial_epochs(self) -> list[int]:
-        """Epochs with a partial folder: being written, or left by a dump that died."""
-        folder = self.meta / "partial"
-        found = (_EPOCH.match(p.name) for p in folder.iterdir()) if folder.is_dir() else ()
-        return sorted(int(m[1]) for m in found if m)
+    def __new__(cls, location: str | os.PathLike[str] | None = None) -> Store:  # noqa: D102
+        if cls is Store:
+            try:
+                where = store_location(location if location is not None else ".", "store")
+            except ConfigError as e:
+                raise StoreError(str(e)) from None
+            if isinstance(where, str):
+                from .objectstore import S3Store
 
+                cls = S3Store
+            else:
+                from .localstore import LocalStore
+
+                cls = LocalStore
+        return super().__new__(cls)
+
+    # --- the store as a whole ---------------------------------------------------------------------------
+    @abc.abstractmethod
     def create(self) -> None:
-        """Create the store (root group) if needed; refuse a path that is something else."""
-        if self.path.exists() and not self.path.is_dir():
-            raise StoreError(f"store path {self.path} is a file, not a folder")
-        root = self.path / "zarr.json"
-        if self.path.is_dir() and not root.exists() and any(p.name != META_DIR for p in self.path.iterdir()):
-            raise StoreError(f"store path {self.path} is a non-empty folder that is not a pgprefetch store")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            if not root.exists():
-                zarr.open_group(
-                    self.path, mode="a", attributes={"pgprefetch_store": {"format_version": FORMAT_VERSION}}
-                )
-            self.meta.mkdir(exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create store {self.path}: {e.strerror or e}") from None
+        """Create the store (its root group) if needed; refuse a location that holds something else."""
+
+    @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether the store's root group is there."""
 
     def require(self) -> Store:
-        """This store, if it exists; a one-line StoreError naming the path otherwise (a typo, a wrong mount)."""
-        if not (self.path / "zarr.json").is_file():
-            what = "a folder that is not a pgprefetch store" if self.path.is_dir() else "nothing there"
-            raise StoreError(f"no store at {self.path} ({what})")
+        """This store, if it exists; a one-line StoreError naming the location otherwise."""
+        if not self.exists():
+            raise StoreError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
         return self
 
+    @abc.abstractmethod
     def remove_if_unused(self) -> None:
         """Remove a store that holds no epoch, complete or partial (one a failed first dump created)."""
-        if self.epochs() or self.partial_epochs():
-            return
-        shutil.rmtree(self.path, ignore_errors=True)
 
+    # --- epochs -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def epochs(self) -> list[int]:
-        """The published epochs, in order."""
-        if not self.path.is_dir():
-            return []
-        found = (_EPOCH.match(p.name) for p in self.path.iterdir())
-        return sorted(int(m[1]) for m in found if m and (self.path / m[0] / "zarr.json").exists())
+        """The published (complete) epochs, in order."""
+
+    @abc.abstractmethod
+    def partial_epochs(self) -> list[int]:
+        """Epochs being written, or left by a dump that died (locally staged, or half uploaded)."""
+
+    @abc.abstractmethod
+    def read(self, key: str) -> bytes | None:
+        """The object (file) ``key``, relative to the store; None if it does not exist."""
+
+    @abc.abstractmethod
+    def read_range(self, key: str, start: int, length: int) -> Any:
+        """``length`` bytes of ``key`` from ``start``, as a bytes-like buffer (numpy views it as is)."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int | None:
+        """The size of ``key`` in bytes; None if it does not exist."""
+
+    def is_complete(self, epoch: int) -> bool:
+        """True when the epoch is published (its group ``zarr.json`` is written last)."""
+        return self.size(f"{epoch_name(epoch)}/zarr.json") is not None
 
     def manifest(self, epoch: int) -> dict[str, Any]:
         """The manifest of a published epoch.
@@ -146,128 +157,143 @@ class Store:
             EpochNotReadyError: it exists only as a partial epoch (being written, or its dump died).
             FormatVersionError: written by a pgprefetch with a newer format.
         """
-        path = self.epoch_path(epoch) / "zarr.json"
-        if not path.exists():
-            if self.partial_path(epoch).exists():
-                raise EpochNotReadyError(f"epoch {epoch} in {self.path} is still being written (or its dump died)")
+        raw = self.read(f"{epoch_name(epoch)}/zarr.json")
+        if raw is None:
+            if epoch in self.partial_epochs():
+                raise EpochNotReadyError(f"epoch {epoch} in {self.location} is still being written (or its dump died)")
             present = ", ".join(map(str, self.epochs())) or "none"
-            raise EpochNotFoundError(f"epoch {epoch} is not in {self.path} (epochs present: {present})")
-        manifest = json.loads(path.read_text()).get("attributes", {}).get("pgprefetch")
+            raise EpochNotFoundError(f"epoch {epoch} is not in {self.location} (epochs present: {present})")
+        try:
+            manifest = json.loads(raw).get("attributes", {}).get("pgprefetch")
+        except ValueError:
+            manifest = None
+        where = f"{self.location}/{epoch_name(epoch)}"
         if not isinstance(manifest, dict):
-            raise StoreError(f"{self.epoch_path(epoch)} has no pgprefetch manifest")
+            raise StoreError(f"{where} has no pgprefetch manifest")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise FormatVersionError(
-                f"{self.epoch_path(epoch)} has format version {manifest.get('format_version')}; "
+                f"{where} has format version {manifest.get('format_version')}; "
                 f"this pgprefetch reads version {FORMAT_VERSION}"
             )
         return manifest
 
-    def is_complete(self, epoch: int) -> bool:
-        """True when the epoch is published (publication is atomic, so published means complete)."""
-        return (self.epoch_path(epoch) / "zarr.json").exists()
+    def array_layout(self, epoch: int, name: str) -> ArrayLayout:
+        """Where array ``name`` of a published epoch keeps each batch."""
+        key = f"{epoch_name(epoch)}/{name}"
+        raw = self.read(f"{key}/zarr.json")
+        if raw is None:
+            raise StoreError(f"{self.location}/{key}: the array is missing (the epoch is damaged)")
+        return ArrayLayout.parse(json.loads(raw), PurePosixPath(key))
 
-    @contextmanager
-    def writer_lock(self, epoch: int) -> Iterator[bool]:
-        """Hold the epoch's lock while the block runs; yields False (holding nothing) if another dump has it.
+    def batch_bytes(self, layout: ArrayLayout, batch: int) -> bytes | None:
+        """The bytes of ``batch`` as stored (raw values, or the compressed chunk); None when missing.
 
-        An advisory ``flock`` on ``.pgprefetch/locks/epoch-N.lock``: the kernel drops it when the holder
-        dies, even by ``kill -9``, so there are no stale locks to clean up. It holds on local filesystems
-        and on NFSv4 (Linux turns ``flock`` into a byte-range lock the server enforces); on NFSv3 without
-        a lock manager it does not, so run the dumps of one store from one host there.
+        Reads the shard's index, as ``verify`` must: it checks what is there, not what should be.
         """
-        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                    raise
-                yield False
-                return
-            with contextlib.suppress(OSError):  # who holds it is a courtesy; a full disk must not stop the dump
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
-            yield True
-        finally:
-            os.close(fd)
+        path, slot = layout.file(batch)
+        key = str(path)
+        size = self.size(key)
+        if size is None:
+            return None
+        if not layout.sharded:
+            return bytes(self.read_range(key, 0, size))
+        if size < layout.index_bytes:
+            return None
+        tail = np.frombuffer(self.read_range(key, size - layout.index_bytes, layout.index_bytes), dtype=np.uint8)
+        offset, nbytes = (int(v) for v in layout.shard_index(tail)[slot])
+        if offset == MISSING or offset + nbytes > size - layout.index_bytes:
+            return None
+        return bytes(self.read_range(key, offset, nbytes))
 
+    @abc.abstractmethod
+    def epoch_bytes(self, epoch: int) -> int:
+        """What a published epoch takes in the store."""
+
+    def epoch_location(self, epoch: int) -> Path | str:
+        """Where a published epoch lives (a folder, or a URL)."""
+        return f"{self.location}/{epoch_name(epoch)}"
+
+    @abc.abstractmethod
+    def remove_epoch(self, epoch: int) -> None:
+        """Delete a published epoch so that no reader ever finds half of it."""
+
+    @abc.abstractmethod
+    def zarr_store(self) -> Any:
+        """The store as zarr opens it (compressed arrays and the checksums go through zarr)."""
+
+    # --- writing ------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def partial_path(self, epoch: int) -> Path:
+        """The local folder an epoch is written into before it is published."""
+
+    def journal_path(self, epoch: int) -> Path:
+        """The journal of a partial epoch: what it holds and the checksum of every batch written."""
+        partial = self.partial_path(epoch)
+        return partial.with_name(f"{partial.name}.journal")
+
+    @abc.abstractmethod
+    def scratch(self, name: str) -> Path:
+        """A local folder for a dump's temporary files (the scan mode's spool)."""
+
+    @abc.abstractmethod
+    def partial_info(self, epoch: int) -> tuple[int, float]:
+        """A partial epoch's bytes so far and when it was last written to (Unix time)."""
+
+    @abc.abstractmethod
+    def remove_partial(self, epoch: int) -> None:
+        """Delete a partial epoch (its local folder and journal, and anything uploaded of it)."""
+
+    def uploader(self, epoch: int) -> AbstractContextManager[Uploader | None]:
+        """What sends an epoch's finished files on while it is written; None when publishing does it all."""
+        from contextlib import nullcontext
+
+        return nullcontext(None)
+
+    @abc.abstractmethod
+    def publish(self, epoch: int, partial: Path) -> Path | str:
+        """Make the fully written epoch in ``partial`` visible, complete or not at all; return where it is."""
+
+    @abc.abstractmethod
+    def writer_lock(self, epoch: int) -> AbstractContextManager[bool]:
+        """Hold the epoch's lock while the block runs; yields False (holding nothing) if another dump has it."""
+
+    @abc.abstractmethod
     def lock_holder(self, epoch: int) -> str:
         """Who holds (or last held) an epoch's lock: "host pid"."""
-        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
-        try:
-            return path.read_text().strip() or "unknown"
-        except OSError:
-            return "unknown"
 
+    # --- consumers ----------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def record_consumer(self, name: str, epoch: int) -> None:
         """Note, atomically, that consumer ``name`` (a training run) opened ``epoch``."""
-        if not _CONSUMER.match(name):
-            raise StoreError(f"consumer name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
-        folder = self.meta / "consumers"
-        folder.mkdir(parents=True, exist_ok=True)
-        record = {
-            "consumer": name,
-            "epoch": epoch,
-            "updated": datetime.now(UTC).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        tmp = folder / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, folder / f"{name}.json")
 
+    @abc.abstractmethod
     def consumers(self) -> dict[str, int]:
         """The epoch each consumer opened last."""
-        folder = self.meta / "consumers"
-        out = {}
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-            try:
-                out[path.stem] = int(json.loads(path.read_text())["epoch"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # a record being replaced, or damaged: the next open rewrites it
-        return out
 
 
-def publish_epoch(partial: Path, final: Path) -> Path:
-    """Make a fully written epoch visible under its final name, atomically.
-
-    One sync of the filesystem (not an fsync per chunk on the hot path), then a rename, then an fsync of
-    the parent folder so the rename itself is durable. An epoch already there (``--force``) is moved aside
-    first and removed after.
-    """
-    _sync_filesystem(partial)
-    old = None
-    if final.exists():
-        old = partial.with_name(partial.name + ".replaced")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.rename(partial, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+def consumer_record(name: str, epoch: int) -> bytes:
+    """The record of consumer ``name`` opening ``epoch`` (the name checked: it becomes a file name)."""
+    if not _CONSUMER.match(name):
+        raise StoreError(f"consumer name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    record = {
+        "consumer": name,
+        "epoch": epoch,
+        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    return (json.dumps(record) + "\n").encode()
 
 
-def _sync_filesystem(path: Path) -> None:
-    """``syncfs`` the filesystem holding ``path`` (Linux); elsewhere fall back to a global ``sync``."""
+def consumer_epoch(raw: bytes) -> int | None:
+    """The epoch of a consumer record; None for one damaged (the next open rewrites it)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if libc.syncfs(fd) == 0:
-                return
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError):
-        pass
-    os.sync()
+        return int(json.loads(raw)["epoch"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def epochs_in(names: Iterator[str]) -> list[int]:
+    """The epoch numbers among folder (prefix) names."""
+    found = (EPOCH.match(n) for n in names)
+    return sorted(int(m[1]) for m in found if m)

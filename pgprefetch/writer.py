@@ -33,7 +33,7 @@ import zarr
 
 from .errors import StoreError
 from .layout import MISSING, ArrayLayout, read_batch_bytes
-from .store import ArraySpec, Store, compressors, publish_epoch
+from .store import ArraySpec, Store, Uploader, compressors
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
@@ -61,6 +61,7 @@ class EpochWriter:
         identity: what makes a partial epoch resumable (config hash, key count and hash, ...): a journal
             whose header differs is discarded and the epoch starts over.
         fresh: discard any partial epoch instead of resuming it (``--force``: one snapshot for the epoch).
+        uploader: where each file goes as soon as it is final (object stores), while the dump goes on.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class EpochWriter:
         compression: str,
         identity: dict[str, Any],
         fresh: bool = False,
+        uploader: Uploader | None = None,
     ) -> None:
         self.store = store
         self.epoch = epoch
@@ -93,6 +95,8 @@ class EpochWriter:
         self.done = np.zeros(n_batches, dtype=bool)
         self.restarted: str | None = None  # why a partial epoch found here was discarded
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
+        self.uploader = uploader
+        self._submitted: set[tuple[str, int]] = set()  # (array, file number) handed to the uploader
         with _io_errors(self.path):
             self._open(arrays, fresh)
 
@@ -239,9 +243,24 @@ class EpochWriter:
             self._journal.write(lines)
             self._journal.flush()
             self.done[first : first + count] = True
+            finished = self._finished_files(first, count) if self.uploader is not None else []
+        for path in finished:
+            self.uploader.submit(path)  # type: ignore[union-attr]
         return written
 
-    def publish(self, manifest: dict[str, Any]) -> Path:
+    def _finished_files(self, first: int, count: int) -> list[Path]:
+        """The files whose every batch is now written, among those batches ``first..first+count-1`` touch."""
+        out = []
+        for name in self.names:
+            layout = self.layouts[name]
+            for number in range(first // layout.per_file, (first + count - 1) // layout.per_file + 1):
+                lo = number * layout.per_file
+                if (name, number) not in self._submitted and self.done[lo : lo + layout.per_file].all():
+                    self._submitted.add((name, number))
+                    out.append(layout.file(lo)[0])
+        return out
+
+    def publish(self, manifest: dict[str, Any]) -> Path | str:
         """Record the checksums and the manifest, and publish the epoch atomically.
 
         The per-chunk checksums go to an array of their own in the epoch (``_checksums``: a row per array,
@@ -250,6 +269,8 @@ class EpochWriter:
         make zarr and xarray warn about an unknown object in the group.)
         """
         manifest["checksums"] = {"algorithm": "crc32c", "array": CHECKSUMS_ARRAY, "arrays": self.names}
+        if self.uploader is not None:
+            self.uploader.finish()  # every file sent before anything makes the epoch visible
         with _io_errors(self.path):
             self.group.create_array(
                 CHECKSUMS_ARRAY,
@@ -259,7 +280,7 @@ class EpochWriter:
             )
             self.group.attrs["pgprefetch"] = manifest
             self._journal.close()
-            final = publish_epoch(self.path, self.store.epoch_path(self.epoch))
+            final = self.store.publish(self.epoch, self.path)
             self.journal_path.unlink(missing_ok=True)
         return final
 

@@ -21,6 +21,9 @@ import pytest
 
 from pgprefetch.demodata import load_demo_data
 
+from .s3server import S3
+from .s3server import s3_server as s3_server_running
+
 
 def with_database(dsn: str, name: str) -> str:
     """The same server URI, pointing at database ``name``."""
@@ -117,3 +120,19 @@ def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
             await conn.close()
 
     return asyncio.run(run())
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3]:
+    """moto's S3 server on 127.0.0.1 for the session (see tests/s3server.py)."""
+    with s3_server_running() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """The S3 server, with this process's AWS variables pointing at it and a staging folder of its own."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PGPREFETCH_STAGING", str(tmp_path / "staging"))
+    return s3_server

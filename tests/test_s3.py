@@ -1,0 +1,201 @@
+"""Stores on S3, against a real S3 API (moto's server on 127.0.0.1, over HTTP): same bytes, same behaviour."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import obstore
+import pytest
+import torch
+import zarr
+from click.testing import CliRunner
+
+from pgprefetch import EpochDataset
+from pgprefetch.cli import cli
+from pgprefetch.errors import EpochNotReadyError, StoreError
+from pgprefetch.lease import Lease
+from pgprefetch.objectstore import S3Store
+from pgprefetch.store import Store
+
+from .helpers import chunk_bytes, dump, s_config
+from .s3server import S3, SECRET
+from .test_operations import dump_argv, wait_for
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def epoch_objects(s3: S3, bucket: str, prefix: str, epoch: int = 0) -> dict[str, bytes]:
+    """The objects of an epoch, as ``chunk_bytes`` names a local epoch's files (its group zarr.json left out)."""
+    objects = s3.objects(bucket, f"{prefix}/epoch-{epoch:05d}/")
+    return {key: body for key, body in objects.items() if "/" in key}
+
+
+def test_a_dump_to_s3_holds_the_local_dump_s_bytes_and_plain_zarr_opens_it(
+    s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    local = dump(s_config(tmp_path, name="local.toml"), s_table)
+    remote = dump(s_config(tmp_path, name="s3.toml", store=f"s3://{bucket}/runs/a"), s_table)
+    assert remote.path == f"s3://{bucket}/runs/a/epoch-00000"
+    assert epoch_objects(s3, bucket, "runs/a") == chunk_bytes(local.path)
+    manifest = json.loads(s3.objects(bucket, "runs/a/epoch-00000/zarr.json")[""])["attributes"]["pgprefetch"]
+    assert manifest["n_batches"] == local.n_batches
+    client = obstore.store.S3Store(bucket, prefix="runs/a", client_options={"allow_http": True})
+    group = zarr.open_group(zarr.storage.ObjectStore(client, read_only=True), mode="r")
+    local_group = zarr.open_group(local.path, mode="r")
+    assert (group["epoch-00000"]["v"][:] == local_group["v"][:]).all()
+    assert not (tmp_path / "staging" / bucket).exists() or not any((tmp_path / "staging").rglob("*.journal"))
+
+
+def test_the_reader_over_s3_equals_local_per_rank_fetching_its_share_and_under_workers(
+    s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    local = dump(s_config(tmp_path, name="local.toml", size=8), s_table)
+    dump(s_config(tmp_path, name="s3.toml", size=8, store=f"s3://{bucket}/r"), s_table)
+    epoch_bytes = sum(len(b) for k, b in epoch_objects(s3, bucket, "r").items() if "/c/" in k)
+    for rank in range(2):
+        mine = EpochDataset(f"s3://{bucket}/r", 0, rank=rank, world_size=2, consumer=None)
+        theirs = EpochDataset(local.path.parent, 0, rank=rank, world_size=2, consumer=None)
+        assert len(mine) == len(theirs) > 0
+        for a, b in zip(mine, theirs, strict=True):
+            assert a.keys() == b.keys()
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        assert mine.bytes_fetched <= 1.25 * epoch_bytes / 2  # its share, no whole-shard downloads
+        assert mine.state_dict() == theirs.state_dict()
+    workers = torch.utils.data.DataLoader(
+        EpochDataset(f"s3://{bucket}/r", 0, consumer=None),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="spawn",  # obstore cannot run in a forked process (objectstore.S3Store.client)
+    )
+    whole = EpochDataset(local.path.parent, 0, consumer=None)
+    got = list(workers)
+    assert len(got) == len(whole)
+    assert all(torch.equal(g["v"], whole[i]["v"]) for i, g in enumerate(got))
+
+
+def test_a_missing_object_is_a_clear_error_naming_it(s_table: str, s3: S3, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    dump(s_config(tmp_path, store=f"s3://{bucket}/m"), s_table)
+    s3.client().delete_object(Bucket=bucket, Key="m/epoch-00000/v/c/0/0")
+    ds = EpochDataset(f"s3://{bucket}/m", 0, consumer=None)
+    with pytest.raises(StoreError, match=r"epoch-00000/v/c/0/0: the object is missing"):
+        ds[0]
+
+
+def test_ls_verify_prune_ahead_and_keep_on_s3(s_table: str, s3: S3, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/ops"
+    cfg = s_config(tmp_path, store=url)
+    code, out = run_cli("dump", "--config", str(cfg), "--ahead", "2", "--dsn", s_table, "-q")
+    assert (code, out) == (0, "")
+    code, out = run_cli("ls", "--store", url, "--json")
+    assert code == 0, out
+    assert [(e["epoch"], e["state"]) for e in json.loads(out)["epochs"]] == [(0, "complete"), (1, "complete")]
+    assert run_cli("verify", "--store", url, "--epoch", "1") == (0, "epoch 1: every chunk matches its checksum\n")
+    key = "ops/epoch-00001/v/c/0/0"
+    body = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[5] ^= 0x01
+    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    code, out = run_cli("verify", "--store", url, "--epoch", "1")
+    assert code == 1
+    assert "v batch 0: checksum mismatch" in out
+    EpochDataset(url, 2 - 1, consumer="train")  # training reached epoch 1: the cron keeps 0 behind it
+    code, out = run_cli("dump", "--config", str(cfg), "--ahead", "1", "--keep", "0", "--dsn", s_table, "-q")
+    assert code == 0, out
+    assert Store(url).epochs() == [1, 2]
+    assert Store(url).consumers() == {"train": 1}
+    assert "ops/epoch-00000/zarr.json" not in s3.objects(bucket, "ops/epoch-00000")
+
+
+def test_kill_9_mid_upload_leaves_no_complete_epoch_and_the_rerun_resumes_and_skips_uploads(
+    s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/k"
+    # Compressed: one object per batch, each uploaded as soon as it is written; slow: the kill lands mid-dump.
+    cfg = s_config(tmp_path, store=url, slow=True, compression="zstd")
+    env = {**os.environ}
+    proc = subprocess.Popen(dump_argv(cfg, s_table), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: len(s3.objects(bucket, "k/epoch-00000/v/c")) >= 3)
+    proc.kill()
+    proc.communicate()
+    assert Store(url).epochs() == []
+    assert Store(url).partial_epochs() == [0]
+    with pytest.raises(EpochNotReadyError):
+        EpochDataset(url, 0, consumer=None)
+    before = {
+        item["Key"]: item["LastModified"]
+        for item in s3.client().list_objects_v2(Bucket=bucket, Prefix="k/epoch-00000/v/c")["Contents"]
+    }
+    rerun = subprocess.run([*dump_argv(cfg, s_table), "--json"], env=env, capture_output=True, text=True, check=False)
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads(rerun.stdout).get("resumed_batches", 0) >= 3, rerun.stdout + rerun.stderr
+    after = {
+        item["Key"]: item["LastModified"]
+        for item in s3.client().list_objects_v2(Bucket=bucket, Prefix="k/epoch-00000/v/c")["Contents"]
+    }
+    assert sum(after[k] == t for k, t in before.items()) >= len(before) - 2  # uploaded ones were not sent again
+    clean = dump(s_config(tmp_path, name="clean.toml", store="clean.zarr", slow=True, compression="zstd"), s_table)
+    assert epoch_objects(s3, bucket, "k") == chunk_bytes(clean.path)
+
+
+def test_a_second_dump_of_an_epoch_being_written_exits_0_and_says_so(s_table: str, s3: S3, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    cfg = s_config(tmp_path, store=f"s3://{bucket}/two", slow=True)
+    first = subprocess.Popen(dump_argv(cfg, s_table), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: "two/.pgprefetch/locks/epoch-00000.lease" in {
+        f"two/{k}" for k in s3.objects(bucket, "two")
+    })  # fmt: skip
+    second = subprocess.run(dump_argv(cfg, s_table), capture_output=True, text=True, check=False)
+    assert second.returncode == 0, second.stderr
+    assert "another dump is writing it" in second.stdout + second.stderr
+    assert first.wait(timeout=120) == 0
+    assert Store(f"s3://{bucket}/two").epochs() == [0]
+
+
+def test_a_lease_whose_holder_stopped_renewing_is_taken_over_after_it_expires(s3: S3) -> None:
+    bucket = s3.bucket()
+    client = S3Store(f"s3://{bucket}/lease").client
+    dead = Lease(client, "l.lease", "epoch 0", seconds=1.0)
+    assert dead.acquire()
+    other = Lease(client, "l.lease", "epoch 0", seconds=1.0)
+    assert not other.acquire()  # held and renewed
+    time.sleep(0.8)
+    assert not other.acquire()  # renewed past its first expiry
+    dead._stop.set()  # the holder hangs (or dies): no more renewals
+    dead._thread.join()  # type: ignore[union-attr]
+    time.sleep(1.2)
+    assert other.acquire()  # expired: taken over
+    dead._stop.clear()
+    dead._renew_once()
+    with pytest.raises(StoreError, match="lost the lease on epoch 0: another dump took it over"):
+        dead.check()
+    other.release()
+
+
+def test_unsupported_schemes_and_unreachable_or_missing_buckets_are_one_line_with_no_secret(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out = run_cli("ls", "--store", "gs://bucket/x")
+    assert code != 0
+    assert out.strip().splitlines() == [
+        "Error: store: unsupported store URL gs://...: use a local folder or s3://bucket/prefix"
+    ]
+    code, out = run_cli("ls", "--store", "s3://no-such-bucket-here/x")
+    assert code == 1
+    assert out.strip() == "Error: s3://no-such-bucket-here/x: bucket 'no-such-bucket-here' does not exist"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    code, out = run_cli("ls", "--store", "s3://bucket/x")
+    assert code == 1
+    assert len(out.strip().splitlines()) == 1
+    assert "cannot reach the object store at http://127.0.0.1:9" in out
+    assert SECRET not in out
