@@ -67,3 +67,61 @@ def s3_server() -> Iterator[S3]:
         yield S3(endpoint, env)
     finally:
         server.stop()
+
+
+@contextmanager
+def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]]]:
+    """An HTTP proxy to ``endpoint`` that answers every ``every``-th request with S3's 503 SlowDown.
+
+    Yields its endpoint and a one-item list counting the requests it refused.
+    """
+    import http.client
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlsplit
+
+    target = urlsplit(endpoint)
+    seen, refused = [0], [0]
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None: ...
+
+        def _any(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                seen[0] += 1
+                refuse = seen[0] % every == 0
+                refused[0] += refuse
+            if refuse:
+                error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(error)))
+                self.end_headers()
+                self.wfile.write(error)
+                return
+            upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+            upstream.request(self.command, self.path, body=body, headers=dict(self.headers))
+            reply = upstream.getresponse()
+            data = reply.read()
+            self.send_response(reply.status)
+            for name, value in reply.getheaders():
+                if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            upstream.close()
+
+        do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", refused
+    finally:
+        server.shutdown()
+        server.server_close()

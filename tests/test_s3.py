@@ -22,7 +22,7 @@ from pgprefetch.objectstore import S3Store
 from pgprefetch.store import Store
 
 from .helpers import chunk_bytes, dump, s_config
-from .s3server import S3, SECRET
+from .s3server import S3, SECRET, throttling_proxy
 from .test_operations import dump_argv, wait_for
 
 
@@ -146,6 +146,8 @@ def test_kill_9_mid_upload_leaves_no_complete_epoch_and_the_rerun_resumes_and_sk
     assert sum(after[k] == t for k, t in before.items()) >= len(before) - 2  # uploaded ones were not sent again
     clean = dump(s_config(tmp_path, name="clean.toml", store="clean.zarr", slow=True, compression="zstd"), s_table)
     assert epoch_objects(s3, bucket, "k") == chunk_bytes(clean.path)
+    remote, local = EpochDataset(url, 0, consumer=None), EpochDataset(clean.path.parent, 0, consumer=None)
+    assert all(torch.equal(a["v"], b["v"]) for a, b in zip(remote, local, strict=True))  # zstd, through zarr
 
 
 def test_a_second_dump_of_an_epoch_being_written_exits_0_and_says_so(s_table: str, s3: S3, tmp_path: Path) -> None:
@@ -199,3 +201,43 @@ def test_unsupported_schemes_and_unreachable_or_missing_buckets_are_one_line_wit
     assert len(out.strip().splitlines()) == 1
     assert "cannot reach the object store at http://127.0.0.1:9" in out
     assert SECRET not in out
+
+
+def test_wrong_credentials_are_one_line_exit_1_with_no_secret(s3: S3) -> None:
+    import urllib.request
+
+    bucket = s3.bucket()
+
+    def require_auth(count: str) -> None:  # moto's switch: check signatures after `count` more requests
+        request = urllib.request.Request(
+            f"{s3.endpoint}/moto-api/reset-auth", data=count.encode(), headers={"Content-Type": "text/plain"}
+        )
+        urllib.request.urlopen(request).read()
+
+    require_auth("0")  # from now on: our access key is unknown to the server, as a wrong one would be
+    try:
+        code, out = run_cli("ls", "--store", f"s3://{bucket}/x")
+    finally:
+        require_auth("inf")
+    assert code == 1
+    assert len(out.strip().splitlines()) == 1
+    assert out.startswith(f"Error: s3://{bucket}/x: access denied")
+    assert "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN" in out
+    assert SECRET not in out
+
+
+def test_throttling_and_5xx_are_retried_by_the_dump_and_the_reader(
+    s_table: str, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = s3.bucket()
+    local = dump(s_config(tmp_path, name="local.toml"), s_table)
+    with throttling_proxy(s3.endpoint, every=3) as (endpoint, refused):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.setenv("PGPREFETCH_S3_RETRIES", "3")
+        remote = dump(s_config(tmp_path, name="s3.toml", store=f"s3://{bucket}/t"), s_table)
+        batches = list(EpochDataset(f"s3://{bucket}/t", 0, consumer=None))
+    assert refused[0] >= 5  # one request in three was refused with 503 SlowDown, and retried
+    assert remote.n_batches == local.n_batches
+    assert epoch_objects(s3, bucket, "t") == chunk_bytes(local.path)
+    whole = EpochDataset(local.path.parent, 0, consumer=None)
+    assert all(torch.equal(b["v"], whole[i]["v"]) for i, b in enumerate(batches))
