@@ -253,6 +253,9 @@ class S3Store(Store):
 
     @contextmanager
     def uploader(self, epoch: int) -> Iterator[Uploader | None]:
+        if self.is_complete(epoch):  # --force: uploading now would change a published epoch under its readers
+            yield None
+            return
         with Uploads(self, epoch) as uploads:
             yield uploads
 

@@ -241,3 +241,16 @@ def test_throttling_and_5xx_are_retried_by_the_dump_and_the_reader(
     assert epoch_objects(s3, bucket, "t") == chunk_bytes(local.path)
     whole = EpochDataset(local.path.parent, 0, consumer=None)
     assert all(torch.equal(b["v"], whole[i]["v"]) for i, b in enumerate(batches))
+
+
+def test_force_rewrites_a_published_s3_epoch_in_full(s_table: str, s3: S3, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    cfg = s_config(tmp_path, store=f"s3://{bucket}/f")
+    first = dump(cfg, s_table)
+    before = Store(f"s3://{bucket}/f").manifest(0)["snapshot"]
+    rewritten = dump(cfg, s_table, force=True)
+    assert rewritten.status == "written"
+    assert first.path == rewritten.path
+    assert Store(f"s3://{bucket}/f").manifest(0)["snapshot"] != before  # a new epoch, on a new snapshot
+    local = dump(s_config(tmp_path, name="local.toml"), s_table)
+    assert epoch_objects(s3, bucket, "f") == chunk_bytes(local.path)
