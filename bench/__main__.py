@@ -1,4 +1,4 @@
-"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small batches."""
+"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small, S3."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import casts, contenders, dumprun, opening, reader, scan
+from . import casts, contenders, dumprun, opening, reader, s3, scan
 from . import small as small_bench  # `small` is a flag in several functions here
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
 from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice, splice_reader
@@ -232,6 +232,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-small", action="store_true", help="skip the small batches bench")
     parser.add_argument(
+        "--s3-only",
+        action="store_true",
+        help=f"only the S3 bench (dump to moto's S3 server against a local dump and a plain upload; EpochDataset "
+        f"over S3 against plain ranged GETs; bytes per rank; {s3.SAMPLES:,} windows, loads only that dataset)",
+    )
+    parser.add_argument("--no-s3", action="store_true", help="skip the S3 bench")
+    parser.add_argument(
+        "--s3-samples",
+        type=int,
+        help=f"windows in the S3 bench's epoch (default {s3.SAMPLES:,}, quick {s3.QUICK_SAMPLES:,})",
+    )
+    parser.add_argument(
         "--casts-only",
         action="store_true",
         help="only the cast checks' cost against a dump of each dataset (quick sizes unless scales are given); "
@@ -263,6 +275,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--opening-only runs the opening bench alone: not with --no-opening or another --*-only")
     if args.small_only and (args.no_small or args.reader_only or args.casts_only or args.scan_only):
         parser.error("--small-only runs the small batches bench alone: not with --no-small or another --*-only")
+    others = (args.reader_only, args.casts_only, args.scan_only, args.small_only, args.opening_only)
+    if args.s3_only and (args.no_s3 or any(others)):
+        parser.error("--s3-only runs the S3 bench alone: not with --no-s3 or another --*-only")
+    args.s3_samples = args.s3_samples or (s3.QUICK_SAMPLES if args.quick else s3.SAMPLES)
     default = reader.QUICK_EPOCH_BYTES if args.quick else reader.EPOCH_BYTES
     args.reader_bytes = int(args.reader_gb * 2**30) if args.reader_gb else default
     return args
@@ -331,6 +347,31 @@ def small_only(args: argparse.Namespace) -> None:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
         args.results.write_text(splice(old, section, small_bench.BEGIN, small_bench.END), encoding="utf-8")
         log(f"wrote the small batches section of {args.results}")
+
+
+def measure_s3(results: Results, dsn: str, args: argparse.Namespace) -> None:
+    rounds = s3.QUICK_ROUNDS if args.quick else s3.ROUNDS
+    log(f"s3: {args.s3_samples:,} windows dumped to moto's S3 server and to a folder, uploaded, read; {rounds} rounds")
+    results.s3 = s3.run(dsn, samples=args.s3_samples, rounds=rounds, quick=args.quick)
+    r = results.s3
+    readers = ", ".join(f"prefetch {p} {r.reader_ratio(p):.2f}x" for p in s3.PREFETCHES)
+    log(f"  s3: dump {r.dump_ratio():.2f}x of max(local, upload); reader {readers} of plain GETs; {r.seconds:.0f} s")
+
+
+def s3_only(args: argparse.Namespace) -> None:
+    """``--s3-only``: load the windows dataset alone, print the S3 section; with ``--results``, splice it."""
+    scale = s3.QUICK_SCALE if args.quick else max(s3.SCALE, s3.SCALE * args.s3_samples / s3.SAMPLES)
+    results = Results(quick=args.quick, scales={"windows": scale}, revision=code_revision())
+    with server() as admin_dsn, database(admin_dsn) as dsn:
+        asyncio.run(load(dsn, results.scales, (WINDOWS,)))
+        measure_s3(results, dsn, args)
+    assert results.s3 is not None
+    section = s3.render(results.s3, revision=results.revision)
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, s3.BEGIN, s3.END), encoding="utf-8")
+        log(f"wrote the S3 section of {args.results}")
 
 
 def measure_casts(ds: Dataset, dsn: str, dump: dumprun.DumpRun) -> casts.CastRun:
@@ -404,6 +445,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.small_only:
         small_only(args)
         return
+    if args.s3_only:
+        s3_only(args)
+        return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
     if small and not args.quick:
@@ -429,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
                 results.rss.append((label, fraction, run))
             if not args.no_small:
                 measure_small(results, dsn, args.quick)
+            if not args.no_s3:
+                measure_s3(results, dsn, args)
             if not args.no_proxy:
                 with proxy(dsn, args.delay_ms) as slow_dsn:
                     results.rtt_ms["direct"] = asyncio.run(contenders.round_trip_ms(dsn))

@@ -85,8 +85,8 @@ class Dataset:
     blog_query: Callable[[asyncpg.Record], str]
     blog_array: Callable[[list[asyncpg.Record]], np.ndarray]
 
-    def config(self, store: Path, fraction: float = 1.0) -> str:
-        """A pgprefetch config for this dataset, modelled on configs/demo*.toml."""
+    def config(self, store: Path | str, fraction: float = 1.0) -> str:
+        """A pgprefetch config for this dataset, modelled on configs/demo*.toml (``store``: a folder or URL)."""
         return (
             f'[source]\nconnections = {CONNECTIONS}\nstatement_timeout = "5min"\n\n'
             f"[samples]\nkeys = {_toml_str(self.keys)}\nquery = {_toml_str(self.query)}\n"

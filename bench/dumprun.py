@@ -53,11 +53,14 @@ def dump(
     keep_keys: bool = False,
     config: str | None = None,
     read_keys: Callable[[Path], np.ndarray] | None = None,
+    env: dict[str, str] | None = None,
+    keep_store: bool = False,
 ) -> DumpRun:
     """Write a config for ``ds`` (or ``config``), dump epoch 0 in a subprocess, delete the store.
 
     ``keep_keys`` reads the epoch's keys before the store goes: through zarr, or ``read_keys(store)``,
-    which returns them ``(samples, n_key_columns)``. A ``config`` names its own store path.
+    which returns them ``(samples, n_key_columns)``. A ``config`` names its own store path. ``env`` is
+    the dump's whole environment (default: this process's); ``keep_store`` leaves the store to the caller.
     """
     store = workdir / f"store-{ds.name}"
     text = ds.config(store, fraction) if config is None else config
@@ -71,7 +74,7 @@ def dump(
     keys = None
     try:
         started = time.perf_counter()
-        p = subprocess.run(argv, capture_output=True, text=True, check=False)
+        p = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
         seconds = time.perf_counter() - started
         if keep_keys and p.returncode == 0:
             if read_keys is None:
@@ -80,7 +83,8 @@ def dump(
                 written = read_keys(store)
             keys = written.reshape(-1, written.shape[-1]).T
     finally:
-        shutil.rmtree(store, ignore_errors=True)
+        if not keep_store:
+            shutil.rmtree(store, ignore_errors=True)
     lines = p.stdout.strip().splitlines()
     rss = 0
     if measure_rss:

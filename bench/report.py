@@ -15,6 +15,7 @@ from .dumprun import DumpRun
 
 if TYPE_CHECKING:
     from .opening import OpeningResults
+    from .s3 import S3Results
     from .small import SmallResults
 
 TARGET_CEILING = 0.8
@@ -107,6 +108,7 @@ class Results:
     casts: list[CastRun] = field(default_factory=list)
     opening: OpeningResults | None = None  # opening and listing an epoch of 10^5 batches against 100
     small: SmallResults | None = None  # the same epoch dumped in batches of 10 against batches of 1,000
+    s3: S3Results | None = None  # dumping to and reading from moto's S3 server against plain obstore calls
     started: str = ""  # when the run started (UTC)
     revision: str = ""  # pgprefetch's version and commit when the run started (see code_revision())
 
@@ -274,6 +276,10 @@ def render(r: Results) -> str:
         from .small import render as render_small
 
         out += [render_small(r.small, revision=r.revision), ""]
+    if r.s3:
+        from .s3 import render as render_s3
+
+        out += [render_s3(r.s3, revision=r.revision), ""]
     scales = ", ".join(f"{k} {v:g}" for k, v in r.scales.items())
     out += [
         "Machine:",

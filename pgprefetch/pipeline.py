@@ -28,7 +28,7 @@ from .manifest import epoch_manifest
 from .modes import BatchSource, ScanRead, multipass_source, query_source, read_scan, scan_source
 from .retry import RetryPolicy, count
 from .source import Snapshot
-from .store import KEYS_ARRAY, ArraySpec, Store, Uploader
+from .store import KEYS_ARRAY, ArraySpec, Store
 from .units import Units
 from .writer import EpochWriter
 
@@ -303,50 +303,37 @@ async def _write_epoch(
     fresh: bool,
 ) -> DumpResult:
     """Write every batch of ``source`` not yet on disk (resuming a partial epoch), then publish."""
-    with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
-        return await _write_with(cfg, store, epoch, source, progress, started, fresh, uploader)
-
-
-async def _write_with(
-    cfg: Config,
-    store: Store,
-    epoch: int,
-    source: BatchSource,
-    progress: Progress | None,
-    started: float,
-    fresh: bool,
-    uploader: Uploader | None,
-) -> DumpResult:
     size = cfg.batches.size
     plan = source.plan
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
     identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
-    writer = await _finish_in_thread(
-        EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-        compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader,
-    )  # fmt: skip
-    with writer:  # a failure keeps the partial epoch: the next dump resumes it
-        if writer.restarted:
-            log.warning("epoch %d: an interrupted dump was started over: %s", epoch, writer.restarted)
-        if writer.resumed:
-            log.info("epoch %d: resuming: %d of %d batches kept from an interrupted dump", epoch, writer.resumed,
-                     plan.n_batches)  # fmt: skip
-        writer.begin(source.snapshot)
-        todo = [b for b in range(plan.n_batches) if not writer.done[b]]
-        if progress:
-            progress.start(epoch, plan.used)
-            progress.advance(min(plan.used, writer.resumed * size), 0)
-        try:
-            await _write_batches(source, writer, todo, size, progress)
-        finally:
+    with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
+        writer = await _finish_in_thread(
+            EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
+            compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader,
+        )  # fmt: skip
+        with writer:  # a failure keeps the partial epoch: the next dump resumes it
+            if writer.restarted:
+                log.warning("epoch %d: an interrupted dump was started over: %s", epoch, writer.restarted)
+            if writer.resumed:
+                log.info("epoch %d: resuming: %d of %d batches kept from an interrupted dump", epoch, writer.resumed,
+                         plan.n_batches)  # fmt: skip
+            writer.begin(source.snapshot)
+            todo = [b for b in range(plan.n_batches) if not writer.done[b]]
             if progress:
-                progress.close()
-        total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
-        manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
-        manifest["resumed_batches"] = writer.resumed
-        manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
-        path = await _finish_in_thread(writer.publish, manifest)
+                progress.start(epoch, plan.used)
+                progress.advance(min(plan.used, writer.resumed * size), 0)
+            try:
+                await _write_batches(source, writer, todo, size, progress)
+            finally:
+                if progress:
+                    progress.close()
+            total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
+            manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
+            manifest["resumed_batches"] = writer.resumed
+            manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
+            path = await _finish_in_thread(writer.publish, manifest)
     return DumpResult(
         epoch=epoch,
         path=path,
