@@ -351,7 +351,8 @@ def small_only(args: argparse.Namespace) -> None:
 
 def measure_s3(results: Results, dsn: str, args: argparse.Namespace) -> None:
     rounds = s3.QUICK_ROUNDS if args.quick else s3.ROUNDS
-    log(f"s3: {args.s3_samples:,} windows dumped to moto's S3 server and to a folder, uploaded, read; {rounds} rounds")
+    plural = "" if rounds == 1 else "s"
+    log(f"s3: {args.s3_samples:,} windows dumped to moto's S3 and to a folder, uploaded, read; {rounds} round{plural}")
     results.s3 = s3.run(dsn, samples=args.s3_samples, rounds=rounds, quick=args.quick)
     r = results.s3
     readers = ", ".join(f"prefetch {p} {r.reader_ratio(p):.2f}x" for p in s3.PREFETCHES)
