@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sqltext import quote_ident
-
 INTEGER_TYPES = ("int2", "int4", "int8")
 UUID_TYPE = "uuid"
 _LOW = (1 << 64) - 1
@@ -70,11 +68,10 @@ class KeyColumns:
         """A sample's key as messages show it: ``series_id=3, start_t=120`` or ``id=4f0c...``."""
         return ", ".join(f"{name}={value}" for name, value in zip(self.names, self.values(slots), strict=True))
 
-    def slot_sql(self, ref: str) -> list[str]:
-        """SELECT expressions turning the columns of relation ``ref`` (quoted names) into int8 slots."""
+    def slot_sql(self, columns: Sequence[str]) -> list[str]:
+        """SELECT expressions turning the key columns (``columns``: one SQL reference each) into int8 slots."""
         out = []
-        for name, is_uuid in zip(self.names, self.uuids, strict=True):
-            column = f"{ref}.{quote_ident(name)}"
+        for column, is_uuid in zip(columns, self.uuids, strict=True):
             if is_uuid:  # 32 hex digits; each half read as a 64-bit two's complement integer
                 hexed = f"replace({column}::text, '-', '')"
                 out += [f"('x' || left({hexed}, 16))::bit(64)::int8", f"('x' || right({hexed}, 16))::bit(64)::int8"]

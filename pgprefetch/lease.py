@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import obstore
@@ -32,8 +33,28 @@ NOT_FOUND = (NotFoundError, FileNotFoundError)
 LEASE_SECONDS = float(os.environ.get("PGPREFETCH_LEASE_SECONDS", "60"))
 
 
+def _node() -> str:
+    """This machine's boot and PID namespace.
+
+    Two processes with the same host name and pid are the same only if these match too: containers on the
+    host network share the host name, not the PID namespace.
+    """
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(Path(path).read_text().strip() if "boot" in path else str(os.stat(path).st_ino))
+        except OSError:
+            return ""
+    return ":".join(parts)
+
+
 class Lease:
-    """The lease on one epoch's writing; :meth:`acquire` it, then :meth:`release` it (it renews itself)."""
+    """The lease on one epoch's writing; :meth:`acquire` it, then :meth:`release` it (it renews itself).
+
+    The holder counts the lease as its own only until ``seconds`` (less a margin) after the start of its
+    last successful write of it: a renewal that fails for that long (a stalled process, a network outage)
+    means another dump may have taken it over, and :meth:`check` says so before anything is published.
+    """
 
     def __init__(self, client: Any, key: str, where: str, seconds: float = LEASE_SECONDS) -> None:
         self._client = client
@@ -41,43 +62,49 @@ class Lease:
         self.where = where  # the epoch, as messages name it
         self.seconds = seconds
         self.holder = f"{socket.gethostname()} {os.getpid()}"
+        self._node = _node()
         self._version: dict[str, Any] | None = None
+        self._valid_until = 0.0  # time.monotonic() until which the lease is surely ours
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: str | None = None  # why the lease is no longer ours
 
-    def _body(self) -> bytes:
-        return json.dumps({"holder": self.holder, "expires": time.time() + self.seconds}).encode()
+    def _put(self, mode: Any) -> None:
+        """Write the lease (``mode``: create, or If-Match on a version) and extend how long it is ours."""
+        started = time.monotonic()
+        body = json.dumps({"holder": self.holder, "node": self._node, "expires": time.time() + self.seconds})
+        result = obstore.put(self._client, self.key, body.encode(), mode=mode)
+        self._version = _version(result)
+        self._valid_until = started + self.seconds * 0.8
 
     def acquire(self) -> bool:
         """Take the lease: create it, or take over one that expired. False if someone else holds it."""
         try:
-            self._version = _version(obstore.put(self._client, self.key, self._body(), mode="create"))
+            self._put("create")
         except AlreadyExistsError:
             try:
                 current = obstore.get(self._client, self.key)
             except NOT_FOUND:  # released in between: try once more from the start
                 return self.acquire()
             info = _parse(bytes(current.bytes()))
-            if info.get("expires", 0) > time.time() and not self._dead_here(str(info.get("holder", ""))):
+            if info.get("expires", 0) > time.time() and not self._dead_here(info):
                 return False
             try:  # expired: its holder died; take it over unless another dump just did
-                version = _version(current.meta)
-                self._version = _version(obstore.put(self._client, self.key, self._body(), mode=version))
+                self._put(_version(current.meta))
             except (PreconditionError, AlreadyExistsError):
                 return False
         self._thread = threading.Thread(target=self._renew, name="pgprefetch-lease", daemon=True)
         self._thread.start()
         return True
 
-    @staticmethod
-    def _dead_here(holder: str) -> bool:
-        """Whether ``holder`` ("host pid") is a process of this host that no longer runs (``kill -9``).
+    def _dead_here(self, info: dict[str, Any]) -> bool:
+        """Whether the holder is a process of this very machine and PID namespace that no longer runs.
 
-        Its lease need not be waited out: a rerun on the same host takes over at once.
+        Its lease need not be waited out: a rerun after ``kill -9`` on the same host takes over at once.
         """
-        host, _, pid = holder.rpartition(" ")
-        if host != socket.gethostname() or not pid.isdigit():
+        host, _, pid = str(info.get("holder", "")).rpartition(" ")
+        if host != socket.gethostname() or not pid.isdigit() or not self._node or info.get("node") != self._node:
             return False
         try:
             os.kill(int(pid), 0)
@@ -89,35 +116,40 @@ class Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 3):
-            if not self._renew_once():
+            if not self.renew():
                 return
 
-    def _renew_once(self) -> bool:
-        """Extend the lease if it is still ours; False once it is lost."""
-        try:
-            mode = self._version or "create"
-            self._version = _version(obstore.put(self._client, self.key, self._body(), mode=mode))
-        except PreconditionError:
-            self.lost = "another dump took it over (this one stalled past its expiry)"
-            return False
-        except NOT_FOUND:
-            self.lost = "it was deleted"
-            return False
-        except Exception:  # a network error: try again at the next renewal, while the lease lasts
-            pass
-        return True
+    def renew(self) -> bool:
+        """Extend the lease if it is still ours (If-Match on the version written last); False once lost."""
+        with self._lock:
+            if self.lost:
+                return False
+            try:
+                self._put(self._version or "create")
+            except PreconditionError:
+                self.lost = "another dump took it over (this one stalled past its expiry)"
+                return False
+            except NOT_FOUND:
+                self.lost = "it was deleted"
+                return False
+            except Exception:  # a network error: try again at the next renewal, while the lease lasts
+                pass
+            return True
 
     def check(self) -> None:
-        """Raise if the lease is no longer ours: publishing now could race another dump."""
+        """Raise if the lease may no longer be ours: writing on could race another dump."""
+        if not self.lost and time.monotonic() > self._valid_until:
+            self.lost = f"it could not be renewed for {self.seconds * 0.8:g} s"
         if self.lost:
             raise StoreError(f"lost the lease on {self.where}: {self.lost}; run the dump again")
 
     def release(self) -> None:
-        """Stop renewing and delete the lease (if it is still ours)."""
+        """Stop renewing and delete the lease, if a last renewal shows it is still ours."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self._thread is not None and not self.lost:
+        if self._thread is None:
+            return
+        self._thread.join()
+        if self.renew():  # S3 has no conditional delete: this narrows the window to one round trip
             with contextlib.suppress(Exception):  # if this fails, it expires by itself
                 obstore.delete(self._client, self.key)
 

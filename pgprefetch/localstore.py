@@ -30,7 +30,7 @@ class LocalStore(Store):
     """A folder holding epochs of one config."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         self.location = str(self.path)
 
     @property
@@ -148,7 +148,8 @@ class LocalStore(Store):
     def zarr_store(self) -> str:
         return str(self.path)
 
-    def publish(self, epoch: int, partial: Path) -> Path:
+    def publish(self, epoch: int, partial: Path, replace: bool = False) -> Path:
+        # The epoch's flock is held, and a dump that is not --force skips a complete epoch under it.
         return publish_epoch(partial, self.epoch_path(epoch))
 
     @contextmanager

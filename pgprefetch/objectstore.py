@@ -36,6 +36,7 @@ import obstore
 import zarr
 from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedError, UnauthenticatedError
 
+from .config import store_location
 from .errors import StoreError
 from .lease import NOT_FOUND, Lease, lease_holder
 from .localstore import _folder_bytes
@@ -64,7 +65,7 @@ class S3Store(Store):
     """Epochs under ``s3://bucket/prefix``."""
 
     def __init__(self, location: str) -> None:
-        self.location = location
+        self.location = str(store_location(location, "store"))  # s3://bucket/prefix, normalised
         self.bucket, _, self.prefix = location.removeprefix("s3://").partition("/")
         self._client: Any = None
         self._leases: dict[int, Lease] = {}
@@ -120,7 +121,10 @@ class S3Store(Store):
             ) from None
         if re.search(r"error sending request|[Cc]onnection refused|dns error|timed out|Connect", text):
             where = _endpoint() or "AWS"
-            raise StoreError(f"{self.location}: cannot reach the object store at {where} ({what})") from None
+            detail = re.sub(r"^.*?(error sending request|Connection refused|dns error|timed out)", r"\1", reason)
+            raise StoreError(
+                f"{self.location}: cannot reach the object store at {where} ({what}: {detail[:160]})"
+            ) from None
         raise StoreError(f"{self.location}: {what}: {reason}") from None
 
     @contextmanager
@@ -173,9 +177,10 @@ class S3Store(Store):
             obstore.put(self.client, "zarr.json", root, mode="create")
 
     def remove_if_unused(self) -> None:
-        if self.epochs() or self.partial_epochs():
-            return
-        self._delete([m["path"] for m in self._list(META_DIR)] + ["zarr.json"])
+        """Nothing: a dump on another host may be starting in this store (its lease not taken yet).
+
+        An empty store is a single small object; deleting it could pull the root from under that dump.
+        """
 
     # --- epochs -------------------------------------------------------------------------------------------
     def _remote_epochs(self) -> list[int]:
@@ -259,23 +264,34 @@ class S3Store(Store):
         with Uploads(self, epoch) as uploads:
             yield uploads
 
-    def publish(self, epoch: int, partial: Path) -> str:
-        """Upload what is left, then the manifest last; an epoch already there (``--force``) goes first."""
+    def publish(self, epoch: int, partial: Path, replace: bool = False) -> str:
+        """Upload what is left, drop objects that are not the epoch's, then write the manifest, last.
+
+        An epoch already complete is replaced only when asked (``--force``), and its manifest goes first.
+        """
         lease = self._leases.get(epoch)
         if lease is not None:
             lease.check()
         name = epoch_name(epoch)
         if self.is_complete(epoch):
+            if not replace:
+                raise StoreError(f"{self.location}/{name} was published by another dump meanwhile")
             self.remove_epoch(epoch)
         with Uploads(self, epoch) as uploads:
             for path in sorted(partial.rglob("*")):
                 if path.is_file() and path != partial / "zarr.json":
                     uploads.submit(path)
-        try:
-            with self._errors(f"publishing {name}"):
+        # Objects of an earlier, abandoned attempt at this epoch (another config, a restarted partial epoch)
+        # must not end up inside it.
+        mine = {f"{name}/{p.relative_to(partial).as_posix()}" for p in partial.rglob("*") if p.is_file()}
+        self._delete([m["path"] for m in self._list(name) if m["path"] not in mine])
+        if lease is not None and not lease.renew():  # the lease is ours now, and for the next seconds
+            lease.check()
+        with self._errors(f"publishing {name}"):
+            try:
                 obstore.put(self.client, f"{name}/zarr.json", (partial / "zarr.json").read_bytes(), mode="create")
-        except AlreadyExistsError:
-            raise StoreError(f"{self.location}/{name} was published by another dump meanwhile") from None
+            except AlreadyExistsError:
+                raise StoreError(f"{self.location}/{name} was published by another dump meanwhile") from None
         self.remove_partial_staging(epoch)
         return self.epoch_location(epoch)  # type: ignore[return-value]
 
@@ -374,6 +390,9 @@ class Uploads(Uploader):
         self._futures = [f for f in self._futures if not f.done() or f.exception() is not None] + [future]
 
     def _upload(self, path: Path) -> None:
+        lease = self.store._leases.get(int(self.prefix.removeprefix("epoch-")))
+        if lease is not None:
+            lease.check()  # a dump that lost its lease must not write into the epoch another dump now owns
         data = path.read_bytes()
         relative = path.relative_to(self.partial).as_posix()
         key = f"{self.prefix}/{relative}"

@@ -12,6 +12,7 @@ two numbers, (epoch, next global batch): resuming with another world size re-sli
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -101,7 +102,9 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         # (array, file number) -> batches of that file, indexable by slot (a tensor, or a list when a
         # zarr-written shard stores its chunks out of order), and the byte offset of each slot.
         self._shards: OrderedDict[tuple[str, int], tuple[Any, np.ndarray]] = OrderedDict()
-        self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once
+        self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once per process
+        self._zarr_pid = os.getpid()
+        self._fetched = threading.Lock()  # bytes_fetched is counted from the prefetch threads
         if consumer is not None and torch.utils.data.get_worker_info() is None:
             try:
                 self._backend.record_consumer(consumer, epoch)
@@ -227,12 +230,18 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         state = self.__dict__.copy()
         state["_shards"] = OrderedDict()  # mappings are per process: each DataLoader worker opens its own
         state["_zarr"] = {}
+        state["_fetched"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _fetched=threading.Lock())
 
     def _read(self, name: str, g: int) -> torch.Tensor:
         """Global batch ``g`` of array ``name``: a view of the mapped file, a fetched copy, or zarr's decoding."""
         layout = self._layouts[name]
         if not layout.raw:  # compressed: zarr decodes
+            if self._zarr_pid != os.getpid():  # a forked worker opens its own (an S3 client does not fork)
+                self._zarr, self._zarr_pid = {}, os.getpid()
             if name not in self._zarr:
                 key = f"{epoch_name(self.epoch)}/{name}"
                 self._zarr[name] = zarr.open_array(self._backend.zarr_store(), path=key, mode="r")
@@ -287,7 +296,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if raw.size != layout.batch_bytes:
             raise StoreError(f"{self.store}/{path}: the object ends before batch {g} (truncated?)")
         out.reshape(-1).view(np.uint8)[:] = raw
-        self.bytes_fetched += raw.size
+        with self._fetched:
+            self.bytes_fetched += raw.size
 
     def _map(self, name: str, number: int) -> tuple[Any, np.ndarray]:
         """Map file ``number`` of array ``name`` once (private, copy-on-write) and keep it for its batches."""

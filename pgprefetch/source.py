@@ -193,8 +193,11 @@ class Snapshot:
                 f"{len(keys.names)} column(s) ({', '.join(keys.names)})"
             )
         if keys.has_uuid:  # the keys read as int8 slots: two per uuid, converted by the server
-            slots = ", ".join(keys.slot_sql("_pgpf_q"))
-            stmt = await self._prepare(f"SELECT {slots} FROM ({cfg.samples.keys}) AS _pgpf_q", f"{where}[samples] keys")
+            aliases = [f"_pgpf_k{i}" for i in range(len(keys.names))]  # the query's own names may repeat
+            slots = ", ".join(keys.slot_sql([f"_pgpf_q.{a}" for a in aliases]))
+            # On lines of their own: the keys query may end in a -- comment.
+            sql = f"SELECT {slots} FROM (\n{cfg.samples.keys}\n) AS _pgpf_q({', '.join(aliases)})"
+            stmt = await self._prepare(sql, f"{where}[samples] keys")
         self._keys = stmt
         query = await self._prepare(cfg.samples.query, f"{where}[samples] query")
         returned = {a.name: (a.type.name, a.type.kind) for a in query.get_attributes()}

@@ -90,9 +90,11 @@ class Store(abc.ABC):
     location: str  # as messages show it: the folder, or s3://bucket/prefix
 
     def __new__(cls, location: str | os.PathLike[str] | None = None) -> Store:  # noqa: D102
-        if cls is Store:
+        if cls is Store:  # (unpickling calls a backend's __new__ with no location)
+            if location is None:
+                raise TypeError("Store() needs a location: a folder or s3://bucket/prefix")
             try:
-                where = store_location(location if location is not None else ".", "store")
+                where = store_location(location, "store")
             except ConfigError as e:
                 raise StoreError(str(e)) from None
             if isinstance(where, str):
@@ -250,8 +252,11 @@ class Store(abc.ABC):
         return nullcontext(None)
 
     @abc.abstractmethod
-    def publish(self, epoch: int, partial: Path) -> Path | str:
-        """Make the fully written epoch in ``partial`` visible, complete or not at all; return where it is."""
+    def publish(self, epoch: int, partial: Path, replace: bool = False) -> Path | str:
+        """Make the fully written epoch in ``partial`` visible, complete or not at all; return where it is.
+
+        ``replace``: an epoch already published there is replaced (``--force``); otherwise that is an error.
+        """
 
     @abc.abstractmethod
     def writer_lock(self, epoch: int) -> AbstractContextManager[bool]:

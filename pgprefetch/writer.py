@@ -96,6 +96,7 @@ class EpochWriter:
         self.restarted: str | None = None  # why a partial epoch found here was discarded
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
         self.uploader = uploader
+        self.replace = fresh  # --force: publishing replaces a complete epoch
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) handed to the uploader
         with _io_errors(self.path):
             self._open(arrays, fresh)
@@ -274,13 +275,14 @@ class EpochWriter:
         with _io_errors(self.path):
             self.group.create_array(
                 CHECKSUMS_ARRAY,
+                overwrite=True,  # a publish that failed after this (an upload) is simply run again
                 data=self.checksums.astype("<u4"),
                 compressors=None,
                 dimension_names=[f"{CHECKSUMS_ARRAY}_array", "batch"],
             )
             self.group.attrs["pgprefetch"] = manifest
             self._journal.close()
-            final = self.store.publish(self.epoch, self.path)
+            final = self.store.publish(self.epoch, self.path, replace=self.replace)
             self.journal_path.unlink(missing_ok=True)
         return final
 

@@ -117,7 +117,11 @@ def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]
 
         do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128  # the default backlog of 5 refuses connections when the machine is busy
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

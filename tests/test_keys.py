@@ -107,3 +107,9 @@ def test_repeated_and_null_uuid_keys_are_named(db: str, tmp_path: Path) -> None:
     nulls = uuid_config(tmp_path, keys="SELECT part, id FROM u UNION ALL SELECT 0, NULL::uuid", name="n.toml")
     with pytest.raises(SampleError, match='NULL in key column "id"'):
         dump(nulls, db)
+
+
+def test_a_uuid_keys_query_may_end_in_a_comment(db: str, tmp_path: Path) -> None:
+    make_items(db)
+    result = dump(uuid_config(tmp_path, keys="SELECT part, id FROM u -- every item"), db)
+    assert result.n_samples == N

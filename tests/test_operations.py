@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import pgprefetch.writer
 from pgprefetch import EpochDataset, load_config
 from pgprefetch.cli import cli
+from pgprefetch.errors import StoreError
 from pgprefetch.layout import ArrayLayout
 from pgprefetch.pipeline import dump_epoch
 
@@ -379,3 +380,28 @@ def test_store_files_follow_a_permissive_umask(s_table: str, tmp_path: Path) -> 
     assert len(modes) > 10
     wrong = {p: m for p, m in modes.items() if m != (oct(0o775) if (tmp_path / p).is_dir() else oct(0o664))}
     assert wrong == {}
+
+
+def test_a_publish_that_failed_is_done_by_the_next_dump(
+    s_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import pgprefetch.localstore
+
+    real, calls = pgprefetch.localstore.publish_epoch, []
+
+    def full_disk_once(partial: Path, final: Path) -> Path:  # the disk fills up at the very last step, once
+        calls.append(partial)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(partial, final)
+
+    monkeypatch.setattr(pgprefetch.localstore, "publish_epoch", full_disk_once)
+    cfg = config(tmp_path)
+    with pytest.raises(StoreError, match="free some space and run the dump again"):
+        dump(cfg, s_table)
+    result = dump(cfg, s_table)  # the epoch's checksums array is there already: written again
+    assert result.resumed == result.n_batches
+    clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr"), s_table)
+    assert chunk_bytes(result.path) == chunk_bytes(clean.path)

@@ -177,8 +177,7 @@ def test_a_lease_whose_holder_stopped_renewing_is_taken_over_after_it_expires(s3
     dead._thread.join()  # type: ignore[union-attr]
     time.sleep(1.2)
     assert other.acquire()  # expired: taken over
-    dead._stop.clear()
-    dead._renew_once()
+    assert not dead.renew()  # its next renewal finds the lease taken
     with pytest.raises(StoreError, match="lost the lease on epoch 0: another dump took it over"):
         dead.check()
     other.release()
@@ -254,3 +253,30 @@ def test_force_rewrites_a_published_s3_epoch_in_full(s_table: str, s3: S3, tmp_p
     assert Store(f"s3://{bucket}/f").manifest(0)["snapshot"] != before  # a new epoch, on a new snapshot
     local = dump(s_config(tmp_path, name="local.toml"), s_table)
     assert epoch_objects(s3, bucket, "f") == chunk_bytes(local.path)
+
+
+def test_a_dump_that_loses_its_lease_stops_and_publishes_nothing(s_table: str, s3: S3, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    cfg = s_config(tmp_path, store=f"s3://{bucket}/lost", slow=True, compression="zstd")
+    env = {**os.environ, "PGPREFETCH_LEASE_SECONDS": "3"}  # renewed every second
+    proc = subprocess.Popen(dump_argv(cfg, s_table), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lease = "lost/.pgprefetch/locks/epoch-00000.lease"
+    wait_for(lambda: len(s3.objects(bucket, "lost/epoch-00000/v/c")) >= 2)
+    taken = json.dumps({"holder": "elsewhere 1", "expires": time.time() + 60}).encode()
+    s3.client().put_object(Bucket=bucket, Key=lease, Body=taken)  # another dump took the lease over
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "lost the lease on" in err
+    assert "another dump took it over" in err
+    assert Store(f"s3://{bucket}/lost").epochs() == []
+    assert s3.objects(bucket, lease)[""] == taken  # the other dump's lease is left alone
+
+
+def test_objects_of_an_abandoned_attempt_do_not_end_up_in_the_published_epoch(
+    s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    Store(f"s3://{bucket}/st").create()
+    s3.client().put_object(Bucket=bucket, Key="st/epoch-00000/old/c/0/0", Body=b"left by a dump of another config")
+    dump(s_config(tmp_path, store=f"s3://{bucket}/st"), s_table)
+    assert not any(key.startswith("old/") for key in s3.objects(bucket, "st/epoch-00000/"))
