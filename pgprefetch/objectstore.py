@@ -354,12 +354,12 @@ class Uploads(Uploader):
         self.partial = store.partial_path(epoch)
         self.prefix = epoch_name(epoch)
         self.log_path = _upload_log(self.partial)
-        self._done: dict[str, tuple[int, int]] = {}
+        self._done: dict[str, tuple[int, int, int]] = {}  # relative path -> (size, CRC32C, mtime in ns)
         with contextlib.suppress(OSError):
             for line in self.log_path.read_text().splitlines():
-                parts = line.rsplit(" ", 2)
-                if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                    self._done[parts[0]] = (int(parts[1]), int(parts[2]))
+                parts = line.rsplit(" ", 3)
+                if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+                    self._done[parts[0]] = (int(parts[1]), int(parts[2]), int(parts[3]))
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(UPLOAD_THREADS)
         self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="pgprefetch-upload")
@@ -393,13 +393,17 @@ class Uploads(Uploader):
         lease = self.store._leases.get(int(self.prefix.removeprefix("epoch-")))
         if lease is not None:
             lease.check()  # a dump that lost its lease must not write into the epoch another dump now owns
-        data = path.read_bytes()
         relative = path.relative_to(self.partial).as_posix()
         key = f"{self.prefix}/{relative}"
+        stat = path.stat()
+        done = self._done.get(relative)
+        if done and (done[0], done[2]) == (stat.st_size, stat.st_mtime_ns) and self.store.size(key) == done[0]:
+            return  # uploaded earlier (by this dump, or one that was killed), untouched since: not read again
+        data = path.read_bytes()
         crc = google_crc32c.value(data)
-        if self._done.get(relative) == (len(data), crc) and self.store.size(key) == len(data):
-            return  # uploaded by an earlier (killed) dump, unchanged since
+        if done and done[:2] == (len(data), crc) and self.store.size(key) == len(data):
+            return  # rewritten with the same bytes (a resumed dump's journal check)
         with self.store._errors(f"uploading {key}"):
             obstore.put(self.store.client, key, data, use_multipart=False)
         with self._lock, open(self.log_path, "a") as log:
-            log.write(f"{relative} {len(data)} {crc}\n")
+            log.write(f"{relative} {len(data)} {crc} {stat.st_mtime_ns}\n")
