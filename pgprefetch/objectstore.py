@@ -66,7 +66,7 @@ class S3Store(Store):
 
     def __init__(self, location: str) -> None:
         self.location = str(store_location(location, "store"))  # s3://bucket/prefix, normalised
-        self.bucket, _, self.prefix = location.removeprefix("s3://").partition("/")
+        self.bucket, _, self.prefix = self.location.removeprefix("s3://").partition("/")
         self._client: Any = None
         self._leases: dict[int, Lease] = {}
 
