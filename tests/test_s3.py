@@ -280,3 +280,12 @@ def test_objects_of_an_abandoned_attempt_do_not_end_up_in_the_published_epoch(
     s3.client().put_object(Bucket=bucket, Key="st/epoch-00000/old/c/0/0", Body=b"left by a dump of another config")
     dump(s_config(tmp_path, store=f"s3://{bucket}/st"), s_table)
     assert not any(key.startswith("old/") for key in s3.objects(bucket, "st/epoch-00000/"))
+
+
+def test_a_store_url_is_normalised_the_same_way_everywhere() -> None:
+    store = Store("S3://bkt/runs//a/")
+    assert isinstance(store, S3Store)
+    assert (store.location, store.bucket, store.prefix) == ("s3://bkt/runs/a", "bkt", "runs/a")
+    assert store.staging.name == "runs__a"  # the dump's staging, whichever spelling named the store
+    with pytest.raises(StoreError, match="unsupported store URL gs://"):
+        Store("gs://bkt/x")
