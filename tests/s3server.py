@@ -90,6 +90,9 @@ def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]
         def log_message(self, *args: object) -> None: ...
 
         def _any(self) -> None:
+            # One request per connection: a pooled connection the proxy had closed would be a failure of
+            # the proxy, not of the retries under test.
+            self.close_connection = True
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
                 seen[0] += 1
@@ -99,6 +102,7 @@ def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]
                 error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
                 self.send_response(503)
                 self.send_header("Content-Length", str(len(error)))
+                self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(error)
                 return
@@ -107,10 +111,14 @@ def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]
             reply = upstream.getresponse()
             data = reply.read()
             self.send_response(reply.status)
-            for name, value in reply.getheaders():
-                if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+            for name, value in reply.getheaders():  # a HEAD's Content-Length is the object's size: kept
+                if name.lower() not in ("transfer-encoding", "connection") and not (
+                    name.lower() == "content-length" and self.command != "HEAD"
+                ):
                     self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
+            if self.command != "HEAD":
+                self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
             upstream.close()
