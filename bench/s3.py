@@ -367,7 +367,7 @@ def run(dsn: str, *, samples: int = SAMPLES, rounds: int = ROUNDS, quick: bool =
     import boto3
 
     from pgprefetch import EpochDataset
-    from pgprefetch.objectstore import UPLOAD_THREADS
+    from pgprefetch.uploads import UPLOAD_THREADS
 
     started = time.perf_counter()
     results = S3Results(quick=quick, rounds=rounds)
@@ -460,7 +460,7 @@ def run(dsn: str, *, samples: int = SAMPLES, rounds: int = ROUNDS, quick: bool =
 
 def render(results: S3Results, *, revision: str = "") -> str:
     """The S3 section, between markers so that ``--s3-only`` can replace it in RESULTS.md."""
-    from pgprefetch.objectstore import UPLOAD_THREADS
+    from pgprefetch.uploads import UPLOAD_THREADS
 
     from .report import _cpu_model, _x, code_revision
 

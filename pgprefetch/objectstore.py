@@ -23,15 +23,12 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
-import google_crc32c
 import obstore
 import zarr
 from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedError, UnauthenticatedError
@@ -50,9 +47,9 @@ from .store import (
     epoch_name,
     epochs_in,
 )
+from .uploads import Uploads, upload_log
 
 _RUNTIME_PID: int | None = None  # the process whose obstore runtime is in use (see S3Store.client)
-UPLOAD_THREADS = 4  # shards in flight; each is read whole (about 64 MiB) before its PUT
 _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 
 
@@ -251,7 +248,7 @@ class S3Store(Store):
 
     def remove_partial(self, epoch: int) -> None:
         shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
-        for path in (self.journal_path(epoch), _upload_log(self.partial_path(epoch))):
+        for path in (self.journal_path(epoch), upload_log(self.partial_path(epoch))):
             path.unlink(missing_ok=True)
         if not self.is_complete(epoch):
             self._delete([m["path"] for m in self._list(epoch_name(epoch))])
@@ -298,7 +295,7 @@ class S3Store(Store):
     def remove_partial_staging(self, epoch: int) -> None:
         """Delete the local staging of an epoch that is published."""
         shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
-        _upload_log(self.partial_path(epoch)).unlink(missing_ok=True)
+        upload_log(self.partial_path(epoch)).unlink(missing_ok=True)
 
     def _lease_key(self, epoch: int) -> str:
         return f"{META_DIR}/locks/{epoch_name(epoch)}.lease"
@@ -336,74 +333,3 @@ class S3Store(Store):
             if path.endswith(".json") and epoch is not None:
                 out[path.rsplit("/", 1)[-1].removesuffix(".json")] = epoch
         return out
-
-
-def _upload_log(partial: Path) -> Path:
-    return partial.with_name(f"{partial.name}.uploads")
-
-
-class Uploads(Uploader):
-    """Uploads the files of a staged epoch from a few threads, skipping those already uploaded unchanged.
-
-    ``submit`` waits while ``UPLOAD_THREADS`` uploads are in flight, so memory stays bounded (each reads its
-    file whole). Leaving the block waits for every upload and raises the first failure.
-    """
-
-    def __init__(self, store: S3Store, epoch: int) -> None:
-        self.store = store
-        self.partial = store.partial_path(epoch)
-        self.prefix = epoch_name(epoch)
-        self.log_path = _upload_log(self.partial)
-        self._done: dict[str, tuple[int, int, int]] = {}  # relative path -> (size, CRC32C, mtime in ns)
-        with contextlib.suppress(OSError):
-            for line in self.log_path.read_text().splitlines():
-                parts = line.rsplit(" ", 3)
-                if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
-                    self._done[parts[0]] = (int(parts[1]), int(parts[2]), int(parts[3]))
-        self._lock = threading.Lock()
-        self._slots = threading.Semaphore(UPLOAD_THREADS)
-        self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="pgprefetch-upload")
-        self._futures: list[Future[None]] = []
-
-    def __enter__(self) -> Uploads:
-        return self
-
-    def __exit__(self, kind: object, error: object, tb: object) -> None:
-        if kind is not None:  # the dump failed: what is in flight may finish, nothing new starts
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            return
-        self.finish()
-
-    def finish(self) -> None:
-        """Wait for every upload; raise the first failure."""
-        self._pool.shutdown(wait=True)
-        for future in self._futures:
-            future.result()
-
-    def submit(self, path: Path) -> None:
-        for future in self._futures:
-            if future.done() and future.exception() is not None:
-                future.result()  # fail the dump early
-        self._slots.acquire()
-        future = self._pool.submit(self._upload, path)
-        future.add_done_callback(lambda _: self._slots.release())
-        self._futures = [f for f in self._futures if not f.done() or f.exception() is not None] + [future]
-
-    def _upload(self, path: Path) -> None:
-        lease = self.store._leases.get(int(self.prefix.removeprefix("epoch-")))
-        if lease is not None:
-            lease.check()  # a dump that lost its lease must not write into the epoch another dump now owns
-        relative = path.relative_to(self.partial).as_posix()
-        key = f"{self.prefix}/{relative}"
-        stat = path.stat()
-        done = self._done.get(relative)
-        if done and (done[0], done[2]) == (stat.st_size, stat.st_mtime_ns) and self.store.size(key) == done[0]:
-            return  # uploaded earlier (by this dump, or one that was killed), untouched since: not read again
-        data = path.read_bytes()
-        crc = google_crc32c.value(data)
-        if done and done[:2] == (len(data), crc) and self.store.size(key) == len(data):
-            return  # rewritten with the same bytes (a resumed dump's journal check)
-        with self.store._errors(f"uploading {key}"):
-            obstore.put(self.store.client, key, data, use_multipart=False)
-        with self._lock, open(self.log_path, "a") as log:
-            log.write(f"{relative} {len(data)} {crc} {stat.st_mtime_ns}\n")
