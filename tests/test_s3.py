@@ -289,3 +289,22 @@ def test_a_store_url_is_normalised_the_same_way_everywhere() -> None:
     assert store.staging.name == "runs__a"  # the dump's staging, whichever spelling named the store
     with pytest.raises(StoreError, match="unsupported store URL gs://"):
         Store("gs://bkt/x")
+
+
+def test_wait_opens_an_s3_epoch_once_a_dump_publishes_it(s_table: str, s3: S3, tmp_path: Path) -> None:
+    import threading
+
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/w"
+    cfg = s_config(tmp_path, store=url)
+    Store(url).create()
+    later = threading.Timer(1.0, lambda: dump(cfg, s_table))
+    later.start()
+    try:
+        ds = EpochDataset(url, 0, wait=True, timeout=60, consumer="train")
+    finally:
+        later.join()
+    assert len(ds) == Store(url).manifest(0)["n_batches"]
+    assert Store(url).consumers() == {"train": 0}
+    with pytest.raises(EpochNotReadyError, match="gave up waiting"):
+        EpochDataset(url, 1, wait=True, timeout=0.5, consumer=None)
