@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import casts, contenders, dumprun, opening, reader, s3, scan
+from . import casts, contenders, dumprun, opening, reader, s3, scan, stop_child
 from . import small as small_bench  # `small` is a flag in several functions here
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
 from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice, splice_reader
@@ -124,13 +124,7 @@ def proxy(dsn: str, delay_ms: float) -> Iterator[str]:
         log(f"proxy on 127.0.0.1:{line[1]}, +{delay_ms:g} ms each way (time.sleep overshoot {line[3]} us corrected)")
         yield proxied_dsn(dsn, int(line[1]))
     finally:
-        if p.stdin:
-            p.stdin.close()
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_child(p, timeout=5)
 
 
 TABLES = {"windows": "ticks, train_samples", "rows": "items, train_items"}  # what each dataset's load writes

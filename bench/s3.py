@@ -48,7 +48,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from . import dumprun
+from . import dumprun, stop_child
 from .datasets import CONNECTIONS, WINDOWS, Dataset
 
 SAMPLES = 48_000  # windows: 187 batches of 256; x and y 23.4 MiB each, one shard file each; 49 MB in all
@@ -125,13 +125,7 @@ def moto_server() -> Iterator[Moto]:
         }
         yield Moto(p.pid, endpoint, env)
     finally:
-        if p.stdin:
-            p.stdin.close()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_child(p, timeout=10)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import StoreError
+
 _RAW = ([{"name": "bytes", "configuration": {"endian": "little"}}], [{"name": "bytes"}])
 _INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64 per inner chunk
@@ -94,6 +96,20 @@ class ArrayLayout:
     def index_bytes(self) -> int:
         """Size of a shard's index with its checksum."""
         return self.per_file * INDEX_ENTRY + INDEX_CRC
+
+
+def pread_into(path: Path, buffer: np.ndarray, offset: int) -> None:
+    """Fill ``buffer`` from ``path`` at ``offset``; ``preadv`` may read less than asked (2 GiB a call)."""
+    view = memoryview(buffer)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while view:
+            n = os.preadv(fd, [view], offset)
+            if n == 0:
+                raise StoreError(f"{path}: the file ends before batch data it should hold (truncated?)")
+            view, offset = view[n:], offset + n
+    finally:
+        os.close(fd)
 
 
 def read_batch_bytes(layout: ArrayLayout, batch: int) -> bytes | None:

@@ -14,8 +14,7 @@ import dataclasses
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +28,7 @@ from .modes import BatchSource, ScanRead, multipass_source, query_source, read_s
 from .retry import RetryPolicy, count
 from .source import Snapshot
 from .store import KEYS_ARRAY, ArraySpec, Store
-from .units import Units
+from .units import write_batches
 from .writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
@@ -325,7 +324,7 @@ async def _write_epoch(
                 progress.start(epoch, plan.used)
                 progress.advance(min(plan.used, writer.resumed * size), 0)
             try:
-                await _write_batches(source, writer, todo, size, progress)
+                await write_batches(source, writer, todo, size, progress)
             finally:
                 if progress:
                     progress.close()
@@ -346,57 +345,3 @@ async def _write_epoch(
         duplicates_dropped=plan.duplicates_dropped,
         rows_read=source.rows_read,
     )
-
-
-async def _write_batches(
-    source: BatchSource, writer: EpochWriter, batches: list[int], size: int, progress: Progress | None
-) -> int:
-    """Fetch, produce and write ``batches`` a unit at a time, ``source.concurrency`` units in flight."""
-    total = 0
-    keys = source.plan.keys
-    todo = Units(batches, source.unit)  # shared by the workers: each takes the next unit
-    # The dump's own threads (one in query mode: on a few cores more only fight over the GIL while the
-    # event loop decodes; see BatchSource.threads); an executor of its own cannot outlive the dump.
-    with ThreadPoolExecutor(max_workers=source.threads, thread_name_prefix="pgprefetch-write") as pool:
-        loop = asyncio.get_running_loop()
-
-        def produce_and_write(first: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> int:
-            unit_keys = source.plan.batch_keys(first, size, count)
-            n = unit_keys.shape[1]
-            source.produce(first, count, fetched, buffers)
-            buffers[KEYS_ARRAY][:n] = unit_keys.T
-            if n < count * size:  # the padded last batch (drop_last = false): zeros after the real samples
-                for array in buffers.values():
-                    array[n : count * size] = 0
-            return writer.write_batches(first, count, buffers)
-
-        async def worker() -> None:
-            nonlocal total
-            buffers = source.layout.allocate(size * source.unit)
-            buffers[KEYS_ARRAY] = np.zeros((size * source.unit, keys.shape[0]), dtype=np.int64)
-            while unit := todo.next():
-                first, count = unit
-                started = time.monotonic()
-                fetched = await source.fetch(first, count)
-                todo.took(count, time.monotonic() - started)
-                nbytes = await loop.run_in_executor(pool, produce_and_write, first, count, fetched, buffers)
-                total += nbytes
-                if progress:
-                    progress.advance(min(count * size, keys.shape[1] - first * size), nbytes)
-
-        await _first_error([worker() for _ in range(source.concurrency)])
-    return total
-
-
-async def _first_error(coros: list[Awaitable[None]]) -> None:
-    """Run ``coros`` concurrently; on the first failure cancel the rest and raise it (no ExceptionGroup)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for t in done:
-        if not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
 import warnings
 from collections import OrderedDict, deque
@@ -29,9 +28,9 @@ import torch.utils.data
 import zarr
 
 from .config import load_config
-from .errors import ConfigError, EpochNotFoundError, EpochNotReadyError, StoreError
+from .errors import ConfigError, StoreError
 from .keys import KeyColumns
-from .layout import ArrayLayout
+from .layout import ArrayLayout, pread_into
 from .localstore import LocalStore
 from .store import KEYS_ARRAY, Store, epoch_name
 
@@ -77,7 +76,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.epoch = epoch
         self.prefetch = max(1, prefetch)
         self.bytes_fetched = 0  # object stores: batch bytes this dataset fetched (in this process)
-        self.manifest = _manifest(self._backend, epoch, wait, timeout)
+        self.manifest = self._backend.wait_manifest(epoch, timeout if wait else None)
         self.manifest.pop("checksums", None)  # for `verify`; kept out of every DataLoader worker's pickle
         available = list(self.manifest["fields"])
         unknown = [f for f in fields or () if f not in available]
@@ -279,7 +278,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
                 number, slot = divmod(g, layout.per_file)
                 shard = self._shards.get((name, number)) or self._map(name, number)
                 path, _ = layout.file(g)
-                _pread_all(path, target.numpy().reshape(-1).view(np.uint8), int(shard[1][slot]))
+                pread_into(path, target.numpy().reshape(-1).view(np.uint8), int(shard[1][slot]))
             result[name] = target[: self._last_valid] if g == self.n_global - 1 else target
         return result
 
@@ -325,33 +324,6 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if len(self._shards) > _MAPPINGS_KEPT:  # tensors handed out keep their mapping alive themselves
             self._shards.popitem(last=False)
         return batches, offsets
-
-
-def _pread_all(path: Path, buffer: np.ndarray, offset: int) -> None:
-    """Fill ``buffer`` from ``path`` at ``offset``; ``preadv`` may read less than asked (2 GiB a call)."""
-    view = memoryview(buffer)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while view:
-            n = os.preadv(fd, [view], offset)
-            if n == 0:
-                raise StoreError(f"{path}: the file ends before batch data it should hold (truncated?)")
-            view, offset = view[n:], offset + n
-    finally:
-        os.close(fd)
-
-
-def _manifest(store: Store, epoch: int, wait: bool, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return store.manifest(epoch)
-        except (EpochNotFoundError, EpochNotReadyError) as e:
-            if not wait:
-                raise
-            if time.monotonic() >= deadline:
-                raise EpochNotReadyError(f"{e}; gave up waiting after {timeout:g} s") from None
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -39,6 +39,7 @@ from .errors import ConfigError, PgprefetchError, SampleError, SourceError
 from .keys import KeyColumns
 from .source import BatchReader, Snapshot
 from .sqltext import quote_ident
+from .units import first_error
 
 KEY_TYPES = {"int2": ">i2", "int4": ">i4", "int8": ">i8"}
 # order column type -> (wire dtype, offset to the Unix epoch in its unit)
@@ -213,18 +214,8 @@ async def read_table(
             workers.copy(f"reading {shape.relation}", f"{copy_select(shape, where)}", sink(d))
             for d, where in zip(decoders, ranges, strict=True)
         ]
-        await _all_or_first_error(copies)
+        await first_error(copies)
     return await asyncio.to_thread(_assemble, shape, [d.finish() for d in decoders])
-
-
-async def _all_or_first_error(coros: list[Awaitable[None]]) -> None:
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:

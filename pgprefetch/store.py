@@ -27,6 +27,7 @@ import json
 import os
 import re
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -178,6 +179,19 @@ class Store(abc.ABC):
                 f"this pgprefetch reads version {FORMAT_VERSION}"
             )
         return manifest
+
+    def wait_manifest(self, epoch: int, timeout: float | None) -> dict[str, Any]:
+        """:meth:`manifest`, waiting up to ``timeout`` seconds for the epoch to be published (None: no wait)."""
+        deadline = time.monotonic() + (timeout or 0.0)
+        while True:
+            try:
+                return self.manifest(epoch)
+            except (EpochNotFoundError, EpochNotReadyError) as e:
+                if timeout is None:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise EpochNotReadyError(f"{e}; gave up waiting after {timeout:g} s") from None
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     def array_layout(self, epoch: int, name: str) -> ArrayLayout:
         """Where array ``name`` of a published epoch keeps each batch."""

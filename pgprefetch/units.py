@@ -6,9 +6,27 @@ was nine tenths of the dump (batches of 10 dumped at 0.07x the rate of batches o
 batches travel together: the keys of a unit go in one statement, decode into one buffer, and are written
 with one ``pwrite`` per shard file. The bytes are the same whatever the unit size: each batch is still its
 own chunk with its own checksum.
+
+:func:`write_batches` is the dump's scheduler: ``concurrency`` units in flight, each fetched on the event
+loop, then produced and written on the dump's own threads.
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .store import KEYS_ARRAY
+
+if TYPE_CHECKING:
+    from .modes import BatchSource
+    from .pipeline import Progress
+    from .writer import EpochWriter
 
 UNIT_SAMPLES = 1024  # the most samples a unit of small batches holds
 UNIT_SECONDS = 0.05  # the fetch time units aim at
@@ -51,3 +69,57 @@ class Units:
             self.count = min(self.most, self.count * 2)
         elif seconds > UNIT_SECONDS * 2:
             self.count = max(1, min(self.count, count) // 2)
+
+
+async def write_batches(
+    source: BatchSource, writer: EpochWriter, batches: list[int], size: int, progress: Progress | None
+) -> int:
+    """Fetch, produce and write ``batches`` a unit at a time, ``source.concurrency`` units in flight."""
+    total = 0
+    keys = source.plan.keys
+    todo = Units(batches, source.unit)  # shared by the workers: each takes the next unit
+    # The dump's own threads (one in query mode: on a few cores more only fight over the GIL while the
+    # event loop decodes; see BatchSource.threads); an executor of its own cannot outlive the dump.
+    with ThreadPoolExecutor(max_workers=source.threads, thread_name_prefix="pgprefetch-write") as pool:
+        loop = asyncio.get_running_loop()
+
+        def produce_and_write(first: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> int:
+            unit_keys = source.plan.batch_keys(first, size, count)
+            n = unit_keys.shape[1]
+            source.produce(first, count, fetched, buffers)
+            buffers[KEYS_ARRAY][:n] = unit_keys.T
+            if n < count * size:  # the padded last batch (drop_last = false): zeros after the real samples
+                for array in buffers.values():
+                    array[n : count * size] = 0
+            return writer.write_batches(first, count, buffers)
+
+        async def worker() -> None:
+            nonlocal total
+            buffers = source.layout.allocate(size * source.unit)
+            buffers[KEYS_ARRAY] = np.zeros((size * source.unit, keys.shape[0]), dtype=np.int64)
+            while unit := todo.next():
+                first, count = unit
+                started = time.monotonic()
+                fetched = await source.fetch(first, count)
+                todo.took(count, time.monotonic() - started)
+                nbytes = await loop.run_in_executor(pool, produce_and_write, first, count, fetched, buffers)
+                total += nbytes
+                if progress:
+                    progress.advance(min(count * size, keys.shape[1] - first * size), nbytes)
+
+        await first_error([worker() for _ in range(source.concurrency)])
+    return total
+
+
+async def first_error(coros: list[Awaitable[None]]) -> None:
+    """Run ``coros`` concurrently; on the first failure cancel the rest and raise it (no ExceptionGroup)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
