@@ -308,3 +308,23 @@ def test_wait_opens_an_s3_epoch_once_a_dump_publishes_it(s_table: str, s3: S3, t
     assert Store(url).consumers() == {"train": 0}
     with pytest.raises(EpochNotReadyError, match="gave up waiting"):
         EpochDataset(url, 1, wait=True, timeout=0.5, consumer=None)
+
+
+def test_an_s3_dump_survives_terminated_database_connections_with_the_same_bytes(
+    s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    from .test_reliability import terminate_dump_connections
+
+    bucket = s3.bucket()
+    cfg = s_config(tmp_path, store=f"s3://{bucket}/pg", slow=True)
+    journal = tmp_path / "staging" / bucket / "pg" / "partial" / "epoch-00000.journal"
+    proc = subprocess.Popen(
+        [*dump_argv(cfg, s_table), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) >= 5)
+    terminate_dump_connections(s_table)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["retries"] == 1
+    local = dump(s_config(tmp_path, name="local.toml", slow=True), s_table)
+    assert epoch_objects(s3, bucket, "pg") == chunk_bytes(local.path)
