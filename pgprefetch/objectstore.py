@@ -266,7 +266,7 @@ class S3Store(Store):
 
         An epoch already complete is replaced only when asked (``--force``), and its manifest goes first.
         """
-        lease = self._leases.get(epoch)
+        lease = self.held_lease(epoch)
         if lease is not None:
             lease.check()
         name = epoch_name(epoch)
@@ -296,6 +296,10 @@ class S3Store(Store):
         """Delete the local staging of an epoch that is published."""
         shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
         upload_log(self.partial_path(epoch)).unlink(missing_ok=True)
+
+    def held_lease(self, epoch: int) -> Lease | None:
+        """The lease this process holds on ``epoch`` while it writes it, if any."""
+        return self._leases.get(epoch)
 
     def _lease_key(self, epoch: int) -> str:
         return f"{META_DIR}/locks/{epoch_name(epoch)}.lease"

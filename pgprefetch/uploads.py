@@ -38,6 +38,7 @@ class Uploads(Uploader):
 
     def __init__(self, store: S3Store, epoch: int) -> None:
         self.store = store
+        self.epoch = epoch
         self.partial = store.partial_path(epoch)
         self.prefix = epoch_name(epoch)
         self.log_path = upload_log(self.partial)
@@ -78,7 +79,7 @@ class Uploads(Uploader):
         self._futures = [f for f in self._futures if not f.done() or f.exception() is not None] + [future]
 
     def _upload(self, path: Path) -> None:
-        lease = self.store._leases.get(int(self.prefix.removeprefix("epoch-")))
+        lease = self.store.held_lease(self.epoch)
         if lease is not None:
             lease.check()  # a dump that lost its lease must not write into the epoch another dump now owns
         relative = path.relative_to(self.partial).as_posix()
