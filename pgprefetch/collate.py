@@ -27,6 +27,7 @@ field and the column.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,6 +116,11 @@ class BatchLayout:
             if f.config.null_mask:
                 out.append((f.config.null_mask, np.dtype(bool), f.sample_shape))
         return out
+
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes one sample takes in the batch buffers (the keys not counted)."""
+        return sum(dtype.itemsize * math.prod(shape) for _, dtype, shape in self.arrays())
 
     def allocate(self, size: int) -> dict[str, np.ndarray]:
         """Zeroed batch buffers, one per array, to be filled by :meth:`decode` (and reused)."""

@@ -9,8 +9,10 @@ Anything this module does not recognise is read through zarr: correct first, fas
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -71,10 +73,10 @@ class ArrayLayout:
         """Shape of one batch: (batch_size, *sample_shape)."""
         return self.shape[1:]
 
-    @property
+    @cached_property
     def batch_bytes(self) -> int:
-        """Bytes of one batch on disk (uncompressed)."""
-        return int(np.prod(self.batch_shape)) * self.dtype.itemsize
+        """Bytes of one batch on disk (uncompressed); asked per batch on the write and read paths."""
+        return math.prod(self.batch_shape) * self.dtype.itemsize
 
     @property
     def n_batches(self) -> int:

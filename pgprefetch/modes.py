@@ -32,7 +32,7 @@ from .passes import Spool, key_passes, keys_only, spool_pass
 from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch, plan_scan
 from .scan import ScanShape, Table, TableTooLarge, cut, describe_scan, gather, read_table
 from .source import BatchReader, Snapshot
-from .units import unit_batches
+from .units import local_unit_batches, unit_batches
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,11 @@ async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator
     """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``."""
     size = cfg.batches.size
     plan = await plan_epoch(cfg, snap, epoch)
-    unit = min(unit_batches(size), plan.n_batches)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params) as reader:
         # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
         # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
         layout = layout_from(cfg, plan, await reader.fetch(0, plan.batch_keys(0, size)))
+        unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
 
         async def fetch(batch: int, count: int) -> object:
             return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
@@ -152,7 +152,7 @@ async def multipass_source(
         for i in range(count):
             done.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
 
-    unit = unit_batches(size)
+    unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)
 
 
@@ -179,7 +179,7 @@ def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
     # Two threads: one gathers a batch while the other's pwrite (which releases the GIL) writes the last.
     # Compressed chunks go through zarr, which is left to one thread.
     threads = 2 if cfg.store.compression == "none" else 1
-    unit = unit_batches(size)
+    unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
     return BatchSource(
         plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, threads, threads, unit
     )

@@ -34,7 +34,7 @@ import numpy as np
 from .collate import BatchLayout
 from .columns import Column, plan_columns
 from .config import Config, ScanConfig
-from .copystream import CopyDecoder
+from .copystream import Columns, CopyDecoder
 from .errors import ConfigError, PgprefetchError, SampleError, SourceError
 from .keys import KeyColumns
 from .source import BatchReader, Snapshot
@@ -202,7 +202,7 @@ async def read_table(
             if limit and held > limit:
                 for d in decoders:
                     d.drain()  # decode what is held, to measure the rows' size
-                rows = sum(p.size for d in decoders for p in d.parts)
+                rows = sum(d.rows for d in decoders)
                 decoded = sum(d.decoded_bytes for d in decoders)
                 per_row = decoded / rows if rows else float(decoder.row.itemsize if decoder.row else 64)
                 raise TableTooLarge(per_row, rows)
@@ -215,7 +215,7 @@ async def read_table(
             for d, where in zip(decoders, ranges, strict=True)
         ]
         await first_error(copies)
-    return await asyncio.to_thread(_assemble, shape, [d.finish() for d in decoders])
+    return await asyncio.to_thread(lambda: _assemble(shape, [p for d in decoders for p in d.finish()]))
 
 
 async def _page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
@@ -241,10 +241,10 @@ async def _page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
     return clauses
 
 
-def _assemble(shape: ScanShape, parts: list[np.ndarray]) -> Table:
-    """Column arrays from the ranges' row records, sorted by (key, order) (a ``lexsort``: no server sort)."""
-    rows = [p for p in parts if p.size]
-    n = sum(p.size for p in rows)
+def _assemble(shape: ScanShape, parts: list[Columns]) -> Table:
+    """The table's columns from the ranges' chunks, sorted by (key, order) (a ``lexsort``: no server sort)."""
+    rows = [p for p in parts if p["k0"].size]
+    n = sum(p["k0"].size for p in rows)
     if not n:
         raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
     n_keys = len(shape.key_names)
@@ -253,8 +253,8 @@ def _assemble(shape: ScanShape, parts: list[np.ndarray]) -> Table:
         np.concatenate([p[f"k{i}"] for p in rows] or [np.empty(0)], out=keys[i], casting="unsafe")
     if shape.order_wire is not None and shape.order_offset:
         keys[-1] += shape.order_offset
-    order = np.lexsort(keys[::-1])
-    sorted_order = bool(n < 2 or np.all(order[1:] > order[:-1]))
+    sorted_order = _is_sorted(keys)  # a table loaded in key order comes back sorted: no lexsort, no copy
+    order = None if sorted_order else np.lexsort(keys[::-1])
     table = Table(keys=keys if sorted_order else np.ascontiguousarray(keys[:, order]), rows_read=n)
     for j, c in enumerate(shape.columns):
         values = np.concatenate([p[f"c{j}"] for p in rows])
@@ -267,6 +267,16 @@ def _assemble(shape: ScanShape, parts: list[np.ndarray]) -> Table:
         keys.nbytes + sum(v.nbytes for v in table.values.values()) + sum(m.nbytes for m in table.masks.values())
     )
     return table
+
+
+def _is_sorted(keys: np.ndarray) -> bool:
+    """Whether the columns of ``keys`` (one row per key column) are in lexicographic order already."""
+    if keys.shape[1] < 2:
+        return True
+    ok = keys[-1, 1:] >= keys[-1, :-1]
+    for column in keys[-2::-1]:
+        ok = (column[1:] > column[:-1]) | ((column[1:] == column[:-1]) & ok)
+    return bool(ok.all())
 
 
 def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray, np.ndarray]:

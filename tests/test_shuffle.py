@@ -44,8 +44,18 @@ def test_equal_hashes_are_ordered_by_key(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_tied_runs_are_found_across_chunks() -> None:
-    h = np.array([5, 3, 3, 3, 9, 1, 1], dtype=np.uint64)
-    assert _tied_runs(h, np.argsort(h, kind="stable"), chunk=2) == [(0, 2), (2, 5)]
+    packed = np.sort(np.array([5, 3, 3, 3, 9, 1, 1], dtype=np.uint64) << np.uint64(4))
+    assert _tied_runs(packed, np.uint64(4), chunk=2) == [(0, 2), (2, 5)]
+
+
+def test_hashes_tied_above_the_index_bits_still_come_out_by_whole_hash_then_key() -> None:
+    k = np.ascontiguousarray(np.random.default_rng(3).integers(0, 500, size=(2, 5_000)))  # repeats too
+    h = pgprefetch.shuffle.key_hash(k, seed=4, epoch=5)
+    expected = np.lexsort((k[1], k[0], h))
+    for bits in (None, 58, 62):  # a 2- or 6-bit hash prefix: nearly every key ties with others
+        order, _ = pgprefetch.shuffle._sorted(k, 4, 5, index_bits=bits)
+        assert np.array_equal(k[:, order], k[:, expected])
+        assert np.array_equal(h[order], h[expected])
 
 
 def test_subsample_is_deterministic_uniform_and_new_each_epoch() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from pgprefetch import load_config
 from pgprefetch.pipeline import dump_epoch
-from pgprefetch.units import UNIT_SECONDS, Units, unit_batches
+from pgprefetch.units import UNIT_SECONDS, Units, local_unit_batches, unit_batches
 
 from .conftest import fetch
 from .helpers import S_ROWS, chunk_bytes, dump, read_arrays, s_config
@@ -46,9 +46,34 @@ def test_units_stay_one_batch_when_a_fetch_is_slow_and_halve_when_one_turns_slow
     assert units.count == 8
 
 
-def test_unit_size_aims_at_about_a_thousand_samples() -> None:
-    assert unit_batches(10) == 102
+def test_unit_size_aims_at_about_a_thousand_samples_and_at_most_4_mib() -> None:
+    assert unit_batches(10) == unit_batches(10, 400) == 102
     assert unit_batches(1024) == unit_batches(5000) == 1
+    assert unit_batches(10, 16384) == 25  # 1,000 samples of 16 KiB would be 16 MiB of buffers
+    assert unit_batches(10, 1 << 30) == 1
+
+
+def test_units_with_nothing_to_fetch_hold_about_4_mib_of_samples() -> None:
+    # Scan mode hands a unit from the event loop to a writer thread and back: few hand-offs, bounded buffers.
+    assert local_unit_batches(1024, 92) == 44
+    assert local_unit_batches(10, 8) == 52428
+    assert local_unit_batches(256, 1 << 20) == 1  # a 256 MiB batch is a unit of its own
+
+
+def _open_files() -> set[str]:
+    folder = Path("/proc/self/fd")
+    return {str(p.readlink()) for p in folder.iterdir() if p.is_symlink()} if folder.is_dir() else set()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_a_dump_leaves_no_file_open_whether_it_finishes_or_fails(s_table: str, tmp_path: Path) -> None:
+    # Shard files stay open while their batches are written (one open per file, not per pwrite).
+    cfg = load_config(s_config(tmp_path, size=5, connections=1), dsn=s_table)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        asyncio.run(dump_epoch(cfg, 0, progress=StopAfter(3)))  # type: ignore[arg-type]
+    assert not {f for f in _open_files() if "store.zarr" in f}
+    asyncio.run(dump_epoch(cfg, 0))
+    assert not {f for f in _open_files() if "store.zarr" in f}
 
 
 def test_small_batches_share_statements_and_each_sample_equals_the_database(s_table: str, tmp_path: Path) -> None:
