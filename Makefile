@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench chaos clean
+.PHONY: install test demo lint format bench bench-peers chaos clean
 
 install: $(STAMP)
 
@@ -34,6 +34,25 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The reader beside MosaicML Streaming and LitData on the same epoch (bench/peers.py, report in bench/PEERS.md),
+# in a venv of its own: Streaming pins numpy < 2.2, which .venv need not agree with. The peers and their runtime
+# deps are pinned exactly and installed without the resolver (bench/peers-requirements.txt says why);
+# pgprefetch goes in from this tree, its deps held to those pins. PEERS_ARGS: e.g. --epoch-mb 64.
+PEERS_VENV  ?= .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_ARGS  ?=
+
+$(PEERS_STAMP): pyproject.toml bench/peers-requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(PEERS_VENV)/bin/python -m pip install --quiet --no-deps -r bench/peers-requirements.txt
+	$(PEERS_VENV)/bin/python -m pip install --quiet -e . -c bench/peers-requirements.txt
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python -m bench.peers $(PEERS_ARGS)
 
 # The fault suite at length: 200 faulted dumps (make test runs 20), and the 810k-row epoch killed three times, ten times.
 chaos: $(STAMP)

@@ -9,6 +9,9 @@ epoch, three variants read every batch of field ``x`` into a buffer allocated on
 - *ds[i]+copy*: ``out["x"][:n].copy_(t)`` for every tensor of ``ds[i]``, ``i`` over the epoch.
 - *to_device(cpu)*: the same copy for every batch ``ds.to_device("cpu")`` yields (mapped views). A copy,
   not a one-element sum: summing one element would touch one page of 25 and leave the rest unread.
+- *DataLoader k*: the same copy for every batch of ``DataLoader(ds, batch_size=None, num_workers=k)``, for
+  k = 0 and 2 (a new DataLoader per pass: worker start-up included), and k = 2 with ``persistent_workers``
+  (one DataLoader, warmed by an untimed pass: the steady state).
 - *ds[i]+copy, 1 thread*: *ds[i]+copy* with ``torch.set_num_threads(1)``. *raw* is one thread's ``preadv``
   (the kernel copies on the calling thread), while torch's ``copy_`` of a large batch runs on its intra-op
   threads: this variant compares the two at equal threads.
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from pgprefetch import EpochDataset
 from pgprefetch._version import __version__
@@ -180,6 +184,34 @@ def to_device_pass(store: Path, epoch: int, out: dict[str, torch.Tensor]) -> flo
     return time.perf_counter() - start
 
 
+def loader_pass(store: Path, epoch: int, out: dict[str, torch.Tensor], workers: int) -> float:
+    """Seconds to open the epoch and copy every batch of a new ``DataLoader(ds, num_workers=workers)``."""
+    start = time.perf_counter()
+    ds = EpochDataset(store, epoch, consumer=None)
+    for batch in DataLoader(ds, batch_size=None, num_workers=workers):
+        for name, t in batch.items():
+            out[name][: t.shape[0]].copy_(t)
+    del ds, batch, t
+    return time.perf_counter() - start
+
+
+def steady_loader(store: Path, epoch: int, out: dict[str, torch.Tensor]) -> Callable[[], float]:
+    """A pass over one ``DataLoader(num_workers=2, persistent_workers=True)``, warmed by an untimed pass."""
+    loader = DataLoader(
+        EpochDataset(store, epoch, consumer=None), batch_size=None, num_workers=2, persistent_workers=True
+    )
+
+    def one_pass() -> float:
+        start = time.perf_counter()
+        for batch in loader:
+            for name, t in batch.items():
+                out[name][: t.shape[0]].copy_(t)
+        return time.perf_counter() - start
+
+    one_pass()
+    return one_pass
+
+
 def first_batch(store: Path, epoch: int, out: dict[str, torch.Tensor]) -> float:
     """Seconds from ``EpochDataset(...)`` to ``ds[0]``'s tensors copied into ``out`` (every byte read)."""
     start = time.perf_counter()
@@ -218,6 +250,9 @@ def measure_case(store: Path, epoch: int, label: str, sample_shape: tuple[int, .
         "getitem": lambda: getitem_pass(store, epoch, out),
         "to_device": lambda: to_device_pass(store, epoch, out),
         "getitem_1t": lambda: one_thread(lambda: getitem_pass(store, epoch, out)),
+        "loader 0": lambda: loader_pass(store, epoch, out, 0),
+        "loader 2": lambda: loader_pass(store, epoch, out, 2),
+        "loader 2 persistent": steady_loader(store, epoch, out),
     }
     names = list(variants)
     seconds: dict[str, list[float]] = {name: [] for name in names}
@@ -235,12 +270,16 @@ def measure_case(store: Path, epoch: int, label: str, sample_shape: tuple[int, .
         to_device_s=seconds["to_device"],
         first_batch_s=latency,
         getitem_1t_s=seconds["getitem_1t"],
+        loader_s={name.removeprefix("loader "): seconds[name] for name in names if name.startswith("loader ")},
     )
     log(
         f"  {label} ({nbytes / 1e3:,.0f} KB x {n_batches:,}): raw {row.raw_gbs:.2f} GB/s, "
         f"ds[i]+copy {row.getitem_gbs:.2f} GB/s ({row.getitem_gbs / row.raw_gbs:.2f}x), "
         f"to_device(cpu) {row.to_device_gbs:.2f} GB/s ({row.to_device_gbs / row.raw_gbs:.2f}x), "
         f"ds[i]+copy on 1 thread {row.getitem_1t_gbs:.2f} GB/s ({row.getitem_1t_gbs / row.raw_gbs:.2f}x), "
+        f"DataLoader k=0 {row.loader_gbs('0'):.2f}, k=2 {row.loader_gbs('2'):.2f} "
+        f"({row.loader_gbs('2') / row.loader_gbs('0'):.2f}x), k=2 persistent {row.loader_gbs('2 persistent'):.2f} GB/s "
+        f"({row.loader_gbs('2 persistent') / row.loader_gbs('0'):.2f}x), "
         f"first batch {statistics.median(latency) * 1e3:.1f} ms; passes (s): "
         + "; ".join(f"{k} " + " ".join(f"{s:.3f}" for s in v) for k, v in seconds.items())
     )

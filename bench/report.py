@@ -55,6 +55,7 @@ class ReaderRow:
     to_device_s: list[float]
     first_batch_s: list[float]
     getitem_1t_s: list[float] = field(default_factory=list)  # ds[i]+copy with torch.set_num_threads(1)
+    loader_s: dict[str, list[float]] = field(default_factory=dict)  # DataLoader variants: "0", "2", "2 persistent"
 
     @property
     def epoch_bytes(self) -> int:
@@ -83,6 +84,10 @@ class ReaderRow:
     def to_device_gbs(self) -> float:
         """GB/s of the median ``to_device("cpu")`` + copy pass."""
         return self._gbs(self.to_device_s)
+
+    def loader_gbs(self, variant: str) -> float:
+        """GB/s of the median pass of a DataLoader variant (0 when not measured)."""
+        return self._gbs(self.loader_s[variant]) if self.loader_s.get(variant) else 0.0
 
     @property
     def first_batch_ms(self) -> float:
@@ -347,6 +352,8 @@ def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float, revisio
                 f"- {row.label} batches ({_size(row.batch_bytes)}): ds[i]+copy on 1 thread/raw "
                 f"{_x(row.getitem_1t_gbs / row.raw_gbs)} (no target; raw and reader at equal threads)"
             )
+    if any(row.loader_s for row in rows):
+        out += ["", *render_loader(rows)]
     out += [
         "",
         f"Reader bench: torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} x "
@@ -356,6 +363,37 @@ def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float, revisio
         READER_END,
     ]
     return "\n".join(out)
+
+
+def render_loader(rows: list[ReaderRow]) -> list[str]:
+    """The DataLoader workers table: the same copy loop over ``DataLoader(ds, batch_size=None, num_workers=k)``."""
+    out = [
+        "**DataLoader workers.** The same copy of every batch, from `DataLoader(ds, batch_size=None, "
+        "num_workers=k)`. *k = 2* creates the DataLoader inside the clock (two worker processes started per "
+        "pass, as a training loop without `persistent_workers` pays every epoch); *k = 2 persistent* reuses "
+        "one DataLoader with `persistent_workers=True`, after an untimed pass (the steady state). Workers send "
+        "each batch as a reference to its bytes in the shard file, which the main process maps itself "
+        "(`pgprefetch/workers.py`).",
+        "",
+        "| batch | in-process ds[i]+copy GB/s | k = 0 GB/s | k = 2 GB/s | k = 2 persistent GB/s "
+        "| k = 2 / k = 0 | persistent / k = 0 | batches/s, k = 2 persistent |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        zero, two, steady = (row.loader_gbs(v) for v in ("0", "2", "2 persistent"))
+        per_s = steady * 1e9 / row.batch_bytes
+        out.append(
+            f"| {row.label} ({_size(row.batch_bytes)}) | {row.getitem_gbs:.2f} | {zero:.2f} | {two:.2f} "
+            f"| {steady:.2f} | {_x(two / zero)} | {_x(steady / zero)} | {per_s:,.0f} |"
+        )
+    out += ["", "Target: k = 2 >= 0.5x the rate of k = 0:", ""]
+    for row in rows:
+        zero, two, steady = (row.loader_gbs(v) for v in ("0", "2", "2 persistent"))
+        out.append(
+            f"- {row.label} batches ({_size(row.batch_bytes)}): per pass {_x(two / zero)}, "
+            f"{_verdict(two / zero >= 0.5)}; persistent {_x(steady / zero)}, {_verdict(steady / zero >= 0.5)}"
+        )
+    return out
 
 
 def splice_reader(text: str, section: str) -> str:

@@ -33,6 +33,7 @@ from .keys import KeyColumns
 from .layout import ArrayLayout, pread_into
 from .localstore import LocalStore
 from .store import KEYS_ARRAY, Store, epoch_name
+from .workers import FileRef, by_reference
 
 _TORCH_DTYPES = {
     np.dtype(name): getattr(torch, name)
@@ -100,7 +101,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self._pos = 0  # local batches handed out by iteration
         # (array, file number) -> batches of that file, indexable by slot (a tensor, or a list when a
         # zarr-written shard stores its chunks out of order), and the byte offset of each slot.
-        self._shards: OrderedDict[tuple[str, int], tuple[Any, np.ndarray]] = OrderedDict()
+        self._shards: OrderedDict[tuple[str, int], tuple[Any, np.ndarray, FileRef]] = OrderedDict()
         self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once per process
         self._zarr_pid = os.getpid()
         self._fetched = threading.Lock()  # bytes_fetched is counted from the prefetch threads
@@ -144,10 +145,19 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         g = self.global_batch(i)
         batch = {name: self._read(name, g) for name in self.arrays}
         if torch.utils.data.get_worker_info() is not None and not self._remote:
-            # In a DataLoader worker the batch is sent to the main process, and a view would drag its whole
-            # shard mapping into shared memory: hand over a compact copy of the batch instead.
-            batch = {name: t.clone() for name, t in batch.items()}
+            # In a DataLoader worker the batch is sent to the main process: as a reference to its bytes in
+            # the file, which the main process maps too, not as a copy (see pgprefetch.workers).
+            batch = {name: self._by_reference(name, g, t) for name, t in batch.items()}
         return batch
+
+    def _by_reference(self, name: str, g: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Global batch ``g`` of ``name`` (``tensor``, just read) as a tensor that travels as a file range."""
+        layout = self._layouts[name]
+        if not layout.raw:
+            return tensor  # decoded by zarr: a tensor of its own, which torch sends as usual
+        number, slot = divmod(g, layout.per_file)
+        _, offsets, file = self._shards[(name, number)]
+        return by_reference(tensor, file, int(offsets[slot]))
 
     def batch_keys(self, i: int) -> torch.Tensor:
         """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``.
@@ -298,11 +308,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         with self._fetched:
             self.bytes_fetched += raw.size
 
-    def _map(self, name: str, number: int) -> tuple[Any, np.ndarray]:
+    def _map(self, name: str, number: int) -> tuple[Any, np.ndarray, FileRef]:
         """Map file ``number`` of array ``name`` once (private, copy-on-write) and keep it for its batches."""
         layout = self._layouts[name]
         path, _ = layout.file(number * layout.per_file)
-        size = path.stat().st_size
+        stat = path.stat()
+        size = stat.st_size
         mapping = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
         nbytes = layout.batch_bytes
         if layout.sharded:
@@ -320,10 +331,10 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             batches: Any = mapping[: valid * nbytes].view(dtype).view(valid, *layout.batch_shape)
         else:
             batches = [mapping[int(o) : int(o) + nbytes].view(dtype).view(layout.batch_shape) for o in offsets[:valid]]
-        self._shards[(name, number)] = (batches, offsets)
+        self._shards[(name, number)] = (batches, offsets, FileRef.of(str(path), stat))
         if len(self._shards) > _MAPPINGS_KEPT:  # tensors handed out keep their mapping alive themselves
             self._shards.popitem(last=False)
-        return batches, offsets
+        return self._shards[(name, number)]
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

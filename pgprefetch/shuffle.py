@@ -69,8 +69,10 @@ def _sorted(
     """
     h = key_hash(keys, seed=seed, epoch=epoch)
     bits = np.uint64(max(1, (h.size - 1).bit_length(), index_bits or 0))  # <= 40 below 2**40 keys (8 TiB)
-    packed = h >> bits << bits
-    packed |= np.arange(h.size, dtype=np.uint64)
+    packed = h >> bits
+    packed <<= bits
+    for lo in range(0, h.size, 1 << 20):  # in place, a piece at a time: no third array of n
+        packed[lo : lo + (1 << 20)] |= np.arange(lo, min(h.size, lo + (1 << 20)), dtype=np.uint64)
     packed.sort()
     runs = _tied_runs(packed, bits)
     packed &= (np.uint64(1) << bits) - np.uint64(1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from torch.utils.data import DataLoader
 
 import pgprefetch.writer
 from pgprefetch import EpochDataset
-from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
+from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
 
 from .helpers import SEQUENCES, dump, execute, write_config
 
@@ -78,11 +80,60 @@ def test_from_config_opens_the_config_store(demo_db: str, tmp_path: Path) -> Non
     assert len(EpochDataset.from_config(config, epoch=2)) > 0
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the advice to use num_workers=0
 def test_dataloader_with_two_workers_yields_every_batch_once(store: Path) -> None:
     ds = EpochDataset(store, epoch=0)
     seen = [int(b["x"][0, 0, 0].item() * 1e6) for b in DataLoader(ds, batch_size=None, num_workers=2)]
     expected = [int(ds[i]["x"][0, 0, 0].item() * 1e6) for i in range(len(ds))]
     assert seen == expected
+
+
+def _drop_first_sample(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: t[1:] for name, t in batch.items()}  # a slice: no longer the reader's own tensor
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the advice to use num_workers=0: tested below
+def test_dataloader_workers_send_file_ranges_that_the_main_process_maps_itself(store: Path) -> None:
+    ds = EpochDataset(store, epoch=0)
+    shards = store / "epoch-00000" / "x" / "c"
+    got = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(got) == len(ds)
+    for i, batch in enumerate(got):
+        assert set(batch) == {"x", "y"}
+        for name, t in batch.items():
+            assert type(t) is torch.Tensor
+            assert torch.equal(t, ds[i][name])  # the short last batch included
+        # Not a shared-memory block of the batch's bytes: a view of the main process's mapping of the file.
+        assert batch["x"].untyped_storage().nbytes() == (shards / str(i // 3) / "0" / "0" / "0").stat().st_size
+    sliced = list(DataLoader(ds, batch_size=None, num_workers=1, collate_fn=_drop_first_sample))
+    for i, batch in enumerate(sliced):
+        assert torch.equal(batch["y"], ds[i]["y"][1:])  # a derived tensor travels the usual way, by value
+
+
+def test_dataloader_workers_say_once_that_the_main_process_is_the_fast_path(store: Path) -> None:
+    script = (
+        "import sys\nfrom torch.utils.data import DataLoader\nfrom pgprefetch import EpochDataset\n"
+        "ds = EpochDataset(sys.argv[1], 0, consumer=None)\n"
+        "assert len(list(DataLoader(ds, batch_size=None, num_workers=2))) == len(ds)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("is faster") == 1, done.stderr
+    assert "num_workers=0" in done.stderr
+
+
+def test_a_batch_whose_file_was_replaced_is_an_error_not_other_bytes(store: Path, tmp_path: Path) -> None:
+    from pgprefetch.workers import FileRef, _rebuild
+
+    path = tmp_path / "shard"
+    path.write_bytes(bytes(64))
+    ref = FileRef.of(str(path), path.stat())
+    assert _rebuild(ref.path, ref.ident, ref.serial, 16, (4,), torch.int32).tolist() == [0, 0, 0, 0]
+    replacement = tmp_path / "new"
+    replacement.write_bytes(bytes(range(64)))
+    replacement.replace(path)  # a new inode at the same path, as a rewritten epoch would be
+    with pytest.raises(StoreError, match="was replaced while a DataLoader worker read it"):
+        _rebuild(ref.path, ref.ident, (0, 0), 16, (4,), torch.int32)
 
 
 def test_ranks_are_disjoint_equal_and_cover_all_but_the_remainder(store: Path) -> None:
