@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +108,23 @@ def epoch_group(result: DumpResult) -> zarr.Group:
 def read_arrays(result: DumpResult) -> dict[str, np.ndarray]:
     g = epoch_group(result)
     return {name: g[name][:] for name in g.array_keys() if name != "_checksums"}  # data, not bookkeeping
+
+
+@contextmanager
+def own_server(prefix: str) -> Iterator[tuple[Path, str]]:
+    """A PostgreSQL of a test's own (to restart or load heavily): its folder and DSN; both gone afterwards.
+
+    The folder is short (unix socket paths are capped near 107 bytes) and is removed with the server's data,
+    which is tens of MB a run.
+    """
+    from pgprefetch.server import embedded_server
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with embedded_server(folder) as dsn:
+            yield folder, dsn
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def execute(dsn: str, *statements: str) -> None:

@@ -16,7 +16,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -31,7 +30,7 @@ from pgprefetch.errors import PgprefetchError
 from pgprefetch.retry import RetryPolicy
 
 from .faults import FreezableProxy, kill_every_connection, restart_server, socket_of
-from .helpers import chunk_bytes, execute, write_config
+from .helpers import chunk_bytes, execute, own_server, write_config
 
 RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "20"))
 SEED = int(os.environ.get("PGPREFETCH_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 30))))
@@ -77,10 +76,7 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Bed]:
-    from pgprefetch.server import embedded_server
-
-    root = Path(tempfile.mkdtemp(prefix="pgpf-c-"))  # short: unix socket paths are capped near 107 bytes
-    with embedded_server(root) as admin:
+    with own_server("pgpf-c-") as (root, admin):
         execute(admin, "CREATE DATABASE chaos")
         direct = admin.replace("/postgres?", "/chaos?")
         execute(
@@ -210,10 +206,8 @@ def test_faulted_dumps_publish_the_clean_bytes_or_nothing(bed: Bed) -> None:
 @pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
 def test_an_810k_row_epoch_survives_three_kills_of_every_connection_ten_times(tmp_path: Path) -> None:
     from pgprefetch.demodata import load_demo_data
-    from pgprefetch.server import embedded_server
 
-    root = Path(tempfile.mkdtemp(prefix="pgpf-l-"))
-    with embedded_server(root) as admin:
+    with own_server("pgpf-l-") as (_, admin):
         execute(admin, "CREATE DATABASE big")
         dsn = admin.replace("/postgres?", "/big?")
         asyncio.run(load_demo_data(dsn, scale=9))  # 810,000 train rows

@@ -10,7 +10,6 @@ import resource
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from pgprefetch.retry import lost
 from pgprefetch.source import BatchReader
 
 from .faults import FreezableProxy, restart_server, socket_of
-from .helpers import chunk_bytes, dump, execute, s_config
+from .helpers import chunk_bytes, dump, execute, own_server, s_config
 from .test_operations import config, dump_argv, journal_lines, start_dump, wait_for
 
 
@@ -230,10 +229,7 @@ def test_nothing_in_the_store_is_world_writable(s_table: str, tmp_path: Path) ->
 
 
 def test_server_restart_mid_dump_is_survived(tmp_path: Path) -> None:
-    from pgprefetch.server import embedded_server
-
-    folder = Path(tempfile.mkdtemp(prefix="pgpf-r-"))  # a server of its own: the session's keeps running
-    with embedded_server(folder) as dsn:
+    with own_server("pgpf-r-") as (folder, dsn):  # a server of its own: the session's keeps running
         execute(
             dsn,
             "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
