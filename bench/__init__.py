@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 from typing import Any
+
+
+def log(message: str, tag: str = "bench") -> None:
+    """One progress line on stderr, timed: ``[bench 12:34:56] message``."""
+    print(f"[{tag} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def stop_child(p: subprocess.Popen[Any], timeout: float) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import casts, contenders, dumprun, opening, reader, s3, scan, stop_child
+from . import casts, contenders, dumprun, log, opening, reader, s3, scan, stop_child
 from . import small as small_bench  # `small` is a flag in several functions here
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
 from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice, splice_reader
@@ -34,10 +34,6 @@ QUICK_SCALE_SEQ = 0.1
 QUICK_SCALE_ROWS = 0.05
 MIN_WINDOWS = 200_000
 MIN_ROWS = 1_000_000
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def utc_now() -> str:

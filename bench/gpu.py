@@ -28,7 +28,6 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,13 +40,15 @@ import torch
 from pgprefetch import EpochDataset
 from pgprefetch.store import Store
 
+from . import log as _log
 from .reader import BATCH_SIZE, FIELD, build_epoch, raw_pass, read_plan
 
 TARGET = 0.8
 
 
 def log(message: str) -> None:
-    print(f"[bench.gpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """A progress line, tagged as this bench's."""
+    _log(message, "bench.gpu")
 
 
 @dataclass

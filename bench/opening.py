@@ -42,6 +42,8 @@ from pgprefetch._version import __version__
 from pgprefetch.maintenance import list_epochs
 from pgprefetch.store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store, epoch_name
 
+from . import log
+
 SIZES = {"small": 100, "large": 100_000}  # batches per epoch
 BATCH_SIZE = 10
 EMB = 16  # values of the float32 field per sample
@@ -52,10 +54,6 @@ CLI_REPEATS = 7  # subprocess rounds (each is an interpreter start)
 TARGET = 2.0
 BEGIN = "<!-- opening bench: begin -->"
 END = "<!-- opening bench: end -->"
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def specs() -> list[ArraySpec]:

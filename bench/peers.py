@@ -57,6 +57,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from bench import log as _log
 from pgprefetch import EpochDataset
 from pgprefetch._version import __version__ as pgprefetch_version
 from pgprefetch.store import Store
@@ -72,8 +73,8 @@ OUT = Path(__file__).with_name("PEERS.md")
 
 
 def log(message: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench-peers {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """A progress line, tagged as this bench's."""
+    _log(message, "bench-peers")
 
 
 @dataclass

@@ -29,7 +29,6 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from pgprefetch.layout import ArrayLayout
 from pgprefetch.store import FORMAT_VERSION, ArraySpec, Store, epoch_name
 from pgprefetch.writer import EpochWriter
 
+from . import log
 from .report import ReaderRow
 
 EPOCH_BYTES = 1 << 30  # 1.07 GB of field bytes per epoch
@@ -54,10 +54,6 @@ CASES = {"small": (100,), "large": (4096,)}  # sample shapes: 100 KiB and 4 MiB 
 PASSES = 5
 LATENCY_REPEATS = 5
 FIELD = "x"
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def manifest(epoch: int, batch_size: int, n_batches: int, sample_shape: tuple[int, ...]) -> dict:

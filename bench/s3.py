@@ -48,7 +48,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from . import dumprun, stop_child
+from . import dumprun, log, stop_child
 from .datasets import CONNECTIONS, WINDOWS, Dataset
 
 SAMPLES = 48_000  # windows: 187 batches of 256; x and y 23.4 MiB each, one shard file each; 49 MB in all
@@ -81,10 +81,6 @@ _SERVER = (
     "sys.stdin.read()\n"
     "server.stop()\n"
 )
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

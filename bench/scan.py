@@ -16,23 +16,18 @@ For each dataset, in one run on one server:
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
 
-from . import dumprun
+from . import dumprun, log
 from .datasets import CONNECTIONS, ROWS, ROWS_FIELDS, SEED, WINDOWS_FIELDS, Dataset
 
 TABLES = {"windows": "ticks", "rows": "items"}
 COLUMNS = {"windows": "series_id, t, f0, f1, label", "rows": "id, emb, price, qty, day, label"}
 RSS_MEMORY = "64MiB"
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def scan_config(ds: Dataset, store: Path, *, table: str | None = None, memory: str | None = None) -> str:

@@ -22,7 +22,6 @@ import dataclasses
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ import numpy as np
 
 from pgprefetch import EpochDataset
 
-from . import dumprun
+from . import dumprun, log
 from .datasets import CONNECTIONS, ROWS, Dataset
 
 SIZES = (1000, 100, 10)  # [batches] size of each dump; the first is the base, the last the target's
@@ -45,10 +44,6 @@ TABLE = "small_items"
 TARGET = 0.5
 BEGIN = "<!-- small batches bench: begin -->"
 END = "<!-- small batches bench: end -->"
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass

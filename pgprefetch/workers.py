@@ -18,6 +18,7 @@ which reads the file's bytes: edit a copy there, or edit in the main process.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -42,11 +43,10 @@ class FileRef:
     """
 
     __slots__ = ("ident", "path", "serial")
-    _count = 0
+    _serials = itertools.count(1)  # next() is atomic: two threads mapping at once get distinct serials
 
     def __init__(self, path: str, ident: tuple[int, int]) -> None:
-        FileRef._count += 1
-        self.path, self.ident, self.serial = path, ident, (os.getpid(), FileRef._count)
+        self.path, self.ident, self.serial = path, ident, (os.getpid(), next(FileRef._serials))
 
     @classmethod
     def of(cls, path: str, stat: os.stat_result) -> FileRef:

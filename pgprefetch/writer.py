@@ -3,7 +3,8 @@
 Uncompressed arrays are sharded: each shard file holds ``S`` consecutive batches (inner chunks of one batch
 each) followed by zarr's shard index. Every chunk has the same size, so the index is known up front: the
 files are created with their index, and each batch is ``pwrite``-n at its own offset, in any order, with
-no read-modify-write and nothing buffered (byte for byte what zarr writes). Compressed chunks vary in
+no read-modify-write and nothing buffered (byte for byte what zarr writes; :mod:`pgprefetch.shardfiles`
+creates the files and keeps their descriptors). Compressed chunks vary in
 size, so compressed arrays keep one file per batch and go through zarr's codecs.
 
 After each batch (or run of small batches) the writer appends their CRC32C per array to a journal
@@ -19,12 +20,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import os
 import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import google_crc32c
@@ -32,7 +32,8 @@ import numpy as np
 import zarr
 
 from .errors import StoreError
-from .layout import MISSING, ArrayLayout, read_batch_bytes
+from .layout import ArrayLayout, read_batch_bytes
+from .shardfiles import OpenFiles, create_shard, pwrite_all
 from .store import ArraySpec, Store, Uploader, compressors
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
@@ -97,7 +98,7 @@ class EpochWriter:
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
         self.uploader = uploader
         self.replace = fresh  # --force: publishing replaces a complete epoch
-        self._files = _OpenFiles()
+        self._files = OpenFiles()
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         with _io_errors(self.path):
             self._open(arrays, fresh)
@@ -169,7 +170,7 @@ class EpochWriter:
             layout = ArrayLayout.read(self.path / spec.name)
             for shard in range(-(-n_batches // per_shard)):
                 valid = min(per_shard, n_batches - shard * per_shard)
-                _create_shard(layout.file(shard * per_shard)[0], per_shard, valid, chunk_bytes)
+                create_shard(layout.file(shard * per_shard)[0], per_shard, valid, chunk_bytes)
         return array
 
     def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
@@ -235,7 +236,7 @@ class EpochWriter:
                     run = min(first + count - batch, layout.per_file - slot, most)
                     lo = (batch - first) * size
                     fd = self._files.get(layout, number)
-                    _pwrite_all(fd, raw[lo : lo + run * size], slot * layout.batch_bytes)
+                    pwrite_all(fd, raw[lo : lo + run * size], slot * layout.batch_bytes)
                     batch += run
                 for i, chunk in enumerate(raw.reshape(count, -1)):
                     crcs[j, i] = checksum(chunk)
@@ -312,52 +313,6 @@ class EpochWriter:
         self.journal_path.unlink(missing_ok=True)
 
 
-class _OpenFiles:
-    """The shard files being written, each opened once and closed when its last batch is in.
-
-    An ``open`` and ``close`` per ``pwrite`` cost about as much as the write itself at 64 KiB. Two writer
-    threads share the descriptors; a file is closed only once all its batches are written, so no thread
-    still writes to it.
-    """
-
-    def __init__(self) -> None:
-        self._fds: dict[tuple[PurePath, int], int] = {}
-        self._lock = threading.Lock()
-
-    def get(self, layout: ArrayLayout, number: int) -> int:
-        """The descriptor of ``layout``'s file ``number``, opened for writing on first use."""
-        with self._lock:
-            fd = self._fds.get((layout.path, number))
-            if fd is None:
-                fd = self._fds[layout.path, number] = os.open(layout.file(number * layout.per_file)[0], os.O_WRONLY)
-            return fd
-
-    def close(self, layout: ArrayLayout, number: int) -> None:
-        """Close ``layout``'s file ``number`` if it is open."""
-        with self._lock:
-            fd = self._fds.pop((layout.path, number), None)
-        if fd is not None:
-            os.close(fd)
-
-    def close_all(self) -> None:
-        """Close every file still open (the end of a dump, or its failure)."""
-        with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
-    """Write all of ``data`` at ``offset``: ``pwrite`` may write less (2 GiB at most a call, or a full disk)."""
-    view = memoryview(data.reshape(-1).view(np.uint8))
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written == 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view, offset = view[written:], offset + written
-
-
 @contextmanager
 def _io_errors(where: Path) -> Iterator[None]:
     """Turn a failed write (a full disk, a read-only or vanished store) into one line naming the epoch."""
@@ -387,16 +342,3 @@ def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     if old.get("config_sha256") != new.get("config_sha256"):
         return "the config changed"
     return "it was written with other settings"
-
-
-def _create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> None:
-    """Create a shard file: room for ``valid`` chunks, then zarr's index (offset, size per chunk) + CRC32C."""
-    index = np.full((per_shard, 2), MISSING, dtype="<u8")
-    index[:valid, 0] = np.arange(valid, dtype=np.uint64) * chunk_bytes
-    index[:valid, 1] = chunk_bytes
-    raw = index.tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.truncate(valid * chunk_bytes)
-        f.seek(valid * chunk_bytes)
-        f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
