@@ -168,7 +168,7 @@ def test_resume_yields_exactly_the_batches_not_seen(store: Path) -> None:
     it = iter(ds)
     seen = [next(it)["y"].clone() for _ in range(7)]
     state = ds.state_dict()
-    assert state == {"epoch": 0, "next_global_batch": 7}
+    assert state == {"epoch": 0, "next_global_batch": 7, "next_sample": 700, "batch_size": SIZE}
     resumed = EpochDataset(store, epoch=0)
     resumed.load_state_dict(state)
     rest = [b["y"] for b in resumed]
@@ -185,7 +185,7 @@ def test_resume_from_two_ranks_to_one_sees_the_remaining_global_batches(store: P
         for it in iters:
             next(it)
     state = two[0].state_dict()
-    assert state == two[1].state_dict() == {"epoch": 0, "next_global_batch": 6}
+    assert state == two[1].state_dict() == {"epoch": 0, "next_global_batch": 6, "next_sample": 600, "batch_size": SIZE}
     one = EpochDataset(store, epoch=0, rank=0, world_size=1)
     one.load_state_dict(state)
     assert [one.global_batch(i) for i in range(len(one))] == list(range(6, one.n_global))
