@@ -1,11 +1,12 @@
 """pgprefetch: pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr.
 
 The dump side (config, pipeline, store) never imports torch, so cron start-up stays fast; the reader,
-:class:`EpochDataset`, is imported lazily on first use.
+:class:`EpochDataset` and :class:`EpochStream`, is imported lazily on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
@@ -27,6 +28,7 @@ from .store import Store
 
 if TYPE_CHECKING:
     from .reader import EpochDataset
+    from .stream import EpochStream
 
 __all__ = [
     "Config",
@@ -35,6 +37,7 @@ __all__ = [
     "EpochDataset",
     "EpochNotFoundError",
     "EpochNotReadyError",
+    "EpochStream",
     "FormatVersionError",
     "KeyColumns",
     "PgprefetchError",
@@ -56,15 +59,16 @@ __all__ = [
 ]
 
 
+_READER = {"EpochDataset": "reader", "EpochStream": "stream"}  # the names that need torch
+
+
 def __getattr__(name: str) -> Any:
-    if name == "EpochDataset":  # the only name that needs torch
+    if name in _READER:
         try:
-            from .reader import EpochDataset
+            module = importlib.import_module(f".{_READER[name]}", __name__)
         except ImportError as e:
             if e.name != "torch":
                 raise
-            raise ImportError(
-                "pgprefetch.EpochDataset needs torch: pip install 'pgprefetch[torch]'", name="torch"
-            ) from None
-        return EpochDataset
+            raise ImportError(f"pgprefetch.{name} needs torch: pip install 'pgprefetch[torch]'", name="torch") from None
+        return getattr(module, name)
     raise AttributeError(f"module 'pgprefetch' has no attribute {name!r}")

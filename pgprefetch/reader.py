@@ -92,10 +92,14 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self._base = 0  # the first sample of this view (the resume point), the same on every rank
         self._pos = 0  # local batches handed out by iteration
         if consumer is not None and torch.utils.data.get_worker_info() is None:
-            try:
-                self._backend.record_consumer(consumer, epoch)
-            except (OSError, StoreError) as e:  # a read-only copy of a store can still be read
-                warnings.warn(f"cannot record consumer {consumer!r} in {self.store}: {e}", stacklevel=2)
+            self.record_consumer(consumer)
+
+    def record_consumer(self, name: str) -> None:
+        """Record in the store that training run ``name`` opened this epoch (a warning if it cannot)."""
+        try:
+            self._backend.record_consumer(name, self.epoch)
+        except (OSError, StoreError) as e:  # a read-only copy of a store can still be read
+            warnings.warn(f"cannot record consumer {name!r} in {self.store}: {e}", stacklevel=3)
 
     @property
     def categories(self) -> dict[str, list[str]]:

@@ -72,7 +72,7 @@ def _warn_once() -> None:
     if not _warned:
         _warned = True
         warnings.warn(
-            "pgprefetch: EpochDataset batches are already shuffled, collated and zero-copy, and DataLoader "
+            "pgprefetch: batches are already shuffled, collated and zero-copy, and DataLoader "
             "workers only add a hand-over between processes per batch, which costs more than reading it: "
             "DataLoader(ds, batch_size=None, num_workers=0), or `for batch in ds`, is faster",
             stacklevel=2,

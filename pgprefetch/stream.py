@@ -1,0 +1,276 @@
+"""``EpochStream``: consecutive epochs of a store as one torch ``IterableDataset``, for training loops.
+
+A training run reads many epochs while ``pgprefetch dump --ahead`` writes the next ones, under a framework
+with its own ideas about sharding and resuming. The stream is the shape those frameworks take:
+
+- **Order.** This rank's batches of one epoch (as :class:`~pgprefetch.EpochDataset` slices them), then of
+  the next, waiting for each to be published and recording the consumer as it opens it.
+- **Workers.** With ``num_workers = k``, worker ``w`` takes the ``w``-th of every ``k`` batches of the
+  rank's whole sequence, counted across epochs. The DataLoader takes one batch from each worker in turn,
+  so it hands batches out in the sequence's order, and whatever was consumed is a prefix of it.
+- **State.** A position, (epoch, next sample), the same on every rank. In the main process it advances
+  with each batch handed out. In a worker it is the position after that worker's last batch, plus how far
+  away its next one is; torchdata's ``StatefulDataLoader`` saves one per worker, and gives each back to its
+  worker on restore. With another ``num_workers`` or world size those per-worker states do not fit, so a
+  worker refuses them; :meth:`EpochStream.load_state_dict` in the main process takes the loader's whole
+  state instead, finds the position, and any loader made afterwards goes on from there.
+- **Sharding.** It is already split by rank. Lightning injects no sampler for an ``IterableDataset``;
+  Accelerate's ``prepare()`` would split it again, and :meth:`EpochStream.set_epoch` refuses that.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from .errors import ConfigError
+from .reader import EpochDataset, rank_and_world
+from .store import Store
+
+_RESHARDERS = ("IterableDatasetShard", "DataLoaderDispatcher")  # accelerate's wrappers that split a dataset
+
+
+class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
+    """Consecutive published epochs of a store, batch by batch, for one rank.
+
+    Args:
+        store: the store (``[store] path`` of the config): a folder, or ``s3://bucket/prefix``.
+        start_epoch: the first epoch.
+        epochs: how many epochs the stream holds; None: it never ends.
+        batch_size: samples per batch handed out; None keeps the dump's (see :class:`~pgprefetch.EpochDataset`).
+        fields: the fields to return (all by default).
+        rank: this process's rank; defaults to ``torch.distributed``'s when it is initialised, else 0.
+        world_size: the number of ranks; same default, else 1.
+        consumer: the name this training run is recorded under as it opens each epoch (rank 0 records it),
+            which keeps ``pgprefetch dump --ahead`` driving; None records nothing.
+        timeout: how long to wait for an epoch to be published before giving up with an error.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str],
+        start_epoch: int = 0,
+        epochs: int | None = None,
+        *,
+        batch_size: int | None = None,
+        fields: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        consumer: str | None = "default",
+        timeout: float = 600.0,
+    ) -> None:
+        if isinstance(start_epoch, bool) or not isinstance(start_epoch, int) or start_epoch < 0:
+            raise ConfigError(f"start_epoch must be an integer >= 0, got {start_epoch!r}")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+            raise ConfigError(f"epochs must be a positive integer or None, got {epochs!r}")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ConfigError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self.store = store
+        self.start_epoch = start_epoch
+        self.end = None if epochs is None else start_epoch + epochs  # the first epoch not in the stream
+        self.batch_size = batch_size
+        self.fields = tuple(fields) if fields is not None else None
+        self.consumer = consumer
+        self.timeout = timeout
+        self._rank, self._world = rank, world_size  # as asked; torch.distributed fills them in when iterating
+        self._epoch, self._sample = start_epoch, 0  # the position: the next batch starts here
+        self._size = batch_size  # the batch size the position's epoch is read at (the dump's, if None)
+        self._offset: int | None = None  # in a worker: batches between the position and this worker's next
+
+    # --- iteration --------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's batches from the position on, across epochs; a worker takes its share of them."""
+        _refuse_resharding()
+        rank, world = rank_and_world(self._rank, self._world)
+        info = torch.utils.data.get_worker_info()
+        k, w = (info.num_workers, info.id) if info is not None else (1, 0)
+        if self.end is not None and self._epoch >= self.end:  # a finished stream starts over, as a dataset does
+            self._epoch, self._sample, self._size, self._offset = self.start_epoch, 0, self.batch_size, None
+        skip = self._offset if self._offset is not None else w  # batches before this worker's first
+        epoch, sample = self._epoch, self._sample
+        while self.end is None or epoch < self.end:
+            ds = self._open(epoch, sample, rank, world, record=rank == 0 and w == 0)
+            n = len(ds)
+            i = skip
+            while i < n:
+                batch = ds[i]
+                # Whoever holds this batch has consumed everything before it: the position is after it.
+                self._epoch, self._sample = (
+                    (epoch, ds.state_dict(batches=i + 1)["next_sample"]) if i + 1 < n else (epoch + 1, 0)
+                )
+                self._size = ds.batch_size
+                self._offset = k - 1 if info is not None else None
+                yield batch
+                i += k
+            skip = i - n
+            epoch, sample = epoch + 1, 0
+
+    def _open(self, epoch: int, sample: int, rank: int, world: int, *, record: bool) -> EpochDataset:
+        """Epoch ``epoch`` from ``sample`` on, once it is published (up to ``timeout``)."""
+        ds = EpochDataset(
+            self.store,
+            epoch,
+            fields=self.fields,
+            batch_size=self.batch_size,
+            rank=rank,
+            world_size=world,
+            wait=True,
+            timeout=self.timeout,
+            consumer=None,
+        )
+        if sample:
+            ds.load_state_dict({"epoch": epoch, "next_sample": sample})
+        if record and self.consumer is not None:
+            ds.record_consumer(self.consumer)
+        return ds
+
+    def set_epoch(self, epoch: int) -> None:
+        """Go to the start of epoch ``epoch``, for frameworks that call this before each pass.
+
+        The position stays where it is if it is already in ``epoch``: a stream resumed mid-epoch goes on
+        from its state, not from the epoch's start.
+        """
+        _refuse_resharding()
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch needs an epoch >= 0, got {epoch!r}")
+        if epoch != self._epoch:
+            self._epoch, self._sample, self._size, self._offset = epoch, 0, self.batch_size, None
+
+    # --- state ------------------------------------------------------------------------------------------
+    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+        """The resume state: the position (epoch, next sample) after the batches handed out.
+
+        Args:
+            batches: with a plain ``DataLoader`` whose workers iterate, the batches consumed since this
+                stream's position (its state when the loader started): the main process's stream cannot count
+                them itself. The position moves that many batches on, across epochs.
+        """
+        epoch, sample, size = self._epoch, self._sample, self._size
+        if batches:
+            epoch, sample, size = self._advance(batches)
+        state: dict[str, Any] = {
+            "epoch": epoch,
+            "next_global_batch": sample // size if size else 0,
+            "next_sample": sample,
+            "batch_size": size,
+        }
+        info = torch.utils.data.get_worker_info()
+        if info is not None:  # one worker's share: fits only the same split
+            _, world = rank_and_world(self._rank, self._world)
+            offset = self._offset if self._offset is not None else info.id
+            state.update(num_workers=info.num_workers, worker=info.id, worker_offset=offset, world_size=world)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: one of this stream's, or a torchdata ``StatefulDataLoader``'s whole state.
+
+        In the main process this sets the position, for any world size, batch size or ``num_workers``. In a
+        worker (a ``StatefulDataLoader`` restoring) it takes that worker's state, which fits only the same
+        ``num_workers``, world size and batch size.
+        """
+        if "_snapshot" in state or "dataset_state" in state:  # a StatefulDataLoader's state
+            state = self._from_loader(state)
+        info = torch.utils.data.get_worker_info()
+        if "num_workers" in state:
+            if info is None:
+                raise ConfigError(
+                    "this is one DataLoader worker's state: load the loader's whole state_dict() into the stream"
+                )
+            _, world = rank_and_world(self._rank, self._world)
+            saved = (state["num_workers"], state["world_size"], state["batch_size"])
+            if saved != (info.num_workers, world, self._size or state["batch_size"]):
+                raise ConfigError(
+                    f"this loader state was saved with num_workers={saved[0]}, world size {saved[1]}, batch size "
+                    f"{saved[2]}; to resume with num_workers={info.num_workers}, world size {world}: "
+                    "stream.load_state_dict(saved_state), then make a new loader without loading its state"
+                )
+            self._offset = int(state["worker_offset"])
+        else:
+            self._offset = None
+        self._epoch = int(state["epoch"])
+        size = state.get("batch_size")
+        if "next_sample" in state:
+            self._sample = int(state["next_sample"])
+        else:
+            self._sample = int(state["next_global_batch"]) * int(size or self._stored_size(self._epoch))
+        self._size = self.batch_size or size
+
+    def _from_loader(self, loader: dict[str, Any]) -> dict[str, Any]:
+        """The position a ``StatefulDataLoader``'s state stands for, as this stream's state."""
+        if "dataset_state" in loader:  # num_workers=0: the stream's own state
+            if not loader["dataset_state"]:
+                raise ConfigError("the loader state holds no stream state (was it a loader over this stream?)")
+            return dict(loader["dataset_state"])
+        snapshot = loader["_snapshot"]
+        workers = [s.get("dataset_state") for s in snapshot.get("_worker_snapshots", {}).values() if s]
+        workers = [s for s in workers if s]
+        if not workers:
+            raise ConfigError("the loader state holds no stream state (was it a loader over this stream?)")
+        # Batches are consumed in the sequence's order, so the worker whose batch came last holds the furthest
+        # position, and everything before it was consumed; batches since the last snapshot come after that.
+        latest = max(workers, key=lambda s: (s["epoch"], s["next_sample"]))
+        state = {k: latest[k] for k in ("epoch", "next_sample", "batch_size")}
+        steps = int(loader.get("_steps_since_snapshot", 0))
+        if steps:
+            self._epoch, self._sample, self._size = state["epoch"], state["next_sample"], state["batch_size"]
+            epoch, sample, size = self._advance(steps)
+            state = {"epoch": epoch, "next_sample": sample, "batch_size": size}
+        return state
+
+    def _advance(self, batches: int) -> tuple[int, int, int]:
+        """The position ``batches`` of this rank's batches after the current one, from the epochs' manifests."""
+        _, world = rank_and_world(self._rank, self._world)
+        backend = Store(self.store)
+        epoch, sample, left = self._epoch, self._sample, batches
+        while True:
+            manifest = backend.manifest(epoch)
+            n_samples = int(manifest["n_samples"])
+            size = self.batch_size or int(manifest["batch_size"])
+            n = -(-(n_samples - sample) // size) // world
+            if left < n:
+                return epoch, min(n_samples, sample + left * world * size), size
+            epoch, sample, left = epoch + 1, 0, left - n
+
+    def _stored_size(self, epoch: int) -> int:
+        return int(Store(self.store).manifest(epoch)["batch_size"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if state["_rank"] is None or state["_world"] is None:  # pickled for a spawned worker: ranks as they are
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                state["_rank"], state["_world"] = rank_and_world(state["_rank"], state["_world"])
+        return state
+
+
+def _refuse_resharding() -> None:
+    """Raise if Accelerate's ``prepare()`` wrapped the stream to split it across processes once more.
+
+    Accelerate shards any ``IterableDataset`` it prepares (``IterableDatasetShard``) or reads it on process 0
+    and dispatches the batches (``DataLoaderDispatcher``). The stream is already split by rank, so either
+    would drop most of the data without a word; both call ``set_epoch`` first, which is where this looks.
+    """
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        kind = type(owner)
+        if kind.__name__ in _RESHARDERS and kind.__module__.startswith("accelerate"):
+            processes = getattr(owner, "num_processes", None) or getattr(
+                getattr(owner, "state", None), "num_processes", 1
+            )
+            if processes > 1:
+                raise ConfigError(
+                    f"EpochStream is already split by rank, and Accelerate's {kind.__name__} would split it "
+                    f"again across {processes} processes and drop data: do not pass its DataLoader to "
+                    "accelerator.prepare() (move batches with .to(accelerator.device))"
+                )
+        frame = frame.f_back

@@ -1,0 +1,301 @@
+"""Read-time batch sizes and `EpochStream`: every batch is the stored samples' slice, and resumes are exact.
+
+The store holds three epochs of ``s(id, v = id)``: 470 samples in stored batches of 16 (29 full and one of
+6), 2 stored batches per shard file. A sample's value is its key, so a batch names the samples it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import pgprefetch.writer
+from pgprefetch import EpochDataset, EpochStream, Store
+from pgprefetch.errors import ConfigError, EpochNotReadyError
+
+from .conftest import with_database
+from .helpers import dump, write_config
+
+N, SIZE = 470, 16
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:pgprefetch. batches are already shuffled"),
+    pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),  # torchdata 0.11 on torch 2.13
+]
+
+
+def config_for(folder: Path) -> Path:
+    fields = {"v": (["v"], "int64")}
+    return write_config(
+        folder,
+        keys="SELECT id FROM s",
+        query="SELECT v FROM s WHERE id = $1",
+        fields=fields,
+        size=SIZE,
+        drop_last=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def source(pg_dsn: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+
+    async def run(dsn: str, *sql: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            for statement in sql:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(run(pg_dsn, f"CREATE DATABASE {name}"))
+    dsn = with_database(pg_dsn, name)
+    asyncio.run(
+        run(
+            dsn,
+            "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
+            f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
+        )
+    )
+    yield dsn
+    asyncio.run(run(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(scope="module")
+def store(source: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("stream")
+    config = config_for(folder)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pgprefetch.writer, "SHARD_BYTES", 2 * SIZE * 8)
+        for epoch in (0, 1, 2):
+            dump(config, source, epoch=epoch)
+    return folder / "store.zarr"
+
+
+def order(store: Path, epoch: int) -> np.ndarray:
+    """The epoch's samples in stored order, read batch by batch at the dump's size."""
+    return np.concatenate([b["v"].numpy() for b in EpochDataset(store, epoch, consumer=None)])
+
+
+def values(batches: list[dict[str, torch.Tensor]]) -> list[list[int]]:
+    return [b["v"].tolist() for b in batches]
+
+
+def expected(store: Path, epochs: range, size: int, rank: int = 0, world: int = 1) -> list[list[int]]:
+    """This rank's batches of each epoch at ``size``, as slices of the stored order."""
+    out = []
+    for epoch in epochs:
+        samples = order(store, epoch)
+        n = -(-len(samples) // size) // world
+        out += [samples[(i * world + rank) * size : (i * world + rank + 1) * size].tolist() for i in range(n)]
+    return out
+
+
+# --- read-time batch size ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [4, 16, 32, 20, 470])
+@pytest.mark.parametrize("world", [1, 2])
+def test_batches_at_any_size_are_slices_of_the_stored_order(store: Path, size: int, world: int) -> None:
+    for rank in range(world):
+        ds = EpochDataset(store, 0, batch_size=size, rank=rank, world_size=world, consumer=None)
+        assert values(list(ds)) == expected(store, range(1), size, rank, world)
+        assert [ds.batch_keys(i)[:, 0].tolist() for i in range(len(ds))] == values(list(ds))  # v is the key
+
+
+def test_micro_batches_are_views_of_the_mapped_file(store: Path) -> None:
+    ds = EpochDataset(store, 0, batch_size=4, consumer=None)
+    shard = store / "epoch-00000" / "v" / "c" / "0" / "0"
+    first, second = ds[0]["v"], ds[1]["v"]
+    assert first.untyped_storage().nbytes() == shard.stat().st_size  # a view of the whole mapped file
+    assert second.data_ptr() - first.data_ptr() == 4 * 8
+
+
+def test_a_multiple_in_one_file_is_a_view_and_across_files_one_copy(store: Path) -> None:
+    ds = EpochDataset(store, 0, batch_size=32, consumer=None)  # two stored batches: one shard file
+    assert ds[0]["v"].untyped_storage().nbytes() == (store / "epoch-00000" / "v" / "c" / "0" / "0").stat().st_size
+    ds = EpochDataset(store, 0, batch_size=48, consumer=None)  # three: always crosses a file
+    assert ds[0]["v"].untyped_storage().nbytes() == 48 * 8
+    assert ds[0]["v"].tolist() == order(store, 0)[:48].tolist()
+
+
+@pytest.mark.parametrize("size", [4, 20, 48])
+def test_read_into_fills_buffers_at_any_size(store: Path, size: int) -> None:
+    ds = EpochDataset(store, 0, batch_size=size, consumer=None)
+    buffers = ds.new_buffers()
+    assert buffers["v"].shape == (size,)
+    got = [ds.read_into(i, buffers)["v"].tolist() for i in range(len(ds))]
+    assert got == expected(store, range(1), size)
+
+
+def test_resume_with_another_batch_and_world_size_reads_each_sample_once(store: Path) -> None:
+    ranks = [EpochDataset(store, 1, batch_size=16, rank=r, world_size=2, consumer=None) for r in range(2)]
+    seen = [s for ds in ranks for b in (ds[i] for i in range(5)) for s in b["v"].tolist()]
+    state = ranks[0].state_dict(batches=5)
+    assert (
+        state
+        == ranks[1].state_dict(batches=5)
+        == {"epoch": 1, "next_global_batch": 10, "next_sample": 160, "batch_size": 16}
+    )
+    rest = []
+    for r in range(3):
+        ds = EpochDataset(store, 1, batch_size=6, rank=r, world_size=3, consumer=None)
+        ds.load_state_dict(state)
+        rest += [s for b in ds for s in b["v"].tolist()]
+    assert len(rest) == (N - 160) // 18 * 18  # every rank the same count, the remainder dropped
+    assert sorted(seen + rest) == sorted(order(store, 1)[: 160 + len(rest)].tolist())
+
+
+def test_bad_batch_size_is_a_config_error(store: Path) -> None:
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer"):
+        EpochDataset(store, 0, batch_size=0)
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer"):
+        EpochStream(store, batch_size=-3)
+
+
+# --- EpochStream --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("size", "world"), [(None, 1), (16, 2), (8, 3)])
+def test_stream_yields_each_epoch_in_turn(store: Path, size: int | None, world: int) -> None:
+    for rank in range(world):
+        stream = EpochStream(store, 0, 3, batch_size=size, rank=rank, world_size=world, consumer=None)
+        assert values(list(stream)) == expected(store, range(3), size or SIZE, rank, world)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_dataloader_workers_split_the_stream_in_order(store: Path, workers: int) -> None:
+    # 15 batches per epoch for each rank: odd, so each epoch's first batch goes to another worker.
+    stream = EpochStream(store, 0, 3, rank=1, world_size=2, consumer=None)
+    loader = DataLoader(stream, batch_size=None, num_workers=workers)
+    assert values(list(loader)) == expected(store, range(3), SIZE, 1, 2)
+
+
+def test_stream_state_after_k_batches_resumes_at_the_next(store: Path) -> None:
+    full = expected(store, range(3), 8, 0, 2)
+    stream = EpochStream(store, 0, 3, batch_size=8, rank=0, world_size=2, consumer=None)
+    it = iter(stream)
+    head = [next(it)["v"].tolist() for _ in range(40)]  # into epoch 1 (29 batches per epoch for this rank)
+    state = stream.state_dict()
+    assert state["epoch"] == 1 and state["next_sample"] == 11 * 16
+    resumed = EpochStream(store, 0, 3, batch_size=8, rank=0, world_size=2, consumer=None)
+    resumed.load_state_dict(state)
+    assert head + values(list(resumed)) == full
+
+
+def test_plain_dataloader_counts_consumed_batches_across_epochs(store: Path) -> None:
+    full = expected(store, range(3), SIZE)
+    stream = EpochStream(store, 0, 3, consumer=None)
+    loader = DataLoader(stream, batch_size=None, num_workers=2)
+    head = []
+    for batch in loader:
+        head.append(batch["v"].tolist())
+        if len(head) == 37:
+            break
+    state = stream.state_dict(batches=37)
+    assert (state["epoch"], state["next_sample"]) == (1, 7 * SIZE)
+    resumed = EpochStream(store, 0, 3, consumer=None)
+    resumed.load_state_dict(state)
+    assert head + values(list(DataLoader(resumed, batch_size=None, num_workers=3))) == full
+
+
+def test_set_epoch_jumps_but_keeps_a_resumed_position_in_that_epoch(store: Path) -> None:
+    stream = EpochStream(store, consumer=None, epochs=3)
+    stream.set_epoch(2)
+    assert values(list(stream)) == expected(store, range(2, 3), SIZE)
+    stream = EpochStream(store, consumer=None, epochs=3)
+    stream.load_state_dict({"epoch": 1, "next_sample": 64, "batch_size": SIZE})
+    stream.set_epoch(1)  # what a framework calls before the epoch it resumes in
+    assert values(list(stream)) == expected(store, range(1, 3), SIZE)[4:]
+
+
+def test_a_finished_stream_starts_over(store: Path) -> None:
+    stream = EpochStream(store, 1, 1, consumer=None)
+    assert values(list(stream)) == values(list(stream)) == expected(store, range(1, 2), SIZE)
+
+
+def test_stream_records_the_consumer_as_it_opens_each_epoch(store: Path, tmp_path: Path) -> None:
+    stream = EpochStream(store, 0, 3, consumer=f"run-{uuid.uuid4().hex[:6]}")
+    it = iter(stream)
+    next(it)
+    assert Store(store).consumers()[stream.consumer] == 0
+    list(it)
+    assert Store(store).consumers()[stream.consumer] == 2
+
+
+def test_stream_waits_for_the_next_epoch_while_it_is_dumped(source: str, tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    dump(config, source, epoch=0)
+    stream = EpochStream(tmp_path / "store.zarr", 0, 2, consumer=None, timeout=60)
+    it = iter(stream)
+    got = [next(it)["v"].tolist() for _ in range(len(EpochDataset(tmp_path / "store.zarr", 0, consumer=None)))]
+    writer = threading.Thread(target=dump, args=(config, source, 1))
+    writer.start()  # the stream is at the end of epoch 0, epoch 1 not published yet
+    got += values(list(it))
+    writer.join()
+    assert got == expected(tmp_path / "store.zarr", range(2), SIZE)
+
+
+def test_stream_gives_up_on_a_missing_epoch_after_its_timeout(store: Path) -> None:
+    stream = EpochStream(store, 3, consumer=None, timeout=0.2)
+    with pytest.raises(EpochNotReadyError, match="epoch 3 is not in .*gave up waiting after 0.2 s"):
+        next(iter(stream))
+
+
+# --- torchdata's StatefulDataLoader -------------------------------------------------------------------------
+def consume(loader: StatefulDataLoader, steps: int) -> tuple[list[list[int]], dict]:
+    """``steps`` batches of a fresh pass, and the loader's state after them."""
+    got = []
+    for batch in loader:
+        got.append(batch["v"].tolist())
+        if len(got) == steps:
+            break
+    return got, loader.state_dict()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_restores_the_same_batches(store: Path, workers: int) -> None:
+    full = expected(store, range(3), SIZE)
+    stream = EpochStream(store, 0, 3, consumer=None)
+    head, state = consume(StatefulDataLoader(stream, batch_size=None, num_workers=workers), 33)
+    loader = StatefulDataLoader(EpochStream(store, 0, 3, consumer=None), batch_size=None, num_workers=workers)
+    loader.load_state_dict(state)
+    assert head + values(list(loader)) == full
+
+
+def test_stateful_dataloader_with_other_workers_refuses_worker_states_and_resumes_via_the_stream(store: Path) -> None:
+    full = expected(store, range(3), SIZE)
+    head, state = consume(
+        StatefulDataLoader(EpochStream(store, 0, 3, consumer=None), batch_size=None, num_workers=2), 45
+    )
+    loader = StatefulDataLoader(EpochStream(store, 0, 3, consumer=None), batch_size=None, num_workers=3)
+    loader.load_state_dict(state)
+    with pytest.raises(ConfigError, match="saved with num_workers=2"):
+        next(iter(loader))
+    stream = EpochStream(store, 0, 3, consumer=None)
+    stream.load_state_dict(state)  # the loader's whole state
+    assert head + values(list(StatefulDataLoader(stream, batch_size=None, num_workers=3))) == full
+
+
+def test_stateful_dataloader_state_resumes_on_another_world_size(store: Path) -> None:
+    heads, states = [], []
+    for rank in range(2):
+        stream = EpochStream(store, 1, 1, rank=rank, world_size=2, consumer=None)
+        head, state = consume(StatefulDataLoader(stream, batch_size=None, num_workers=2), 5)
+        heads += head
+        states.append(state)
+    rest = []
+    for rank in range(3):
+        stream = EpochStream(store, 1, 1, rank=rank, world_size=3, consumer=None)
+        stream.load_state_dict(states[rank % 2])  # every rank saved the same position
+        rest += values(list(StatefulDataLoader(stream, batch_size=None, num_workers=2)))
+    seen = [s for b in heads + rest for s in b]
+    # 160 samples read by two ranks; of the 310 left, 19 full batches, of which three ranks share 18
+    assert len(rest) == 18
+    assert sorted(seen) == sorted(order(store, 1)[: 160 + 18 * SIZE].tolist())
