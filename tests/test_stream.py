@@ -183,7 +183,7 @@ def test_stream_state_after_k_batches_resumes_at_the_next(store: Path) -> None:
     it = iter(stream)
     head = [next(it)["v"].tolist() for _ in range(40)]  # into epoch 1 (29 batches per epoch for this rank)
     state = stream.state_dict()
-    assert state["epoch"] == 1 and state["next_sample"] == 11 * 16
+    assert (state["epoch"], state["next_sample"]) == (1, 11 * 16)
     resumed = EpochStream(store, 0, 3, batch_size=8, rank=0, world_size=2, consumer=None)
     resumed.load_state_dict(state)
     assert head + values(list(resumed)) == full
@@ -244,7 +244,7 @@ def test_stream_waits_for_the_next_epoch_while_it_is_dumped(source: str, tmp_pat
 
 def test_stream_gives_up_on_a_missing_epoch_after_its_timeout(store: Path) -> None:
     stream = EpochStream(store, 3, consumer=None, timeout=0.2)
-    with pytest.raises(EpochNotReadyError, match="epoch 3 is not in .*gave up waiting after 0.2 s"):
+    with pytest.raises(EpochNotReadyError, match=r"epoch 3 is not in .*gave up waiting after 0\.2 s"):
         next(iter(stream))
 
 
