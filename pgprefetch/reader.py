@@ -151,11 +151,16 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
         A short last batch is trimmed.
         """
+        return self.batch(i)
+
+    def batch(self, i: int, *, keys: bool = False) -> dict[str, torch.Tensor]:
+        """``ds[i]``, with the samples' keys as ``"keys"`` (see :meth:`batch_keys`) if ``keys``."""
         a, b = self.samples(i)
         # In a DataLoader worker the batch is sent to the main process: as a reference to its bytes in the
         # file, which the main process maps too, not as a copy (see pgprefetch.workers).
         shareable = not self._remote and torch.utils.data.get_worker_info() is not None
-        return {name: self._arrays.read(name, a, b, shareable=shareable) for name in self.arrays}
+        names = (*self.arrays, KEYS_ARRAY) if keys else self.arrays
+        return {name: self._arrays.read(name, a, b, shareable=shareable) for name in names}
 
     def batch_keys(self, i: int) -> torch.Tensor:
         """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``.

@@ -46,6 +46,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         fields: the fields to return (all by default).
         rank: this process's rank; defaults to ``torch.distributed``'s when it is initialised, else 0.
         world_size: the number of ranks; same default, else 1.
+        keys: also return each batch's sample keys, as ``batch["keys"]`` (int64, a slot per key column).
         consumer: the name this training run is recorded under as it opens each epoch (rank 0 records it),
             which keeps ``pgprefetch dump --ahead`` driving; None records nothing.
         timeout: how long to wait for an epoch to be published before giving up with an error.
@@ -61,6 +62,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         fields: Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        keys: bool = False,
         consumer: str | None = "default",
         timeout: float = 600.0,
     ) -> None:
@@ -77,6 +79,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         self.end = None if epochs is None else start_epoch + epochs  # the first epoch not in the stream
         self.batch_size = batch_size
         self.fields = tuple(fields) if fields is not None else None
+        self.keys = keys
         self.consumer = consumer
         self.timeout = timeout
         self._rank, self._world = rank, world_size  # as asked; torch.distributed fills them in when iterating
@@ -100,7 +103,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             n = len(ds)
             i = skip
             while i < n:
-                batch = ds[i]
+                batch = ds.batch(i, keys=self.keys)
                 # Whoever holds this batch has consumed everything before it: the position is after it.
                 self._epoch, self._sample = (
                     (epoch, ds.state_dict(batches=i + 1)["next_sample"]) if i + 1 < n else (epoch + 1, 0)
