@@ -13,6 +13,7 @@ reader hand out batches of any size without caring how the dump cut them:
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -35,7 +36,9 @@ TORCH_DTYPES = {
     np.dtype(name): getattr(torch, name)
     for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
 }
+_PAGE = 4096
 _FILES_KEPT = 32  # shard files kept mapped (and open) per process, least recently used dropped
+_BUFFERS_KEPT = 16  # read_into's target buffers whose byte views are kept
 
 
 @dataclass
@@ -43,7 +46,7 @@ class _File:
     """One mapped shard file: its samples as one typed view when its chunks lie back to back."""
 
     samples: torch.Tensor | None  # (batches in file * batch_size, *sample_shape), or None when out of order
-    chunks: list[torch.Tensor]  # each stored batch of the file, (batch_size, *sample_shape)
+    chunks: list[torch.Tensor]  # out of order only: each stored batch of the file, (batch_size, *sample_shape)
     offsets: np.ndarray  # byte offset of each slot's chunk in the file
     ref: FileRef
     fd: int
@@ -71,8 +74,15 @@ class EpochArrays:
             folder = Path(backend.location) / epoch_name(epoch)
             self.layouts = {name: ArrayLayout.read(folder / name) for name in names}
         self.bytes_fetched = 0  # object stores: bytes this process fetched
+        # Local uncompressed arrays: samples per file, for the fast path of read().
+        self._per_file_samples = {
+            name: layout.per_file * layout.batch_shape[0]
+            for name, layout in self.layouts.items()
+            if layout.raw and not self.remote
+        }
         self._files: OrderedDict[tuple[str, int], _File] = OrderedDict()
         self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once per process
+        self._buffers: dict[int, tuple[torch.Tensor, memoryview]] = {}
         self._pid = os.getpid()
         self._lock = threading.Lock()  # object stores read from a thread pool
 
@@ -90,6 +100,12 @@ class EpochArrays:
         ``shareable``: a view comes back as a :class:`~pgprefetch.workers.MappedBatch`, which a DataLoader
         worker sends to the main process as a file range.
         """
+        per = self._per_file_samples.get(name)
+        if per is not None and not shareable:  # the hot path: a view of a file already mapped
+            number = a // per
+            file = self._files.get((name, number))
+            if file is not None and file.samples is not None and (b - 1) // per == number:
+                return file.samples[a - number * per : b - number * per]
         layout = self.layouts[name]
         if not layout.raw or self.remote:
             out = torch.empty((b - a, *self.sample_shape(name)), dtype=self.dtype(name))
@@ -113,6 +129,14 @@ class EpochArrays:
         layout = self.layouts[name]
         size = layout.batch_shape[0]
         sample_bytes = layout.batch_bytes // size
+        per = self._per_file_samples.get(name)
+        if per is not None:  # the hot path: one preadv from a file already open
+            number = a // per
+            file = self._files.get((name, number))
+            if file is not None and file.samples is not None and (b - 1) // per == number:
+                view = self._bytes_of(out)[: (b - a) * sample_bytes]
+                _pread(file.fd, view, (a - number * per) * sample_bytes, layout, number)
+                return
         target = out[: b - a].numpy().reshape(-1).view(np.uint8)
         if not layout.raw:
             g0, g1 = a // size, (b - 1) // size
@@ -137,6 +161,15 @@ class EpochArrays:
                 at = int(file.offsets[slot]) + (s0 - slot * size) * sample_bytes
                 _pread(file.fd, part[done : done + n], at, layout, number)
                 done += n
+
+    def _bytes_of(self, out: torch.Tensor) -> memoryview:
+        """``out``'s bytes (contiguous), remembered for the reused buffers that read_into fills again and again."""
+        entry = self._buffers.get(id(out))
+        if entry is None or entry[0] is not out:
+            if len(self._buffers) >= _BUFFERS_KEPT:
+                self._buffers.clear()
+            entry = self._buffers[id(out)] = (out, memoryview(out.numpy()).cast("B"))
+        return entry[1]
 
     def _per_file(self, layout: ArrayLayout, a: int, b: int) -> list[tuple[int, int]]:
         """Samples ``a..b`` cut where files end: ``(lo, hi)`` per file touched."""
@@ -189,12 +222,13 @@ class EpochArrays:
             valid = min(layout.per_file, layout.n_batches - number * layout.per_file)
             dtype = TORCH_DTYPES[layout.dtype]
             shape = layout.batch_shape
-            chunks = [mapping[int(o) : int(o) + nbytes].view(dtype).view(shape) for o in offsets[:valid]]
-            samples = None
+            ref = FileRef.of(str(path), stat)
             if np.array_equal(offsets[:valid], np.arange(valid, dtype=np.uint64) * nbytes):
                 # Chunks back to back (as pgprefetch writes them): one typed view of all the file's samples.
                 samples = mapping[: valid * nbytes].view(dtype).view(valid * shape[0], *shape[1:])
-            return _File(samples, chunks, offsets, FileRef.of(str(path), stat), fd)
+                return _File(samples, [], offsets, ref, fd)
+            chunks = [mapping[int(o) : int(o) + nbytes].view(dtype).view(shape) for o in offsets[:valid]]
+            return _File(None, chunks, offsets, ref, fd)
         except BaseException:
             os.close(fd)
             raise
@@ -235,7 +269,7 @@ class EpochArrays:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_files=OrderedDict(), _zarr={}, _lock=None)  # each process maps and opens its own
+        state.update(_files=OrderedDict(), _zarr={}, _buffers={}, _lock=None)  # each process maps and opens its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -248,14 +282,28 @@ class EpochArrays:
                 file.close()
 
 
+def empty_aligned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An empty CPU tensor starting on a page boundary.
+
+    ``preadv`` into a buffer that starts 16 bytes past a page (where an allocator may put it) was measured
+    at half the speed of one on a page boundary (8.5 vs 19 GB/s).
+    """
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    block = torch.empty(nbytes + _PAGE, dtype=torch.uint8)
+    start = -block.data_ptr() % _PAGE
+    return block[start : start + nbytes].view(dtype).view(shape)
+
+
 def _slots(lo: int, hi: int, size: int) -> list[tuple[int, int, int]]:
     """Samples ``lo..hi`` of a file cut at its chunks: ``(slot, lo, hi)`` per chunk touched."""
     return [(s, max(lo, s * size), min(hi, (s + 1) * size)) for s in range(lo // size, (hi - 1) // size + 1)]
 
 
-def _pread(fd: int, buffer: np.ndarray, offset: int, layout: ArrayLayout, number: int) -> None:
+def _pread(fd: int, buffer: np.ndarray | memoryview, offset: int, layout: ArrayLayout, number: int) -> None:
     """Fill ``buffer`` from ``fd`` at ``offset``; ``preadv`` may read less than asked (2 GiB a call)."""
     view = memoryview(buffer)
+    if os.preadv(fd, [view], offset) == len(view):
+        return
     while view:
         n = os.preadv(fd, [view], offset)
         if n == 0:

@@ -29,7 +29,7 @@ import torch
 import torch.utils.data
 
 from .config import load_config
-from .epocharrays import EpochArrays
+from .epocharrays import EpochArrays, empty_aligned
 from .errors import ConfigError, StoreError
 from .keys import KeyColumns
 from .localstore import LocalStore
@@ -89,8 +89,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.batch_size = self.stored_batch_size if batch_size is None else _positive("batch_size", batch_size)
         self.n_samples = int(self.manifest["n_samples"])
         self._arrays = EpochArrays(self._backend, epoch, (*self.arrays, KEYS_ARRAY))
-        self._base = 0  # the first sample of this view (the resume point), the same on every rank
-        self._pos = 0  # local batches handed out by iteration
+        self._seek(0)  # _base: the first sample of this view; _pos: local batches handed out by iteration
         if consumer is not None and torch.utils.data.get_worker_info() is None:
             self.record_consumer(consumer)
 
@@ -129,7 +128,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
     def __len__(self) -> int:
         """Batches for this rank (from the resume point on)."""
-        return -(-(self.n_samples - self._base) // self.batch_size) // self.world_size
+        return self._len
+
+    def _seek(self, sample: int) -> None:
+        """Start this view at ``sample`` (the resume point), the same on every rank."""
+        self._base, self._pos = sample, 0
+        self._len = -(-(self.n_samples - sample) // self.batch_size) // self.world_size
 
     def global_batch(self, i: int) -> int:
         """The epoch-wide index of this rank's batch ``i``."""
@@ -138,7 +142,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
     def samples(self, i: int) -> tuple[int, int]:
         """The epoch's samples ``a..b`` that this rank's batch ``i`` holds (``b - a`` < batch size at the end)."""
-        self._check(i)
+        if not 0 <= i < self._len:
+            self._check(i)
         a = self._base + (i * self.world_size + self.rank) * self.batch_size
         return a, min(self.n_samples, a + self.batch_size)
 
@@ -151,6 +156,10 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
         A short last batch is trimmed.
         """
+        a, b = self.samples(i)
+        if torch.utils.data.get_worker_info() is None or self._remote:
+            read = self._arrays.read
+            return {name: read(name, a, b) for name in self.arrays}
         return self.batch(i)
 
     def batch(self, i: int, *, keys: bool = False) -> dict[str, torch.Tensor]:
@@ -260,12 +269,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             sample = int(state["next_global_batch"]) * int(state.get("batch_size", self.stored_batch_size))
         if not 0 <= sample <= self.n_samples:
             raise ConfigError(f"resume state sample {sample} is outside 0..{self.n_samples} of epoch {self.epoch}")
-        self._base, self._pos = sample, 0
+        self._seek(sample)
 
     def new_buffers(self) -> dict[str, torch.Tensor]:
         """Empty CPU tensors that hold one batch of every array, for :meth:`read_into` (pin them if wanted)."""
         a = self._arrays
-        return {n: torch.empty((self.batch_size, *a.sample_shape(n)), dtype=a.dtype(n)) for n in self.arrays}
+        return {n: empty_aligned((self.batch_size, *a.sample_shape(n)), a.dtype(n)) for n in self.arrays}
 
     def read_into(self, i: int, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Read batch ``i`` with ``preadv`` straight into ``out``'s tensors (one copy, no page mapping).
@@ -275,8 +284,11 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         :meth:`new_buffers`; returns views of them (trimmed for a short last batch).
         """
         a, b = self.samples(i)
+        read_into = self._arrays.read_into
         for name in self.arrays:
-            self._arrays.read_into(name, a, b, out[name])
+            read_into(name, a, b, out[name])
+        if b - a == self.batch_size:
+            return {name: out[name] for name in self.arrays}
         return {name: out[name][: b - a] for name in self.arrays}
 
 

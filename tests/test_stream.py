@@ -299,3 +299,40 @@ def test_stateful_dataloader_state_resumes_on_another_world_size(store: Path) ->
     # 160 samples read by two ranks; of the 310 left, 19 full batches, of which three ranks share 18
     assert len(rest) == 18
     assert sorted(seen) == sorted(order(store, 1)[: 160 + 18 * SIZE].tolist())
+
+
+def test_a_shard_whose_chunks_are_out_of_order_reads_the_same(store: Path, tmp_path: Path) -> None:
+    """zarr itself may write a shard's chunks in any order; its index says where each one is."""
+    import shutil
+
+    import google_crc32c
+
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(store, copy)
+    shard = copy / "epoch-00002" / "v" / "c" / "0" / "0"
+    data = shard.read_bytes()
+    chunk, index_bytes = SIZE * 8, 2 * 16 + 4
+    index = np.frombuffer(data[-index_bytes:-4], dtype="<u8").reshape(2, 2).copy()
+    assert index[:, 0].tolist() == [0, chunk]  # back to back, as pgprefetch writes them
+    index[:, 0] = [chunk, 0]  # the same chunks, swapped
+    raw = index.tobytes()
+    shard.write_bytes(data[chunk : 2 * chunk] + data[:chunk] + raw + google_crc32c.value(raw).to_bytes(4, "little"))
+    for size in (SIZE, 4, 20):
+        ds = EpochDataset(copy, 2, batch_size=size, consumer=None)
+        assert values(list(ds)) == expected(store, range(2, 3), size)
+        buffers = ds.new_buffers()
+        assert [ds.read_into(i, buffers)["v"].tolist() for i in range(len(ds))] == expected(store, range(2, 3), size)
+
+
+def test_stream_with_reused_buffers_reads_the_same_batches_into_a_ring(store: Path) -> None:
+    stream = EpochStream(store, 0, 2, batch_size=20, buffers=3, keys=True, consumer=None)
+    batches = []
+    for batch in stream:
+        batches.append(batch["v"])
+        assert batch["keys"][:, 0].tolist() == batch["v"].tolist()
+        if len(batches) == 4:
+            assert batches[3].data_ptr() == batches[0].data_ptr()  # the ring came round
+            assert values([{"v": batches[-1]}]) == expected(store, range(1), 20)[3:4]
+    assert len(batches) == len(expected(store, range(2), 20))
+    reused = EpochStream(store, 0, 2, batch_size=20, buffers=2, consumer=None)
+    assert [b["v"].tolist() for b in reused] == expected(store, range(2), 20)  # each used before the ring turns
