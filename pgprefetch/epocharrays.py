@@ -82,7 +82,7 @@ class EpochArrays:
         }
         self._files: OrderedDict[tuple[str, int], _File] = OrderedDict()
         self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once per process
-        self._buffers: dict[int, tuple[torch.Tensor, memoryview]] = {}
+        self._buffers: dict[int, tuple[torch.Tensor, memoryview, int]] = {}  # read_into's buffers: bytes, sample
         self._pid = os.getpid()
         self._lock = threading.Lock()  # object stores read from a thread pool
 
@@ -126,17 +126,27 @@ class EpochArrays:
         Local files: one ``preadv`` per file touched, into the buffer (no page mapping). Object stores: one
         ranged GET per file. Compressed arrays: zarr decodes the chunks touched.
         """
+        per = self._per_file_samples.get(name)
+        if per is not None:  # the hot path: one preadv from a file already open, into a buffer seen before
+            number = a // per
+            file = self._files.get((name, number))
+            buffer = self._buffers.get(id(out))
+            if file is not None and file.samples is not None and (b - 1) // per == number and buffer:
+                tensor, view, sample_bytes = buffer
+                if tensor is out:
+                    n = (b - a) * sample_bytes
+                    at = (a - number * per) * sample_bytes
+                    part = view if n == len(view) else view[:n]
+                    if os.preadv(file.fd, [part], at) != n:  # short: 2 GiB a call, or a truncated file
+                        _pread(file.fd, part, at, self.layouts[name], number)
+                    return
         layout = self.layouts[name]
         size = layout.batch_shape[0]
         sample_bytes = layout.batch_bytes // size
-        per = self._per_file_samples.get(name)
-        if per is not None:  # the hot path: one preadv from a file already open
-            number = a // per
-            file = self._files.get((name, number))
-            if file is not None and file.samples is not None and (b - 1) // per == number:
-                view = self._bytes_of(out)[: (b - a) * sample_bytes]
-                _pread(file.fd, view, (a - number * per) * sample_bytes, layout, number)
-                return
+        if per is not None and out.is_contiguous():  # for the hot path; kept until the next pass
+            if len(self._buffers) >= _BUFFERS_KEPT:
+                self._buffers.clear()
+            self._buffers[id(out)] = (out, memoryview(out.numpy()).cast("B"), sample_bytes)
         target = out[: b - a].numpy().reshape(-1).view(np.uint8)
         if not layout.raw:
             g0, g1 = a // size, (b - 1) // size
@@ -161,15 +171,6 @@ class EpochArrays:
                 at = int(file.offsets[slot]) + (s0 - slot * size) * sample_bytes
                 _pread(file.fd, part[done : done + n], at, layout, number)
                 done += n
-
-    def _bytes_of(self, out: torch.Tensor) -> memoryview:
-        """``out``'s bytes (contiguous), remembered for the reused buffers that read_into fills again and again."""
-        entry = self._buffers.get(id(out))
-        if entry is None or entry[0] is not out:
-            if len(self._buffers) >= _BUFFERS_KEPT:
-                self._buffers.clear()
-            entry = self._buffers[id(out)] = (out, memoryview(out.numpy()).cast("B"))
-        return entry[1]
 
     def _per_file(self, layout: ArrayLayout, a: int, b: int) -> list[tuple[int, int]]:
         """Samples ``a..b`` cut where files end: ``(lo, hi)`` per file touched."""
@@ -261,11 +262,11 @@ class EpochArrays:
         """Map the files afresh from the next read on.
 
         For a new pass (in-place edits of a batch do not carry over), or in a forked process (which closes
-        its copies of the descriptors).
+        its copies of the descriptors). The read_into buffers seen are forgotten too (and so freed).
         """
         for file in self._files.values():
             file.close()
-        self._files, self._zarr, self._pid = OrderedDict(), {}, os.getpid()
+        self._files, self._zarr, self._buffers, self._pid = OrderedDict(), {}, {}, os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -251,9 +251,13 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {
             "epoch": self.epoch,
             "next_global_batch": self._base // self.batch_size + done * self.world_size,
-            "next_sample": min(self.n_samples, self._base + done * self.world_size * self.batch_size),
+            "next_sample": self.next_sample(done),
             "batch_size": self.batch_size,
         }
+
+    def next_sample(self, batches: int) -> int:
+        """The resume point once every rank has consumed ``batches`` of its batches: a sample of the epoch."""
+        return min(self.n_samples, self._base + batches * self.world_size * self.batch_size)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from ``state``: this rank's batches are re-sliced from the remaining samples.

@@ -91,8 +91,11 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         self.consumer = consumer
         self.timeout = timeout
         self._rank, self._world = rank, world_size  # as asked; torch.distributed fills them in when iterating
-        self._epoch, self._sample = start_epoch, 0  # the position: the next batch starts here
-        self._size = batch_size  # the batch size the position's epoch is read at (the dump's, if None)
+        # The position: the next batch starts at (epoch, sample), read at batch size _size (None: the dump's)...
+        self._epoch, self._sample, self._size = start_epoch, 0, batch_size
+        # ...or, while an epoch is read, after the first _done batches of _live (worked out when asked for).
+        self._live: EpochDataset | None = None
+        self._done = 0
         self._offset: int | None = None  # in a worker: batches between the position and this worker's next
 
     # --- iteration --------------------------------------------------------------------------------------
@@ -102,28 +105,30 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         rank, world = rank_and_world(self._rank, self._world)
         info = torch.utils.data.get_worker_info()
         k, w = (info.num_workers, info.id) if info is not None else (1, 0)
-        if self.end is not None and self._epoch >= self.end:  # a finished stream starts over, as a dataset does
-            self._epoch, self._sample, self._size, self._offset = self.start_epoch, 0, self.batch_size, None
+        epoch, sample, _ = self._position()
+        if self.end is not None and epoch >= self.end:  # a finished stream starts over, as a dataset does
+            self._move(self.start_epoch, 0, self.batch_size)
+            epoch, sample = self.start_epoch, 0
         skip = self._offset if self._offset is not None else w  # batches before this worker's first
-        epoch, sample = self._epoch, self._sample
         while self.end is None or epoch < self.end:
             ds = self._open(epoch, sample, rank, world, record=rank == 0 and w == 0)
             n = len(ds)
             ring = [ds.new_buffers() for _ in range(self.buffers if info is None else 0)]
+            plain = info is None and not ring and not self.keys
             i = skip
             while i < n:
-                if ring:
+                if plain:
+                    batch = ds[i]
+                elif ring:
                     batch = ds.read_into(i, ring[i % len(ring)])
                     if self.keys:
                         batch["keys"] = ds.batch_keys(i)
                 else:
                     batch = ds.batch(i, keys=self.keys)
                 # Whoever holds this batch has consumed everything before it: the position is after it.
-                self._epoch, self._sample = (
-                    (epoch, ds.state_dict(batches=i + 1)["next_sample"]) if i + 1 < n else (epoch + 1, 0)
-                )
-                self._size = ds.batch_size
-                self._offset = k - 1 if info is not None else None
+                if self._live is not ds:  # and from a worker's first batch on, its next is k batches away
+                    self._live, self._offset = ds, (k - 1 if info is not None else None)
+                self._done = i + 1
                 yield batch
                 i += k
             skip = i - n
@@ -157,8 +162,21 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         _refuse_resharding()
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"set_epoch needs an epoch >= 0, got {epoch!r}")
-        if epoch != self._epoch:
-            self._epoch, self._sample, self._size, self._offset = epoch, 0, self.batch_size, None
+        if epoch != self._position()[0]:
+            self._move(epoch, 0, self.batch_size)
+
+    def _position(self) -> tuple[int, int, int | None]:
+        """(epoch, next sample, batch size) after the batches handed out."""
+        ds = self._live
+        if ds is None:
+            return self._epoch, self._sample, self._size
+        if self._done < len(ds):
+            return ds.epoch, ds.next_sample(self._done), ds.batch_size
+        return ds.epoch + 1, 0, ds.batch_size
+
+    def _move(self, epoch: int, sample: int, size: int | None, offset: int | None = None) -> None:
+        """Set the position (and, in a worker, the distance to its next batch)."""
+        self._epoch, self._sample, self._size, self._offset, self._live = epoch, sample, size, offset, None
 
     # --- state ------------------------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
@@ -169,9 +187,9 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
                 stream's position (its state when the loader started): the main process's stream cannot count
                 them itself. The position moves that many batches on, across epochs.
         """
-        epoch, sample, size = self._epoch, self._sample, self._size
+        epoch, sample, size = self._position()
         if batches:
-            epoch, sample, size = self._advance(batches)
+            epoch, sample, size = self._advance((epoch, sample), batches)
         state: dict[str, Any] = {
             "epoch": epoch,
             "next_global_batch": sample // size if size else 0,
@@ -202,22 +220,19 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
                 )
             _, world = rank_and_world(self._rank, self._world)
             saved = (state["num_workers"], state["world_size"], state["batch_size"])
-            if saved != (info.num_workers, world, self._size or state["batch_size"]):
+            if saved != (info.num_workers, world, self.batch_size or state["batch_size"]):
                 raise ConfigError(
                     f"this loader state was saved with num_workers={saved[0]}, world size {saved[1]}, batch size "
                     f"{saved[2]}; to resume with num_workers={info.num_workers}, world size {world}: "
                     "stream.load_state_dict(saved_state), then make a new loader without loading its state"
                 )
-            self._offset = int(state["worker_offset"])
-        else:
-            self._offset = None
-        self._epoch = int(state["epoch"])
-        size = state.get("batch_size")
+        epoch, size = int(state["epoch"]), state.get("batch_size")
         if "next_sample" in state:
-            self._sample = int(state["next_sample"])
+            sample = int(state["next_sample"])
         else:
-            self._sample = int(state["next_global_batch"]) * int(size or self._stored_size(self._epoch))
-        self._size = self.batch_size or size
+            sample = int(state["next_global_batch"]) * int(size or self._stored_size(epoch))
+        offset = int(state["worker_offset"]) if "num_workers" in state else None
+        self._move(epoch, sample, self.batch_size or size, offset)
 
     def _from_loader(self, loader: dict[str, Any]) -> dict[str, Any]:
         """The position a ``StatefulDataLoader``'s state stands for, as this stream's state."""
@@ -236,16 +251,15 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         state = {k: latest[k] for k in ("epoch", "next_sample", "batch_size")}
         steps = int(loader.get("_steps_since_snapshot", 0))
         if steps:
-            self._epoch, self._sample, self._size = state["epoch"], state["next_sample"], state["batch_size"]
-            epoch, sample, size = self._advance(steps)
+            epoch, sample, size = self._advance((state["epoch"], state["next_sample"]), steps)
             state = {"epoch": epoch, "next_sample": sample, "batch_size": size}
         return state
 
-    def _advance(self, batches: int) -> tuple[int, int, int]:
-        """The position ``batches`` of this rank's batches after the current one, from the epochs' manifests."""
+    def _advance(self, start: tuple[int, int], batches: int) -> tuple[int, int, int]:
+        """The position ``batches`` of this rank's batches after ``start``, from the epochs' manifests."""
         _, world = rank_and_world(self._rank, self._world)
         backend = Store(self.store)
-        epoch, sample, left = self._epoch, self._sample, batches
+        (epoch, sample), left = start, batches
         while True:
             manifest = backend.manifest(epoch)
             n_samples = int(manifest["n_samples"])
@@ -260,6 +274,8 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
+        state["_epoch"], state["_sample"], state["_size"] = self._position()
+        state["_live"] = None  # the position travels, not the epoch being read
         if state["_rank"] is None or state["_world"] is None:  # pickled for a spawned worker: ranks as they are
             dist = torch.distributed
             if dist.is_available() and dist.is_initialized():
