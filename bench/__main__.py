@@ -21,6 +21,7 @@ import numpy as np
 
 from . import casts, contenders, dumprun, log, opening, reader, s3, scan, stop_child
 from . import small as small_bench  # `small` is a flag in several functions here
+from . import stream as stream_bench  # `stream` reads better as the bench module here too
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
 from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice, splice_reader
 
@@ -215,6 +216,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-opening", action="store_true", help="skip the opening bench")
     parser.add_argument(
+        "--stream-only",
+        action="store_true",
+        help="only the EpochStream bench (against EpochDataset and preadv, micro-batches, hand-over; no PostgreSQL)",
+    )
+    parser.add_argument("--no-stream", action="store_true", help="skip the EpochStream bench")
+    parser.add_argument(
         "--small-only",
         action="store_true",
         help=f"only the small batches bench (one epoch of {small_bench.SAMPLES:,} rows dumped in batches of "
@@ -266,6 +273,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.small_only and (args.no_small or args.reader_only or args.casts_only or args.scan_only):
         parser.error("--small-only runs the small batches bench alone: not with --no-small or another --*-only")
     others = (args.reader_only, args.casts_only, args.scan_only, args.small_only, args.opening_only)
+    if args.stream_only and (args.no_stream or any(others)):
+        parser.error("--stream-only runs the EpochStream bench alone: not with --no-stream or another --*-only")
     if args.s3_only and (args.no_s3 or any(others)):
         parser.error("--s3-only runs the S3 bench alone: not with --no-s3 or another --*-only")
     args.s3_samples = args.s3_samples or (s3.QUICK_SAMPLES if args.quick else s3.SAMPLES)
@@ -312,6 +321,22 @@ def opening_only(args: argparse.Namespace) -> None:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
         args.results.write_text(splice(old, section, opening.BEGIN, opening.END), encoding="utf-8")
         log(f"wrote the opening section of {args.results}")
+
+
+def measure_stream(quick: bool) -> stream_bench.StreamResults:
+    epoch_bytes = stream_bench.QUICK_EPOCH_BYTES if quick else stream_bench.EPOCH_BYTES
+    log(f"stream: EpochStream over {stream_bench.EPOCHS} epochs of {epoch_bytes >> 20} MiB, page cache warm")
+    return stream_bench.run(epoch_bytes, 2 if quick else stream_bench.PASSES)
+
+
+def stream_only(args: argparse.Namespace) -> None:
+    """``--stream-only``: print the EpochStream section; with ``--results``, replace that section of the file."""
+    section = stream_bench.render(measure_stream(args.quick), revision=code_revision())
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, stream_bench.BEGIN, stream_bench.END), encoding="utf-8")
+        log(f"wrote the EpochStream section of {args.results}")
 
 
 def measure_small(results: Results, dsn: str, quick: bool) -> None:
@@ -436,6 +461,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.small_only:
         small_only(args)
         return
+    if args.stream_only:
+        stream_only(args)
+        return
     if args.s3_only:
         s3_only(args)
         return
@@ -483,10 +511,13 @@ def main(argv: list[str] | None = None) -> None:
         measure_reader(results, args.reader_bytes)
     if not args.no_opening:
         measure_opening(results)
+    streamed = None if args.no_stream else measure_stream(args.quick)
     results.total_s = time.perf_counter() - started
     text = render(results)
     if not args.no_scan:
         text = text.rstrip("\n") + "\n\n" + "\n".join(scan_section(scan_results, results.rows)) + "\n"
+    if streamed is not None:
+        text = text.rstrip("\n") + "\n\n" + stream_bench.render(streamed, revision=results.revision) + "\n"
     print(text)
     if args.results:
         args.results.write_text(text, encoding="utf-8")

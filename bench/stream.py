@@ -24,6 +24,7 @@ batches of an epoch. ``python -m bench.stream`` runs it alone.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -129,7 +130,7 @@ def timed_stream(store: Path, out: torch.Tensor, results: StreamResults) -> floa
         stamps.append(time.perf_counter())
     seconds = time.perf_counter() - start
     per_epoch = len(stamps) // EPOCHS
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     inner = [g for i, g in enumerate(gaps) if (i + 1) % per_epoch]
     results.gap_s = statistics.median(inner)
     results.handover_s += [gaps[e * per_epoch - 1] - results.gap_s for e in range(1, EPOCHS)]

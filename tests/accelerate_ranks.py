@@ -1,7 +1,8 @@
 """One rank of the Accelerate check in test_frameworks.py; run under torchrun with 2 processes on the CPU.
 
 Usage: accelerate_ranks.py STORE OUT.json. Rank 0 writes every rank's sample keys (the loader kept out of
-prepare(), as the README says) and the errors prepare()'s two wrappers met.
+prepare(), as the README says) and the errors prepare()'s two wrappers met. Run alone (one process), it
+also writes the keys of the prepared loader.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main() -> None:
     everyone: list[list[list[int]]] = [[] for _ in range(accelerator.num_processes)]
     dist.all_gather_object(everyone, keys)
 
+    if accelerator.num_processes == 1:  # prepare() on one process changes nothing: the same batches
+        prepared = accelerator.prepare(DataLoader(EpochStream(store, 0, 1, keys=True, consumer=None), batch_size=None))
+        everyone.append([row for b in prepared for row in b["keys"].tolist()])
     errors = {
         "dispatch": first_error(
             accelerator.prepare(DataLoader(EpochStream(store, 0, 1, consumer=None), batch_size=None))

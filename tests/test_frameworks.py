@@ -85,3 +85,13 @@ def test_accelerate_without_prepare_splits_once_and_prepare_is_refused(store: Pa
     for wrapper in ("DataLoaderDispatcher", "IterableDatasetShard"):
         kind = "dispatch" if wrapper == "DataLoaderDispatcher" else "shard"
         assert f"Accelerate's {wrapper} would split it again across 2 processes" in result["errors"][kind]
+
+
+def test_accelerate_prepare_on_one_process_yields_the_stream_as_it_is(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    run(ROOT / "tests" / "accelerate_ranks.py", store, out)
+    result = json.loads(out.read_text())
+    assert result["world"] == 1
+    unprepared, prepared = result["keys"]
+    assert unprepared == prepared == rank_keys(store, range(1))
+    assert result["errors"] == {"dispatch": "no error", "shard": "no error"}
