@@ -36,8 +36,10 @@ def main() -> None:
     # The recommended setting: the loader stays out of prepare(); the stream splits by rank itself.
     loader = DataLoader(EpochStream(store, 0, 1, keys=True, consumer=None), batch_size=None)
     keys = [row for b in loader for row in b["keys"].tolist()]
-    everyone: list[list[list[int]]] = [[] for _ in range(accelerator.num_processes)]
-    dist.all_gather_object(everyone, keys)
+    everyone: list[list[list[int]]] = [keys]
+    if accelerator.num_processes > 1:
+        everyone = [[] for _ in range(accelerator.num_processes)]
+        dist.all_gather_object(everyone, keys)
 
     if accelerator.num_processes == 1:  # prepare() on one process changes nothing: the same batches
         prepared = accelerator.prepare(DataLoader(EpochStream(store, 0, 1, keys=True, consumer=None), batch_size=None))
