@@ -52,7 +52,8 @@ def run(*args: str | Path, timeout: float = 240) -> str:
 
 
 def test_lightning_ddp_trains_on_every_batch_exactly_once_across_ranks(store: Path, tmp_path: Path) -> None:
-    out = run("examples/lightning_train.py", "--store", store, "--epochs", 2, "--devices", 2, "--record", tmp_path)
+    args = ("--store", store, "--epochs", 2, "--devices", 2, "--workers", 2, "--record", tmp_path)
+    out = run("examples/lightning_train.py", *args)  # ranks from torch.distributed, in DataLoader workers too
     assert "on 2 ranks" in out
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank in range(2):
