@@ -112,6 +112,11 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return KeyColumns(tuple(m["key_columns"]), tuple(t == "uuid" for t in m.get("key_types", ())))
 
     @property
+    def remote(self) -> bool:
+        """Whether the store is an object store (batches fetched with ranged GETs, not mapped)."""
+        return self._remote
+
+    @property
     def bytes_fetched(self) -> int:
         """Object stores: batch bytes this dataset fetched (in this process)."""
         return self._arrays.bytes_fetched
@@ -188,7 +193,9 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         """This rank's batches from the resume state on; each one handed out advances the state."""
         self._new_pass()
         if self._remote:
-            yield from self._fetch_ahead()
+            for batch in self.batches(range(self._pos, len(self))):
+                self._pos += 1
+                yield batch
             return
         while self._pos < len(self):
             batch = self[self._pos]
@@ -201,19 +208,23 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if self._pos == 0:
             self._arrays.forget()  # a new pass maps the files afresh (in-place edits of a batch do not carry over)
 
-    def _fetch_ahead(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Object stores: ``prefetch`` batches in flight as concurrent ranged GETs, handed out in order."""
+    def batches(self, indices: range, *, keys: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """``self.batch(i, keys=keys)`` for each ``i`` of ``indices``, in order, without moving the state.
+
+        Object stores: ``prefetch`` batches in flight as concurrent ranged GETs.
+        """
+        if not self._remote:
+            for i in indices:
+                yield self.batch(i, keys=keys)
+            return
         with ThreadPoolExecutor(self.prefetch, thread_name_prefix="pgprefetch-read") as pool:
             pending: deque[Future[dict[str, torch.Tensor]]] = deque()
-            ahead = self._pos
+            ahead = iter(indices)
             try:
-                while self._pos < len(self):
-                    while ahead < len(self) and len(pending) < self.prefetch:
-                        pending.append(pool.submit(self.__getitem__, ahead))
-                        ahead += 1
-                    batch = pending.popleft().result()
-                    self._pos += 1
-                    yield batch
+                for _ in indices:
+                    while len(pending) < self.prefetch and (i := next(ahead, None)) is not None:
+                        pending.append(pool.submit(self.batch, i, keys=keys))
+                    yield pending.popleft().result()
             finally:
                 for future in pending:
                     future.cancel()

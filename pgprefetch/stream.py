@@ -113,10 +113,11 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         while self.end is None or epoch < self.end:
             ds = self._open(epoch, sample, rank, world, record=rank == 0 and w == 0)
             n = len(ds)
+            indices = range(skip, n, k)
             ring = [ds.new_buffers() for _ in range(self.buffers if info is None else 0)]
-            plain = info is None and not ring and not self.keys
-            i = skip
-            while i < n:
+            plain = info is None and not ring and not self.keys and not ds.remote
+            fetched = None if plain or ring else ds.batches(indices, keys=self.keys)  # fetched ahead over S3
+            for i in indices:
                 if plain:
                     batch = ds[i]
                 elif ring:
@@ -124,14 +125,13 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
                     if self.keys:
                         batch["keys"] = ds.batch_keys(i)
                 else:
-                    batch = ds.batch(i, keys=self.keys)
+                    batch = next(fetched)  # type: ignore[arg-type]
                 # Whoever holds this batch has consumed everything before it: the position is after it.
                 if self._live is not ds:  # and from a worker's first batch on, its next is k batches away
                     self._live, self._offset = ds, (k - 1 if info is not None else None)
                 self._done = i + 1
                 yield batch
-                i += k
-            skip = i - n
+            skip = (indices[-1] + k if indices else skip) - n  # this worker's first batch of the next epoch
             epoch, sample = epoch + 1, 0
 
     def _open(self, epoch: int, sample: int, rank: int, world: int, *, record: bool) -> EpochDataset:

@@ -328,3 +328,20 @@ def test_an_s3_dump_survives_terminated_database_connections_with_the_same_bytes
     assert json.loads(out)["retries"] == 1
     local = dump(s_config(tmp_path, name="local.toml", slow=True), s_table)
     assert epoch_objects(s3, bucket, "pg") == chunk_bytes(local.path)
+
+
+def test_the_stream_over_s3_equals_the_local_stream_across_epochs(s_table: str, s3: S3, tmp_path: Path) -> None:
+    from pgprefetch import EpochStream
+
+    bucket = s3.bucket()
+    for epoch in (0, 1):
+        dump(s_config(tmp_path, name="local.toml", size=8), s_table, epoch=epoch)
+        dump(s_config(tmp_path, name="s3.toml", size=8, store=f"s3://{bucket}/st"), s_table, epoch=epoch)
+    for kwargs in ({}, {"batch_size": 12, "keys": True}):
+        remote = EpochStream(f"s3://{bucket}/st", 0, 2, consumer=None, **kwargs)
+        local = EpochStream(tmp_path / "store.zarr", 0, 2, consumer=None, **kwargs)
+        pairs = list(zip(remote, local, strict=True))
+        assert len(pairs) == 2 * -(-480 // kwargs.get("batch_size", 8))
+        for a, b in pairs:
+            assert a.keys() == b.keys()
+            assert all(torch.equal(a[k], b[k]) for k in a)
