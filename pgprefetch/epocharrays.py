@@ -13,9 +13,11 @@ reader hand out batches of any size without caring how the dump cut them:
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,7 @@ TORCH_DTYPES = {
 }
 _PAGE = 4096
 _FILES_KEPT = 32  # shard files kept mapped (and open) per process, least recently used dropped
-_BUFFERS_KEPT = 16  # read_into's target buffers whose byte views are kept
+_BUFFERS_KEPT = 64  # read_into's target buffers whose byte views are kept (weakly)
 
 
 @dataclass
@@ -82,9 +84,9 @@ class EpochArrays:
         }
         self._files: OrderedDict[tuple[str, int], _File] = OrderedDict()
         self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once per process
-        self._buffers: dict[int, tuple[torch.Tensor, memoryview, int]] = {}  # read_into's buffers: bytes, sample
+        self._buffers: dict[int, tuple[weakref.ref[torch.Tensor], memoryview, int]] = {}  # see _remember
         self._pid = os.getpid()
-        self._lock = threading.Lock()  # object stores read from a thread pool
+        self._lock = threading.RLock()  # files are mapped, evicted and read under it (readers may be threads)
 
     def sample_shape(self, name: str) -> tuple[int, ...]:
         """The shape of one sample of array ``name``."""
@@ -129,24 +131,23 @@ class EpochArrays:
         per = self._per_file_samples.get(name)
         if per is not None:  # the hot path: one preadv from a file already open, into a buffer seen before
             number = a // per
-            file = self._files.get((name, number))
             buffer = self._buffers.get(id(out))
-            if file is not None and file.samples is not None and (b - 1) // per == number and buffer:
-                tensor, view, sample_bytes = buffer
-                if tensor is out:
-                    n = (b - a) * sample_bytes
-                    at = (a - number * per) * sample_bytes
-                    part = view if n == len(view) else view[:n]
-                    if os.preadv(file.fd, [part], at) != n:  # short: 2 GiB a call, or a truncated file
-                        _pread(file.fd, part, at, self.layouts[name], number)
-                    return
+            if buffer is not None and buffer[0]() is out and (b - 1) // per == number:
+                view, sample_bytes = buffer[1], buffer[2]
+                n = (b - a) * sample_bytes
+                at = (a - number * per) * sample_bytes
+                part = view if n == len(view) else view[:n]
+                with self._lock:  # the file's descriptor stays open while it is read
+                    file = self._files.get((name, number))
+                    if file is not None and file.samples is not None:
+                        if os.preadv(file.fd, [part], at) != n:  # short: 2 GiB a call, or a truncated file
+                            _pread(file.fd, part, at, self.layouts[name], number)
+                        return
         layout = self.layouts[name]
         size = layout.batch_shape[0]
         sample_bytes = layout.batch_bytes // size
-        if per is not None and out.is_contiguous():  # for the hot path; kept until the next pass
-            if len(self._buffers) >= _BUFFERS_KEPT:
-                self._buffers.clear()
-            self._buffers[id(out)] = (out, memoryview(out.numpy()).cast("B"), sample_bytes)
+        if per is not None and out.is_contiguous():
+            self._remember(out, sample_bytes)
         target = out[: b - a].numpy().reshape(-1).view(np.uint8)
         if not layout.raw:
             g0, g1 = a // size, (b - 1) // size
@@ -161,16 +162,17 @@ class EpochArrays:
             if self.remote:
                 self._fetch(layout, number, (lo - first) * sample_bytes, part)
                 continue
-            file = self._file(name, number)[1]
-            if file.samples is not None:  # chunks back to back: one preadv
-                _pread(file.fd, part, (lo - first) * sample_bytes, layout, number)
-                continue
-            done = 0
-            for slot, s0, s1 in _slots(lo - first, hi - first, size):
-                n = (s1 - s0) * sample_bytes
-                at = int(file.offsets[slot]) + (s0 - slot * size) * sample_bytes
-                _pread(file.fd, part[done : done + n], at, layout, number)
-                done += n
+            with self._lock:  # the file's descriptor stays open while it is read
+                file = self._file(name, number)[1]
+                if file.samples is not None:  # chunks back to back: one preadv
+                    _pread(file.fd, part, (lo - first) * sample_bytes, layout, number)
+                    continue
+                done = 0
+                for slot, s0, s1 in _slots(lo - first, hi - first, size):
+                    n = (s1 - s0) * sample_bytes
+                    at = int(file.offsets[slot]) + (s0 - slot * size) * sample_bytes
+                    _pread(file.fd, part[done : done + n], at, layout, number)
+                    done += n
 
     def _per_file(self, layout: ArrayLayout, a: int, b: int) -> list[tuple[int, int]]:
         """Samples ``a..b`` cut where files end: ``(lo, hi)`` per file touched."""
@@ -192,17 +194,32 @@ class EpochArrays:
     def _file(self, name: str, number: int) -> tuple[int, _File]:
         """File ``number`` of ``name``, mapped once (private, copy-on-write), and its first sample."""
         layout = self.layouts[name]
-        if self._pid != os.getpid():  # a forked worker maps and opens its own
-            self.forget()
-        key = (name, number)
-        file = self._files.get(key)
-        if file is None:
-            file = self._files[key] = self._map(layout, number)
-            if len(self._files) > _FILES_KEPT:  # tensors handed out keep their mapping alive themselves
-                self._files.popitem(last=False)[1].close()
-        else:
-            self._files.move_to_end(key)
+        with self._lock:
+            if self._pid != os.getpid():  # a forked worker maps and opens its own
+                self.forget()
+            key = (name, number)
+            file = self._files.get(key)
+            if file is None:
+                file = self._files[key] = self._map(layout, number)
+                if len(self._files) > _FILES_KEPT:  # tensors handed out keep their mapping alive themselves
+                    self._files.popitem(last=False)[1].close()
+            else:
+                self._files.move_to_end(key)
         return number * layout.per_file * layout.batch_shape[0], file
+
+    def _remember(self, out: torch.Tensor, sample_bytes: int) -> None:
+        """Keep a byte view of ``out`` for read_into's hot path, without keeping ``out`` alive.
+
+        The view is made over ``out``'s address (ctypes), and used only while a weak reference says ``out``
+        is the same live tensor; entries of tensors gone are dropped when the table fills.
+        """
+        if len(self._buffers) >= _BUFFERS_KEPT:
+            self._buffers = {k: v for k, v in self._buffers.items() if v[0]() is not None}
+            if len(self._buffers) >= _BUFFERS_KEPT:
+                return
+        nbytes = out.numel() * out.element_size()
+        view = memoryview((ctypes.c_char * nbytes).from_address(out.data_ptr())).cast("B")
+        self._buffers[id(out)] = (weakref.ref(out), view, sample_bytes)
 
     def _map(self, layout: ArrayLayout, number: int) -> _File:
         path, _ = layout.file(number * layout.per_file)
@@ -262,11 +279,12 @@ class EpochArrays:
         """Map the files afresh from the next read on.
 
         For a new pass (in-place edits of a batch do not carry over), or in a forked process (which closes
-        its copies of the descriptors). The read_into buffers seen are forgotten too (and so freed).
+        its copies of the descriptors).
         """
-        for file in self._files.values():
-            file.close()
-        self._files, self._zarr, self._buffers, self._pid = OrderedDict(), {}, {}, os.getpid()
+        with self._lock:
+            for file in self._files.values():
+                file.close()
+            self._files, self._zarr, self._buffers, self._pid = OrderedDict(), {}, {}, os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -274,7 +292,7 @@ class EpochArrays:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock(), _pid=os.getpid())
+        self.__dict__.update(state, _lock=threading.RLock(), _pid=os.getpid())
 
     def __del__(self) -> None:
         files = getattr(self, "_files", None)

@@ -22,6 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +248,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def _cuda(self, device: torch.device, depth: int) -> Iterator[dict[str, torch.Tensor]]:
         self._new_pass()
         indices = range(self._pos, len(self))
-        for i, batch in cuda_batches(self.read_into, self.new_buffers, indices, device, depth):
+        pinned = partial(self.new_buffers, pin=True)
+        for i, batch in cuda_batches(self.read_into, pinned, indices, device, depth):
             self._pos = i + 1
             yield batch
 
@@ -280,16 +282,23 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             raise ConfigError(f"resume state is for epoch {state['epoch']}, this dataset reads epoch {self.epoch}")
         if "next_sample" in state:
             sample = int(state["next_sample"])
-        else:
-            sample = int(state["next_global_batch"]) * int(state.get("batch_size", self.stored_batch_size))
+        else:  # an older state; at the end of an epoch with a short last batch it counts past the last sample
+            sample = int(state["next_global_batch"]) * int(state.get("batch_size") or self.stored_batch_size)
+            sample = min(sample, self.n_samples)
         if not 0 <= sample <= self.n_samples:
             raise ConfigError(f"resume state sample {sample} is outside 0..{self.n_samples} of epoch {self.epoch}")
         self._seek(sample)
 
-    def new_buffers(self) -> dict[str, torch.Tensor]:
-        """Empty CPU tensors that hold one batch of every array, for :meth:`read_into` (pin them if wanted)."""
+    def new_buffers(self, *, pin: bool = False) -> dict[str, torch.Tensor]:
+        """Empty CPU tensors that hold one batch of every array, for :meth:`read_into`.
+
+        They start on a page boundary; ``pin``: in page-locked memory, for asynchronous copies to a GPU.
+        """
         a = self._arrays
-        return {n: empty_aligned((self.batch_size, *a.sample_shape(n)), a.dtype(n)) for n in self.arrays}
+        shapes = {n: (self.batch_size, *a.sample_shape(n)) for n in self.arrays}
+        if pin:
+            return {n: torch.empty(shape, dtype=a.dtype(n), pin_memory=True) for n, shape in shapes.items()}
+        return {n: empty_aligned(shape, a.dtype(n)) for n, shape in shapes.items()}
 
     def read_into(self, i: int, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Read batch ``i`` with ``preadv`` straight into ``out``'s tensors (one copy, no page mapping).

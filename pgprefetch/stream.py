@@ -15,7 +15,7 @@ with its own ideas about sharding and resuming. The stream is the shape those fr
   worker refuses them; :meth:`EpochStream.load_state_dict` in the main process takes the loader's whole
   state instead, finds the position, and any loader made afterwards goes on from there.
 - **Sharding.** It is already split by rank. Lightning injects no sampler for an ``IterableDataset``;
-  Accelerate's ``prepare()`` would split it again, and :meth:`EpochStream.set_epoch` refuses that.
+  Accelerate's ``prepare()`` would split it again, which the stream refuses (see :func:`_resharder`).
 """
 
 from __future__ import annotations
@@ -97,24 +97,35 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         self._live: EpochDataset | None = None
         self._done = 0
         self._offset: int | None = None  # in a worker: batches between the position and this worker's next
+        self._finished = False  # this object read to the end: the next pass starts over
+        self._worker_start: tuple[int, int, int | None, int | None] | None = None  # a worker's first position
 
     # --- iteration --------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's batches from the position on, across epochs; a worker takes its share of them."""
-        _refuse_resharding()
+        wrapper = _resharder()
+        if wrapper is not None and _processes(wrapper) > 1:
+            raise _resharding_error(wrapper)
         rank, world = rank_and_world(self._rank, self._world)
         info = torch.utils.data.get_worker_info()
         k, w = (info.num_workers, info.id) if info is not None else (1, 0)
-        epoch, sample, _ = self._position()
-        if self.end is not None and epoch >= self.end:  # a finished stream starts over, as a dataset does
+        if info is not None:
+            # A persistent worker's next pass starts where the main process's stream stood (or where a
+            # StatefulDataLoader put it): what it produced last pass may never have been consumed.
+            if self._worker_start is None:
+                self._worker_start = (*self._position(), self._offset)
+            else:
+                self._move(*self._worker_start)
+        elif self._finished:  # a finished stream starts over, as a dataset does
             self._move(self.start_epoch, 0, self.batch_size)
-            epoch, sample = self.start_epoch, 0
+        self._finished = False
+        epoch, sample, _ = self._position()
         skip = self._offset if self._offset is not None else w  # batches before this worker's first
         while self.end is None or epoch < self.end:
             ds = self._open(epoch, sample, rank, world, record=rank == 0 and w == 0)
             n = len(ds)
             indices = range(skip, n, k)
-            ring = [ds.new_buffers() for _ in range(self.buffers if info is None else 0)]
+            ring = [ds.new_buffers() for _ in range(self.buffers if info is None and not ds.remote else 0)]
             plain = info is None and not ring and not self.keys and not ds.remote
             fetched = None if plain or ring else ds.batches(indices, keys=self.keys)  # fetched ahead over S3
             for i in indices:
@@ -133,6 +144,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
                 yield batch
             skip = (indices[-1] + k if indices else skip) - n  # this worker's first batch of the next epoch
             epoch, sample = epoch + 1, 0
+        self._finished = info is None
 
     def _open(self, epoch: int, sample: int, rank: int, world: int, *, record: bool) -> EpochDataset:
         """Epoch ``epoch`` from ``sample`` on, once it is published (up to ``timeout``)."""
@@ -157,11 +169,19 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         """Go to the start of epoch ``epoch``, for frameworks that call this before each pass.
 
         The position stays where it is if it is already in ``epoch``: a stream resumed mid-epoch goes on
-        from its state, not from the epoch's start.
+        from its state, not from the epoch's start. Accelerate's loaders call this with their own count of
+        passes, not an epoch of the store: the stream ignores those calls (and refuses being re-sharded).
         """
-        _refuse_resharding()
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch needs an epoch >= 0, got {epoch!r}")
+        wrapper = _resharder()
+        if wrapper is not None:
+            if _processes(wrapper) > 1:
+                raise _resharding_error(wrapper)
+            return
+        last = "" if self.end is None else f"..{self.end - 1}"
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < self.start_epoch:
+            raise ConfigError(f"set_epoch needs an epoch of the stream ({self.start_epoch}{last}), got {epoch!r}")
+        if self.end is not None and epoch >= self.end:
+            raise ConfigError(f"set_epoch needs an epoch of the stream ({self.start_epoch}{last}), got {epoch}")
         if epoch != self._position()[0]:
             self._move(epoch, 0, self.batch_size)
 
@@ -172,11 +192,12 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             return self._epoch, self._sample, self._size
         if self._done < len(ds):
             return ds.epoch, ds.next_sample(self._done), ds.batch_size
-        return ds.epoch + 1, 0, ds.batch_size
+        return ds.epoch + 1, 0, ds.batch_size  # the next epoch may not be published yet: the size read so far
 
     def _move(self, epoch: int, sample: int, size: int | None, offset: int | None = None) -> None:
         """Set the position (and, in a worker, the distance to its next batch)."""
         self._epoch, self._sample, self._size, self._offset, self._live = epoch, sample, size, offset, None
+        self._finished = False
 
     # --- state ------------------------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
@@ -188,17 +209,19 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
                 them itself. The position moves that many batches on, across epochs.
         """
         epoch, sample, size = self._position()
+        _, world = rank_and_world(self._rank, self._world)
+        info = torch.utils.data.get_worker_info()
         if batches:
-            epoch, sample, size = self._advance((epoch, sample), batches)
+            epoch, sample, size = self._advance((epoch, sample), batches, world, self.batch_size)
+        if size is None and sample:  # next_global_batch counts in the batch size read: the dump's
+            size = self._stored_size(epoch)  # (mid-epoch: the epoch is published)
         state: dict[str, Any] = {
             "epoch": epoch,
             "next_global_batch": sample // size if size else 0,
             "next_sample": sample,
             "batch_size": size,
         }
-        info = torch.utils.data.get_worker_info()
         if info is not None:  # one worker's share: fits only the same split
-            _, world = rank_and_world(self._rank, self._world)
             offset = self._offset if self._offset is not None else info.id
             state.update(num_workers=info.num_workers, worker=info.id, worker_offset=offset, world_size=world)
         return state
@@ -213,26 +236,32 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         if "_snapshot" in state or "dataset_state" in state:  # a StatefulDataLoader's state
             state = self._from_loader(state)
         info = torch.utils.data.get_worker_info()
+        epoch, size = int(state["epoch"]), state.get("batch_size")
+        offset = None
         if "num_workers" in state:
             if info is None:
                 raise ConfigError(
                     "this is one DataLoader worker's state: load the loader's whole state_dict() into the stream"
                 )
             _, world = rank_and_world(self._rank, self._world)
-            saved = (state["num_workers"], state["world_size"], state["batch_size"])
-            if saved != (info.num_workers, world, self.batch_size or state["batch_size"]):
+            # A worker that had handed out nothing saved no batch size: its position is in samples, any fits.
+            saved = (state["num_workers"], state["world_size"], size)
+            reading = (info.num_workers, world, None if size is None else self.batch_size or self._stored_size(epoch))
+            if saved != reading:
                 raise ConfigError(
                     f"this loader state was saved with num_workers={saved[0]}, world size {saved[1]}, batch size "
-                    f"{saved[2]}; to resume with num_workers={info.num_workers}, world size {world}: "
+                    f"{saved[2]}, and this loader has {reading[0]}, {reading[1]}, {reading[2]}: "
                     "stream.load_state_dict(saved_state), then make a new loader without loading its state"
                 )
-        epoch, size = int(state["epoch"]), state.get("batch_size")
+            offset = int(state["worker_offset"])
         if "next_sample" in state:
             sample = int(state["next_sample"])
-        else:
-            sample = int(state["next_global_batch"]) * int(size or self._stored_size(epoch))
-        offset = int(state["worker_offset"]) if "num_workers" in state else None
-        self._move(epoch, sample, self.batch_size or size, offset)
+        else:  # an older state; at the end of an epoch with a short last batch it counts past the last sample
+            manifest = Store(self.store).manifest(epoch)
+            sample = int(state["next_global_batch"]) * int(size or manifest["batch_size"])
+            sample = min(sample, int(manifest["n_samples"]))
+        self._move(epoch, sample, self.batch_size, offset)
+        self._worker_start = (epoch, sample, self.batch_size, offset) if info is not None else None
 
     def _from_loader(self, loader: dict[str, Any]) -> dict[str, Any]:
         """The position a ``StatefulDataLoader``'s state stands for, as this stream's state."""
@@ -246,27 +275,30 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         if not workers:
             raise ConfigError("the loader state holds no stream state (was it a loader over this stream?)")
         # Batches are consumed in the sequence's order, so the worker whose batch came last holds the furthest
-        # position, and everything before it was consumed; batches since the last snapshot come after that.
+        # position, and everything before it was consumed; batches since the last snapshot come after that,
+        # counted as the saving run counted them.
         latest = max(workers, key=lambda s: (s["epoch"], s["next_sample"]))
-        state = {k: latest[k] for k in ("epoch", "next_sample", "batch_size")}
-        steps = int(loader.get("_steps_since_snapshot", 0))
-        if steps:
-            epoch, sample, size = self._advance((state["epoch"], state["next_sample"]), steps)
-            state = {"epoch": epoch, "next_sample": sample, "batch_size": size}
-        return state
+        start = (latest["epoch"], latest["next_sample"])
+        steps = int(snapshot.get("_steps_since_snapshot", loader.get("_steps_since_snapshot", 0)))
+        epoch, sample, size = self._advance(start, steps, latest["world_size"], latest["batch_size"])
+        return {"epoch": epoch, "next_sample": sample, "batch_size": size}
 
-    def _advance(self, start: tuple[int, int], batches: int) -> tuple[int, int, int]:
-        """The position ``batches`` of this rank's batches after ``start``, from the epochs' manifests."""
-        _, world = rank_and_world(self._rank, self._world)
+    def _advance(self, start: tuple[int, int], batches: int, world: int, size: int | None) -> tuple[int, int, int]:
+        """The position ``batches`` of a rank's batches after ``start``, from the epochs' manifests.
+
+        ``world`` and ``size`` are those the batches were read with (``size`` None: each epoch's dump size).
+        """
         backend = Store(self.store)
         (epoch, sample), left = start, batches
         while True:
             manifest = backend.manifest(epoch)
             n_samples = int(manifest["n_samples"])
-            size = self.batch_size or int(manifest["batch_size"])
-            n = -(-(n_samples - sample) // size) // world
+            step = size or int(manifest["batch_size"])
+            n = -(-(n_samples - sample) // step) // world
             if left < n:
-                return epoch, min(n_samples, sample + left * world * size), size
+                return epoch, min(n_samples, sample + left * world * step), step
+            if left == n:  # the end of this epoch: the next one need not be published yet
+                return epoch + 1, 0, step
             epoch, sample, left = epoch + 1, 0, left - n
 
     def _stored_size(self, epoch: int) -> int:
@@ -283,27 +315,36 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         return state
 
 
-def _refuse_resharding() -> None:
-    """Raise if Accelerate's ``prepare()`` wrapped the stream to split it across processes once more.
+def _resharder() -> Any:
+    """Accelerate's wrapper that is about to split the stream across processes once more, if one called.
 
     Accelerate shards any ``IterableDataset`` it prepares (``IterableDatasetShard``) or reads it on process 0
     and dispatches the batches (``DataLoaderDispatcher``). The stream is already split by rank, so either
-    would drop most of the data without a word; both call ``set_epoch`` first, which is where this looks.
+    would drop most of the data without a word; both call ``set_epoch`` before iterating, and the shard
+    iterates the stream itself, which is where this looks (a few frames up).
     """
-    frame = sys._getframe(2)
+    try:
+        frame = sys._getframe(2)
+    except ValueError:  # called from the bottom of a stack
+        return None
     for _ in range(6):
         if frame is None:
-            return
+            return None
         owner = frame.f_locals.get("self")
         kind = type(owner)
         if kind.__name__ in _RESHARDERS and kind.__module__.startswith("accelerate"):
-            processes = getattr(owner, "num_processes", None) or getattr(
-                getattr(owner, "state", None), "num_processes", 1
-            )
-            if processes > 1:
-                raise ConfigError(
-                    f"EpochStream is already split by rank, and Accelerate's {kind.__name__} would split it "
-                    f"again across {processes} processes and drop data: do not pass its DataLoader to "
-                    "accelerator.prepare() (move batches with .to(accelerator.device))"
-                )
+            return owner
         frame = frame.f_back
+    return None
+
+
+def _processes(wrapper: Any) -> int:
+    return int(getattr(wrapper, "num_processes", None) or getattr(getattr(wrapper, "state", None), "num_processes", 1))
+
+
+def _resharding_error(wrapper: Any) -> ConfigError:
+    return ConfigError(
+        f"EpochStream is already split by rank, and Accelerate's {type(wrapper).__name__} would split it "
+        f"again across {_processes(wrapper)} processes and drop data: do not pass its DataLoader to "
+        "accelerator.prepare() (move batches with .to(accelerator.device))"
+    )

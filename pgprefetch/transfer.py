@@ -26,7 +26,7 @@ def cuda_batches(
 
     Args:
         read_into: fills a dict of host buffers with batch ``i`` and returns views of them (trimmed).
-        new_buffers: makes one batch's host buffers; they are pinned here, ``depth + 1`` sets of them.
+        new_buffers: makes one batch's pinned host buffers (``depth + 1`` sets of them are made).
         indices: the batches, in order.
         device: the CUDA device.
         depth: batches read and copied ahead of the one being consumed.
@@ -44,7 +44,7 @@ def cuda_batches(
             event.synchronize()  # the slot's previous copy must be done before it is overwritten
         buffers = pinned[slot]
         if buffers is None:
-            buffers = pinned[slot] = {name: t.pin_memory() for name, t in new_buffers().items()}
+            buffers = pinned[slot] = new_buffers()
         host = read_into(indices[n], buffers)  # page cache -> pinned with preadv: one copy, no page faults
         out = {}
         with torch.cuda.stream(stream):

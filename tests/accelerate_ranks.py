@@ -42,7 +42,8 @@ def main() -> None:
         dist.all_gather_object(everyone, keys)
 
     if accelerator.num_processes == 1:  # prepare() on one process changes nothing: the same batches
-        prepared = accelerator.prepare(DataLoader(EpochStream(store, 0, 1, keys=True, consumer=None), batch_size=None))
+        # Its loader calls set_epoch(0), a count of its passes: the stream of epoch 1 stays in epoch 1.
+        prepared = accelerator.prepare(DataLoader(EpochStream(store, 1, 1, keys=True, consumer=None), batch_size=None))
         everyone.append([row for b in prepared for row in b["keys"].tolist()])
     errors = {
         "dispatch": first_error(

@@ -321,7 +321,7 @@ def test_to_device_cuda_resumes_at_the_saved_batch(store: Path) -> None:
     it = ds.to_device("cuda", prefetch=2)
     first = [next(it) for _ in range(5)]
     state = ds.state_dict()
-    assert state == {"epoch": 0, "next_global_batch": 5}
+    assert state == {"epoch": 0, "next_global_batch": 5, "next_sample": 5 * SIZE, "batch_size": SIZE}
     resumed = EpochDataset(store, epoch=0)
     resumed.load_state_dict(state)
     rest = list(resumed.to_device("cuda", prefetch=2))

@@ -336,3 +336,87 @@ def test_stream_with_reused_buffers_reads_the_same_batches_into_a_ring(store: Pa
     assert len(batches) == len(expected(store, range(2), 20))
     reused = EpochStream(store, 0, 2, batch_size=20, buffers=2, consumer=None)
     assert [b["v"].tolist() for b in reused] == expected(store, range(2), 20)  # each used before the ring turns
+
+
+# --- edges: ends of epochs and streams, snapshots, old states, persistent workers ---------------------------
+@pytest.mark.parametrize("steps", [15, 30])  # the end of epoch 0, the end of the stream (rank 1 of 2)
+def test_stateful_dataloader_saved_at_an_end_resumes_exactly_there(store: Path, steps: int) -> None:
+    full = expected(store, range(2), SIZE, 1, 2)
+
+    def stream() -> EpochStream:
+        return EpochStream(store, 0, 2, rank=1, world_size=2, consumer=None)
+
+    head, state = consume(StatefulDataLoader(stream(), batch_size=None, num_workers=2), steps)
+    loader = StatefulDataLoader(stream(), batch_size=None, num_workers=2)
+    loader.load_state_dict(state)
+    assert head + values(list(loader)) == full
+    moved = stream()
+    moved.load_state_dict(state)
+    assert head + values(list(StatefulDataLoader(moved, batch_size=None, num_workers=3))) == full
+
+
+def test_snapshots_every_few_steps_resume_on_another_world_size(store: Path) -> None:
+    """The batches since the loader's last snapshot count as the saving run cut them (world 2, size 16)."""
+    stream = EpochStream(store, 1, 1, rank=0, world_size=2, consumer=None)
+    loader = StatefulDataLoader(stream, batch_size=None, num_workers=2, snapshot_every_n_steps=3)
+    _, state = consume(loader, 5)
+    assert state["_steps_since_snapshot"] == 2
+    moved = EpochStream(store, 1, 1, rank=0, world_size=1, consumer=None)
+    moved.load_state_dict(state)
+    assert moved.state_dict()["next_sample"] == 5 * 2 * SIZE
+
+
+def test_a_worker_state_of_another_batch_size_is_refused(store: Path) -> None:
+    _, state = consume(
+        StatefulDataLoader(EpochStream(store, 0, 1, batch_size=8, consumer=None), batch_size=None, num_workers=2), 7
+    )
+    loader = StatefulDataLoader(EpochStream(store, 0, 1, consumer=None), batch_size=None, num_workers=2)
+    loader.load_state_dict(state)
+    with pytest.raises(ConfigError, match="batch size 8, and this loader has 2, 1, 16"):
+        next(iter(loader))
+
+
+def test_counting_to_an_epoch_end_does_not_need_the_next_epoch(store: Path) -> None:
+    stream = EpochStream(store, 2, None, rank=0, world_size=2, consumer=None)  # epoch 3 is not published
+    assert stream.state_dict(batches=15) == {"epoch": 3, "next_global_batch": 0, "next_sample": 0, "batch_size": SIZE}
+
+
+def test_an_older_state_at_the_end_of_an_epoch_with_a_short_batch_loads(store: Path) -> None:
+    ds = EpochDataset(store, 0, consumer=None)
+    ds.load_state_dict({"epoch": 0, "next_global_batch": 30})  # 30 batches of 16 > 470 samples
+    assert len(ds) == 0
+    stream = EpochStream(store, 0, 2, consumer=None)
+    stream.load_state_dict({"epoch": 0, "next_global_batch": 30})
+    assert values(list(stream)) == expected(store, range(1, 2), SIZE)
+
+
+def test_read_into_does_not_keep_the_callers_buffers_alive(store: Path) -> None:
+    import gc
+    import weakref
+
+    ds = EpochDataset(store, 0, consumer=None)
+    refs = []
+    for i in range(10):
+        buffers = ds.new_buffers()
+        assert ds.read_into(i, buffers)["v"].tolist() == expected(store, range(1), SIZE)[i]
+        refs.append(weakref.ref(buffers["v"]))
+        del buffers
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_persistent_workers_start_each_pass_where_the_stream_stood(store: Path) -> None:
+    loader = DataLoader(
+        EpochStream(store, 0, 1, consumer=None), batch_size=None, num_workers=2, persistent_workers=True
+    )
+    for n, _ in enumerate(loader):
+        if n == 4:
+            break  # the workers have produced more than was consumed
+    assert values(list(loader)) == expected(store, range(1), SIZE)
+
+
+def test_set_epoch_outside_the_stream_is_an_error(store: Path) -> None:
+    stream = EpochStream(store, 1, 2, consumer=None)
+    for bad in (0, 3, -1):
+        with pytest.raises(ConfigError, match=r"set_epoch needs an epoch of the stream \(1\.\.2\)"):
+            stream.set_epoch(bad)
