@@ -27,6 +27,7 @@ from .pipeline import DumpResult, dump_epoch, dump_epochs
 from .store import Store
 
 if TYPE_CHECKING:
+    from .padding import lengths_to_mask
     from .reader import EpochDataset
     from .stream import EpochStream
 
@@ -50,6 +51,7 @@ __all__ = [
     "dump",
     "dump_epoch",
     "dump_epochs",
+    "lengths_to_mask",
     "load_config",
     "ls",
     "prune",
@@ -59,7 +61,7 @@ __all__ = [
 ]
 
 
-_READER = {"EpochDataset": "reader", "EpochStream": "stream"}  # the names that need torch
+_READER = {"EpochDataset": "reader", "EpochStream": "stream", "lengths_to_mask": "padding"}  # need torch
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,63 +19,17 @@ import click
 
 from ._version import __version__
 from .check import SAMPLE_BATCHES, check_config
+from .cliwords import parse_epochs, summary
 from .config import load_config, parse_duration
 from .console import Group, fail, json_option, log_to_stderr, stop_on_sigterm
 from .errors import ConfigError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
-from .pipeline import RETRIES, DumpResult, Progress, ReadCache, dump_epoch, dump_epochs
+from .pipeline import RETRIES, Progress, ReadCache, dump_epoch, dump_epochs
 from .progress import BarProgress, LogProgress
 from .server import DEFAULT_DIR
 from .store import Store
 
 DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml", "configs/demo-scan.toml")
-
-
-def _epochs(value: str) -> list[int]:
-    """Parse ``3``, ``3-5`` or ``1,4-6`` into a list of epochs."""
-    out: list[int] = []
-    for part in value.split(","):
-        m = re.fullmatch(r"\s*(-?[0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
-        if not m:
-            raise ConfigError(f"--epochs: expected N, A-B or a comma-separated list of them, got {value!r}")
-        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
-        if lo < 0:
-            raise ConfigError(f"--epochs: epochs are 0 or more, got {lo}")
-        if hi < lo:
-            raise ConfigError(f"--epochs: empty range {part.strip()!r}")
-        out.extend(range(lo, hi + 1))
-    return out
-
-
-def _summary(r: DumpResult) -> str:
-    if r.status == "skipped":
-        return f"epoch {r.epoch}: already complete in {r.path}, left untouched (use --force to rewrite)"
-    if r.status == "busy":
-        return f"epoch {r.epoch}: another dump is writing it ({r.holder}); skipped"
-    notes = ""
-    if r.duplicates_dropped:
-        notes += f" ({r.duplicates_dropped:,} repeated keys dropped)"
-    if r.rows_read == 0:
-        notes += " (cut from the table read for an earlier epoch)"
-    elif r.rows_read:
-        notes += f" ({r.rows_read:,} table rows read)"
-    if r.retries:
-        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(r.retry_causes.items()))
-        notes += f" (survived {r.retries} lost connection(s): {causes})"
-    if r.restarted:
-        notes += f" (an interrupted dump was started over: {r.restarted})"
-    if r.resumed:
-        notes += f" (resumed: {r.resumed} of {r.n_batches} batches kept from an interrupted dump)"
-    return (
-        f"epoch {r.epoch}: {_count(r.n_batches, 'batch', 'batches')}, {_count(r.n_samples, 'sample')}, "
-        f"{r.bytes / 1e6:,.1f} MB "
-        f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}{notes}"
-    )
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    """``1 batch``, ``2 batches``, ``1,024 samples``."""
-    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 config_option = click.option(
@@ -170,7 +123,7 @@ def dump(
     if ahead is not None:
         epochs = plan_ahead(target, ahead, consumer)
     else:
-        epochs = [epoch] if epoch is not None else _epochs(epoch_range or "")
+        epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
     log_to_stderr(quiet, log_format)
     stop_on_sigterm()
     progress: Progress = (
@@ -182,7 +135,7 @@ def dump(
         if as_json:
             click.echo(json.dumps(result.to_json()))
         elif not quiet:
-            click.echo(_summary(result))
+            click.echo(summary(result))
     if keep is not None:
         pruned = prune(target, keep, consumer)
         if pruned.epochs and not quiet and not as_json:
@@ -256,6 +209,25 @@ def verify(config_path: Path | None, store: str | None, epoch: int, as_json: boo
     if problems:
         raise fail(f"epoch {epoch}: {len(problems)} corrupt or missing chunk(s)", 1)
     click.echo(f"epoch {epoch}: every chunk matches its checksum")
+
+
+@cli.command()
+@with_store_options
+@click.option("--epoch", type=int, required=True, help="The epoch whose statistics to print.")
+@json_option('Print {"epoch", "stats": {field: {column: {count, mean, std, min, max}}}}.')
+def stats(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
+    """Per field and column: count, mean, std, min and max over an epoch's real values (padding excluded)."""
+    figures = _store(config_path, store).manifest(epoch).get("stats")
+    if figures is None:
+        raise fail(f"epoch {epoch} has no statistics: a pgprefetch that did not compute them wrote it", 1)
+    if as_json:
+        click.echo(json.dumps({"epoch": epoch, "stats": figures}))
+        return
+    click.echo(f"{'field':<16} {'column':<16} {'count':>12} {'mean':>14} {'std':>14} {'min':>14} {'max':>14}")
+    for field, columns in figures.items():
+        for column, s in columns.items():
+            cells = (f"{s[k]:>14.6g}" if s[k] is not None else f"{'-':>14}" for k in ("mean", "std", "min", "max"))
+            click.echo(f"{field:<16} {column:<16} {s['count']:>12,} {' '.join(cells)}")
 
 
 @cli.command("prune")
@@ -390,7 +362,7 @@ def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
             cfg = load_config(path, dsn=dsn)
             progress = BarProgress(enabled=sys.stderr.isatty())
             (result,) = asyncio.run(dump_epochs(cfg, [0], force=True, progress=progress))
-            click.echo(f"{path}: {_summary(result)}")
+            click.echo(f"{path}: {summary(result)}")
             click.echo(json.dumps(result.to_json()))
 
 

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import wire
+from .blobs import decode_blobs
 from .casts import misfit_after, misfit_before
 from .columns import WIRE, Column
-from .config import FieldConfig
+from .config import N_ROWS, FieldConfig
 from .errors import ConfigError, SampleError
 from .keys import KeyColumns
 
@@ -77,8 +78,10 @@ class BatchLayout:
 
     columns: tuple[Column, ...]
     fields: tuple[FieldLayout, ...]
-    rows: int
+    rows: int  # rows per sample; with variable_rows, the most a sample may have (padded to them)
     keys: KeyColumns  # how errors name a sample
+    variable_rows: bool = False  # [samples] max_rows: 1..rows rows per sample, counted in the n_rows array
+    row_truncate: str = "error"
 
     @classmethod
     def build(
@@ -89,6 +92,9 @@ class BatchLayout:
         array_lengths: dict[Column, int],
         rows: int,
         keys: KeyColumns,
+        *,
+        variable_rows: bool = False,
+        row_truncate: str = "error",
     ) -> BatchLayout:
         """Combine the config's fields with the columns' types and array lengths (from the first sample).
 
@@ -97,24 +103,38 @@ class BatchLayout:
         layouts = []
         for f in fields:
             cols = by_field[f.name]
-            lengths = {array_lengths[c] if c.is_array else 0 for c in cols}
-            if len(lengths) != 1:
-                raise ConfigError(
-                    f"[fields.{f.name}] columns: mixes scalars and arrays, or arrays of different lengths "
-                    f"({', '.join(f'{c.name}: {array_lengths.get(c, 1)}' for c in cols)})"
-                )
-            n = lengths.pop()
+            if f.max_length is not None:
+                if len({c.is_array for c in cols}) != 1 or not all(c.is_array or c.is_bytes for c in cols):
+                    kinds = ", ".join(f"{c.name}: {'array' if c.is_array else c.pg_type}" for c in cols)
+                    raise ConfigError(
+                        f"[fields.{f.name}] max_length: needs array columns, or text or bytea ones, not a mix "
+                        f"or scalars ({kinds})"
+                    )
+                n = f.max_length
+            else:
+                lengths = {array_lengths[c] if c.is_array else 0 for c in cols}
+                if len(lengths) != 1:
+                    raise ConfigError(
+                        f"[fields.{f.name}] columns: mixes scalars and arrays, or arrays of different lengths "
+                        f"({', '.join(f'{c.name}: {array_lengths.get(c, 1)}' for c in cols)})"
+                    )
+                n = lengths.pop()
             shape = (*([rows] if rows > 1 else []), *([len(cols)] if len(cols) > 1 else []), *([n] if n else []))
             layouts.append(FieldLayout(f, np.dtype(f.dtype), cols, shape, max(n, 1)))
-        return cls(columns=tuple(columns), fields=tuple(layouts), rows=rows, keys=keys)
+        return cls(tuple(columns), tuple(layouts), rows, keys, variable_rows, row_truncate)
 
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
         """Every array a batch fills: (name, dtype, per-sample shape), each field then its NULL mask."""
         out = []
+        per_row = (self.rows,) if self.rows > 1 else ()
         for f in self.fields:
             out.append((f.name, f.dtype, f.sample_shape))
             if f.config.null_mask:
                 out.append((f.config.null_mask, np.dtype(bool), f.sample_shape))
+            if f.config.length_array:
+                out.append((f.config.length_array, np.dtype(np.int32), per_row))
+        if self.variable_rows:
+            out.append((N_ROWS, np.dtype(np.int32), ()))
         return out
 
     @property
@@ -133,8 +153,8 @@ class BatchLayout:
             SampleError: a sample returned the wrong number of rows, a NULL, an array of the wrong length,
                 or a value its field's dtype cannot hold.
         """
-        values, masks = self._rows_flat(blobs, keys) if self.rows == 1 else self._rows_grouped(blobs, keys)
-        self.fill(values, masks, keys, out)
+        decoded = decode_blobs(self, blobs, keys)
+        self.fill(decoded.values, decoded.masks, keys, out, lengths=decoded.lengths, n_rows=decoded.n_rows)
 
     def fill(
         self,
@@ -142,19 +162,26 @@ class BatchLayout:
         masks: dict[Column, np.ndarray],
         keys: np.ndarray,
         out: dict[str, np.ndarray],
+        *,
+        lengths: dict[Column, np.ndarray] | None = None,
+        n_rows: np.ndarray | None = None,
     ) -> None:
         """Cast the batch's column values (``(n * rows, ...)`` each, wire dtypes) into ``out``, checking each.
 
-        Both modes end here: the batch statement's decoded blobs, and the rows scan mode gathered.
+        Both modes end here: the batch statement's decoded blobs, and the rows scan mode gathered. Fields
+        with ``max_length`` come with each row's kept ``lengths``, variable rows with ``n_rows``; padding
+        gets the field's ``pad``.
         """
         n = keys.shape[1]
         per_sample = self.rows
+        if n_rows is not None:
+            out[N_ROWS][:n] = n_rows
         for f in self.fields:
             target = out[f.name][:n].reshape(n * self.rows, len(f.columns), f.array_length)
             mask_out = out[f.config.null_mask][:n].reshape(target.shape) if f.config.null_mask else None
             for j, col in enumerate(f.columns):
                 v = values[col].reshape(n * self.rows, f.array_length)
-                offset = WIRE[col.pg_type][1] if col.vocabulary is None else 0
+                offset = WIRE[col.pg_type][1] if col.vocabulary is None and not col.is_bytes else 0
                 if offset:
                     v = v.astype(np.int64) + offset
                 mask = masks.get(col)
@@ -177,11 +204,43 @@ class BatchLayout:
                     if mask.any():
                         sample = int(np.flatnonzero(mask)[0]) // per_sample
                         message = f"field {f.name}, column {col.name} {_nulls(int(mask.sum()))}{_null_hint(f.config)}"
-                        raise self._error(keys, sample, message)
+                        raise self.sample_error(keys, sample, message)
                     continue
                 mask_out[:, j, 0] = mask
                 fill = np.nan if f.config.null == "nan" else f.config.null
                 target[:, j, 0][mask] = fill
+            if f.config.max_length is not None or n_rows is not None:
+                self._pad(f, target, keys, lengths or {}, n_rows, out)
+
+    def _pad(
+        self,
+        f: FieldLayout,
+        target: np.ndarray,
+        keys: np.ndarray,
+        lengths: dict[Column, np.ndarray],
+        n_rows: np.ndarray | None,
+        out: dict[str, np.ndarray],
+    ) -> None:
+        """Record a padded field's lengths (one for all its columns) and put ``pad`` where nothing is."""
+        n = keys.shape[1]
+        empty = np.zeros(target.shape[::2], dtype=bool)  # (n * rows, length): where padding goes
+        if f.config.max_length is not None:
+            length = lengths[f.columns[0]]
+            for col in f.columns[1:]:
+                differs = np.flatnonzero(lengths[col] != length)
+                if differs.size:
+                    row = int(differs[0])
+                    raise self.sample_error(
+                        keys,
+                        row // self.rows,
+                        f"field {f.name}: column {f.columns[0].name} has {length[row]} elements and {col.name} "
+                        f"{lengths[col][row]}; the columns of a field share one length",
+                    )
+            out[f.config.length_array][:n] = length.reshape(out[f.config.length_array][:n].shape)  # type: ignore[index]
+            empty |= np.arange(target.shape[2]) >= length[:, None]
+        if n_rows is not None:
+            empty |= (np.arange(self.rows) >= n_rows[:, None]).reshape(-1, 1)
+        target.transpose(0, 2, 1)[empty] = f.config.pad
 
     def _check_fits(
         self,
@@ -201,97 +260,33 @@ class BatchLayout:
         value = v.reshape(-1)[index]
         shown = repr(float(value)) if v.dtype.kind == "f" else str(int(value))
         unit = _UNITS.get(col.pg_type, "") if col.vocabulary is None else ""
-        raise self._error(
+        raise self.sample_error(
             keys,
             index // per_sample,
             f"field {f.name}, column {col.name} value {shown}{unit} does not fit {f.dtype.name}{why}; "
             f'set [fields.{f.name}] cast = "unsafe" to accept lossy casts',
         )
 
-    def _rows_grouped(
-        self, blobs: Sequence[bytes | None], keys: np.ndarray
-    ) -> tuple[dict[Column, np.ndarray], dict[Column, np.ndarray]]:
-        """Decode the statement shape for ``rows > 1``: row counts, then per-sample arrays per column."""
-        n = keys.shape[1]
-        counts = wire.counts(blobs[0], n)
-        wrong = np.flatnonzero(counts != self.rows)
-        if wrong.size:
-            bad = int(wrong[0])
-            raise self._error(keys, bad, f"returned {counts[bad]} rows, expected {self.rows} ([samples] rows)")
-        values: dict[Column, np.ndarray] = {}
-        masks: dict[Column, np.ndarray] = {}
-        i = 1
-        for col in self.columns:
-            try:
-                if col.is_array:
-                    lengths = wire.scalars(blobs[i + 1], np.dtype(">i4"), n, self.rows)
-                    try:
-                        values[col] = wire.array_rows(blobs[i], lengths, col.wire, self._length(col))
-                    except wire.BadSample as e:  # e.sample counts rows here
-                        raise wire.BadSample(e.sample // self.rows, str(e)) from None
-                else:
-                    values[col] = wire.scalars(blobs[i], col.wire, n, self.rows)
-                if col.nullable:
-                    masks[col] = wire.scalars(blobs[i + 1], np.dtype("?"), n, self.rows)
-            except wire.BadSample as e:
-                raise self._error(
-                    keys, e.sample, f"{self._field_of(col)}column {col.name} {self._hint(col, e)}"
-                ) from None
-            i += col.n_blobs
-        return values, masks
-
-    def _rows_flat(
-        self, blobs: Sequence[bytes | None], keys: np.ndarray
-    ) -> tuple[dict[Column, np.ndarray], dict[Column, np.ndarray]]:
-        """Decode the statement shape for ``rows = 1``: one array per column over the batch, plus ordinals."""
-        n = keys.shape[1]
-        ordinals = wire.flat(blobs[0], np.dtype(">i4")).astype(np.int64)
-        counts = np.bincount(ordinals - 1, minlength=n)[:n] if ordinals.size else np.zeros(n, np.int64)
-        wrong = np.flatnonzero(counts != 1)
-        if wrong.size or ordinals.size != n:
-            bad = int(wrong[0]) if wrong.size else 0
-            raise self._error(keys, bad, f"returned {counts[bad]} rows, expected 1 ([samples] rows)")
-        # Rows arrive in key order; should a plan ever reorder them, sorting by ordinal restores it.
-        order = None if np.all(ordinals[1:] > ordinals[:-1]) else np.argsort(ordinals)
-        values: dict[Column, np.ndarray] = {}
-        masks: dict[Column, np.ndarray] = {}
-        i = 1
-        for col in self.columns:
-            try:
-                if col.is_array:
-                    lengths = wire.flat(blobs[i + 1], np.dtype(">i4"))
-                    v = wire.array_rows(blobs[i], lengths, col.wire, self._length(col))
-                else:
-                    v = wire.flat(blobs[i], col.wire)
-                if col.nullable:
-                    m = wire.flat(blobs[i + 1], np.dtype("?"))
-                    masks[col] = m if order is None else m[order]
-            except wire.BadSample as e:  # e.sample is the row as it arrived
-                sample = int(ordinals[e.sample]) - 1
-                raise self._error(
-                    keys, sample, f"{self._field_of(col)}column {col.name} {self._hint(col, e)}"
-                ) from None
-            values[col] = v if order is None else v[order]
-            i += col.n_blobs
-        return values, masks
-
-    def _length(self, col: Column) -> int:
+    def array_length(self, col: Column) -> int:
+        """Elements per row of array column ``col`` (its field's length)."""
         for f in self.fields:
             if col in f.columns:
                 return f.array_length
         raise KeyError(col.name)
 
-    def _hint(self, col: Column, e: wire.BadSample) -> str:
+    def decode_hint(self, col: Column, e: wire.BadSample) -> str:
         """The decoding error, with the way to keep NULLs when that is what it is about."""
         owner = next((f for f in self.fields if col in f.columns), None)
         keep = owner is not None and not col.is_array and str(e).startswith("is NULL")
         return f"{e}{_null_hint(owner.config)}" if keep else str(e)  # type: ignore[union-attr]
 
-    def _field_of(self, col: Column) -> str:
+    def column_label(self, col: Column) -> str:
+        """``field <name>, `` for the fields reading ``col``: how an error names where it is."""
         names = [f.name for f in self.fields if col in f.columns]
         return f"field {', '.join(names)}, " if names else ""
 
-    def _error(self, keys: np.ndarray, sample: int, message: str) -> SampleError:
+    def sample_error(self, keys: np.ndarray, sample: int, message: str) -> SampleError:
+        """The error for sample ``sample`` of a batch with ``keys``, naming its key."""
         return SampleError(f"sample ({self.keys.show(keys[:, sample])}): {message}")
 
     def _unknown(self, keys: np.ndarray, sample: int, f: FieldLayout, col: Column) -> UnknownCategoryError:
@@ -309,14 +304,3 @@ def _null_hint(f: FieldConfig) -> str:
 
 def _nulls(count: int) -> str:
     return f"is NULL ({count} NULL{'s' if count != 1 else ''} in this batch)"
-
-
-def array_lengths(layout_columns: Sequence[Column], blobs: Sequence[bytes | None]) -> dict[Column, int]:
-    """The element count of each array column in the first row of a batch (fixes the field shapes)."""
-    out = {}
-    i = 1
-    for col in layout_columns:
-        if col.is_array:
-            out[col] = wire.first_length(blobs[i + 1])
-        i += col.n_blobs
-    return out

@@ -33,6 +33,7 @@ WIRE: dict[str, tuple[str, int, str, str]] = {
 }
 SUPPORTED_TYPES = "bool, smallint, integer, bigint, real, double precision, numeric, date, timestamp, timestamptz"
 _TEXT_TYPES = ("text", "varchar", "bpchar", "name", "char", "citext")
+BYTES_TYPES = (*_TEXT_TYPES, "bytea")  # sent as bytes (UTF-8 for text) to a uint8 field with max_length
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,31 @@ class Column:
 
     @classmethod
     def from_type(
-        cls, name: str, type_name: str, kind: str, where: str, *, nullable: bool = False, vocabulary: int | None = None
+        cls,
+        name: str,
+        type_name: str,
+        kind: str,
+        where: str,
+        *,
+        nullable: bool = False,
+        vocabulary: int | None = None,
+        as_bytes: bool = False,
     ) -> Column:
-        """Build a column from asyncpg's type description, or raise a ConfigError naming ``where``."""
+        """Build a column from asyncpg's type description, or raise a ConfigError naming ``where``.
+
+        ``as_bytes``: the field takes text and bytea as bytes (a uint8 field with ``max_length``).
+        """
         is_array = kind == "array"
         base = type_name.removesuffix("[]") if is_array else type_name  # asyncpg names arrays "float4[]"
         base = base[1:] if is_array and base.startswith("_") else base
         shown = f"{base}[]" if is_array else base
+        if base in BYTES_TYPES and not is_array and vocabulary is None:
+            if not as_bytes:
+                raise ConfigError(
+                    f'{where}: column "{name}" is {shown}; text and bytea go to a uint8 field with max_length '
+                    "(as bytes, UTF-8 for text), or set categories for text labels"
+                )
+            return cls(name=name, pg_type="bytea" if base == "bytea" else "text", is_array=False)
         if vocabulary is not None:
             if is_array:
                 raise ConfigError(f'{where}: column "{name}" is {shown}; categories apply to scalar columns')
@@ -62,16 +81,21 @@ class Column:
             hint = " (text labels: set categories)" if base in _TEXT_TYPES or kind == "enum" else ""
             raise ConfigError(
                 f'{where}: column "{name}" is {shown}; pgprefetch reads {SUPPORTED_TYPES} '
-                f"and fixed-length arrays of these{hint}"
+                f"and arrays of these (of any length with max_length){hint}"
             )
         if nullable and is_array:
             raise ConfigError(f'{where}: column "{name}" is {shown}; a null policy applies to scalar columns')
         return cls(name=name, pg_type=base, is_array=is_array, nullable=nullable)
 
     @property
+    def is_bytes(self) -> bool:
+        """Text or bytea: each value is a run of bytes (UTF-8 for text), with its length sent beside."""
+        return self.pg_type in ("text", "bytea")
+
+    @property
     def wire(self) -> np.dtype:
         """The dtype of one value on the wire (big-endian)."""
-        return np.dtype(WIRE[self.pg_type][0])
+        return np.dtype("u1") if self.is_bytes else np.dtype(WIRE[self.pg_type][0])
 
     def value_sql(self, ref: str, categories: str | None = None) -> str:
         """The SQL expression the statement sends for this column of ``ref`` (a qualified column).
@@ -81,6 +105,8 @@ class Column:
         if self.vocabulary is not None:
             vocabulary = categories or f"${self.vocabulary}::text[]"
             return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
+        if self.is_bytes:
+            return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else ref
         cast = WIRE[self.pg_type][2]
         value = f"{ref}::{cast}[]" if cast and self.is_array else f"{ref}::{cast}" if cast else ref
         # The placeholder carries the type: coalesce(smallint, 0) would be an integer, 4 bytes on the wire.
@@ -89,8 +115,8 @@ class Column:
 
     @property
     def n_blobs(self) -> int:
-        """How many values of the batch row carry this column: arrays send lengths, nullable ones a mask."""
-        return 1 + self.is_array + self.nullable
+        """How many values of the batch row carry this column: arrays and bytes send lengths, nullable ones a mask."""
+        return 1 + (self.is_array or self.is_bytes) + self.nullable
 
 
 def plan_columns(
@@ -140,6 +166,7 @@ def plan_columns(
                     f"{where}[fields.{f.name}] columns",
                     nullable=name in nullable,
                     vocabulary=param if f.categories is not None else None,
+                    as_bytes=f.max_length is not None and f.dtype == "uint8",
                 )
             )
         by_field[f.name] = tuple(cols)

@@ -29,6 +29,9 @@ COMPRESSIONS = ("none", "zstd", "lz4")
 CASTS = ("safe", "unsafe")
 DUPLICATES = ("error", "drop")
 NULL_SUFFIX = "_null"  # a field with a NULL policy gets a boolean array "<field>_null" beside it
+LENGTH_SUFFIX = "_length"  # a field with max_length gets an int32 array "<field>_length" of real lengths
+N_ROWS = "n_rows"  # with [samples] max_rows, an int32 array of each sample's real row count
+TRUNCATES = ("error", "right", "left")
 RESERVED_FIELDS = ("keys", "_checksums")  # arrays of every epoch: each batch's keys, every chunk's CRC32C
 
 
@@ -58,9 +61,14 @@ class SamplesConfig:
     keys: str
     query: str
     rows: int = 1
+    """Rows per sample; with ``max_rows``, the most rows a sample may have (it is padded to them)."""
     fraction: float = 1.0
     duplicates: str = "error"
     """What a key returned twice by the keys query means: an error, or ("drop") one sample all the same."""
+    max_rows: int | None = None
+    """Samples of 1..max_rows rows, padded to ``max_rows`` (``rows`` is then ``max_rows``); None: exactly ``rows``."""
+    truncate: str = "error"
+    """With ``max_rows``: more rows are an error, or the first (``right``) or last (``left``) ``max_rows`` are kept."""
 
     @property
     def max_param(self) -> int:
@@ -104,11 +112,22 @@ class FieldConfig:
     """``error``, ``nan`` (float fields) or a fill value; other than ``error``, a mask array records the NULLs."""
     categories: tuple[str, ...] | str | None = None
     """Text labels stored as integer codes: the list (code = position), ``auto`` (sorted distinct values), or None."""
+    max_length: int | None = None
+    """Arrays of any length (and text or bytea, as bytes) padded to this many elements; None: fixed length."""
+    pad: int | float = 0
+    """The value of the padding (``max_length``, ``max_rows``)."""
+    truncate: str = "error"
+    """A longer array is an error naming the sample, or keeps its first (``right``) or last (``left``) elements."""
 
     @property
     def null_mask(self) -> str | None:
         """The name of the boolean array recording this field's NULLs, or None when NULLs are errors."""
         return f"{self.name}{NULL_SUFFIX}" if self.null != "error" else None
+
+    @property
+    def length_array(self) -> str | None:
+        """The name of the int32 array of each sample's real length, or None for fixed-length fields."""
+        return f"{self.name}{LENGTH_SUFFIX}" if self.max_length is not None else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,9 +177,13 @@ class Config:
         Connection settings and the store path are left out: they change where and how fast, not what.
         """
         return {
-            "samples": _without_defaults(self.samples, ("duplicates",) if self.mode == "query" else ()),
+            "samples": _without_defaults(
+                self.samples, ("duplicates", "max_rows", "truncate") if self.mode == "query" else ()
+            ),
             "fields": [
-                _without_defaults(f, ("cast", "null", "categories")) | {"columns": list(f.columns)} for f in self.fields
+                _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate"))
+                | {"columns": list(f.columns)}
+                for f in self.fields
             ],
             "batches": dataclasses.asdict(self.batches),
             "compression": self.store.compression,

@@ -22,7 +22,9 @@ from .config import (
     DUPLICATES,
     FLOAT_DTYPES,
     INTEGER_DTYPES,
+    N_ROWS,
     RESERVED_FIELDS,
+    TRUNCATES,
     BatchesConfig,
     Config,
     FieldConfig,
@@ -57,6 +59,8 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     p.keys(store, "store", required=("path",), optional=("compression",))
 
     samples_cfg = p.samples(samples)
+    fields_cfg = p.fields(fields)
+    p.variable_lengths(samples_cfg, fields_cfg)
     return Config(
         source=SourceConfig(
             dsn=p.optional_str(source, "source", "dsn"),
@@ -66,7 +70,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             memory_bytes=parse_size(source.get("memory", 512 << 20), f"{p.prefix}[source] memory"),
         ),
         samples=samples_cfg,
-        fields=p.fields(fields),
+        fields=fields_cfg,
         batches=BatchesConfig(
             size=p.positive_int(batches, "batches", "size"),
             seed=p.integer(batches, "batches", "seed", default=0),
@@ -91,13 +95,21 @@ class _Parser:
         if "table" in samples and ("keys" in samples or "query" in samples):
             self.fail("[samples]", 'give either "keys" and "query" (query mode) or "table" (scan mode), not both')
         if "table" not in samples:
-            self.keys(samples, "samples", required=("keys", "query"), optional=("rows", "fraction", "duplicates"))
+            optional = ("rows", "fraction", "duplicates", "max_rows", "truncate")
+            self.keys(samples, "samples", required=("keys", "query"), optional=optional)
+            if "max_rows" in samples and "rows" in samples:
+                self.fail("[samples] max_rows", "give rows (each sample has that many) or max_rows (1 to that many)")
+            if "truncate" in samples and "max_rows" not in samples:
+                self.fail("[samples] truncate", "only max_rows has it: set max_rows too, or remove it")
+            max_rows = self.positive_int(samples, "samples", "max_rows") if "max_rows" in samples else None
             query = SamplesConfig(
                 keys=self.sql(samples, "samples", "keys"),
                 query=self.sql(samples, "samples", "query"),
-                rows=self.positive_int(samples, "samples", "rows", default=1),
+                rows=max_rows or self.positive_int(samples, "samples", "rows", default=1),
                 fraction=self.fraction(samples, "samples", "fraction"),
                 duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
+                max_rows=max_rows,
+                truncate=self.choice(samples, "samples", "truncate", TRUNCATES, default="error"),
             )
             if 0 in find_params(query.query):
                 self.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
@@ -241,7 +253,8 @@ class _Parser:
                 self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
             if not isinstance(spec, dict):
                 self.fail(where, f"expected a table with columns and dtype, got {_kind(spec)}")
-            self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=("cast", "null", "categories"))
+            optional = ("cast", "null", "categories", "max_length", "pad", "truncate")
+            self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=optional)
             columns = spec["columns"]
             if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
                 self.fail(f"{where} columns", f"expected a non-empty list of column names, got {show(columns)}")
@@ -260,13 +273,46 @@ class _Parser:
                     cast=self.choice(spec, f"fields.{name}", "cast", CASTS, default="safe"),
                     null=self.null_policy(spec, where, dtype),
                     categories=self.categories(spec, where, dtype),
+                    **self.padding(spec, where, dtype),
                 )
             )
         names = {f.name for f in out}
         for f in out:
             if f.null_mask in names:
                 self.fail(f"[fields.{f.null_mask}]", f"the name is taken by the NULL mask of [fields.{f.name}]")
+            if f.length_array in names:
+                self.fail(f"[fields.{f.length_array}]", f"the name is taken by the lengths of [fields.{f.name}]")
         return tuple(out)
+
+    def variable_lengths(self, samples: SamplesConfig | ScanConfig, fields: tuple[FieldConfig, ...]) -> None:
+        """What ``max_length`` and ``max_rows`` need beyond their own sections."""
+        padded = next((f for f in fields if f.max_length is not None), None)
+        if isinstance(samples, ScanConfig) and padded is not None:
+            self.fail(f"[fields.{padded.name}] max_length", "variable lengths are read in query mode (keys + query)")
+        if isinstance(samples, SamplesConfig) and samples.max_rows is not None:
+            taken = next((f for f in fields if N_ROWS in (f.name, f.null_mask, f.length_array)), None)
+            if taken is not None:
+                self.fail(f"[fields.{taken.name}]", f'"{N_ROWS}" is reserved with max_rows (each sample\'s row count)')
+
+    def padding(self, spec: dict[str, Any], where: str, dtype: str) -> dict[str, Any]:
+        """``max_length``, ``pad`` and ``truncate`` of a field (``pad`` also pads ``[samples] max_rows``)."""
+        out: dict[str, Any] = {}
+        if "max_length" in spec:
+            out["max_length"] = self.positive_int(spec, where.strip("[]"), "max_length")
+            if spec.get("categories") is not None:
+                self.fail(f"{where} max_length", "categories are scalar codes: they have no length")
+            if spec.get("null", "error") != "error":
+                self.fail(f"{where} max_length", "a null policy applies to scalar columns; an array or text is whole")
+        elif "truncate" in spec:
+            self.fail(f"{where} truncate", "only max_length has it: set max_length too, or remove it")
+        if "truncate" in spec:
+            out["truncate"] = self.choice(spec, where.strip("[]"), "truncate", TRUNCATES, default="error")
+        if "pad" in spec:
+            value = spec["pad"]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not _fits(value, dtype):
+                self.fail(f"{where} pad", f"expected a number that fits {dtype}, got {show(value)}")
+            out["pad"] = value
+        return out
 
     def null_policy(self, spec: dict[str, Any], where: str, dtype: str) -> str | float:
         value = spec.get("null", "error")

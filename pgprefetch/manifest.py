@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._version import __version__
-from .config import Config
+from .config import N_ROWS, Config
 from .modes import BatchSource
 from .store import FORMAT_VERSION
 
@@ -32,6 +32,12 @@ def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float)
             entry["null"] = {"policy": f.config.null, "mask": f.config.null_mask}
         if f.name in plan.categories:
             entry["categories"] = plan.categories[f.name]
+        if f.config.max_length is not None:
+            entry["max_length"] = f.config.max_length
+            entry["lengths"] = f.config.length_array
+            entry["truncate"] = f.config.truncate
+        if f.config.max_length is not None or layout.variable_rows:
+            entry["pad"] = f.config.pad
         fields[f.name] = entry
     return {
         "format_version": FORMAT_VERSION,
@@ -46,6 +52,11 @@ def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float)
         "duplicates_dropped": plan.duplicates_dropped,
         "fraction": cfg.samples.fraction,
         "rows": cfg.samples.rows,
+        **(
+            {"max_rows": layout.rows, "n_rows": N_ROWS, "truncate_rows": layout.row_truncate}
+            if layout.variable_rows
+            else {}
+        ),
         "fields": fields,
         **layout.keys.manifest(),  # key_columns, and key_types: "uuid" takes two slots of the keys array
         "keys_sha256": plan.keys_sha256,

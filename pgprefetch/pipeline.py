@@ -27,6 +27,7 @@ from .manifest import epoch_manifest
 from .modes import BatchSource, ScanRead, multipass_source, query_source, read_scan, scan_source
 from .retry import RetryPolicy, count
 from .source import Snapshot
+from .stats import EpochStats
 from .store import KEYS_ARRAY, ArraySpec, Store
 from .units import write_batches
 from .writer import EpochWriter
@@ -307,10 +308,11 @@ async def _write_epoch(
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
     identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    stats = EpochStats(source.layout, plan.n_batches, size, plan.used)
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await _finish_in_thread(
             EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-            compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader,
+            compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader, stats=stats,
         )  # fmt: skip
         with writer:  # a failure keeps the partial epoch: the next dump resumes it
             if writer.restarted:
@@ -330,6 +332,7 @@ async def _write_epoch(
                     progress.close()
             total = plan.n_batches * sum(s.dtype.itemsize * size * int(np.prod(s.sample_shape)) for s in specs)
             manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
+            manifest["stats"] = stats.result()
             manifest["resumed_batches"] = writer.resumed
             manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
             path = await _finish_in_thread(writer.publish, manifest)

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .collate import BatchLayout, array_lengths
+from .blobs import array_lengths
+from .collate import BatchLayout
 from .columns import Column, plan_columns
 from .config import Config
 from .errors import SampleError, SourceError
@@ -74,7 +75,8 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
                 raise SourceError(f"[fields.{f.name}] categories: {len(found)} distinct values do not fit {f.dtype}")
         elif f.categories is not None:
             categories[f.name] = list(f.categories)
-    sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows)
+    variable = cfg.samples.max_rows is not None
+    sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
     order.pop("index")
     return EpochPlan(
         epoch=epoch,
@@ -163,7 +165,18 @@ def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int
 def layout_from(cfg: Config, plan: EpochPlan, first: tuple[bytes | None, ...]) -> BatchLayout:
     """The decoding plan, with the field shapes fixed by the first batch's array lengths."""
     lengths = array_lengths(plan.columns, first)
-    return BatchLayout.build(cfg.fields, plan.columns, plan.by_field, lengths, cfg.samples.rows, plan.key_columns)
+    s = cfg.samples
+    variable = getattr(s, "max_rows", None) is not None  # query mode's [samples] max_rows
+    return BatchLayout.build(
+        cfg.fields,
+        plan.columns,
+        plan.by_field,
+        lengths,
+        s.rows,
+        plan.key_columns,
+        variable_rows=variable,
+        row_truncate=getattr(s, "truncate", "error"),
+    )
 
 
 async def name_unknown_category(cfg: Config, snap: Snapshot, e: SampleError) -> SampleError:

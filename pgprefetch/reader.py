@@ -34,6 +34,7 @@ from .epocharrays import EpochArrays, empty_aligned
 from .errors import ConfigError, StoreError
 from .keys import KeyColumns
 from .localstore import LocalStore
+from .padding import trim
 from .store import KEYS_ARRAY, Store
 from .transfer import cuda_batches
 
@@ -54,6 +55,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         consumer: the name this training run is recorded under in the store (the epoch it opened), which
             ``pgprefetch dump --ahead`` and ``--keep`` go by; None records nothing.
         prefetch: object stores: batches fetched ahead during iteration, as concurrent ranged GETs.
+        trim: cut each padded field (``max_length``) to the batch's longest sample, and padded rows
+            (``max_rows``) to its most rows: views, nothing more read.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         timeout: float = 600.0,
         consumer: str | None = "default",
         prefetch: int = 4,
+        trim: bool = False,
     ) -> None:
         self._backend = Store(store)
         self._remote = not isinstance(self._backend, LocalStore)
@@ -82,9 +86,15 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if unknown:
             raise ConfigError(f"unknown field {unknown[0]!r}: epoch {epoch} has fields {', '.join(available)}")
         self.fields = tuple(fields or available)
-        # A field with a NULL policy comes with its mask, "<field>_null", true where the database had NULL.
-        masks = (self.manifest["fields"][f].get("null", {}).get("mask") for f in self.fields)
-        self.arrays = (*self.fields, *(m for m in masks if m))
+        # A field with a NULL policy comes with its mask, "<field>_null", true where the database had NULL;
+        # a padded one with its lengths, "<field>_length"; samples of 1..max_rows rows with "n_rows".
+        entries = [self.manifest["fields"][f] for f in self.fields]
+        masks = [e.get("null", {}).get("mask") for e in entries]
+        lengths = [e.get("lengths") for e in entries]
+        self.arrays = (*self.fields, *(m for m in masks if m), *(n for n in lengths if n))
+        if "n_rows" in self.manifest:
+            self.arrays += (self.manifest["n_rows"],)
+        self.trim = trim
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.stored_batch_size = int(self.manifest["batch_size"])
         self.batch_size = self.stored_batch_size if batch_size is None else _positive("batch_size", batch_size)
@@ -111,6 +121,11 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         """The key columns: each takes one int64 slot of :meth:`batch_keys`, a uuid column two."""
         m = self.manifest
         return KeyColumns(tuple(m["key_columns"]), tuple(t == "uuid" for t in m.get("key_types", ())))
+
+    @property
+    def stats(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per field and column: count, mean, std, min and max over the epoch's real values (no padding)."""
+        return self.manifest.get("stats", {})
 
     @property
     def remote(self) -> bool:
@@ -163,6 +178,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         A short last batch is trimmed.
         """
         a, b = self.samples(i)
+        if self.trim:
+            return trim(self.batch(i), self.manifest)
         if torch.utils.data.get_worker_info() is None or self._remote:
             read = self._arrays.read
             return {name: read(name, a, b) for name in self.arrays}

@@ -34,6 +34,7 @@ import zarr
 from .errors import StoreError
 from .layout import ArrayLayout, read_batch_bytes
 from .shardfiles import OpenFiles, create_shard, pwrite_all
+from .stats import EpochStats
 from .store import ArraySpec, Store, Uploader, compressors
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
@@ -77,6 +78,7 @@ class EpochWriter:
         identity: dict[str, Any],
         fresh: bool = False,
         uploader: Uploader | None = None,
+        stats: EpochStats | None = None,
     ) -> None:
         self.store = store
         self.epoch = epoch
@@ -100,6 +102,7 @@ class EpochWriter:
         self.replace = fresh  # --force: publishing replaces a complete epoch
         self._files = OpenFiles()
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
+        self.stats = stats  # each batch's field statistics, as it is written or kept
         with _io_errors(self.path):
             self._open(arrays, fresh)
 
@@ -203,6 +206,8 @@ class EpochWriter:
             if actual == crcs:
                 self.checksums[:, batch] = crcs
                 self.done[batch] = True
+                if self.stats is not None:  # from the bytes on disk: the figures a fresh dump would publish
+                    self.stats.add(batch, 1, {name: self.arrays[name][batch] for name in self.names})
 
     def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
         """Write batch ``batch`` of every array (blocking: call it from one worker thread); return bytes."""
@@ -242,6 +247,8 @@ class EpochWriter:
                     crcs[j, i] = checksum(chunk)
             written += data.nbytes
         self.checksums[:, first : first + count] = crcs
+        if self.stats is not None:
+            self.stats.add(first, count, arrays)
         lines = "".join(f"{first + i} {' '.join(map(str, crcs[:, i].tolist()))}\n" for i in range(count))
         with self._journal_lock:  # units may be written from two threads (scan mode, uncompressed)
             self._journal.write(lines)

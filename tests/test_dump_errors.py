@@ -169,9 +169,8 @@ def test_field_column_the_query_does_not_return(table: str, tmp_path: Path) -> N
 def test_unsupported_column_type(table: str, tmp_path: Path) -> None:
     expect(
         ConfigError,
-        '{file}: [fields.v] columns: column "name" is text; pgprefetch reads bool, smallint, '
-        "integer, bigint, real, double precision, numeric, date, timestamp, timestamptz and fixed-length "
-        "arrays of these (text labels: set categories)",
+        '{file}: [fields.v] columns: column "name" is text; text and bytea go to a uint8 field with max_length '
+        "(as bytes, UTF-8 for text), or set categories for text labels",
         tmp_path,
         table,
         query="SELECT name FROM s WHERE id = $1",

@@ -1,0 +1,144 @@
+"""Per-field statistics of an epoch, computed while it is written: count, mean, std, min and max.
+
+Users normalise features with these, and today they pay a second pass over the data for them. The writer
+sees every batch it writes, so it computes them on the way: per column of each integer and float field,
+over the real values only (padding and NULLs left out), in float64.
+
+Each batch gets its own ``(count, mean, M2, min, max)`` per column, computed with numpy reductions over
+the batch alone, and the batches are merged in batch order when the epoch is published (Chan et al.'s
+pairwise update). So the result does not depend on which thread wrote which batch when, and a resumed
+dump, which recomputes the kept batches from their bytes on disk, publishes the same figures.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .collate import BatchLayout
+from .config import N_ROWS
+
+
+@dataclass(frozen=True)
+class FieldStats:
+    """Where one field's values are in its batch array, and what marks padding and NULLs."""
+
+    name: str
+    columns: tuple[str, ...]
+    rows: int
+    length: int  # elements per row of a column: the array length, max_length, or 1
+    null_mask: str | None
+    length_array: str | None
+    n_rows: str | None  # the n_rows array, with max_rows
+
+
+class EpochStats:
+    """Collects each batch's statistics (from any thread, in any order) and merges them in batch order."""
+
+    def __init__(self, layout: BatchLayout, n_batches: int, batch_size: int, n_samples: int) -> None:
+        self.fields = tuple(
+            FieldStats(
+                f.name,
+                tuple(c.name for c in f.columns),
+                layout.rows,
+                f.array_length,
+                f.config.null_mask,
+                f.config.length_array,
+                N_ROWS if layout.variable_rows else None,
+            )
+            for f in layout.fields
+            if f.dtype.kind in "iuf" and f.config.categories is None and not any(c.is_bytes for c in f.columns)
+        )
+        self.size, self.n_samples = batch_size, n_samples
+        width = sum(len(f.columns) for f in self.fields)
+        self._batches = np.full((n_batches, width, 5), np.nan)  # count, mean, M2, min, max
+        self._lock = threading.Lock()
+
+    def add(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> None:
+        """The statistics of batches ``first..first+count-1``: ``count * batch_size`` samples of ``arrays``."""
+        if not self.fields:
+            return
+        out = np.empty((count, self._batches.shape[1], 5))
+        col = 0
+        samples = first * self.size + np.arange(count * self.size).reshape(count, self.size)
+        real = samples < self.n_samples  # the last batch's padding samples
+        for f in self.fields:
+            shape = (count, self.size, f.rows, len(f.columns), f.length)
+            values = arrays[f.name][: count * self.size].reshape(shape)
+            valid = np.broadcast_to(real[:, :, None, None, None], shape)
+            if f.n_rows is not None:
+                n_rows = arrays[f.n_rows][: count * self.size].reshape(count, self.size)
+                valid = valid & (np.arange(f.rows) < n_rows[:, :, None])[:, :, :, None, None]
+            if f.length_array is not None:
+                lengths = arrays[f.length_array][: count * self.size].reshape(count, self.size, f.rows)
+                valid = valid & (np.arange(f.length) < lengths[..., None])[:, :, :, None, :]
+            if f.null_mask is not None:
+                valid = valid & ~arrays[f.null_mask][: count * self.size].reshape(shape)
+            for j in range(len(f.columns)):
+                out[:, col] = _per_batch(values[:, :, :, j, :], valid[:, :, :, j, :])
+                col += 1
+        with self._lock:
+            self._batches[first : first + count] = out
+
+    def result(self) -> dict[str, dict[str, dict[str, float | int | None]]]:
+        """``{field: {column: {count, mean, std, min, max}}}`` over the epoch; None where nothing counted."""
+        out: dict[str, dict[str, dict[str, float | int | None]]] = {}
+        merged = _merge(self._batches).tolist()
+        col = 0
+        for f in self.fields:
+            out[f.name] = {}
+            for name in f.columns:
+                n, mean, m2, lo, hi = merged[col]
+                col += 1
+                some = n > 0
+                out[f.name][name] = {
+                    "count": int(n),
+                    "mean": float(mean) if some else None,
+                    "std": float(np.sqrt(m2 / n)) if some else None,
+                    "min": _number(lo) if some else None,
+                    "max": _number(hi) if some else None,
+                }
+        return out
+
+
+def _per_batch(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """``(count, mean, M2, min, max)`` of each batch (axis 0) over its valid values."""
+    batches = values.shape[0]
+    x = values.reshape(batches, -1).astype(np.float64)
+    v = valid.reshape(batches, -1)
+    n = v.sum(axis=1)
+    safe = np.maximum(n, 1)
+    mean = np.where(v, x, 0.0).sum(axis=1) / safe
+    m2 = (np.where(v, x - mean[:, None], 0.0) ** 2).sum(axis=1)
+    lo = np.where(v, x, np.inf).min(axis=1)
+    hi = np.where(v, x, -np.inf).max(axis=1)
+    return np.stack([n, mean, m2, lo, hi], axis=1)
+
+
+def _merge(batches: np.ndarray) -> np.ndarray:
+    """Merge per-batch ``(count, mean, M2, min, max)`` rows, ``(n_batches, width, 5)`` -> ``(width, 5)``.
+
+    Pairwise (Chan et al.), neighbours first, vectorised over the columns: the same order every time.
+    Batches never computed (NaN) count as empty.
+    """
+    b = np.where(np.isnan(batches[..., :1]), _EMPTY, batches)
+    while b.shape[0] > 1:
+        if b.shape[0] % 2:
+            b = np.concatenate([b, np.broadcast_to(_EMPTY, (1, *b.shape[1:]))])
+        a, c = b[0::2], b[1::2]
+        n = a[..., 0] + c[..., 0]
+        safe = np.maximum(n, 1)
+        delta = c[..., 1] - a[..., 1]
+        mean = a[..., 1] + delta * c[..., 0] / safe
+        m2 = a[..., 2] + c[..., 2] + delta * delta * a[..., 0] * c[..., 0] / safe
+        b = np.stack([n, mean, m2, np.minimum(a[..., 3], c[..., 3]), np.maximum(a[..., 4], c[..., 4])], axis=-1)
+    return b[0] if b.shape[0] else np.broadcast_to(_EMPTY, batches.shape[1:])
+
+
+_EMPTY = np.array([0.0, 0.0, 0.0, np.inf, -np.inf])
+
+
+def _number(x: float) -> float | int:
+    return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)

@@ -1,0 +1,368 @@
+"""Variable-length data: arrays of any length, text and bytea as bytes, samples of 1..max_rows rows.
+
+Every sample is compared with what the database holds, its lengths included.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pgprefetch.errors import ConfigError, SampleError
+
+from .conftest import fetch
+from .helpers import chunk_bytes, dump, execute, read_arrays, write_config
+
+N = 300
+TEXTS = [
+    "",
+    "a",
+    "plain ascii text",
+    "héllo wörld",
+    "日本語のテキスト",
+    "emoji 🎉🎊🎈 party",
+    "Привет мир",
+    "مرحبا بالعالم",
+]
+
+
+@pytest.fixture
+def seqs(db: str) -> str:
+    """``seqs``: int[] tokens of 0..40 elements (some empty), text titles in several scripts, bytea blobs."""
+    rng = random.Random(7)
+    rows = []
+    for i in range(1, N + 1):
+        n = rng.choice([0, 1, 5, 16, 17, 40, rng.randrange(41)])
+        tokens = [rng.randrange(-1000, 1000) for _ in range(n)]
+        title = rng.choice(TEXTS) * rng.randrange(1, 3)
+        blob = bytes(rng.randrange(256) for _ in range(rng.randrange(12)))
+        rows.append(f"({i}, ARRAY{tokens}::int[], {_literal(title)}, '\\x{blob.hex()}'::bytea)")
+    execute(
+        db,
+        "CREATE TABLE seqs (id int PRIMARY KEY, tokens int[] NOT NULL, title text NOT NULL, blob bytea NOT NULL)",
+        f"INSERT INTO seqs VALUES {', '.join(rows)}",
+        "CREATE TABLE events (uid int, t int, v real NOT NULL, PRIMARY KEY (uid, t))",
+        # user u has 1 + (u % 12) events: 1 to 12 of them
+        "INSERT INTO events SELECT u, t, u * 100 + t FROM generate_series(1, 120) u, generate_series(1, 1 + u % 12) t",
+    )
+    return db
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def seqs_config(folder: Path, fields: dict[str, tuple[Any, ...]], **kwargs: Any) -> Path:
+    query = "SELECT * FROM seqs WHERE id = $1"
+    kwargs = {"drop_last": False, **kwargs}
+    return write_config(folder, keys="SELECT id FROM seqs", query=query, fields=fields, size=32, **kwargs)
+
+
+def by_key(arrays: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+    """Each stored sample's arrays by its key (the last batch's padding samples left out)."""
+    keys = arrays["keys"].reshape(-1, arrays["keys"].shape[-1])[:, 0]
+    out = {}
+    for i, k in enumerate(keys.tolist()):
+        if k:
+            out[k] = {name: a.reshape(-1, *a.shape[2:])[i] for name, a in arrays.items() if name != "keys"}
+    return out
+
+
+def database(dsn: str, sql: str) -> dict[int, Any]:
+    return {r[0]: r[1] for r in fetch(dsn, sql)}
+
+
+@pytest.mark.parametrize("truncate", ["right", "left"])
+def test_int_arrays_of_any_length_are_padded_with_their_lengths(seqs: str, tmp_path: Path, truncate: str) -> None:
+    fields = {"tokens": (["tokens"], "int32", {"max_length": 16, "pad": -7, "truncate": truncate})}
+    stored = by_key(read_arrays(dump(seqs_config(tmp_path, fields), seqs)))
+    truth = database(seqs, "SELECT id, tokens FROM seqs")
+    assert set(stored) == set(truth)
+    for key, tokens in truth.items():
+        kept = tokens[:16] if truncate == "right" else tokens[-16:] if tokens else []
+        got = stored[key]
+        assert got["tokens_length"] == len(kept)
+        assert got["tokens"][: len(kept)].tolist() == kept
+        assert (got["tokens"][len(kept) :] == -7).all()
+    assert any(len(t) == 0 for t in truth.values())
+    assert any(len(t) > 16 for t in truth.values())
+
+
+def test_an_array_longer_than_max_length_stops_the_dump_naming_the_sample(seqs: str, tmp_path: Path) -> None:
+    fields = {"tokens": (["tokens"], "int32", {"max_length": 16})}
+    longest = max(database(seqs, "SELECT id, cardinality(tokens) FROM seqs").items(), key=lambda kv: kv[1])
+    assert longest[1] > 16
+    with pytest.raises(
+        SampleError,
+        match=r"sample \(id=\d+\): field tokens, column tokens has \d+ elements, more than "
+        r'max_length 16; \[fields.tokens\] truncate = "right" or "left" keeps that many',
+    ):
+        dump(seqs_config(tmp_path, fields), seqs)
+
+
+@pytest.mark.parametrize("truncate", ["right", "left"])
+def test_text_is_stored_as_utf8_bytes_never_cut_inside_a_character(seqs: str, tmp_path: Path, truncate: str) -> None:
+    fields = {"title": (["title"], "uint8", {"max_length": 10, "truncate": truncate})}
+    stored = by_key(read_arrays(dump(seqs_config(tmp_path, fields), seqs)))
+    for key, title in database(seqs, "SELECT id, title FROM seqs").items():
+        data = stored[key]["title"][: stored[key]["title_length"]].tobytes()
+        text = data.decode("utf-8")  # the stored bytes always decode
+        encoded = title.encode()
+        if len(encoded) <= 10:
+            assert data == encoded
+            continue
+        assert len(data) <= 10
+        # the most whole characters that fit: one more would not
+        chars = len(text)
+        if truncate == "right":
+            assert title.startswith(text)
+            assert len(title[: chars + 1].encode()) > 10
+        else:
+            assert title.endswith(text)
+            assert len(title[len(title) - chars - 1 :].encode()) > 10
+        assert (stored[key]["title"][len(data) :] == 0).all()
+
+
+def test_bytea_is_stored_as_its_bytes(seqs: str, tmp_path: Path) -> None:
+    fields = {"blob": (["blob"], "uint8", {"max_length": 12})}
+    stored = by_key(read_arrays(dump(seqs_config(tmp_path, fields), seqs)))
+    for key, blob in database(seqs, "SELECT id, blob FROM seqs").items():
+        assert stored[key]["blob"][: stored[key]["blob_length"]].tobytes() == blob
+        assert stored[key]["blob_length"] == len(blob)
+
+
+def test_the_columns_of_a_field_share_one_length_or_the_dump_stops(seqs: str, tmp_path: Path) -> None:
+    query = "SELECT tokens AS a, array(SELECT -x FROM unnest(tokens) x) AS b FROM seqs WHERE id = $1"
+    fields = {"ab": (["a", "b"], "int32", {"max_length": 40})}
+    config = write_config(tmp_path, keys="SELECT id FROM seqs", query=query, fields=fields, size=32, drop_last=False)
+    result = dump(config, seqs)
+    stored = by_key(read_arrays(result))
+    for key, tokens in database(seqs, "SELECT id, tokens FROM seqs").items():
+        assert stored[key]["ab"].shape == (2, 40)
+        assert stored[key]["ab"][0, : len(tokens)].tolist() == tokens
+        assert stored[key]["ab"][1, : len(tokens)].tolist() == [-t for t in tokens]
+    query = "SELECT tokens AS a, tokens[1:1] AS b FROM seqs WHERE id = $1"
+    config = write_config(
+        tmp_path, keys="SELECT id FROM seqs", query=query, fields=fields, size=32, name="bad.toml", store="bad.zarr"
+    )
+    with pytest.raises(
+        SampleError, match=r"field ab: column a has \d+ elements and b \d+; the columns of a field share"
+    ):
+        dump(config, seqs)
+
+
+@pytest.mark.parametrize("truncate", ["right", "left"])
+def test_samples_of_1_to_max_rows_rows_are_padded_with_n_rows(seqs: str, tmp_path: Path, truncate: str) -> None:
+    fields = {"v": (["v"], "float32", {"pad": -1.0})}
+    config = write_config(
+        tmp_path,
+        keys="SELECT DISTINCT uid FROM events",
+        query="SELECT v FROM events WHERE uid = $1 ORDER BY t",
+        fields=fields,
+        size=16,
+        drop_last=False,
+        extra_samples=f'max_rows = 8\ntruncate = "{truncate}"',
+        rows=None,
+    )
+    stored = by_key(read_arrays(dump(config, seqs)))
+    truth = {
+        u: [r[1] for r in fetch(seqs, "SELECT t, v FROM events WHERE uid = $1 ORDER BY t", u)] for u in range(1, 121)
+    }
+    assert {len(v) for v in truth.values()} == set(range(1, 13))  # at 1, at 8 and above it
+    for uid, values in truth.items():
+        kept = values[:8] if truncate == "right" else values[-8:]
+        assert stored[uid]["n_rows"] == len(kept)
+        assert stored[uid]["v"][: len(kept)].tolist() == kept
+        assert (stored[uid]["v"][len(kept) :] == -1.0).all()
+
+
+def test_more_rows_than_max_rows_stops_the_dump_naming_the_sample(seqs: str, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        keys="SELECT DISTINCT uid FROM events",
+        query="SELECT v FROM events WHERE uid = $1 ORDER BY t",
+        fields={"v": (["v"], "float32")},
+        size=16,
+        extra_samples="max_rows = 8",
+        rows=None,
+    )
+    with pytest.raises(
+        SampleError,
+        match=r"sample \(uid=\d+\): returned (9|10|11|12) rows, more than max_rows 8; "
+        r'\[samples\] truncate = "right" or "left" keeps max_rows of them',
+    ):
+        dump(config, seqs)
+
+
+def test_variable_rows_of_variable_length_arrays(seqs: str, tmp_path: Path) -> None:
+    query = "SELECT array(SELECT generate_series(1, t)) AS steps FROM events WHERE uid = $1 ORDER BY t"
+    config = write_config(
+        tmp_path,
+        keys="SELECT DISTINCT uid FROM events",
+        query=query,
+        fields={"steps": (["steps"], "int16", {"max_length": 5, "truncate": "right"})},
+        size=16,
+        drop_last=False,
+        extra_samples='max_rows = 6\ntruncate = "left"',
+        rows=None,
+    )
+    stored = by_key(read_arrays(dump(config, seqs)))
+    for uid in range(1, 121):
+        count = 1 + uid % 12
+        kept_rows = list(range(1, count + 1))[-6:]
+        got = stored[uid]
+        assert got["n_rows"] == len(kept_rows)
+        assert got["steps_length"].tolist() == [min(t, 5) for t in kept_rows] + [0] * (6 - len(kept_rows))
+        for r, t in enumerate(kept_rows):
+            assert got["steps"][r, : min(t, 5)].tolist() == list(range(1, min(t, 5) + 1))
+        assert (got["steps"][len(kept_rows) :] == 0).all()
+
+
+def test_a_null_text_or_array_is_an_error_naming_the_sample(seqs: str, tmp_path: Path) -> None:
+    execute(seqs, "ALTER TABLE seqs ALTER COLUMN title DROP NOT NULL", "UPDATE seqs SET title = NULL WHERE id = 77")
+    fields = {"title": (["title"], "uint8", {"max_length": 64, "truncate": "right"})}
+    with pytest.raises(SampleError, match=r"sample \(id=77\): field title, column title is NULL"):
+        dump(seqs_config(tmp_path, fields), seqs)
+
+
+@pytest.mark.parametrize(
+    ("fields", "extra", "message"),
+    [
+        (
+            {"title": (["title"], "uint8")},
+            "",
+            'column "title" is text; text and bytea go to a uint8 field with max_length',
+        ),
+        (
+            {"t": (["id"], "int32", {"max_length": 4})},
+            "",
+            r"\[fields.t\] max_length: needs array columns, or text or bytea",
+        ),
+        ({"t": (["tokens"], "int32", {"truncate": "right"})}, "", r"\[fields.t\] truncate: only max_length has it"),
+        (
+            {"t": (["tokens"], "uint8", {"max_length": 4, "pad": 300})},
+            "",
+            r"\[fields.t\] pad: expected a number that fits",
+        ),
+        ({"t": (["tokens"], "int32", {"max_length": 4, "truncate": "middle"})}, "", "truncate"),
+        ({"t": (["tokens"], "int32", {"max_length": 4}), "t_length": (["id"], "int32")}, "", "taken by the lengths"),
+        ({"n_rows": (["id"], "int32")}, "max_rows = 3", r'"n_rows" is reserved with max_rows'),
+    ],
+)
+def test_variable_length_config_errors(seqs: str, tmp_path: Path, fields: dict, extra: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        dump(seqs_config(tmp_path, fields, extra_samples=extra, rows=None if extra else 1), seqs)
+
+
+# --- statistics, the reader, resume --------------------------------------------------------------------------
+def stats_config(folder: Path, name: str = "test.toml", store: str = "store.zarr", slow: bool = False) -> Path:
+    query = (
+        "SELECT tokens, CASE WHEN id % 7 = 0 THEN NULL ELSE id * 0.25 END AS score, id, -id AS neg"
+        + (", pg_sleep(0.02)" if slow else "")
+        + " FROM seqs WHERE id = $1"
+    )
+    fields = {
+        "tokens": (["tokens"], "int32", {"max_length": 24, "truncate": "right", "pad": 99}),
+        "score": (["score"], "float64", {"null": 123.0}),
+        "pair": (["id", "neg"], "int64"),
+    }
+    return write_config(
+        folder, keys="SELECT id FROM seqs", query=query, fields=fields, size=32, drop_last=False,
+        name=name, store=store, connections=2,
+    )  # fmt: skip
+
+
+def test_statistics_count_only_real_values_and_match_numpy(seqs: str, tmp_path: Path) -> None:
+    from pgprefetch import EpochDataset
+
+    dump(stats_config(tmp_path), seqs)
+    stats = EpochDataset(tmp_path / "store.zarr", 0, consumer=None).stats
+    tokens = [t for r in fetch(seqs, "SELECT tokens FROM seqs") for t in r[0][:24]]  # padding excluded
+    scores = [r[0] * 0.25 for r in fetch(seqs, "SELECT id FROM seqs WHERE id % 7 <> 0")]  # NULLs excluded
+    ids = [r[0] for r in fetch(seqs, "SELECT id FROM seqs")]
+    for got, values in (
+        (stats["tokens"]["tokens"], tokens),
+        (stats["score"]["score"], scores),
+        (stats["pair"]["id"], ids),
+    ):
+        x = np.array(values, dtype=np.float64)
+        assert got["count"] == x.size
+        assert got["mean"] == pytest.approx(x.mean(), rel=1e-9)
+        assert got["std"] == pytest.approx(x.std(), rel=1e-9)
+        assert (got["min"], got["max"]) == (x.min(), x.max())
+    assert set(stats) == {"tokens", "score", "pair"}
+
+
+def test_trimmed_batches_are_views_cut_to_the_longest_sample(seqs: str, tmp_path: Path) -> None:
+    import torch
+
+    from pgprefetch import EpochDataset, lengths_to_mask
+
+    fields = {"tokens": (["tokens"], "int32", {"max_length": 40})}
+    dump(seqs_config(tmp_path, fields), seqs)
+    full = EpochDataset(tmp_path / "store.zarr", 0, consumer=None, batch_size=4)
+    cut = EpochDataset(tmp_path / "store.zarr", 0, consumer=None, batch_size=4, trim=True)
+    widths = set()
+    for i in range(len(full)):
+        a, b = full[i], cut[i]
+        longest = int(a["tokens_length"].max())
+        widths.add(longest)
+        assert b["tokens"].shape == (a["tokens"].shape[0], longest)
+        assert b["tokens"].stride() == (40, 1)  # a view of the stored rows of 40: nothing copied
+        assert torch.equal(b["tokens"], a["tokens"][:, :longest])
+        mask = lengths_to_mask(b["tokens_length"])
+        assert mask.shape == b["tokens"].shape
+        assert torch.equal(mask.sum(dim=1), b["tokens_length"].long())
+        assert (b["tokens"][~mask] == 0).all()
+    assert len(widths) > 1
+
+
+def test_a_resumed_dump_of_padded_fields_has_the_bytes_and_figures_of_a_clean_one(seqs: str, tmp_path: Path) -> None:
+    import json
+    import signal
+
+    from .test_operations import journal_lines, start_dump, wait_for
+
+    cfg = stats_config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    victim = start_dump(cfg, seqs)
+    wait_for(lambda: journal_lines(store) >= 3)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    resumed = dump(cfg, seqs)
+    assert resumed.resumed >= 2
+    clean = dump(stats_config(tmp_path, name="clean.toml", store="clean.zarr"), seqs)
+    assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
+
+    def stats(path: Path) -> dict:
+        return json.loads((path / "zarr.json").read_text())["attributes"]["pgprefetch"]["stats"]
+
+    assert stats(resumed.path) == stats(clean.path)
+
+
+def test_stats_command_prints_the_figures_of_an_epoch(seqs: str, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from pgprefetch.cli import cli
+
+    dump(stats_config(tmp_path), seqs)
+    store = str(tmp_path / "store.zarr")
+    result = CliRunner().invoke(cli, ["stats", "--store", store, "--epoch", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert figures["epoch"] == 0
+    assert figures["stats"]["pair"]["neg"]["max"] == -1
+    table = CliRunner().invoke(cli, ["stats", "--config", str(tmp_path / "test.toml"), "--epoch", "0"])
+    assert table.exit_code == 0
+    lines = table.output.splitlines()
+    assert lines[0].split() == ["field", "column", "count", "mean", "std", "min", "max"]
+    assert lines[1].split()[:3] == ["tokens", "tokens", f"{figures['stats']['tokens']['tokens']['count']:,}"]
+    missing = CliRunner().invoke(cli, ["stats", "--store", store, "--epoch", "5"])
+    assert missing.exit_code == 1
+    assert missing.output.startswith("Error: epoch 5 is not in")
