@@ -20,6 +20,7 @@ import asyncpg
 import numpy as np
 
 from . import casts, contenders, dumprun, log, opening, reader, s3, scan, stop_child
+from . import ragged as ragged_bench
 from . import small as small_bench  # `small` is a flag in several functions here
 from . import stream as stream_bench  # `stream` reads better as the bench module here too
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
@@ -222,6 +223,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-stream", action="store_true", help="skip the EpochStream bench")
     parser.add_argument(
+        "--ragged-only",
+        action="store_true",
+        help=f"only the variable-length bench ({ragged_bench.SAMPLES:,} token sequences of 1..512 against the "
+        "COPY ceiling, the statistics' cost, trimmed reads; a server of its own)",
+    )
+    parser.add_argument("--no-ragged", action="store_true", help="skip the variable-length bench")
+    parser.add_argument(
         "--small-only",
         action="store_true",
         help=f"only the small batches bench (one epoch of {small_bench.SAMPLES:,} rows dumped in batches of "
@@ -273,6 +281,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.small_only and (args.no_small or args.reader_only or args.casts_only or args.scan_only):
         parser.error("--small-only runs the small batches bench alone: not with --no-small or another --*-only")
     others = (args.reader_only, args.casts_only, args.scan_only, args.small_only, args.opening_only)
+    if args.ragged_only and (args.no_ragged or args.stream_only or any(others)):
+        parser.error("--ragged-only runs the variable-length bench alone: not with --no-ragged or another --*-only")
     if args.stream_only and (args.no_stream or any(others)):
         parser.error("--stream-only runs the EpochStream bench alone: not with --no-stream or another --*-only")
     if args.s3_only and (args.no_s3 or any(others)):
@@ -337,6 +347,20 @@ def stream_only(args: argparse.Namespace) -> None:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
         args.results.write_text(splice(old, section, stream_bench.BEGIN, stream_bench.END), encoding="utf-8")
         log(f"wrote the EpochStream section of {args.results}")
+
+
+def _ragged_sizes(quick: bool) -> tuple[int, int]:
+    return (ragged_bench.QUICK_SAMPLES, 1) if quick else (ragged_bench.SAMPLES, ragged_bench.PASSES)
+
+
+def ragged_only(args: argparse.Namespace) -> None:
+    """``--ragged-only``: print the variable-length section; with ``--results``, replace that section."""
+    section = ragged_bench.render(ragged_bench.run(*_ragged_sizes(args.quick)), revision=code_revision())
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, ragged_bench.BEGIN, ragged_bench.END), encoding="utf-8")
+        log(f"wrote the variable-length section of {args.results}")
 
 
 def measure_small(results: Results, dsn: str, quick: bool) -> None:
@@ -464,6 +488,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.stream_only:
         stream_only(args)
         return
+    if args.ragged_only:
+        ragged_only(args)
+        return
     if args.s3_only:
         s3_only(args)
         return
@@ -512,12 +539,15 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_opening:
         measure_opening(results)
     streamed = None if args.no_stream else measure_stream(args.quick)
+    padded = None if args.no_ragged else ragged_bench.run(*_ragged_sizes(args.quick))
     results.total_s = time.perf_counter() - started
     text = render(results)
     if not args.no_scan:
         text = text.rstrip("\n") + "\n\n" + "\n".join(scan_section(scan_results, results.rows)) + "\n"
     if streamed is not None:
         text = text.rstrip("\n") + "\n\n" + stream_bench.render(streamed, revision=results.revision) + "\n"
+    if padded is not None:
+        text = text.rstrip("\n") + "\n\n" + ragged_bench.render(padded, revision=results.revision) + "\n"
     print(text)
     if args.results:
         args.results.write_text(text, encoding="utf-8")

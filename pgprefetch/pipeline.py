@@ -308,7 +308,7 @@ async def _write_epoch(
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
     identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
-    stats = EpochStats(source.layout, plan.n_batches, size, plan.used)
+    stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await _finish_in_thread(
             EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,

@@ -179,7 +179,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         """
         a, b = self.samples(i)
         if self.trim:
-            return trim(self.batch(i), self.manifest)
+            return self.batch(i)
         if torch.utils.data.get_worker_info() is None or self._remote:
             read = self._arrays.read
             return {name: read(name, a, b) for name in self.arrays}
@@ -192,7 +192,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         # file, which the main process maps too, not as a copy (see pgprefetch.workers).
         shareable = not self._remote and torch.utils.data.get_worker_info() is not None
         names = (*self.arrays, KEYS_ARRAY) if keys else self.arrays
-        return {name: self._arrays.read(name, a, b, shareable=shareable) for name in names}
+        batch = {name: self._arrays.read(name, a, b, shareable=shareable) for name in names}
+        return trim(batch, self.manifest) if self.trim else batch
 
     def batch_keys(self, i: int) -> torch.Tensor:
         """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``.

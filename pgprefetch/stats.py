@@ -37,8 +37,17 @@ class FieldStats:
 class EpochStats:
     """Collects each batch's statistics (from any thread, in any order) and merges them in batch order."""
 
-    def __init__(self, layout: BatchLayout, n_batches: int, batch_size: int, n_samples: int) -> None:
-        self.fields = tuple(
+    def __init__(self, fields: tuple[FieldStats, ...], n_batches: int, batch_size: int, n_samples: int) -> None:
+        self.fields = fields
+        self.size, self.n_samples = batch_size, n_samples
+        width = sum(len(f.columns) for f in self.fields)
+        self._batches = np.full((n_batches, width, 5), np.nan)  # count, mean, M2, min, max
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, layout: BatchLayout, n_batches: int, batch_size: int, n_samples: int) -> EpochStats:
+        """The statistics of a dump's integer and float fields (not category codes, not bytes)."""
+        fields = tuple(
             FieldStats(
                 f.name,
                 tuple(c.name for c in f.columns),
@@ -51,10 +60,7 @@ class EpochStats:
             for f in layout.fields
             if f.dtype.kind in "iuf" and f.config.categories is None and not any(c.is_bytes for c in f.columns)
         )
-        self.size, self.n_samples = batch_size, n_samples
-        width = sum(len(f.columns) for f in self.fields)
-        self._batches = np.full((n_batches, width, 5), np.nan)  # count, mean, M2, min, max
-        self._lock = threading.Lock()
+        return cls(fields, n_batches, batch_size, n_samples)
 
     def add(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> None:
         """The statistics of batches ``first..first+count-1``: ``count * batch_size`` samples of ``arrays``."""

@@ -29,6 +29,7 @@ import torch
 import torch.utils.data
 
 from .errors import ConfigError
+from .padding import trim as trim_padding
 from .reader import EpochDataset, rank_and_world
 from .store import Store
 
@@ -47,6 +48,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         rank: this process's rank; defaults to ``torch.distributed``'s when it is initialised, else 0.
         world_size: the number of ranks; same default, else 1.
         keys: also return each batch's sample keys, as ``batch["keys"]`` (int64, a slot per key column).
+        trim: cut padded fields to each batch's longest sample (see :class:`~pgprefetch.EpochDataset`).
         buffers: 0 hands out views of the mapped files (zero-copy). ``n > 0`` reads each batch with one
             ``preadv`` into a ring of ``n`` reused buffers instead (one copy, no page faults: faster when
             every batch is copied anyway, e.g. to a GPU); a batch is then valid until ``n`` more batches
@@ -67,6 +69,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         rank: int | None = None,
         world_size: int | None = None,
         keys: bool = False,
+        trim: bool = False,
         buffers: int = 0,
         consumer: str | None = "default",
         timeout: float = 600.0,
@@ -85,6 +88,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         self.batch_size = batch_size
         self.fields = tuple(fields) if fields is not None else None
         self.keys = keys
+        self.trim = trim
         if isinstance(buffers, bool) or not isinstance(buffers, int) or buffers < 0:
             raise ConfigError(f"buffers must be an integer >= 0, got {buffers!r}")
         self.buffers = buffers
@@ -135,6 +139,8 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
                     batch = ds.read_into(i, ring[i % len(ring)])
                     if self.keys:
                         batch["keys"] = ds.batch_keys(i)
+                    if self.trim:
+                        batch = trim_padding(batch, ds.manifest)
                 else:
                     batch = next(fetched)  # type: ignore[arg-type]
                 # Whoever holds this batch has consumed everything before it: the position is after it.
@@ -158,6 +164,7 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             wait=True,
             timeout=self.timeout,
             consumer=None,
+            trim=self.trim,
         )
         if sample:
             ds.load_state_dict({"epoch": epoch, "next_sample": sample})

@@ -366,3 +366,15 @@ def test_stats_command_prints_the_figures_of_an_epoch(seqs: str, tmp_path: Path)
     missing = CliRunner().invoke(cli, ["stats", "--store", store, "--epoch", "5"])
     assert missing.exit_code == 1
     assert missing.output.startswith("Error: epoch 5 is not in")
+
+
+def test_the_stream_trims_too_also_from_reused_buffers(seqs: str, tmp_path: Path) -> None:
+    from pgprefetch import EpochDataset, EpochStream
+
+    fields = {"tokens": (["tokens"], "int32", {"max_length": 40})}
+    dump(seqs_config(tmp_path, fields), seqs)
+    store = tmp_path / "store.zarr"
+    want = [b["tokens"].tolist() for b in EpochDataset(store, 0, consumer=None, batch_size=4, trim=True)]
+    for buffers in (0, 2):
+        stream = EpochStream(store, 0, 1, batch_size=4, trim=True, buffers=buffers, consumer=None)
+        assert [b["tokens"].tolist() for b in stream] == want
