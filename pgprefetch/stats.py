@@ -12,6 +12,7 @@ dump, which recomputes the kept batches from their bytes on disk, publishes the 
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -89,7 +90,10 @@ class EpochStats:
             self._batches[first : first + count] = out
 
     def result(self) -> dict[str, dict[str, dict[str, float | int | None]]]:
-        """``{field: {column: {count, mean, std, min, max}}}`` over the epoch; None where nothing counted."""
+        """``{field: {column: {count, mean, std, min, max}}}`` over the epoch.
+
+        None where nothing was counted, or where a value is not finite (an infinity in the data).
+        """
         out: dict[str, dict[str, dict[str, float | int | None]]] = {}
         merged = _merge(self._batches).tolist()
         col = 0
@@ -101,8 +105,8 @@ class EpochStats:
                 some = n > 0
                 out[f.name][name] = {
                     "count": int(n),
-                    "mean": float(mean) if some else None,
-                    "std": float(np.sqrt(m2 / n)) if some else None,
+                    "mean": _finite(mean) if some else None,
+                    "std": _finite(math.sqrt(m2 / n)) if some and m2 == m2 else None,
                     "min": _number(lo) if some else None,
                     "max": _number(hi) if some else None,
                 }
@@ -116,8 +120,9 @@ def _per_batch(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     v = valid.reshape(batches, -1)
     n = v.sum(axis=1)
     safe = np.maximum(n, 1)
-    mean = np.where(v, x, 0.0).sum(axis=1) / safe
-    m2 = (np.where(v, x - mean[:, None], 0.0) ** 2).sum(axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):  # an infinity makes the figures NaN, said as None
+        mean = np.where(v, x, 0.0).sum(axis=1) / safe
+        m2 = (np.where(v, x - mean[:, None], 0.0) ** 2).sum(axis=1)
     lo = np.where(v, x, np.inf).min(axis=1)
     hi = np.where(v, x, -np.inf).max(axis=1)
     return np.stack([n, mean, m2, lo, hi], axis=1)
@@ -146,5 +151,11 @@ def _merge(batches: np.ndarray) -> np.ndarray:
 _EMPTY = np.array([0.0, 0.0, 0.0, np.inf, -np.inf])
 
 
-def _number(x: float) -> float | int:
+def _number(x: float) -> float | int | None:
+    if not math.isfinite(x):
+        return None  # the manifest is JSON: no NaN or infinity in it
     return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
