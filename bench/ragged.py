@@ -5,6 +5,8 @@ tokens (untimed setup). Measured, one ``pgprefetch dump`` process at a time:
 
 - *dump*: ``[fields.tokens] max_length = 512`` (int32, pad 0), batches of 256, 8 connections; the dump's
   own seconds (no interpreter start-up) and the wall time around the process.
+- *statement ceiling*: the dump's own batch statement for every batch, as binary ``COPY``, bytes thrown
+  away: the server's share of the dump's work, with no client.
 - *COPY ceiling*: the same batches (the dump's epoch order, read back from its ``keys``), each one binary
   ``COPY (per-sample query joined to the batch's keys) TO STDOUT``, 8 in flight, bytes thrown away: what
   the server needs to send the rows, with no decoding, padding or writing.
@@ -35,10 +37,10 @@ import numpy as np
 import torch
 import zarr
 
-from pgprefetch import EpochDataset
+from pgprefetch import EpochDataset, load_config
 
 from . import log
-from .contenders import _copy_batches
+from .contenders import _copy_batches, statement_ceiling
 
 SAMPLES = 500_000
 QUICK_SAMPLES = 20_000
@@ -59,6 +61,7 @@ class RaggedResults:
     dump_s: float = 0.0  # as the dump reports it
     dump_wall_s: float = 0.0
     ceiling_s: float = 0.0
+    statement_s: float = 0.0
     stats_s: float = 0.0
     read_s: dict[str, list[float]] = field(default_factory=dict)
     total_s: float = 0.0
@@ -171,6 +174,9 @@ def run(samples: int = SAMPLES, passes: int = PASSES) -> RaggedResults:
             log(f"  dump {results.rate(results.dump_s):,.0f} samples/s ({results.dump_s:.1f} s)")
             results.ceiling_s = ceiling(dsn, folder / "store")
             log(f"  COPY ceiling {results.rate(results.ceiling_s):,.0f} samples/s ({results.ceiling_s:.1f} s)")
+            cfg = load_config(folder / "tokens.toml", dsn=dsn)
+            results.statement_s = asyncio.run(statement_ceiling(cfg, connections=CONNECTIONS))[0].seconds
+            log(f"  statement ceiling {results.rate(results.statement_s):,.0f} samples/s")
         store = folder / "store"
         results.stats_s = stats_seconds(store)
         log(f"  statistics {results.stats_s:.2f} CPU s over the epoch")
@@ -217,6 +223,8 @@ def render(r: RaggedResults, *, revision: str = "") -> str:
         f"| dump (its own seconds; {r.dump_wall_s:.1f} s wall) | {r.rate(r.dump_s):,.0f} | "
         f"{ratio:.2f}x the COPY ceiling (target >= 0.8x: {'met' if ratio >= 0.8 else '**not met**'}) |",
         f"| per-batch COPY ceiling of the same query | {r.rate(r.ceiling_s):,.0f} | baseline |",
+        f"| the dump's batch statement alone, as COPY | {r.rate(r.statement_s):,.0f} | "
+        f"{r.ceiling_s / r.statement_s:.2f}x the COPY ceiling; the dump is {r.statement_s / r.dump_s:.2f}x it |",
         f"| statistics (CPU s over the epoch) | {r.stats_s:.2f} s | {cost:.1%} of the dump "
         f"(target <= 5%: {'met' if cost <= 0.05 else '**not met**'}) |",
     ]

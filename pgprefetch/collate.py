@@ -223,7 +223,7 @@ class BatchLayout:
     ) -> None:
         """Record a padded field's lengths (one for all its columns) and put ``pad`` where nothing is."""
         n = keys.shape[1]
-        empty = np.zeros(target.shape[::2], dtype=bool)  # (n * rows, length): where padding goes
+        length = None
         if f.config.max_length is not None:
             length = lengths[f.columns[0]]
             for col in f.columns[1:]:
@@ -237,6 +237,11 @@ class BatchLayout:
                         f"{lengths[col][row]}; the columns of a field share one length",
                     )
             out[f.config.length_array][:n] = length.reshape(out[f.config.length_array][:n].shape)  # type: ignore[index]
+        # Padding arrives as zeros, cast to zero, unless an epoch offset moved it (dates, timestamps).
+        if f.config.pad == 0 and not any(WIRE.get(c.pg_type, ("", 0))[1] for c in f.columns):
+            return
+        empty = np.zeros(target.shape[::2], dtype=bool)  # (n * rows, length): where padding goes
+        if length is not None:
             empty |= np.arange(target.shape[2]) >= length[:, None]
         if n_rows is not None:
             empty |= (np.arange(self.rows) >= n_rows[:, None]).reshape(-1, 1)

@@ -90,27 +90,42 @@ def byte_runs(
 
 
 def _gather(data: bytes, at: np.ndarray, count: np.ndarray, step: int, wire: np.dtype, limit: int) -> np.ndarray:
-    """``count[r]`` values of width ``wire.itemsize`` from byte ``at[r]`` on, ``step`` apart, into row ``r``."""
-    rows = count.size
-    out = np.zeros((rows, limit), dtype=wire)
+    """``count[r]`` values of width ``wire.itemsize`` from byte ``at[r]`` on, ``step`` apart, into row ``r``.
+
+    Returns ``(rows, limit)``, zero beyond each row's count. When the rows fill a good part of ``limit``,
+    every slot is gathered at once (a ``(rows, limit)`` index, the slots past a row's end zeroed after);
+    when they are short, only the values are (their positions listed one by one).
+    """
+    rows, width = count.size, wire.itemsize
     total = int(count.sum())
     if not total:
-        return out
-    row = np.repeat(np.arange(rows), count)
-    offsets = np.zeros(rows, dtype=np.int64)
-    np.cumsum(count[:-1], out=offsets[1:])
-    index = np.arange(total, dtype=np.int64) - offsets[row]  # position within the row
-    pos = at[row] + index * step  # byte offset of each value
-    width = wire.itemsize
-    if width in (1, 2, 4) and not (pos % width).any():  # aligned: view the bytes as values, gather once
+        return np.zeros((rows, limit), dtype=wire)
+    dense = 3 * total >= rows * limit
+    if dense:
+        index = np.arange(limit, dtype=np.int64)
+        pos = at[:, None] + index * step  # (rows, limit)
+    else:
+        row = np.repeat(np.arange(rows), count)
+        offsets = np.zeros(rows, dtype=np.int64)
+        np.cumsum(count[:-1], out=offsets[1:])
+        index = np.arange(total, dtype=np.int64) - offsets[row]  # position within the row
+        pos = at[row] + index * step  # byte offset of each value
+    # take(mode="clip"): the slots past the last row's end may point past the data (they are zeroed below).
+    if width in (1, 2, 4) and step % width == 0 and not (at % width).any():  # aligned: the bytes as values
         units = np.frombuffer(data, dtype=wire, count=len(data) // width)
-        values = units[pos // width]
-    elif width == 8 and not (pos % 4).any():  # two big-endian halves are the value's bytes in order
+        pos //= width
+        values = units.take(pos, mode="clip")
+    elif width == 8 and step % 4 == 0 and not (at % 4).any():  # two big-endian halves: the value's bytes
         units = np.frombuffer(data, dtype=">u4", count=len(data) // 4)
-        values = units[np.stack([pos // 4, pos // 4 + 1], axis=1)].view(wire).reshape(-1)
+        pos //= 4
+        values = units.take(np.stack([pos, pos + 1], axis=-1), mode="clip").view(wire)[..., 0]
     else:
         raw = np.frombuffer(data, dtype=np.uint8)
-        values = raw[pos[:, None] + np.arange(width)].view(wire).reshape(-1)
+        values = raw.take(pos[..., None] + np.arange(width), mode="clip").view(wire)[..., 0]
+    if dense:
+        values[index >= count[:, None]] = 0  # slots past each row's end read whatever followed it
+        return values
+    out = np.zeros((rows, limit), dtype=wire)
     out[row, index] = values
     return out
 

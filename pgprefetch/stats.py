@@ -114,18 +114,20 @@ class EpochStats:
 
 
 def _per_batch(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """``(count, mean, M2, min, max)`` of each batch (axis 0) over its valid values."""
-    batches = values.shape[0]
-    x = values.reshape(batches, -1).astype(np.float64)
-    v = valid.reshape(batches, -1)
-    n = v.sum(axis=1)
-    safe = np.maximum(n, 1)
-    with np.errstate(invalid="ignore", over="ignore"):  # an infinity makes the figures NaN, said as None
-        mean = np.where(v, x, 0.0).sum(axis=1) / safe
-        m2 = (np.where(v, x - mean[:, None], 0.0) ** 2).sum(axis=1)
-    lo = np.where(v, x, np.inf).min(axis=1)
-    hi = np.where(v, x, -np.inf).max(axis=1)
-    return np.stack([n, mean, m2, lo, hi], axis=1)
+    """``(count, mean, M2, min, max)`` of each batch (axis 0) over its valid values.
+
+    One batch at a time, whatever the unit it was written in: a batch's figures depend on its bytes only.
+    """
+    out = np.empty((values.shape[0], 5))
+    for b in range(values.shape[0]):
+        x = values[b][valid[b]].astype(np.float64)
+        if not x.size:
+            out[b] = (0.0, 0.0, 0.0, np.inf, -np.inf)
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):  # an infinity makes the figures NaN, said as None
+            mean = x.sum() / x.size
+            out[b] = (x.size, mean, np.square(x - mean).sum(), x.min(), x.max())
+    return out
 
 
 def _merge(batches: np.ndarray) -> np.ndarray:
