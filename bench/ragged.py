@@ -76,8 +76,8 @@ async def load(dsn: str, samples: int) -> int:
         await conn.execute("DROP TABLE IF EXISTS tokseq")
         await conn.execute("CREATE TABLE tokseq (id int PRIMARY KEY, tokens int4[] NOT NULL)")
         await conn.execute(
-            "INSERT INTO tokseq SELECT i, array(SELECT (i * 31 + g) % 50000"
-            " FROM generate_series(1, 1 + (i * 7919) % $2) g) FROM generate_series(1, $1) i",
+            "INSERT INTO tokseq SELECT i, array(SELECT ((i::int8 * 31 + g) % 50000)::int4"
+            " FROM generate_series(1, 1 + (i::int8 * 7919) % $2) g) FROM generate_series(1, $1) i",
             samples,
             MAX_LENGTH,
         )

@@ -225,7 +225,7 @@ class BatchLayout:
         n = keys.shape[1]
         length = None
         if f.config.max_length is not None:
-            length = lengths[f.columns[0]]
+            length = self._kept(f, keys, lengths)
             for col in f.columns[1:]:
                 differs = np.flatnonzero(lengths[col] != length)
                 if differs.size:
@@ -246,6 +246,28 @@ class BatchLayout:
         if n_rows is not None:
             empty |= (np.arange(self.rows) >= n_rows[:, None]).reshape(-1, 1)
         target.transpose(0, 2, 1)[empty] = f.config.pad
+
+    def _kept(self, f: FieldLayout, keys: np.ndarray, lengths: dict[Column, np.ndarray]) -> np.ndarray:
+        """The kept length of each row of a field with ``max_length``, its columns' lengths agreeing.
+
+        Query mode cuts arrays on the client, so its lengths are kept ones already; scan mode's server
+        cuts them and sends their whole length, which is checked against ``max_length`` here.
+        """
+        limit = f.config.max_length
+        assert limit is not None
+        for col in f.columns:
+            over = np.flatnonzero(lengths[col] > limit)
+            if over.size and f.config.truncate == "error":
+                row = int(over[0])
+                raise self.sample_error(
+                    keys,
+                    row // self.rows,
+                    f"field {f.name}, column {col.name} has {lengths[col][row]} elements, more than max_length "
+                    f'{limit}; [fields.{f.name}] truncate = "right" or "left" keeps that many',
+                )
+            if over.size:
+                lengths[col] = np.minimum(lengths[col], limit)
+        return lengths[f.columns[0]]
 
     def _check_fits(
         self,

@@ -9,6 +9,7 @@ config, once, from the server's description of the query.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,8 @@ class Column:
     is_array: bool
     nullable: bool = False  # sent with NULL replaced and a mask beside it (a field has a NULL policy)
     vocabulary: int | None = None  # categorical: the bind parameter ($n) holding the category list
+    padded: int | None = None  # scan mode: an array of any length, sent cut and padded to this many elements
+    truncate: str = "error"  # with padded: which elements are kept (the length is sent beside, uncut)
 
     @classmethod
     def from_type(
@@ -107,11 +110,27 @@ class Column:
             return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
         if self.is_bytes:
             return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else ref
+        if self.padded is not None:
+            return self._padded_sql(ref)
         cast = WIRE[self.pg_type][2]
         value = f"{ref}::{cast}[]" if cast and self.is_array else f"{ref}::{cast}" if cast else ref
         # The placeholder carries the type: coalesce(smallint, 0) would be an integer, 4 bytes on the wire.
         placeholder = f"{WIRE[self.pg_type][3]}::{cast or self.pg_type}"
         return f"coalesce({value}, {placeholder})" if self.nullable else value
+
+    def _padded_sql(self, ref: str) -> str:
+        """An array of any length as exactly ``padded`` elements: cut (first or last ones), then zeros after.
+
+        COPY rows of fixed width are what the scan decodes with numpy; ``cardinality`` travels beside.
+        """
+        cast = WIRE[self.pg_type][2]
+        value = f"{ref}::{cast}[]" if cast else ref
+        n = self.padded
+        kept = (
+            f"({value})[greatest(cardinality({ref}) - {n} + 1, 1):]" if self.truncate == "left" else f"({value})[1:{n}]"
+        )
+        zero = f"0::{cast or self.pg_type}" if self.pg_type != "bool" else "false"
+        return f"({kept} || array_fill({zero}, ARRAY[{n} - least(cardinality({ref}), {n})]))"
 
     @property
     def n_blobs(self) -> int:
@@ -127,6 +146,7 @@ def plan_columns(
     *,
     all_nullable: bool = False,
     not_null: frozenset[str] = frozenset(),
+    pad_arrays: bool = False,
 ) -> tuple[tuple[Column, ...], dict[str, tuple[Column, ...]]]:
     """The columns the batch statement sends (each once), and each field's columns.
 
@@ -135,7 +155,9 @@ def plan_columns(
     with its own category list, bound as parameter ``$n`` after the key columns (in field order).
     ``all_nullable`` sends every scalar column with its NULL mask (scan mode: a NULL is an error only in
     a row some sample uses, which is known only after the read), except those in ``not_null`` (declared
-    NOT NULL by the table: no mask to send, no placeholder for the server to compute).
+    NOT NULL by the table: no mask to send, no placeholder for the server to compute). ``pad_arrays`` (scan
+    mode): array columns of a field with ``max_length`` are cut and padded by the server; text and bytea
+    are not read.
     """
     by_field: dict[str, tuple[Column, ...]] = {}
     nullable = {name for f in fields if f.null != "error" for name in f.columns}
@@ -158,16 +180,22 @@ def plan_columns(
                     f"(it returns {', '.join(returned) or 'nothing'})"
                 )
             type_name, kind = returned[name]
-            cols.append(
-                Column.from_type(
-                    name,
-                    type_name,
-                    kind,
-                    f"{where}[fields.{f.name}] columns",
-                    nullable=name in nullable,
-                    vocabulary=param if f.categories is not None else None,
-                    as_bytes=f.max_length is not None and f.dtype == "uint8",
+            if pad_arrays and f.max_length is not None and kind != "array":
+                raise ConfigError(
+                    f'{where}[fields.{f.name}] max_length: column "{name}" is {type_name}; scan mode pads array '
+                    "columns (text and bytea are read in query mode: [samples] keys and query)"
                 )
+            column = Column.from_type(
+                name,
+                type_name,
+                kind,
+                f"{where}[fields.{f.name}] columns",
+                nullable=name in nullable,
+                vocabulary=param if f.categories is not None else None,
+                as_bytes=f.max_length is not None and f.dtype == "uint8" and not pad_arrays,
             )
+            if pad_arrays and f.max_length is not None:
+                column = dataclasses.replace(column, padded=f.max_length, truncate=f.truncate)
+            cols.append(column)
         by_field[f.name] = tuple(cols)
     return tuple(dict.fromkeys(c for cols in by_field.values() for c in cols)), by_field

@@ -286,9 +286,6 @@ class _Parser:
 
     def variable_lengths(self, samples: SamplesConfig | ScanConfig, fields: tuple[FieldConfig, ...]) -> None:
         """What ``max_length`` and ``max_rows`` need beyond their own sections."""
-        padded = next((f for f in fields if f.max_length is not None), None)
-        if isinstance(samples, ScanConfig) and padded is not None:
-            self.fail(f"[fields.{padded.name}] max_length", "variable lengths are read in query mode (keys + query)")
         if isinstance(samples, SamplesConfig) and samples.max_rows is not None:
             taken = next((f for f in fields if N_ROWS in (f.name, f.null_mask, f.length_array)), None)
             if taken is not None:

@@ -144,6 +144,9 @@ class CopyDecoder:
                 element = np.dtype([("len", ">i4"), ("v", c.wire)])
                 fields += [(f"l_c{j}", ">i4"), (f"c{j}", [("head", ">i4", (5,)), ("e", element, (length,))])]
                 pos += 4 + size
+                if c.padded is not None:  # its length before the cut
+                    fields += [(f"l_n{j}", ">i4"), (f"n{j}", ">i4")]
+                    pos += 8
             else:
                 fields += [(f"l_c{j}", ">i4"), (f"c{j}", c.wire)]
                 pos += 4 + c.wire.itemsize

@@ -108,7 +108,9 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
     if plain:  # columns the table declares NOT NULL need no mask
         sql = f"SELECT attname FROM pg_attribute WHERE attrelid = '{relation}'::regclass AND attnotnull AND attnum > 0"
         not_null = frozenset(r[0] for r in await snap.fetch(sql, f"{where}[samples] table"))
-    columns, by_field = plan_columns(cfg.fields, returned, 0, where, all_nullable=True, not_null=not_null)
+    columns, by_field = plan_columns(
+        cfg.fields, returned, 0, where, all_nullable=True, not_null=not_null, pad_arrays=True
+    )
     categories = {}
     for f in cfg.fields:
         if f.categories == "auto":
@@ -142,6 +144,8 @@ def copy_select(shape: ScanShape, where: str = "") -> str:
     for c in shape.columns:
         ref = quote_ident(c.name)
         exprs.append(c.value_sql(ref, vocabularies.get(c)))
+        if c.padded is not None:
+            exprs.append(f"cardinality({ref})::int4")  # the length before the cut
         if c.nullable:
             exprs.append(f"({ref} IS NULL)")
     return f"SELECT {', '.join(exprs)} FROM {shape.relation}{where}"
@@ -159,6 +163,7 @@ class Table:
     keys: np.ndarray  # (n_key_columns [+ 1 for the order], n_rows) int64, sorted
     values: dict[Column, np.ndarray] = field(default_factory=dict)  # wire dtypes, (n_rows, ...)
     masks: dict[Column, np.ndarray] = field(default_factory=dict)
+    lengths: dict[Column, np.ndarray] = field(default_factory=dict)  # arrays of any length: each row's, uncut
     rows_read: int = 0
     nbytes: int = 0
 
@@ -259,6 +264,9 @@ def _assemble(shape: ScanShape, parts: list[Columns]) -> Table:
     for j, c in enumerate(shape.columns):
         values = np.concatenate([p[f"c{j}"] for p in rows])
         table.values[c] = values if sorted_order else values[order]
+        if c.padded is not None:
+            lengths = np.concatenate([p[f"n{j}"] for p in rows])
+            table.lengths[c] = lengths if sorted_order else lengths[order]
         if c.nullable:
             masks = np.concatenate([p[f"m{j}"] for p in rows])
             if masks.any():  # a column without a NULL in the whole table needs no mask, and no check
@@ -317,7 +325,8 @@ def gather(table: Table, layout: BatchLayout, starts: np.ndarray, keys: np.ndarr
     """Fill ``out`` with the samples starting at rows ``starts`` (keys ``keys``), cast and checked."""
     values = {c: _rows(v, starts, layout.rows) for c, v in table.values.items()}
     masks = {c: _rows(m, starts, layout.rows) for c, m in table.masks.items()}
-    layout.fill(values, masks, keys, out)
+    lengths = {c: _rows(n, starts, layout.rows) for c, n in table.lengths.items()}
+    layout.fill(values, masks, keys, out, lengths=lengths)
 
 
 def _rows(column: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:

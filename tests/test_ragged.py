@@ -378,3 +378,80 @@ def test_the_stream_trims_too_also_from_reused_buffers(seqs: str, tmp_path: Path
     for buffers in (0, 2):
         stream = EpochStream(store, 0, 1, batch_size=4, trim=True, buffers=buffers, consumer=None)
         assert [b["tokens"].tolist() for b in stream] == want
+
+
+# --- scan mode -------------------------------------------------------------------------------------------------
+def scan_twin_configs(folder: Path, truncate: str, pad: int) -> tuple[Path, Path]:
+    """A rows scan of ``seqs`` with a padded tokens field, and its query-mode twin (same samples, same order)."""
+    field = '[fields.tokens]\ncolumns = ["tokens"]\ndtype = "int32"\nmax_length = 16\n'
+    field += f'pad = {pad}\ntruncate = "{truncate}"\n'
+    tail = '[batches]\nsize = 32\nseed = 5\ndrop_last = false\n[store]\npath = "store.zarr"\n'
+    (folder / "scan").mkdir(parents=True)
+    (folder / "twin").mkdir(parents=True)
+    scan = folder / "scan" / "c.toml"
+    scan.write_text('[samples]\ntable = "seqs"\nkey = "id"\n' + tail + field)
+    twin = folder / "twin" / "c.toml"
+    twin.write_text(
+        '[samples]\nkeys = "SELECT id FROM seqs"\nquery = "SELECT tokens FROM seqs WHERE id = $1"\n' + tail + field
+    )
+    return scan, twin
+
+
+@pytest.mark.parametrize(("truncate", "pad"), [("right", 0), ("left", -5)])
+def test_scan_mode_pads_arrays_byte_identical_to_the_query_mode(
+    seqs: str, tmp_path: Path, truncate: str, pad: int
+) -> None:
+    scan, twin = scan_twin_configs(tmp_path, truncate, pad)
+    from_scan, from_query = dump(scan, seqs), dump(twin, seqs)
+    assert from_scan.n_samples == from_query.n_samples == N
+    assert chunk_bytes(from_scan.path) == chunk_bytes(from_query.path)
+    stored = by_key(read_arrays(from_scan))
+    for key, tokens in database(seqs, "SELECT id, tokens FROM seqs").items():
+        kept = tokens[:16] if truncate == "right" else tokens[-16:] if tokens else []
+        assert stored[key]["tokens_length"] == len(kept)
+        assert stored[key]["tokens"].tolist() == kept + [pad] * (16 - len(kept))
+
+
+def test_scan_mode_stops_at_an_array_longer_than_max_length(seqs: str, tmp_path: Path) -> None:
+    scan, _ = scan_twin_configs(tmp_path, "error", 0)
+    with pytest.raises(
+        SampleError,
+        match=r"sample \(id=\d+\): field tokens, column tokens has \d+ elements, more than "
+        "max_length 16",
+    ):
+        dump(scan, seqs)
+
+
+def test_scan_mode_refuses_text_for_now(seqs: str, tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[samples]\ntable = "seqs"\nkey = "id"\n[batches]\nsize = 8\n[store]\npath = "s.zarr"\n'
+        '[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 8\n'
+    )
+    with pytest.raises(ConfigError, match="scan mode pads array columns"):
+        dump(config, seqs)
+
+
+def test_scan_windows_of_rows_whose_arrays_vary(seqs: str, tmp_path: Path) -> None:
+    execute(
+        seqs, "ALTER TABLE events ADD COLUMN a int[]", "UPDATE events SET a = array(SELECT generate_series(1, t % 4))"
+    )
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[samples]\ntable = "events"\nkey = "uid"\norder = "t"\nwindow = 3\n'
+        '[batches]\nsize = 16\ndrop_last = false\n[store]\npath = "s.zarr"\n'
+        '[fields.a]\ncolumns = ["a"]\ndtype = "int16"\nmax_length = 2\ntruncate = "left"\n'
+    )
+    arrays = read_arrays(dump(config, seqs))
+    keys = arrays["keys"].reshape(-1, 2)
+    a, lengths = arrays["a"].reshape(-1, 3, 2), arrays["a_length"].reshape(-1, 3)
+    seen = 0
+    for i, (uid, t0) in enumerate(keys.tolist()):
+        if not uid:
+            continue
+        seen += 1
+        for r, t in enumerate(range(t0, t0 + 3)):
+            kept = list(range(1, t % 4 + 1))[-2:]
+            assert lengths[i, r] == len(kept)
+            assert a[i, r, : len(kept)].tolist() == kept
+    assert seen == sum(max(0, 1 + u % 12 - 2) for u in range(1, 121))
