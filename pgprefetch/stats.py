@@ -120,13 +120,16 @@ def _per_batch(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """
     out = np.empty((values.shape[0], 5))
     for b in range(values.shape[0]):
-        x = values[b][valid[b]].astype(np.float64)
-        if not x.size:
+        real = values[b][valid[b]]
+        if not real.size:
             out[b] = (0.0, 0.0, 0.0, np.inf, -np.inf)
             continue
+        x = real.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):  # an infinity makes the figures NaN, said as None
             mean = x.sum() / x.size
-            out[b] = (x.size, mean, np.square(x - mean).sum(), x.min(), x.max())
+            x -= mean
+            np.square(x, out=x)
+            out[b] = (x.size, mean, x.sum(), real.min(), real.max())  # min and max in the field's own dtype
     return out
 
 
