@@ -74,17 +74,19 @@ class EpochStats:
         for f in self.fields:
             shape = (count, self.size, f.rows, len(f.columns), f.length)
             values = arrays[f.name][: count * self.size].reshape(shape)
-            valid = np.broadcast_to(real[:, :, None, None, None], shape)
+            # What is real, as a mask that broadcasts to `shape`; None when every value is.
+            valid = None if real.all() else np.broadcast_to(real[:, :, None, None, None], shape)
             if f.n_rows is not None:
                 n_rows = arrays[f.n_rows][: count * self.size].reshape(count, self.size)
-                valid = valid & (np.arange(f.rows) < n_rows[:, :, None])[:, :, :, None, None]
+                valid = _and(valid, (np.arange(f.rows) < n_rows[:, :, None])[:, :, :, None, None])
             if f.length_array is not None:
                 lengths = arrays[f.length_array][: count * self.size].reshape(count, self.size, f.rows)
-                valid = valid & (np.arange(f.length) < lengths[..., None])[:, :, :, None, :]
+                valid = _and(valid, (np.arange(f.length) < lengths[..., None])[:, :, :, None, :])
             if f.null_mask is not None:
-                valid = valid & ~arrays[f.null_mask][: count * self.size].reshape(shape)
+                valid = _and(valid, ~arrays[f.null_mask][: count * self.size].reshape(shape))
             for j in range(len(f.columns)):
-                out[:, col] = _per_batch(values[:, :, :, j, :], valid[:, :, :, j, :])
+                mask = None if valid is None else np.broadcast_to(valid, shape)[:, :, :, j, :]
+                out[:, col] = _per_batch(values[:, :, :, j, :], mask)
                 col += 1
         with self._lock:
             self._batches[first : first + count] = out
@@ -113,14 +115,18 @@ class EpochStats:
         return out
 
 
-def _per_batch(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """``(count, mean, M2, min, max)`` of each batch (axis 0) over its valid values.
+def _and(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
+    return b if a is None else a & b
+
+
+def _per_batch(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """``(count, mean, M2, min, max)`` of each batch (axis 0) over its valid values (all when None).
 
     One batch at a time, whatever the unit it was written in: a batch's figures depend on its bytes only.
     """
     out = np.empty((values.shape[0], 5))
     for b in range(values.shape[0]):
-        real = values[b][valid[b]]
+        real = values[b].reshape(-1) if valid is None else values[b][valid[b]]
         if not real.size:
             out[b] = (0.0, 0.0, 0.0, np.inf, -np.inf)
             continue
