@@ -84,7 +84,12 @@ def _rows_grouped(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.n
         try:
             try:
                 if col.is_array or col.is_bytes:
-                    lengths = per_row(blobs[i + 1], np.dtype(">i4"))
+                    if col.ragged:  # the lengths from the arrays' headers
+                        rows_sent = int(counts.sum()) if layout.variable_rows else n * rows
+                        nulls = per_row(blobs[i + 1], np.dtype("?"))
+                        lengths = ragged.lengths_of(blobs[i], rows_sent, nulls, col.wire.itemsize)
+                    else:
+                        lengths = per_row(blobs[i + 1], np.dtype(">i4"))
                     values, kept = _values(layout, col, blobs[i], lengths)
                     d.values[col] = padded(values)
                     if kept is not None:
@@ -120,7 +125,12 @@ def _rows_flat(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.ndar
         try:
             kept = None
             if col.is_array or col.is_bytes:
-                v, kept = _values(layout, col, blobs[i], wire.flat(blobs[i + 1], np.dtype(">i4")))
+                if col.ragged:  # the lengths from the arrays' headers
+                    nulls = wire.flat(blobs[i + 1], np.dtype("?"))
+                    lengths = ragged.lengths_of(blobs[i], n, nulls, col.wire.itemsize)
+                else:
+                    lengths = wire.flat(blobs[i + 1], np.dtype(">i4"))
+                v, kept = _values(layout, col, blobs[i], lengths)
             else:
                 v = wire.flat(blobs[i], col.wire)
             if col.nullable:

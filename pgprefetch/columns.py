@@ -47,6 +47,7 @@ class Column:
     nullable: bool = False  # sent with NULL replaced and a mask beside it (a field has a NULL policy)
     vocabulary: int | None = None  # categorical: the bind parameter ($n) holding the category list
     padded: int | None = None  # scan mode: an array of any length, sent cut and padded to this many elements
+    ragged: bool = False  # query mode: an array of any length, its lengths read from its array_send headers
     truncate: str = "error"  # with padded: which elements are kept (the length is sent beside, uncut)
 
     @classmethod
@@ -196,6 +197,8 @@ def plan_columns(
             )
             if pad_arrays and f.max_length is not None:
                 column = dataclasses.replace(column, padded=f.max_length, truncate=f.truncate)
+            elif f.max_length is not None and column.is_array:
+                column = dataclasses.replace(column, ragged=True)
             cols.append(column)
         by_field[f.name] = tuple(cols)
     return tuple(dict.fromkeys(c for cols in by_field.values() for c in cols)), by_field

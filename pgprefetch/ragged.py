@@ -12,6 +12,8 @@ position of the offending row, which :mod:`pgprefetch.collate` turns into a mess
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from .wire import HEADER, BadSample, _first_with_null
@@ -57,6 +59,36 @@ def arrays(
     count, first = kept(lengths, limit, truncate, "elements", hint)
     at = starts + HEADER + 4 + first * step  # each row's first kept value
     return _gather(data, at, count, step, wire, limit), count
+
+
+def lengths_of(blob: bytes | None, rows: int, nulls: np.ndarray, width: int) -> np.ndarray:
+    """Each row's element count, read from the headers of its ``array_send`` (the rows back to back).
+
+    A walk from header to header, since each row's place depends on the lengths before it: a few hundred
+    steps a batch, where asking the server for ``cardinality`` would decompress every TOASTed array again.
+    ``nulls`` marks the rows whose array is NULL (sent as nothing).
+    """
+    if nulls.any():
+        raise BadSample(int(np.flatnonzero(nulls)[0]), "is NULL")
+    data = blob or b""
+    lengths = np.zeros(rows, dtype=np.int64)
+    pos, step, end = 0, 4 + width, len(data)
+    for r in range(rows):
+        if pos + EMPTY > end:
+            raise BadSample(r, "has a NULL element")  # the data ran out: a NULL element shortened a row
+        ndim, has_null = _HEAD.unpack_from(data, pos)
+        if has_null or ndim > 1:
+            raise BadSample(r, "has a NULL element or more than one dimension")
+        if ndim == 0:
+            pos += EMPTY
+            continue
+        n = int.from_bytes(data[pos + 12 : pos + 16], "big")
+        lengths[r] = n
+        pos += HEADER + n * step
+    return lengths
+
+
+_HEAD = struct.Struct(">ii")
 
 
 def byte_runs(

@@ -455,3 +455,12 @@ def test_scan_windows_of_rows_whose_arrays_vary(seqs: str, tmp_path: Path) -> No
             assert lengths[i, r] == len(kept)
             assert a[i, r, : len(kept)].tolist() == kept
     assert seen == sum(max(0, 1 + u % 12 - 2) for u in range(1, 121))
+
+
+@pytest.mark.parametrize("rows", ["flat", "max_rows"])
+def test_a_null_array_is_an_error_naming_its_sample(seqs: str, tmp_path: Path, rows: str) -> None:
+    execute(seqs, "ALTER TABLE seqs ALTER COLUMN tokens DROP NOT NULL", "UPDATE seqs SET tokens = NULL WHERE id = 78")
+    fields = {"tokens": (["tokens"], "int32", {"max_length": 64})}
+    extra = {} if rows == "flat" else {"extra_samples": "max_rows = 2", "rows": None}
+    with pytest.raises(SampleError, match=r"sample \(id=78\): field tokens, column tokens is NULL"):
+        dump(seqs_config(tmp_path, fields, **extra), seqs)
