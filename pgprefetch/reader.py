@@ -97,7 +97,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.trim = trim
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.stored_batch_size = int(self.manifest["batch_size"])
-        self.batch_size = self.stored_batch_size if batch_size is None else _positive("batch_size", batch_size)
+        self.batch_size = self.stored_batch_size if batch_size is None else positive("batch_size", batch_size)
         self.n_samples = int(self.manifest["n_samples"])
         self._arrays = EpochArrays(self._backend, epoch, (*self.arrays, KEYS_ARRAY))
         self._seek(0)  # _base: the first sample of this view; _pos: local batches handed out by iteration
@@ -345,7 +345,8 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return r, world
 
 
-def _positive(name: str, value: int) -> int:
+def positive(name: str, value: int) -> int:
+    """``value``, if it is a positive integer; else a ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     return value

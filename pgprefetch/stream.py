@@ -30,7 +30,7 @@ import torch.utils.data
 
 from .errors import ConfigError
 from .padding import trim as trim_padding
-from .reader import EpochDataset, rank_and_world
+from .reader import EpochDataset, positive, rank_and_world
 from .store import Store
 
 _RESHARDERS = ("IterableDatasetShard", "DataLoaderDispatcher")  # accelerate's wrappers that split a dataset
@@ -78,10 +78,8 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             raise ConfigError(f"start_epoch must be an integer >= 0, got {start_epoch!r}")
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
             raise ConfigError(f"epochs must be a positive integer or None, got {epochs!r}")
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
-            raise ConfigError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if batch_size is not None:
+            positive("batch_size", batch_size)  # EpochDataset's check and message
         self.store = store
         self.start_epoch = start_epoch
         self.end = None if epochs is None else start_epoch + epochs  # the first epoch not in the stream

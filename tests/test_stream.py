@@ -6,13 +6,11 @@ The store holds three epochs of ``s(id, v = id)``: 470 samples in stored batches
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import numpy as np
 import pytest
 import torch
@@ -24,7 +22,7 @@ from pgprefetch import EpochDataset, EpochStream, Store
 from pgprefetch.errors import ConfigError, EpochNotReadyError
 
 from .conftest import with_database
-from .helpers import dump, write_config
+from .helpers import dump, execute, write_config
 
 N, SIZE = 470, 16
 pytestmark = [
@@ -49,26 +47,15 @@ def config_for(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def source(pg_dsn: str) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
-
-    async def run(dsn: str, *sql: str) -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            for statement in sql:
-                await conn.execute(statement)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(pg_dsn, f"CREATE DATABASE {name}"))
+    execute(pg_dsn, f"CREATE DATABASE {name}")
     dsn = with_database(pg_dsn, name)
-    asyncio.run(
-        run(
-            dsn,
-            "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-            f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
-        )
+    execute(
+        dsn,
+        "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
+        f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
     )
     yield dsn
-    asyncio.run(run(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture(scope="module")
