@@ -259,10 +259,11 @@ class BatchLayout:
             over = np.flatnonzero(lengths[col] > limit)
             if over.size and f.config.truncate == "error":
                 row = int(over[0])
+                unit = "bytes" if col.is_bytes else "elements"
                 raise self.sample_error(
                     keys,
                     row // self.rows,
-                    f"field {f.name}, column {col.name} has {lengths[col][row]} elements, more than max_length "
+                    f"field {f.name}, column {col.name} has {lengths[col][row]} {unit}, more than max_length "
                     f'{limit}; [fields.{f.name}] truncate = "right" or "left" keeps that many',
                 )
             if over.size:

@@ -46,9 +46,9 @@ class Column:
     is_array: bool
     nullable: bool = False  # sent with NULL replaced and a mask beside it (a field has a NULL policy)
     vocabulary: int | None = None  # categorical: the bind parameter ($n) holding the category list
-    padded: int | None = None  # scan mode: an array of any length, sent cut and padded to this many elements
+    padded: int | None = None  # scan mode: an array or bytes of any length, sent cut and padded to this many
     ragged: bool = False  # query mode: an array of any length, its lengths read from its array_send headers
-    truncate: str = "error"  # with padded: which elements are kept (the length is sent beside, uncut)
+    truncate: str = "error"  # with padded: which elements are kept (see length_sql for the length sent beside)
 
     @classmethod
     def from_type(
@@ -109,8 +109,10 @@ class Column:
         if self.vocabulary is not None:
             vocabulary = categories or f"${self.vocabulary}::text[]"
             return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
+        if self.is_bytes and self.padded is not None:
+            return self._padded_bytes_sql(ref)
         if self.is_bytes:
-            return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else ref
+            return self._bytes_sql(ref)
         if self.padded is not None:
             return self._padded_sql(ref)
         cast = WIRE[self.pg_type][2]
@@ -132,6 +134,49 @@ class Column:
         )
         zero = f"0::{cast or self.pg_type}" if self.pg_type != "bool" else "false"
         return f"({kept} || array_fill({zero}, ARRAY[{n} - least(cardinality({ref}), {n})]))"
+
+    def length_sql(self, ref: str) -> str:
+        """Scan mode: the length sent beside a ``padded`` value, which :meth:`BatchLayout._kept` checks.
+
+        Uncut, so that ``truncate = "error"`` can name a longer sample; for bytes cut by the server the kept
+        length, since a cut that would split a UTF-8 character keeps fewer than ``padded`` bytes.
+        """
+        if not self.is_bytes:
+            return f"cardinality({ref})::int4"
+        if self.truncate == "error":
+            return f"octet_length({self._bytes_sql(ref)})"
+        _, count = self._cut_bytes(ref)
+        return f"({count})::int4"
+
+    def _bytes_sql(self, ref: str) -> str:
+        return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else ref
+
+    def _cut_bytes(self, ref: str) -> tuple[str, str]:
+        """SQL for the first kept byte (0-based) and the count of bytes kept, as :func:`ragged.byte_runs` cuts.
+
+        Text is never cut inside a character: the first byte dropped (``right``) or kept (``left``) must
+        not be a UTF-8 continuation byte (``10xxxxxx``).
+        """
+        n, value = self.padded, self._bytes_sql(ref)
+        assert n is not None
+        size = f"octet_length({value})"
+        if self.pg_type != "text":
+            return (f"greatest({size} - {n}, 0)" if self.truncate == "left" else "0"), f"least({size}, {n})"
+        steps = range(min(4, n))  # a character has at most 3 continuation bytes; a cut stays within the n bytes
+        if self.truncate == "left":
+            at = [f"{size} - {n - i}" for i in steps]
+            first = " ".join(f"WHEN get_byte({value}, {a}) & 192 <> 128 THEN {a}" for a in at)
+            start = f"CASE WHEN {size} <= {n} THEN 0 {first} ELSE {size} END"
+            return start, f"{size} - {start}"
+        ends = " ".join(f"WHEN get_byte({value}, {n - i}) & 192 <> 128 THEN {n - i}" for i in steps)
+        return "0", f"CASE WHEN {size} <= {n} THEN {size} {ends} ELSE 0 END"
+
+    def _padded_bytes_sql(self, ref: str) -> str:
+        """Text or bytea as exactly ``padded`` bytes: the kept ones (:meth:`_cut_bytes`), then zeros."""
+        n, value = self.padded, self._bytes_sql(ref)
+        start, count = self._cut_bytes(ref) if self.truncate != "error" else ("0", str(n))
+        zeros = f"decode(repeat('00', {n}), 'hex')"  # folded into a constant when the statement is planned
+        return f"substring(substring({value} from ({start}) + 1 for {count}) || {zeros} for {n})"
 
     @property
     def n_blobs(self) -> int:
@@ -157,8 +202,7 @@ def plan_columns(
     ``all_nullable`` sends every scalar column with its NULL mask (scan mode: a NULL is an error only in
     a row some sample uses, which is known only after the read), except those in ``not_null`` (declared
     NOT NULL by the table: no mask to send, no placeholder for the server to compute). ``pad_arrays`` (scan
-    mode): array columns of a field with ``max_length`` are cut and padded by the server; text and bytea
-    are not read.
+    mode): array, text and bytea columns of a field with ``max_length`` are cut and padded by the server.
     """
     by_field: dict[str, tuple[Column, ...]] = {}
     nullable = {name for f in fields if f.null != "error" for name in f.columns}
@@ -181,11 +225,6 @@ def plan_columns(
                     f"(it returns {', '.join(returned) or 'nothing'})"
                 )
             type_name, kind = returned[name]
-            if pad_arrays and f.max_length is not None and kind != "array":
-                raise ConfigError(
-                    f'{where}[fields.{f.name}] max_length: column "{name}" is {type_name}; scan mode pads array '
-                    "columns (text and bytea are read in query mode: [samples] keys and query)"
-                )
             column = Column.from_type(
                 name,
                 type_name,
@@ -193,9 +232,9 @@ def plan_columns(
                 f"{where}[fields.{f.name}] columns",
                 nullable=name in nullable,
                 vocabulary=param if f.categories is not None else None,
-                as_bytes=f.max_length is not None and f.dtype == "uint8" and not pad_arrays,
+                as_bytes=f.max_length is not None and f.dtype == "uint8",
             )
-            if pad_arrays and f.max_length is not None:
+            if pad_arrays and f.max_length is not None and (column.is_array or column.is_bytes):
                 column = dataclasses.replace(column, padded=f.max_length, truncate=f.truncate)
             elif f.max_length is not None and column.is_array:
                 column = dataclasses.replace(column, ragged=True)

@@ -147,6 +147,9 @@ class CopyDecoder:
                 if c.padded is not None:  # its length before the cut
                     fields += [(f"l_n{j}", ">i4"), (f"n{j}", ">i4")]
                     pos += 8
+            elif c.padded is not None:  # text or bytea, cut and padded to c.padded bytes, then its length
+                fields += [(f"l_c{j}", ">i4"), (f"c{j}", "u1", (c.padded,)), (f"l_n{j}", ">i4"), (f"n{j}", ">i4")]
+                pos += 4 + c.padded + 8
             else:
                 fields += [(f"l_c{j}", ">i4"), (f"c{j}", c.wire)]
                 pos += 4 + c.wire.itemsize
@@ -180,15 +183,18 @@ class CopyDecoder:
         """The error for a row that breaks the fixed layout, naming the column where it breaks.
 
         Field values are sent NOT NULL (placeholder and mask), so what can break it is a NULL key or order
-        value, or an array column whose value is NULL, holds a NULL or has another length than the first
-        row's. (After that row the stream is misaligned, so only the first such row is named.)
+        value, a NULL text or bytea, or an array column whose value is NULL, holds a NULL or has another
+        length than the first row's. (After that row the stream is misaligned, so only the first such row is named.)
         """
         keys = self.shape.key_names
         if field is not None and field[0] == "k":
             return SampleError(f'[samples] table: a row has a NULL in column "{keys[int(field[1:])]}"')
         arrays = [c.name for c in self.shape.columns if c.is_array]
         if field is not None and field[0] in "cm":
-            arrays = [self.shape.columns[int(field[1:])].name]
+            column = self.shape.columns[int(field[1:])]
+            if column.is_bytes:  # sent as exactly `padded` bytes: only a NULL breaks the layout
+                return SampleError(f'[samples] table: a row has a NULL in column "{column.name}"')
+            arrays = [column.name]
         return SampleError(
             f"[samples] table: a row's {' or '.join(arrays) or 'value'} is a NULL array, holds a NULL or has another "
             "length than the first row's (scan mode needs every row's arrays to have one length)"

@@ -145,7 +145,7 @@ def copy_select(shape: ScanShape, where: str = "") -> str:
         ref = quote_ident(c.name)
         exprs.append(c.value_sql(ref, vocabularies.get(c)))
         if c.padded is not None:
-            exprs.append(f"cardinality({ref})::int4")  # the length before the cut
+            exprs.append(c.length_sql(ref))
         if c.nullable:
             exprs.append(f"({ref} IS NULL)")
     return f"SELECT {', '.join(exprs)} FROM {shape.relation}{where}"

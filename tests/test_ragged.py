@@ -381,10 +381,11 @@ def test_the_stream_trims_too_also_from_reused_buffers(seqs: str, tmp_path: Path
 
 
 # --- scan mode -------------------------------------------------------------------------------------------------
-def scan_twin_configs(folder: Path, truncate: str, pad: int) -> tuple[Path, Path]:
-    """A rows scan of ``seqs`` with a padded tokens field, and its query-mode twin (same samples, same order)."""
-    field = '[fields.tokens]\ncolumns = ["tokens"]\ndtype = "int32"\nmax_length = 16\n'
-    field += f'pad = {pad}\ntruncate = "{truncate}"\n'
+def scan_twin_configs(folder: Path, truncate: str, pad: int, fields: str = "") -> tuple[Path, Path]:
+    """A rows scan of ``seqs`` with a padded tokens field (or ``fields``), and its query-mode twin (same samples,
+    same order)."""
+    tokens = '[fields.tokens]\ncolumns = ["tokens"]\ndtype = "int32"\nmax_length = 16\n'
+    field = fields or tokens + f'pad = {pad}\ntruncate = "{truncate}"\n'
     tail = '[batches]\nsize = 32\nseed = 5\ndrop_last = false\n[store]\npath = "store.zarr"\n'
     (folder / "scan").mkdir(parents=True)
     (folder / "twin").mkdir(parents=True)
@@ -392,7 +393,9 @@ def scan_twin_configs(folder: Path, truncate: str, pad: int) -> tuple[Path, Path
     scan.write_text('[samples]\ntable = "seqs"\nkey = "id"\n' + tail + field)
     twin = folder / "twin" / "c.toml"
     twin.write_text(
-        '[samples]\nkeys = "SELECT id FROM seqs"\nquery = "SELECT tokens FROM seqs WHERE id = $1"\n' + tail + field
+        '[samples]\nkeys = "SELECT id FROM seqs"\nquery = "SELECT tokens, title, blob FROM seqs WHERE id = $1"\n'
+        + tail
+        + field
     )
     return scan, twin
 
@@ -422,14 +425,50 @@ def test_scan_mode_stops_at_an_array_longer_than_max_length(seqs: str, tmp_path:
         dump(scan, seqs)
 
 
-def test_scan_mode_refuses_text_for_now(seqs: str, tmp_path: Path) -> None:
-    config = tmp_path / "c.toml"
-    config.write_text(
-        '[samples]\ntable = "seqs"\nkey = "id"\n[batches]\nsize = 8\n[store]\npath = "s.zarr"\n'
-        '[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 8\n'
+@pytest.mark.parametrize("truncate", ["right", "left"])
+def test_scan_mode_stores_text_and_bytea_byte_identical_to_the_query_mode(
+    seqs: str, tmp_path: Path, truncate: str
+) -> None:
+    # 1..4-byte characters around every cut position: max_length 7 lands inside most of them
+    execute(seqs, "UPDATE seqs SET title = repeat('aé日🎉', 1 + id % 3) WHERE id % 5 = 0")
+    fields = (
+        f'[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 7\npad = 32\ntruncate = "{truncate}"\n'
+        f'[fields.blob]\ncolumns = ["blob"]\ndtype = "uint8"\nmax_length = 5\ntruncate = "{truncate}"\n'
     )
-    with pytest.raises(ConfigError, match="scan mode pads array columns"):
-        dump(config, seqs)
+    scan, twin = scan_twin_configs(tmp_path, truncate, 0, fields)
+    from_scan, from_query = dump(scan, seqs), dump(twin, seqs)
+    assert chunk_bytes(from_scan.path) == chunk_bytes(from_query.path)
+    stored = by_key(read_arrays(from_scan))
+    for key, title, blob in fetch(seqs, "SELECT id, title, blob FROM seqs"):
+        text = stored[key]["title"][: stored[key]["title_length"]].tobytes().decode("utf-8")
+        assert text == (_fit(title, 7) if truncate == "right" else _fit(title[::-1], 7)[::-1])
+        assert (stored[key]["title"][stored[key]["title_length"] :] == 32).all()
+        kept = blob[:5] if truncate == "right" else blob[-5:]
+        assert stored[key]["blob_length"] == len(kept)
+        assert stored[key]["blob"].tobytes() == kept + bytes(5 - len(kept))
+    assert any(len(t.encode()) > 7 for _, t in fetch(seqs, "SELECT id, title FROM seqs"))
+
+
+def _fit(text: str, limit: int) -> str:
+    """The longest prefix of ``text`` whose UTF-8 fits ``limit`` bytes."""
+    while len(text.encode()) > limit:
+        text = text[:-1]
+    return text
+
+
+def test_scan_mode_stops_at_text_longer_than_max_length_and_at_a_null(seqs: str, tmp_path: Path) -> None:
+    fields = '[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 8\n'
+    scan, _ = scan_twin_configs(tmp_path, "error", 0, fields)
+    with pytest.raises(SampleError, match=r"sample \(id=\d+\): field title, column title has \d+ bytes, more than"):
+        dump(scan, seqs)
+    execute(
+        seqs,
+        "UPDATE seqs SET title = left(title, 2)",
+        "ALTER TABLE seqs ALTER COLUMN title DROP NOT NULL",
+        "UPDATE seqs SET title = NULL WHERE id = 9",
+    )
+    with pytest.raises(SampleError, match='a row has a NULL in column "title"'):
+        dump(scan, seqs)
 
 
 def test_scan_windows_of_rows_whose_arrays_vary(seqs: str, tmp_path: Path) -> None:
