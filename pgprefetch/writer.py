@@ -124,6 +124,7 @@ class EpochWriter:
         }
         self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
         if previous is not None:
+            _remove_temporaries(self.path)
             self._keep_verified(previous[1])
 
         self.resumed = int(self.done.sum())  # batches kept from a partial epoch a previous dump left
@@ -340,6 +341,17 @@ def checksum(data: bytes | np.ndarray | None) -> int:
         data = data.view()
         data.flags.writeable = False  # the C extension takes read-only buffers only
     return google_crc32c.value(data)
+
+
+def _remove_temporaries(folder: Path) -> None:
+    """Delete the temporary files of chunk writes a killed dump left in its partial epoch.
+
+    zarr writes each chunk to ``<chunk>.<uuid>.partial`` and renames it; killed in between, the file stays,
+    and publishing the folder would carry it into the epoch. The chunk itself is rewritten, its journal
+    line never having been written.
+    """
+    for leftover in folder.rglob("*.partial"):
+        leftover.unlink(missing_ok=True)
 
 
 def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:

@@ -280,11 +280,12 @@ def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, 
 
 
 def damage_partial_epoch(store: Path) -> int:
-    """Damage a killed dump's partial epoch three ways; return how many journaled batches are still intact.
+    """Damage a killed dump's partial epoch four ways; return how many journaled batches are still intact.
 
     The first journaled batch gets a flipped byte in its data; a middle one loses its journal line (its data
     stays: written, not journaled); the last journal line is cut short mid-number, its tail NUL bytes and
-    no newline, as a crash on a journaling filesystem can leave it.
+    no newline, as a crash on a journaling filesystem can leave it; and a chunk write killed before zarr
+    renamed its temporary file leaves that file.
     """
     journal = store / ".pgprefetch" / "partial" / "epoch-00000.journal"
     lines = journal.read_text().splitlines()
@@ -298,6 +299,7 @@ def damage_partial_epoch(store: Path) -> int:
     data = bytearray(path.read_bytes())
     data[slot * layout.batch_bytes + 5 if layout.raw else len(data) // 2] ^= 0x40
     path.write_bytes(bytes(data))
+    path.with_name(f"{path.name}.{'0' * 32}.partial").write_bytes(bytes(data[:100]))  # zarr's temporary name
 
     batch, crc_v, crc_keys = lines[cut].split()
     lines[cut] = f"{batch} {crc_v} {crc_keys[: len(crc_keys) // 2]}\0\0\0"
