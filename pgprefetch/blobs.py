@@ -1,10 +1,11 @@
-"""The batch statement's row of binary blobs, decoded into each column's values (not yet cast).
+"""The batch statement's binary results, decoded into each column's values (not yet cast).
 
 The batch statement (:mod:`pgprefetch.statement`) returns one row: the number of rows each sample
 returned, then per result column its values and, for arrays, text and bytea, each row's length (and for a
 nullable column its NULL mask). With ``rows = 1`` each is one array over the whole batch, beside the rows'
-key ordinals; otherwise each sample's arrays come back to back. :class:`~pgprefetch.collate.BatchLayout`
-casts what this returns into the batch buffers.
+key ordinals; otherwise each sample's arrays come back to back. A row-wise statement (values of any
+length) returns a row per sample instead: its key ordinal, then each column's binary value.
+:class:`~pgprefetch.collate.BatchLayout` casts what this returns into the batch buffers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
     from .collate import BatchLayout
 
 
+# What the batch statement returned: its one row of blobs, or for a row-wise statement each result column's
+# values over the rows (the rows transposed).
+Fetched = Sequence[bytes | None] | Sequence[Sequence[object]]
+
+
 @dataclass
 class Decoded:
     """One batch's column values as decoded (``(n * rows, ...)`` each), before the cast into the buffers."""
@@ -32,13 +38,15 @@ class Decoded:
     n_rows: np.ndarray | None = None  # each sample's kept row count, with max_rows
 
 
-def decode_blobs(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.ndarray) -> Decoded:
+def decode_blobs(layout: BatchLayout, fetched: Fetched, keys: np.ndarray) -> Decoded:
     """The values of every column of a batch whose samples have ``keys``; errors name the sample."""
     decoded = Decoded()
-    if layout.rows == 1 and not layout.variable_rows:
-        _rows_flat(layout, blobs, keys, decoded)
+    if layout.row_wise:
+        _rows_each(layout, fetched, keys, decoded)  # type: ignore[arg-type]
+    elif layout.rows == 1 and not layout.variable_rows:
+        _rows_flat(layout, fetched, keys, decoded)  # type: ignore[arg-type]
     else:
-        _rows_grouped(layout, blobs, keys, decoded)
+        _rows_grouped(layout, fetched, keys, decoded)  # type: ignore[arg-type]
     return decoded
 
 
@@ -109,17 +117,61 @@ def _rows_grouped(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.n
         i += col.n_blobs
 
 
-def _rows_flat(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.ndarray, d: Decoded) -> None:
-    """Decode the statement shape for ``rows = 1``: one array per column over the batch, plus ordinals."""
+def _one_row_each(layout: BatchLayout, ordinals: np.ndarray, keys: np.ndarray) -> np.ndarray | None:
+    """Check that each sample returned one row (``ordinals``: each row's sample, from 1); the rows' order.
+
+    Rows arrive in key order; should a plan ever reorder them, sorting by ordinal restores it.
+    """
     n = keys.shape[1]
-    ordinals = wire.flat(blobs[0], np.dtype(">i4")).astype(np.int64)
     counts = np.bincount(ordinals - 1, minlength=n)[:n] if ordinals.size else np.zeros(n, np.int64)
     wrong = np.flatnonzero(counts != 1)
     if wrong.size or ordinals.size != n:
         bad = int(wrong[0]) if wrong.size else 0
         raise layout.sample_error(keys, bad, f"returned {counts[bad]} rows, expected 1 ([samples] rows)")
-    # Rows arrive in key order; should a plan ever reorder them, sorting by ordinal restores it.
-    order = None if np.all(ordinals[1:] > ordinals[:-1]) else np.argsort(ordinals)
+    return None if np.all(ordinals[1:] > ordinals[:-1]) else np.argsort(ordinals)
+
+
+def _rows_each(layout: BatchLayout, columns: Sequence[Sequence[object]], keys: np.ndarray, d: Decoded) -> None:
+    """Decode a row-wise statement's rows: each column's binary values, one per sample, joined and viewed."""
+    n = keys.shape[1]
+    ordinals = np.array(columns[0] if columns else (), dtype=np.int64)
+    order = _one_row_each(layout, ordinals, keys)
+    i = 1
+    for col in layout.columns:
+        sent: Sequence[bytes | None] = columns[i]  # type: ignore[assignment]
+        try:
+            kept = None
+            if None in sent:  # a NULL the statement did not replace: the column has no NULL policy
+                nulls = sent.count(None)
+                raise wire.BadSample(sent.index(None), "is NULL" if col.is_array else wire.null_message(nulls))
+            data = b"".join(sent)  # type: ignore[arg-type]
+            if col.is_array:
+                lengths = ragged.lengths_of(data, n, np.zeros(n, dtype=bool), col.wire.itemsize)
+                v, kept = _values(layout, col, data, lengths)
+            elif col.is_bytes:
+                v, kept = _values(layout, col, data, np.fromiter(map(len, sent), np.int64, n))  # type: ignore[arg-type]
+            else:
+                v = np.frombuffer(data, dtype=col.wire)
+            if col.nullable:
+                m = np.array(columns[i + 1], dtype=bool)
+                d.masks[col] = m if order is None else m[order]
+        except wire.BadSample as e:  # e.sample is the row as it arrived
+            raise layout.sample_error(
+                keys,
+                int(ordinals[e.sample]) - 1,
+                f"{layout.column_label(col)}column {col.name} {layout.decode_hint(col, e)}",
+            ) from None
+        d.values[col] = v if order is None else v[order]
+        if kept is not None:
+            d.lengths[col] = kept if order is None else kept[order]
+        i += 1 + col.nullable
+
+
+def _rows_flat(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.ndarray, d: Decoded) -> None:
+    """Decode the statement shape for ``rows = 1``: one array per column over the batch, plus ordinals."""
+    n = keys.shape[1]
+    ordinals = wire.flat(blobs[0], np.dtype(">i4")).astype(np.int64)
+    order = _one_row_each(layout, ordinals, keys)
     i = 1
     for col in layout.columns:
         try:
@@ -160,12 +212,15 @@ def _values(
     return ragged.arrays(blob, lengths, col.wire, f.max_length, f.truncate, hint)
 
 
-def array_lengths(layout_columns: Sequence[Column], blobs: Sequence[bytes | None]) -> dict[Column, int]:
+def array_lengths(layout_columns: Sequence[Column], fetched: Fetched, row_wise: bool = False) -> dict[Column, int]:
     """The element count of each array column in the first row of a batch (fixes the field shapes)."""
     out = {}
     i = 1
     for col in layout_columns:
-        if col.is_array:
-            out[col] = wire.first_length(blobs[i + 1])
-        i += col.n_blobs
+        if col.is_array and row_wise:
+            first = fetched[i][0] if fetched and fetched[i] else None  # type: ignore[index]
+            out[col] = int(ragged.lengths_of(first, 1, np.zeros(1, dtype=bool), col.wire.itemsize)[0]) if first else 0
+        elif col.is_array:
+            out[col] = wire.first_length(fetched[i + 1])  # type: ignore[arg-type]
+        i += 1 + col.nullable if row_wise else col.n_blobs
     return out

@@ -21,7 +21,7 @@ from ._version import __version__
 from .check import SAMPLE_BATCHES, check_config
 from .cliwords import parse_epochs, summary
 from .config import load_config, parse_duration
-from .console import Group, fail, json_option, log_to_stderr, stop_on_sigterm
+from .console import Group, fail, json_option, log_to_stderr, stop_on_sigterm, tune_for_dumping
 from .errors import ConfigError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
 from .pipeline import RETRIES, Progress, ReadCache, dump_epoch, dump_epochs
@@ -126,6 +126,7 @@ def dump(
         epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
     log_to_stderr(quiet, log_format)
     stop_on_sigterm()
+    tune_for_dumping()
     progress: Progress = (
         BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
     )

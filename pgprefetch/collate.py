@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import wire
-from .blobs import decode_blobs
+from .blobs import Fetched, decode_blobs
 from .casts import misfit_after, misfit_before
 from .columns import WIRE, Column
 from .config import N_ROWS, FieldConfig
@@ -82,6 +82,7 @@ class BatchLayout:
     keys: KeyColumns  # how errors name a sample
     variable_rows: bool = False  # [samples] max_rows: 1..rows rows per sample, counted in the n_rows array
     row_truncate: str = "error"
+    row_wise: bool = False  # the batch statement returns a row per sample (statement.row_wise)
 
     @classmethod
     def build(
@@ -95,6 +96,7 @@ class BatchLayout:
         *,
         variable_rows: bool = False,
         row_truncate: str = "error",
+        row_wise: bool = False,
     ) -> BatchLayout:
         """Combine the config's fields with the columns' types and array lengths (from the first sample).
 
@@ -121,7 +123,7 @@ class BatchLayout:
                 n = lengths.pop()
             shape = (*([rows] if rows > 1 else []), *([len(cols)] if len(cols) > 1 else []), *([n] if n else []))
             layouts.append(FieldLayout(f, np.dtype(f.dtype), cols, shape, max(n, 1)))
-        return cls(tuple(columns), tuple(layouts), rows, keys, variable_rows, row_truncate)
+        return cls(tuple(columns), tuple(layouts), rows, keys, variable_rows, row_truncate, row_wise)
 
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
         """Every array a batch fills: (name, dtype, per-sample shape), each field then its NULL mask."""
@@ -146,7 +148,7 @@ class BatchLayout:
         """Zeroed batch buffers, one per array, to be filled by :meth:`decode` (and reused)."""
         return {name: np.zeros((size, *shape), dtype=dtype) for name, dtype, shape in self.arrays()}
 
-    def decode(self, blobs: Sequence[bytes | None], keys: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    def decode(self, blobs: Fetched, keys: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """Fill ``out`` with the batch whose samples have ``keys`` (shape ``(n_key_columns, n)``).
 
         Raises:

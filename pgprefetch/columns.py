@@ -32,6 +32,19 @@ WIRE: dict[str, tuple[str, int, str, str]] = {
     "timestamp": (">i8", 946_684_800_000_000, "", "'epoch'"),  # microseconds since 2000-01-01 -> since 1970
     "timestamptz": (">i8", 946_684_800_000_000, "", "'epoch'"),
 }
+# The binary send function of each wire type: a row-wise statement sends every value as its send bytes.
+SEND = {
+    "bool": "boolsend",
+    "int2": "int2send",
+    "int4": "int4send",
+    "int8": "int8send",
+    "float4": "float4send",
+    "float8": "float8send",
+    "numeric": "float8send",  # after the cast to float8
+    "date": "date_send",
+    "timestamp": "timestamp_send",
+    "timestamptz": "timestamptz_send",
+}
 SUPPORTED_TYPES = "bool, smallint, integer, bigint, real, double precision, numeric, date, timestamp, timestamptz"
 _TEXT_TYPES = ("text", "varchar", "bpchar", "name", "char", "citext")
 BYTES_TYPES = (*_TEXT_TYPES, "bytea")  # sent as bytes (UTF-8 for text) to a uint8 field with max_length
@@ -134,6 +147,19 @@ class Column:
         )
         zero = f"0::{cast or self.pg_type}" if self.pg_type != "bool" else "false"
         return f"({kept} || array_fill({zero}, ARRAY[{n} - least(cardinality({ref}), {n})]))"
+
+    def send_sql(self, ref: str) -> str:
+        """The row-wise statement's bytes for this column of one row (see :func:`statement.row_wise`).
+
+        An array as its ``array_send``; text and bytea as their bytes; a scalar as its type's send bytes.
+        A NULL stays NULL (the client sees None), except under a NULL policy (placeholder and mask).
+        """
+        value = self.value_sql(ref)
+        if self.is_array:
+            return f"array_send({value})"
+        if self.is_bytes:
+            return value
+        return f"{SEND['int4' if self.vocabulary is not None else self.pg_type]}({value})"
 
     def length_sql(self, ref: str) -> str:
         """Scan mode: the length sent beside a ``padded`` value, which :meth:`BatchLayout._kept` checks.

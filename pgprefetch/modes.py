@@ -56,7 +56,7 @@ async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator
     """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``."""
     size = cfg.batches.size
     plan = await plan_epoch(cfg, snap, epoch)
-    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params) as reader:
+    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
         # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
         layout = layout_from(cfg, plan, await reader.fetch(0, plan.batch_keys(0, size)))

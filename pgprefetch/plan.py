@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .blobs import array_lengths
+from .blobs import Fetched, array_lengths
 from .collate import BatchLayout
 from .columns import Column, plan_columns
 from .config import Config
@@ -24,7 +24,7 @@ from .keys import KeyColumns
 from .scan import ScanShape
 from .shuffle import DuplicateKeysError, epoch_indices, n_batches
 from .source import Snapshot
-from .statement import batch_statement
+from .statement import batch_statement, row_wise
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class EpochPlan:
     sql: str  # the batch statement (query mode; "" in scan mode)
     params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
     samples: np.ndarray | None = None  # scan mode: each sample of the epoch, as its index among the cut samples
+    row_wise: bool = False  # the batch statement returns a row per sample (statement.row_wise)
 
     def batch_keys(self, batch: int, size: int, count: int = 1) -> np.ndarray:
         """The keys of ``count`` batches from ``batch`` on, ``(n_slots, <= count * size)``."""
@@ -77,6 +78,7 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
             categories[f.name] = list(f.categories)
     variable = cfg.samples.max_rows is not None
     sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
+    rows_each = row_wise(columns, cfg.samples.rows, variable)
     order.pop("index")
     return EpochPlan(
         epoch=epoch,
@@ -87,6 +89,7 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
         categories=categories,
         sql=sql,
         params=tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
+        row_wise=rows_each,
     )
 
 
@@ -162,9 +165,9 @@ def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int
     )
 
 
-def layout_from(cfg: Config, plan: EpochPlan, first: tuple[bytes | None, ...]) -> BatchLayout:
+def layout_from(cfg: Config, plan: EpochPlan, first: Fetched) -> BatchLayout:
     """The decoding plan, with the field shapes fixed by the first batch's array lengths."""
-    lengths = array_lengths(plan.columns, first)
+    lengths = array_lengths(plan.columns, first, plan.row_wise)
     s = cfg.samples
     variable = getattr(s, "max_rows", None) is not None  # query mode's [samples] max_rows
     return BatchLayout.build(
@@ -176,6 +179,7 @@ def layout_from(cfg: Config, plan: EpochPlan, first: tuple[bytes | None, ...]) -
         plan.key_columns,
         variable_rows=variable,
         row_truncate=getattr(s, "truncate", "error"),
+        row_wise=plan.row_wise,
     )
 
 

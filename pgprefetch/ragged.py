@@ -133,23 +133,25 @@ def _gather(data: bytes, at: np.ndarray, count: np.ndarray, step: int, wire: np.
     if not total:
         return np.zeros((rows, limit), dtype=wire)
     dense = 3 * total >= rows * limit
+    # Positions are counted in units of `unit` bytes: the value's width when every value is aligned to it
+    # (the data viewed as values), 4 for 8-byte values at 4-byte offsets (two halves), else bytes.
+    unit = width if width in (1, 2, 4) and step % width == 0 and not (at % width).any() else 1
+    unit = 4 if width == 8 and step % 4 == 0 and not (at % 4).any() else unit
     if dense:
         index = np.arange(limit, dtype=np.int64)
-        pos = at[:, None] + index * step  # (rows, limit)
+        pos = (at // unit)[:, None] + index * (step // unit)  # (rows, limit); divided per row, not per value
     else:
         row = np.repeat(np.arange(rows), count)
         offsets = np.zeros(rows, dtype=np.int64)
         np.cumsum(count[:-1], out=offsets[1:])
         index = np.arange(total, dtype=np.int64) - offsets[row]  # position within the row
-        pos = at[row] + index * step  # byte offset of each value
+        pos = (at // unit)[row] + index * (step // unit)  # unit offset of each value
     # take(mode="clip"): the slots past the last row's end may point past the data (they are zeroed below).
-    if width in (1, 2, 4) and step % width == 0 and not (at % width).any():  # aligned: the bytes as values
+    if unit == width:  # aligned: the bytes as values
         units = np.frombuffer(data, dtype=wire, count=len(data) // width)
-        pos //= width
         values = units.take(pos, mode="clip")
-    elif width == 8 and step % 4 == 0 and not (at % 4).any():  # two big-endian halves: the value's bytes
+    elif unit == 4:  # two big-endian halves: the value's bytes
         units = np.frombuffer(data, dtype=">u4", count=len(data) // 4)
-        pos //= 4
         values = units.take(np.stack([pos, pos + 1], axis=-1), mode="clip").view(wire)[..., 0]
     else:
         raw = np.frombuffer(data, dtype=np.uint8)

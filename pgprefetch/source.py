@@ -26,6 +26,7 @@ from typing import TypeVar
 import asyncpg
 import numpy as np
 
+from .blobs import Fetched
 from .config import Config, SourceConfig
 from .errors import ConfigError, PgprefetchError, SampleError, SourceError
 from .keys import INTEGER_TYPES, UUID_TYPE, KeyColumns
@@ -281,8 +282,10 @@ class BatchReader:
         workers: list[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]],
         params: Sequence[object],
         timeout_ms: int,
+        row_wise: bool = False,
     ) -> None:
         self._params = tuple(params)
+        self._row_wise = row_wise
         self._timeout = timeout_ms
         self._idle: asyncio.Queue[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]] = asyncio.Queue()
         for w in workers:
@@ -292,12 +295,19 @@ class BatchReader:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, source: SourceConfig, snapshot_id: str, sql: str | None, params: Sequence[object] = ()
+        cls,
+        source: SourceConfig,
+        snapshot_id: str,
+        sql: str | None,
+        params: Sequence[object] = (),
+        *,
+        row_wise: bool = False,
     ) -> AsyncIterator[BatchReader]:
         """Open the workers concurrently; each begins its transaction and imports ``snapshot_id``.
 
         ``sql`` is the batch statement each prepares (None for workers that only COPY); ``params`` follow
-        the key arrays as its bind parameters (the category lists).
+        the key arrays as its bind parameters (the category lists). ``row_wise``: it returns a row per
+        sample (:func:`pgprefetch.statement.row_wise`), not one row.
         """
         if not _SNAPSHOT_ID.match(snapshot_id):
             raise SourceError(f"refusing an invalid snapshot id {snapshot_id!r}")
@@ -327,7 +337,7 @@ class BatchReader:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-            yield cls(list(workers), params, timeout)
+            yield cls(list(workers), params, timeout, row_wise)
         finally:
             await asyncio.gather(*(close(c, timeout) for c in conns))
 
@@ -352,20 +362,20 @@ class BatchReader:
         finally:
             self._idle.put_nowait((conn, _))
 
-    async def fetch(self, batch: int, keys: np.ndarray, count: int = 1) -> tuple[bytes | None, ...]:
+    async def fetch(self, batch: int, keys: np.ndarray, count: int = 1) -> Fetched:
         """Run the batch statement for ``keys`` (shape ``(n_key_columns, n)``) on an idle worker.
 
         ``keys`` may hold ``count`` consecutive batches from ``batch`` on: small batches travel together.
+        Returns the statement's row; a row-wise statement's rows transposed into columns.
         """
         conn, stmt = await self._idle.get()
         what = f"batch {batch}" if count == 1 else f"batches {batch}-{batch + count - 1}"
+        args = (*(column.tolist() for column in keys), *self._params)
         try:
-            row = await _call(
-                conn,
-                lambda: stmt.fetchrow(*(column.tolist() for column in keys), *self._params),
-                what,
-                self._timeout,
-            )
+            if self._row_wise:
+                rows = await _call(conn, lambda: stmt.fetch(*args), what, self._timeout)
+                return tuple(zip(*rows, strict=True))
+            row = await _call(conn, lambda: stmt.fetchrow(*args), what, self._timeout)
         finally:
             self._idle.put_nowait((conn, stmt))
         return tuple(row)

@@ -105,7 +105,11 @@ def count_nulls(blob: bytes | None) -> int:
 
 
 def _null_message(blob: bytes | None) -> str:
-    n = count_nulls(blob)
+    return null_message(count_nulls(blob))
+
+
+def null_message(n: int) -> str:
+    """The error for a sample's NULL, with the count of NULLs in its batch (``n``; 0 when not known)."""
     return f"is NULL ({n} NULL{'s' if n != 1 else ''} in this batch)" if n else "is NULL"
 
 
