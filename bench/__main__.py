@@ -349,8 +349,10 @@ def stream_only(args: argparse.Namespace) -> None:
         log(f"wrote the EpochStream section of {args.results}")
 
 
-def _ragged_sizes(quick: bool) -> tuple[int, int]:
-    return (ragged_bench.QUICK_SAMPLES, 1) if quick else (ragged_bench.SAMPLES, ragged_bench.PASSES)
+def _ragged_sizes(quick: bool) -> tuple[int, int, int]:
+    if quick:
+        return ragged_bench.QUICK_SAMPLES, 1, 1
+    return ragged_bench.SAMPLES, ragged_bench.PASSES, ragged_bench.DUMPS
 
 
 def ragged_only(args: argparse.Namespace) -> None:
