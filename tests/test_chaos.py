@@ -3,7 +3,9 @@
 Each run draws its faults from a seed it prints (``PGPREFETCH_CHAOS_SEED`` replays a run): kills of
 every connection (one to three, 0.6-0.9 s apart), a server restart, a route that freezes mid-dump,
 SIGKILL or SIGTERM of the dump process followed by a rerun, and kills and frozen routes during a scan
-mode COPY. ``make test`` runs a short suite (``PGPREFETCH_CHAOS_RUNS``, 20 by default); ``make chaos``
+mode COPY. Each round of the scenarios dumps another config: one float field; arrays and text of any
+length; and those in samples of 1 to 3 rows. ``make test`` runs a short suite (``PGPREFETCH_CHAOS_RUNS``,
+30 by default: a round of each); ``make chaos``
 runs 200 and the large-epoch scenario of the issue (an 810k-row epoch, every connection killed three
 times, ten times in a row).
 """
@@ -32,10 +34,11 @@ from pgprefetch.retry import RetryPolicy
 from .faults import FreezableProxy, kill_every_connection, restart_server, socket_of
 from .helpers import chunk_bytes, execute, own_server, write_config
 
-RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "20"))
+RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "30"))
 SEED = int(os.environ.get("PGPREFETCH_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 30))))
 LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
 ROWS = 3840  # 120 batches of 32; each sample sleeps 1 ms, so a dump with 4 connections takes about 1 s
+KINDS = ("plain", "ragged", "max_rows")  # the query configs, a round of the scenarios each
 FAST_RETRY = RetryPolicy(retries=10, first_wait=0.05, max_wait=0.4)
 
 
@@ -48,13 +51,33 @@ class Bed:
     pgdata: Path
     proxy: FreezableProxy
     folder: Path
-    reference: dict[str, bytes]
-    seconds: float  # how long the clean dump took
+    reference: dict[str, dict[str, bytes]]  # each kind of config's clean epoch
+    seconds: dict[str, float]  # how long each kind's clean dump took
 
-    def config(self, name: str, scan: bool = False) -> Path:
+    def config(self, name: str, kind: str = "plain") -> Path:
+        """A config of ``kind``: ``plain`` (one float field), ``scan`` (its scan mode twin, the same bytes) or
+        ``ragged`` (arrays and text of any length, truncated: the row-wise statement) or ``max_rows`` (those
+        in samples of 1 to 3 rows, kept to 2)."""
         folder = self.folder / name
         folder.mkdir()
-        if scan:  # the scan mode twin of the query config below: the same bytes, one COPY of about 1 s
+        if kind in ("ragged", "max_rows"):
+            where = "BETWEEN $1 AND $1 + $1 % 3" if kind == "max_rows" else "= $1"
+            return write_config(
+                folder,
+                keys="SELECT id FROM s",
+                query=f"SELECT v, tokens, title, pg_sleep(0.0005) FROM s WHERE id {where}",
+                fields={
+                    "v": (["v"], "float32"),
+                    "tokens": (["tokens"], "int16", {"max_length": 24, "pad": -1, "truncate": "right"}),
+                    "title": (["title"], "uint8", {"max_length": 7, "truncate": "left"}),
+                },
+                size=32,
+                rows=None if kind == "max_rows" else 1,
+                connections=4,
+                extra_source='io_timeout = "1s"',
+                extra_samples='max_rows = 2\ntruncate = "right"' if kind == "max_rows" else "",
+            )
+        if kind == "scan":  # the scan mode twin of the query config below: the same bytes, one COPY of about 1 s
             path = folder / "test.toml"
             path.write_text(
                 '[source]\nconnections = 4\nio_timeout = "1s"\n[samples]\n'
@@ -81,17 +104,20 @@ def bed() -> Iterator[Bed]:
         direct = admin.replace("/postgres?", "/chaos?")
         execute(
             direct,
-            "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
-            f"INSERT INTO s SELECT i, i * 0.25 FROM generate_series(1, {ROWS}) i",
+            "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL, tokens int[] NOT NULL, title text NOT NULL)",
+            f"""INSERT INTO s SELECT i, i * 0.25, array(SELECT generate_series(1, i % 40)),
+                repeat('日é', i % 5) || 'x' FROM generate_series(1, {ROWS}) i""",
         )
         proxy = FreezableProxy(socket_of(direct))
         try:
-            bed = Bed(proxy.dsn(direct), direct, root / "pg", proxy, root / "runs", {}, 0.0)
+            bed = Bed(proxy.dsn(direct), direct, root / "pg", proxy, root / "runs", {}, {})
             bed.folder.mkdir()
-            started = time.monotonic()
-            result = in_process(bed.config("clean"), bed.dsn)
-            bed.seconds = time.monotonic() - started
-            bed.reference = chunk_bytes(result.path)
+            for kind in KINDS:
+                started = time.monotonic()
+                result = in_process(bed.config(f"clean-{kind}", kind), bed.dsn)
+                bed.seconds[kind] = time.monotonic() - started
+                bed.reference[kind] = chunk_bytes(result.path)
+            bed.reference["scan"], bed.seconds["scan"] = bed.reference["plain"], bed.seconds["plain"]
             yield bed
         finally:
             proxy.close()
@@ -155,8 +181,10 @@ SCENARIOS = (
 
 def one_run(bed: Bed, run: int, rng: random.Random) -> Outcome:
     scenario = SCENARIOS[run % len(SCENARIOS)]
-    cfg = bed.config(f"run{run}", scan=scenario.startswith("scan"))
-    moment = rng.uniform(0.05, 0.8) * bed.seconds
+    # Each round of the scenarios dumps another kind of config (query mode; scans stay plain).
+    kind = "scan" if scenario.startswith("scan") else KINDS[run // len(SCENARIOS) % len(KINDS)]
+    cfg = bed.config(f"run{run}", kind)
+    moment = rng.uniform(0.05, 0.8) * bed.seconds[kind]
     causes = None
     if scenario == "scan kill":
         error, causes = faulted_in_process(bed, cfg, [(moment, lambda: kill_every_connection(bed.direct))])
@@ -179,7 +207,7 @@ def one_run(bed: Bed, run: int, rng: random.Random) -> Outcome:
     epoch = cfg.parent / "store.zarr" / "epoch-00000"
     published = epoch.exists()
     if published:
-        assert chunk_bytes(epoch) == bed.reference, f"run {run} ({scenario}): published bytes differ"
+        assert chunk_bytes(epoch) == bed.reference[kind], f"run {run} ({scenario}, {kind}): published bytes differ"
     else:
         assert error, f"run {run} ({scenario}): nothing published and no error"
         assert "\n" not in error, f"run {run} ({scenario}): the error is more than one line"
