@@ -32,7 +32,8 @@ NULL_SUFFIX = "_null"  # a field with a NULL policy gets a boolean array "<field
 LENGTH_SUFFIX = "_length"  # a field with max_length gets an int32 array "<field>_length" of real lengths
 N_ROWS = "n_rows"  # with [samples] max_rows, an int32 array of each sample's real row count
 TRUNCATES = ("error", "right", "left")
-RESERVED_FIELDS = ("keys", "_checksums")  # arrays of every epoch: each batch's keys, every chunk's CRC32C
+# Arrays of every epoch: each batch's keys, every chunk's CRC32C, each batch's longest sample (padded fields)
+RESERVED_FIELDS = ("keys", "_checksums", "_longest")
 
 
 @dataclass(frozen=True, kw_only=True)

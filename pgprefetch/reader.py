@@ -26,8 +26,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils.data
+import zarr
 
 from .config import load_config
 from .epocharrays import EpochArrays, empty_aligned
@@ -35,7 +37,7 @@ from .errors import ConfigError, StoreError
 from .keys import KeyColumns
 from .localstore import LocalStore
 from .padding import trim
-from .store import KEYS_ARRAY, Store
+from .store import KEYS_ARRAY, Store, epoch_name
 from .transfer import cuda_batches
 
 
@@ -126,6 +128,20 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def stats(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per field and column: count, mean, std, min and max over the epoch's real values (no padding)."""
         return self.manifest.get("stats", {})
+
+    @property
+    def longest(self) -> dict[str, np.ndarray]:
+        """Each stored batch's longest sample per lengths array (``<field>_length``), and most rows (``n_rows``).
+
+        Read from the epoch's ``_longest`` array, a few bytes a batch, not from the batches: to bucket
+        batches by length, or to size a model's buffers, before reading any. Empty without padded fields.
+        """
+        entry = self.manifest.get("longest")
+        if not entry:
+            return {}
+        path = f"{epoch_name(self.epoch)}/{entry['array']}"
+        table = zarr.open_array(self._backend.zarr_store(), path=path, mode="r")[:]
+        return {name: table[i] for i, name in enumerate(entry["arrays"])}
 
     @property
     def remote(self) -> bool:

@@ -38,11 +38,19 @@ class FieldStats:
 class EpochStats:
     """Collects each batch's statistics (from any thread, in any order) and merges them in batch order."""
 
-    def __init__(self, fields: tuple[FieldStats, ...], n_batches: int, batch_size: int, n_samples: int) -> None:
+    def __init__(
+        self,
+        fields: tuple[FieldStats, ...],
+        n_batches: int,
+        batch_size: int,
+        n_samples: int,
+        lengths: tuple[str, ...] = (),
+    ) -> None:
         self.fields = fields
         self.size, self.n_samples = batch_size, n_samples
         width = sum(len(f.columns) for f in self.fields)
         self._batches = np.full((n_batches, width, 5), np.nan)  # count, mean, M2, min, max
+        self._longest = {name: np.zeros(n_batches, dtype=np.int64) for name in lengths}  # each batch's
         self._lock = threading.Lock()
 
     @classmethod
@@ -61,10 +69,13 @@ class EpochStats:
             for f in layout.fields
             if f.dtype.kind in "iuf" and f.config.categories is None and not any(c.is_bytes for c in f.columns)
         )
-        return cls(fields, n_batches, batch_size, n_samples)
+        lengths = tuple(f.config.length_array for f in layout.fields if f.config.length_array)
+        return cls(fields, n_batches, batch_size, n_samples, (*lengths, *([N_ROWS] if layout.variable_rows else [])))
 
     def add(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> None:
         """The statistics of batches ``first..first+count-1``: ``count * batch_size`` samples of ``arrays``."""
+        for name, longest in self._longest.items():  # the last batch's padding samples have length 0
+            longest[first : first + count] = arrays[name][: count * self.size].reshape(count, -1).max(axis=1)
         if not self.fields:
             return
         out = np.empty((count, self._batches.shape[1], 5))
@@ -90,6 +101,14 @@ class EpochStats:
                 col += 1
         with self._lock:
             self._batches[first : first + count] = out
+
+    def longest(self) -> dict[str, list[int]]:
+        """Each batch's longest sample per lengths array (``<field>_length``, and ``n_rows``: its most rows).
+
+        Published with the epoch (``_longest``), so that batches can be bucketed or sized by length
+        without reading them.
+        """
+        return {name: longest.tolist() for name, longest in self._longest.items()}
 
     def result(self) -> dict[str, dict[str, dict[str, float | int | None]]]:
         """``{field: {column: {count, mean, std, min, max}}}`` over the epoch.

@@ -38,6 +38,7 @@ from .stats import EpochStats
 from .store import ArraySpec, Store, Uploader, compressors
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
+LONGEST_ARRAY = "_longest"  # (n_lengths_arrays, n_batches) int32: each batch's longest sample, or most rows
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
 # The most bytes one pwrite joins from several small batches. Larger writes would save nothing more, and
 # the page cache would hold them in large folios (ext4 and xfs since Linux 6.x), which a reader's first
@@ -282,9 +283,13 @@ class EpochWriter:
         The per-chunk checksums go to an array of their own in the epoch (``_checksums``: a row per array,
         a column per batch), not into the manifest: an epoch of 10^5 batches would otherwise carry
         megabytes of JSON that every reader and ``ls`` parses. (A plain file beside the manifest would
-        make zarr and xarray warn about an unknown object in the group.)
+        make zarr and xarray warn about an unknown object in the group.) So do each batch's longest sample
+        and most rows, for fields of any length (``_longest``, a row per lengths array).
         """
         manifest["checksums"] = {"algorithm": "crc32c", "array": CHECKSUMS_ARRAY, "arrays": self.names}
+        longest = self.stats.longest() if self.stats is not None else {}
+        if longest:
+            manifest["longest"] = {"array": LONGEST_ARRAY, "arrays": list(longest)}
         self._files.close_all()
         if self.uploader is not None:
             self.uploader.finish()  # every file sent before anything makes the epoch visible
@@ -296,6 +301,14 @@ class EpochWriter:
                 compressors=None,
                 dimension_names=[f"{CHECKSUMS_ARRAY}_array", "batch"],
             )
+            if longest:
+                self.group.create_array(
+                    LONGEST_ARRAY,
+                    overwrite=True,
+                    data=np.array(list(longest.values()), dtype="<i4"),
+                    compressors=None,
+                    dimension_names=[f"{LONGEST_ARRAY}_array", "batch"],
+                )
             self.group.attrs["pgprefetch"] = manifest
             self._journal.close()
             final = self.store.publish(self.epoch, self.path, replace=self.replace)

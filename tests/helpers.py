@@ -107,7 +107,7 @@ def epoch_group(result: DumpResult) -> zarr.Group:
 
 def read_arrays(result: DumpResult) -> dict[str, np.ndarray]:
     g = epoch_group(result)
-    return {name: g[name][:] for name in g.array_keys() if name != "_checksums"}  # data, not bookkeeping
+    return {name: g[name][:] for name in g.array_keys() if not name.startswith("_")}  # data, not bookkeeping
 
 
 @contextmanager

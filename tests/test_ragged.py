@@ -90,6 +90,7 @@ def test_int_arrays_of_any_length_are_padded_with_their_lengths(seqs: str, tmp_p
         assert (got["tokens"][len(kept) :] == -7).all()
     assert any(len(t) == 0 for t in truth.values())
     assert any(len(t) > 16 for t in truth.values())
+    assert_longest_published(tmp_path / "store.zarr", {"tokens_length": truth}, lambda t: min(len(t), 16))
 
 
 def test_an_array_longer_than_max_length_stops_the_dump_naming_the_sample(seqs: str, tmp_path: Path) -> None:
@@ -168,7 +169,8 @@ def test_samples_of_1_to_max_rows_rows_are_padded_with_n_rows(seqs: str, tmp_pat
         extra_samples=f'max_rows = 8\ntruncate = "{truncate}"',
         rows=None,
     )
-    stored = by_key(read_arrays(dump(config, seqs)))
+    result = dump(config, seqs)
+    stored = by_key(read_arrays(result))
     truth = {
         u: [r[1] for r in fetch(seqs, "SELECT t, v FROM events WHERE uid = $1 ORDER BY t", u)] for u in range(1, 121)
     }
@@ -178,6 +180,21 @@ def test_samples_of_1_to_max_rows_rows_are_padded_with_n_rows(seqs: str, tmp_pat
         assert stored[uid]["n_rows"] == len(kept)
         assert stored[uid]["v"][: len(kept)].tolist() == kept
         assert (stored[uid]["v"][len(kept) :] == -1.0).all()
+    assert_longest_published(result.path.parent, {"n_rows": truth}, lambda rows: min(len(rows), 8))
+
+
+def assert_longest_published(store: Path, truth: dict[str, dict[int, Any]], kept: Any) -> None:
+    """``EpochDataset.longest`` holds each stored batch's longest kept sample, as the database says."""
+    from pgprefetch import EpochDataset
+
+    ds = EpochDataset(store, 0, consumer=None)
+    longest = ds.longest
+    assert set(longest) == set(truth)
+    for name, values in truth.items():
+        assert longest[name].shape == (len(ds),)
+        for b in range(len(ds)):
+            keys = [k for k in ds.batch_keys(b)[:, 0].tolist() if k]
+            assert longest[name][b] == max(kept(values[k]) for k in keys), (name, b)
 
 
 def test_more_rows_than_max_rows_stops_the_dump_naming_the_sample(seqs: str, tmp_path: Path) -> None:

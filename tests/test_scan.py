@@ -200,7 +200,7 @@ def read_arrays_of(store: Path, epoch: int) -> dict[str, np.ndarray]:
     import zarr
 
     g = zarr.open_group(store / f"epoch-{epoch:05d}", mode="r")
-    return {name: g[name][:] for name in g.array_keys() if name != "_checksums"}  # data, not bookkeeping
+    return {name: g[name][:] for name in g.array_keys() if not name.startswith("_")}  # data, not bookkeeping
 
 
 def test_two_rows_of_a_series_with_one_order_value_name_the_series(ticks: str, tmp_path: Path) -> None:

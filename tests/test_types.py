@@ -89,8 +89,17 @@ def test_every_type_decodes_the_same_from_the_row_wise_statement(db: str, tmp_pa
     )
     fields: dict[str, tuple[Any, ...]] = {
         name: ([name], dtype)
-        for name, dtype in [("b", "bool"), ("i2", "int16"), ("i8", "int64"), ("f4", "float32"), ("n", "float64")]
-        + [("d", "int32"), ("ts", "int64"), ("tstz", "int64"), ("ia", "int32")]
+        for name, dtype in [
+            ("b", "bool"),
+            ("i2", "int16"),
+            ("i8", "int64"),
+            ("f4", "float32"),
+            ("n", "float64"),
+            ("d", "int32"),
+            ("ts", "int64"),
+            ("tstz", "int64"),
+            ("ia", "int32"),
+        ]
     }
     fields |= {"q": (["q"], "int32", {"null": -1}), "tag": (["tag"], "int8", {"categories": ["even", "odd"]})}
     query = "SELECT * FROM t WHERE id = $1"
