@@ -146,8 +146,8 @@ def _rows_each(layout: BatchLayout, columns: Sequence[Sequence[object]], keys: n
                 raise wire.BadSample(sent.index(None), "is NULL" if col.is_array else wire.null_message(nulls))
             data = b"".join(sent)  # type: ignore[arg-type]
             if col.is_array:
-                lengths = ragged.lengths_of(data, n, np.zeros(n, dtype=bool), col.wire.itemsize)
-                v, kept = _values(layout, col, data, lengths)
+                sizes = np.fromiter(map(len, sent), np.int64, n)  # type: ignore[arg-type]
+                v, kept = _values(layout, col, data, ragged.lengths_of_sized(data, sizes, col.wire.itemsize))
             elif col.is_bytes:
                 v, kept = _values(layout, col, data, np.fromiter(map(len, sent), np.int64, n))  # type: ignore[arg-type]
             else:

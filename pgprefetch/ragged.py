@@ -91,6 +91,23 @@ def lengths_of(blob: bytes | None, rows: int, nulls: np.ndarray, width: int) -> 
 _HEAD = struct.Struct(">ii")
 
 
+def lengths_of_sized(data: bytes, sizes: np.ndarray, width: int) -> np.ndarray:
+    """Each row's element count, from the byte size of its ``array_send`` (the rows back to back in ``data``).
+
+    The row-wise statement hands each row's value over on its own, so its size is known and the count
+    follows from it; only the headers' ndim and has-null words are read, with one index for all rows.
+    """
+    step = 4 + width
+    lengths = np.where(sizes > EMPTY, (sizes - HEADER) // step, 0)
+    starts = np.zeros(sizes.size, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    ndim, has_null = _heads(data, starts)
+    bad = (has_null != 0) | (ndim > 1) | ((sizes > EMPTY) & ((sizes - HEADER) % step != 0))
+    if bad.any():
+        raise BadSample(int(np.flatnonzero(bad)[0]), "has a NULL element or more than one dimension")
+    return lengths
+
+
 def byte_runs(
     blob: bytes | None, lengths: np.ndarray, limit: int, truncate: str, utf8: bool, hint: str
 ) -> tuple[np.ndarray, np.ndarray]:

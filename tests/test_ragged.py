@@ -514,6 +514,18 @@ def test_scan_windows_of_rows_whose_arrays_vary(seqs: str, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("rows", ["flat", "max_rows"])
+@pytest.mark.parametrize("value", ["ARRAY[1, NULL, 3]", "ARRAY[[1, 2], [3, 4]]"])
+def test_an_array_with_a_null_element_or_two_dimensions_is_an_error_naming_its_sample(
+    seqs: str, tmp_path: Path, rows: str, value: str
+) -> None:
+    execute(seqs, f"UPDATE seqs SET tokens = {value} WHERE id = 41")
+    fields = {"tokens": (["tokens"], "int32", {"max_length": 64})}
+    extra = {} if rows == "flat" else {"extra_samples": "max_rows = 2", "rows": None}
+    with pytest.raises(SampleError, match=r"sample \(id=41\): field tokens, column tokens has a NULL element"):
+        dump(seqs_config(tmp_path, fields, **extra), seqs)
+
+
+@pytest.mark.parametrize("rows", ["flat", "max_rows"])
 def test_a_null_array_is_an_error_naming_its_sample(seqs: str, tmp_path: Path, rows: str) -> None:
     execute(seqs, "ALTER TABLE seqs ALTER COLUMN tokens DROP NOT NULL", "UPDATE seqs SET tokens = NULL WHERE id = 78")
     fields = {"tokens": (["tokens"], "int32", {"max_length": 64})}
