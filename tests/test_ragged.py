@@ -93,6 +93,22 @@ def test_int_arrays_of_any_length_are_padded_with_their_lengths(seqs: str, tmp_p
     assert_longest_published(tmp_path / "store.zarr", {"tokens_length": truth}, lambda t: min(len(t), 16))
 
 
+@pytest.mark.parametrize("max_length", [8, 64])  # most rows fill 8 slots; few fill a third of 64
+@pytest.mark.parametrize(("pg_type", "dtype"), [("smallint", "int16"), ("bigint", "int64"), ("float8", "float64")])
+def test_arrays_of_every_width_are_gathered_whatever_their_fill(
+    seqs: str, tmp_path: Path, pg_type: str, dtype: str, max_length: int
+) -> None:
+    # 2-byte values lie 6 bytes apart (unaligned), 8-byte ones 12 apart; full rows and short ones take
+    # different gathers
+    execute(seqs, f"ALTER TABLE seqs ADD COLUMN w {pg_type}[]", f"UPDATE seqs SET w = tokens::{pg_type}[]")
+    fields = {"w": (["w"], dtype, {"max_length": max_length, "truncate": "left"})}
+    stored = by_key(read_arrays(dump(seqs_config(tmp_path, fields), seqs)))
+    for key, values in database(seqs, "SELECT id, w FROM seqs").items():
+        kept = values[-max_length:] if values else []
+        assert stored[key]["w_length"] == len(kept)
+        assert stored[key]["w"].tolist() == kept + [0] * (max_length - len(kept))
+
+
 def test_an_array_longer_than_max_length_stops_the_dump_naming_the_sample(seqs: str, tmp_path: Path) -> None:
     fields = {"tokens": (["tokens"], "int32", {"max_length": 16})}
     longest = max(database(seqs, "SELECT id, cardinality(tokens) FROM seqs").items(), key=lambda kv: kv[1])
