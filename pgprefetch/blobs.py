@@ -143,7 +143,7 @@ def _rows_each(layout: BatchLayout, columns: Sequence[Sequence[object]], keys: n
             kept = None
             if None in sent:  # a NULL the statement did not replace: the column has no NULL policy
                 nulls = sent.count(None)
-                raise wire.BadSample(sent.index(None), "is NULL" if col.is_array else wire.null_message(nulls))
+                raise wire.BadSample(sent.index(None), wire.null_message(nulls))
             data = b"".join(sent)  # type: ignore[arg-type]
             if col.is_array:
                 sizes = np.fromiter(map(len, sent), np.int64, n)  # type: ignore[arg-type]
@@ -217,9 +217,9 @@ def array_lengths(layout_columns: Sequence[Column], fetched: Fetched, row_wise: 
     out = {}
     i = 1
     for col in layout_columns:
-        if col.is_array and row_wise:
+        if col.is_array and row_wise:  # the header's dimension word; decoding checks the value, naming its sample
             first = fetched[i][0] if fetched and fetched[i] else None  # type: ignore[index]
-            out[col] = int(ragged.lengths_of(first, 1, np.zeros(1, dtype=bool), col.wire.itemsize)[0]) if first else 0
+            out[col] = int.from_bytes(first[12:16], "big") if first and len(first) > ragged.EMPTY else 0  # type: ignore[index]
         elif col.is_array:
             out[col] = wire.first_length(fetched[i + 1])  # type: ignore[arg-type]
         i += 1 + col.nullable if row_wise else col.n_blobs

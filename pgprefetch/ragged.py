@@ -126,12 +126,13 @@ def byte_runs(
     if utf8:
         cut = np.flatnonzero(count < lengths)
         for _ in range(3):  # a UTF-8 character is at most 4 bytes: at most 3 continuation bytes to step over
+            live = cut[count[cut] > 0]  # rows cut to nothing have no byte left to look at
             if truncate == "left":  # the first kept byte must not be a continuation byte
-                inside = cut[(count[cut] > 0) & (raw[starts[cut] + first[cut]] & 0xC0 == 0x80)]
+                inside = live[raw[starts[live] + first[live]] & 0xC0 == 0x80]
                 first[inside] += 1
                 count[inside] -= 1
             else:  # the first byte dropped must not be a continuation byte
-                inside = cut[(count[cut] > 0) & (raw[starts[cut] + count[cut]] & 0xC0 == 0x80)]
+                inside = live[raw[starts[live] + count[live]] & 0xC0 == 0x80]
                 count[inside] -= 1
             if not inside.size:
                 break

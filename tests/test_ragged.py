@@ -482,6 +482,19 @@ def test_scan_mode_stores_text_and_bytea_byte_identical_to_the_query_mode(
     assert any(len(t.encode()) > 7 for _, t in fetch(seqs, "SELECT id, title FROM seqs"))
 
 
+def test_text_cut_to_nothing_from_the_left_is_empty_in_both_modes(seqs: str, tmp_path: Path) -> None:
+    # max_length 1 keeps the last character only when it is one byte; the others are cut to nothing
+    execute(seqs, "UPDATE seqs SET title = (ARRAY['aé', 'é', '日', 'xa', ''])[1 + id % 5]")
+    fields = '[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 1\ntruncate = "left"\n'
+    scan, twin = scan_twin_configs(tmp_path, "left", 0, fields)
+    from_scan, from_query = dump(scan, seqs), dump(twin, seqs)
+    assert chunk_bytes(from_scan.path) == chunk_bytes(from_query.path)
+    stored = by_key(read_arrays(from_query))
+    for key, title in fetch(seqs, "SELECT id, title FROM seqs"):
+        kept = b"a" if title == "xa" else b""
+        assert stored[key]["title"][: stored[key]["title_length"]].tobytes() == kept
+
+
 def _fit(text: str, limit: int) -> str:
     """The longest prefix of ``text`` whose UTF-8 fits ``limit`` bytes."""
     while len(text.encode()) > limit:
@@ -531,13 +544,15 @@ def test_scan_windows_of_rows_whose_arrays_vary(seqs: str, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("rows", ["flat", "max_rows"])
 @pytest.mark.parametrize("value", ["ARRAY[1, NULL, 3]", "ARRAY[[1, 2], [3, 4]]"])
+@pytest.mark.parametrize("where", ["id = 41", "true"])  # every row: the first one fixes the field shapes
 def test_an_array_with_a_null_element_or_two_dimensions_is_an_error_naming_its_sample(
-    seqs: str, tmp_path: Path, rows: str, value: str
+    seqs: str, tmp_path: Path, rows: str, value: str, where: str
 ) -> None:
-    execute(seqs, f"UPDATE seqs SET tokens = {value} WHERE id = 41")
+    execute(seqs, f"UPDATE seqs SET tokens = {value} WHERE {where}")
     fields = {"tokens": (["tokens"], "int32", {"max_length": 64})}
     extra = {} if rows == "flat" else {"extra_samples": "max_rows = 2", "rows": None}
-    with pytest.raises(SampleError, match=r"sample \(id=41\): field tokens, column tokens has a NULL element"):
+    key = "41" if where == "id = 41" else r"\d+"
+    with pytest.raises(SampleError, match=rf"sample \(id={key}\): field tokens, column tokens has a NULL element"):
         dump(seqs_config(tmp_path, fields, **extra), seqs)
 
 
