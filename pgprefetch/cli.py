@@ -126,7 +126,6 @@ def dump(
         epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
     log_to_stderr(quiet, log_format)
     stop_on_sigterm()
-    tune_for_dumping()
     progress: Progress = (
         BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
     )
@@ -369,4 +368,5 @@ def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    tune_for_dumping()  # what the dump needs; the other commands do not mind
     cli(prog_name="pgprefetch")

@@ -80,7 +80,8 @@ def tune_for_dumping() -> None:
     glibc hands blocks over 128 KiB out as fresh mappings and gives them back on free, so each batch's
     temporaries (a few MiB) were zeroed pages, faulted in again batch after batch: raising the mapping and
     trimming thresholds keeps them in the heap, to be reused (a third of the dump's system time on the
-    ragged benchmark). Not glibc: the collector part only.
+    ragged benchmark). Not glibc: the collector part only. The console script calls this, not the
+    ``dump`` command itself, so that a process calling the CLI in-process keeps its own settings.
     """
     gc.freeze()
     try:
@@ -88,8 +89,10 @@ def tune_for_dumping() -> None:
     except OSError:
         return
     m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 64 << 20)
-    libc.mallopt(m_trim_threshold, 256 << 20)
+    # 32 MiB is the largest mapping threshold glibc documents for 64-bit; only if it took, the trimming one
+    # (set alone, it would switch the automatic threshold off and keep the small default).
+    if libc.mallopt(m_mmap_threshold, 32 << 20) == 1:
+        libc.mallopt(m_trim_threshold, 128 << 20)
 
 
 _JSON = threading.Event()  # the command was given --json: errors are JSON too
