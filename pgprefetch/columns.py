@@ -122,10 +122,8 @@ class Column:
         if self.vocabulary is not None:
             vocabulary = categories or f"${self.vocabulary}::text[]"
             return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
-        if self.is_bytes and self.padded is not None:
-            return self._padded_bytes_sql(ref)
-        if self.is_bytes:
-            return self._bytes_sql(ref)
+        if self.is_bytes:  # (scan mode pads the bytes of bytes_sql, computed once a row: see scan.copy_select)
+            return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else ref
         if self.padded is not None:
             return self._padded_sql(ref)
         cast = WIRE[self.pg_type][2]
@@ -162,29 +160,38 @@ class Column:
         return f"{SEND['int4' if self.vocabulary is not None else self.pg_type]}({value})"
 
     def length_sql(self, ref: str) -> str:
-        """Scan mode: the length sent beside a ``padded`` value, which :meth:`BatchLayout._kept` checks.
+        """Scan mode: an array's length before the cut, sent beside it (:meth:`BatchLayout._kept` checks it)."""
+        return f"cardinality({ref})::int4"
 
-        Uncut, so that ``truncate = "error"`` can name a longer sample; for bytes cut by the server the kept
-        length, since a cut that would split a UTF-8 character keeps fewer than ``padded`` bytes.
+    def bytes_sql(self, ref: str) -> str:
+        """Scan mode: text or bytea as bytes (UTF-8 for text), made anew so that a TOASTed value is read once.
+
+        (A bytea column passed on as it is stays a TOAST pointer, which every function given it reads again.)
         """
-        if not self.is_bytes:
-            return f"cardinality({ref})::int4"
+        return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else f"({ref} || ''::bytea)"
+
+    def padded_bytes_sql(self, value: str) -> tuple[str, str]:
+        """Scan mode: the bytes ``value`` (of :meth:`bytes_sql`) as exactly ``padded`` bytes, and their length.
+
+        The kept bytes, as :func:`ragged.byte_runs` keeps them, then zeros. The length is the kept one, since
+        a cut that would split a UTF-8 character keeps fewer than ``padded`` bytes; with ``truncate =
+        "error"`` nothing is cut and the whole length travels, for :meth:`BatchLayout._kept` to name a
+        longer sample. ``value`` is repeated: pass a column the scan computed once.
+        """
+        n = self.padded
+        assert n is not None
+        zeros = f"decode(repeat('00', {n}), 'hex')"  # folded into a constant when the statement is planned
         if self.truncate == "error":
-            return f"octet_length({self._bytes_sql(ref)})"
-        _, count = self._cut_bytes(ref)
-        return f"({count})::int4"
+            return f"substring({value} || {zeros} for {n})", f"octet_length({value})"
+        start, count = self._cut_bytes(value, n)
+        return f"substring(substring({value} from ({start}) + 1 for {count}) || {zeros} for {n})", f"({count})::int4"
 
-    def _bytes_sql(self, ref: str) -> str:
-        return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else ref
-
-    def _cut_bytes(self, ref: str) -> tuple[str, str]:
-        """SQL for the first kept byte (0-based) and the count of bytes kept, as :func:`ragged.byte_runs` cuts.
+    def _cut_bytes(self, value: str, n: int) -> tuple[str, str]:
+        """SQL for the first kept byte (0-based) and the count of bytes kept of the bytes ``value``.
 
         Text is never cut inside a character: the first byte dropped (``right``) or kept (``left``) must
         not be a UTF-8 continuation byte (``10xxxxxx``).
         """
-        n, value = self.padded, self._bytes_sql(ref)
-        assert n is not None
         size = f"octet_length({value})"
         if self.pg_type != "text":
             return (f"greatest({size} - {n}, 0)" if self.truncate == "left" else "0"), f"least({size}, {n})"
@@ -196,13 +203,6 @@ class Column:
             return start, f"{size} - {start}"
         ends = " ".join(f"WHEN get_byte({value}, {n - i}) & 192 <> 128 THEN {n - i}" for i in steps)
         return "0", f"CASE WHEN {size} <= {n} THEN {size} {ends} ELSE 0 END"
-
-    def _padded_bytes_sql(self, ref: str) -> str:
-        """Text or bytea as exactly ``padded`` bytes: the kept ones (:meth:`_cut_bytes`), then zeros."""
-        n, value = self.padded, self._bytes_sql(ref)
-        start, count = self._cut_bytes(ref) if self.truncate != "error" else ("0", str(n))
-        zeros = f"decode(repeat('00', {n}), 'hex')"  # folded into a constant when the statement is planned
-        return f"substring(substring({value} from ({start}) + 1 for {count}) || {zeros} for {n})"
 
     @property
     def n_blobs(self) -> int:

@@ -53,6 +53,7 @@ ORDER_TYPES = {
 }
 _SIMPLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
 _T = "_pgpf_t"
+_ONCE = "_pgpf_once"  # the per-row values of text and bytea columns scan mode cuts
 
 
 @dataclass(frozen=True)
@@ -141,14 +142,22 @@ def copy_select(shape: ScanShape, where: str = "") -> str:
     vocabularies = {
         c: _text_array(shape.categories[f]) for f, cols in shape.by_field.items() for c in cols if f in shape.categories
     }
-    for c in shape.columns:
+    once = []  # text and bytea to cut: each row's bytes, computed once (the cut refers to them ten times)
+    for j, c in enumerate(shape.columns):
         ref = quote_ident(c.name)
-        exprs.append(c.value_sql(ref, vocabularies.get(c)))
-        if c.padded is not None:
+        if c.is_bytes and c.padded is not None:
+            once.append(f"{c.bytes_sql(ref)} AS b{j}")
+            exprs += c.padded_bytes_sql(f"{_ONCE}.b{j}")
+        else:
+            exprs.append(c.value_sql(ref, vocabularies.get(c)))
+        if c.is_array and c.padded is not None:
             exprs.append(c.length_sql(ref))
         if c.nullable:
             exprs.append(f"({ref} IS NULL)")
-    return f"SELECT {', '.join(exprs)} FROM {shape.relation}{where}"
+    relation = shape.relation
+    if once:  # OFFSET 0: a subquery the planner keeps, so its values are not pasted into each reference
+        relation += f" CROSS JOIN LATERAL (SELECT {', '.join(once)} OFFSET 0) AS {_ONCE}"
+    return f"SELECT {', '.join(exprs)} FROM {relation}{where}"
 
 
 def _text_array(values: Sequence[str]) -> str:
@@ -239,9 +248,9 @@ async def _page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
     for i in range(n):
         parts = []
         if i > 0:
-            parts.append(f"ctid >= '({bounds[i - 1]},0)'::tid")
+            parts.append(f"{shape.relation}.ctid >= '({bounds[i - 1]},0)'::tid")  # qualified: the scan may join
         if i < n - 1:
-            parts.append(f"ctid < '({bounds[i]},0)'::tid")
+            parts.append(f"{shape.relation}.ctid < '({bounds[i]},0)'::tid")
         clauses.append(" WHERE " + " AND ".join(parts) if parts else "")
     return clauses
 
