@@ -156,12 +156,13 @@ def database_on_its_own_core(dsn: str) -> Iterator[bool]:
 
     Where the database runs on a host of its own, the client's work does not take the server's CPU; on
     these 2 cores they otherwise share both. Yields False (nothing pinned) for a server given by
-    ``PGPREFETCH_BENCH_DSN``, with fewer than 2 CPUs or without ``taskset``.
+    ``PGPREFETCH_BENCH_DSN``, with fewer than 2 CPUs or without ``taskset`` and ``pgrep``.
     """
     host = dsn.partition("host=")[2].partition("&")[0]
     pid_file = Path(host, "postmaster.pid")
     mine = os.sched_getaffinity(0)
-    if os.environ.get("PGPREFETCH_BENCH_DSN") or len(mine) < 2 or not pid_file.exists() or not shutil.which("taskset"):
+    tools = shutil.which("taskset") and shutil.which("pgrep")
+    if os.environ.get("PGPREFETCH_BENCH_DSN") or len(mine) < 2 or not pid_file.exists() or not tools:
         yield False
         return
     server_cpu, client_cpu = sorted(mine)[:2]
