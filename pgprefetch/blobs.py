@@ -164,7 +164,7 @@ def _rows_each(layout: BatchLayout, columns: Sequence[Sequence[object]], keys: n
         d.values[col] = v if order is None else v[order]
         if kept is not None:
             d.lengths[col] = kept if order is None else kept[order]
-        i += 1 + col.nullable
+        i += col.n_sent
 
 
 def _rows_flat(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.ndarray, d: Decoded) -> None:
@@ -222,5 +222,5 @@ def array_lengths(layout_columns: Sequence[Column], fetched: Fetched, row_wise: 
             out[col] = int.from_bytes(first[12:16], "big") if first and len(first) > ragged.EMPTY else 0  # type: ignore[index]
         elif col.is_array:
             out[col] = wire.first_length(fetched[i + 1])  # type: ignore[arg-type]
-        i += 1 + col.nullable if row_wise else col.n_blobs
+        i += col.n_sent if row_wise else col.n_blobs
     return out

@@ -209,6 +209,11 @@ class Column:
         """How many values of the batch row carry this column: arrays and bytes send lengths, nullable ones a mask."""
         return 1 + (self.is_array or self.is_bytes) + self.nullable
 
+    @property
+    def n_sent(self) -> int:
+        """How many values of a row-wise statement's row carry this column: its bytes, and a mask if nullable."""
+        return 1 + self.nullable
+
 
 def plan_columns(
     fields: Sequence[FieldConfig],
