@@ -242,6 +242,36 @@ def test_throttling_and_5xx_are_retried_by_the_dump_and_the_reader(
     assert all(torch.equal(b["v"], whole[i]["v"]) for i, b in enumerate(batches))
 
 
+def test_padded_fields_reach_s3_through_refused_requests_with_their_lengths_and_longest(
+    s_table: str, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Arrays and text of any length (the row-wise statement), and each batch's longest sample (_longest)
+    bucket = s3.bucket()
+    padded = {
+        "query": "SELECT array(SELECT generate_series(1, id % 7)) AS a, repeat('é', id % 5) AS t FROM s WHERE id = $1",
+        "fields": {
+            "a": (["a"], "int32", {"max_length": 4, "truncate": "left"}),
+            "t": (["t"], "uint8", {"max_length": 5, "truncate": "right"}),
+        },
+    }
+    local = dump(s_config(tmp_path, name="local.toml", **padded), s_table)
+    with throttling_proxy(s3.endpoint, every=3) as (endpoint, refused):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.setenv("PGPREFETCH_S3_RETRIES", "6")  # five arrays a batch in flight: a GET may meet 3 refusals
+        dump(s_config(tmp_path, name="s3.toml", store=f"s3://{bucket}/p", **padded), s_table)
+        remote = EpochDataset(f"s3://{bucket}/p", 0, consumer=None)
+        longest = remote.longest
+        batches = list(remote)
+    assert refused[0] >= 5
+    assert epoch_objects(s3, bucket, "p") == chunk_bytes(local.path)  # _longest among them
+    whole = EpochDataset(local.path.parent, 0, consumer=None)
+    assert longest.keys() == whole.longest.keys() == {"a_length", "t_length"}
+    for name, values in whole.longest.items():
+        assert longest[name].tolist() == values.tolist()
+        assert values.tolist() == [int(whole[i][name].max()) for i in range(len(whole))]
+    assert all(torch.equal(b["t"], whole[i]["t"]) and torch.equal(b["a"], whole[i]["a"]) for i, b in enumerate(batches))
+
+
 def test_force_rewrites_a_published_s3_epoch_in_full(s_table: str, s3: S3, tmp_path: Path) -> None:
     bucket = s3.bucket()
     cfg = s_config(tmp_path, store=f"s3://{bucket}/f")
