@@ -24,9 +24,11 @@ demo: $(STAMP)
 	$(BIN)/pgprefetch demo
 	$(BIN)/python examples/train.py --config configs/demo.toml --epochs 0 --steps 30
 
+# The import direction too (README.md, "Code map"): the contracts in pyproject.toml, run by import-linter.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -24,10 +24,11 @@ from . import ragged as ragged_bench
 from . import small as small_bench  # `small` is a flag in several functions here
 from . import stream as stream_bench  # `stream` reads better as the bench module here too
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
-from .report import LOCAL, Results, Row, code_revision, render, render_reader, splice, splice_reader
+from .machine import code_revision
+from .postgres import database, server
+from .report import LOCAL, Results, Row, render, render_reader, splice, splice_reader
 
 HERE = Path(__file__).resolve().parent
-DATABASE = "pgprefetch_bench"
 # Windows: 3,200 series -> 616,960 train windows (the ceiling takes ~10 s on 2 cores);
 # rows: 2.4M items -> 2.16M train rows.
 DEFAULT_SCALE_SEQ = 16.0
@@ -40,11 +41,6 @@ MIN_ROWS = 1_000_000
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-
-
-def with_database(dsn: str, name: str) -> str:
-    """The same server URI, pointing at database ``name``."""
-    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
 
 
 def proxy_target(dsn: str) -> str:
@@ -66,42 +62,6 @@ def proxied_dsn(dsn: str, port: int) -> str:
     user = parts.username or ""
     auth = f"{user}:{parts.password}@" if parts.password else f"{user}@" if user else ""
     return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}", query=urlencode(query)))
-
-
-@contextlib.contextmanager
-def server() -> Iterator[str]:
-    """The admin DSN: PGPREFETCH_BENCH_DSN, or a throwaway embedded PostgreSQL in a short temp folder."""
-    env = os.environ.get("PGPREFETCH_BENCH_DSN")
-    if env:
-        yield env
-        return
-    from pgprefetch.server import embedded_server
-
-    folder = Path(tempfile.mkdtemp(prefix="pgpf-bench-"))  # short: unix socket paths are capped near 107 bytes
-    try:
-        with embedded_server(folder) as dsn:
-            yield dsn
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def database(admin_dsn: str) -> Iterator[str]:
-    """A fresh database for the bench, dropped afterwards."""
-
-    async def execute(sql: str) -> None:
-        conn = await asyncpg.connect(admin_dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
-    asyncio.run(execute(f"CREATE DATABASE {DATABASE}"))
-    try:
-        yield with_database(admin_dsn, DATABASE)
-    finally:
-        asyncio.run(execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
 
 
 @contextlib.contextmanager
@@ -370,7 +330,7 @@ def measure_small(results: Results, dsn: str, quick: bool) -> None:
     sizes = ", ".join(f"{n:,}" for n in small_bench.SIZES)
     log(f"small batches: {samples:,} rows dumped in batches of {sizes}, {small_bench.ROUNDS} rounds")
     results.small = small_bench.run(dsn, samples=samples)
-    ratio, wall = results.small.ratio(), results.small.ratio(wall=True)
+    ratio, wall = results.small.times(), results.small.times(wall=True)
     seconds = results.small.seconds
     log(f"  small batches: {small_bench.SMALL}/{small_bench.BASE:,} {ratio:.2f}x ({wall:.2f}x wall) in {seconds:.0f} s")
 

@@ -21,10 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pgprefetch.collate import BatchLayout
-from pgprefetch.config import Config, parse_config
-from pgprefetch.plan import layout_from, plan_epoch
-from pgprefetch.source import BatchReader, Snapshot
+from pgprefetch.config.load import parse_config
+from pgprefetch.config.model import Config
+from pgprefetch.decode import collate
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.write.query import layout_from, plan_epoch
 
 from .datasets import Dataset
 from .dumprun import DumpRun
@@ -114,7 +116,7 @@ def decode_all(
     """Decode every fetched batch into ``out``; seconds per batch."""
     started = time.perf_counter()
     for blobs, keys in fetched:
-        layout.decode(blobs, keys, out)
+        collate.decode(layout, blobs, keys, out)
     return (time.perf_counter() - started) / len(fetched)
 
 

@@ -1,7 +1,7 @@
 """The in-process contenders: the blog post's query per sample, and two binary-COPY ceilings.
 
 *Row ceiling*: the per-sample query joined to the batch's keys, one row per tuple, as ``COPY``.
-*Statement ceiling*: the dump's own batch statement (:func:`pgprefetch.statement.batch_statement`, per-sample
+*Statement ceiling*: the dump's own batch statement (:func:`pgprefetch.pg.statement.batch_statement`, per-sample
 aggregated binary arrays) as ``COPY``, its bind parameters pasted in as literals (COPY takes none). Both send
 every batch of the dump's epoch, in its order, and throw the bytes away: what is left between the statement
 ceiling and the dump is the client's work (decoding, checks, writing) and the dump's own start-up.
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import asyncpg
 import numpy as np
 
-from pgprefetch.config import Config
-from pgprefetch.plan import plan_epoch
-from pgprefetch.source import Snapshot
+from pgprefetch.config.model import Config
+from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import replace_params
+from pgprefetch.write.query import plan_epoch
 
 from .datasets import EPOCH, Dataset
 
@@ -94,7 +94,7 @@ async def ceiling(dsn: str, ds: Dataset, keys: np.ndarray, *, connections: int) 
 async def statement_ceiling(cfg: Config, *, connections: int) -> tuple[Run, np.ndarray]:
     """The dump's own batch statement for every batch, as binary ``COPY (statement) TO STDOUT``, bytes discarded.
 
-    The statement and the epoch's keys come from pgprefetch's planning (:func:`pgprefetch.plan.plan_epoch`,
+    The statement and the epoch's keys come from pgprefetch's planning (:func:`pgprefetch.write.plan.plan_epoch`,
     outside the clock), so they are the dump's; the key arrays it binds as parameters are pasted in as
     ``'{...}'::int8[]`` literals, because COPY takes no parameters (so each batch is planned afresh, where the
     dump's prepared statement may reuse a plan). Returns the run and the keys it sent, ``(n_key_columns, n)``.

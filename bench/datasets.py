@@ -9,9 +9,9 @@ from pathlib import Path
 import asyncpg
 import numpy as np
 
-from pgprefetch.demodata import load_rows, load_sequences, row_count, sequence_counts
-from pgprefetch.shuffle import n_batches, shuffle_keys
+from pgprefetch.demo.data import load_rows, load_sequences, row_count, sequence_counts
 from pgprefetch.sqltext import replace_params
+from pgprefetch.write.shuffle import n_batches, shuffle_keys
 
 CONNECTIONS = 8
 SEED = 0

@@ -2,7 +2,7 @@
 
 Needs a CUDA GPU; without one it says so and exits (status 1) before writing anything. For each batch
 shape (default: 256 x 4096 float32 = 4 MiB batches, then 256 x 100 = 100 KiB), an epoch of ``--gb`` GiB
-is written in a temp folder with :class:`pgprefetch.writer.EpochWriter` (no PostgreSQL), read once
+is written in a temp folder with :class:`pgprefetch.write.writer.EpochWriter` (no PostgreSQL), read once
 untimed (page cache warm), then measured, each run a whole epoch, ``--passes`` rounds in turn, median:
 
 - *to_device*: ``for batch in ds.to_device("cuda", prefetch=2)``, a synchronize at the end.
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from pgprefetch import EpochDataset
-from pgprefetch.store import Store
+from pgprefetch.store.open import open_store
 
 from . import log as _log
 from .reader import BATCH_SIZE, FIELD, build_epoch, raw_pass, read_plan
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     cases = []
     started = time.perf_counter()
     try:
-        store = Store(folder / "store")
+        store = open_store(folder / "store")
         store.create()
         for epoch, features in enumerate(args.features):
             batch_bytes = BATCH_SIZE * features * 4

@@ -2,13 +2,13 @@
 
 Target: opening an epoch of 10^5 batches takes at most twice the time of opening one of 100, and the same
 for ``ls``. Two epochs of batches of 10 samples (a float32 field of 16 values, an int64 label and the keys)
-are written through :class:`pgprefetch.writer.EpochWriter`, as a dump writes them (no PostgreSQL), each in
+are written through :class:`pgprefetch.write.writer.EpochWriter`, as a dump writes them (no PostgreSQL), each in
 a store of its own, with a manifest holding what the dump's holds. Then, in rounds that alternate the two
 sizes (so that drift weighs on both alike), after one untimed warm-up call of each:
 
 - *EpochDataset(...)*: ``EpochDataset(store, epoch, consumer=None)``, construction only (``CALLS`` calls
   in a row per round: one takes well under a millisecond);
-- *list_epochs*: :func:`pgprefetch.maintenance.list_epochs` of the store, what ``pgprefetch ls`` calls
+- *list_epochs*: :func:`pgprefetch.store.maintenance.list_epochs` of the store, what ``pgprefetch ls`` calls
   (also ``CALLS`` in a row);
 - *ls CLI*: ``python -m pgprefetch ls --json --store ...`` as a subprocess, wall time (interpreter start-up
   included, which is most of it: the extra milliseconds are the column to read), in a phase after the
@@ -39,8 +39,9 @@ import numpy as np
 
 from pgprefetch import EpochDataset
 from pgprefetch._version import __version__
-from pgprefetch.maintenance import list_epochs
-from pgprefetch.store import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store, epoch_name
+from pgprefetch.store.base import FORMAT_VERSION, KEYS_ARRAY, ArraySpec, Store, epoch_name
+from pgprefetch.store.maintenance import list_epochs
+from pgprefetch.store.open import open_store
 
 from . import log
 
@@ -65,7 +66,7 @@ def specs() -> list[ArraySpec]:
 
 
 def manifest(epoch: int, n_batches: int, seconds: float) -> dict:
-    """A manifest with every key ``pgprefetch.manifest.epoch_manifest`` and ``_write_epoch`` put in one."""
+    """A manifest with every key ``pgprefetch.write.manifest.epoch_manifest`` and ``_write_epoch`` put in one."""
     n_samples = n_batches * BATCH_SIZE
     per_sample = EMB * 4 + 8 + 8
     return {
@@ -110,7 +111,7 @@ def manifest(epoch: int, n_batches: int, seconds: float) -> dict:
 
 def build_epoch(store: Store, epoch: int, n_batches: int) -> float:
     """Write and publish an uncompressed epoch of ``n_batches`` batches of ``BATCH_SIZE``; return seconds."""
-    from pgprefetch.writer import EpochWriter
+    from pgprefetch.write.writer import EpochWriter
 
     started = time.perf_counter()
     store.create()
@@ -147,7 +148,7 @@ def open_dataset(store: Path) -> EpochDataset:
 
 
 def list_store(store: Path) -> list:
-    return list_epochs(Store(store))
+    return list_epochs(open_store(store))
 
 
 def ls_cli(store: Path) -> dict:
@@ -220,7 +221,7 @@ def run(repeats: int = REPEATS, cli_repeats: int = CLI_REPEATS, profile: bool = 
         stores = {}
         for label, n in SIZES.items():
             stores[label] = root / label
-            write_s = build_epoch(Store(stores[label]), EPOCH, n)
+            write_s = build_epoch(open_store(stores[label]), EPOCH, n)
             epoch = stores[label] / epoch_name(EPOCH)
             results.cases.append(
                 OpeningCase(
@@ -268,7 +269,7 @@ def _ms(seconds: list[float]) -> float:
 
 def render(results: OpeningResults, *, revision: str = "") -> str:
     """The opening bench's section, between markers so that ``--opening-only`` can replace it in RESULTS.md."""
-    from .report import _cpu_model, code_revision
+    from .machine import code_revision, cpu_model
 
     small, large = results.cases
     ratios = results.ratios()
@@ -280,7 +281,8 @@ def render(results: OpeningResults, *, revision: str = "") -> str:
         f"{small.n_batches:,} and {large.n_batches:,} batches, written by `EpochWriter` without PostgreSQL "
         "(uncompressed, sharded; the per-chunk checksums in the epoch's `_checksums` array), each in a store of "
         "its own. *EpochDataset(...)*: `EpochDataset(store, epoch, consumer=None)`, construction only. "
-        "*list_epochs*: `pgprefetch.maintenance.list_epochs(Store(store))`, what `pgprefetch ls` calls. *ls CLI*: "
+        "*list_epochs*: `pgprefetch.store.maintenance.list_epochs(open_store(store))`, what `pgprefetch ls` calls. "
+        "*ls CLI*: "
         "`python -m pgprefetch ls --json --store ...` as a subprocess, wall time including the interpreter's "
         "start-up (most of it: *extra ms* is what the epoch's size costs). One untimed call of each first, then "
         f"rounds alternating the two sizes: the median of {len(small.dataset_s)} rounds of {CALLS} calls in a row "
@@ -302,7 +304,7 @@ def render(results: OpeningResults, *, revision: str = "") -> str:
         f"{large.manifest_bytes:,} at {large.n_batches:,}; files in the epoch folder: {small.files} and "
         f"{large.files}. Writing the epochs took {small.write_s:.1f} s and {large.write_s:.1f} s.",
         "",
-        f"Opening bench: {_cpu_model()}, Python {sys.version.split()[0]}, pgprefetch {revision or code_revision()}; "
+        f"Opening bench: {cpu_model()}, Python {sys.version.split()[0]}, pgprefetch {revision or code_revision()}; "
         f"{results.seconds:.0f} s including writing the epochs.",
         END,
     ]

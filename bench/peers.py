@@ -60,7 +60,7 @@ from torch.utils.data import DataLoader
 from bench import log as _log
 from pgprefetch import EpochDataset
 from pgprefetch._version import __version__ as pgprefetch_version
-from pgprefetch.store import Store
+from pgprefetch.store.open import open_store
 
 from .reader import aligned, build_epoch
 
@@ -332,7 +332,7 @@ def run_case(
     store, mds, lit = case / "pgprefetch", case / "mds", case / "litdata"
     write_s = {}
     started = time.perf_counter()
-    backend = Store(store)
+    backend = open_store(store)
     backend.create()
     build_epoch(backend, EPOCH, BATCH_SIZE, shape, n_batches)
     write_s["pgprefetch"] = time.perf_counter() - started

@@ -59,7 +59,7 @@ PASSES = 3
 DUMPS = 3  # dumps with statistics, and as many without
 # The dump with the statistics switched off (the A/B's B): the same CLI, EpochStats.add a no-op.
 NO_STATISTICS = (
-    "import pgprefetch.stats as s; s.EpochStats.add = lambda *a: None; from pgprefetch.cli import main; main()"
+    "import pgprefetch.write.stats as s; s.EpochStats.add = lambda *a: None; from pgprefetch.cli import main; main()"
 )
 BEGIN = "<!-- ragged bench: begin -->"
 END = "<!-- ragged bench: end -->"
@@ -185,7 +185,7 @@ def database_on_its_own_core(dsn: str) -> Iterator[bool]:
 
 def stats_seconds(store: Path) -> float:
     """CPU seconds of the statistics over every stored batch, computed as the writer does."""
-    from pgprefetch.stats import EpochStats, FieldStats
+    from pgprefetch.write.stats import EpochStats, FieldStats
 
     group = zarr.open_group(store / "epoch-00000", mode="r")
     tokens, lengths = group["tokens"], group["tokens_length"]
@@ -210,7 +210,7 @@ def read_pass(store: Path, *, trim: bool, batch_size: int | None) -> float:
 
 
 def run(samples: int = SAMPLES, passes: int = PASSES, dumps: int = DUMPS) -> RaggedResults:
-    from .__main__ import database, server
+    from .postgres import database, server
 
     results = RaggedResults()
     started = time.perf_counter()

@@ -1,6 +1,6 @@
 """The READER benchmark: ``EpochDataset`` against a plain ``preadv`` of the same bytes, page cache warm.
 
-Two epochs are written straight through :class:`pgprefetch.writer.EpochWriter` (no PostgreSQL): *small*
+Two epochs are written straight through :class:`pgprefetch.write.writer.EpochWriter` (no PostgreSQL): *small*
 batches (256 x 100 float32, 100 KiB) and *large* ones (256 x 4096 float32, 4 MiB), about 1 GiB each. Per
 epoch, three variants read every batch of field ``x`` into a buffer allocated once:
 
@@ -40,9 +40,10 @@ from torch.utils.data import DataLoader
 
 from pgprefetch import EpochDataset
 from pgprefetch._version import __version__
-from pgprefetch.layout import ArrayLayout
-from pgprefetch.store import FORMAT_VERSION, ArraySpec, Store, epoch_name
-from pgprefetch.writer import EpochWriter
+from pgprefetch.store.base import FORMAT_VERSION, ArraySpec, Store, epoch_name
+from pgprefetch.store.layout import ArrayLayout
+from pgprefetch.store.open import open_store
+from pgprefetch.write.writer import EpochWriter
 
 from . import log
 from .report import ReaderRow
@@ -57,7 +58,7 @@ FIELD = "x"
 
 
 def manifest(epoch: int, batch_size: int, n_batches: int, sample_shape: tuple[int, ...]) -> dict:
-    """A manifest like the dump's (``pgprefetch.pipeline._manifest``), with what the reader reads."""
+    """A manifest like the dump's (``pgprefetch.write.pipeline._manifest``), with what the reader reads."""
     n_samples = n_batches * batch_size
     return {
         "format_version": FORMAT_VERSION,
@@ -287,7 +288,7 @@ def run(epoch_bytes: int = EPOCH_BYTES) -> list[ReaderRow]:
     folder = Path(tempfile.mkdtemp(prefix="pgpf-bench-reader-"))
     rows = []
     try:
-        store = Store(folder / "store")
+        store = open_store(folder / "store")
         store.create()
         for epoch, (label, shape) in enumerate(CASES.items()):
             batch_bytes = BATCH_SIZE * math.prod(shape) * 4

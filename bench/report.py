@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .casts import CastRun, render_casts
 from .contenders import Run
 from .dumprun import DumpRun
+from .machine import code_revision, cpu_model, times
 
 if TYPE_CHECKING:
     from .opening import OpeningResults
@@ -122,39 +122,6 @@ def _n(x: float) -> str:
     return f"{x:,.0f}"
 
 
-def _x(x: float) -> str:
-    return f"{x:.2f}x" if x < 10 else f"{x:.1f}x"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def code_revision() -> str:
-    """pgprefetch's version and the checkout's commit (``+dirty`` with uncommitted changes to the code run)."""
-    from pgprefetch import __version__
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = ["../pgprefetch", ".", ":(exclude)RESULTS.md"]  # the package and the bench, not this report
-    try:
-        sha = subprocess.run(
-            ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--", *code], capture_output=True, text=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return __version__
-    return f"{__version__}, commit {sha}{'+dirty' if dirty else ''}"
-
-
 def rss_per_sample(small: DumpRun, large: DumpRun) -> float:
     """Peak RSS growth per extra sample between two dumps of different sizes, in bytes."""
     return (large.max_rss - small.max_rss) / (large.samples - small.samples)
@@ -189,7 +156,7 @@ def render(r: Results) -> str:
         "- *row ceiling*: one binary `COPY (per-sample query joined to the batch's keys) TO STDOUT` per batch, "
         "one row per tuple, bytes discarded, 8 in flight.",
         "- *statement ceiling*: one binary `COPY (the dump's own batch statement) TO STDOUT` per batch (per-sample "
-        "aggregated binary arrays, built by `pgprefetch.statement.batch_statement` through pgprefetch's planning; "
+        "aggregated binary arrays, built by `pgprefetch.pg.statement.batch_statement` through pgprefetch's planning; "
         "its key arrays pasted in as `int8[]` literals, since COPY takes no bind parameters), bytes discarded, "
         "8 in flight. The dump's server work without its client work: what separates it from the dump is "
         "decoding, checking and writing, and the dump process's start-up, keys query and shuffle.",
@@ -207,11 +174,11 @@ def render(r: Results) -> str:
     for row in r.rows:
         ceiling = _n(row.ceiling.rate) if row.ceiling else "—"
         statement = _n(row.statement.rate) if row.statement else "—"
-        vs_ceiling = _x(row.dump.rate / row.ceiling.rate) if row.ceiling else "—"
-        vs_statement = _x(row.dump.rate / row.statement.rate) if row.statement else "—"
+        vs_ceiling = times(row.dump.rate / row.ceiling.rate) if row.ceiling else "—"
+        vs_statement = times(row.dump.rate / row.statement.rate) if row.statement else "—"
         out.append(
             f"| {row.dataset} ({row.transport}) | {_n(row.samples)} | {_n(row.blog.rate)} | {ceiling} | {statement} "
-            f"| {_n(row.dump.rate)} | {vs_ceiling} | {vs_statement} | {_x(row.dump.rate / row.blog.rate)} "
+            f"| {_n(row.dump.rate)} | {vs_ceiling} | {vs_statement} | {times(row.dump.rate / row.blog.rate)} "
             f"| {_n(row.blog.samples)} in {row.blog.seconds:.1f} s "
             f"| {row.dump.seconds:.1f} ({row.dump.dump_seconds:.1f}) | {'yes' if row.keys_checked else '—'} |"
         )
@@ -240,18 +207,18 @@ def render(r: Results) -> str:
         if row.transport == LOCAL and ratio is not None:
             target = TARGET_BLOG[row.dataset]
             out.append(
-                f"- {where}: dump/row ceiling {_x(ratio)} >= {TARGET_CEILING}x: {_verdict(ratio >= TARGET_CEILING)}"
+                f"- {where}: dump/row ceiling {times(ratio)} >= {TARGET_CEILING}x: {_verdict(ratio >= TARGET_CEILING)}"
             )
             if row.statement:
                 vs_statement = row.dump.rate / row.statement.rate
                 out.append(
-                    f"- {where}: dump/statement ceiling {_x(vs_statement)} "
+                    f"- {where}: dump/statement ceiling {times(vs_statement)} "
                     "(no target: the same server work, so the gap is the client's)"
                 )
-            out.append(f"- {where}: dump/blog {_x(vs_blog)} >= {target:g}x: {_verdict(vs_blog >= target)}")
+            out.append(f"- {where}: dump/blog {times(vs_blog)} >= {target:g}x: {_verdict(vs_blog >= target)}")
         else:
-            also = f", dump/ceiling {_x(ratio)}" if ratio is not None else ""
-            out.append(f"- {where}: dump/blog {_x(vs_blog)}{also} (no target)")
+            also = f", dump/ceiling {times(ratio)}" if ratio is not None else ""
+            out.append(f"- {where}: dump/blog {times(vs_blog)}{also} (no target)")
     if len(r.rss) == 2:
         ratio = r.rss[1][2].max_rss / r.rss[0][2].max_rss
         out.append(
@@ -290,7 +257,7 @@ def render(r: Results) -> str:
         "Machine:",
         "",
         f"- platform: {platform.platform()}",
-        f"- CPUs: {os.cpu_count()} x {_cpu_model()}",
+        f"- CPUs: {os.cpu_count()} x {cpu_model()}",
         f"- PostgreSQL: {r.server_version}",
         f"- Python {platform.python_version()}; pgprefetch {r.revision or code_revision()}",
         f"- demo data scales: {scales}; setup (server, load, vacuum) {r.setup_s:.0f} s; bench total {r.total_s:.0f} s",
@@ -335,29 +302,29 @@ def render_reader(rows: list[ReaderRow], *, quick: bool, seconds: float, revisio
         shape = " x ".join(map(str, (row.batch_size, *row.sample_shape)))
         out.append(
             f"| {row.label} ({_size(row.batch_bytes)}) | {shape} float32 | {row.epoch_bytes / 1e9:.2f} "
-            f"| {row.raw_gbs:.2f} | {row.getitem_gbs:.2f} | {_x(row.getitem_gbs / row.raw_gbs)} "
-            f"| {row.to_device_gbs:.2f} | {_x(row.to_device_gbs / row.raw_gbs)} "
-            f"| {row.getitem_1t_gbs:.2f} | {_x(row.getitem_1t_gbs / row.raw_gbs)} | {row.first_batch_ms:.1f} |"
+            f"| {row.raw_gbs:.2f} | {row.getitem_gbs:.2f} | {times(row.getitem_gbs / row.raw_gbs)} "
+            f"| {row.to_device_gbs:.2f} | {times(row.to_device_gbs / row.raw_gbs)} "
+            f"| {row.getitem_1t_gbs:.2f} | {times(row.getitem_1t_gbs / row.raw_gbs)} | {row.first_batch_ms:.1f} |"
         )
     out += ["", "Targets (not meaningful at `--quick` sizes):" if quick else "Targets:", ""]
     for row in rows:
         for what, gbs in (("ds[i]+copy", row.getitem_gbs), ("to_device(cpu)", row.to_device_gbs)):
             ratio = gbs / row.raw_gbs
             out.append(
-                f"- {row.label} batches ({_size(row.batch_bytes)}): {what}/raw {_x(ratio)} >= {TARGET_READER}x: "
+                f"- {row.label} batches ({_size(row.batch_bytes)}): {what}/raw {times(ratio)} >= {TARGET_READER}x: "
                 f"{_verdict(ratio >= TARGET_READER)}"
             )
         if row.getitem_1t_s:
             out.append(
                 f"- {row.label} batches ({_size(row.batch_bytes)}): ds[i]+copy on 1 thread/raw "
-                f"{_x(row.getitem_1t_gbs / row.raw_gbs)} (no target; raw and reader at equal threads)"
+                f"{times(row.getitem_1t_gbs / row.raw_gbs)} (no target; raw and reader at equal threads)"
             )
     if any(row.loader_s for row in rows):
         out += ["", *render_loader(rows)]
     out += [
         "",
         f"Reader bench: torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} x "
-        f"{_cpu_model()}, Python {platform.python_version()}, pgprefetch {revision or code_revision()}; "
+        f"{cpu_model()}, Python {platform.python_version()}, pgprefetch {revision or code_revision()}; "
         f"{seconds:.0f} s "
         "including writing the epochs.",
         READER_END,
@@ -384,14 +351,14 @@ def render_loader(rows: list[ReaderRow]) -> list[str]:
         per_s = steady * 1e9 / row.batch_bytes
         out.append(
             f"| {row.label} ({_size(row.batch_bytes)}) | {row.getitem_gbs:.2f} | {zero:.2f} | {two:.2f} "
-            f"| {steady:.2f} | {_x(two / zero)} | {_x(steady / zero)} | {per_s:,.0f} |"
+            f"| {steady:.2f} | {times(two / zero)} | {times(steady / zero)} | {per_s:,.0f} |"
         )
     out += ["", "Target: k = 2 >= 0.5x the rate of k = 0:", ""]
     for row in rows:
         zero, two, steady = (row.loader_gbs(v) for v in ("0", "2", "2 persistent"))
         out.append(
-            f"- {row.label} batches ({_size(row.batch_bytes)}): per pass {_x(two / zero)}, "
-            f"{_verdict(two / zero >= 0.5)}; persistent {_x(steady / zero)}, {_verdict(steady / zero >= 0.5)}"
+            f"- {row.label} batches ({_size(row.batch_bytes)}): per pass {times(two / zero)}, "
+            f"{_verdict(two / zero >= 0.5)}; persistent {times(steady / zero)}, {_verdict(steady / zero >= 0.5)}"
         )
     return out
 

@@ -288,7 +288,7 @@ Ranges = list[list[tuple[str, int, int, np.dtype, tuple[int, ...]]]]
 
 def batch_ranges(epoch: Path, names: tuple[str, ...]) -> Ranges:
     """Per batch, per array: the object key (under the store's prefix), offset, length, dtype and batch shape."""
-    from pgprefetch.layout import ArrayLayout
+    from pgprefetch.store.layout import ArrayLayout
 
     layouts = []
     for name in names:
@@ -357,7 +357,7 @@ def run(dsn: str, *, samples: int = SAMPLES, rounds: int = ROUNDS, quick: bool =
     import boto3
 
     from pgprefetch import EpochDataset
-    from pgprefetch.uploads import UPLOAD_THREADS
+    from pgprefetch.store.uploads import UPLOAD_THREADS
 
     started = time.perf_counter()
     results = S3Results(quick=quick, rounds=rounds)
@@ -450,9 +450,9 @@ def run(dsn: str, *, samples: int = SAMPLES, rounds: int = ROUNDS, quick: bool =
 
 def render(results: S3Results, *, revision: str = "") -> str:
     """The S3 section, between markers so that ``--s3-only`` can replace it in RESULTS.md."""
-    from pgprefetch.uploads import UPLOAD_THREADS
+    from pgprefetch.store.uploads import UPLOAD_THREADS
 
-    from .report import _cpu_model, _x, code_revision
+    from .machine import code_revision, cpu_model, times
 
     mb = results.epoch_bytes / 1e6
     shards = ", ".join(f"`{k}` {v}" for k, v in results.shards.items())
@@ -487,7 +487,7 @@ def render(results: S3Results, *, revision: str = "") -> str:
         own = f"{statistics.median(case.own_s):.2f}" if case.own_s else "—"
         out.append(
             f"| {case.label} | {case.seconds:.2f} | {own} | {results.epoch_bytes / case.seconds / 1e6:,.0f} "
-            f"| {_x(case.seconds / local)} | {case.cpu('server') / case.seconds:.0%} | {case.cpu('client'):.2f} |"
+            f"| {times(case.seconds / local)} | {case.cpu('server') / case.seconds:.0%} | {case.cpu('client'):.2f} |"
         )
     out += [
         "",
@@ -495,7 +495,7 @@ def render(results: S3Results, *, revision: str = "") -> str:
         "|---|--:|--:|--:|--:|--:|",
     ]
     for (who, p), case in results.reads.items():
-        vs = _x(results.reader_ratio(p)) if who == READER else "—"
+        vs = times(results.reader_ratio(p)) if who == READER else "—"
         out.append(
             f"| {case.label} | {case.seconds:.2f} | {case.mbs:,.0f} | {vs} | {case.cpu('server') / case.seconds:.0%} "
             f"| {case.cpu('client'):.2f} |"
@@ -509,27 +509,28 @@ def render(results: S3Results, *, revision: str = "") -> str:
     half = results.epoch_bytes / WORLD_SIZE
     for rank in results.ranks:
         out.append(
-            f"| {rank.rank} | {rank.batches} | {rank.bytes_fetched:,} | {half:,.0f} | {_x(rank.bytes_fetched / half)} "
-            f"| {rank.share_bytes:,} | {_x(rank.bytes_fetched / rank.share_bytes)} |"
+            f"| {rank.rank} | {rank.batches} | {rank.bytes_fetched:,} | {half:,.0f} "
+            f"| {times(rank.bytes_fetched / half)} "
+            f"| {rank.share_bytes:,} | {times(rank.bytes_fetched / rank.share_bytes)} |"
         )
     ratio = results.dump_ratio()
     upload, s3 = results.dumps[UPLOAD].seconds, results.dumps[S3_DUMP].seconds
     out += ["", "Targets (not meaningful at `--quick` sizes):" if results.quick else "Targets:", ""]
     out.append(
-        f"- S3 dump / max(local dump, plain upload) = {s3:.2f} / {max(local, upload):.2f} s = {_x(ratio)} "
+        f"- S3 dump / max(local dump, plain upload) = {s3:.2f} / {max(local, upload):.2f} s = {times(ratio)} "
         f"<= {TARGET_DUMP:g}x: {'PASS' if ratio <= TARGET_DUMP else 'FAIL'}"
     )
     for p in PREFETCHES:
         r = results.reader_ratio(p)
         default = " (the default)" if p == PREFETCHES[0] else ""
         out.append(
-            f"- EpochDataset prefetch {p}{default} / plain GETs {p} = {_x(r)} >= {TARGET_READER:g}x: "
+            f"- EpochDataset prefetch {p}{default} / plain GETs {p} = {times(r)} >= {TARGET_READER:g}x: "
             f"{'PASS' if r >= TARGET_READER else 'FAIL'}"
         )
     exact = all(r.bytes_fetched == r.share_bytes for r in results.ranks)
     out.append(
         f"- bytes fetched per rank: {'exactly' if exact else 'not exactly'} its batches' field bytes "
-        f"({', '.join(_x(r.bytes_fetched / half) for r in results.ranks)} of epoch bytes / {WORLD_SIZE}; the keys "
+        f"({', '.join(times(r.bytes_fetched / half) for r in results.ranks)} of epoch bytes / {WORLD_SIZE}; the keys "
         "and checksums arrays and the shard indexes are not read) (no target)"
     )
     if results.shards and max(results.shards.values()) == 1:
@@ -538,7 +539,7 @@ def render(results: S3Results, *, revision: str = "") -> str:
             "",
             "Every array is one shard file at this size, so none of the S3 dump's uploads can start before its last "
             "batch is written: this epoch cannot show the upload overlapping the fetching, and what the S3 dump "
-            f"adds is the upload's own time (the plain upload's {upload:.2f} s, {_x(upload / local)} of the local "
+            f"adds is the upload's own time (the plain upload's {upload:.2f} s, {times(upload / local)} of the local "
             f"dump), against rounds of the local dump that ranged over {min(walls):.2f}-{max(walls):.2f} s.",
         ]
     out += [
@@ -550,7 +551,7 @@ def render(results: S3Results, *, revision: str = "") -> str:
         "ratios compare pgprefetch with a plain client of the same library on the same server, not with S3's "
         "throughput or latency.",
         "",
-        f"S3 bench: {os.cpu_count()} x {_cpu_model()}, Python {platform.python_version()}, "
+        f"S3 bench: {os.cpu_count()} x {cpu_model()}, Python {platform.python_version()}, "
         f"pgprefetch {revision or code_revision()}; {results.seconds:.0f} s including making the table.",
         END,
     ]

@@ -93,14 +93,14 @@ class SmallResults:
     def case(self, size: int) -> SmallCase:
         return next(c for c in self.cases if c.size == size)
 
-    def ratio(self, size: int = SMALL, *, wall: bool = False) -> float:
+    def times(self, size: int = SMALL, *, wall: bool = False) -> float:
         """Samples/s of batches of ``size`` over those of batches of ``BASE`` (dump's seconds, or wall)."""
         what = "wall_rate" if wall else "dump_rate"
         return getattr(self.case(size), what) / getattr(self.case(BASE), what)
 
     @property
     def passed(self) -> bool:
-        return self.ratio() >= TARGET
+        return self.times() >= TARGET
 
 
 async def prepare(dsn: str, samples: int) -> int:
@@ -179,7 +179,7 @@ def run(dsn: str, *, samples: int = SAMPLES, rounds: int = ROUNDS, workdir: Path
 
 def render(results: SmallResults, *, revision: str = "") -> str:
     """The small batches section, between markers so that ``--small-only`` can replace it in RESULTS.md."""
-    from .report import _cpu_model, _x, code_revision
+    from .machine import code_revision, cpu_model, times
 
     base = results.case(BASE)
     runs = len(base.runs)
@@ -205,18 +205,18 @@ def render(results: SmallResults, *, revision: str = "") -> str:
     for c in results.cases:
         out.append(
             f"| {c.size:,} | {c.batches:,} | {c.samples:,} | {c.dump_rate:,.0f} | {c.dump_s:.2f} "
-            f"| {c.wall_rate:,.0f} | {c.wall_s:.2f} | {_x(results.ratio(c.size))} "
-            f"| {_x(results.ratio(c.size, wall=True))} |"
+            f"| {c.wall_rate:,.0f} | {c.wall_s:.2f} | {times(results.times(c.size))} "
+            f"| {times(results.times(c.size, wall=True))} |"
         )
-    ratio = results.ratio()
+    ratio = results.times()
     out += [
         "",
         "Targets (not meaningful at `--quick` sizes):" if results.quick else "Targets:",
         "",
-        f"- batches of {SMALL} / batches of {BASE:,}: {_x(ratio)} of the samples/s (dump's seconds; "
-        f"{_x(results.ratio(wall=True))} on wall time) >= {TARGET:g}x: {'PASS' if results.passed else 'FAIL'}",
+        f"- batches of {SMALL} / batches of {BASE:,}: {times(ratio)} of the samples/s (dump's seconds; "
+        f"{times(results.times(wall=True))} on wall time) >= {TARGET:g}x: {'PASS' if results.passed else 'FAIL'}",
         "",
-        f"Small batches bench: {_cpu_model()}, Python {platform.python_version()}, "
+        f"Small batches bench: {cpu_model()}, Python {platform.python_version()}, "
         f"pgprefetch {revision or code_revision()}; {results.seconds:.0f} s including making the table.",
         END,
     ]

@@ -1,7 +1,7 @@
 """The STREAM benchmark: ``EpochStream`` against ``EpochDataset`` and a plain ``preadv`` (issue #12).
 
 ``EPOCHS`` epochs of small batches (256 x 100 float32, 100 KiB: the size where per-batch overhead shows)
-are written straight through :class:`pgprefetch.writer.EpochWriter` (no PostgreSQL), page cache warm. Each
+are written straight through :class:`pgprefetch.write.writer.EpochWriter` (no PostgreSQL), page cache warm. Each
 variant reads all of them, batch by batch, and copies every batch into one buffer allocated once (the
 stand-in for the copy to a GPU), except where the read itself is the copy:
 
@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pgprefetch import EpochDataset, EpochStream
-from pgprefetch.store import Store
+from pgprefetch.store.open import open_store
 
 from . import log
 from .reader import BATCH_SIZE, aligned, build_epoch, read_plan
@@ -66,7 +66,7 @@ class StreamResults:
     def gbs(self, name: str) -> float:
         return self.n_batches * self.batch_bytes / statistics.median(self.seconds[name]) / 1e9
 
-    def ratio(self, name: str, base: str) -> float:
+    def times(self, name: str, base: str) -> float:
         return self.gbs(name) / self.gbs(base)
 
 
@@ -141,7 +141,7 @@ def run(epoch_bytes: int = EPOCH_BYTES, passes: int = PASSES) -> StreamResults:
     started = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="pgpf-bench-stream-"))
     try:
-        backend = Store(folder / "store")
+        backend = open_store(folder / "store")
         backend.create()
         batch_bytes = BATCH_SIZE * SAMPLE_SHAPE[0] * 4
         per_epoch = -(-epoch_bytes // batch_bytes)
@@ -198,8 +198,8 @@ def summary(r: StreamResults) -> str:
     return (
         "  stream: "
         + ", ".join(parts)
-        + f"; stream/dataset {r.ratio('stream', 'dataset'):.2f}x, k=2 {r.ratio('stream k=2', 'dataset k=2'):.2f}x, "
-        f"buffers=3/raw {r.ratio('stream, buffers=3', 'raw'):.2f}x, hand-over median {handover:.2f} ms "
+        + f"; stream/dataset {r.times('stream', 'dataset'):.2f}x, k=2 {r.times('stream k=2', 'dataset k=2'):.2f}x, "
+        f"buffers=3/raw {r.times('stream, buffers=3', 'raw'):.2f}x, hand-over median {handover:.2f} ms "
         f"(max {max(r.handover_s) * 1e3:.2f} ms)"
     )
 
@@ -211,8 +211,8 @@ def _verdict(ok: bool) -> str:
 def render(r: StreamResults, *, revision: str = "") -> str:
     handover = statistics.median(r.handover_s) * 1e3
     size = f"{r.batch_bytes / 1024:g} KiB"
-    stream0, stream2 = r.ratio("stream", "dataset"), r.ratio("stream k=2", "dataset k=2")
-    small = r.ratio("stream, buffers=3", "raw")
+    stream0, stream2 = r.times("stream", "dataset"), r.times("stream k=2", "dataset k=2")
+    small = r.times("stream, buffers=3", "raw")
     lines = [
         BEGIN,
         f"## EpochStream ({EPOCHS} epochs of {r.n_batches // EPOCHS:,} batches of {size}, page cache warm)",
@@ -236,9 +236,9 @@ def render(r: StreamResults, *, revision: str = "") -> str:
     }
     for name in r.seconds:
         base, target = against.get(name, (None, None))
-        versus = f"{r.ratio(name, base):.2f}x {base}" if base else "baseline"
+        versus = f"{r.times(name, base):.2f}x {base}" if base else "baseline"
         if target:
-            versus += f" (target >= {target}x: {_verdict(r.ratio(name, base) >= target)})"
+            versus += f" (target >= {target}x: {_verdict(r.times(name, base) >= target)})"
         lines.append(f"| {name} | {r.gbs(name):.2f} | {versus} |")
     lines += [
         "",

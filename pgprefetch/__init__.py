@@ -1,7 +1,8 @@
 """pgprefetch: pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr.
 
-The dump side (config, pipeline, store) never imports torch, so cron start-up stays fast; the reader,
-:class:`EpochDataset` and :class:`EpochStream`, is imported lazily on first use.
+The dump side (``config``, ``pg``, ``decode``, ``store``, ``write``) never imports torch, so cron start-up
+stays fast; the reader (``read``: :class:`EpochDataset`, :class:`EpochStream`) is imported lazily on first
+use. README.md's code map says what each subpackage holds and which may import which.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
-from .api import build_config, dump, ls, prune, verify
-from .config import Config, load_config
-from .errors import (
+from pgprefetch._version import __version__
+from pgprefetch.api import build_config, dump, ls, prune, verify
+from pgprefetch.config import Config, load_config
+from pgprefetch.errors import (
     ConfigError,
     EpochNotFoundError,
     EpochNotReadyError,
@@ -22,14 +23,14 @@ from .errors import (
     SourceError,
     StoreError,
 )
-from .keys import KeyColumns, uuid_bytes, uuid_slots
-from .pipeline import DumpResult, dump_epoch, dump_epochs
-from .store import Store
+from pgprefetch.keys import KeyColumns, uuid_bytes, uuid_slots
+from pgprefetch.store import Store, open_store
+from pgprefetch.write import DumpResult, dump_epoch, dump_epochs
 
 if TYPE_CHECKING:
-    from .padding import lengths_to_mask
-    from .reader import EpochDataset
-    from .stream import EpochStream
+    from pgprefetch.read.dataset import EpochDataset
+    from pgprefetch.read.padding import lengths_to_mask
+    from pgprefetch.read.stream import EpochStream
 
 __all__ = [
     "Config",
@@ -54,6 +55,7 @@ __all__ = [
     "lengths_to_mask",
     "load_config",
     "ls",
+    "open_store",
     "prune",
     "uuid_bytes",
     "uuid_slots",
@@ -61,7 +63,7 @@ __all__ = [
 ]
 
 
-_READER = {"EpochDataset": "reader", "EpochStream": "stream", "lengths_to_mask": "padding"}  # need torch
+_READER = {"EpochDataset": "read.dataset", "EpochStream": "read.stream", "lengths_to_mask": "read.padding"}  # torch
 
 
 def __getattr__(name: str) -> Any:

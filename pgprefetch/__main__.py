@@ -1,5 +1,5 @@
 """``python -m pgprefetch``: the same as the ``pgprefetch`` command."""
 
-from .cli import main
+from pgprefetch.cli import main
 
 main()

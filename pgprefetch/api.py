@@ -14,11 +14,12 @@ from collections.abc import Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from .config import Config, load_config, parse_config, with_overrides
-from .maintenance import EpochInfo, PruneResult, list_epochs, verify_epoch
-from .maintenance import prune as prune_store
-from .pipeline import RETRIES, DumpResult, dump_epochs
-from .store import Store
+from pgprefetch.config.load import load_config, parse_config, with_overrides
+from pgprefetch.config.model import Config
+from pgprefetch.store.maintenance import EpochInfo, PruneResult, list_epochs, verify_epoch
+from pgprefetch.store.maintenance import prune as prune_store
+from pgprefetch.store.open import open_store
+from pgprefetch.write.pipeline import RETRIES, DumpResult, dump_epochs
 
 T = TypeVar("T")
 ConfigLike = Config | dict[str, Any] | str | os.PathLike[str]
@@ -57,17 +58,17 @@ def dump(
 
 def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:
     """The epochs of a store, complete and partial (``pgprefetch ls``)."""
-    return list_epochs(Store(store))
+    return list_epochs(open_store(store))
 
 
 def verify(store: str | os.PathLike[str], epoch: int) -> list[str]:
     """One line per corrupt or missing chunk of a published epoch; empty when all is well."""
-    return verify_epoch(Store(store), epoch)
+    return verify_epoch(open_store(store), epoch)
 
 
 def prune(store: str | os.PathLike[str], keep: int, **options: Any) -> PruneResult:
     """Delete complete epochs more than ``keep`` behind the consumers (``pgprefetch prune``)."""
-    return prune_store(Store(store), keep, **options)
+    return prune_store(open_store(store), keep, **options)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

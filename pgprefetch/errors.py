@@ -32,7 +32,7 @@ class SourceError(PgprefetchError):
     """PostgreSQL could not be reached, refused a statement, or returned data pgprefetch cannot use.
 
     ``transient`` marks a lost connection or a server going away: the dump retries those, counted under
-    ``cause`` (see :mod:`pgprefetch.retry`).
+    ``cause`` (see :mod:`pgprefetch.pg.retry`).
     """
 
     def __init__(self, message: str, *, transient: bool = False, cause: str | None = None) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from pgprefetch.demodata import load_demo_data
+from pgprefetch.demo.data import load_demo_data
 
 from .s3server import S3
 from .s3server import s3_server as s3_server_running
@@ -46,7 +46,7 @@ def pg_dsn() -> Iterator[str]:
         _check(env, log=None)
         yield env
         return
-    from pgprefetch.server import embedded_server
+    from pgprefetch.demo.server import embedded_server
 
     folder = Path(tempfile.mkdtemp(prefix="pgpf-"))  # short: unix socket paths are capped near 107 bytes
     try:

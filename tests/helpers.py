@@ -117,7 +117,7 @@ def own_server(prefix: str) -> Iterator[tuple[Path, str]]:
     The folder is short (unix socket paths are capped near 107 bytes) and is removed with the server's data,
     which is tens of MB a run.
     """
-    from pgprefetch.server import embedded_server
+    from pgprefetch.demo.server import embedded_server
 
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     try:

@@ -44,7 +44,7 @@ def test_ls_verify_and_prune_as_functions(s_table: str, tmp_path: Path) -> None:
     assert [r.epoch for r in results] == [0, 1, 2]
     assert [(i.epoch, i.state) for i in pgprefetch.ls(store)] == [(0, "complete"), (1, "complete"), (2, "complete")]
     assert pgprefetch.verify(store, 1) == []
-    pgprefetch.Store(store).record_consumer("run", 2)
+    pgprefetch.open_store(store).record_consumer("run", 2)
     assert pgprefetch.prune(store, keep=0).epochs == [0, 1]
 
 

@@ -29,7 +29,7 @@ import pytest
 
 from pgprefetch import DumpResult, dump_epoch, load_config
 from pgprefetch.errors import PgprefetchError
-from pgprefetch.retry import RetryPolicy
+from pgprefetch.pg.retry import RetryPolicy
 
 from .faults import FreezableProxy, kill_every_connection, restart_server, socket_of
 from .helpers import chunk_bytes, execute, own_server, write_config
@@ -233,7 +233,7 @@ def test_faulted_dumps_publish_the_clean_bytes_or_nothing(bed: Bed) -> None:
 
 @pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
 def test_an_810k_row_epoch_survives_three_kills_of_every_connection_ten_times(tmp_path: Path) -> None:
-    from pgprefetch.demodata import load_demo_data
+    from pgprefetch.demo.data import load_demo_data
 
     with own_server("pgpf-l-") as (_, admin):
         execute(admin, "CREATE DATABASE big")

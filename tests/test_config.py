@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from pgprefetch import __version__
 from pgprefetch.cli import cli
-from pgprefetch.config import Config, load_config
+from pgprefetch.config.load import load_config
+from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError
 
 ROOT = Path(__file__).parents[1]

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import zarr
 
-from pgprefetch import load_config, wire
-from pgprefetch.columns import Column
+from pgprefetch import load_config
+from pgprefetch.decode import wire
 from pgprefetch.keys import KeyColumns
-from pgprefetch.pipeline import dump_epoch
-from pgprefetch.shuffle import shuffle_keys
-from pgprefetch.statement import batch_statement
+from pgprefetch.pg.columns import Column
+from pgprefetch.pg.statement import batch_statement
+from pgprefetch.write.pipeline import dump_epoch
+from pgprefetch.write.shuffle import shuffle_keys
 
 from .conftest import fetch
 from .helpers import S_ROWS, SEQUENCES, chunk_bytes, dump, epoch_group, execute, read_arrays, s_config, write_config

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import pgprefetch.writer
+import pgprefetch.write.writer
 from pgprefetch import EpochDataset, load_config
 from pgprefetch.cli import cli
 from pgprefetch.errors import StoreError
-from pgprefetch.layout import ArrayLayout
-from pgprefetch.pipeline import dump_epoch
+from pgprefetch.store.layout import ArrayLayout
+from pgprefetch.write.pipeline import dump_epoch
 
 from .helpers import S_ROWS, chunk_bytes, dump, execute, s_config
 
@@ -114,7 +114,7 @@ def test_ls_json_lists_complete_and_partial_epochs(s_table: str, tmp_path: Path)
 def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
     s_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pgprefetch.writer, "SHARD_BYTES", 4 * SIZE * 4)  # 4 batches of v per shard file
+    monkeypatch.setattr(pgprefetch.write.writer, "SHARD_BYTES", 4 * SIZE * 4)  # 4 batches of v per shard file
     cfg = config(tmp_path)
     dump(cfg, s_table)
     assert run_cli("verify", "--config", str(cfg), "--epoch", "0") == (0, "epoch 0: every chunk matches its checksum\n")
@@ -389,9 +389,9 @@ def test_a_publish_that_failed_is_done_by_the_next_dump(
 ) -> None:
     import errno
 
-    import pgprefetch.localstore
+    import pgprefetch.store.local
 
-    real, calls = pgprefetch.localstore.publish_epoch, []
+    real, calls = pgprefetch.store.local.publish_epoch, []
 
     def full_disk_once(partial: Path, final: Path) -> Path:  # the disk fills up at the very last step, once
         calls.append(partial)
@@ -399,7 +399,7 @@ def test_a_publish_that_failed_is_done_by_the_next_dump(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(partial, final)
 
-    monkeypatch.setattr(pgprefetch.localstore, "publish_epoch", full_disk_once)
+    monkeypatch.setattr(pgprefetch.store.local, "publish_epoch", full_disk_once)
     cfg = config(tmp_path)
     with pytest.raises(StoreError, match="free some space and run the dump again"):
         dump(cfg, s_table)

@@ -19,7 +19,7 @@ def test_all_is_sorted_and_every_name_exists() -> None:
 
 
 def test_the_dump_path_does_not_import_torch() -> None:
-    code = "import sys, pgprefetch.cli, pgprefetch.pipeline; print('torch' in sys.modules)"
+    code = "import sys, pgprefetch.cli, pgprefetch.write.pipeline; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -16,7 +16,7 @@ import torch
 import zarr
 from torch.utils.data import DataLoader
 
-import pgprefetch.writer
+import pgprefetch.write.writer
 from pgprefetch import EpochDataset
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
 
@@ -31,7 +31,7 @@ def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("reader")
     config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.writer, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
+        mp.setattr(pgprefetch.write.writer, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
         for epoch in (0, 1):
             dump(config, demo_db, epoch=epoch)
     return folder / "store.zarr"
@@ -123,7 +123,7 @@ def test_dataloader_workers_say_once_that_the_main_process_is_the_fast_path(stor
 
 
 def test_a_batch_whose_file_was_replaced_is_an_error_not_other_bytes(store: Path, tmp_path: Path) -> None:
-    from pgprefetch.workers import FileRef, _rebuild
+    from pgprefetch.read.workers import FileRef, _rebuild
 
     path = tmp_path / "shard"
     path.write_bytes(bytes(64))

@@ -19,10 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 from pgprefetch.cli import cli
-from pgprefetch.config import SourceConfig
+from pgprefetch.config.model import SourceConfig
 from pgprefetch.errors import SourceError
-from pgprefetch.retry import lost
-from pgprefetch.source import BatchReader
+from pgprefetch.pg.retry import lost
+from pgprefetch.pg.session import BatchReader
 
 from .faults import FreezableProxy, restart_server, socket_of
 from .helpers import chunk_bytes, dump, execute, own_server, s_config
@@ -310,7 +310,7 @@ def test_asyncpg_errors_on_a_dead_connection_count_as_lost(s_table: str) -> None
 def test_a_statement_on_a_connection_already_closed_is_a_lost_connection(s_table: str) -> None:
     import numpy as np
 
-    from pgprefetch.source import Snapshot
+    from pgprefetch.pg.session import Snapshot
 
     from .faults import kill_every_connection
 

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from pgprefetch import EpochDataset
 from pgprefetch.cli import cli
 from pgprefetch.errors import EpochNotReadyError, StoreError
-from pgprefetch.lease import Lease
-from pgprefetch.objectstore import S3Store
-from pgprefetch.store import Store
+from pgprefetch.store.lease import Lease
+from pgprefetch.store.open import open_store
+from pgprefetch.store.s3 import S3Store
 
 from .helpers import chunk_bytes, dump, s_config
 from .s3server import S3, SECRET, throttling_proxy
@@ -111,8 +111,8 @@ def test_ls_verify_prune_ahead_and_keep_on_s3(s_table: str, s3: S3, tmp_path: Pa
     EpochDataset(url, 2 - 1, consumer="train")  # training reached epoch 1: the cron keeps 0 behind it
     code, out = run_cli("dump", "--config", str(cfg), "--ahead", "1", "--keep", "0", "--dsn", s_table, "-q")
     assert code == 0, out
-    assert Store(url).epochs() == [1, 2]
-    assert Store(url).consumers() == {"train": 1}
+    assert open_store(url).epochs() == [1, 2]
+    assert open_store(url).consumers() == {"train": 1}
     assert "ops/epoch-00000/zarr.json" not in s3.objects(bucket, "ops/epoch-00000")
 
 
@@ -128,8 +128,8 @@ def test_kill_9_mid_upload_leaves_no_complete_epoch_and_the_rerun_resumes_and_sk
     wait_for(lambda: len(s3.objects(bucket, "k/epoch-00000/v/c")) >= 3)
     proc.kill()
     proc.communicate()
-    assert Store(url).epochs() == []
-    assert Store(url).partial_epochs() == [0]
+    assert open_store(url).epochs() == []
+    assert open_store(url).partial_epochs() == [0]
     with pytest.raises(EpochNotReadyError):
         EpochDataset(url, 0, consumer=None)
     before = {
@@ -161,7 +161,7 @@ def test_a_second_dump_of_an_epoch_being_written_exits_0_and_says_so(s_table: st
     assert second.returncode == 0, second.stderr
     assert "another dump is writing it" in second.stdout + second.stderr
     assert first.wait(timeout=120) == 0
-    assert Store(f"s3://{bucket}/two").epochs() == [0]
+    assert open_store(f"s3://{bucket}/two").epochs() == [0]
 
 
 def test_a_lease_whose_holder_stopped_renewing_is_taken_over_after_it_expires(s3: S3) -> None:
@@ -276,11 +276,11 @@ def test_force_rewrites_a_published_s3_epoch_in_full(s_table: str, s3: S3, tmp_p
     bucket = s3.bucket()
     cfg = s_config(tmp_path, store=f"s3://{bucket}/f")
     first = dump(cfg, s_table)
-    before = Store(f"s3://{bucket}/f").manifest(0)["snapshot"]
+    before = open_store(f"s3://{bucket}/f").manifest(0)["snapshot"]
     rewritten = dump(cfg, s_table, force=True)
     assert rewritten.status == "written"
     assert first.path == rewritten.path
-    assert Store(f"s3://{bucket}/f").manifest(0)["snapshot"] != before  # a new epoch, on a new snapshot
+    assert open_store(f"s3://{bucket}/f").manifest(0)["snapshot"] != before  # a new epoch, on a new snapshot
     local = dump(s_config(tmp_path, name="local.toml"), s_table)
     assert epoch_objects(s3, bucket, "f") == chunk_bytes(local.path)
 
@@ -298,7 +298,7 @@ def test_a_dump_that_loses_its_lease_stops_and_publishes_nothing(s_table: str, s
     assert proc.returncode == 1
     assert "lost the lease on" in err
     assert "another dump took it over" in err
-    assert Store(f"s3://{bucket}/lost").epochs() == []
+    assert open_store(f"s3://{bucket}/lost").epochs() == []
     assert s3.objects(bucket, lease)[""] == taken  # the other dump's lease is left alone
 
 
@@ -306,19 +306,19 @@ def test_objects_of_an_abandoned_attempt_do_not_end_up_in_the_published_epoch(
     s_table: str, s3: S3, tmp_path: Path
 ) -> None:
     bucket = s3.bucket()
-    Store(f"s3://{bucket}/st").create()
+    open_store(f"s3://{bucket}/st").create()
     s3.client().put_object(Bucket=bucket, Key="st/epoch-00000/old/c/0/0", Body=b"left by a dump of another config")
     dump(s_config(tmp_path, store=f"s3://{bucket}/st"), s_table)
     assert not any(key.startswith("old/") for key in s3.objects(bucket, "st/epoch-00000/"))
 
 
 def test_a_store_url_is_normalised_the_same_way_everywhere() -> None:
-    store = Store("S3://bkt/runs//a/")
+    store = open_store("S3://bkt/runs//a/")
     assert isinstance(store, S3Store)
     assert (store.location, store.bucket, store.prefix) == ("s3://bkt/runs/a", "bkt", "runs/a")
     assert store.staging.name == "runs__a"  # the dump's staging, whichever spelling named the store
     with pytest.raises(StoreError, match="unsupported store URL gs://"):
-        Store("gs://bkt/x")
+        open_store("gs://bkt/x")
 
 
 def test_wait_opens_an_s3_epoch_once_a_dump_publishes_it(s_table: str, s3: S3, tmp_path: Path) -> None:
@@ -327,15 +327,15 @@ def test_wait_opens_an_s3_epoch_once_a_dump_publishes_it(s_table: str, s3: S3, t
     bucket = s3.bucket()
     url = f"s3://{bucket}/w"
     cfg = s_config(tmp_path, store=url)
-    Store(url).create()
+    open_store(url).create()
     later = threading.Timer(1.0, lambda: dump(cfg, s_table))
     later.start()
     try:
         ds = EpochDataset(url, 0, wait=True, timeout=60, consumer="train")
     finally:
         later.join()
-    assert len(ds) == Store(url).manifest(0)["n_batches"]
-    assert Store(url).consumers() == {"train": 0}
+    assert len(ds) == open_store(url).manifest(0)["n_batches"]
+    assert open_store(url).consumers() == {"train": 0}
     with pytest.raises(EpochNotReadyError, match="gave up waiting"):
         EpochDataset(url, 1, wait=True, timeout=0.5, consumer=None)
 

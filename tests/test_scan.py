@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from pgprefetch.cli import cli
 from pgprefetch.errors import ConfigError, SampleError
-from pgprefetch.scan import _is_sorted
+from pgprefetch.write.scan.table import _is_sorted
 
 from .conftest import fetch
 from .helpers import chunk_bytes, dump, execute, read_arrays, toml_value
@@ -91,11 +91,11 @@ def test_windows_are_byte_identical_to_the_query_mode_twin(
 def test_a_stream_decoded_a_few_rows_at_a_time_gives_the_same_epoch(
     ticks: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pgprefetch.copystream
+    import pgprefetch.write.scan.copystream
 
     windows = {"table": "ticks", "key": ["series_id"], "order": "t", "window": 8, "stride": 2}
     whole = dump(scan_config(tmp_path / "whole", **windows), ticks)
-    monkeypatch.setattr(pgprefetch.copystream, "DRAIN_BYTES", 1000)  # rows straddle every chunk boundary
+    monkeypatch.setattr(pgprefetch.write.scan.copystream, "DRAIN_BYTES", 1000)  # rows straddle every chunk boundary
     pieces = dump(scan_config(tmp_path / "pieces", **windows), ticks)
     assert chunk_bytes(pieces.path) == chunk_bytes(whole.path)
 
@@ -303,7 +303,7 @@ def test_a_connection_terminated_mid_scan_is_retried(ticks: str, tmp_path: Path)
     import time
 
     from pgprefetch import dump_epoch, load_config
-    from pgprefetch.retry import RetryPolicy
+    from pgprefetch.pg.retry import RetryPolicy
 
     from .faults import kill_every_connection
 

@@ -17,9 +17,10 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import pgprefetch.writer
-from pgprefetch import EpochDataset, EpochStream, Store
+import pgprefetch.write.writer
+from pgprefetch import EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotReadyError
+from pgprefetch.store.open import open_store
 
 from .conftest import with_database
 from .helpers import dump, execute, write_config
@@ -63,7 +64,7 @@ def store(source: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("stream")
     config = config_for(folder)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.writer, "SHARD_BYTES", 2 * SIZE * 8)
+        mp.setattr(pgprefetch.write.writer, "SHARD_BYTES", 2 * SIZE * 8)
         for epoch in (0, 1, 2):
             dump(config, source, epoch=epoch)
     return folder / "store.zarr"
@@ -211,9 +212,9 @@ def test_stream_records_the_consumer_as_it_opens_each_epoch(store: Path, tmp_pat
     stream = EpochStream(store, 0, 3, consumer=f"run-{uuid.uuid4().hex[:6]}")
     it = iter(stream)
     next(it)
-    assert Store(store).consumers()[stream.consumer] == 0
+    assert open_store(store).consumers()[stream.consumer] == 0
     list(it)
-    assert Store(store).consumers()[stream.consumer] == 2
+    assert open_store(store).consumers()[stream.consumer] == 2
 
 
 def test_stream_waits_for_the_next_epoch_while_it_is_dumped(source: str, tmp_path: Path) -> None:

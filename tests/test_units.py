@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from pgprefetch import load_config
-from pgprefetch.pipeline import dump_epoch
-from pgprefetch.units import UNIT_SECONDS, Units, local_unit_batches, unit_batches
+from pgprefetch.write.batches import local_unit_batches, unit_batches
+from pgprefetch.write.pipeline import dump_epoch
+from pgprefetch.write.schedule import UNIT_SECONDS, Units
 
 from .conftest import fetch
 from .helpers import S_ROWS, chunk_bytes, dump, read_arrays, s_config

@@ -1,0 +1,376 @@
+"""The ``pgprefetch`` command line: each command parses options, loads the config and calls the library.
+
+Errors are translated in one place, :class:`pgprefetch.cli.console.Group`: a
+:class:`~pgprefetch.errors.PgprefetchError` becomes ``Error: <one line>`` with its exit code (2 for config
+and usage errors, 1 otherwise), or a JSON object after ``--json``; anything unexpected becomes one line too,
+unless ``--debug`` asks for the traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pgprefetch._version import __version__
+from pgprefetch.cli.console import Group, fail, json_option, log_to_stderr, stop_on_sigterm, tune_for_dumping
+from pgprefetch.cli.progress import BarProgress, LogProgress
+from pgprefetch.cli.words import parse_epochs, summary
+from pgprefetch.config.load import load_config
+from pgprefetch.config.values import parse_duration
+from pgprefetch.demo.server import DEFAULT_DIR
+from pgprefetch.errors import ConfigError
+from pgprefetch.store.base import Store
+from pgprefetch.store.maintenance import list_epochs, plan_ahead, prune, verify_epoch
+from pgprefetch.store.open import open_store
+from pgprefetch.write.batches import Progress
+from pgprefetch.write.check import SAMPLE_BATCHES, check_config
+from pgprefetch.write.pipeline import RETRIES, dump_epoch, dump_epochs
+from pgprefetch.write.sources import ReadCache
+
+DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml", "configs/demo-scan.toml")
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The TOML config file.",
+)
+dsn_option = click.option(
+    "--dsn", help="PostgreSQL URI; wins over PGPREFETCH_DSN and [source] dsn.", envvar=None, default=None
+)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pgprefetch")
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+def cli(debug: bool) -> None:
+    """Pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr."""
+
+
+@cli.command()
+@config_option
+@click.option("--epoch", type=int, help="The epoch to dump.")
+@click.option("--epochs", "epoch_range", help="Several epochs: 3-5, or 1,4-6.")
+@click.option("--ahead", type=click.IntRange(min=1), help="Dump the next K epochs after the newest started one.")
+@click.option(
+    "--keep", type=click.IntRange(min=0), help="Then delete complete epochs more than N behind the consumers."
+)
+@click.option("--consumer", help="Go by this consumer's epoch for --ahead/--keep (default: all consumers).")
+@click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store; overrides [store] path.")
+@dsn_option
+@click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
+@click.option("--memory", metavar="SIZE", help='Scan mode: table data held at once, e.g. "2GiB"; overrides [source].')
+@click.option(
+    "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=RETRIES,
+    show_default=True,
+    help="Lost connections to survive per epoch.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no log lines and no summary; errors only.")
+@json_option("Print one JSON summary object per epoch.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr (progress when stderr is not a terminal, retries, resumes): text or JSON.",
+)
+@click.option(
+    "--log-every",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Progress log interval when stderr is not a terminal.",
+)
+def dump(
+    config_path: Path,
+    epoch: int | None,
+    epoch_range: str | None,
+    ahead: int | None,
+    keep: int | None,
+    consumer: str | None,
+    store: str | None,
+    dsn: str | None,
+    connections: int | None,
+    memory: str | None,
+    force: bool,
+    retries: int,
+    quiet: bool,
+    as_json: bool,
+    log_format: str,
+    log_every: float,
+) -> None:
+    """Dump epochs of a config into its Zarr store.
+
+    \b
+    Examples:
+        pgprefetch dump --config configs/demo.toml --epoch 3
+        pgprefetch dump --config configs/demo.toml --ahead 2 --keep 1 --quiet   # from cron
+    """
+    if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
+        raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
+    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory)
+    target = open_store(cfg.store.path)
+    if ahead is not None:
+        epochs = plan_ahead(target, ahead, consumer)
+    else:
+        epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
+    log_to_stderr(quiet, log_format)
+    stop_on_sigterm()
+    progress: Progress = (
+        BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
+    )
+    cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
+    for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
+        result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))
+        if as_json:
+            click.echo(json.dumps(result.to_json()))
+        elif not quiet:
+            click.echo(summary(result))
+    if keep is not None:
+        pruned = prune(target, keep, consumer)
+        if pruned.epochs and not quiet and not as_json:
+            click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
+    elif ahead is not None and not epochs and not quiet and not as_json:
+        click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
+
+
+def _store(config_path: Path | None, store: str | None) -> Store:
+    """The store named by --store, or by the config's [store] path; it must exist."""
+    if store is not None:
+        return open_store(store).require()
+    if config_path is None:
+        raise ConfigError("give --config or --store")
+    return open_store(load_config(config_path).store.path).require()
+
+
+store_options = [
+    click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="The config whose [store] path to use.",
+    ),
+    click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store: a folder or an S3 URL."),
+]
+
+
+def with_store_options(f: Any) -> Any:
+    """Add --config and --store to a command."""
+    for option in reversed(store_options):
+        f = option(f)
+    return f
+
+
+@cli.command("ls")
+@with_store_options
+@json_option('Print {"epochs": [...]} instead of a table.')
+def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
+    """List the epochs of a store: state, batches, samples, size, created, seconds."""
+    infos = list_epochs(_store(config_path, store))
+    if as_json:
+        click.echo(json.dumps({"epochs": [i.to_json() for i in infos]}))
+        return
+    click.echo(
+        f"{'epoch':>5}  {'state':<8} {'batches':>9} {'samples':>11} {'size':>10}  {'created':<25} {'seconds':>8}"
+    )
+    for i in infos:
+        batches = f"{i.batches_written}/{i.n_batches}" if i.state == "partial" else f"{i.n_batches}"
+        seconds = f"{i.seconds:.1f}" if i.seconds is not None else "-"
+        click.echo(
+            f"{i.epoch:>5}  {i.state:<8} {batches:>9} {i.n_samples or 0:>11,} {i.bytes / 1e6:>8.1f}MB"
+            f"  {i.created or '-':<25} {seconds:>8}"
+        )
+
+
+@cli.command()
+@with_store_options
+@click.option("--epoch", type=int, required=True, help="The epoch to check.")
+@json_option('Print {"epoch", "problems": [...], "ok"}.')
+def verify(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
+    """Recompute every chunk's checksum; name each corrupt or missing chunk (exit 1 if any)."""
+    problems = verify_epoch(_store(config_path, store), epoch)
+    if as_json:
+        click.echo(json.dumps({"epoch": epoch, "problems": problems, "ok": not problems}))
+        if problems:
+            raise click.exceptions.Exit(1)
+        return
+    for line in problems:
+        click.echo(line)
+    if problems:
+        raise fail(f"epoch {epoch}: {len(problems)} corrupt or missing chunk(s)", 1)
+    click.echo(f"epoch {epoch}: every chunk matches its checksum")
+
+
+@cli.command()
+@with_store_options
+@click.option("--epoch", type=int, required=True, help="The epoch whose statistics to print.")
+@json_option('Print {"epoch", "stats": {field: {column: {count, mean, std, min, max}}}}.')
+def stats(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
+    """Per field and column: count, mean, std, min and max over an epoch's real values (padding excluded)."""
+    figures = _store(config_path, store).manifest(epoch).get("stats")
+    if figures is None:
+        raise fail(f"epoch {epoch} has no statistics: a pgprefetch that did not compute them wrote it", 1)
+    if as_json:
+        click.echo(json.dumps({"epoch": epoch, "stats": figures}))
+        return
+    click.echo(f"{'field':<16} {'column':<16} {'count':>12} {'mean':>14} {'std':>14} {'min':>14} {'max':>14}")
+    for field, columns in figures.items():
+        for column, s in columns.items():
+            cells = (f"{s[k]:>14.6g}" if s[k] is not None else f"{'-':>14}" for k in ("mean", "std", "min", "max"))
+            click.echo(f"{field:<16} {column:<16} {s['count']:>12,} {' '.join(cells)}")
+
+
+@cli.command("prune")
+@with_store_options
+@click.option(
+    "--keep", type=click.IntRange(min=0), required=True, help="Keep epochs from (the slowest consumer's epoch - N) on."
+)
+@click.option("--consumer", help="Go by this consumer's epoch (default: the slowest consumer).")
+@click.option(
+    "--partials", is_flag=True, help="Also delete partial epochs no dump is writing (a rerun would resume them)."
+)
+@click.option(
+    "--partials-older-than",
+    "partials_age",
+    metavar="DURATION",
+    help='Also delete partial epochs last written longer ago than this, e.g. "7d" or "12h".',
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing unless something fails (for cron).")
+@json_option("Print one JSON object.")
+def prune_command(
+    config_path: Path | None,
+    store: str | None,
+    keep: int,
+    consumer: str | None,
+    partials: bool,
+    partials_age: str | None,
+    dry_run: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Delete complete epochs more than N behind the consumers; partial epochs only when told."""
+    age = parse_duration(partials_age, "--partials-older-than") / 1000 if partials_age is not None else None
+    result = prune(
+        _store(config_path, store), keep, consumer, partials=partials, partials_older_than=age, dry_run=dry_run
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+    elif not quiet:
+        click.echo("\n".join(result.lines(keep)) or "nothing to delete")
+
+
+@cli.command()
+@config_option
+@dsn_option
+@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True, help="The epoch to plan.")
+@click.option(
+    "--batches", type=click.IntRange(min=1), default=SAMPLE_BATCHES, show_default=True, help="Batches to decode."
+)
+@json_option("Print one JSON object.")
+def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json: bool) -> None:
+    """Run everything a dump would decide against the database, on a sample of batches; write nothing.
+
+    Exits 0 when a dump of this config would go through, 1 with the errors otherwise.
+    """
+    cfg = load_config(config_path, dsn=dsn)
+    report = asyncio.run(check_config(cfg, epoch, batches))
+    click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines()))
+    if report.errors:
+        raise fail(f"{config_path}: {len(report.errors)} problem(s) found", 1)
+
+
+@cli.command("demo-data")
+@dsn_option
+@click.option(
+    "--scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="1 = 38,560 windows and 90,000 rows of training samples.",
+)
+def demo_data(dsn: str | None, scale: float) -> None:
+    """Load the two deterministic demo datasets (sequences and rows) into a database."""
+    from pgprefetch.demo.data import load_demo_data
+
+    # As for every other command: --dsn, then PGPREFETCH_DSN, then the PG* variables.
+    counts = asyncio.run(load_demo_data(dsn or os.environ.get("PGPREFETCH_DSN"), scale))
+    click.echo(f"loaded sequences ({counts['sequences']:,} train windows) and rows ({counts['rows']:,} train rows)")
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    help="Where the server keeps its data.",
+)
+def server(folder: Path) -> None:
+    """Run the embedded PostgreSQL and print its DSN until Ctrl-C or SIGTERM (both stop it)."""
+    from pgprefetch.demo.server import run_server
+
+    run_server(folder, click.echo)
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    help="Where the embedded server keeps its data.",
+)
+@click.option(
+    "--scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Size of the demo datasets.",
+)
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEMO_CONFIGS,
+    show_default=True,
+    help="Configs to dump epoch 0 of.",
+)
+def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
+    """Start the embedded PostgreSQL, load the demo data and dump epoch 0 of each demo config."""
+    from pgprefetch.demo.data import load_demo_data
+    from pgprefetch.demo.server import embedded_server
+
+    with embedded_server(folder) as dsn:
+        click.echo(f"embedded PostgreSQL at {dsn}")
+        counts = asyncio.run(load_demo_data(dsn, scale))
+        click.echo(f"loaded sequences ({counts['sequences']:,} windows) and rows ({counts['rows']:,} rows)")
+        for path in configs:
+            cfg = load_config(path, dsn=dsn)
+            progress = BarProgress(enabled=sys.stderr.isatty())
+            (result,) = asyncio.run(dump_epochs(cfg, [0], force=True, progress=progress))
+            click.echo(f"{path}: {summary(result)}")
+            click.echo(json.dumps(result.to_json()))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    tune_for_dumping()  # what the dump needs; the other commands do not mind
+    cli(prog_name="pgprefetch")

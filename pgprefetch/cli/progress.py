@@ -1,0 +1,143 @@
+"""The dump's progress on stderr: a bar on a terminal, a log line every few seconds elsewhere.
+
+Under cron, systemd or Kubernetes stderr is a file or a pipe, where a bar is noise; :class:`LogProgress`
+writes one line through :mod:`logging` every ``interval`` seconds instead (epoch, samples, rate, ETA), so
+a log collector or a cron mail shows a long dump moving. ``--log-format json`` makes every line a JSON
+object (:class:`JsonFormatter`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from datetime import UTC, datetime
+
+from tqdm import tqdm
+
+
+class BarProgress:
+    """A :class:`pgprefetch.write.pipeline.Progress` drawn with tqdm; does nothing when ``enabled`` is false."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: tqdm | None = None
+        self._bytes = 0
+        self._started = 0.0
+
+    def reading(self, epoch: int) -> None:
+        """Open a bar counting the table rows a scan reads (the total is not known ahead)."""
+        if not self.enabled:
+            return
+        self._bar = _bar(f"epoch {epoch}: reading", " rows", None)
+
+    def rows(self, n: int) -> None:
+        """Count table rows read."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def start(self, epoch: int, n_samples: int) -> None:
+        """Open a bar for one epoch (closing the reading bar, if any)."""
+        if not self.enabled:
+            return
+        self.close()
+        self._bytes, self._started = 0, time.monotonic()
+        self._bar = _bar(f"epoch {epoch}", " samples", n_samples)
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        """Count one written batch."""
+        if self._bar is None:
+            return
+        self._bytes += nbytes
+        if self._bytes:  # batches kept from an interrupted dump count as samples, not as bytes written now
+            rate = self._bytes / max(time.monotonic() - self._started, 1e-3)
+            self._bar.set_postfix_str(tqdm.format_sizeof(rate, "B/s", divisor=1000), refresh=False)
+        self._bar.update(samples)
+
+    def close(self) -> None:
+        """Remove the bar (the summary line replaces it)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _bar(description: str, unit: str, total: int | None) -> tqdm:
+    """A bar on stderr that the summary line replaces (``leave=False``)."""
+    return tqdm(
+        total=total, desc=description, unit=unit, unit_scale=True, file=sys.stderr, dynamic_ncols=True, leave=False
+    )
+
+
+log = logging.getLogger("pgprefetch")
+
+
+class LogProgress:
+    """A :class:`pgprefetch.write.pipeline.Progress` that logs a line at most every ``interval`` seconds."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self._epoch = 0
+        self._total = 0
+        self._done = 0
+        self._rows = 0
+        self._started = self._last = 0.0
+
+    def reading(self, epoch: int) -> None:
+        """A scan read begins."""
+        self._epoch, self._rows = epoch, 0
+        self._started = self._last = time.monotonic()
+        log.info("epoch %d: reading the table", epoch, extra={"epoch": epoch, "phase": "reading"})
+
+    def rows(self, n: int) -> None:
+        """Count table rows read."""
+        self._rows += n
+        if self._due():
+            log.info("epoch %d: %s table rows read", self._epoch, f"{self._rows:,}", extra={"rows_read": self._rows})
+
+    def start(self, epoch: int, n_samples: int) -> None:
+        """The epoch's size is known."""
+        self._epoch, self._total, self._done = epoch, n_samples, 0
+        self._started = self._last = time.monotonic()
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        """Count samples written."""
+        self._done += samples
+        if self._due():
+            elapsed = max(time.monotonic() - self._started, 1e-9)
+            rate = self._done / elapsed
+            eta = (self._total - self._done) / rate if rate else float("inf")
+            log.info(
+                "epoch %d: %s of %s samples (%.0f%%), %s samples/s, ETA %.0f s",
+                self._epoch, f"{self._done:,}", f"{self._total:,}", 100 * self._done / max(self._total, 1),
+                f"{rate:,.0f}", eta,
+                extra={"epoch": self._epoch, "samples": self._done, "total": self._total,
+                       "samples_per_s": round(rate, 1), "eta_s": round(eta, 1)},
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing to tidy: the summary follows."""
+
+    def _due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            return False
+        self._last = now
+        return True
+
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, message, and the record's extra fields (epoch, samples, ...)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON line."""
+        out = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "message": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        return json.dumps(out, default=str)

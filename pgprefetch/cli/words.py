@@ -1,0 +1,56 @@
+"""How the command line reads epoch lists and words a dump's result: one line a human reads in a cron mail."""
+
+from __future__ import annotations
+
+import re
+
+from pgprefetch.errors import ConfigError
+from pgprefetch.write.pipeline import DumpResult
+
+
+def parse_epochs(value: str) -> list[int]:
+    """Parse ``3``, ``3-5`` or ``1,4-6`` into a list of epochs."""
+    out: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(-?[0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
+        if not m:
+            raise ConfigError(f"--epochs: expected N, A-B or a comma-separated list of them, got {value!r}")
+        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
+        if lo < 0:
+            raise ConfigError(f"--epochs: epochs are 0 or more, got {lo}")
+        if hi < lo:
+            raise ConfigError(f"--epochs: empty range {part.strip()!r}")
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def summary(r: DumpResult) -> str:
+    """One line for a dump's result: what was written, how fast, where, and what happened on the way."""
+    if r.status == "skipped":
+        return f"epoch {r.epoch}: already complete in {r.path}, left untouched (use --force to rewrite)"
+    if r.status == "busy":
+        return f"epoch {r.epoch}: another dump is writing it ({r.holder}); skipped"
+    notes = ""
+    if r.duplicates_dropped:
+        notes += f" ({r.duplicates_dropped:,} repeated keys dropped)"
+    if r.rows_read == 0:
+        notes += " (cut from the table read for an earlier epoch)"
+    elif r.rows_read:
+        notes += f" ({r.rows_read:,} table rows read)"
+    if r.retries:
+        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(r.retry_causes.items()))
+        notes += f" (survived {r.retries} lost connection(s): {causes})"
+    if r.restarted:
+        notes += f" (an interrupted dump was started over: {r.restarted})"
+    if r.resumed:
+        notes += f" (resumed: {r.resumed} of {r.n_batches} batches kept from an interrupted dump)"
+    return (
+        f"epoch {r.epoch}: {_count(r.n_batches, 'batch', 'batches')}, {_count(r.n_samples, 'sample')}, "
+        f"{r.bytes / 1e6:,.1f} MB "
+        f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}{notes}"
+    )
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``1 batch``, ``2 batches``, ``1,024 samples``."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"

@@ -1,0 +1,34 @@
+"""The configuration: frozen dataclasses built once at the edge, from a TOML file or in code.
+
+``model`` holds the objects, ``values`` the parsers of hand-typed values, ``parse`` checks the raw tables
+key by key, and ``load`` reads a file and applies the command line's overrides. Everything past
+:func:`load_config` sees only these frozen objects.
+"""
+
+from pgprefetch.config.load import load_config, parse_config, with_overrides
+from pgprefetch.config.model import (
+    BatchesConfig,
+    Config,
+    FieldConfig,
+    SamplesConfig,
+    ScanConfig,
+    SourceConfig,
+    StoreConfig,
+)
+from pgprefetch.config.values import parse_duration, parse_size, store_location
+
+__all__ = [
+    "BatchesConfig",
+    "Config",
+    "FieldConfig",
+    "SamplesConfig",
+    "ScanConfig",
+    "SourceConfig",
+    "StoreConfig",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_size",
+    "store_location",
+    "with_overrides",
+]

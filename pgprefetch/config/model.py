@@ -1,0 +1,204 @@
+"""The TOML config, validated once at the edge into frozen dataclasses.
+
+Nothing past :func:`load_config` sees a raw dict: the pipeline, the store and the CLI take these objects.
+Every error is one line naming the file, the key and what was expected (with a "did you mean" for typos),
+because a config is edited by hand and read by cron.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pgprefetch.sqltext import find_params
+
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+FLOAT_DTYPES = ("float16", "float32", "float64")
+COMPRESSIONS = ("none", "zstd", "lz4")
+CASTS = ("safe", "unsafe")
+DUPLICATES = ("error", "drop")
+NULL_SUFFIX = "_null"  # a field with a NULL policy gets a boolean array "<field>_null" beside it
+LENGTH_SUFFIX = "_length"  # a field with max_length gets an int32 array "<field>_length" of real lengths
+N_ROWS = "n_rows"  # with [samples] max_rows, an int32 array of each sample's real row count
+TRUNCATES = ("error", "right", "left")
+# Arrays of every epoch: each batch's keys, every chunk's CRC32C, each batch's longest sample (padded fields)
+RESERVED_FIELDS = ("keys", "_checksums", "_longest")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceConfig:
+    """Where the data lives and how hard to read it."""
+
+    dsn: str | None = None
+    """libpq-style URI; None lets asyncpg use the PG* environment variables."""
+    connections: int = 8
+    """Pool size, which is also the number of batches in flight."""
+    statement_timeout_ms: int | None = None
+    """Applied to every statement of every connection; None leaves the server's setting."""
+    io_timeout_ms: int = 60_000
+    """How long one round trip may go unanswered before its connection counts as lost (0: forever).
+
+    A peer that stops answering without closing (a dropped route, a frozen proxy) is otherwise noticed only
+    by TCP keepalives, after hours. It must exceed the slowest batch statement."""
+    memory_bytes: int = 512 << 20
+    """Scan mode: the table data held at once; a larger table is read in several range passes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplesConfig:
+    """Which samples exist (``keys``) and how to read one of them (``query``)."""
+
+    keys: str
+    query: str
+    rows: int = 1
+    """Rows per sample; with ``max_rows``, the most rows a sample may have (it is padded to them)."""
+    fraction: float = 1.0
+    duplicates: str = "error"
+    """What a key returned twice by the keys query means: an error, or ("drop") one sample all the same."""
+    max_rows: int | None = None
+    """Samples of 1..max_rows rows, padded to ``max_rows`` (``rows`` is then ``max_rows``); None: exactly ``rows``."""
+    truncate: str = "error"
+    """With ``max_rows``: more rows are an error, or the first (``right``) or last (``left``) ``max_rows`` are kept."""
+
+    @property
+    def max_param(self) -> int:
+        """The highest ``$n`` the query uses; it must not exceed the number of key columns."""
+        return max(find_params(self.query), default=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScanConfig:
+    """Scan mode: samples cut from one read of ``table`` per epoch (rows, or windows over series)."""
+
+    table: str
+    """A table or view name, or a SELECT returning the key, order and field columns."""
+    key: tuple[str, ...]
+    """Integer columns: a sample's key (rows), or a series' key (windows)."""
+    order: str | None = None
+    """Windows only: the integer, timestamp or date column ordering a series' rows."""
+    window: int | None = None
+    """Windows only: rows per sample."""
+    stride: int = 1
+    """Windows only: rows from one window start to the next, counted from a series' first row."""
+    fraction: float = 1.0
+    duplicates: str = "error"
+
+    @property
+    def rows(self) -> int:
+        """Rows per sample: the window, or 1."""
+        return self.window or 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldConfig:
+    """One tensor of the batch, built from one or more result columns."""
+
+    name: str
+    columns: tuple[str, ...]
+    dtype: str
+    cast: str = "safe"
+    """``safe``: a value the dtype cannot hold (overflow, NaN into an integer) stops the dump; ``unsafe``: casts."""
+    null: str | float = "error"
+    """``error``, ``nan`` (float fields) or a fill value; other than ``error``, a mask array records the NULLs."""
+    categories: tuple[str, ...] | str | None = None
+    """Text labels stored as integer codes: the list (code = position), ``auto`` (sorted distinct values), or None."""
+    max_length: int | None = None
+    """Arrays of any length (and text or bytea, as bytes) padded to this many elements; None: fixed length."""
+    pad: int | float = 0
+    """The value of the padding (``max_length``, ``max_rows``)."""
+    truncate: str = "error"
+    """A longer array is an error naming the sample, or keeps its first (``right``) or last (``left``) elements."""
+
+    @property
+    def null_mask(self) -> str | None:
+        """The name of the boolean array recording this field's NULLs, or None when NULLs are errors."""
+        return f"{self.name}{NULL_SUFFIX}" if self.null != "error" else None
+
+    @property
+    def length_array(self) -> str | None:
+        """The name of the int32 array of each sample's real length, or None for fixed-length fields."""
+        return f"{self.name}{LENGTH_SUFFIX}" if self.max_length is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchesConfig:
+    """How samples are grouped: size, shuffle seed and what to do with a short last batch."""
+
+    size: int
+    seed: int = 0
+    drop_last: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """Where epochs are written, and how."""
+
+    path: Path | str  # a local folder, or an object store URL (``s3://bucket/prefix``; see store_location)
+    compression: str = "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """A whole, validated config."""
+
+    source: SourceConfig
+    samples: SamplesConfig | ScanConfig
+    fields: tuple[FieldConfig, ...]
+    batches: BatchesConfig
+    store: StoreConfig
+    file: Path | None = None
+    """The file it came from, for messages; None when built in code."""
+
+    @property
+    def mode(self) -> str:
+        """``query`` (a statement per batch) or ``scan`` (one read of a table per epoch)."""
+        return "scan" if isinstance(self.samples, ScanConfig) else "query"
+
+    def field(self, name: str) -> FieldConfig:
+        """Return the field called ``name``."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def content(self) -> dict[str, Any]:
+        """The settings that decide an epoch's bytes, as plain JSON data.
+
+        Connection settings and the store path are left out: they change where and how fast, not what.
+        """
+        return {
+            "samples": _without_defaults(
+                self.samples, ("duplicates", "max_rows", "truncate") if self.mode == "query" else ()
+            ),
+            "fields": [
+                _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate"))
+                | {"columns": list(f.columns)}
+                for f in self.fields
+            ],
+            "batches": dataclasses.asdict(self.batches),
+            "compression": self.store.compression,
+        }
+
+    def sha256(self) -> str:
+        """Hash of :meth:`content`, recorded in every epoch to tell which config wrote it."""
+        text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _without_defaults(obj: Any, optional: tuple[str, ...]) -> dict[str, Any]:
+    """``asdict(obj)`` less the ``optional`` settings left at their defaults.
+
+    Settings added after a store format was fixed are hashed only when set, so a config that does not use
+    them keeps the hash its stores were written under.
+    """
+    out = dataclasses.asdict(obj)
+    defaults = {f.name: f.default for f in dataclasses.fields(obj)}
+    for name in optional:
+        if out[name] == defaults[name]:
+            del out[name]
+    return out

@@ -1,0 +1,358 @@
+"""Reading a config: the raw TOML tables checked key by key into the frozen objects of :mod:`pgprefetch.config.model`.
+
+Every getter raises a one-line :class:`~pgprefetch.errors.ConfigError` naming the file, the key and what
+was expected, with a "did you mean" for a misspelt key: a config is edited by hand and read by cron.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import (
+    CASTS,
+    COMPRESSIONS,
+    DTYPES,
+    DUPLICATES,
+    FLOAT_DTYPES,
+    INTEGER_DTYPES,
+    N_ROWS,
+    RESERVED_FIELDS,
+    TRUNCATES,
+    BatchesConfig,
+    Config,
+    FieldConfig,
+    SamplesConfig,
+    ScanConfig,
+    SourceConfig,
+    StoreConfig,
+)
+from pgprefetch.config.values import parse_duration, parse_size, show, store_location
+from pgprefetch.errors import ConfigError
+from pgprefetch.sqltext import find_params, strip_statement
+
+_TABLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
+    """Validate a config already parsed from TOML (see :func:`load_config`)."""
+    p = _Parser(file)
+    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source",))
+    source = p.section(raw, "source", required=False)
+    samples = p.section(raw, "samples")
+    batches = p.section(raw, "batches")
+    store = p.section(raw, "store")
+    fields = p.section(raw, "fields")
+
+    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout", "io_timeout", "memory"))
+    p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
+    p.keys(store, "store", required=("path",), optional=("compression",))
+
+    samples_cfg = p.samples(samples)
+    fields_cfg = p.fields(fields)
+    p.variable_lengths(samples_cfg, fields_cfg)
+    return Config(
+        source=SourceConfig(
+            dsn=p.optional_str(source, "source", "dsn"),
+            connections=p.positive_int(source, "source", "connections", default=8),
+            statement_timeout_ms=p.duration(source, "source", "statement_timeout"),
+            io_timeout_ms=_default(p.duration(source, "source", "io_timeout"), 60_000),
+            memory_bytes=parse_size(source.get("memory", 512 << 20), f"{p.prefix}[source] memory"),
+        ),
+        samples=samples_cfg,
+        fields=fields_cfg,
+        batches=BatchesConfig(
+            size=p.positive_int(batches, "batches", "size"),
+            seed=p.integer(batches, "batches", "seed", default=0),
+            drop_last=p.boolean(batches, "batches", "drop_last", default=True),
+        ),
+        store=StoreConfig(
+            path=p.location(store, "store", "path"),
+            compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
+        ),
+        file=file,
+    )
+
+
+class _Parser:
+    """Typed getters that raise a ConfigError naming the file and key."""
+
+    def __init__(self, file: Path | None) -> None:
+        self.file = file
+
+    def samples(self, samples: dict[str, Any]) -> SamplesConfig | ScanConfig:
+        """``[samples]``: either ``keys`` + ``query`` (query mode) or ``table`` (scan mode), never both."""
+        if "table" in samples and ("keys" in samples or "query" in samples):
+            self.fail("[samples]", 'give either "keys" and "query" (query mode) or "table" (scan mode), not both')
+        if "table" not in samples:
+            optional = ("rows", "fraction", "duplicates", "max_rows", "truncate")
+            self.keys(samples, "samples", required=("keys", "query"), optional=optional)
+            if "max_rows" in samples and "rows" in samples:
+                self.fail("[samples] max_rows", "give rows (each sample has that many) or max_rows (1 to that many)")
+            if "truncate" in samples and "max_rows" not in samples:
+                self.fail("[samples] truncate", "only max_rows has it: set max_rows too, or remove it")
+            max_rows = self.positive_int(samples, "samples", "max_rows") if "max_rows" in samples else None
+            query = SamplesConfig(
+                keys=self.sql(samples, "samples", "keys"),
+                query=self.sql(samples, "samples", "query"),
+                rows=max_rows or self.positive_int(samples, "samples", "rows", default=1),
+                fraction=self.fraction(samples, "samples", "fraction"),
+                duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
+                max_rows=max_rows,
+                truncate=self.choice(samples, "samples", "truncate", TRUNCATES, default="error"),
+            )
+            if 0 in find_params(query.query):
+                self.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
+            return query
+        optional = ("order", "window", "stride", "fraction", "duplicates")
+        self.keys(samples, "samples", required=("table", "key"), optional=optional)
+        window = samples.get("window")
+        if window is None:
+            for key in ("order", "stride"):
+                if key in samples:
+                    self.fail(f"[samples] {key}", "only windows have it: set window too, or remove it")
+        elif "order" not in samples:
+            self.fail("[samples] order", "windows need the column that orders a series' rows")
+        key = samples["key"]
+        key = [key] if isinstance(key, str) else key
+        if not isinstance(key, list) or not key or not all(isinstance(k, str) and k for k in key):
+            self.fail("[samples] key", f"expected a column name or a non-empty list of them, got {show(key)}")
+        if len(set(key)) != len(key):
+            self.fail("[samples] key", f"a column is listed twice in {key}")
+        order = samples.get("order")
+        if order is not None and (not isinstance(order, str) or not order):
+            self.fail("[samples] order", f"expected a column name, got {show(order)}")
+        if order in key:
+            self.fail("[samples] order", f'"{order}" is a key column too')
+        return ScanConfig(
+            table=self.table(samples),
+            key=tuple(key),
+            order=order,
+            window=None if window is None else self.positive_int(samples, "samples", "window"),
+            stride=self.positive_int(samples, "samples", "stride", default=1),
+            fraction=self.fraction(samples, "samples", "fraction"),
+            duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
+        )
+
+    def table(self, samples: dict[str, Any]) -> str:
+        value = samples["table"]
+        if not isinstance(value, str) or not strip_statement(value):
+            self.fail("[samples] table", f"expected a table or view name, or a SELECT, got {_kind(value)}")
+        text = strip_statement(value)
+        if not (_TABLE_NAME.fullmatch(text) or re.match(r"(?is)^\s*(select|with|values)\b", text)):
+            self.fail("[samples] table", f"expected a table or view name (schema.name), or a SELECT; got {show(text)}")
+        return text
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.file}: " if self.file else ""
+
+    def fail(self, where: str, message: str) -> None:
+        raise ConfigError(f"{self.prefix}{where}: {message}")
+
+    def keys(
+        self, table: dict[str, Any], section: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    ) -> None:
+        known = required + optional
+        where = f"[{section}]" if section else "top level"
+        for key in table:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f' (did you mean "{close[0]}"?)' if close else f" (expected one of: {', '.join(known)})"
+                self.fail(where, f'unknown key "{key}"{hint}')
+        for key in required:
+            if key not in table:
+                self.fail(where, f'missing required {"section" if not section else "key"} "{key}"')
+
+    def section(self, raw: dict[str, Any], name: str, required: bool = True) -> dict[str, Any]:
+        value = raw.get(name, {} if not required else None)
+        if not isinstance(value, dict):
+            self.fail(f"[{name}]", f"expected a table, got {_kind(value)}")
+        return value  # type: ignore[return-value]
+
+    def sql(self, table: dict[str, Any], section: str, key: str) -> str:
+        value = table[key]
+        if not isinstance(value, str):
+            self.fail(f"[{section}] {key}", f"expected a SQL string, got {_kind(value)}")
+        if not strip_statement(value):
+            self.fail(f"[{section}] {key}", "expected a SQL query, got an empty string")
+        return strip_statement(value)
+
+    def integer(self, table: dict[str, Any], section: str, key: str, default: int) -> int:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"[{section}] {key}", f"expected an integer, got {_kind(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def positive_int(self, table: dict[str, Any], section: str, key: str, default: int | None = None) -> int:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.fail(f"[{section}] {key}", f"expected a positive integer, got {show(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def fraction(self, table: dict[str, Any], section: str, key: str) -> float:
+        value = table.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            self.fail(f"[{section}] {key}", f"expected a number with 0 < {key} <= 1, got {show(value)}")
+        return float(value)
+
+    def boolean(self, table: dict[str, Any], section: str, key: str, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(f"[{section}] {key}", f"expected true or false, got {show(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def optional_str(self, table: dict[str, Any], section: str, key: str) -> str | None:
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            self.fail(f"[{section}] {key}", f"expected a non-empty string, got {_kind(value)}")
+        return value
+
+    def choice(self, table: dict[str, Any], section: str, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = table.get(key, default)
+        if value not in choices:
+            self.fail(f"[{section}] {key}", f"expected one of {', '.join(choices)}; got {show(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def location(self, table: dict[str, Any], section: str, key: str) -> Path | str:
+        value = table[key]
+        if not isinstance(value, str) or not value.strip():
+            self.fail(f"[{section}] {key}", f"expected a path string, got {_kind(value)}")
+        prefix = f"{self.file}: " if self.file else ""
+        # Relative to the config file, so cron's working directory doesn't matter.
+        base = self.file.resolve().parent if self.file is not None else None
+        return store_location(value, f"{prefix}[{section}] {key}", base)
+
+    def duration(self, table: dict[str, Any], section: str, key: str) -> int | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        prefix = f"{self.file}: " if self.file else ""
+        return parse_duration(value, f"{prefix}[{section}] {key}")
+
+    def fields(self, table: dict[str, Any]) -> tuple[FieldConfig, ...]:
+        if not table:
+            self.fail("[fields]", "expected at least one field, e.g. [fields.x] with columns and dtype")
+        out = []
+        for name, spec in table.items():
+            where = f"[fields.{name}]"
+            if name in RESERVED_FIELDS:
+                what = "each batch's keys" if name == "keys" else "every chunk's checksum"
+                self.fail(where, f'"{name}" is reserved (the store keeps {what} under it)')
+            if not _FIELD_NAME.fullmatch(name):
+                self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
+            if not isinstance(spec, dict):
+                self.fail(where, f"expected a table with columns and dtype, got {_kind(spec)}")
+            optional = ("cast", "null", "categories", "max_length", "pad", "truncate")
+            self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=optional)
+            columns = spec["columns"]
+            if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
+                self.fail(f"{where} columns", f"expected a non-empty list of column names, got {show(columns)}")
+            if len(set(columns)) != len(columns):
+                self.fail(f"{where} columns", f"a column is listed twice in {columns}")
+            dtype = spec["dtype"]
+            if dtype not in DTYPES:
+                close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
+                hint = f' (did you mean "{close[0]}"?)' if close else ""
+                self.fail(f"{where} dtype", f"expected one of {', '.join(DTYPES)}; got {show(dtype)}{hint}")
+            out.append(
+                FieldConfig(
+                    name=name,
+                    columns=tuple(columns),
+                    dtype=dtype,
+                    cast=self.choice(spec, f"fields.{name}", "cast", CASTS, default="safe"),
+                    null=self.null_policy(spec, where, dtype),
+                    categories=self.categories(spec, where, dtype),
+                    **self.padding(spec, where, dtype),
+                )
+            )
+        names = {f.name for f in out}
+        for f in out:
+            if f.null_mask in names:
+                self.fail(f"[fields.{f.null_mask}]", f"the name is taken by the NULL mask of [fields.{f.name}]")
+            if f.length_array in names:
+                self.fail(f"[fields.{f.length_array}]", f"the name is taken by the lengths of [fields.{f.name}]")
+        return tuple(out)
+
+    def variable_lengths(self, samples: SamplesConfig | ScanConfig, fields: tuple[FieldConfig, ...]) -> None:
+        """What ``max_length`` and ``max_rows`` need beyond their own sections."""
+        if isinstance(samples, SamplesConfig) and samples.max_rows is not None:
+            taken = next((f for f in fields if N_ROWS in (f.name, f.null_mask, f.length_array)), None)
+            if taken is not None:
+                self.fail(f"[fields.{taken.name}]", f'"{N_ROWS}" is reserved with max_rows (each sample\'s row count)')
+
+    def padding(self, spec: dict[str, Any], where: str, dtype: str) -> dict[str, Any]:
+        """``max_length``, ``pad`` and ``truncate`` of a field (``pad`` also pads ``[samples] max_rows``)."""
+        out: dict[str, Any] = {}
+        if "max_length" in spec:
+            out["max_length"] = self.positive_int(spec, where.strip("[]"), "max_length")
+            if spec.get("categories") is not None:
+                self.fail(f"{where} max_length", "categories are scalar codes: they have no length")
+            if spec.get("null", "error") != "error":
+                self.fail(f"{where} max_length", "a null policy applies to scalar columns; an array or text is whole")
+        elif "truncate" in spec:
+            self.fail(f"{where} truncate", "only max_length has it: set max_length too, or remove it")
+        if "truncate" in spec:
+            out["truncate"] = self.choice(spec, where.strip("[]"), "truncate", TRUNCATES, default="error")
+        if "pad" in spec:
+            value = spec["pad"]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not _fits(value, dtype):
+                self.fail(f"{where} pad", f"expected a number that fits {dtype}, got {show(value)}")
+            out["pad"] = value
+        return out
+
+    def null_policy(self, spec: dict[str, Any], where: str, dtype: str) -> str | float:
+        value = spec.get("null", "error")
+        if value in ("error", "nan") and not (value == "nan" and dtype not in FLOAT_DTYPES):
+            return value  # type: ignore[no-any-return]
+        if value == "nan":
+            self.fail(f"{where} null", f'"nan" needs a float dtype ({", ".join(FLOAT_DTYPES)}), not {dtype}')
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(f"{where} null", f'expected "error", "nan" or a fill value (a number), got {show(value)}')
+        fits = _fits(value, dtype)
+        if not fits:
+            self.fail(f"{where} null", f"the fill value {show(value)} does not fit {dtype}")
+        return value  # type: ignore[no-any-return]
+
+    def categories(self, spec: dict[str, Any], where: str, dtype: str) -> tuple[str, ...] | str | None:
+        value = spec.get("categories")
+        if value is None:
+            return None
+        if dtype not in INTEGER_DTYPES:
+            self.fail(f"{where} categories", f"categorical codes need an integer dtype ({', '.join(INTEGER_DTYPES)})")
+        if value == "auto":
+            return "auto"
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            self.fail(f"{where} categories", f'expected "auto" or a non-empty list of strings, got {show(value)}')
+        if len(set(value)) != len(value):
+            twice = next(c for c in value if value.count(c) > 1)
+            self.fail(f"{where} categories", f"{json.dumps(twice)} is listed twice")
+        if not _fits(len(value) - 1, dtype):
+            self.fail(f"{where} categories", f"{len(value)} categories do not fit {dtype}")
+        return tuple(value)
+
+
+def _default(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _fits(value: float, dtype: str) -> bool:
+    """Whether ``value`` is exactly representable in ``dtype`` (a finite float may round in a float dtype)."""
+    if dtype == "bool":
+        return value in (0, 1)
+    if dtype in FLOAT_DTYPES:
+        return math.isnan(value) or abs(value) <= float(np.finfo(dtype).max)
+    info = np.iinfo(dtype)
+    return float(value).is_integer() and info.min <= value <= info.max
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
+    return "nothing" if value is None else names.get(type(value), type(value).__name__)

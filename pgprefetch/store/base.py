@@ -1,0 +1,313 @@
+"""The store: one interface, two backends (a local folder, an object store), that own everything a store does.
+
+Layout (plain Zarr v3; ``zarr.open_group(store)["epoch-00003"]["x"][7]`` is batch 7)::
+
+    <store>/zarr.json                 root group, attribute pgprefetch_store = {"format_version": 1}
+    <store>/epoch-00003/zarr.json     epoch group; attribute "pgprefetch" is the manifest
+    <store>/epoch-00003/<field>/      (n_batches, size, *sample_shape), one batch per (inner) chunk
+    <store>/epoch-00003/keys/         (n_batches, size, n_slots) int64
+    <store>/.pgprefetch/locks/        one lock per epoch: one writer at a time
+    <store>/.pgprefetch/consumers/    the epoch each training run (consumer) opened last
+
+An epoch is always written into a local folder first (:meth:`Store.partial_path`, with its journal): the
+writer (:mod:`pgprefetch.write.writer`) ``pwrite``-s batches there and resumes it after a crash. What differs is
+how it becomes visible, and the backends own that: :class:`~pgprefetch.store.local.LocalStore` syncs and
+renames the folder into place; :class:`~pgprefetch.store.s3.S3Store` uploads its files (while the dump
+runs) and writes the epoch's ``zarr.json``, which holds the manifest, last, with a conditional create. In
+both, an epoch whose group ``zarr.json`` exists is complete, and nothing else is.
+
+``open_store(location)`` (:mod:`pgprefetch.store.open`, above the backends) opens the backend the location
+names: ``s3://bucket/prefix`` an object store, anything else a folder. This interface knows no backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+from zarr.codecs import BloscCodec, ZstdCodec
+
+from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
+from pgprefetch.store.layout import MISSING, ArrayLayout
+
+FORMAT_VERSION = 1
+KEYS_ARRAY = "keys"
+META_DIR = ".pgprefetch"
+ROOT_ATTRIBUTES = {"pgprefetch_store": {"format_version": FORMAT_VERSION}}
+EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
+_CONSUMER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def epoch_name(epoch: int) -> str:
+    """The group name of an epoch: ``epoch-00003``."""
+    return f"epoch-{epoch:05d}"
+
+
+def compressors(compression: str) -> Any:
+    """Zarr's compressors for a ``[store] compression`` setting (None: raw, memory-mappable chunks)."""
+    if compression == "zstd":
+        return [ZstdCodec(level=3)]
+    if compression == "lz4":
+        return [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]
+    return None
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of an epoch: a field or the keys."""
+
+    name: str
+    dtype: np.dtype
+    sample_shape: tuple[int, ...]
+
+
+class Uploader(abc.ABC):
+    """Sends the files of an epoch being written to where it will be published, while the dump runs."""
+
+    @abc.abstractmethod
+    def submit(self, path: Path) -> None:
+        """``path`` (in the partial folder) is final: send it when there is room."""
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Wait until everything submitted is sent; raise the first failure."""
+
+
+class Store(abc.ABC):
+    """Where the epochs of one config live: the interface both backends implement (:func:`open_store` picks one)."""
+
+    location: str  # as messages show it: the folder, or s3://bucket/prefix
+
+    @property
+    def local_root(self) -> Path | None:
+        """The folder the published epochs are in, for a store on this machine's disk; None otherwise.
+
+        The read side maps a local epoch's files and reads an object store's with ranged requests: it asks
+        this, not which backend it holds.
+        """
+        return None
+
+    # --- the store as a whole ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def create(self) -> None:
+        """Create the store (its root group) if needed; refuse a location that holds something else."""
+
+    @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether the store's root group is there."""
+
+    def require(self) -> Store:
+        """This store, if it exists; a one-line StoreError naming the location otherwise."""
+        if not self.exists():
+            raise StoreError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
+        return self
+
+    @abc.abstractmethod
+    def remove_if_unused(self) -> None:
+        """Remove a store that holds no epoch, complete or partial (one a failed first dump created)."""
+
+    # --- epochs -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def epochs(self) -> list[int]:
+        """The published (complete) epochs, in order."""
+
+    @abc.abstractmethod
+    def partial_epochs(self) -> list[int]:
+        """Epochs being written, or left by a dump that died (locally staged, or half uploaded)."""
+
+    @abc.abstractmethod
+    def read(self, key: str) -> bytes | None:
+        """The object (file) ``key``, relative to the store; None if it does not exist."""
+
+    @abc.abstractmethod
+    def read_range(self, key: str, start: int, length: int) -> Any:
+        """``length`` bytes of ``key`` from ``start``, as a bytes-like buffer (numpy views it as is)."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int | None:
+        """The size of ``key`` in bytes; None if it does not exist."""
+
+    def is_complete(self, epoch: int) -> bool:
+        """True when the epoch is published (its group ``zarr.json`` is written last)."""
+        return self.size(f"{epoch_name(epoch)}/zarr.json") is not None
+
+    def manifest(self, epoch: int) -> dict[str, Any]:
+        """The manifest of a published epoch.
+
+        Raises:
+            EpochNotFoundError: not published (lists the epochs that are).
+            EpochNotReadyError: it exists only as a partial epoch (being written, or its dump died).
+            FormatVersionError: written by a pgprefetch with a newer format.
+        """
+        raw = self.read(f"{epoch_name(epoch)}/zarr.json")
+        if raw is None:
+            if epoch in self.partial_epochs():
+                raise EpochNotReadyError(f"epoch {epoch} in {self.location} is still being written (or its dump died)")
+            present = ", ".join(map(str, self.epochs())) or "none"
+            raise EpochNotFoundError(f"epoch {epoch} is not in {self.location} (epochs present: {present})")
+        try:
+            manifest = json.loads(raw).get("attributes", {}).get("pgprefetch")
+        except ValueError:
+            manifest = None
+        where = f"{self.location}/{epoch_name(epoch)}"
+        if not isinstance(manifest, dict):
+            raise StoreError(f"{where} has no pgprefetch manifest")
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{where} has format version {manifest.get('format_version')}; "
+                f"this pgprefetch reads version {FORMAT_VERSION}"
+            )
+        return manifest
+
+    def wait_manifest(self, epoch: int, timeout: float | None) -> dict[str, Any]:
+        """:meth:`manifest`, waiting up to ``timeout`` seconds for the epoch to be published (None: no wait)."""
+        deadline = time.monotonic() + (timeout or 0.0)
+        while True:
+            try:
+                return self.manifest(epoch)
+            except (EpochNotFoundError, EpochNotReadyError) as e:
+                if timeout is None:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise EpochNotReadyError(f"{e}; gave up waiting after {timeout:g} s") from None
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def array_layout(self, epoch: int, name: str) -> ArrayLayout:
+        """Where array ``name`` of a published epoch keeps each batch."""
+        key = f"{epoch_name(epoch)}/{name}"
+        raw = self.read(f"{key}/zarr.json")
+        if raw is None:
+            raise StoreError(f"{self.location}/{key}: the array is missing (the epoch is damaged)")
+        return ArrayLayout.parse(json.loads(raw), PurePosixPath(key))
+
+    def batch_bytes(self, layout: ArrayLayout, batch: int) -> bytes | None:
+        """The bytes of ``batch`` as stored (raw values, or the compressed chunk); None when missing.
+
+        Reads the shard's index, as ``verify`` must: it checks what is there, not what should be.
+        """
+        path, slot = layout.file(batch)
+        key = str(path)
+        size = self.size(key)
+        if size is None:
+            return None
+        if not layout.sharded:
+            return bytes(self.read_range(key, 0, size))
+        if size < layout.index_bytes:
+            return None
+        tail = np.frombuffer(self.read_range(key, size - layout.index_bytes, layout.index_bytes), dtype=np.uint8)
+        offset, nbytes = (int(v) for v in layout.shard_index(tail)[slot])
+        if offset == MISSING or offset + nbytes > size - layout.index_bytes:
+            return None
+        return bytes(self.read_range(key, offset, nbytes))
+
+    @abc.abstractmethod
+    def epoch_bytes(self, epoch: int) -> int:
+        """What a published epoch takes in the store."""
+
+    def epoch_location(self, epoch: int) -> Path | str:
+        """Where a published epoch lives (a folder, or a URL)."""
+        return f"{self.location}/{epoch_name(epoch)}"
+
+    @abc.abstractmethod
+    def remove_epoch(self, epoch: int) -> None:
+        """Delete a published epoch so that no reader ever finds half of it."""
+
+    @abc.abstractmethod
+    def zarr_store(self) -> Any:
+        """The store as zarr opens it (compressed arrays and the checksums go through zarr)."""
+
+    # --- writing ------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def partial_path(self, epoch: int) -> Path:
+        """The local folder an epoch is written into before it is published."""
+
+    def journal_path(self, epoch: int) -> Path:
+        """The journal of a partial epoch: what it holds and the checksum of every batch written."""
+        partial = self.partial_path(epoch)
+        return partial.with_name(f"{partial.name}.journal")
+
+    @abc.abstractmethod
+    def scratch(self, name: str) -> Path:
+        """A local folder for a dump's temporary files (the scan mode's spool)."""
+
+    @abc.abstractmethod
+    def partial_info(self, epoch: int) -> tuple[int, float]:
+        """A partial epoch's bytes so far and when it was last written to (Unix time)."""
+
+    @abc.abstractmethod
+    def remove_partial(self, epoch: int) -> None:
+        """Delete a partial epoch (its local folder and journal, and anything uploaded of it)."""
+
+    def uploader(self, epoch: int) -> AbstractContextManager[Uploader | None]:
+        """What sends an epoch's finished files on while it is written; None when publishing does it all."""
+        from contextlib import nullcontext
+
+        return nullcontext(None)
+
+    @abc.abstractmethod
+    def publish(self, epoch: int, partial: Path, replace: bool = False) -> Path | str:
+        """Make the fully written epoch in ``partial`` visible, complete or not at all; return where it is.
+
+        ``replace``: an epoch already published there is replaced (``--force``); otherwise that is an error.
+        """
+
+    @abc.abstractmethod
+    def writer_lock(self, epoch: int) -> AbstractContextManager[bool]:
+        """Hold the epoch's lock while the block runs; yields False (holding nothing) if another dump has it."""
+
+    @abc.abstractmethod
+    def lock_holder(self, epoch: int) -> str:
+        """Who holds (or last held) an epoch's lock: "host pid"."""
+
+    # --- consumers ----------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def record_consumer(self, name: str, epoch: int) -> None:
+        """Note, atomically, that consumer ``name`` (a training run) opened ``epoch``."""
+
+    @abc.abstractmethod
+    def consumers(self) -> dict[str, int]:
+        """The epoch each consumer opened last."""
+
+
+def consumer_record(name: str, epoch: int) -> bytes:
+    """The record of consumer ``name`` opening ``epoch`` (the name checked: it becomes a file name)."""
+    if not _CONSUMER.match(name):
+        raise StoreError(f"consumer name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    record = {
+        "consumer": name,
+        "epoch": epoch,
+        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    return (json.dumps(record) + "\n").encode()
+
+
+def consumer_epoch(raw: bytes) -> int | None:
+    """The epoch of a consumer record; None for one damaged (the next open rewrites it)."""
+    try:
+        return int(json.loads(raw)["epoch"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def epochs_in(names: Iterator[str]) -> list[int]:
+    """The epoch numbers among folder (prefix) names."""
+    found = (EPOCH.match(n) for n in names)
+    return sorted(int(m[1]) for m in found if m)
+
+
+def folder_bytes(root: Path) -> int:
+    """Bytes allocated on disk under ``root`` (a published local epoch, or an epoch staged for upload)."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file()) if root.exists() else 0

@@ -1,0 +1,261 @@
+"""The local backend: a store in a folder, published by ``rename`` (see :mod:`pgprefetch.store.base`).
+
+An epoch is written under ``<store>/.pgprefetch/partial/epoch-00003`` and becomes visible only through
+:meth:`LocalStore.publish`: one filesystem sync, then a rename into place. A reader therefore never sees
+a partial epoch under the final name. Locks are ``flock``-s, which the kernel drops when the holder dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import zarr
+
+from pgprefetch.errors import StoreError
+from pgprefetch.store.base import (
+    META_DIR,
+    ROOT_ATTRIBUTES,
+    Store,
+    consumer_epoch,
+    consumer_record,
+    epoch_name,
+    epochs_in,
+    folder_bytes,
+)
+from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
+
+
+class LocalStore(Store):
+    """A folder holding epochs of one config."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser()
+        self.location = str(self.path)
+
+    @property
+    def meta(self) -> Path:
+        """Pgprefetch's own folder in the store: partial epochs, locks and consumer records."""
+        return self.path / META_DIR
+
+    @property
+    def local_root(self) -> Path:
+        return self.path
+
+    def epoch_path(self, epoch: int) -> Path:
+        """Where a published epoch lives."""
+        return self.path / epoch_name(epoch)
+
+    def epoch_location(self, epoch: int) -> Path:
+        return self.epoch_path(epoch)
+
+    def partial_path(self, epoch: int) -> Path:
+        return self.meta / "partial" / epoch_name(epoch)
+
+    def scratch(self, name: str) -> Path:
+        return self.meta / name
+
+    def partial_epochs(self) -> list[int]:
+        folder = self.meta / "partial"
+        return epochs_in(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def create(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"store path {self.path} is a file, not a folder")
+        root = self.path / "zarr.json"
+        if self.path.is_dir() and not root.exists() and any(p.name != META_DIR for p in self.path.iterdir()):
+            raise StoreError(f"store path {self.path} is a non-empty folder that is not a pgprefetch store")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if not root.exists():
+                zarr.open_group(self.path, mode="a", attributes=ROOT_ATTRIBUTES)
+            self.meta.mkdir(exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create store {self.path}: {e.strerror or e}") from None
+
+    def exists(self) -> bool:
+        return (self.path / "zarr.json").is_file()
+
+    def require(self) -> Store:
+        if not self.exists():
+            what = "a folder that is not a pgprefetch store" if self.path.is_dir() else "nothing there"
+            raise StoreError(f"no store at {self.path} ({what})")
+        return self
+
+    def remove_if_unused(self) -> None:
+        if self.epochs() or self.partial_epochs():
+            return
+        shutil.rmtree(self.meta, ignore_errors=True)
+        (self.path / "zarr.json").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()  # only if nothing else is there
+
+    def epochs(self) -> list[int]:
+        if not self.path.is_dir():
+            return []
+        return [e for e in epochs_in(p.name for p in self.path.iterdir()) if self.is_complete(e)]
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            return (self.path / key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        with open(self.path / key, "rb") as f:
+            f.seek(start)
+            return f.read(length)
+
+    def size(self, key: str) -> int | None:
+        try:
+            return (self.path / key).stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def is_complete(self, epoch: int) -> bool:
+        return (self.epoch_path(epoch) / "zarr.json").exists()
+
+    def array_layout(self, epoch: int, name: str) -> ArrayLayout:
+        return ArrayLayout.read(self.epoch_path(epoch) / name)
+
+    def batch_bytes(self, layout: ArrayLayout, batch: int) -> bytes | None:
+        return read_batch_bytes(layout, batch)
+
+    def epoch_bytes(self, epoch: int) -> int:
+        return folder_bytes(self.epoch_path(epoch))
+
+    def partial_info(self, epoch: int) -> tuple[int, float]:
+        mtime = 0.0
+        for path in (self.journal_path(epoch), self.partial_path(epoch)):
+            with contextlib.suppress(OSError):
+                mtime = max(mtime, path.stat().st_mtime)
+        return folder_bytes(self.partial_path(epoch)), mtime
+
+    def remove_epoch(self, epoch: int) -> None:
+        """Rename the epoch's folder aside first, so no reader finds half of it, then delete it."""
+        self._remove(self.epoch_path(epoch))
+
+    def remove_partial(self, epoch: int) -> None:
+        self._remove(self.partial_path(epoch))
+        self.journal_path(epoch).unlink(missing_ok=True)
+        for old in (self.meta / "partial").glob("*.replaced"):  # epochs a --force dump moved aside and died
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _remove(self, folder: Path) -> None:
+        if not folder.exists():
+            return
+        trash = self.meta / "trash" / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def zarr_store(self) -> str:
+        return str(self.path)
+
+    def publish(self, epoch: int, partial: Path, replace: bool = False) -> Path:
+        # The epoch's flock is held, and a dump that is not --force skips a complete epoch under it.
+        return publish_epoch(partial, self.epoch_path(epoch))
+
+    @contextmanager
+    def writer_lock(self, epoch: int) -> Iterator[bool]:
+        """An advisory ``flock`` on ``.pgprefetch/locks/epoch-N.lock``.
+
+        The kernel drops it when the holder dies, even by ``kill -9``, so there are no stale locks to clean
+        up. It holds on local filesystems and on NFSv4 (Linux turns ``flock`` into a byte-range lock the
+        server enforces); on NFSv3 without a lock manager it does not, so run the dumps of one store from
+        one host there.
+        """
+        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+                yield False
+                return
+            with contextlib.suppress(OSError):  # who holds it is a courtesy; a full disk must not stop the dump
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+            yield True
+        finally:
+            os.close(fd)
+
+    def lock_holder(self, epoch: int) -> str:
+        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
+        try:
+            return path.read_text().strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def record_consumer(self, name: str, epoch: int) -> None:
+        record = consumer_record(name, epoch)
+        folder = self.meta / "consumers"
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        tmp.write_bytes(record)
+        os.replace(tmp, folder / f"{name}.json")
+
+    def consumers(self) -> dict[str, int]:
+        folder = self.meta / "consumers"
+        out = {}
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            with contextlib.suppress(OSError):
+                epoch = consumer_epoch(path.read_bytes())
+                if epoch is not None:
+                    out[path.stem] = epoch
+        return out
+
+
+def publish_epoch(partial: Path, final: Path) -> Path:
+    """Make a fully written epoch visible under its final name, atomically.
+
+    One sync of the filesystem (not an fsync per chunk on the hot path), then a rename, then an fsync of
+    the parent folder so the rename itself is durable. An epoch already there (``--force``) is moved aside
+    first and removed after.
+    """
+    _sync_filesystem(partial)
+    old = None
+    if final.exists():
+        old = partial.with_name(partial.name + ".replaced")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(partial, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _sync_filesystem(path: Path) -> None:
+    """``syncfs`` the filesystem holding ``path`` (Linux); elsewhere fall back to a global ``sync``."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    os.sync()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,218 @@
+"""Operating a store: which epochs to dump ahead, listing, verifying and pruning epochs.
+
+Training runs record the epoch they open (:meth:`pgprefetch.store.Store.record_consumer`); cron runs
+``pgprefetch dump --ahead K --keep N``, which dumps the next K epochs after the newest one a consumer
+started and deletes complete epochs more than N behind. Nothing here talks to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import zarr
+
+from pgprefetch.errors import StoreError
+from pgprefetch.store.base import Store, epoch_name
+from pgprefetch.store.layout import checksum
+
+
+@dataclass(frozen=True)
+class EpochInfo:
+    """One line of ``pgprefetch ls``."""
+
+    epoch: int
+    state: str  # complete | partial
+    n_batches: int | None
+    n_samples: int | None
+    bytes: int
+    created: str | None
+    seconds: float | None
+    batches_written: int | None = None  # partial epochs: how far the dump got
+
+    def to_json(self) -> dict[str, object]:
+        """The entry ``ls --json`` prints."""
+        out = asdict(self)
+        if self.state == "complete":
+            del out["batches_written"]
+        return out
+
+
+def list_epochs(store: Store) -> list[EpochInfo]:
+    """Every epoch in the store, complete or partial, in epoch order (bytes as allocated on disk)."""
+    infos = []
+    for epoch in store.epochs():
+        m = store.manifest(epoch)
+        infos.append(
+            EpochInfo(
+                epoch,
+                "complete",
+                m["n_batches"],
+                m["n_samples"],
+                store.epoch_bytes(epoch),
+                m.get("created"),
+                m.get("seconds"),
+            )
+        )
+    for epoch in store.partial_epochs():
+        if store.is_complete(epoch):
+            continue  # a --force rewrite in progress: the complete epoch is what readers get
+        header, written = _journal_summary(store, epoch)
+        nbytes, mtime = store.partial_info(epoch)
+        infos.append(
+            EpochInfo(
+                epoch,
+                "partial",
+                header.get("n_batches"),
+                header.get("n_keys"),
+                nbytes,
+                datetime.fromtimestamp(mtime, UTC).isoformat(timespec="seconds"),
+                None,
+                written,
+            )
+        )
+    return sorted(infos, key=lambda i: i.epoch)
+
+
+def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
+    try:
+        lines = store.journal_path(epoch).read_text().splitlines()
+        return json.loads(lines[0]), len({line.split()[0] for line in lines[1:] if line.strip() and line[0] != "#"})
+    except (OSError, ValueError, IndexError):
+        return {}, 0
+
+
+def verify_epoch(store: Store, epoch: int) -> list[str]:
+    """Recompute every chunk's CRC32C; return one line per corrupt or missing chunk (empty: all good)."""
+    manifest = store.manifest(epoch)
+    recorded = _recorded_checksums(store, epoch, manifest.get("checksums", {}))
+    problems = []
+    for name, crcs in recorded.items():
+        layout = store.array_layout(epoch, name)
+        for batch, expected in enumerate(crcs):
+            data = store.batch_bytes(layout, batch)
+            if data is None:
+                path, _ = layout.file(batch)
+                problems.append(
+                    f"{name} batch {batch}: missing ({epoch_name(epoch)}/{path.relative_to(layout.path.parent)})"
+                )
+            elif checksum(data) != expected:
+                problems.append(f"{name} batch {batch}: checksum mismatch")
+    return problems
+
+
+def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict[str, list[int]]:
+    """Each array's per-batch CRC32C: from the epoch's ``_checksums`` array, or an older epoch's manifest."""
+    if "array" not in entry:
+        if not entry.get("arrays"):
+            raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
+        return entry["arrays"]  # type: ignore[no-any-return]
+    path = f"{epoch_name(epoch)}/{entry['array']}"
+    try:
+        table = zarr.open_array(store.zarr_store(), path=path, mode="r")[:]
+    except (OSError, ValueError, KeyError) as e:
+        raise StoreError(f"cannot read the checksums of epoch {epoch} ({store.location}/{path}): {e}") from None
+    return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}
+
+
+def plan_ahead(store: Store, ahead: int, consumer: str | None = None) -> list[int]:
+    """The epochs ``--ahead`` dumps: the ``ahead`` epochs after the newest started one, not yet complete.
+
+    "Started" means opened by a consumer (all consumers, or just ``consumer``); with none, epoch 0 on.
+    """
+    started = _started(store, consumer)
+    first = max(started.values()) + 1 if started else 0
+    return [e for e in range(first, first + ahead) if not store.is_complete(e)]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``prune`` removed, and the partial epochs it kept."""
+
+    epochs: list[int]
+    partials: list[int]  # partial epochs of dead dumps, removed
+    kept_partials: list[int] = field(default_factory=list)  # resumable partial epochs left for the next dump
+    dry_run: bool = False
+
+    def lines(self, keep: int) -> list[str]:
+        """What happened, in words: one line per kind of action (nothing when nothing was to do)."""
+        verb = "would delete" if self.dry_run else "deleted"
+        out = []
+        if self.epochs:
+            out.append(f"{verb} epochs {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer)")
+        if self.partials:
+            out.append(f"{verb} partial epochs {_listed(self.partials)} (no dump is writing them)")
+        if self.kept_partials:
+            out.append(
+                f"kept partial epochs {_listed(self.kept_partials)}: the next dump of each resumes it "
+                "(delete them with --partials)"
+            )
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        """The object ``prune --json`` prints."""
+        return {"deleted_epochs": self.epochs, "deleted_partials": self.partials, "kept_partials": self.kept_partials,
+                "dry_run": self.dry_run}  # fmt: skip
+
+
+def prune(
+    store: Store,
+    keep: int,
+    consumer: str | None = None,
+    *,
+    partials: bool = False,
+    partials_older_than: float | None = None,
+    dry_run: bool = False,
+) -> PruneResult:
+    """Delete complete epochs older than (newest started - ``keep``), and, if asked, dead partial epochs.
+
+    With several consumers the slowest one counts, so no training run loses an epoch it may still read.
+    With no consumer recorded, no complete epoch is deleted.
+
+    A partial epoch is work a rerun of its dump resumes, so it is kept unless ``partials`` is set or it
+    was last written more than ``partials_older_than`` seconds ago; even then it is removed only when
+    no dump holds its lock (a live dump's partial epoch is never touched).
+    """
+    started = _started(store, consumer)
+    removed = []
+    if started:
+        oldest_kept = min(started.values()) - keep
+        for epoch in store.epochs():
+            if epoch < oldest_kept:
+                if not dry_run:
+                    store.remove_epoch(epoch)
+                removed.append(epoch)
+    dead, kept = [], []
+    now = time.time()
+    for epoch in store.partial_epochs():
+        if store.is_complete(epoch):
+            continue  # a --force rewrite in progress
+        age = now - store.partial_info(epoch)[1]
+        if not (partials or (partials_older_than is not None and age > partials_older_than)):
+            kept.append(epoch)
+            continue
+        with store.writer_lock(epoch) as held:
+            if held:
+                if not dry_run:
+                    store.remove_partial(epoch)
+                dead.append(epoch)
+    return PruneResult(removed, dead, kept, dry_run)
+
+
+def _listed(epochs: list[int]) -> str:
+    return ", ".join(map(str, epochs))
+
+
+def _started(store: Store, consumer: str | None) -> dict[str, int]:
+    records = store.consumers()
+    if consumer is not None:
+        if consumer not in records:
+            raise StoreError(
+                f"no consumer {consumer!r} has opened an epoch of {store.location} "
+                f"(consumers: {', '.join(records) or 'none'})"
+            )
+        records = {consumer: records[consumer]}
+    return records

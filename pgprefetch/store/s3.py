@@ -1,0 +1,344 @@
+"""The object-store backend: a store under ``s3://bucket/prefix``, through obstore (see :mod:`pgprefetch.store.base`).
+
+- **Configuration** comes from the standard AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+  ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``), which obstore reads;
+  an ``http://`` endpoint (a local S3 server, MinIO) is allowed when that is what the variable names.
+- **Writing.** An epoch is written into a local staging folder (``PGPREFETCH_STAGING``, by default
+  ``~/.cache/pgprefetch/staging``), as for a local store, so a killed dump resumes from its journal. Each
+  shard file is uploaded as soon as its last batch is written, while the dump goes on (:class:`Uploads`);
+  publishing uploads what is left and then the epoch's ``zarr.json``, which holds the manifest, last and
+  with ``If-None-Match: *``. Objects are the files' bytes, unchanged, each sent in one PUT (a shard is
+  about 64 MiB), so no multipart upload is ever left behind. Staging takes one epoch of local disk.
+- **Resuming.** Every upload is logged beside the journal with the file's size and CRC32C; a rerun skips
+  files whose bytes are unchanged and whose object is there with that size.
+- **Deleting** (``prune``) removes the epoch's ``zarr.json`` first: a reader never sees half an epoch.
+- **Locks** are leases (:mod:`pgprefetch.store.lease`). Errors are mapped here, once, to one line that names the
+  store and never a secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, NoReturn
+
+import obstore
+import zarr
+from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedError, UnauthenticatedError
+
+from pgprefetch.config.values import store_location
+from pgprefetch.errors import StoreError
+from pgprefetch.store.base import (
+    META_DIR,
+    ROOT_ATTRIBUTES,
+    Store,
+    Uploader,
+    consumer_epoch,
+    consumer_record,
+    epoch_name,
+    epochs_in,
+    folder_bytes,
+)
+from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder
+from pgprefetch.store.uploads import Uploads, upload_log
+
+_RUNTIME_PID: int | None = None  # the process whose obstore runtime is in use (see S3Store.client)
+_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+def _endpoint() -> str | None:
+    env = os.environ
+    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
+
+
+class S3Store(Store):
+    """Epochs under ``s3://bucket/prefix``."""
+
+    def __init__(self, location: str) -> None:
+        self.location = str(store_location(location, "store"))  # s3://bucket/prefix, normalised
+        self.bucket, _, self.prefix = self.location.removeprefix("s3://").partition("/")
+        self._client: Any = None
+        self._leases: dict[int, Lease] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers open their own client
+        return {"location": self.location, "bucket": self.bucket, "prefix": self.prefix, "_client": None,
+                "_leases": {}}  # fmt: skip
+
+    @property
+    def client(self) -> Any:
+        """The obstore client, made on first use.
+
+        obstore runs its requests on one runtime per process, whose threads a ``fork`` does not copy: a
+        forked process (a DataLoader worker under the default start method) whose parent used obstore
+        would hang on its first request. That is refused with the way out instead.
+        """
+        global _RUNTIME_PID
+        if _RUNTIME_PID not in (None, os.getpid()):
+            raise StoreError(
+                f"{self.location}: this process was forked from one that had used the object store, which "
+                "obstore cannot do; for DataLoader workers pass multiprocessing_context='spawn'"
+            )
+        if self._client is None:
+            _RUNTIME_PID = os.getpid()
+            endpoint = _endpoint()
+            retries = int(os.environ.get("PGPREFETCH_S3_RETRIES", "6"))
+            backoff = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=8), "base": 2}
+            self._client = obstore.store.S3Store(
+                self.bucket,
+                prefix=self.prefix or None,
+                client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                                "connect_timeout": "5s", "timeout": "120s"},
+                retry_config={"max_retries": retries, "backoff": backoff, "retry_timeout": timedelta(minutes=2)},
+            )  # fmt: skip
+        return self._client
+
+    # --- errors, mapped once --------------------------------------------------------------------------
+    def _fail(self, e: Exception, what: str) -> NoReturn:
+        text = str(e)
+        for name in _SECRETS:
+            secret = os.environ.get(name)
+            if secret:
+                text = text.replace(secret, "***")
+        reason = text.splitlines()[0] if text else type(e).__name__
+        if "NoSuchBucket" in text:
+            raise StoreError(f"{self.location}: bucket {self.bucket!r} does not exist") from None
+        if isinstance(e, PermissionDeniedError | UnauthenticatedError) or re.search(
+            r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|403 Forbidden", text
+        ):
+            raise StoreError(
+                f"{self.location}: access denied ({what}); check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+                "and AWS_SESSION_TOKEN"
+            ) from None
+        if re.search(r"error sending request|[Cc]onnection refused|dns error|timed out|Connect", text):
+            where = _endpoint() or "AWS"
+            detail = re.sub(r"^.*?(error sending request|Connection refused|dns error|timed out)", r"\1", reason)
+            raise StoreError(
+                f"{self.location}: cannot reach the object store at {where} ({what}: {detail[:160]})"
+            ) from None
+        raise StoreError(f"{self.location}: {what}: {reason}") from None
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (BaseError, OSError) as e:
+            if isinstance(e, NOT_FOUND) and "NoSuchBucket" not in str(e):
+                raise
+            self._fail(e, what)
+
+    def _head(self, key: str) -> dict[str, Any] | None:
+        with self._errors(f"looking up {key}"):
+            try:
+                return obstore.head(self.client, key)  # type: ignore[no-any-return]
+            except NOT_FOUND:
+                return None
+
+    def _list(self, prefix: str) -> list[dict[str, Any]]:
+        with self._errors(f"listing {prefix}"):
+            return [meta for chunk in obstore.list(self.client, prefix) for meta in chunk]
+
+    def _delete(self, keys: list[str]) -> None:
+        with self._errors("deleting"):
+            for i in range(0, len(keys), 1000):  # S3's DeleteObjects takes 1,000 keys a request
+                obstore.delete(self.client, keys[i : i + 1000])
+
+    # --- the store as a whole ---------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self._head("zarr.json") is not None
+
+    def require(self) -> Store:
+        if not self.exists():
+            with self._errors("listing the store"):  # a missing bucket says so (a HEAD's 404 does not)
+                obstore.list_with_delimiter(self.client, None)
+            raise StoreError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
+        return self
+
+    def create(self) -> None:
+        if self.exists():
+            return
+        with self._errors("listing the store"):
+            top = obstore.list_with_delimiter(self.client, None)
+        if top["objects"] or any(p.rstrip("/") != META_DIR for p in top["common_prefixes"]):
+            raise StoreError(f"{self.location} holds objects but is not a pgprefetch store")
+        with tempfile.TemporaryDirectory() as folder:  # zarr's own bytes for the root group
+            zarr.open_group(folder, mode="w", attributes=ROOT_ATTRIBUTES)
+            root = (Path(folder) / "zarr.json").read_bytes()
+        with self._errors("creating the store"), contextlib.suppress(AlreadyExistsError):
+            obstore.put(self.client, "zarr.json", root, mode="create")
+
+    def remove_if_unused(self) -> None:
+        """Nothing: a dump on another host may be starting in this store (its lease not taken yet).
+
+        An empty store is a single small object; deleting it could pull the root from under that dump.
+        """
+
+    # --- epochs -------------------------------------------------------------------------------------------
+    def _remote_epochs(self) -> list[int]:
+        with self._errors("listing epochs"):
+            top = obstore.list_with_delimiter(self.client, None)
+        return epochs_in(p.rstrip("/").rsplit("/", 1)[-1] for p in top["common_prefixes"])
+
+    def epochs(self) -> list[int]:
+        return [e for e in self._remote_epochs() if self.is_complete(e)]
+
+    def partial_epochs(self) -> list[int]:
+        staged = self.staging / "partial"
+        local = set(epochs_in(p.name for p in staged.iterdir())) if staged.is_dir() else set()
+        remote = {e for e in self._remote_epochs() if not self.is_complete(e)}
+        return sorted(local | remote)
+
+    def read(self, key: str) -> bytes | None:
+        with self._errors(f"reading {key}"):
+            try:
+                return bytes(obstore.get(self.client, key).bytes())
+            except NOT_FOUND:
+                return None
+
+    def read_range(self, key: str, start: int, length: int) -> Any:
+        """The range as obstore's ``Bytes`` (a buffer numpy views without a copy)."""
+        with self._errors(f"reading {key}"):
+            try:
+                return obstore.get_range(self.client, key, start=start, length=length)
+            except NOT_FOUND:
+                raise StoreError(f"{self.location}/{key}: the object is missing (the epoch is damaged)") from None
+
+    def size(self, key: str) -> int | None:
+        meta = self._head(key)
+        return None if meta is None else int(meta["size"])
+
+    def epoch_bytes(self, epoch: int) -> int:
+        return sum(int(m["size"]) for m in self._list(epoch_name(epoch)))
+
+    def remove_epoch(self, epoch: int) -> None:
+        """The manifest (``zarr.json``) first, so a reader that finds the epoch finds all of it."""
+        name = epoch_name(epoch)
+        self._delete([f"{name}/zarr.json"])
+        self._delete([m["path"] for m in self._list(name)])
+
+    def zarr_store(self) -> Any:
+        return zarr.storage.ObjectStore(self.client, read_only=True)
+
+    # --- writing ------------------------------------------------------------------------------------------
+    @property
+    def staging(self) -> Path:
+        """The local folder this store's epochs are written into before they are uploaded."""
+        root = Path(os.environ.get("PGPREFETCH_STAGING") or Path.home() / ".cache" / "pgprefetch" / "staging")
+        return root / self.bucket / (self.prefix.replace("/", "__") or "_")
+
+    def partial_path(self, epoch: int) -> Path:
+        return self.staging / "partial" / epoch_name(epoch)
+
+    def scratch(self, name: str) -> Path:
+        return self.staging / name
+
+    def partial_info(self, epoch: int) -> tuple[int, float]:
+        remote = self._list(epoch_name(epoch))
+        mtime = max((m["last_modified"].timestamp() for m in remote), default=0.0)
+        for path in (self.journal_path(epoch), self.partial_path(epoch)):
+            with contextlib.suppress(OSError):
+                mtime = max(mtime, path.stat().st_mtime)
+        return folder_bytes(self.partial_path(epoch)) + sum(int(m["size"]) for m in remote), mtime
+
+    def remove_partial(self, epoch: int) -> None:
+        shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
+        for path in (self.journal_path(epoch), upload_log(self.partial_path(epoch))):
+            path.unlink(missing_ok=True)
+        if not self.is_complete(epoch):
+            self._delete([m["path"] for m in self._list(epoch_name(epoch))])
+
+    @contextmanager
+    def uploader(self, epoch: int) -> Iterator[Uploader | None]:
+        if self.is_complete(epoch):  # --force: uploading now would change a published epoch under its readers
+            yield None
+            return
+        with Uploads(self, epoch) as uploads:
+            yield uploads
+
+    def publish(self, epoch: int, partial: Path, replace: bool = False) -> str:
+        """Upload what is left, drop objects that are not the epoch's, then write the manifest, last.
+
+        An epoch already complete is replaced only when asked (``--force``), and its manifest goes first.
+        """
+        lease = self.held_lease(epoch)
+        if lease is not None:
+            lease.check()
+        name = epoch_name(epoch)
+        if self.is_complete(epoch):
+            if not replace:
+                raise StoreError(f"{self.location}/{name} was published by another dump meanwhile")
+            self.remove_epoch(epoch)
+        with Uploads(self, epoch) as uploads:
+            for path in sorted(partial.rglob("*")):
+                if path.is_file() and path != partial / "zarr.json":
+                    uploads.submit(path)
+        # Objects of an earlier, abandoned attempt at this epoch (another config, a restarted partial epoch)
+        # must not end up inside it.
+        mine = {f"{name}/{p.relative_to(partial).as_posix()}" for p in partial.rglob("*") if p.is_file()}
+        self._delete([m["path"] for m in self._list(name) if m["path"] not in mine])
+        if lease is not None and not lease.renew():  # the lease is ours now, and for the next seconds
+            lease.check()
+        with self._errors(f"publishing {name}"):
+            try:
+                obstore.put(self.client, f"{name}/zarr.json", (partial / "zarr.json").read_bytes(), mode="create")
+            except AlreadyExistsError:
+                raise StoreError(f"{self.location}/{name} was published by another dump meanwhile") from None
+        self.remove_partial_staging(epoch)
+        return self.epoch_location(epoch)  # type: ignore[return-value]
+
+    def remove_partial_staging(self, epoch: int) -> None:
+        """Delete the local staging of an epoch that is published."""
+        shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
+        upload_log(self.partial_path(epoch)).unlink(missing_ok=True)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Upload ``data`` to ``key`` in one request (the shards are about 64 MiB: no multipart)."""
+        with self._errors(f"uploading {key}"):
+            obstore.put(self.client, key, data, use_multipart=False)
+
+    def held_lease(self, epoch: int) -> Lease | None:
+        """The lease this process holds on ``epoch`` while it writes it, if any."""
+        return self._leases.get(epoch)
+
+    def _lease_key(self, epoch: int) -> str:
+        return f"{META_DIR}/locks/{epoch_name(epoch)}.lease"
+
+    @contextmanager
+    def writer_lock(self, epoch: int) -> Iterator[bool]:
+        lease = Lease(self.client, self._lease_key(epoch), f"{self.location}/{epoch_name(epoch)}")
+        with self._errors("taking the epoch's lease"):
+            held = lease.acquire()
+        if not held:
+            yield False
+            return
+        self._leases[epoch] = lease
+        try:
+            yield True
+        finally:
+            del self._leases[epoch]
+            lease.release()
+
+    def lock_holder(self, epoch: int) -> str:
+        return lease_holder(self.client, self._lease_key(epoch))
+
+    # --- consumers ----------------------------------------------------------------------------------------
+    def record_consumer(self, name: str, epoch: int) -> None:
+        record = consumer_record(name, epoch)
+        with self._errors("recording the consumer"):
+            obstore.put(self.client, f"{META_DIR}/consumers/{name}.json", record)
+
+    def consumers(self) -> dict[str, int]:
+        out = {}
+        for meta in self._list(f"{META_DIR}/consumers"):
+            path = meta["path"]
+            raw = self.read(path)
+            epoch = consumer_epoch(raw) if raw is not None else None
+            if path.endswith(".json") and epoch is not None:
+                out[path.rsplit("/", 1)[-1].removesuffix(".json")] = epoch
+        return out

@@ -1,0 +1,87 @@
+"""The dump's contracts: what a batch source hands the writer, what progress hears, how units are sized.
+
+The writer (:mod:`pgprefetch.write.pipeline`, :mod:`pgprefetch.write.schedule`) knows nothing of where the
+batches come from. It gets a :class:`BatchSource`: the epoch's plan (keys in order, counts), the decoding
+layout, and per *unit* (a run of consecutive batches) two steps: ``fetch``, the database side, awaited on
+the event loop, and ``produce``, the CPU side, run on the writer's thread, which fills the unit's buffers.
+The query mode (:mod:`pgprefetch.write.query`) and the scan mode (:mod:`pgprefetch.write.scan.mode`) each
+build one; :mod:`pgprefetch.write.sources` chooses which.
+
+A unit is one batch, unless batches are small: every step has a fixed cost (a round trip, a statement, a
+thread hand-off, a write and a journal line), so batches of 10 are handled up to ~100 at a time, and the
+database and the client see units of up to about a thousand samples whatever the batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.write.plan import EpochPlan
+
+UNIT_SAMPLES = 1024  # the most samples a unit of small batches holds
+
+
+UNIT_BYTES = 4 << 20  # the most batch buffer bytes a unit of several batches holds
+
+
+def unit_batches(size: int, sample_bytes: int = 1) -> int:
+    """The most consecutive batches in one fetched unit: about ``UNIT_SAMPLES`` samples of ``size`` a batch.
+
+    Large samples cap it at ``UNIT_BYTES`` of buffers (each worker holds a unit's); a unit is one batch at
+    least, whatever its size.
+    """
+    return max(1, min(UNIT_SAMPLES // size, UNIT_BYTES // max(1, size * sample_bytes)))
+
+
+def local_unit_batches(size: int, sample_bytes: int) -> int:
+    """The most batches in one unit of a source with nothing to fetch (scan mode): about ``UNIT_BYTES``.
+
+    Each unit is handed from the event loop to a writer thread and back, and the loop waits for the GIL
+    to take it back. With nothing to fetch that hand-off was the write's limit: at 1,000 samples of 92
+    bytes a unit the writer threads were busy 40% of the time.
+    """
+    return max(1, UNIT_BYTES // max(1, size * sample_bytes))
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """One epoch's batches, ready to be written."""
+
+    plan: EpochPlan
+    layout: BatchLayout
+    snapshot: str
+    server_version: str
+    rows_read: int | None  # table rows read for this epoch (scan mode); None when not counted
+    fetch: Callable[[int, int], Awaitable[object]]  # (first batch, count) -> what produce needs
+    produce: Callable[[int, int, object, dict[str, np.ndarray]], None]  # fills count * size samples
+    concurrency: int  # units in flight
+    threads: int = 1  # threads producing and writing them
+    unit: int = 1  # the most consecutive batches fetched and produced together (buffers hold that many)
+
+    def epoch_bytes(self, size: int) -> int:
+        """The bytes of the epoch's arrays, keys included, uncompressed: what the dump writes, what check says."""
+        return self.plan.n_batches * size * (self.layout.sample_bytes + 8 * self.plan.key_columns.width)
+
+
+class Progress(Protocol):
+    """What the dump reports while it runs (the CLI shows it as a progress bar)."""
+
+    def reading(self, epoch: int) -> None:
+        """Scan mode: the table read begins (rows are counted by :meth:`rows`)."""
+
+    def rows(self, n: int) -> None:
+        """Scan mode: ``n`` more table rows arrived."""
+
+    def start(self, epoch: int, n_samples: int) -> None:
+        """The epoch's size is known and fetching begins."""
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        """A batch of ``samples`` samples, ``nbytes`` bytes, is on disk."""
+
+    def close(self) -> None:
+        """The epoch is done (or failed)."""

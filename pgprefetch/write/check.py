@@ -1,0 +1,118 @@
+"""``pgprefetch check``: everything a dump would decide, run against the database, with nothing written.
+
+Users iterate on a config before the first real dump. The check plans epoch 0 on a snapshot exactly as
+the dump does (:func:`pgprefetch.write.plan.plan_epoch`: the queries described, the keys read, shuffled and
+checked for repeats, the categories fixed), then fetches a sample of batches spread over the epoch and
+decodes them with every type, cast, NULL and range check of the dump. Problems are collected, one line
+each, rather than stopping at the first, so one run shows what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import UnknownCategoryError
+from pgprefetch.errors import ConfigError, SourceError
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.manifest import field_entries
+from pgprefetch.write.plan import EpochPlan, name_unknown_category
+from pgprefetch.write.sources import ReadCache, open_source
+
+SAMPLE_BATCHES = 8
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found: the epoch's size and shapes, and one line per problem."""
+
+    n_keys: int = 0
+    duplicates_dropped: int = 0
+    n_samples: int = 0
+    n_batches: int = 0
+    batches_checked: int = 0
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)
+    epoch_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The report as printed."""
+        dropped = f" ({self.duplicates_dropped:,} repeated, dropped)" if self.duplicates_dropped else ""
+        out = [
+            f"keys: {self.n_keys:,}{dropped}",
+            f"epoch: {self.n_samples:,} samples in {self.n_batches:,} batch{'es' if self.n_batches != 1 else ''}, "
+            f"about {self.epoch_bytes / 1e6:,.1f} MB on disk uncompressed",
+        ]  # fmt: skip
+        for name, f in self.fields.items():
+            extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
+            out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
+        out.append(f"checked {self.batches_checked} batch(es) with every type, cast and NULL check of the dump")
+        out += [f"note: {n}" for n in self.notes]
+        out += [f"error: {e}" for e in self.errors]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``check --json`` prints."""
+        return {**self.__dict__, "ok": not self.errors}
+
+
+async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHES) -> CheckReport:
+    """Plan ``epoch`` and decode up to ``batches`` of its batches, spread over it; write nothing.
+
+    In scan mode the table is read as a dump would read it (once); one larger than ``[source] memory`` is
+    checked on its keys only, with a note.
+
+    Raises:
+        SourceError: the database cannot be reached (the check cannot run at all).
+    """
+    report = CheckReport()
+    if cfg.mode == "query":  # a few batches, fetched one at a time: one connection
+        cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
+    async with Snapshot.open(cfg.source) as snap:
+        try:
+            async with open_source(cfg, epoch, snap, ReadCache(), spool=None) as source:
+                if isinstance(source, EpochPlan):  # a table larger than [source] memory: its keys were read
+                    report.n_keys, report.n_samples, report.n_batches = source.n_keys, source.used, source.n_batches
+                    report.notes.append(
+                        "the table does not fit [source] memory: checked its keys only (a dump reads it in passes)"
+                    )
+                else:
+                    await _sample(cfg, snap, source, batches, report)
+        except (ConfigError, SourceError) as e:
+            if isinstance(e, SourceError) and e.transient:
+                raise
+            report.errors.append(str(e))
+    return report
+
+
+async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int, report: CheckReport) -> None:
+    """Produce batches spread over the epoch with every check of the dump, collecting the errors."""
+    plan, layout, size = source.plan, source.layout, cfg.batches.size
+    report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
+    report.n_samples, report.n_batches = plan.used, plan.n_batches
+    chosen = sorted({int(b) for b in np.linspace(0, plan.n_batches - 1, min(batches, plan.n_batches))})
+    buffers = layout.allocate(size)
+    for batch in chosen:
+        try:
+            source.produce(batch, 1, await source.fetch(batch, 1), buffers)
+        except UnknownCategoryError as e:
+            report.errors.append(str(await name_unknown_category(cfg, snap, e)))
+        except SourceError as e:
+            if e.transient:
+                raise
+            report.errors.append(f"batch {batch}: {e}")
+        report.batches_checked += 1
+    report.epoch_bytes = source.epoch_bytes(size)
+    for name, entry in field_entries(source).items():
+        shown = {"dtype": entry["dtype"], "shape": entry["shape"]}
+        if "null" in entry:
+            shown["null"] = entry["null"]["policy"]
+        if "categories" in entry:
+            shown["categories"] = entry["categories"]
+        report.fields[name] = shown

@@ -1,0 +1,299 @@
+"""The dump: keys -> shuffle -> one statement per batch -> decode -> Zarr, overlapped and bounded.
+
+``connections`` workers each own one database connection. A worker takes the next batch index, fetches
+the batch in one round trip, then decodes and writes it on a thread (CPU work stays off the event loop)
+while the other workers' statements run. Each worker reuses one set of batch buffers, so at most
+``connections`` batches are in memory whatever the epoch's size. Batches land in their own chunk files,
+so they can finish in any order; the epoch is published only when all of them are on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.errors import ConfigError, SourceError
+from pgprefetch.pg.retry import RetryPolicy, count
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
+from pgprefetch.store.open import open_store
+from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.manifest import epoch_manifest
+from pgprefetch.write.schedule import write_batches
+from pgprefetch.write.sources import ReadCache, open_source
+from pgprefetch.write.stats import EpochStats
+from pgprefetch.write.tasks import finish_in_thread
+from pgprefetch.write.writer import EpochWriter
+
+log = logging.getLogger("pgprefetch")
+
+
+@dataclass(frozen=True)
+class DumpResult:
+    """The outcome of dumping one epoch."""
+
+    epoch: int
+    path: Path | str  # the epoch's folder, or its URL in an object store
+    status: str = "written"  # written | skipped (already complete) | busy (another dump is writing it)
+    n_batches: int = 0
+    n_samples: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    resumed: int = 0  # batches kept from an interrupted dump
+    retries: int = 0  # lost connections survived
+    retry_causes: dict[str, int] = dataclasses.field(default_factory=dict)  # the same, by cause (retry.CAUSES)
+    restarted: str | None = None  # why an interrupted dump's partial epoch was discarded
+    duplicates_dropped: int = 0  # repeated keys kept once ([samples] duplicates = "drop")
+    rows_read: int | None = None  # scan mode: table rows this epoch read (0 when cut from an earlier read)
+    holder: str | None = None  # who holds the epoch's lock, when busy
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput of the whole dump, keys query included."""
+        return self.n_samples / self.seconds if self.seconds else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary ``--json`` prints."""
+        out: dict[str, Any] = {
+            "epoch": self.epoch,
+            "status": self.status,
+            "path": str(self.path),
+            "n_batches": self.n_batches,
+            "n_samples": self.n_samples,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "samples_per_s": round(self.samples_per_s, 1),
+        }
+        if self.resumed:
+            out["resumed_batches"] = self.resumed
+        if self.restarted:
+            out["restarted"] = self.restarted
+        if self.retries:
+            out["retries"] = self.retries
+            out["retry_causes"] = self.retry_causes
+        if self.duplicates_dropped:
+            out["duplicates_dropped"] = self.duplicates_dropped
+        if self.rows_read is not None:
+            out["rows_read"] = self.rows_read
+        return out
+
+
+RETRIES = RetryPolicy().retries  # lost connections survived per epoch; the waits double from 0.5 s up to 8 s
+
+
+async def dump_epochs(
+    cfg: Config,
+    epochs: Iterable[int],
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    retries: int | RetryPolicy = RETRIES,
+) -> list[DumpResult]:
+    """Dump several epochs in turn; see :func:`dump_epoch`.
+
+    In query mode each epoch has its own snapshot. In scan mode the table is read once, on one snapshot,
+    and every epoch is cut from that read (each manifest records the snapshot).
+    """
+    cache = ReadCache()
+    return [await dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache) for e in epochs]
+
+
+async def dump_epoch(
+    cfg: Config,
+    epoch: int,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    retries: int | RetryPolicy = RETRIES,
+    cache: ReadCache | None = None,
+) -> DumpResult:
+    """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
+
+    One dump writes an epoch at a time: if another holds the epoch's lock this returns ``status="busy"``
+    at once. A partial epoch left by an interrupted dump is resumed when its keys are unchanged, and
+    started over (``restarted`` says why) when they are not. On any failure, Ctrl-C included, the partial
+    epoch is kept for the next run and nothing is published.
+
+    A connection lost mid-dump (a terminated backend, a server restart, a stalled route) is retried up to
+    ``retries`` times (a number, or a :class:`~pgprefetch.pg.retry.RetryPolicy` with the waits) with backoff.
+    The exported snapshot dies with its transaction, so a retry takes a new snapshot
+    and reads the keys again; the batches already written are kept only if the new key list is provably
+    the same (its sha256 matches), otherwise the epoch starts over.
+
+    ``cache`` carries a scan mode table read from one epoch to the next (see :func:`dump_epochs`).
+
+    Raises:
+        ConfigError: the queries do not fit the config, or the store holds another config's epochs.
+        SourceError: the database failed, or a sample does not fit its fields (SampleError).
+        StoreError: the store cannot be written.
+    """
+    if epoch < 0:
+        raise ConfigError(f"epoch must be 0 or more, got {epoch}")
+    store = open_store(cfg.store.path)
+    if store.is_complete(epoch) and not force:
+        return _skipped(store, epoch)
+    if not force:
+        _check_same_config(store, cfg)
+    created = not store.exists()
+    store.create()
+    try:
+        policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
+        return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache())
+    except BaseException:
+        if created:
+            store.remove_if_unused()  # a dump that wrote nothing leaves no trace (a bad config, a wrong DSN)
+        raise
+
+
+def _skipped(store: Store, epoch: int) -> DumpResult:
+    """The result for an epoch that is already complete, with its real counts."""
+    m = store.manifest(epoch)
+    return DumpResult(
+        epoch=epoch,
+        path=store.epoch_location(epoch),
+        status="skipped",
+        n_batches=m["n_batches"],
+        n_samples=m["n_samples"],
+        bytes=m.get("bytes", 0),
+    )
+
+
+async def _dump_with_retries(
+    cfg: Config,
+    store: Store,
+    epoch: int,
+    force: bool,
+    progress: Progress | None,
+    policy: RetryPolicy,
+    cache: ReadCache,
+) -> DumpResult:
+    """Hold the epoch's lock and dump it, retrying lost connections (see :func:`dump_epoch`)."""
+    with store.writer_lock(epoch) as held:
+        if not held:
+            return DumpResult(epoch, store.epoch_location(epoch), status="busy", holder=store.lock_holder(epoch))
+        if store.is_complete(epoch) and not force:  # finished by the dump we waited on
+            return _skipped(store, epoch)
+        started = time.monotonic()
+        connected = False  # once any attempt got a snapshot, lost connections and refusals are retried
+        causes: dict[str, int] = {}
+        for attempt in range(policy.retries + 1):
+            try:
+                # --force: a fresh epoch on one snapshot (the first attempt discards any partial one).
+                result = await _dump_locked(cfg, store, epoch, progress, fresh=force and attempt == 0, cache=cache)
+                return dataclasses.replace(
+                    result, retries=attempt, retry_causes=causes, seconds=time.monotonic() - started
+                )
+            except SourceError as e:
+                connected = connected or getattr(e, "connected", False)
+                # Only once the dump got going: a server that refuses the very first connection is an error.
+                if not (e.transient and connected):
+                    raise
+                if attempt == policy.retries:
+                    raise SourceError(f"{e} (gave up after {policy.retries} retries)") from None
+                causes = count(causes, e)
+                wait = policy.wait(attempt)
+                log.warning("epoch %d: %s; retrying in %.1f s", epoch, e, wait)
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def _check_same_config(store: Store, cfg: Config) -> None:
+    """Refuse to add epochs of one config to a store holding another config's epochs."""
+    mine = cfg.sha256()
+    epochs = store.epochs()
+    if not epochs:
+        return
+    theirs = store.manifest(epochs[-1]).get("config_sha256")
+    if theirs != mine:
+        raise ConfigError(
+            f"{store.location} holds epochs of another config (epoch {epochs[-1]}: config sha256 {str(theirs)[:12]}, "
+            f"this config: {mine[:12]}); use another [store] path, or --force to write there anyway"
+        )
+
+
+async def _dump_locked(
+    cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool, cache: ReadCache
+) -> DumpResult:
+    """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
+    started = time.monotonic()
+    connected = False
+    spool = store.scratch("spool") / f"epoch-{epoch:05d}"  # a scan in passes spools its data here
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            snap = None if cache.covers(cfg) else await stack.enter_async_context(Snapshot.open(cfg.source))
+            connected = True
+            source = await stack.enter_async_context(
+                open_source(cfg, epoch, snap, cache, spool=spool, progress=progress)
+            )
+            assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
+            return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
+    except SourceError as e:
+        e.connected = connected  # type: ignore[union-attr]
+        raise
+
+
+async def _write_epoch(
+    cfg: Config,
+    store: Store,
+    epoch: int,
+    source: BatchSource,
+    progress: Progress | None,
+    started: float,
+    fresh: bool,
+) -> DumpResult:
+    """Write every batch of ``source`` not yet on disk (resuming a partial epoch), then publish."""
+    size = cfg.batches.size
+    plan = source.plan
+    specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
+    specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
+    identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
+    with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
+        writer = await finish_in_thread(
+            EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
+            compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader, stats=stats,
+        )  # fmt: skip
+        with writer:  # a failure keeps the partial epoch: the next dump resumes it
+            if writer.restarted:
+                log.warning("epoch %d: an interrupted dump was started over: %s", epoch, writer.restarted)
+            if writer.resumed:
+                log.info("epoch %d: resuming: %d of %d batches kept from an interrupted dump", epoch, writer.resumed,
+                         plan.n_batches)  # fmt: skip
+            writer.begin(source.snapshot)
+            todo = [b for b in range(plan.n_batches) if not writer.done[b]]
+            if progress:
+                progress.start(epoch, plan.used)
+                progress.advance(min(plan.used, writer.resumed * size), 0)
+            try:
+                await write_batches(source, writer, todo, size, progress)
+            finally:
+                if progress:
+                    progress.close()
+            total = source.epoch_bytes(size)
+            manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
+            manifest["stats"] = stats.result()
+            manifest["resumed_batches"] = writer.resumed
+            manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
+            path = await finish_in_thread(writer.publish, manifest)
+    return DumpResult(
+        epoch=epoch,
+        path=path,
+        n_batches=plan.n_batches,
+        n_samples=plan.used,
+        bytes=total,
+        seconds=time.monotonic() - started,
+        resumed=writer.resumed,
+        restarted=writer.restarted,
+        duplicates_dropped=plan.duplicates_dropped,
+        rows_read=source.rows_read,
+    )

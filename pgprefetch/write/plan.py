@@ -1,0 +1,122 @@
+"""What an epoch will hold, decided on its snapshot before anything is written.
+
+:func:`plan_epoch` does the database-side thinking that the dump (:mod:`pgprefetch.write.pipeline`) and
+``pgprefetch check`` share: check the queries against the config, read and shuffle the keys (refusing
+or dropping repeated keys), fix the category lists, and build the batch statement. The field shapes are
+fixed later, by the first batch (:func:`layout_from`), because a per-sample query's array lengths are
+only known once it has run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.errors import SampleError, SourceError
+from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.columns import Column
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write.shuffle import DuplicateKeysError, epoch_indices, n_batches
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """An epoch's samples in order, and how to fetch and decode them."""
+
+    epoch: int
+    keys: np.ndarray  # (n_slots, n) int64, in the epoch's order: a slot per integer key column, two per uuid
+    key_columns: KeyColumns
+    n_keys: int  # what the keys query returned, repeated keys included
+    duplicates_dropped: int
+    used: int  # samples written: all of them, or those of the full batches (drop_last)
+    n_batches: int
+    keys_sha256: str  # the used keys' hash: a partial epoch resumes only under the same keys
+    columns: tuple[Column, ...]
+    by_field: dict[str, tuple[Column, ...]]
+    categories: dict[str, list[str]]  # field -> the category list its codes index
+    sql: str  # the batch statement (query mode; "" in scan mode)
+    params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
+    samples: np.ndarray | None = None  # scan mode: each sample of the epoch, as its index among the cut samples
+    row_wise: bool = False  # the batch statement returns a row per sample (statement.row_wise)
+
+    def batch_keys(self, batch: int, size: int, count: int = 1) -> np.ndarray:
+        """The keys of ``count`` batches from ``batch`` on, ``(n_slots, <= count * size)``."""
+        return self.keys[:, batch * size : (batch + count) * size]
+
+
+def order_keys(
+    cfg: Config, keys: np.ndarray, key_columns: KeyColumns, epoch: int, *, in_place: bool = False
+) -> dict[str, Any]:
+    """The epoch's order of ``keys`` (repeats refused or dropped, ``fraction`` applied) and its counts.
+
+    ``in_place`` reorders ``keys`` itself when nothing is dropped (a key list read for this epoch alone:
+    no second copy of the keys); scan mode keeps its samples' keys for the next epoch.
+
+    Returns the :class:`EpochPlan` fields both modes share: ``keys`` in order, ``index`` (the order as
+    indices into the given keys), ``n_keys``, ``duplicates_dropped``, ``used``, ``n_batches``, ``keys_sha256``.
+    """
+    size = cfg.batches.size
+    n_keys = keys.shape[1]
+    if n_keys == 0:
+        raise SourceError("the keys query returned no rows: there is nothing to dump")
+    samples = cfg.samples
+    try:
+        index, dropped = epoch_indices(
+            keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction, duplicates=samples.duplicates
+        )
+    except DuplicateKeysError as e:
+        shown = "; ".join(f"({key_columns.show(k)})" for k in e.examples.T)
+        more = f" and {e.count - e.examples.shape[1]} more" if e.count > e.examples.shape[1] else ""
+        what = "the keys query" if cfg.mode == "query" else "[samples] table"
+        raise SampleError(
+            f"{what} returned {e.count} repeated key(s), e.g. {shown}{more}: each sample must come once "
+            'per epoch; fix the keys query, or set [samples] duplicates = "drop" to keep one of each'
+        ) from None
+    n = index.size
+    nb = n_batches(n, size, cfg.batches.drop_last)
+    if nb == 0:
+        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
+        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
+    used = nb * size if cfg.batches.drop_last else n
+    if in_place and n == n_keys:
+        for column in keys:  # one key column at a time
+            column[:] = column[index]
+        ordered = keys
+    else:
+        ordered = np.ascontiguousarray(keys[:, index])
+    digest = hashlib.sha256()
+    for column in ordered:  # rows of a C-ordered array: hashed in place
+        digest.update(np.ascontiguousarray(column[:used]))
+    return {
+        "keys": ordered,
+        "index": index,
+        "n_keys": n_keys,
+        "duplicates_dropped": dropped,
+        "used": used,
+        "n_batches": nb,
+        "keys_sha256": digest.hexdigest(),
+    }
+
+
+async def name_unknown_category(cfg: Config, snap: Snapshot, e: SampleError) -> SampleError:
+    """The error for a value outside a field's category list, naming the value (looked up in the snapshot)."""
+    key, field, column = e.key, e.field, e.column  # type: ignore[attr-defined]
+    try:
+        values = await snap.sample_text(cfg, key, column)
+    except Exception:  # the message without the value is still right
+        return e
+    categories = next(f.categories for f in cfg.fields if f.name == field)
+    known = set(categories) if isinstance(categories, tuple) else set()
+    unknown = [v for v in values if v not in known]
+    prefix = str(e).split(":", 1)[0]
+    if unknown and unknown[0] is None:
+        return SampleError(f"{prefix}: field {field}, column {column} is NULL (a category needs a value)")
+    if unknown:
+        return SampleError(
+            f"{prefix}: field {field}, column {column} value {unknown[0]!r} is not in [fields.{field}] categories"
+        )
+    return e

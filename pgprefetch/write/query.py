@@ -1,0 +1,109 @@
+"""Query mode's batch source: the user's per-sample query, one statement per batch, on one snapshot.
+
+:func:`plan_epoch` does the database-side thinking: check the queries against the config, read and
+shuffle the keys (refusing or dropping repeated keys), fix the category lists, and build the batch
+statement. The field shapes are fixed later, by the first batch (:func:`layout_from`), because a
+per-sample query's array lengths are only known once it has run. :func:`query_source` then serves the
+epoch: ``fetch`` runs the batch statement on one of the worker connections (one round trip per unit),
+``produce`` decodes its binary arrays into the batch buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.decode import collate
+from pgprefetch.decode.blobs import array_lengths
+from pgprefetch.decode.layout import BatchLayout, UnknownCategoryError
+from pgprefetch.errors import SourceError
+from pgprefetch.pg.columns import plan_columns
+from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.pg.statement import Fetched, batch_statement, row_wise
+from pgprefetch.write.batches import BatchSource, unit_batches
+from pgprefetch.write.plan import EpochPlan, name_unknown_category, order_keys
+
+
+@asynccontextmanager
+async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator[BatchSource]:
+    """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``."""
+    size = cfg.batches.size
+    plan = await plan_epoch(cfg, snap, epoch)
+    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
+        # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
+        # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
+        layout = layout_from(cfg, plan, await reader.fetch(0, plan.batch_keys(0, size)))
+        unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
+
+        async def fetch(batch: int, count: int) -> object:
+            return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
+
+        def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
+            collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
+
+        try:
+            yield BatchSource(plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit)
+        except UnknownCategoryError as e:
+            raise await name_unknown_category(cfg, snap, e) from None
+
+
+async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
+    """Describe the queries, read and order the keys, fix the categories and the statement.
+
+    Raises:
+        ConfigError: the queries do not fit the config.
+        SourceError: the database failed, or the keys cannot make an epoch (none, repeated, no full batch).
+    """
+    shape = await snap.describe(cfg)
+    keys = await snap.read_keys(cfg, shape.keys)
+    order = order_keys(cfg, keys, shape.keys, epoch, in_place=True)
+    where = f"{cfg.file}: " if cfg.file else ""
+    columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
+    categories = {}
+    for f in cfg.fields:
+        if f.categories == "auto":
+            found: set[str] = set()
+            for column in f.columns:
+                found.update(await snap.distinct_text(cfg, column))
+            categories[f.name] = sorted(found)
+            limit = int(np.iinfo(f.dtype).max) + 1
+            if len(found) > limit:
+                raise SourceError(f"[fields.{f.name}] categories: {len(found)} distinct values do not fit {f.dtype}")
+        elif f.categories is not None:
+            categories[f.name] = list(f.categories)
+    variable = cfg.samples.max_rows is not None
+    sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
+    rows_each = row_wise(columns, cfg.samples.rows, variable)
+    order.pop("index")
+    return EpochPlan(
+        epoch=epoch,
+        key_columns=shape.keys,
+        **order,
+        columns=columns,
+        by_field=by_field,
+        categories=categories,
+        sql=sql,
+        params=tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
+        row_wise=rows_each,
+    )
+
+
+def layout_from(cfg: Config, plan: EpochPlan, first: Fetched) -> BatchLayout:
+    """The decoding plan, with the field shapes fixed by the first batch's array lengths."""
+    lengths = array_lengths(plan.columns, first, plan.row_wise)
+    s = cfg.samples
+    variable = getattr(s, "max_rows", None) is not None  # query mode's [samples] max_rows
+    return BatchLayout.build(
+        cfg.fields,
+        plan.columns,
+        plan.by_field,
+        lengths,
+        s.rows,
+        plan.key_columns,
+        variable_rows=variable,
+        row_truncate=getattr(s, "truncate", "error"),
+        row_wise=plan.row_wise,
+    )

@@ -1,0 +1,154 @@
+"""Scan mode's batch sources: the table read once on a snapshot, each epoch cut from it.
+
+``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory. A table larger than
+``[source] memory`` is read in passes into a spool first (:func:`multipass_source`), and ``produce`` takes
+the batch from the spool. One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pgprefetch.config.model import Config, ScanConfig
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write.batches import BatchSource, local_unit_batches
+from pgprefetch.write.plan import EpochPlan, order_keys
+from pgprefetch.write.scan.passes import Spool, key_passes, keys_only, spool_pass
+from pgprefetch.write.scan.shape import ScanShape, describe_scan
+from pgprefetch.write.scan.table import Table, TableTooLarge, cut, gather, read_table
+
+
+def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int) -> EpochPlan:
+    """The epoch of a scanned table: its samples (cut by :func:`~pgprefetch.write.scan.table.cut`) in epoch order."""
+    key_columns = KeyColumns(shape.key_names)
+    order = order_keys(cfg, sample_keys, key_columns, epoch)
+    index = order.pop("index")
+    return EpochPlan(
+        epoch=epoch,
+        key_columns=key_columns,
+        **order,
+        columns=shape.columns,
+        by_field=shape.by_field,
+        categories=shape.categories,
+        sql="",
+        params=(),
+        samples=index,
+    )
+
+
+@dataclass
+class ScanRead:
+    """A table read once on one snapshot, cut into samples: what every epoch of a ``--epochs`` run uses."""
+
+    shape: ScanShape
+    table: Table
+    sample_keys: np.ndarray  # (n_key_columns, n_samples), in key order
+    starts: np.ndarray  # the row each sample starts at
+    snapshot: str
+    server_version: str
+    epochs_cut: int = 0
+    fits: bool = True  # False: ``table`` holds only the keys (the keys pass); the data comes in passes
+    bytes_per_row: float = 0.0
+
+
+async def read_scan(cfg: Config, snap: Snapshot, on_rows: Callable[[int], None] | None = None) -> ScanRead:
+    """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
+
+    ``on_rows`` hears of the rows as they arrive (the progress bar).
+    """
+    assert isinstance(cfg.samples, ScanConfig)
+    shape = await describe_scan(cfg, snap)
+    try:
+        table = await read_table(cfg, snap, shape, on_rows=on_rows)
+        fits, per_row = True, 0.0
+    except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
+        table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
+        table.rows_read += e.rows
+        fits, per_row = False, e.bytes_per_row
+    sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
+    return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
+
+
+async def multipass_source(
+    cfg: Config,
+    snap: Snapshot,
+    read: ScanRead,
+    epoch: int,
+    spool_dir: Path,
+    on_rows: Callable[[int], None] | None = None,
+) -> BatchSource:
+    """The scan mode for a table larger than ``[source] memory``: data passes over key ranges into a spool."""
+    size, budget = cfg.batches.size, cfg.source.memory_bytes
+    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
+    assert plan.samples is not None
+    position = np.full(read.sample_keys.shape[1], -1, dtype=np.int64)  # each cut sample's place in the epoch
+    position[plan.samples[: plan.used]] = np.arange(plan.used, dtype=np.int64)
+    rows_per_pass = max(1, int(budget / max(read.bytes_per_row, 1.0)))
+    passes = key_passes(read.table, read.shape, rows_per_pass, cfg.source.connections)
+    spool: Spool | None = None
+    layout: BatchLayout | None = None
+    first_sample, rows_read = 0, read.table.rows_read
+    for wheres in passes:
+        table = await read_table(cfg, snap, read.shape, wheres, budget=0, on_rows=on_rows)
+        rows_read += table.rows_read
+        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
+        if layout is None:
+            lengths = {c: v.shape[1] for c, v in table.values.items() if c.is_array}
+            layout = BatchLayout.build(
+                cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
+            )
+            spool = Spool(spool_dir, layout, size, plan.n_batches, budget)
+        assert spool is not None
+        first_sample += await asyncio.to_thread(
+            spool_pass, spool, layout, table, pass_keys, pass_starts, read.sample_keys, first_sample, position
+        )
+        del table
+    assert layout is not None
+    assert spool is not None
+    done = spool
+
+    async def fetch(batch: int, count: int) -> object:
+        return None
+
+    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        for i in range(count):
+            done.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
+
+    unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
+    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)
+
+
+def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
+    """The scan mode: epoch ``epoch`` cut from a table already in memory."""
+    size = cfg.batches.size
+    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
+    lengths = {c: v.shape[1] for c, v in read.table.values.items() if c.is_array}
+    layout = BatchLayout.build(
+        cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
+    )
+    assert plan.samples is not None
+    starts = read.starts[plan.samples]
+
+    async def fetch(batch: int, count: int) -> object:
+        return None
+
+    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        keys = plan.batch_keys(batch, size, count)
+        gather(read.table, layout, starts[batch * size : (batch + count) * size], keys, buffers)
+
+    rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
+    read.epochs_cut += 1
+    # Two threads: one gathers a batch while the other's pwrite (which releases the GIL) writes the last.
+    # Compressed chunks go through zarr, which is left to one thread.
+    threads = 2 if cfg.store.compression == "none" else 1
+    unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
+    return BatchSource(
+        plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, threads, threads, unit
+    )

@@ -1,0 +1,163 @@
+"""Scan mode beyond ``[source] memory``: a keys pass, then the table in key-range passes, through a spool.
+
+A table that fits the budget is read once and kept (:mod:`pgprefetch.write.scan.table`). One that does not is read in
+passes, each holding at most the budget of table data:
+
+1. **Keys pass.** Only the key and order columns are read (over page ranges, like a single-pass read),
+   and the samples are cut from them: their keys give the epoch's order, as in every mode. The keys cost
+   their bytes whatever the budget: 8 per key column, plus 8 for the order, per row, during the read.
+2. **Data passes.** The sorted series are cut into consecutive key ranges of about ``memory`` bytes of
+   rows each (a series is never split, so a window never straddles two passes), and each pass COPYs its
+   range, split again over the ``connections``. A pass cuts its samples exactly as the keys pass did (the
+   same snapshot), casts and checks them (:meth:`~pgprefetch.decode.collate.BatchLayout.fill`), and appends each
+   sample to the spool file of the group of batches it belongs to.
+3. **Writing.** The writer asks for batches in order; the spool hands them out a group at a time: one
+   group (about ``memory`` bytes of batches) is read back, its samples put in place, and its batches
+   produced. Spooling is sequential I/O (an external distribution sort): it costs about the epoch's size
+   in temporary disk, next to the store, removed when the epoch is published.
+
+Reading a key range of a table needs an index on the key to be cheap; without one each pass scans the
+table (the rows read are reported). Several epochs are read again from the start: only a table that
+fits is kept across ``--epochs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.errors import SourceError
+from pgprefetch.sqltext import quote_ident
+from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.table import Table, gather
+
+
+def key_passes(keys: Table, shape: ScanShape, rows_per_pass: int, connections: int) -> list[list[str]]:
+    """``WHERE`` clauses: for each pass, one per connection, over consecutive key ranges of whole series.
+
+    ``keys`` is the sorted keys table; a series (the rows sharing the key columns) is never split.
+    """
+    series = keys.keys[: shape.n_key]
+    n = series.shape[1]
+    change = np.concatenate([[True], np.any(series[:, 1:] != series[:, :-1], axis=0)]) if n else np.zeros(0, bool)
+    firsts = np.flatnonzero(change)  # the first row of each series
+    passes: list[list[str]] = []
+    start = 0
+    while start < firsts.size:
+        row0 = firsts[start]
+        end = int(np.searchsorted(firsts, row0 + rows_per_pass, side="right"))
+        end = max(end, start + 1)  # a series larger than a pass is a pass of its own
+        rows = (firsts[end] if end < firsts.size else n) - row0
+        per = max(1, -(-int(rows) // connections))
+        parts, s = [], start
+        while s < end:
+            e = int(np.searchsorted(firsts, firsts[s] + per, side="left"))
+            e = min(max(e, s + 1), end)
+            lo = tuple(int(v) for v in series[:, firsts[s]])
+            hi = tuple(int(v) for v in series[:, firsts[e]]) if e < firsts.size else None
+            parts.append(_range(shape, lo, hi))
+            s = e
+        passes.append(parts)
+        start = end
+    return passes
+
+
+def _range(shape: ScanShape, lo: tuple[int, ...], hi: tuple[int, ...] | None) -> str:
+    """``WHERE (k1, k2) >= (lo) AND (k1, k2) < (hi)``: a row comparison, which a btree index on the key serves."""
+    cols = ", ".join(quote_ident(k) for k in shape.key_names[: shape.n_key])
+    clause = f" WHERE ({cols}) >= ({', '.join(map(str, lo))})"
+    return clause + (f" AND ({cols}) < ({', '.join(map(str, hi))})" if hi is not None else "")
+
+
+def keys_only(shape: ScanShape) -> ScanShape:
+    """The shape of the keys pass: no field columns."""
+    return dataclasses.replace(shape, columns=(), by_field={})
+
+
+class Spool:
+    """Samples in the epoch's order, gathered pass by pass, handed back a group of batches at a time."""
+
+    def __init__(self, folder: Path, layout: BatchLayout, batch_size: int, n_batches: int, budget: int) -> None:
+        self.folder = folder
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        self.arrays = layout.arrays()
+        self.size = batch_size
+        sample_bytes = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in self.arrays)
+        self.group_batches = max(1, min(n_batches, budget // max(1, sample_bytes * batch_size)))
+        self.group_samples = self.group_batches * batch_size
+        self._loaded: tuple[int, dict[str, np.ndarray]] | None = None
+
+    def add(self, positions: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Append samples (``out``, one row per sample) bound for epoch positions ``positions``."""
+        groups = positions // self.group_samples
+        order = np.argsort(groups, kind="stable")
+        groups = groups[order]
+        cuts = np.flatnonzero(np.diff(groups)) + 1
+        for chunk in np.split(order, cuts):
+            if not chunk.size:
+                continue
+            g = int(positions[chunk[0]] // self.group_samples)
+            with open(self.folder / f"{g}.pos", "ab") as f:
+                f.write(positions[chunk].astype(np.int64).tobytes())
+            for name, _, _ in self.arrays:
+                with open(self.folder / f"{g}.{name}", "ab") as f:
+                    f.write(np.ascontiguousarray(out[name][chunk]).tobytes())
+
+    def batch(self, batch: int, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` with batch ``batch`` (loading its group when the writer reaches it)."""
+        g = batch // self.group_batches
+        if self._loaded is None or self._loaded[0] != g:
+            self._loaded = (g, self._load(g))
+        first = (batch - g * self.group_batches) * self.size
+        for name, array in self._loaded[1].items():
+            n = min(self.size, array.shape[0] - first)
+            out[name][:n] = array[first : first + n]
+
+    def _load(self, g: int) -> dict[str, np.ndarray]:
+        path = self.folder / f"{g}.pos"
+        positions = np.fromfile(path, dtype=np.int64) - g * self.group_samples if path.exists() else np.empty(0, int)
+        loaded = {}
+        for name, dtype, shape in self.arrays:
+            group = np.zeros((self.group_samples, *shape), dtype=dtype)
+            if positions.size:
+                data = np.fromfile(self.folder / f"{g}.{name}", dtype=dtype).reshape(-1, *shape)
+                group[positions] = data
+            loaded[name] = group
+        return loaded
+
+    def remove(self) -> None:
+        """Delete the spool files."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def spool_pass(
+    spool: Spool,
+    layout: BatchLayout,
+    table: Table,
+    pass_keys: np.ndarray,
+    pass_starts: np.ndarray,
+    sample_keys: np.ndarray,
+    first_sample: int,
+    position: np.ndarray,
+) -> int:
+    """Cast one pass's samples and spool those the epoch uses; return the pass's sample count.
+
+    ``pass_keys`` must be the global samples ``first_sample ...`` (checked: the same snapshot cuts the
+    same samples); ``position`` maps each global sample to its place in the epoch (-1: not in it).
+    """
+    m = pass_keys.shape[1]
+    expected = sample_keys[:, first_sample : first_sample + m]
+    if expected.shape != pass_keys.shape or not np.array_equal(expected, pass_keys):
+        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
+    where = position[first_sample : first_sample + m]
+    used = np.flatnonzero(where >= 0)
+    if used.size:
+        out = layout.allocate(used.size)
+        gather(table, layout, pass_starts[used], pass_keys[:, used], out)
+        spool.add(where[used], out)
+    return m

@@ -1,0 +1,151 @@
+"""Scan mode's shape of a table: its key, order and field columns as described on the snapshot, and its COPY.
+
+:func:`describe_scan` checks the relation against the config once per read (key and order types, each
+field's columns, the category lists); :func:`copy_select` is the SELECT every range's COPY runs, each
+value sent fixed-width and NOT NULL so that the client decodes rows as one structured array.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pgprefetch.config.model import Config, ScanConfig
+from pgprefetch.errors import ConfigError
+from pgprefetch.pg.columns import Column, plan_columns
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.sqltext import quote_ident
+
+KEY_TYPES = {"int2": ">i2", "int4": ">i4", "int8": ">i8"}
+
+
+# order column type -> (wire dtype, offset to the Unix epoch in its unit)
+ORDER_TYPES = {
+    "int2": (">i2", 0),
+    "int4": (">i4", 0),
+    "int8": (">i8", 0),
+    "date": (">i4", 10_957),
+    "timestamp": (">i8", 946_684_800_000_000),
+    "timestamptz": (">i8", 946_684_800_000_000),
+}
+
+
+_SIMPLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
+
+
+_T = "_pgpf_t"
+
+
+_ONCE = "_pgpf_once"  # the per-row values of text and bytea columns scan mode cuts
+
+
+@dataclass(frozen=True)
+class ScanShape:
+    """What the scan reads: the relation, key and order columns, and the field columns as they travel."""
+
+    relation: str  # SQL for FROM
+    plain_table: bool  # a table name: split into page ranges
+    key_names: tuple[str, ...]  # the key columns, then the order column's name (windows)
+    key_wire: tuple[np.dtype, ...]
+    order_wire: np.dtype | None
+    order_offset: int
+    columns: tuple[Column, ...]
+    by_field: dict[str, tuple[Column, ...]]
+    categories: dict[str, list[str]]
+
+    @property
+    def n_key(self) -> int:
+        """Key columns of a series (or a row), without the order column."""
+        return len(self.key_wire)
+
+
+async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
+    """Check ``[samples] table`` and the fields against the server's description of the relation."""
+    samples = cfg.samples
+    assert isinstance(samples, ScanConfig)
+    where = f"{cfg.file}: " if cfg.file else ""
+    plain = bool(_SIMPLE_NAME.match(samples.table))
+    relation = samples.table if plain else f"({samples.table}) AS {_T}"
+    returned = await snap.describe_sql(f"SELECT * FROM {relation} LIMIT 0", f"{where}[samples] table")
+    for name in (*samples.key, *([samples.order] if samples.order else [])):
+        if name not in returned:
+            raise ConfigError(
+                f'{where}[samples] table: no column "{name}" (it has {", ".join(returned) or "no columns"})'
+            )
+    for name in samples.key:
+        if returned[name][0] not in KEY_TYPES:
+            raise ConfigError(
+                f'{where}[samples] key: column "{name}" is {returned[name][0]}; '
+                "scan mode keys must be integer columns (smallint, integer, bigint)"
+                + ("; uuid keys work in query mode ([samples] keys and query)" if returned[name][0] == "uuid" else "")
+            )
+    order_wire, offset = None, 0
+    if samples.order:
+        kind = returned[samples.order][0]
+        if kind not in ORDER_TYPES:
+            raise ConfigError(
+                f'{where}[samples] order: column "{samples.order}" is {kind}; '
+                "expected an integer, date, timestamp or timestamptz column"
+            )
+        order_wire, offset = np.dtype(ORDER_TYPES[kind][0]), ORDER_TYPES[kind][1]
+    not_null: frozenset[str] = frozenset()
+    if plain:  # columns the table declares NOT NULL need no mask
+        sql = f"SELECT attname FROM pg_attribute WHERE attrelid = '{relation}'::regclass AND attnotnull AND attnum > 0"
+        not_null = frozenset(r[0] for r in await snap.fetch(sql, f"{where}[samples] table"))
+    columns, by_field = plan_columns(
+        cfg.fields, returned, 0, where, all_nullable=True, not_null=not_null, pad_arrays=True
+    )
+    categories = {}
+    for f in cfg.fields:
+        if f.categories == "auto":
+            found: set[str] = set()
+            for name in f.columns:
+                ref = quote_ident(name)
+                sql = f"SELECT DISTINCT {ref}::text FROM {relation} WHERE {ref} IS NOT NULL"
+                found.update(r[0] for r in await snap.fetch(sql, f"{where}categories of column {name}"))
+            categories[f.name] = sorted(found)
+        elif f.categories is not None:
+            categories[f.name] = list(f.categories)
+    return ScanShape(
+        relation=relation,
+        plain_table=plain,
+        key_names=(*samples.key, *([samples.order] if samples.order else [])),
+        key_wire=tuple(np.dtype(KEY_TYPES[returned[k][0]]) for k in samples.key),
+        order_wire=order_wire,
+        order_offset=offset,
+        columns=columns,
+        by_field=by_field,
+        categories=categories,
+    )
+
+
+def copy_select(shape: ScanShape, where: str = "") -> str:
+    """The SELECT a range's COPY runs: key columns, order, then each column's value and NULL mask."""
+    exprs = [quote_ident(k) for k in shape.key_names]
+    vocabularies = {
+        c: _text_array(shape.categories[f]) for f, cols in shape.by_field.items() for c in cols if f in shape.categories
+    }
+    once = []  # text and bytea to cut: each row's bytes, computed once (the cut refers to them ten times)
+    for j, c in enumerate(shape.columns):
+        ref = quote_ident(c.name)
+        if c.is_bytes and c.padded is not None:
+            once.append(f"{c.bytes_sql(ref)} AS b{j}")
+            exprs += c.padded_bytes_sql(f"{_ONCE}.b{j}")
+        else:
+            exprs.append(c.value_sql(ref, vocabularies.get(c)))
+        if c.is_array and c.padded is not None:
+            exprs.append(c.length_sql(ref))
+        if c.nullable:
+            exprs.append(f"({ref} IS NULL)")
+    relation = shape.relation
+    if once:  # OFFSET 0: a subquery the planner keeps, so its values are not pasted into each reference
+        relation += f" CROSS JOIN LATERAL (SELECT {', '.join(once)} OFFSET 0) AS {_ONCE}"
+    return f"SELECT {', '.join(exprs)} FROM {relation}{where}"
+
+
+def _text_array(values: Sequence[str]) -> str:
+    """A text[] literal (COPY takes no bind parameters); quotes doubled, as standard_conforming_strings reads them."""
+    return "ARRAY[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]::text[]"

@@ -1,0 +1,101 @@
+"""Units: runs of consecutive batches that the dump fetches, produces and writes together.
+
+Each step of a dump has a fixed cost per call: a round trip and a statement, a hand-off to the writer's
+thread, a ``pwrite`` per array and a journal line. At 1,000 samples a batch it does not matter; at 10 it
+was nine tenths of the dump (batches of 10 dumped at 0.07x the rate of batches of 1,000). So small
+batches travel together: the keys of a unit go in one statement, decode into one buffer, and are written
+with one ``pwrite`` per shard file. The bytes are the same whatever the unit size: each batch is still its
+own chunk with its own checksum.
+
+:func:`write_batches` is the dump's scheduler: ``concurrency`` units in flight, each fetched on the event
+loop, then produced and written on the dump's own threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from pgprefetch.store.base import KEYS_ARRAY
+from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.tasks import first_error
+from pgprefetch.write.writer import EpochWriter
+
+UNIT_SECONDS = 0.05  # the fetch time units aim at
+
+
+class Units:
+    """Hands out the pending batches as units, runs of consecutive batches, sized by how long a fetch takes.
+
+    Units start at one batch and double while a fetch takes under ``UNIT_SECONDS / 2``, up to ``most``
+    batches (:func:`unit_batches`); they halve when one takes over twice that. Small,
+    fast batches so travel about a thousand samples at a time, while a slow per-sample query keeps units of
+    one batch: a statement stays short, and a killed dump loses little work. Only speed depends on the
+    unit size, never the bytes written.
+    """
+
+    def __init__(self, batches: list[int], most: int) -> None:
+        self._batches = batches  # ascending; with gaps where a resumed epoch already has batches
+        self._at = 0
+        self.most = most
+        self.count = 1
+
+    def next(self) -> tuple[int, int] | None:
+        """The next unit, ``(first batch, count)``, or None when every batch was handed out."""
+        if self._at >= len(self._batches):
+            return None
+        first, count, at = self._batches[self._at], 1, self._at
+        while count < self.count and at + count < len(self._batches) and self._batches[at + count] == first + count:
+            count += 1
+        self._at += count
+        return first, count
+
+    def took(self, count: int, seconds: float) -> None:
+        """Note that fetching a unit of ``count`` batches took ``seconds``."""
+        if seconds < UNIT_SECONDS / 2 and count == self.count:
+            self.count = min(self.most, self.count * 2)
+        elif seconds > UNIT_SECONDS * 2:
+            self.count = max(1, min(self.count, count) // 2)
+
+
+async def write_batches(
+    source: BatchSource, writer: EpochWriter, batches: list[int], size: int, progress: Progress | None
+) -> int:
+    """Fetch, produce and write ``batches`` a unit at a time, ``source.concurrency`` units in flight."""
+    total = 0
+    keys = source.plan.keys
+    todo = Units(batches, source.unit)  # shared by the workers: each takes the next unit
+    # The dump's own threads (one in query mode: on a few cores more only fight over the GIL while the
+    # event loop decodes; see BatchSource.threads); an executor of its own cannot outlive the dump.
+    with ThreadPoolExecutor(max_workers=source.threads, thread_name_prefix="pgprefetch-write") as pool:
+        loop = asyncio.get_running_loop()
+
+        def produce_and_write(first: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> int:
+            unit_keys = source.plan.batch_keys(first, size, count)
+            n = unit_keys.shape[1]
+            source.produce(first, count, fetched, buffers)
+            buffers[KEYS_ARRAY][:n] = unit_keys.T
+            if n < count * size:  # the padded last batch (drop_last = false): zeros after the real samples
+                for array in buffers.values():
+                    array[n : count * size] = 0
+            return writer.write_batches(first, count, buffers)
+
+        async def worker() -> None:
+            nonlocal total
+            buffers = source.layout.allocate(size * source.unit)
+            buffers[KEYS_ARRAY] = np.zeros((size * source.unit, keys.shape[0]), dtype=np.int64)
+            while unit := todo.next():
+                first, count = unit
+                started = time.monotonic()
+                fetched = await source.fetch(first, count)
+                todo.took(count, time.monotonic() - started)
+                nbytes = await loop.run_in_executor(pool, produce_and_write, first, count, fetched, buffers)
+                total += nbytes
+                if progress:
+                    progress.advance(min(count * size, keys.shape[1] - first * size), nbytes)
+
+        await first_error([worker() for _ in range(source.concurrency)])
+    return total

@@ -1,0 +1,79 @@
+"""The shard files an uncompressed epoch is written into, at the level of descriptors and bytes.
+
+A shard file holds ``S`` consecutive batches (zarr inner chunks of one batch each) followed by zarr's shard
+index. Every chunk has the same size, so the index is known before any batch is: :func:`create_shard`
+writes it up front, and each batch is then ``pwrite``-n at its own offset, in any order, by
+:func:`pwrite_all` on a descriptor :class:`OpenFiles` keeps for the file until its last batch is in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from pathlib import Path, PurePath
+
+import google_crc32c
+import numpy as np
+
+from pgprefetch.store.layout import MISSING, ArrayLayout
+
+
+class OpenFiles:
+    """The shard files being written, each opened once and closed when its last batch is in.
+
+    An ``open`` and ``close`` per ``pwrite`` cost about as much as the write itself at 64 KiB. Two writer
+    threads share the descriptors; a file is closed only once all its batches are written, so no thread
+    still writes to it.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[tuple[PurePath, int], int] = {}
+        self._lock = threading.Lock()
+
+    def get(self, layout: ArrayLayout, number: int) -> int:
+        """The descriptor of ``layout``'s file ``number``, opened for writing on first use."""
+        with self._lock:
+            fd = self._fds.get((layout.path, number))
+            if fd is None:
+                fd = self._fds[layout.path, number] = os.open(layout.file(number * layout.per_file)[0], os.O_WRONLY)
+            return fd
+
+    def close(self, layout: ArrayLayout, number: int) -> None:
+        """Close ``layout``'s file ``number`` if it is open."""
+        with self._lock:
+            fd = self._fds.pop((layout.path, number), None)
+        if fd is not None:
+            os.close(fd)
+
+    def close_all(self) -> None:
+        """Close every file still open (the end of a dump, or its failure)."""
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+    """Write all of ``data`` at ``offset``: ``pwrite`` may write less (2 GiB at most a call, or a full disk)."""
+    view = memoryview(data.reshape(-1).view(np.uint8))
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view, offset = view[written:], offset + written
+
+
+def create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> None:
+    """Create a shard file: room for ``valid`` chunks, then zarr's index (offset, size per chunk) + CRC32C."""
+    index = np.full((per_shard, 2), MISSING, dtype="<u8")
+    index[:valid, 0] = np.arange(valid, dtype=np.uint64) * chunk_bytes
+    index[:valid, 1] = chunk_bytes
+    raw = index.tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(valid * chunk_bytes)
+        f.seek(valid * chunk_bytes)
+        f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))

@@ -1,0 +1,77 @@
+"""The one choice of where an epoch's batches come from, for the dump and for ``pgprefetch check`` alike.
+
+Four ways, decided here and nowhere else:
+
+- **query mode**: the per-sample query, one statement per unit of batches (:mod:`pgprefetch.write.query`);
+- **scan mode, read cached**: an earlier epoch of this run read the table; this one is cut from it;
+- **scan mode, fits**: the table is read once on the snapshot and kept for the next epochs of the run;
+- **scan mode, in passes**: the table outgrew ``[source] memory`` on its first read; its keys are read,
+  then its data in key-range passes into a spool (:mod:`pgprefetch.write.scan.passes`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from pgprefetch.config.model import Config
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.plan import EpochPlan
+from pgprefetch.write.query import query_source
+from pgprefetch.write.scan.mode import ScanRead, multipass_source, plan_scan, read_scan, scan_source
+
+
+class ReadCache:
+    """A scan mode table read on one snapshot, kept so that the next epochs of one run are cut from it."""
+
+    def __init__(self) -> None:
+        self.read: ScanRead | None = None
+
+    def covers(self, cfg: Config) -> bool:
+        """Whether an epoch of ``cfg`` can be cut from what is cached (no snapshot needed)."""
+        return cfg.mode == "scan" and self.read is not None
+
+
+@asynccontextmanager
+async def open_source(
+    cfg: Config,
+    epoch: int,
+    snap: Snapshot | None,
+    cache: ReadCache,
+    *,
+    spool: Path | None,
+    progress: Progress | None = None,
+) -> AsyncIterator[BatchSource | EpochPlan]:
+    """The batch source of ``epoch``, in the way its config and the table's size call for.
+
+    ``snap`` may be None only when ``cache`` covers the config. A scan that does not fit reads its data in
+    passes into ``spool`` (removed afterwards); with ``spool`` None (a check, which writes nothing) it
+    yields only the epoch's plan, made from the keys.
+    """
+    if cache.covers(cfg):
+        assert cache.read is not None
+        yield scan_source(cfg, cache.read, epoch)
+        return
+    assert snap is not None, "a snapshot is needed unless the table read is cached"
+    if cfg.mode == "query":
+        async with query_source(cfg, snap, epoch) as source:
+            yield source
+        return
+    if progress:
+        progress.reading(epoch)
+    on_rows = progress.rows if progress else None
+    read = await read_scan(cfg, snap, on_rows)
+    if read.fits:
+        cache.read = read
+        yield scan_source(cfg, read, epoch)
+        return
+    if spool is None:
+        yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
+        return
+    try:
+        yield await multipass_source(cfg, snap, read, epoch, spool, on_rows)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)

@@ -1,0 +1,365 @@
+"""Writing one epoch into its partial folder, crash-safely, then publishing it.
+
+Uncompressed arrays are sharded: each shard file holds ``S`` consecutive batches (inner chunks of one batch
+each) followed by zarr's shard index. Every chunk has the same size, so the index is known up front: the
+files are created with their index, and each batch is ``pwrite``-n at its own offset, in any order, with
+no read-modify-write and nothing buffered (byte for byte what zarr writes; :mod:`pgprefetch.write.shardfiles`
+creates the files and keeps their descriptors). Compressed chunks vary in
+size, so compressed arrays keep one file per batch and go through zarr's codecs.
+
+After each batch (or run of small batches) the writer appends their CRC32C per array to a journal
+beside the partial folder (no fsync: a lost line only means a batch fetched again). A dump that dies
+(``kill -9``, Ctrl-C, a full disk) leaves the partial folder and its journal; the next dump of the epoch
+resumes it if the journal's header, which holds the key list's count and sha256, matches: batches whose
+bytes on disk still match their journal checksum are kept, the rest are fetched again. The checksums end
+up beside the manifest for ``verify``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from pgprefetch.errors import StoreError
+from pgprefetch.store.base import ArraySpec, Store, Uploader, compressors
+from pgprefetch.store.layout import ArrayLayout, checksum, read_batch_bytes
+from pgprefetch.write.shardfiles import OpenFiles, create_shard, pwrite_all
+from pgprefetch.write.stats import EpochStats
+
+CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
+LONGEST_ARRAY = "_longest"  # (n_lengths_arrays, n_batches) int32: each batch's longest sample, or most rows
+SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
+# The most bytes one pwrite joins from several small batches. Larger writes would save nothing more, and
+# the page cache would hold them in large folios (ext4 and xfs since Linux 6.x), which a reader's first
+# touch maps whole: a rank reading one batch in four would make the others' batches resident too.
+WRITE_BYTES = 64 << 10
+
+
+def shard_batches(chunk_bytes: int, n_batches: int) -> int:
+    """Batches per shard file for chunks of ``chunk_bytes`` (about 64 MiB a file, at least one batch)."""
+    return max(1, min(n_batches, SHARD_BYTES // max(chunk_bytes, 1)))
+
+
+class EpochWriter:
+    """Writes one epoch's batches into its partial folder (resuming one a dead dump left); publishes it.
+
+    Args:
+        store: the store.
+        epoch: the epoch.
+        n_batches: batches in the epoch.
+        batch_size: samples per batch.
+        arrays: the fields and the keys array.
+        compression: ``none``, ``zstd`` or ``lz4``.
+        identity: what makes a partial epoch resumable (config hash, key count and hash, ...): a journal
+            whose header differs is discarded and the epoch starts over.
+        fresh: discard any partial epoch instead of resuming it (``--force``: one snapshot for the epoch).
+        uploader: where each file goes as soon as it is final (object stores), while the dump goes on.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        epoch: int,
+        *,
+        n_batches: int,
+        batch_size: int,
+        arrays: list[ArraySpec],
+        compression: str,
+        identity: dict[str, Any],
+        fresh: bool = False,
+        uploader: Uploader | None = None,
+        stats: EpochStats | None = None,
+    ) -> None:
+        self.store = store
+        self.epoch = epoch
+        self.path = store.partial_path(epoch)
+        self.journal_path = store.journal_path(epoch)
+        self.compressed = compression != "none"
+        self.names = [a.name for a in arrays]
+        self.header = {
+            **identity,
+            "n_batches": n_batches,
+            "batch_size": batch_size,
+            "compression": compression,
+            "arrays": {a.name: [a.dtype.str, list(a.sample_shape)] for a in arrays},
+        }
+        self.checksums = np.zeros((len(arrays), n_batches), dtype=np.uint32)
+        self._journal_lock = threading.Lock()
+        self.done = np.zeros(n_batches, dtype=bool)
+        self.restarted: str | None = None  # why a partial epoch found here was discarded
+        self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
+        self.uploader = uploader
+        self.replace = fresh  # --force: publishing replaces a complete epoch
+        self._files = OpenFiles()
+        self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
+        self.stats = stats  # each batch's field statistics, as it is written or kept
+        with _io_errors(self.path):
+            self._open(arrays, fresh)
+
+    def _open(self, arrays: list[ArraySpec], fresh: bool) -> None:
+        """Resume the partial epoch a dead dump left (if its journal matches) or create a new one."""
+        n_batches, batch_size, compression = (self.header[k] for k in ("n_batches", "batch_size", "compression"))
+        previous = None if fresh else self._read_journal()
+        if previous is not None and previous[0] != self.header:
+            self.restarted = _difference(previous[0], self.header)
+            previous = None
+            self.snapshots = []
+        if previous is None:
+            self.discard()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "r+" if previous is not None else "w-"
+        self.group = zarr.open_group(self.path, mode=mode)
+        self.arrays = {
+            a.name: self._array(a, n_batches, batch_size, compression, create=previous is None) for a in arrays
+        }
+        self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
+        if previous is not None:
+            _remove_temporaries(self.path)
+            self._keep_verified(previous[1])
+
+        self.resumed = int(self.done.sum())  # batches kept from a partial epoch a previous dump left
+        self._journal = open(self.journal_path, "a" if previous is not None else "w")  # noqa: SIM115
+        if previous is None:
+            self._journal.write(json.dumps(self.header, sort_keys=True) + "\n")
+            self._journal.flush()
+        elif not self.journal_path.read_bytes().endswith(b"\n"):
+            self._journal.write("\n")  # a last line a crash cut short must not swallow this dump's first one
+        if not self.resumed:
+            self.snapshots = []  # nothing kept: the epoch reads only the new snapshot
+
+    def __enter__(self) -> EpochWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        """On any failure (Ctrl-C included) stop writing and keep the partial epoch for the next dump."""
+        if kind is not None:
+            self.close()
+
+    def begin(self, snapshot: str) -> None:
+        """Note the snapshot this dump reads, so a resumed epoch lists every snapshot its batches came from."""
+        self.snapshots.append(snapshot)
+        self._journal.write(f"#snapshot {snapshot}\n")
+        self._journal.flush()
+
+    def _array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str, create: bool) -> zarr.Array:
+        chunk = (1, batch_size, *spec.sample_shape)
+        if not create:
+            return self.group[spec.name]  # type: ignore[return-value]
+        chunk_bytes = int(np.prod(chunk)) * spec.dtype.itemsize
+        per_shard = shard_batches(chunk_bytes, n_batches)
+        array = self.group.create_array(
+            spec.name,
+            shape=(n_batches, *chunk[1:]),
+            chunks=chunk,
+            shards=None if self.compressed else (per_shard, *chunk[1:]),
+            dtype=spec.dtype,
+            compressors=compressors(compression),
+            fill_value=0,
+            # Each array's own axes get names of their own: arrays sharing "dim0" with other sizes make
+            # xarray refuse the epoch (pydata/xarray#9685).
+            dimension_names=["batch", "sample", *(f"{spec.name}_dim{i}" for i in range(len(spec.sample_shape)))],
+            config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
+        )
+        if not self.compressed:
+            layout = ArrayLayout.read(self.path / spec.name)
+            for shard in range(-(-n_batches // per_shard)):
+                valid = min(per_shard, n_batches - shard * per_shard)
+                create_shard(layout.file(shard * per_shard)[0], per_shard, valid, chunk_bytes)
+        return array
+
+    def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
+        if not (self.path.is_dir() and self.journal_path.exists()):
+            return None
+        lines = self.journal_path.read_text(errors="replace").splitlines()
+        try:
+            header = json.loads(lines[0])
+        except (IndexError, ValueError):
+            return None
+        done = {}
+        for line in lines[1:]:
+            parts = line.split()
+            if line.startswith("#snapshot "):
+                self.snapshots.append(line.split(" ", 1)[1])
+                continue
+            try:  # a line cut short or garbled by a crash is skipped: that batch is fetched again
+                if len(parts) == 1 + len(self.names):
+                    done[int(parts[0])] = [int(p) for p in parts[1:]]
+            except ValueError:
+                continue
+        return header, done
+
+    def _keep_verified(self, journal: dict[int, list[int]]) -> None:
+        """Keep the journal's batches whose bytes on disk still have their recorded checksums."""
+        for batch, crcs in journal.items():
+            if not 0 <= batch < self.done.size:
+                continue
+            actual = [checksum(read_batch_bytes(self.layouts[name], batch)) for name in self.names]
+            if actual == crcs:
+                self.checksums[:, batch] = crcs
+                self.done[batch] = True
+                if self.stats is not None:  # from the bytes on disk: the figures a fresh dump would publish
+                    self.stats.add(batch, 1, {name: self.arrays[name][batch] for name in self.names})
+
+    def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
+        """Write batch ``batch`` of every array (blocking: call it from one worker thread); return bytes."""
+        return self.write_batches(batch, 1, arrays)
+
+    def write_batches(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> int:
+        """Write ``count`` consecutive batches from ``first`` on; return bytes. Blocking: run it on a thread.
+
+        Each array in ``arrays`` holds at least ``count * batch_size`` samples, the batches one after another.
+        """
+        with _io_errors(self.path):
+            return self._write_batches(first, count, arrays)
+
+    def _write_batches(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> int:
+        size = self.header["batch_size"]
+        written = 0
+        crcs = np.empty((len(self.names), count), dtype=np.uint32)
+        for j, name in enumerate(self.names):
+            data = arrays[name][: count * size]
+            raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+            layout = self.layouts[name]
+            if self.compressed:
+                for i in range(count):
+                    self.arrays[name][first + i] = raw[i * size : (i + 1) * size]
+                    crcs[j, i] = checksum(read_batch_bytes(layout, first + i))
+            else:
+                # Consecutive batches of one shard file are consecutive bytes: small batches share a pwrite.
+                batch, most = first, max(1, WRITE_BYTES // layout.batch_bytes)
+                while batch < first + count:
+                    number, slot = divmod(batch, layout.per_file)
+                    run = min(first + count - batch, layout.per_file - slot, most)
+                    lo = (batch - first) * size
+                    fd = self._files.get(layout, number)
+                    pwrite_all(fd, raw[lo : lo + run * size], slot * layout.batch_bytes)
+                    batch += run
+                for i, chunk in enumerate(raw.reshape(count, -1)):
+                    crcs[j, i] = checksum(chunk)
+            written += data.nbytes
+        self.checksums[:, first : first + count] = crcs
+        if self.stats is not None:
+            self.stats.add(first, count, arrays)
+        lines = "".join(f"{first + i} {' '.join(map(str, crcs[:, i].tolist()))}\n" for i in range(count))
+        with self._journal_lock:  # units may be written from two threads (scan mode, uncompressed)
+            self._journal.write(lines)
+            self._journal.flush()
+            self.done[first : first + count] = True
+            finished = self._finished_files(first, count)
+        for path in finished if self.uploader is not None else []:
+            self.uploader.submit(path)  # type: ignore[union-attr]
+        return written
+
+    def _finished_files(self, first: int, count: int) -> list[Path]:
+        """The files whose every batch is now written, among those batches ``first..first+count-1`` touch.
+
+        Their descriptors are closed here: nothing writes to them again.
+        """
+        out = []
+        for name in self.names:
+            layout = self.layouts[name]
+            for number in range(first // layout.per_file, (first + count - 1) // layout.per_file + 1):
+                lo = number * layout.per_file
+                if (name, number) not in self._submitted and self.done[lo : lo + layout.per_file].all():
+                    self._submitted.add((name, number))
+                    self._files.close(layout, number)
+                    out.append(layout.file(lo)[0])
+        return out
+
+    def publish(self, manifest: dict[str, Any]) -> Path | str:
+        """Record the checksums and the manifest, and publish the epoch atomically.
+
+        The per-chunk checksums go to an array of their own in the epoch (``_checksums``: a row per array,
+        a column per batch), not into the manifest: an epoch of 10^5 batches would otherwise carry
+        megabytes of JSON that every reader and ``ls`` parses. (A plain file beside the manifest would
+        make zarr and xarray warn about an unknown object in the group.) So do each batch's longest sample
+        and most rows, for fields of any length (``_longest``, a row per lengths array).
+        """
+        manifest["checksums"] = {"algorithm": "crc32c", "array": CHECKSUMS_ARRAY, "arrays": self.names}
+        longest = self.stats.longest() if self.stats is not None else {}
+        if longest:
+            manifest["longest"] = {"array": LONGEST_ARRAY, "arrays": list(longest)}
+        self._files.close_all()
+        if self.uploader is not None:
+            self.uploader.finish()  # every file sent before anything makes the epoch visible
+        with _io_errors(self.path):
+            self.group.create_array(
+                CHECKSUMS_ARRAY,
+                overwrite=True,  # a publish that failed after this (an upload) is simply run again
+                data=self.checksums.astype("<u4"),
+                compressors=None,
+                dimension_names=[f"{CHECKSUMS_ARRAY}_array", "batch"],
+            )
+            if longest:
+                self.group.create_array(
+                    LONGEST_ARRAY,
+                    overwrite=True,
+                    data=np.array(list(longest.values()), dtype="<i4"),
+                    compressors=None,
+                    dimension_names=[f"{LONGEST_ARRAY}_array", "batch"],
+                )
+            self.group.attrs["pgprefetch"] = manifest
+            self._journal.close()
+            final = self.store.publish(self.epoch, self.path, replace=self.replace)
+            self.journal_path.unlink(missing_ok=True)
+        return final
+
+    def close(self) -> None:
+        """Stop writing, keeping the partial epoch and its journal for the next dump to resume.
+
+        Never raises: it runs on the way out of a failure (a full disk may refuse the journal's last
+        buffered line too), and a lost line only means a batch fetched again.
+        """
+        self._files.close_all()
+        with contextlib.suppress(OSError):
+            self._journal.close()
+
+    def discard(self) -> None:
+        """Remove the partial epoch and its journal."""
+        self._files.close_all()
+        if getattr(self, "_journal", None) is not None:
+            self._journal.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.journal_path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _io_errors(where: Path) -> Iterator[None]:
+    """Turn a failed write (a full disk, a read-only or vanished store) into one line naming the epoch."""
+    try:
+        yield
+    except OSError as e:
+        hint = ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            hint = "; free some space and run the dump again: it resumes where it stopped"
+        raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None
+
+
+def _remove_temporaries(folder: Path) -> None:
+    """Delete the temporary files of chunk writes a killed dump left in its partial epoch.
+
+    zarr writes each chunk to ``<chunk>.<uuid>.partial`` and renames it; killed in between, the file stays,
+    and publishing the folder would carry it into the epoch. The chunk itself is rewritten, its journal
+    line never having been written.
+    """
+    for leftover in folder.rglob("*.partial"):
+        leftover.unlink(missing_ok=True)
+
+
+def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Why a partial epoch cannot be resumed, in words."""
+    if old.get("n_keys") != new.get("n_keys") or old.get("keys_sha256") != new.get("keys_sha256"):
+        return f"the keys changed ({old.get('n_keys')} keys then, {new.get('n_keys')} now)"
+    if old.get("config_sha256") != new.get("config_sha256"):
+        return "the config changed"
+    return "it was written with other settings"
