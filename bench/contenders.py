@@ -94,7 +94,7 @@ async def ceiling(dsn: str, ds: Dataset, keys: np.ndarray, *, connections: int) 
 async def statement_ceiling(cfg: Config, *, connections: int) -> tuple[Run, np.ndarray]:
     """The dump's own batch statement for every batch, as binary ``COPY (statement) TO STDOUT``, bytes discarded.
 
-    The statement and the epoch's keys come from pgprefetch's planning (:func:`pgprefetch.write.plan.plan_epoch`,
+    The statement and the epoch's keys come from pgprefetch's planning (:func:`pgprefetch.write.query.plan_epoch`,
     outside the clock), so they are the dump's; the key arrays it binds as parameters are pasted in as
     ``'{...}'::int8[]`` literals, because COPY takes no parameters (so each batch is planned afresh, where the
     dump's prepared statement may reuse a plan). Returns the run and the keys it sent, ``(n_key_columns, n)``.

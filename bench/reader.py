@@ -58,7 +58,7 @@ FIELD = "x"
 
 
 def manifest(epoch: int, batch_size: int, n_batches: int, sample_shape: tuple[int, ...]) -> dict:
-    """A manifest like the dump's (``pgprefetch.write.pipeline._manifest``), with what the reader reads."""
+    """A manifest like the dump's (``pgprefetch.write.manifest.epoch_manifest``), with what the reader reads."""
     n_samples = n_batches * batch_size
     return {
         "format_version": FORMAT_VERSION,

@@ -46,6 +46,26 @@ config_option = click.option(
 dsn_option = click.option(
     "--dsn", help="PostgreSQL URI; wins over PGPREFETCH_DSN and [source] dsn.", envvar=None, default=None
 )
+dir_option = click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    help="Where the embedded server keeps its data.",
+)
+scale_option = click.option(
+    "--scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Size of the demo datasets: 1 = 38,560 windows and 90,000 rows of training samples.",
+)
+
+
+def loaded(counts: dict[str, int]) -> str:
+    """What loading the demo datasets says it loaded."""
+    return f"loaded sequences ({counts['sequences']:,} train windows) and rows ({counts['rows']:,} train rows)"
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -296,31 +316,18 @@ def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json:
 
 @cli.command("demo-data")
 @dsn_option
-@click.option(
-    "--scale",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="1 = 38,560 windows and 90,000 rows of training samples.",
-)
+@scale_option
 def demo_data(dsn: str | None, scale: float) -> None:
     """Load the two deterministic demo datasets (sequences and rows) into a database."""
     from pgprefetch.demo.data import load_demo_data
 
     # As for every other command: --dsn, then PGPREFETCH_DSN, then the PG* variables.
     counts = asyncio.run(load_demo_data(dsn or os.environ.get("PGPREFETCH_DSN"), scale))
-    click.echo(f"loaded sequences ({counts['sequences']:,} train windows) and rows ({counts['rows']:,} train rows)")
+    click.echo(loaded(counts))
 
 
 @cli.command()
-@click.option(
-    "--dir",
-    "folder",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DIR,
-    show_default=True,
-    help="Where the server keeps its data.",
-)
+@dir_option
 def server(folder: Path) -> None:
     """Run the embedded PostgreSQL and print its DSN until Ctrl-C or SIGTERM (both stop it)."""
     from pgprefetch.demo.server import run_server
@@ -329,21 +336,8 @@ def server(folder: Path) -> None:
 
 
 @cli.command()
-@click.option(
-    "--dir",
-    "folder",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DIR,
-    show_default=True,
-    help="Where the embedded server keeps its data.",
-)
-@click.option(
-    "--scale",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Size of the demo datasets.",
-)
+@dir_option
+@scale_option
 @click.option(
     "--config",
     "configs",
@@ -361,7 +355,7 @@ def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
     with embedded_server(folder) as dsn:
         click.echo(f"embedded PostgreSQL at {dsn}")
         counts = asyncio.run(load_demo_data(dsn, scale))
-        click.echo(f"loaded sequences ({counts['sequences']:,} windows) and rows ({counts['rows']:,} rows)")
+        click.echo(loaded(counts))
         for path in configs:
             cfg = load_config(path, dsn=dsn)
             progress = BarProgress(enabled=sys.stderr.isatty())

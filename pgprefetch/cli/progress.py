@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 
 class BarProgress:
-    """A :class:`pgprefetch.write.pipeline.Progress` drawn with tqdm; does nothing when ``enabled`` is false."""
+    """A :class:`pgprefetch.write.batches.Progress` drawn with tqdm; does nothing when ``enabled`` is false."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -73,7 +73,7 @@ log = logging.getLogger("pgprefetch")
 
 
 class LogProgress:
-    """A :class:`pgprefetch.write.pipeline.Progress` that logs a line at most every ``interval`` seconds."""
+    """A :class:`pgprefetch.write.batches.Progress` that logs a line at most every ``interval`` seconds."""
 
     def __init__(self, interval: float = 10.0) -> None:
         self.interval = interval

@@ -5,7 +5,7 @@ returned, then per result column its values and, for arrays, text and bytea, eac
 nullable column its NULL mask). With ``rows = 1`` each is one array over the whole batch, beside the rows'
 key ordinals; otherwise each sample's arrays come back to back. A row-wise statement (values of any
 length) returns a row per sample instead: its key ordinal, then each column's binary value.
-:class:`~pgprefetch.decode.collate.BatchLayout` casts what this returns into the batch buffers.
+:func:`~pgprefetch.decode.collate.decode` casts what this returns into the batch buffers.
 """
 
 from __future__ import annotations
@@ -104,9 +104,7 @@ def _rows_grouped(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.n
                     raise wire.BadSample(int(np.searchsorted(ends, e.sample, side="right")), str(e)) from None
                 raise
         except wire.BadSample as e:
-            raise layout.sample_error(
-                keys, e.sample, f"{layout.column_label(col)}column {col.name} {layout.decode_hint(col, e)}"
-            ) from None
+            raise layout.bad_value(keys, e.sample, col, e) from None
         i += col.n_blobs
 
 
@@ -149,11 +147,7 @@ def _rows_each(layout: BatchLayout, columns: Sequence[Sequence[object]], keys: n
                 m = np.array(columns[i + 1], dtype=bool)
                 d.masks[col] = m if order is None else m[order]
         except wire.BadSample as e:  # e.sample is the row as it arrived
-            raise layout.sample_error(
-                keys,
-                int(ordinals[e.sample]) - 1,
-                f"{layout.column_label(col)}column {col.name} {layout.decode_hint(col, e)}",
-            ) from None
+            raise layout.bad_value(keys, int(ordinals[e.sample]) - 1, col, e) from None
         d.values[col] = v if order is None else v[order]
         if kept is not None:
             d.lengths[col] = kept if order is None else kept[order]
@@ -182,10 +176,7 @@ def _rows_flat(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.ndar
                 m = wire.flat(blobs[i + 1], np.dtype("?"))
                 d.masks[col] = m if order is None else m[order]
         except wire.BadSample as e:  # e.sample is the row as it arrived
-            sample = int(ordinals[e.sample]) - 1
-            raise layout.sample_error(
-                keys, sample, f"{layout.column_label(col)}column {col.name} {layout.decode_hint(col, e)}"
-            ) from None
+            raise layout.bad_value(keys, int(ordinals[e.sample]) - 1, col, e) from None
         d.values[col] = v if order is None else v[order]
         if kept is not None:
             d.lengths[col] = kept if order is None else kept[order]

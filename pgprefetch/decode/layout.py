@@ -139,6 +139,10 @@ class BatchLayout:
         names = [f.name for f in self.fields if col in f.columns]
         return f"field {', '.join(names)}, " if names else ""
 
+    def bad_value(self, keys: np.ndarray, sample: int, col: Column, e: wire.BadSample) -> SampleError:
+        """The error for a value of ``col`` that does not decode, naming its sample, field and column."""
+        return self.sample_error(keys, sample, f"{self.column_label(col)}column {col.name} {self.decode_hint(col, e)}")
+
     def sample_error(self, keys: np.ndarray, sample: int, message: str) -> SampleError:
         """The error for sample ``sample`` of a batch with ``keys``, naming its key."""
         return SampleError(f"sample ({self.keys.show(keys[:, sample])}): {message}")

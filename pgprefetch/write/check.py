@@ -1,7 +1,7 @@
 """``pgprefetch check``: everything a dump would decide, run against the database, with nothing written.
 
 Users iterate on a config before the first real dump. The check plans epoch 0 on a snapshot exactly as
-the dump does (:func:`pgprefetch.write.plan.plan_epoch`: the queries described, the keys read, shuffled and
+the dump does (:func:`pgprefetch.write.query.plan_epoch`: the queries described, the keys read, shuffled and
 checked for repeats, the categories fixed), then fetches a sample of batches spread over the epoch and
 decodes them with every type, cast, NULL and range check of the dump. Problems are collected, one line
 each, rather than stopping at the first, so one run shows what to fix.

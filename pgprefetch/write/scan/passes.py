@@ -9,7 +9,7 @@ passes, each holding at most the budget of table data:
 2. **Data passes.** The sorted series are cut into consecutive key ranges of about ``memory`` bytes of
    rows each (a series is never split, so a window never straddles two passes), and each pass COPYs its
    range, split again over the ``connections``. A pass cuts its samples exactly as the keys pass did (the
-   same snapshot), casts and checks them (:meth:`~pgprefetch.decode.collate.BatchLayout.fill`), and appends each
+   same snapshot), casts and checks them (:func:`~pgprefetch.decode.collate.fill`), and appends each
    sample to the spool file of the group of batches it belongs to.
 3. **Writing.** The writer asks for batches in order; the spool hands them out a group at a time: one
    group (about ``memory`` bytes of batches) is read back, its samples put in place, and its batches
