@@ -19,6 +19,7 @@ a thousand samples whatever the batch size (:mod:`pgprefetch.units`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ import numpy as np
 from .collate import BatchLayout, UnknownCategoryError
 from .config import Config, ScanConfig
 from .passes import Spool, key_passes, keys_only, spool_pass
-from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch, plan_scan
-from .scan import ScanShape, Table, TableTooLarge, cut, describe_scan, gather, read_table
+from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch, plan_scan, resolve_categories
+from .scan import ScanShape, Table, TableTooLarge, cut, describe_scan, distinct_text, gather, read_table
 from .source import BatchReader, Snapshot
 from .units import local_unit_batches, unit_batches
 
@@ -92,10 +93,13 @@ class ScanRead:
 async def read_scan(cfg: Config, snap: Snapshot, on_rows: Callable[[int], None] | None = None) -> ScanRead:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
-    ``on_rows`` hears of the rows as they arrive (the progress bar).
+    ``on_rows`` hears of the rows as they arrive (the progress bar). The category lists are fixed first,
+    since the COPY codes the values: every epoch cut from the read has them.
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
+    categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column))
+    shape = dataclasses.replace(shape, categories=categories)
     try:
         table = await read_table(cfg, snap, shape, on_rows=on_rows)
         fits, per_row = True, 0.0

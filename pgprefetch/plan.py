@@ -10,6 +10,7 @@ only known once it has run.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,25 +58,15 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
 
     Raises:
         ConfigError: the queries do not fit the config.
-        SourceError: the database failed, or the keys cannot make an epoch (none, repeated, no full batch).
+        SourceError: the database failed, the keys cannot make an epoch (none, repeated, no full batch), or
+            a field's categories do not fit its dtype.
     """
     shape = await snap.describe(cfg)
     keys = await snap.read_keys(cfg, shape.keys)
     order = order_keys(cfg, keys, shape.keys, epoch, in_place=True)
     where = f"{cfg.file}: " if cfg.file else ""
     columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
-    categories = {}
-    for f in cfg.fields:
-        if f.categories == "auto":
-            found: set[str] = set()
-            for column in f.columns:
-                found.update(await snap.distinct_text(cfg, column))
-            categories[f.name] = sorted(found)
-            limit = int(np.iinfo(f.dtype).max) + 1
-            if len(found) > limit:
-                raise SourceError(f"[fields.{f.name}] categories: {len(found)} distinct values do not fit {f.dtype}")
-        elif f.categories is not None:
-            categories[f.name] = list(f.categories)
+    categories = await resolve_categories(cfg, lambda column: snap.distinct_text(cfg, column))
     variable = cfg.samples.max_rows is not None
     sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
     rows_each = row_wise(columns, cfg.samples.rows, variable)
@@ -91,6 +82,41 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
         params=tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
         row_wise=rows_each,
     )
+
+
+async def resolve_categories(cfg: Config, distinct: Callable[[str], Awaitable[Iterable[str]]]) -> dict[str, list[str]]:
+    """The category list each categorical field's codes index (code = position), the same in both modes.
+
+    An explicit list in the config is the codes; ``"auto"`` is the sorted distinct values ``distinct(column)``
+    finds in the snapshot. Every list must fit the field's dtype whatever ``cast`` says: a code is an index,
+    and a wrapped one points at another category.
+
+    Raises:
+        SourceError: a field's list has more values than its dtype has codes.
+    """
+    categories = {}
+    for f in cfg.fields:
+        if f.categories == "auto":
+            found: set[str] = set()
+            for column in f.columns:
+                found.update(await distinct(column))
+            categories[f.name] = sorted(found)
+        elif f.categories is not None:
+            categories[f.name] = list(f.categories)
+        else:
+            continue
+        _check_fits(f.name, f.dtype, len(categories[f.name]))
+    return categories
+
+
+def _check_fits(name: str, dtype: str, total: int) -> None:
+    """Refuse a category list of ``total`` values that the codes of ``dtype`` cannot all index."""
+    codes = int(np.iinfo(dtype).max) + 1
+    if total > codes:
+        raise SourceError(
+            f"[fields.{name}] categories: {total} distinct values do not fit {dtype} (at most {codes} codes); "
+            "use a wider integer dtype"
+        )
 
 
 def order_keys(

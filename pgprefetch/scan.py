@@ -68,7 +68,7 @@ class ScanShape:
     order_offset: int
     columns: tuple[Column, ...]
     by_field: dict[str, tuple[Column, ...]]
-    categories: dict[str, list[str]]
+    categories: dict[str, list[str]] = field(default_factory=dict)  # set by modes.read_scan (plan.resolve_categories)
 
     @property
     def n_key(self) -> int:
@@ -77,7 +77,10 @@ class ScanShape:
 
 
 async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
-    """Check ``[samples] table`` and the fields against the server's description of the relation."""
+    """Check ``[samples] table`` and the fields against the server's description of the relation.
+
+    The category lists are fixed afterwards, as in the query mode (:func:`pgprefetch.plan.resolve_categories`).
+    """
     samples = cfg.samples
     assert isinstance(samples, ScanConfig)
     where = f"{cfg.file}: " if cfg.file else ""
@@ -112,17 +115,6 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
     columns, by_field = plan_columns(
         cfg.fields, returned, 0, where, all_nullable=True, not_null=not_null, pad_arrays=True
     )
-    categories = {}
-    for f in cfg.fields:
-        if f.categories == "auto":
-            found: set[str] = set()
-            for name in f.columns:
-                ref = quote_ident(name)
-                sql = f"SELECT DISTINCT {ref}::text FROM {relation} WHERE {ref} IS NOT NULL"
-                found.update(r[0] for r in await snap.fetch(sql, f"{where}categories of column {name}"))
-            categories[f.name] = sorted(found)
-        elif f.categories is not None:
-            categories[f.name] = list(f.categories)
     return ScanShape(
         relation=relation,
         plain_table=plain,
@@ -132,8 +124,15 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
         order_offset=offset,
         columns=columns,
         by_field=by_field,
-        categories=categories,
     )
+
+
+async def distinct_text(cfg: Config, snap: Snapshot, shape: ScanShape, column: str) -> list[str]:
+    """The distinct non-NULL values of ``column`` in the relation, as text (``categories = "auto"``)."""
+    where = f"{cfg.file}: " if cfg.file else ""
+    ref = quote_ident(column)
+    sql = f"SELECT DISTINCT {ref}::text FROM {shape.relation} WHERE {ref} IS NOT NULL"
+    return [r[0] for r in await snap.fetch(sql, f"{where}categories of column {column}")]
 
 
 def copy_select(shape: ScanShape, where: str = "") -> str:
