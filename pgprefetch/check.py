@@ -2,7 +2,8 @@
 
 Users iterate on a config before the first real dump. The check plans epoch 0 on a snapshot exactly as
 the dump does (:func:`pgprefetch.plan.plan_epoch`: the queries described, the keys read, shuffled and
-checked for repeats, the categories fixed), then fetches a sample of batches spread over the epoch and
+checked for repeats, the categories fixed, against the store's vocabulary when the store exists, which
+is read, not written), then fetches a sample of batches spread over the epoch and
 decodes them with every type, cast, NULL and range check of the dump. Problems are collected, one line
 each, rather than stopping at the first, so one run shows what to fix.
 """
@@ -19,10 +20,11 @@ import numpy as np
 
 from .collate import UnknownCategoryError
 from .config import Config
-from .errors import ConfigError, SourceError
+from .errors import ConfigError, SourceError, StoreError
 from .modes import BatchSource, query_source, read_scan, scan_source
-from .plan import name_unknown_category, plan_scan
+from .plan import Vocabulary, name_unknown_category, plan_scan
 from .source import Snapshot
+from .store import Store
 
 SAMPLE_BATCHES = 8
 
@@ -74,25 +76,38 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
     report = CheckReport()
     async with Snapshot.open(cfg.source) as snap:
         try:
-            async with _source(cfg, snap, epoch, report) as source:
+            async with _source(cfg, snap, epoch, report, _vocabulary(cfg)) as source:
                 if source is not None:
                     await _sample(cfg, snap, source, batches, report)
-        except (ConfigError, SourceError) as e:
+        except (ConfigError, SourceError, StoreError) as e:
             if isinstance(e, SourceError) and e.transient:
                 raise
             report.errors.append(str(e))
     return report
 
 
+def _vocabulary(cfg: Config) -> Vocabulary:
+    """The config's store, read for its category vocabularies (never written): the lists a dump would plan.
+
+    A config without ``categories = "auto"`` does not look at the store at all.
+    """
+    if not any(f.categories == "auto" for f in cfg.fields):
+        return Vocabulary()
+    store = Store(cfg.store.path)
+    return Vocabulary(store if store.exists() else None)
+
+
 @asynccontextmanager
-async def _source(cfg: Config, snap: Snapshot, epoch: int, report: CheckReport) -> AsyncIterator[BatchSource | None]:
+async def _source(
+    cfg: Config, snap: Snapshot, epoch: int, report: CheckReport, vocabulary: Vocabulary
+) -> AsyncIterator[BatchSource | None]:
     """The dump's own batch source for ``epoch`` (one connection in query mode)."""
     if cfg.mode == "query":
         one = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
-        async with query_source(one, snap, epoch) as source:
+        async with query_source(one, snap, epoch, vocabulary) as source:
             yield source
         return
-    read = await read_scan(cfg, snap)
+    read = await read_scan(cfg, snap, vocabulary=vocabulary)
     if read.fits:
         yield scan_source(cfg, read, epoch)
         return

@@ -30,7 +30,7 @@ import numpy as np
 from .collate import BatchLayout, UnknownCategoryError
 from .config import Config, ScanConfig
 from .passes import Spool, key_passes, keys_only, spool_pass
-from .plan import EpochPlan, layout_from, name_unknown_category, plan_epoch, plan_scan, resolve_categories
+from .plan import EpochPlan, Vocabulary, layout_from, name_unknown_category, plan_epoch, plan_scan, resolve_categories
 from .scan import ScanShape, Table, TableTooLarge, cut, describe_scan, distinct_text, gather, read_table
 from .source import BatchReader, Snapshot
 from .units import local_unit_batches, unit_batches
@@ -53,10 +53,15 @@ class BatchSource:
 
 
 @asynccontextmanager
-async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator[BatchSource]:
-    """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``."""
+async def query_source(
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None
+) -> AsyncIterator[BatchSource]:
+    """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``.
+
+    ``vocabulary``: the store the ``"auto"`` categories extend (:func:`pgprefetch.plan.resolve_categories`).
+    """
     size = cfg.batches.size
-    plan = await plan_epoch(cfg, snap, epoch)
+    plan = await plan_epoch(cfg, snap, epoch, vocabulary)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
         # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
@@ -90,15 +95,20 @@ class ScanRead:
     bytes_per_row: float = 0.0
 
 
-async def read_scan(cfg: Config, snap: Snapshot, on_rows: Callable[[int], None] | None = None) -> ScanRead:
+async def read_scan(
+    cfg: Config,
+    snap: Snapshot,
+    on_rows: Callable[[int], None] | None = None,
+    vocabulary: Vocabulary | None = None,
+) -> ScanRead:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
     ``on_rows`` hears of the rows as they arrive (the progress bar). The category lists are fixed first,
-    since the COPY codes the values: every epoch cut from the read has them.
+    against ``vocabulary``'s store, since the COPY codes the values: every epoch cut from the read has them.
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
-    categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column))
+    categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column), vocabulary)
     shape = dataclasses.replace(shape, categories=categories)
     try:
         table = await read_table(cfg, snap, shape, on_rows=on_rows)

@@ -25,6 +25,7 @@ from .config import Config
 from .errors import ConfigError, SourceError
 from .manifest import epoch_manifest
 from .modes import BatchSource, ScanRead, multipass_source, query_source, read_scan, scan_source
+from .plan import Vocabulary
 from .retry import RetryPolicy, count
 from .source import Snapshot
 from .stats import EpochStats
@@ -261,8 +262,12 @@ class ReadCache:
 async def _dump_locked(
     cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool, cache: ReadCache
 ) -> DumpResult:
-    """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
+    """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``.
+
+    Planning records new ``"auto"`` category values in the store's vocabulary before a batch is written.
+    """
     started = time.monotonic()
+    vocabulary = Vocabulary(store, record=True)
     connected = False
     try:
         if cfg.mode == "scan" and cache.read is not None:  # an earlier epoch of this run read the table
@@ -273,7 +278,7 @@ async def _dump_locked(
                 connected = True
                 if progress:
                     progress.reading(epoch)
-                read = await read_scan(cfg, snap, progress.rows if progress else None)
+                read = await read_scan(cfg, snap, progress.rows if progress else None, vocabulary)
                 if read.fits:
                     cache.read = read
                     source = scan_source(cfg, read, epoch)
@@ -286,7 +291,7 @@ async def _dump_locked(
                     shutil.rmtree(spool, ignore_errors=True)
         async with Snapshot.open(cfg.source) as snap:
             connected = True
-            async with query_source(cfg, snap, epoch) as source:
+            async with query_source(cfg, snap, epoch, vocabulary) as source:
                 return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
     except SourceError as e:
         e.connected = connected  # type: ignore[union-attr]
@@ -307,7 +312,9 @@ async def _write_epoch(
     plan = source.plan
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
-    identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    identity: dict[str, Any] = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    if plan.categories:  # batches coded with other lists are not resumed (the store's vocabulary grew meanwhile)
+        identity["categories"] = plan.categories
     stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await _finish_in_thread(

@@ -10,6 +10,7 @@ only known once it has run.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ from .scan import ScanShape
 from .shuffle import DuplicateKeysError, epoch_indices, n_batches
 from .source import Snapshot
 from .statement import batch_statement, row_wise
+from .store import Store
+
+log = logging.getLogger("pgprefetch")
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,10 @@ class EpochPlan:
         return self.keys[:, batch * size : (batch + count) * size]
 
 
-async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
+async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None) -> EpochPlan:
     """Describe the queries, read and order the keys, fix the categories and the statement.
+
+    ``vocabulary``: the store whose category vocabularies ``"auto"`` fields extend (none: a fresh store).
 
     Raises:
         ConfigError: the queries do not fit the config.
@@ -66,7 +72,7 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
     order = order_keys(cfg, keys, shape.keys, epoch, in_place=True)
     where = f"{cfg.file}: " if cfg.file else ""
     columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
-    categories = await resolve_categories(cfg, lambda column: snap.distinct_text(cfg, column))
+    categories = await resolve_categories(cfg, lambda column: snap.distinct_text(cfg, column), vocabulary)
     variable = cfg.samples.max_rows is not None
     sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
     rows_each = row_wise(columns, cfg.samples.rows, variable)
@@ -84,39 +90,91 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
     )
 
 
-async def resolve_categories(cfg: Config, distinct: Callable[[str], Awaitable[Iterable[str]]]) -> dict[str, list[str]]:
+@dataclass(frozen=True)
+class Vocabulary:
+    """The store an epoch's ``categories = "auto"`` codes are kept stable in, and whether to record new values.
+
+    The dump records them (``record``); ``pgprefetch check`` reads the store's vocabulary and writes nothing.
+    Without a store the epoch is coded as a fresh store's first epoch: the sorted distinct values.
+    """
+
+    store: Store | None = None
+    record: bool = False
+
+
+async def resolve_categories(
+    cfg: Config, distinct: Callable[[str], Awaitable[Iterable[str]]], vocabulary: Vocabulary | None = None
+) -> dict[str, list[str]]:
     """The category list each categorical field's codes index (code = position), the same in both modes.
 
-    An explicit list in the config is the codes; ``"auto"`` is the sorted distinct values ``distinct(column)``
-    finds in the snapshot. Every list must fit the field's dtype whatever ``cast`` says: a code is an index,
-    and a wrapped one points at another category.
+    An explicit list in the config is the codes. For ``"auto"`` the codes must keep their meaning in every
+    epoch of a store, or a model trained across epochs learns noise, so the list is the store's vocabulary
+    of the field (:meth:`~pgprefetch.store.Store.vocabulary`) followed by the values ``distinct(column)``
+    finds in this snapshot that it lacks, sorted by code point: a fresh store's first epoch is coded by
+    the sorted values, a value first seen later gets the next code, and a value no longer in the data
+    keeps its code. The extended vocabulary is recorded before any batch is written (the dump's
+    ``vocabulary.record``), so a resumed or ``--force`` dump of the epoch, and any later epoch, finds it.
+
+    Every list must fit the field's dtype whatever ``cast`` says: a code is an index, and a wrapped one
+    points at another category.
 
     Raises:
-        SourceError: a field's list has more values than its dtype has codes.
+        SourceError: a field's list has more values than its dtype has codes (nothing is recorded then).
     """
-    categories = {}
+    found: dict[str, set[str]] = {}
     for f in cfg.fields:
         if f.categories == "auto":
-            found: set[str] = set()
+            found[f.name] = set()
             for column in f.columns:
-                found.update(await distinct(column))
-            categories[f.name] = sorted(found)
+                found[f.name].update(await distinct(column))
+    added: dict[str, tuple[int, list[str]]] = {}  # field -> (codes before, values appended), from the last grow
+
+    def grow(recorded: dict[str, list[str]]) -> dict[str, list[str]]:
+        out = {}
+        for f in cfg.fields:
+            if f.name in found:
+                known = recorded.get(f.name, [])
+                new = sorted(found[f.name].difference(known))
+                _check_fits(f.name, f.dtype, len(known), len(new))
+                out[f.name] = known + new
+                added[f.name] = (len(known), new)
+        return out
+
+    store, record = (vocabulary.store, vocabulary.record) if vocabulary is not None else (None, False)
+    if not found:
+        auto: dict[str, list[str]] = {}
+    elif store is None:
+        auto = grow({})
+    elif record:
+        auto = store.grow_vocabulary(grow)
+        for name, (known, new) in added.items():
+            if known:  # a field's first vocabulary is all new values: only those appended to one are news
+                for code, value in enumerate(new, known):
+                    log.info("[fields.%s] categories: new value %r gets code %d", name, value, code)
+    else:
+        auto = grow(store.vocabulary())
+    categories = {}
+    for f in cfg.fields:
+        if f.name in auto:
+            categories[f.name] = auto[f.name]
         elif f.categories is not None:
+            _check_fits(f.name, f.dtype, 0, len(f.categories))
             categories[f.name] = list(f.categories)
-        else:
-            continue
-        _check_fits(f.name, f.dtype, len(categories[f.name]))
     return categories
 
 
-def _check_fits(name: str, dtype: str, total: int) -> None:
-    """Refuse a category list of ``total`` values that the codes of ``dtype`` cannot all index."""
+def _check_fits(name: str, dtype: str, recorded: int, new: int) -> None:
+    """Refuse a category list of ``recorded + new`` values that the codes of ``dtype`` cannot all index."""
     codes = int(np.iinfo(dtype).max) + 1
-    if total > codes:
-        raise SourceError(
-            f"[fields.{name}] categories: {total} distinct values do not fit {dtype} (at most {codes} codes); "
-            "use a wider integer dtype"
-        )
+    total = recorded + new
+    if total <= codes:
+        return
+    counted = f"{total} distinct values"
+    if recorded:
+        counted = f"{total} values ({recorded} in the store's vocabulary, {new} new)"
+    raise SourceError(
+        f"[fields.{name}] categories: {counted} do not fit {dtype} (at most {codes} codes); use a wider integer dtype"
+    )
 
 
 def order_keys(
