@@ -115,7 +115,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
     @property
     def categories(self) -> dict[str, list[str]]:
-        """The category list of each categorical field: code ``i`` stands for ``categories[field][i]``."""
+        """The category list of each categorical field: code ``i`` stands for ``categories[field][i]``.
+
+        For ``categories = "auto"`` it is the store's vocabulary when the epoch was planned, which later
+        epochs only extend at the end: a code means the same in every epoch of a store, and the list of a
+        later epoch decodes this one too (see :attr:`pgprefetch.EpochStream.categories`).
+        """
         return {name: f["categories"] for name, f in self.manifest["fields"].items() if "categories" in f}
 
     @property

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from pgprefetch.errors import ConfigError
+from pgprefetch.errors import ConfigError, EpochNotFoundError, StoreError
 from pgprefetch.read.dataset import EpochDataset, positive, rank_and_world
 from pgprefetch.read.padding import trim as trim_padding
 from pgprefetch.store.open import open_store
@@ -305,6 +305,42 @@ class EpochStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             if left == n:  # the end of this epoch: the next one need not be published yet
                 return epoch + 1, 0, step
             epoch, sample, left = epoch + 1, 0, left - n
+
+    # --- what the epochs hold ------------------------------------------------------------------------------
+    @property
+    def categories(self) -> dict[str, list[str]]:
+        """The category list of each categorical field that decodes every published epoch of the stream.
+
+        For sizing an embedding table. A store keeps a code's meaning in all its epochs: ``"auto"`` lists
+        only grow, at the end, as new values turn up, so the epochs' lists are prefixes of one another and
+        the longest (the newest vocabulary among the stream's epochs published now, including those not
+        read yet) decodes them all. It is read from the store when asked, the same in every process and
+        DataLoader worker; an epoch dumped later may add values, so ask again at each epoch, or leave room
+        in the table. With none of the stream's epochs published yet it waits for the first (``timeout``).
+
+        Raises:
+            StoreError: two of the stream's epochs code a field differently (epochs of another config
+                written with ``--force``, or written before stores kept their vocabulary).
+        """
+        backend = open_store(self.store)
+        epochs = [e for e in backend.epochs() if e >= self.start_epoch and (self.end is None or e < self.end)]
+        lists: dict[str, list[str]] = {}
+        source: dict[str, int] = {}  # the epoch each list comes from
+        for epoch in epochs or [self.start_epoch]:
+            try:
+                manifest = backend.wait_manifest(epoch, None if epochs else self.timeout)
+            except EpochNotFoundError:  # pruned since it was listed
+                continue
+            for name, entry in manifest["fields"].items():
+                values, known = entry.get("categories"), lists.get(name, [])
+                if values is not None and values[: len(known)] != known[: len(values)]:
+                    raise StoreError(
+                        f"epochs {source[name]} and {epoch} of {backend.location} code field {name} with different "
+                        "category lists: one model cannot be trained on both"
+                    )
+                if values is not None and (name not in lists or len(values) > len(known)):
+                    lists[name], source[name] = values, epoch
+        return lists
 
     def _stored_size(self, epoch: int) -> int:
         return int(open_store(self.store).manifest(epoch)["batch_size"])

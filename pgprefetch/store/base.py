@@ -8,6 +8,7 @@ Layout (plain Zarr v3; ``zarr.open_group(store)["epoch-00003"]["x"][7]`` is batc
     <store>/epoch-00003/keys/         (n_batches, size, n_slots) int64
     <store>/.pgprefetch/locks/        one lock per epoch: one writer at a time
     <store>/.pgprefetch/consumers/    the epoch each training run (consumer) opened last
+    <store>/.pgprefetch/categories.json  the store's vocabulary of each ``categories = "auto"`` field
 
 An epoch is always written into a local folder first (:meth:`Store.partial_path`, with its journal): the
 writer (:mod:`pgprefetch.write.writer`) ``pwrite``-s batches there and resumes it after a crash. What differs is
@@ -28,7 +29,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +46,7 @@ FORMAT_VERSION = 1
 KEYS_ARRAY = "keys"
 META_DIR = ".pgprefetch"
 ROOT_ATTRIBUTES = {"pgprefetch_store": {"format_version": FORMAT_VERSION}}
+VOCABULARY = f"{META_DIR}/categories.json"  # the store's category vocabularies (Store.vocabulary)
 EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
 _CONSUMER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -278,6 +280,69 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def consumers(self) -> dict[str, int]:
         """The epoch each consumer opened last."""
+
+    # --- category vocabularies ----------------------------------------------------------------------------
+    def vocabulary(self) -> dict[str, list[str]]:
+        """The store's vocabulary of each ``categories = "auto"`` field: code ``i`` is ``vocabulary[field][i]``.
+
+        It belongs to the store, not to an epoch, so that a code keeps its meaning in every epoch of the
+        store: it outlives the epochs (``prune`` and ``--keep`` delete none of it), and it only ever grows at
+        the end (:meth:`grow_vocabulary`). Empty before the first dump of a store.
+        """
+        return _parse_vocabulary(self.read(VOCABULARY), self.location)
+
+    def grow_vocabulary(self, grow: Callable[[dict[str, list[str]]], dict[str, list[str]]]) -> dict[str, list[str]]:
+        """Replace the vocabulary by ``grow(current)``, atomically, and return what the store now holds.
+
+        Dumps of different epochs hold different locks and may plan at the same moment, so this is a
+        compare-and-swap (:meth:`swap`): ``grow`` may run more than once, on the vocabulary another dump
+        has just extended, and it must not write anything itself. What it returns for a field must begin
+        with the field's current vocabulary (codes are appended, never moved or dropped): anything else is
+        refused, and ``grow`` raising leaves the vocabulary as it was.
+        """
+
+        def change(raw: bytes | None) -> bytes:
+            current = _parse_vocabulary(raw, self.location)
+            grown = {**current, **grow(current)}
+            for name, values in current.items():
+                if grown[name][: len(values)] != values:
+                    raise StoreError(f"{self.location}: [fields.{name}] categories: a store's codes only grow")
+            if grown == current and raw is not None:
+                return raw  # nothing new: nothing written
+            return (json.dumps({"format_version": FORMAT_VERSION, "fields": grown}, ensure_ascii=False) + "\n").encode()
+
+        return _parse_vocabulary(self.swap(VOCABULARY, change), self.location)
+
+    @abc.abstractmethod
+    def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
+        """Replace the small object ``key`` by ``change(its bytes, or None)`` atomically; return the bytes kept.
+
+        A concurrent swap of ``key`` is never lost: ``change`` runs again on what that one wrote. When
+        ``change`` returns the bytes unchanged, nothing is written.
+        """
+
+
+def _parse_vocabulary(raw: bytes | None, location: str) -> dict[str, list[str]]:
+    """The vocabularies of a ``categories.json``; a damaged one is an error, never an empty vocabulary.
+
+    Starting over from nothing would give existing codes new meanings, which is what the record prevents.
+    """
+    if raw is None:
+        return {}
+    try:
+        record = json.loads(raw)
+        version, fields = record["format_version"], record["fields"]
+    except (ValueError, KeyError, TypeError):
+        raise StoreError(f"{location}/{VOCABULARY} is damaged; restore it from a backup") from None
+    if version != FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{location}/{VOCABULARY} has format version {version}; this pgprefetch reads version {FORMAT_VERSION}"
+        )
+    if not isinstance(fields, dict) or not all(
+        isinstance(v, list) and all(isinstance(c, str) for c in v) for v in fields.values()
+    ):
+        raise StoreError(f"{location}/{VOCABULARY} is damaged; restore it from a backup")
+    return fields
 
 
 def consumer_record(name: str, epoch: int) -> bytes:

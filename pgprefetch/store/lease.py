@@ -75,7 +75,7 @@ class Lease:
         started = time.monotonic()
         body = json.dumps({"holder": self.holder, "node": self._node, "expires": time.time() + self.seconds})
         result = obstore.put(self._client, self.key, body.encode(), mode=mode)
-        self._version = _version(result)
+        self._version = object_version(result)
         self._valid_until = started + self.seconds * 0.8
 
     def acquire(self) -> bool:
@@ -91,7 +91,7 @@ class Lease:
             if info.get("expires", 0) > time.time() and not self._dead_here(info):
                 return False
             try:  # expired: its holder died; take it over unless another dump just did
-                self._put(_version(current.meta))
+                self._put(object_version(current.meta))
             except (PreconditionError, AlreadyExistsError):
                 return False
         self._thread = threading.Thread(target=self._renew, name="pgprefetch-lease", daemon=True)
@@ -170,6 +170,6 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _version(meta: Any) -> dict[str, Any]:
+def object_version(meta: Any) -> dict[str, Any]:
     """The ``If-Match`` precondition for the object version ``meta`` (a put result or an object's metadata)."""
     return {k: meta[k] for k in ("e_tag", "version") if meta.get(k) is not None}

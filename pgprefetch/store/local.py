@@ -14,7 +14,7 @@ import fcntl
 import os
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -206,6 +206,39 @@ class LocalStore(Store):
         tmp = folder / f".{name}.{os.getpid()}.tmp"
         tmp.write_bytes(record)
         os.replace(tmp, folder / f"{name}.json")
+
+    def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
+        """Read, change and replace ``key`` under a blocking ``flock`` of its own (held for one small write).
+
+        The new bytes go to a temporary file, synced, renamed over the old: a reader (``check``, a dump
+        planning) sees the old or the new, never half, and a crash leaves one of them.
+        """
+        path = self.path / key
+        lock = self.meta / "locks" / f"{path.name}.lock"
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            old = self.read(key)
+            new = change(old)
+            if new != old:
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(new)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
+                    _fsync_dir(path.parent)
+                except OSError as e:
+                    tmp.unlink(missing_ok=True)
+                    raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
+            return new
+        finally:
+            os.close(fd)
 
     def consumers(self) -> dict[str, int]:
         folder = self.meta / "consumers"

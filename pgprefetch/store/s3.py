@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +31,13 @@ from typing import Any, NoReturn
 
 import obstore
 import zarr
-from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedError, UnauthenticatedError
+from obstore.exceptions import (
+    AlreadyExistsError,
+    BaseError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+)
 
 from pgprefetch.config.values import store_location
 from pgprefetch.errors import StoreError
@@ -46,11 +52,12 @@ from pgprefetch.store.base import (
     epochs_in,
     folder_bytes,
 )
-from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder
+from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
 from pgprefetch.store.uploads import Uploads, upload_log
 
 _RUNTIME_PID: int | None = None  # the process whose obstore runtime is in use (see S3Store.client)
 _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+SWAP_ATTEMPTS = 20  # a store-level record changed by that many other dumps in a row: something is wrong
 
 
 def _endpoint() -> str | None:
@@ -332,6 +339,32 @@ class S3Store(Store):
         record = consumer_record(name, epoch)
         with self._errors("recording the consumer"):
             obstore.put(self.client, f"{META_DIR}/consumers/{name}.json", record)
+
+    def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
+        """Read ``key`` and its version, put the change ``If-Match`` it; if another swap came first, redo it.
+
+        A key not there yet is created with ``If-None-Match: *``, so two first writers cannot both succeed.
+        """
+        for _ in range(SWAP_ATTEMPTS):
+            with self._errors(f"reading {key}"):
+                try:
+                    current = obstore.get(self.client, key)
+                    old: bytes | None = bytes(current.bytes())
+                    mode: Any = object_version(current.meta)
+                except NOT_FOUND:
+                    old, mode = None, "create"
+            if not mode:  # no ETag: a conditional put could not protect a concurrent swap
+                raise StoreError(f"{self.location}: the object store gives {key} no ETag; cannot update it safely")
+            new = change(old)
+            if new == old:
+                return new
+            with self._errors(f"writing {key}"):
+                try:
+                    obstore.put(self.client, key, new, mode=mode)
+                    return new
+                except (PreconditionError, AlreadyExistsError):
+                    pass  # another dump swapped it meanwhile: change what it wrote
+        raise StoreError(f"{self.location}: {key} kept changing under {SWAP_ATTEMPTS} attempts to update it")
 
     def consumers(self) -> dict[str, int]:
         out = {}

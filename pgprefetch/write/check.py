@@ -2,7 +2,8 @@
 
 Users iterate on a config before the first real dump. The check plans epoch 0 on a snapshot exactly as
 the dump does (:func:`pgprefetch.write.query.plan_epoch`: the queries described, the keys read, shuffled and
-checked for repeats, the categories fixed), then fetches a sample of batches spread over the epoch and
+checked for repeats, the categories fixed, against the store's vocabulary when the store exists, which
+is read, not written), then fetches a sample of batches spread over the epoch and
 decodes them with every type, cast, NULL and range check of the dump. Problems are collected, one line
 each, rather than stopping at the first, so one run shows what to fix.
 """
@@ -17,11 +18,12 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import UnknownCategoryError
-from pgprefetch.errors import ConfigError, SourceError
+from pgprefetch.errors import ConfigError, SourceError, StoreError
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.manifest import field_entries
-from pgprefetch.write.plan import EpochPlan, name_unknown_category
+from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
 from pgprefetch.write.sources import ReadCache, open_source
 
 SAMPLE_BATCHES = 8
@@ -76,7 +78,7 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
         cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
     async with Snapshot.open(cfg.source) as snap:
         try:
-            async with open_source(cfg, epoch, snap, ReadCache(), spool=None) as source:
+            async with open_source(cfg, epoch, snap, ReadCache(), spool=None, vocabulary=_vocabulary(cfg)) as source:
                 if isinstance(source, EpochPlan):  # a table larger than [source] memory: its keys were read
                     report.n_keys, report.n_samples, report.n_batches = source.n_keys, source.used, source.n_batches
                     report.notes.append(
@@ -84,11 +86,22 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
                     )
                 else:
                     await _sample(cfg, snap, source, batches, report)
-        except (ConfigError, SourceError) as e:
+        except (ConfigError, SourceError, StoreError) as e:
             if isinstance(e, SourceError) and e.transient:
                 raise
             report.errors.append(str(e))
     return report
+
+
+def _vocabulary(cfg: Config) -> Vocabulary:
+    """The config's store, read for its category vocabularies (never written): the lists a dump would plan.
+
+    A config without ``categories = "auto"`` does not look at the store at all.
+    """
+    if not any(f.categories == "auto" for f in cfg.fields):
+        return Vocabulary()
+    store = open_store(cfg.store.path)
+    return Vocabulary(store if store.exists() else None)
 
 
 async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int, report: CheckReport) -> None:

@@ -29,6 +29,7 @@ from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.manifest import epoch_manifest
+from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.sources import ReadCache, open_source
 from pgprefetch.write.stats import EpochStats
@@ -224,8 +225,12 @@ def _check_same_config(store: Store, cfg: Config) -> None:
 async def _dump_locked(
     cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool, cache: ReadCache
 ) -> DumpResult:
-    """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``."""
+    """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``.
+
+    Planning records new ``"auto"`` category values in the store's vocabulary before a batch is written.
+    """
     started = time.monotonic()
+    vocabulary = Vocabulary(store, record=True)
     connected = False
     spool = store.scratch("spool") / f"epoch-{epoch:05d}"  # a scan in passes spools its data here
     try:
@@ -233,7 +238,7 @@ async def _dump_locked(
             snap = None if cache.covers(cfg) else await stack.enter_async_context(Snapshot.open(cfg.source))
             connected = True
             source = await stack.enter_async_context(
-                open_source(cfg, epoch, snap, cache, spool=spool, progress=progress)
+                open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary)
             )
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
             return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
@@ -256,7 +261,9 @@ async def _write_epoch(
     plan = source.plan
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
-    identity = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    identity: dict[str, Any] = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    if plan.categories:  # batches coded with other lists are not resumed (the store's vocabulary grew meanwhile)
+        identity["categories"] = plan.categories
     stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await finish_in_thread(

@@ -1,15 +1,16 @@
-"""What an epoch will hold, decided on its snapshot before anything is written.
+"""What an epoch will hold, decided on its snapshot before anything is written: the same for both modes.
 
-:func:`plan_epoch` does the database-side thinking that the dump (:mod:`pgprefetch.write.pipeline`) and
-``pgprefetch check`` share: check the queries against the config, read and shuffle the keys (refusing
-or dropping repeated keys), fix the category lists, and build the batch statement. The field shapes are
-fixed later, by the first batch (:func:`layout_from`), because a per-sample query's array lengths are
-only known once it has run.
+:func:`order_keys` puts the keys in the epoch's order (refusing or dropping repeated keys, taking the
+fraction, cutting to full batches) and hashes them; :func:`resolve_categories` fixes each categorical
+field's list, stable across the epochs of a store. Each mode plans with these: the query mode in
+:func:`pgprefetch.write.query.plan_epoch`, the scan mode in :func:`pgprefetch.write.scan.mode.plan_scan`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,10 @@ from pgprefetch.errors import SampleError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.store.base import Store
 from pgprefetch.write.shuffle import DuplicateKeysError, epoch_indices, n_batches
+
+log = logging.getLogger("pgprefetch")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,93 @@ class EpochPlan:
     def batch_keys(self, batch: int, size: int, count: int = 1) -> np.ndarray:
         """The keys of ``count`` batches from ``batch`` on, ``(n_slots, <= count * size)``."""
         return self.keys[:, batch * size : (batch + count) * size]
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The store an epoch's ``categories = "auto"`` codes are kept stable in, and whether to record new values.
+
+    The dump records them (``record``); ``pgprefetch check`` reads the store's vocabulary and writes nothing.
+    Without a store the epoch is coded as a fresh store's first epoch: the sorted distinct values.
+    """
+
+    store: Store | None = None
+    record: bool = False
+
+
+async def resolve_categories(
+    cfg: Config, distinct: Callable[[str], Awaitable[Iterable[str]]], vocabulary: Vocabulary | None = None
+) -> dict[str, list[str]]:
+    """The category list each categorical field's codes index (code = position), the same in both modes.
+
+    An explicit list in the config is the codes. For ``"auto"`` the codes must keep their meaning in every
+    epoch of a store, or a model trained across epochs learns noise, so the list is the store's vocabulary
+    of the field (:meth:`~pgprefetch.store.base.Store.vocabulary`) followed by the values ``distinct(column)``
+    finds in this snapshot that it lacks, sorted by code point: a fresh store's first epoch is coded by
+    the sorted values, a value first seen later gets the next code, and a value no longer in the data
+    keeps its code. The extended vocabulary is recorded before any batch is written (the dump's
+    ``vocabulary.record``), so a resumed or ``--force`` dump of the epoch, and any later epoch, finds it.
+
+    Every list must fit the field's dtype whatever ``cast`` says: a code is an index, and a wrapped one
+    points at another category.
+
+    Raises:
+        SourceError: a field's list has more values than its dtype has codes (nothing is recorded then).
+    """
+    found: dict[str, set[str]] = {}
+    for f in cfg.fields:
+        if f.categories == "auto":
+            found[f.name] = set()
+            for column in f.columns:
+                found[f.name].update(await distinct(column))
+    added: dict[str, tuple[int, list[str]]] = {}  # field -> (codes before, values appended), from the last grow
+
+    def grow(recorded: dict[str, list[str]]) -> dict[str, list[str]]:
+        out = {}
+        for f in cfg.fields:
+            if f.name in found:
+                known = recorded.get(f.name, [])
+                new = sorted(found[f.name].difference(known))
+                _check_fits(f.name, f.dtype, len(known), len(new))
+                out[f.name] = known + new
+                added[f.name] = (len(known), new)
+        return out
+
+    store, record = (vocabulary.store, vocabulary.record) if vocabulary is not None else (None, False)
+    if not found:
+        auto: dict[str, list[str]] = {}
+    elif store is None:
+        auto = grow({})
+    elif record:
+        auto = store.grow_vocabulary(grow)
+        for name, (known, new) in added.items():
+            if known:  # a field's first vocabulary is all new values: only those appended to one are news
+                for code, value in enumerate(new, known):
+                    log.info("[fields.%s] categories: new value %r gets code %d", name, value, code)
+    else:
+        auto = grow(store.vocabulary())
+    categories = {}
+    for f in cfg.fields:
+        if f.name in auto:
+            categories[f.name] = auto[f.name]
+        elif f.categories is not None:
+            _check_fits(f.name, f.dtype, 0, len(f.categories))
+            categories[f.name] = list(f.categories)
+    return categories
+
+
+def _check_fits(name: str, dtype: str, recorded: int, new: int) -> None:
+    """Refuse a category list of ``recorded + new`` values that the codes of ``dtype`` cannot all index."""
+    codes = int(np.iinfo(dtype).max) + 1
+    total = recorded + new
+    if total <= codes:
+        return
+    counted = f"{total} distinct values"
+    if recorded:
+        counted = f"{total} values ({recorded} in the store's vocabulary, {new} new)"
+    raise SourceError(
+        f"[fields.{name}] categories: {counted} do not fit {dtype} (at most {codes} codes); use a wider integer dtype"
+    )
 
 
 def order_keys(

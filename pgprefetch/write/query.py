@@ -19,19 +19,23 @@ from pgprefetch.config.model import Config
 from pgprefetch.decode import collate
 from pgprefetch.decode.blobs import array_lengths
 from pgprefetch.decode.layout import BatchLayout, UnknownCategoryError
-from pgprefetch.errors import SourceError
 from pgprefetch.pg.columns import plan_columns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import Fetched, batch_statement, row_wise
 from pgprefetch.write.batches import BatchSource, unit_batches
-from pgprefetch.write.plan import EpochPlan, name_unknown_category, order_keys
+from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category, order_keys, resolve_categories
 
 
 @asynccontextmanager
-async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator[BatchSource]:
-    """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``."""
+async def query_source(
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None
+) -> AsyncIterator[BatchSource]:
+    """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``.
+
+    ``vocabulary``: the store the ``"auto"`` categories extend (:func:`pgprefetch.write.plan.resolve_categories`).
+    """
     size = cfg.batches.size
-    plan = await plan_epoch(cfg, snap, epoch)
+    plan = await plan_epoch(cfg, snap, epoch, vocabulary)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
         # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
@@ -50,30 +54,22 @@ async def query_source(cfg: Config, snap: Snapshot, epoch: int) -> AsyncIterator
             raise await name_unknown_category(cfg, snap, e) from None
 
 
-async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int) -> EpochPlan:
+async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None) -> EpochPlan:
     """Describe the queries, read and order the keys, fix the categories and the statement.
+
+    ``vocabulary``: the store whose category vocabularies ``"auto"`` fields extend (none: a fresh store).
 
     Raises:
         ConfigError: the queries do not fit the config.
-        SourceError: the database failed, or the keys cannot make an epoch (none, repeated, no full batch).
+        SourceError: the database failed, the keys cannot make an epoch (none, repeated, no full batch), or
+            a field's categories do not fit its dtype.
     """
     shape = await snap.describe(cfg)
     keys = await snap.read_keys(cfg, shape.keys)
     order = order_keys(cfg, keys, shape.keys, epoch, in_place=True)
     where = f"{cfg.file}: " if cfg.file else ""
     columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
-    categories = {}
-    for f in cfg.fields:
-        if f.categories == "auto":
-            found: set[str] = set()
-            for column in f.columns:
-                found.update(await snap.distinct_text(cfg, column))
-            categories[f.name] = sorted(found)
-            limit = int(np.iinfo(f.dtype).max) + 1
-            if len(found) > limit:
-                raise SourceError(f"[fields.{f.name}] categories: {len(found)} distinct values do not fit {f.dtype}")
-        elif f.categories is not None:
-            categories[f.name] = list(f.categories)
+    categories = await resolve_categories(cfg, lambda column: snap.distinct_text(cfg, column), vocabulary)
     variable = cfg.samples.max_rows is not None
     sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
     rows_each = row_wise(columns, cfg.samples.rows, variable)

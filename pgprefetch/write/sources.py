@@ -19,7 +19,7 @@ from pathlib import Path
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, Progress
-from pgprefetch.write.plan import EpochPlan
+from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import query_source
 from pgprefetch.write.scan.mode import ScanRead, multipass_source, plan_scan, read_scan, scan_source
 
@@ -44,12 +44,14 @@ async def open_source(
     *,
     spool: Path | None,
     progress: Progress | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> AsyncIterator[BatchSource | EpochPlan]:
     """The batch source of ``epoch``, in the way its config and the table's size call for.
 
     ``snap`` may be None only when ``cache`` covers the config. A scan that does not fit reads its data in
     passes into ``spool`` (removed afterwards); with ``spool`` None (a check, which writes nothing) it
-    yields only the epoch's plan, made from the keys.
+    yields only the epoch's plan, made from the keys. ``vocabulary`` is the store the ``"auto"`` categories
+    extend (:func:`~pgprefetch.write.plan.resolve_categories`).
     """
     if cache.covers(cfg):
         assert cache.read is not None
@@ -57,13 +59,13 @@ async def open_source(
         return
     assert snap is not None, "a snapshot is needed unless the table read is cached"
     if cfg.mode == "query":
-        async with query_source(cfg, snap, epoch) as source:
+        async with query_source(cfg, snap, epoch, vocabulary) as source:
             yield source
         return
     if progress:
         progress.reading(epoch)
     on_rows = progress.rows if progress else None
-    read = await read_scan(cfg, snap, on_rows)
+    read = await read_scan(cfg, snap, on_rows, vocabulary)
     if read.fits:
         cache.read = read
         yield scan_source(cfg, read, epoch)

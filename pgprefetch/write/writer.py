@@ -362,4 +362,6 @@ def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
         return f"the keys changed ({old.get('n_keys')} keys then, {new.get('n_keys')} now)"
     if old.get("config_sha256") != new.get("config_sha256"):
         return "the config changed"
+    if old.get("categories") != new.get("categories"):
+        return "the category lists changed (the store's vocabulary grew)"
     return "it was written with other settings"

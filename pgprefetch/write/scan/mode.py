@@ -8,6 +8,7 @@ the batch from the spool. One read serves every epoch of a ``--epochs A-B`` run 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,9 @@ from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, local_unit_batches
-from pgprefetch.write.plan import EpochPlan, order_keys
+from pgprefetch.write.plan import EpochPlan, Vocabulary, order_keys, resolve_categories
 from pgprefetch.write.scan.passes import Spool, key_passes, keys_only, spool_pass
-from pgprefetch.write.scan.shape import ScanShape, describe_scan
+from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_text
 from pgprefetch.write.scan.table import Table, TableTooLarge, cut, gather, read_table
 
 
@@ -58,13 +59,21 @@ class ScanRead:
     bytes_per_row: float = 0.0
 
 
-async def read_scan(cfg: Config, snap: Snapshot, on_rows: Callable[[int], None] | None = None) -> ScanRead:
+async def read_scan(
+    cfg: Config,
+    snap: Snapshot,
+    on_rows: Callable[[int], None] | None = None,
+    vocabulary: Vocabulary | None = None,
+) -> ScanRead:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
-    ``on_rows`` hears of the rows as they arrive (the progress bar).
+    ``on_rows`` hears of the rows as they arrive (the progress bar). The category lists are fixed first,
+    against ``vocabulary``'s store, since the COPY codes the values: every epoch cut from the read has them.
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
+    categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column), vocabulary)
+    shape = dataclasses.replace(shape, categories=categories)
     try:
         table = await read_table(cfg, snap, shape, on_rows=on_rows)
         fits, per_row = True, 0.0

@@ -1,7 +1,7 @@
 """Scan mode's shape of a table: its key, order and field columns as described on the snapshot, and its COPY.
 
 :func:`describe_scan` checks the relation against the config once per read (key and order types, each
-field's columns, the category lists); :func:`copy_select` is the SELECT every range's COPY runs, each
+field's columns); :func:`copy_select` is the SELECT every range's COPY runs, each
 value sent fixed-width and NOT NULL so that the client decodes rows as one structured array.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class ScanShape:
     order_offset: int
     columns: tuple[Column, ...]
     by_field: dict[str, tuple[Column, ...]]
-    categories: dict[str, list[str]]
+    categories: dict[str, list[str]] = field(default_factory=dict)  # fixed by mode.read_scan (resolve_categories)
 
     @property
     def n_key(self) -> int:
@@ -63,7 +63,11 @@ class ScanShape:
 
 
 async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
-    """Check ``[samples] table`` and the fields against the server's description of the relation."""
+    """Check ``[samples] table`` and the fields against the server's description of the relation.
+
+    The category lists are fixed afterwards, as in the query mode
+    (:func:`pgprefetch.write.plan.resolve_categories`).
+    """
     samples = cfg.samples
     assert isinstance(samples, ScanConfig)
     where = f"{cfg.file}: " if cfg.file else ""
@@ -98,17 +102,6 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
     columns, by_field = plan_columns(
         cfg.fields, returned, 0, where, all_nullable=True, not_null=not_null, pad_arrays=True
     )
-    categories = {}
-    for f in cfg.fields:
-        if f.categories == "auto":
-            found: set[str] = set()
-            for name in f.columns:
-                ref = quote_ident(name)
-                sql = f"SELECT DISTINCT {ref}::text FROM {relation} WHERE {ref} IS NOT NULL"
-                found.update(r[0] for r in await snap.fetch(sql, f"{where}categories of column {name}"))
-            categories[f.name] = sorted(found)
-        elif f.categories is not None:
-            categories[f.name] = list(f.categories)
     return ScanShape(
         relation=relation,
         plain_table=plain,
@@ -118,8 +111,15 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
         order_offset=offset,
         columns=columns,
         by_field=by_field,
-        categories=categories,
     )
+
+
+async def distinct_text(cfg: Config, snap: Snapshot, shape: ScanShape, column: str) -> list[str]:
+    """The distinct non-NULL values of ``column`` in the relation, as text (``categories = "auto"``)."""
+    where = f"{cfg.file}: " if cfg.file else ""
+    ref = quote_ident(column)
+    sql = f"SELECT DISTINCT {ref}::text FROM {shape.relation} WHERE {ref} IS NOT NULL"
+    return [r[0] for r in await snap.fetch(sql, f"{where}categories of column {column}")]
 
 
 def copy_select(shape: ScanShape, where: str = "") -> str:
