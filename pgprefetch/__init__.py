@@ -21,6 +21,7 @@ from .errors import (
     SampleError,
     SourceError,
     StoreError,
+    StoreNotFoundError,
 )
 from .keys import KeyColumns, uuid_bytes, uuid_slots
 from .pipeline import DumpResult, dump_epoch, dump_epochs
@@ -46,6 +47,7 @@ __all__ = [
     "SourceError",
     "Store",
     "StoreError",
+    "StoreNotFoundError",
     "__version__",
     "build_config",
     "dump",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import zarr
 
-from .errors import StoreError
+from .errors import StoreError, StoreNotFoundError
 from .layout import ArrayLayout, read_batch_bytes
 from .store import META_DIR, ROOT_ATTRIBUTES, Store, consumer_epoch, consumer_record, epoch_name, epochs_in
 
@@ -75,7 +75,7 @@ class LocalStore(Store):
     def require(self) -> Store:
         if not self.exists():
             what = "a folder that is not a pgprefetch store" if self.path.is_dir() else "nothing there"
-            raise StoreError(f"no store at {self.path} ({what})")
+            raise StoreNotFoundError(f"no store at {self.path} ({what})")
         return self
 
     def remove_if_unused(self) -> None:

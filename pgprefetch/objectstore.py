@@ -34,7 +34,7 @@ import zarr
 from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedError, UnauthenticatedError
 
 from .config import store_location
-from .errors import StoreError
+from .errors import StoreError, StoreNotFoundError
 from .lease import NOT_FOUND, Lease, lease_holder
 from .localstore import _folder_bytes
 from .store import (
@@ -157,7 +157,7 @@ class S3Store(Store):
         if not self.exists():
             with self._errors("listing the store"):  # a missing bucket says so (a HEAD's 404 does not)
                 obstore.list_with_delimiter(self.client, None)
-            raise StoreError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
+            raise StoreNotFoundError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
         return self
 
     def create(self) -> None:

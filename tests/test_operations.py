@@ -111,6 +111,41 @@ def test_ls_json_lists_complete_and_partial_epochs(s_table: str, tmp_path: Path)
     assert out.splitlines()[1].split()[:3] == ["0", "complete", "30"]
 
 
+def pgprefetch_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``pgprefetch ARGS`` as its own process, as a user or cron runs it: the exit status is the real one."""
+    return subprocess.run([sys.executable, "-m", "pgprefetch", *args], capture_output=True, text=True, check=False)
+
+
+STORE_COMMANDS = (["ls"], ["verify", "--epoch", "0"], ["prune", "--keep", "1"], ["stats", "--epoch", "0"])
+
+
+def test_a_missing_store_is_a_usage_error_exit_2_naming_the_path(tmp_path: Path) -> None:
+    absent = tmp_path / "absent.zarr"
+    for command in STORE_COMMANDS:
+        done = pgprefetch_process(*command, "--store", str(absent))
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"Error: no store at {absent} (nothing there)\n")
+        done = pgprefetch_process(*command, "--store", str(absent), "--json")
+        assert done.returncode == 2, command
+        assert json.loads(done.stdout) == {"error": f"no store at {absent} (nothing there)", "exit_code": 2}
+    cfg = config(tmp_path, store="never-dumped.zarr")  # through a config's [store] path too
+    done = pgprefetch_process("ls", "--config", str(cfg))
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"Error: no store at {tmp_path / 'never-dumped.zarr'} (nothing there)\n",
+    )
+
+
+def test_ls_of_an_existing_empty_store_lists_nothing_and_exits_0(tmp_path: Path) -> None:
+    from pgprefetch.store import Store
+
+    Store(tmp_path / "empty.zarr").create()
+    done = pgprefetch_process("ls", "--store", str(tmp_path / "empty.zarr"))
+    assert (done.returncode, len(done.stdout.splitlines()), done.stderr) == (0, 1, "")  # the header alone
+    assert done.stdout.split()[:2] == ["epoch", "state"]
+    done = pgprefetch_process("ls", "--store", str(tmp_path / "empty.zarr"), "--json")
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"epochs": []})
+
+
 def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
     s_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
