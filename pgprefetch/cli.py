@@ -21,7 +21,7 @@ from ._version import __version__
 from .check import SAMPLE_BATCHES, check_config
 from .cliwords import parse_epochs, summary
 from .config import load_config, parse_duration
-from .console import Group, fail, json_option, log_to_stderr, stop_on_sigterm, tune_for_dumping
+from .console import Group, fail, json_option, log_to_stderr, run, stop_on_sigterm, tune_for_dumping
 from .errors import ConfigError
 from .maintenance import list_epochs, plan_ahead, prune, verify_epoch
 from .pipeline import RETRIES, Progress, ReadCache, dump_epoch, dump_epochs
@@ -131,7 +131,7 @@ def dump(
     )
     cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
     for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
-        result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))
+        result = run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))
         if as_json:
             click.echo(json.dumps(result.to_json()))
         elif not quiet:

@@ -292,6 +292,46 @@ def test_ctrl_c_and_sigterm_stop_within_a_second_and_leave_a_resumable_epoch(
     assert dump(cfg, s_table).resumed >= 2
 
 
+def ignored_signals(pid: int) -> int:
+    """The mask of signals process ``pid`` ignores (bit ``n - 1`` for signal ``n``), from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+
+
+def test_sigterm_stops_a_dump_a_script_started_in_the_background(s_table: str, tmp_path: Path) -> None:
+    """``pgprefetch dump ... &`` in a script (or nohup, or a scheduler) starts with SIGINT ignored."""
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    script = '"$@" & echo $!; wait $!'  # no job control: the background job inherits SIGINT ignored
+    shell = subprocess.Popen(
+        ["bash", "-c", script, "bash", *dump_argv(cfg, s_table)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert shell.stdout is not None
+    assert shell.stderr is not None
+    pid = int(shell.stdout.readline())
+    try:
+        wait_for(lambda: journal_lines(store) >= 2)
+        assert ignored_signals(pid) & (1 << (signal.SIGINT - 1)), "the dump must start with SIGINT ignored"
+        sent = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        assert shell.wait(10) == 143  # bash passes the dump's status on
+        assert time.monotonic() - sent < 1.5
+    finally:
+        shell.kill()
+        shell.wait()
+    # Said by the dump itself: killed by the signal, it would print nothing (and bash would say 143 too).
+    assert shell.stderr.read().strip().splitlines()[-1] == "Terminated."
+    assert not (store / "epoch-00000").exists()
+    assert journal_lines(store) >= 2
+    resumed = dump(cfg, s_table)
+    assert resumed.resumed >= 2
+    clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr"), s_table)
+    assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
+
+
 def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
