@@ -35,7 +35,7 @@ import numpy as np
 
 from . import wire
 from .blobs import Fetched, decode_blobs
-from .casts import misfit_after, misfit_before
+from .casts import holding_dtype, misfit_after, misfit_before
 from .columns import WIRE, Column
 from .config import N_ROWS, FieldConfig
 from .errors import ConfigError, SampleError
@@ -290,11 +290,13 @@ class BatchLayout:
         value = v.reshape(-1)[index]
         shown = repr(float(value)) if v.dtype.kind == "f" else str(int(value))
         unit = _UNITS.get(col.pg_type, "") if col.vocabulary is None else ""
+        advice = f'set [fields.{f.name}] dtype = "{holding_dtype(value.item(), f.dtype)}" to hold it'
+        if f.dtype.kind == "f":  # the one lossy cast with a meaning: too large for the float is infinity
+            advice += ', or cast = "unsafe" to store it as infinity'
         raise self.sample_error(
             keys,
             index // per_sample,
-            f"field {f.name}, column {col.name} value {shown}{unit} does not fit {f.dtype.name}{why}; "
-            f'set [fields.{f.name}] cast = "unsafe" to accept lossy casts',
+            f"field {f.name}, column {col.name} value {shown}{unit} does not fit {f.dtype.name}{why}; {advice}",
         )
 
     def array_length(self, col: Column) -> int:
