@@ -22,6 +22,7 @@ from pgprefetch.errors import (
     SampleError,
     SourceError,
     StoreError,
+    StoreNotFoundError,
 )
 from pgprefetch.keys import KeyColumns, uuid_bytes, uuid_slots
 from pgprefetch.store import Store, open_store
@@ -47,6 +48,7 @@ __all__ = [
     "SourceError",
     "Store",
     "StoreError",
+    "StoreNotFoundError",
     "__version__",
     "build_config",
     "dump",

@@ -7,7 +7,8 @@ expected, because it is what a user reads at 3 a.m. in a cron mail::
     ├── ConfigError (ValueError)      exit 2   bad config file or option
     ├── SourceError                  exit 1   PostgreSQL refused, failed or returned unusable data
     │   └── SampleError              exit 1   one sample's rows don't fit the fields (names the key)
-    └── StoreError                   exit 1   the Zarr store is missing, unreadable or not ours
+    └── StoreError                   exit 1   the Zarr store is unwritable, unreadable or not ours
+        ├── StoreNotFoundError       exit 2   no store where one was given to read (a wrong path)
         ├── EpochNotFoundError (FileNotFoundError)
         ├── EpochNotReadyError       the epoch is still being written
         └── FormatVersionError       written by a newer pgprefetch
@@ -47,6 +48,16 @@ class SampleError(SourceError):
 
 class StoreError(PgprefetchError):
     """The Zarr store is missing, unwritable, or holds something pgprefetch did not write."""
+
+
+class StoreNotFoundError(StoreError):
+    """No pgprefetch store at the location given to read (``ls``, ``verify``, ``prune``, ``stats``).
+
+    Exit 2, as for a config error: the path the user gave is wrong, which nothing but the user can fix; a
+    store that exists but fails is exit 1 (a cron job's mail should tell the two apart).
+    """
+
+    exit_code = 2
 
 
 class EpochNotFoundError(StoreError, FileNotFoundError):

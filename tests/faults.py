@@ -14,7 +14,7 @@ import selectors
 import socket
 import threading
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .helpers import execute
 
@@ -32,22 +32,27 @@ def restart_server(pgdata: Path) -> None:
     _commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=user, timeout=60)
 
 
-def socket_of(dsn: str) -> str:
-    """The unix socket file of a DSN with ``?host=/folder`` (the embedded server's)."""
+def server_address(dsn: str) -> str | tuple[str, int]:
+    """Where ``dsn``'s server listens: its unix socket file (``?host=/folder``), or ``(host, port)`` over TCP.
+
+    Any form of URI: the suite runs against any server ``PGPREFETCH_TEST_DSN`` names, any host and port.
+    """
     parts = urlsplit(dsn)
-    query = dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p)
-    return f"{query['host']}/.s.PGSQL.{query.get('port', 5432)}"
+    query = dict(parse_qsl(parts.query))
+    host = parts.hostname or query.get("host") or "localhost"
+    port = parts.port or int(query.get("port") or 5432)
+    return f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
 
 
 class FreezableProxy:
-    """A TCP proxy on 127.0.0.1 to a unix socket; :meth:`freeze` turns the open connections into black holes.
+    """A TCP proxy on 127.0.0.1 to a server; :meth:`freeze` turns the open connections into black holes.
 
     A frozen connection stays open but drops what either side sends, so the client waits for an answer
     that never comes, as behind a dropped route. Connections opened afterwards work normally, and a frozen
     one ends when either side closes it. One thread serves every connection.
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str | tuple[str, int]) -> None:  # a unix socket file, or (host, port)
         self.target = target
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -66,9 +71,8 @@ class FreezableProxy:
     def dsn(self, dsn: str) -> str:
         """``dsn`` (same user and database) pointing at the proxy."""
         parts = urlsplit(dsn)
-        return urlunsplit(
-            parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{self.port}", query="sslmode=disable")
-        )
+        login = parts.netloc.rpartition("@")[0] or "postgres"  # the user, and the password if there is one
+        return urlunsplit(parts._replace(netloc=f"{login}@127.0.0.1:{self.port}", query="sslmode=disable"))
 
     def freeze(self) -> int:
         """Black-hole every connection open now; return how many."""
@@ -100,17 +104,27 @@ class FreezableProxy:
 
     def _accept(self) -> None:
         client, _ = self._listener.accept()
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            upstream.connect(self.target)
+            upstream = self._connect()
         except OSError:  # the server is down (a restart): the client sees its connection closed
             client.close()
-            upstream.close()
             return
         with self._lock:
             self._peers[client], self._peers[upstream] = upstream, client
         for sock in (client, upstream):
             self._selector.register(sock, selectors.EVENT_READ)
+
+    def _connect(self) -> socket.socket:
+        """A new connection to the server: to its unix socket, or over TCP."""
+        if not isinstance(self.target, str):
+            return socket.create_connection(self.target)
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(self.target)
+        except OSError:
+            upstream.close()
+            raise
+        return upstream
 
     def _forward(self, sock: socket.socket) -> None:
         try:

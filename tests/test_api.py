@@ -56,26 +56,50 @@ def test_dump_works_inside_a_running_event_loop(s_table: str, tmp_path: Path) ->
     assert asyncio.run(notebook_cell()) == "written"
 
 
+def service_section(name: str, dsn: str) -> str:
+    """A pg_service.conf section naming the server, database and user that ``dsn`` names, whatever its form.
+
+    Every parameter the URI carries goes in: host and port from the authority or from the query (a unix
+    socket folder and a non-default port come as ``?host=...&port=...``), user, password, dbname, sslmode.
+    Writing only the host sent the dump to port 5432 of that host, which fails for any other server.
+    """
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    parts = urlsplit(dsn)
+    params = dict(parse_qsl(parts.query))
+    authority = {"host": parts.hostname, "port": parts.port, "user": parts.username, "password": parts.password}
+    params.update({k: unquote(str(v)) for k, v in authority.items() if v is not None})  # the authority wins
+    if parts.path.strip("/"):
+        params["dbname"] = unquote(parts.path.strip("/"))
+    return f"[{name}]\n" + "".join(f"{k}={v}\n" for k, v in params.items())
+
+
 def test_a_service_file_names_the_database(s_table: str, tmp_path: Path) -> None:
     import os
     import subprocess
     import sys
-    from urllib.parse import parse_qs, urlsplit
 
-    parts = urlsplit(s_table)
     service = tmp_path / "pg_service.conf"
-    service.write_text(
-        f"[training]\nhost={parse_qs(parts.query)['host'][0]}\ndbname={parts.path.lstrip('/')}\nuser=postgres\n"
-    )
+    service.write_text(service_section("training", s_table))
     cfg = s_config(tmp_path)  # no dsn anywhere: libpq's variables decide
     env = {**os.environ, "PGSERVICEFILE": str(service), "PGSERVICE": "training"}
-    env.pop("PGPREFETCH_DSN", None)
+    for name in ("PGPREFETCH_DSN", "PGHOST", "PGPORT", "PGDATABASE", "PGUSER"):  # the service file alone
+        env.pop(name, None)
     argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", "0", "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
     (tmp_path / "b").mkdir()
     assert chunk_bytes(tmp_path / "store.zarr" / "epoch-00000") == chunk_bytes(
         dump(s_config(tmp_path / "b"), s_table).path
+    )
+
+
+def test_a_service_section_carries_host_port_user_and_database_of_any_uri() -> None:
+    sockets = "postgresql://postgres@/t_1?host=/tmp/pgpf-x/run&port=55433"
+    assert service_section("s", sockets) == "[s]\nhost=/tmp/pgpf-x/run\nport=55433\nuser=postgres\ndbname=t_1\n"
+    tcp = "postgresql://ci:p%40ss@db.example:55433/t_2?sslmode=require"
+    assert service_section("s", tcp) == (
+        "[s]\nsslmode=require\nhost=db.example\nport=55433\nuser=ci\npassword=p@ss\ndbname=t_2\n"
     )
 
 

@@ -31,7 +31,7 @@ from pgprefetch import DumpResult, dump_epoch, load_config
 from pgprefetch.errors import PgprefetchError
 from pgprefetch.pg.retry import RetryPolicy
 
-from .faults import FreezableProxy, kill_every_connection, restart_server, socket_of
+from .faults import FreezableProxy, kill_every_connection, restart_server, server_address
 from .helpers import chunk_bytes, execute, own_server, write_config
 
 RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "30"))
@@ -108,7 +108,7 @@ def bed() -> Iterator[Bed]:
             f"""INSERT INTO s SELECT i, i * 0.25, array(SELECT generate_series(1, i % 40)),
                 repeat('日é', i % 5) || 'x' FROM generate_series(1, {ROWS}) i""",
         )
-        proxy = FreezableProxy(socket_of(direct))
+        proxy = FreezableProxy(server_address(direct))
         try:
             bed = Bed(proxy.dsn(direct), direct, root / "pg", proxy, root / "runs", {}, {})
             bed.folder.mkdir()

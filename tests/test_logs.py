@@ -58,13 +58,13 @@ def test_with_json_an_error_is_one_object_on_stdout(tmp_path: Path) -> None:
     )
     for command in (["ls"], ["verify", "--epoch", "0"], ["prune", "--keep", "1"]):
         code, out = run(*command, "--store", str(tmp_path / "absent.zarr"), "--json")
-        assert code == 1
-        assert json.loads(out) == {"error": f"no store at {tmp_path / 'absent.zarr'} (nothing there)", "exit_code": 1}
+        assert code == 2
+        assert json.loads(out) == {"error": f"no store at {tmp_path / 'absent.zarr'} (nothing there)", "exit_code": 2}
 
 
-def test_a_missing_store_is_one_line(tmp_path: Path) -> None:
+def test_a_folder_that_is_not_a_store_is_one_line_exit_2(tmp_path: Path) -> None:
     assert run("ls", "--store", str(tmp_path)) == (
-        1,
+        2,
         f"Error: no store at {tmp_path} (a folder that is not a pgprefetch store)\n",
     )
 

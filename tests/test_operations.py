@@ -111,6 +111,41 @@ def test_ls_json_lists_complete_and_partial_epochs(s_table: str, tmp_path: Path)
     assert out.splitlines()[1].split()[:3] == ["0", "complete", "30"]
 
 
+def pgprefetch_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``pgprefetch ARGS`` as its own process, as a user or cron runs it: the exit status is the real one."""
+    return subprocess.run([sys.executable, "-m", "pgprefetch", *args], capture_output=True, text=True, check=False)
+
+
+STORE_COMMANDS = (["ls"], ["verify", "--epoch", "0"], ["prune", "--keep", "1"], ["stats", "--epoch", "0"])
+
+
+def test_a_missing_store_is_a_usage_error_exit_2_naming_the_path(tmp_path: Path) -> None:
+    absent = tmp_path / "absent.zarr"
+    for command in STORE_COMMANDS:
+        done = pgprefetch_process(*command, "--store", str(absent))
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"Error: no store at {absent} (nothing there)\n")
+        done = pgprefetch_process(*command, "--store", str(absent), "--json")
+        assert done.returncode == 2, command
+        assert json.loads(done.stdout) == {"error": f"no store at {absent} (nothing there)", "exit_code": 2}
+    cfg = config(tmp_path, store="never-dumped.zarr")  # through a config's [store] path too
+    done = pgprefetch_process("ls", "--config", str(cfg))
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"Error: no store at {tmp_path / 'never-dumped.zarr'} (nothing there)\n",
+    )
+
+
+def test_ls_of_an_existing_empty_store_lists_nothing_and_exits_0(tmp_path: Path) -> None:
+    from pgprefetch.store.open import open_store
+
+    open_store(tmp_path / "empty.zarr").create()
+    done = pgprefetch_process("ls", "--store", str(tmp_path / "empty.zarr"))
+    assert (done.returncode, len(done.stdout.splitlines()), done.stderr) == (0, 1, "")  # the header alone
+    assert done.stdout.split()[:2] == ["epoch", "state"]
+    done = pgprefetch_process("ls", "--store", str(tmp_path / "empty.zarr"), "--json")
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"epochs": []})
+
+
 def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
     s_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -255,6 +290,46 @@ def test_ctrl_c_and_sigterm_stop_within_a_second_and_leave_a_resumable_epoch(
     assert not (store / "epoch-00000").exists()
     assert journal_lines(store) >= 2
     assert dump(cfg, s_table).resumed >= 2
+
+
+def ignored_signals(pid: int) -> int:
+    """The mask of signals process ``pid`` ignores (bit ``n - 1`` for signal ``n``), from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+
+
+def test_sigterm_stops_a_dump_a_script_started_in_the_background(s_table: str, tmp_path: Path) -> None:
+    """``pgprefetch dump ... &`` in a script (or nohup, or a scheduler) starts with SIGINT ignored."""
+    cfg = config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    script = '"$@" & echo $!; wait $!'  # no job control: the background job inherits SIGINT ignored
+    shell = subprocess.Popen(
+        ["bash", "-c", script, "bash", *dump_argv(cfg, s_table)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert shell.stdout is not None
+    assert shell.stderr is not None
+    pid = int(shell.stdout.readline())
+    try:
+        wait_for(lambda: journal_lines(store) >= 2)
+        assert ignored_signals(pid) & (1 << (signal.SIGINT - 1)), "the dump must start with SIGINT ignored"
+        sent = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        assert shell.wait(10) == 143  # bash passes the dump's status on
+        assert time.monotonic() - sent < 1.5
+    finally:
+        shell.kill()
+        shell.wait()
+    # Said by the dump itself: killed by the signal, it would print nothing (and bash would say 143 too).
+    assert shell.stderr.read().strip().splitlines()[-1] == "Terminated."
+    assert not (store / "epoch-00000").exists()
+    assert journal_lines(store) >= 2
+    resumed = dump(cfg, s_table)
+    assert resumed.resumed >= 2
+    clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr"), s_table)
+    assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
 
 
 def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, tmp_path: Path) -> None:

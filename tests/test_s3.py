@@ -202,6 +202,17 @@ def test_unsupported_schemes_and_unreachable_or_missing_buckets_are_one_line_wit
     assert SECRET not in out
 
 
+def test_an_s3_prefix_without_a_store_is_a_usage_error_exit_2(s3: S3) -> None:
+    url = f"s3://{s3.bucket()}/nothing/here"
+    for command in (["ls"], ["verify", "--epoch", "0"], ["prune", "--keep", "1"], ["stats", "--epoch", "0"]):
+        code, out = run_cli(*command, "--store", url)
+        assert (code, out) == (2, f"Error: no store at {url} (nothing there, or not a pgprefetch store)\n"), command
+        code, out = run_cli(*command, "--store", url, "--json")
+        assert (code, json.loads(out)["exit_code"]) == (2, 2), command
+    open_store(url).create()  # the same prefix once it holds an empty store: nothing to list, no error
+    assert run_cli("ls", "--store", url, "--json") == (0, '{"epochs": []}\n')
+
+
 def test_wrong_credentials_are_one_line_exit_1_with_no_secret(s3: S3) -> None:
     import urllib.request
 

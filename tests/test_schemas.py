@@ -12,8 +12,7 @@ from pgprefetch.errors import SampleError
 
 from .conftest import fetch
 from .helpers import dump, execute, read_arrays, s_config, write_config
-
-LOSSY = '; set [fields.{f}] cast = "unsafe" to accept lossy casts'
+from .test_scan import scan_config
 
 
 @pytest.fixture
@@ -44,26 +43,66 @@ def one_sample(tmp_path: Path, key: int, column: str, dtype: str, **options: obj
     )
 
 
+def one_sample_scanned(tmp_path: Path, key: int, column: str, dtype: str) -> Path:
+    """:func:`one_sample` in scan mode: the sample is a row of a SELECT read whole, cut on the client."""
+    return scan_config(
+        tmp_path,
+        table=f"SELECT id, {column} FROM o WHERE id = {key}",
+        key="id",
+        fields={"x": ([column], dtype)},
+        size=1,
+    )
+
+
+@pytest.mark.parametrize("mode", ["query", "scan"])
 @pytest.mark.parametrize(
-    ("key", "column", "dtype", "shown"),
+    ("key", "column", "dtype", "shown", "advice"),
     [
-        (5, "n", "int8", "value 339.0 does not fit int8 (range -128..127)"),
-        (1, "ts", "int32", "value 1700000001000000 (µs since 1970-01-01) does not fit int32 (range "),
-        (6, "f", "float16", "value 70000.0 does not fit float16 (largest 65504)"),
-        (7, "f", "int32", "value nan does not fit int32 (range "),
-        (8, "n", "int64", "value 2.5 does not fit int64 (not a whole number)"),
-        (2, "n", "bool", "value 2.0 does not fit bool (only 0 and 1 fit bool)"),
+        (5, "n", "int8", "value 339.0 does not fit int8 (range -128..127)", '"int16" to hold it'),
+        (1, "ts", "int32", "value 1700000001000000 (µs since 1970-01-01) does not fit int32 (range ", '"int64"'),
+        (
+            6,
+            "f",
+            "float16",
+            "value 70000.0 does not fit float16 (largest 65504)",
+            '"float32" to hold it, or cast = "unsafe" to store it as infinity',
+        ),
+        (7, "f", "int32", "value nan does not fit int32 (range ", '"float32" to hold it'),
+        (8, "n", "int64", "value 2.5 does not fit int64 (not a whole number)", '"float32" to hold it'),
+        (2, "n", "bool", "value 2.0 does not fit bool (only 0 and 1 fit bool)", '"int8" to hold it'),
     ],
+    ids=["whole-int8", "timestamp-int32", "large-float16", "nan-int32", "fraction-int64", "two-bool"],
 )
-def test_value_that_does_not_fit_the_dtype_stops_the_dump(
-    odd: str, tmp_path: Path, key: int, column: str, dtype: str, shown: str
+def test_value_that_does_not_fit_the_dtype_stops_the_dump_naming_the_dtype_that_holds_it(
+    odd: str, tmp_path: Path, mode: str, key: int, column: str, dtype: str, shown: str, advice: str
 ) -> None:
+    make = one_sample if mode == "query" else one_sample_scanned
     with pytest.raises(SampleError) as excinfo:
-        dump(one_sample(tmp_path, key, column, dtype), odd)
+        dump(make(tmp_path, key, column, dtype), odd)
     message = str(excinfo.value)
     assert message.startswith(f"sample (id={key}): field x, column {column} {shown}")
-    assert message.endswith(LOSSY.format(f="x"))
+    assert f"; set [fields.x] dtype = {advice}" in message
+    assert message.endswith("to hold it" if "infinity" not in advice else "as infinity")
+    assert ("unsafe" in message) == (dtype == "float16")  # never advised where it would wrap or make up a value
     assert not (tmp_path / "store.zarr" / "epoch-00000").exists()
+
+
+@pytest.mark.parametrize(
+    ("column", "dtype", "value", "advised"),
+    [("n", "int8", 3300, "int16"), ("n", "int16", -40000, "int32"), ("n", "uint8", -1, "int8"),
+     ("n", "int32", 2**40, "int64"), ("n", "int64", 2.0**70, "float32"), ("f", "int8", 0.5, "float32"),
+     ("f", "float32", 1e300, "float64")],
+)  # fmt: skip
+def test_following_the_advice_dumps_the_value_unchanged(
+    odd: str, tmp_path: Path, column: str, dtype: str, value: float, advised: str
+) -> None:
+    execute(odd, f"UPDATE o SET {column} = {value!r} WHERE id = 10")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(SampleError, match=f'dtype = "{advised}" to hold it'):
+        dump(one_sample(tmp_path / "a", 10, column, dtype), odd)
+    x = read_arrays(dump(one_sample(tmp_path / "b", 10, column, advised), odd))["x"]
+    assert (x.dtype.name, x.reshape(-1)[0].item()) == (advised, value)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from pgprefetch._version import __version__
-from pgprefetch.cli.console import Group, fail, json_option, log_to_stderr, stop_on_sigterm, tune_for_dumping
+from pgprefetch.cli.console import Group, fail, json_option, log_to_stderr, run, stop_on_sigterm, tune_for_dumping
 from pgprefetch.cli.progress import BarProgress, LogProgress
 from pgprefetch.cli.words import parse_epochs, summary
 from pgprefetch.config.load import load_config
@@ -155,7 +155,7 @@ def dump(
     )
     cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
     for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
-        result = asyncio.run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))
+        result = run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))
         if as_json:
             click.echo(json.dumps(result.to_json()))
         elif not quiet:

@@ -7,6 +7,7 @@ given ``--json``; anything unexpected becomes one line too, unless ``--debug`` a
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import gc
 import json
@@ -14,12 +15,15 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import click
 
 from pgprefetch.cli.progress import JsonFormatter
 from pgprefetch.errors import PgprefetchError
+
+T = TypeVar("T")
 
 
 class Group(click.Group):
@@ -55,21 +59,55 @@ class Group(click.Group):
 
 
 _TERMINATED = threading.Event()
+_RUNNING: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []  # what run() runs, while it runs
 
 
 def stop_on_sigterm() -> None:
     """SIGTERM (``kill``, systemd, Kubernetes) stops a dump as Ctrl-C does, and it exits 143.
 
-    The handler raises SIGINT in turn, so asyncio cancels the statements in flight and the partial epoch is
-    kept for the next run, exactly as after Ctrl-C.
+    While :func:`run` runs the dump, the handler cancels it, as asyncio does on Ctrl-C, so the statements in
+    flight are cancelled and the partial epoch is kept for the next run; between epochs it raises
+    KeyboardInterrupt, as Ctrl-C would. It does this itself rather than raise SIGINT in turn: a process that
+    a script starts in the background (``pgprefetch dump ... &``, nohup, many schedulers) inherits SIGINT
+    ignored, so a raised SIGINT did nothing and the dump ran to its end. SIGINT is left as it was found:
+    ignored stays ignored. A second SIGTERM stops at once, as a second Ctrl-C does.
     """
 
     def on_term(signum: int, frame: object) -> None:
+        first = not _TERMINATED.is_set()
         _TERMINATED.set()
-        signal.raise_signal(signal.SIGINT)
+        if first and _RUNNING:
+            loop, task = _RUNNING[-1]
+            if not task.done():
+                task.cancel()
+                loop.call_soon_threadsafe(lambda: None)  # wake a loop that waits in select() on a long timeout
+                return
+        raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_term)
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, which SIGTERM cancels as Ctrl-C does (see :func:`stop_on_sigterm`).
+
+    Cancelled by SIGTERM, it raises KeyboardInterrupt, as asyncio does after Ctrl-C, so that :class:`Group`
+    reports both the same way (exit 143 for SIGTERM, 130 for Ctrl-C).
+    """
+
+    async def stoppable() -> T:
+        _RUNNING.append((asyncio.get_running_loop(), asyncio.current_task()))  # type: ignore[arg-type]
+        try:
+            return await main
+        finally:
+            _RUNNING.pop()
+
+    try:
+        return asyncio.run(stoppable())
+    except asyncio.CancelledError:
+        if _TERMINATED.is_set():
+            raise KeyboardInterrupt from None
+        raise
 
 
 def tune_for_dumping() -> None:

@@ -6,11 +6,19 @@ every cast the dump makes is judged: before it, where the cast itself would dest
 (integers, floats into integers), and after it for float narrowing, where infinity in the result next to
 a finite source value is the evidence. Each check is vectorised and skipped when the source type's range
 fits the target's; most fields cost one ``min``/``max`` pass or nothing.
+
+The error names the dtype that would hold the value (:func:`holding_dtype`), not ``cast = "unsafe"``: for
+an integer field that would wrap the value around or make a number up, never what the user wants.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+_ADVISED_INTEGERS = ("int8", "int16", "int32", "int64")
+_ADVISED_FLOATS = ("float32", "float64")
 
 
 def misfit_before(v: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
@@ -51,3 +59,23 @@ def misfit_after(v: np.ndarray, out: np.ndarray, dtype: np.dtype) -> tuple[int, 
         return None
     bad = np.isinf(out).reshape(v.shape) & np.isfinite(v)
     return (int(np.flatnonzero(bad)[0]), f" (largest {float(np.finfo(dtype).max):g})") if bad.any() else None
+
+
+def holding_dtype(value: int | float, dtype: np.dtype) -> str:
+    """The smallest dtype that holds ``value``, which a field of ``dtype`` cannot: what the error advises.
+
+    For an integer or bool field, a whole number gets the smallest signed integer dtype holding it exactly;
+    a fraction, NaN or an infinity (or a whole number beyond int64) gets a float. For a float field, the
+    smallest float wider than it whose range holds the value. Floats are judged by their range, as the safe
+    cast judges them, and float16 is never advised: one value fitting it says little about the others.
+    """
+    if dtype.kind != "f" and (isinstance(value, int) or (math.isfinite(value) and value == math.floor(value))):
+        whole = int(value)
+        for name in _ADVISED_INTEGERS:
+            info = np.iinfo(name)
+            if info.min <= whole <= info.max:
+                return name
+    for name in _ADVISED_FLOATS:
+        if not math.isfinite(value) or abs(value) <= float(np.finfo(name).max):
+            return name
+    return _ADVISED_FLOATS[-1]

@@ -31,7 +31,7 @@ import numpy as np
 
 from pgprefetch.config.model import N_ROWS
 from pgprefetch.decode.blobs import decode_blobs
-from pgprefetch.decode.casts import misfit_after, misfit_before
+from pgprefetch.decode.casts import holding_dtype, misfit_after, misfit_before
 from pgprefetch.decode.layout import BatchLayout, FieldLayout, null_hint
 from pgprefetch.pg.columns import WIRE, Column
 from pgprefetch.pg.statement import Fetched
@@ -189,11 +189,13 @@ def _check_fits(
     value = v.reshape(-1)[index]
     shown = repr(float(value)) if v.dtype.kind == "f" else str(int(value))
     unit = _UNITS.get(col.pg_type, "") if col.vocabulary is None else ""
+    advice = f'set [fields.{f.name}] dtype = "{holding_dtype(value.item(), f.dtype)}" to hold it'
+    if f.dtype.kind == "f":  # the one lossy cast with a meaning: too large for the float is infinity
+        advice += ', or cast = "unsafe" to store it as infinity'
     raise layout.sample_error(
         keys,
         index // per_sample,
-        f"field {f.name}, column {col.name} value {shown}{unit} does not fit {f.dtype.name}{why}; "
-        f'set [fields.{f.name}] cast = "unsafe" to accept lossy casts',
+        f"field {f.name}, column {col.name} value {shown}{unit} does not fit {f.dtype.name}{why}; {advice}",
     )
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from zarr.codecs import BloscCodec, ZstdCodec
 
-from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
+from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError, StoreNotFoundError
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
 FORMAT_VERSION = 1
@@ -110,9 +110,9 @@ class Store(abc.ABC):
         """Whether the store's root group is there."""
 
     def require(self) -> Store:
-        """This store, if it exists; a one-line StoreError naming the location otherwise."""
+        """This store, if it exists; a one-line StoreNotFoundError (exit 2) naming the location otherwise."""
         if not self.exists():
-            raise StoreError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
+            raise StoreNotFoundError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
         return self
 
     @abc.abstractmethod

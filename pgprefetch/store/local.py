@@ -21,7 +21,7 @@ from pathlib import Path
 
 import zarr
 
-from pgprefetch.errors import StoreError
+from pgprefetch.errors import StoreError, StoreNotFoundError
 from pgprefetch.store.base import (
     META_DIR,
     ROOT_ATTRIBUTES,
@@ -88,7 +88,7 @@ class LocalStore(Store):
     def require(self) -> Store:
         if not self.exists():
             what = "a folder that is not a pgprefetch store" if self.path.is_dir() else "nothing there"
-            raise StoreError(f"no store at {self.path} ({what})")
+            raise StoreNotFoundError(f"no store at {self.path} ({what})")
         return self
 
     def remove_if_unused(self) -> None:

@@ -40,7 +40,7 @@ from obstore.exceptions import (
 )
 
 from pgprefetch.config.values import store_location
-from pgprefetch.errors import StoreError
+from pgprefetch.errors import StoreError, StoreNotFoundError
 from pgprefetch.store.base import (
     META_DIR,
     ROOT_ATTRIBUTES,
@@ -164,7 +164,7 @@ class S3Store(Store):
         if not self.exists():
             with self._errors("listing the store"):  # a missing bucket says so (a HEAD's 404 does not)
                 obstore.list_with_delimiter(self.client, None)
-            raise StoreError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
+            raise StoreNotFoundError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
         return self
 
     def create(self) -> None:
