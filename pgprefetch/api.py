@@ -57,18 +57,22 @@ def dump(
 
 
 def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:
-    """The epochs of a store, complete and partial (``pgprefetch ls``)."""
-    return list_epochs(open_store(store))
+    """The epochs of a store, complete and partial (``pgprefetch ls``).
+
+    Raises:
+        StoreNotFoundError: nothing is there (or no pgprefetch store): the path is wrong.
+    """
+    return list_epochs(open_store(store).require())
 
 
 def verify(store: str | os.PathLike[str], epoch: int) -> list[str]:
     """One line per corrupt or missing chunk of a published epoch; empty when all is well."""
-    return verify_epoch(open_store(store), epoch)
+    return verify_epoch(open_store(store).require(), epoch)
 
 
 def prune(store: str | os.PathLike[str], keep: int, **options: Any) -> PruneResult:
     """Delete complete epochs more than ``keep`` behind the consumers (``pgprefetch prune``)."""
-    return prune_store(open_store(store), keep, **options)
+    return prune_store(open_store(store).require(), keep, **options)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

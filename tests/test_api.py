@@ -119,3 +119,15 @@ def test_xarray_and_dask_open_an_epoch(demo_db: str, tmp_path: Path) -> None:
     np.testing.assert_array_equal(epoch["y"].values, group["y"][:])
     lazy = dask.array.from_zarr(str(result.path / "x"))
     np.testing.assert_array_equal(lazy[3].compute(), group["x"][3])
+
+
+def test_ls_verify_and_prune_of_a_missing_store_raise_store_not_found_naming_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such.zarr"
+    for call in (
+        lambda: pgprefetch.ls(missing),
+        lambda: pgprefetch.verify(missing, 0),
+        lambda: pgprefetch.prune(missing, 1),
+    ):
+        with pytest.raises(pgprefetch.StoreNotFoundError, match=str(missing)):
+            call()
+    assert not missing.exists()  # looking did not create it
