@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import pgprefetch.write.writer
-from pgprefetch import EpochDataset, load_config
+from pgprefetch import EpochDataset, EpochStream, load_config
 from pgprefetch.cli import cli
 from pgprefetch.errors import StoreError
 from pgprefetch.store.layout import ArrayLayout
@@ -88,6 +88,25 @@ def test_ahead_and_keep_follow_the_recorded_consumer(s_table: str, tmp_path: Pat
     assert code == 0
     assert out.splitlines()[-1] == "deleted epochs 0, 1 (complete, more than 1 behind the slowest consumer)"
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00002", "epoch-00003", "epoch-00004"]
+
+
+def test_cron_set_up_before_training_starts_the_loop_at_epoch_0(s_table: str, tmp_path: Path) -> None:
+    """The cron side first, naming a consumer no training run has been yet; then training; then cron again."""
+    cfg = config(tmp_path)
+    store = tmp_path / "store.zarr"
+    cron = ["dump", "--config", str(cfg), "--dsn", s_table, "--ahead", "2", "--keep", "1", "--consumer", "train"]
+    first = pgprefetch_process(*cron)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00000", "epoch-00001"]
+    stream = EpochStream(store, epochs=1, consumer="train", timeout=30)
+    assert sum(1 for _ in stream) == S_ROWS // SIZE  # the training job reads epoch 0 and records it
+    again = pgprefetch_process(*cron)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00000", "epoch-00001", "epoch-00002"]
+    # A typo in prune's --consumer, while another consumer exists, is still refused.
+    typo = pgprefetch_process("prune", "--store", str(store), "--keep", "1", "--consumer", "trian")
+    assert typo.returncode != 0
+    assert "no consumer 'trian' has opened an epoch" in typo.stderr
 
 
 def test_ls_json_lists_complete_and_partial_epochs(s_table: str, tmp_path: Path) -> None:

@@ -121,9 +121,11 @@ def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict
 def plan_ahead(store: Store, ahead: int, consumer: str | None = None) -> list[int]:
     """The epochs ``--ahead`` dumps: the ``ahead`` epochs after the newest started one, not yet complete.
 
-    "Started" means opened by a consumer (all consumers, or just ``consumer``); with none, epoch 0 on.
+    "Started" means opened by a consumer (all consumers, or just ``consumer``); with none, epoch 0 on. A
+    named consumer that has opened nothing yet starts at epoch 0 too: cron is set up before the training
+    job's first run, and each side must be able to begin without the other.
     """
-    started = _started(store, consumer)
+    started = _started(store, consumer, new_ok=True)
     first = max(started.values()) + 1 if started else 0
     return [e for e in range(first, first + ahead) if not store.is_complete(e)]
 
@@ -206,9 +208,16 @@ def _listed(epochs: list[int]) -> str:
     return ", ".join(map(str, epochs))
 
 
-def _started(store: Store, consumer: str | None) -> dict[str, int]:
+def _started(store: Store, consumer: str | None, *, new_ok: bool = False) -> dict[str, int]:
+    """The epoch each consumer (or just ``consumer``) opened last.
+
+    A name no consumer has is an error when others exist (a typo would otherwise prune by nobody), unless
+    ``new_ok``: then, as when no consumer exists at all, it has started nothing.
+    """
     records = store.consumers()
     if consumer is not None:
+        if consumer not in records and (new_ok or not records):
+            return {}
         if consumer not in records:
             raise StoreError(
                 f"no consumer {consumer!r} has opened an epoch of {store.location} "
