@@ -237,6 +237,17 @@ def test_misspelt_dtype_suggests_the_closest_name(cfg: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("int", "int32"), ("integer", "int32"), ("bigint", "int64"), ("real", "float32"), ("float", "float64"),
+     ("double precision", "float64"), ("Double  Precision", "float64"), ("smallint", "int16"), ("int4", "int32")],
+)  # fmt: skip
+def test_a_postgresql_type_name_as_dtype_suggests_the_dtype_that_holds_it(cfg: Path, typed: str, meant: str) -> None:
+    assert error(cfg, changed("fields.x", "dtype", typed)) == (
+        f'{cfg}: [fields.x] dtype: expected one of {DTYPE_LIST}; got "{typed}" (did you mean "{meant}"?)'
+    )
+
+
 def test_unsupported_dtype_lists_the_supported_ones(cfg: Path) -> None:
     assert error(cfg, changed("fields.x", "dtype", "complex64")) == (
         f'{cfg}: [fields.x] dtype: expected one of {DTYPE_LIST}; got "complex64"'

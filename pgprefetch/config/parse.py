@@ -81,6 +81,25 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     )
 
 
+# PostgreSQL's own names of a column type, as a user copying them from \d would type them: the dtype that
+# holds the type exactly. Closeness of spelling would suggest "int8" for "int" and "float64" for "float4".
+POSTGRES_DTYPES = {
+    "smallint": "int16",
+    "int2": "int16",
+    "int": "int32",
+    "integer": "int32",
+    "int4": "int32",
+    "bigint": "int64",
+    "real": "float32",
+    "float4": "float32",
+    "float": "float64",
+    "double": "float64",
+    "double precision": "float64",
+    "float8": "float64",
+    "boolean": "bool",
+}
+
+
 class _Parser:
     """Typed getters that raise a ConfigError naming the file and key."""
 
@@ -259,7 +278,8 @@ class _Parser:
                 self.fail(f"{where} columns", f"a column is listed twice in {columns}")
             dtype = spec["dtype"]
             if dtype not in DTYPES:
-                close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
+                named = POSTGRES_DTYPES.get(" ".join(str(dtype).lower().split()))
+                close = [named] if named else difflib.get_close_matches(str(dtype), DTYPES, n=1)
                 hint = f' (did you mean "{close[0]}"?)' if close else ""
                 self.fail(f"{where} dtype", f"expected one of {', '.join(DTYPES)}; got {show(dtype)}{hint}")
             out.append(
