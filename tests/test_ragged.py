@@ -6,6 +6,7 @@ Every sample is compared with what the database holds, its lengths included.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,33 @@ def test_a_null_text_or_array_is_an_error_naming_the_sample(seqs: str, tmp_path:
     fields = {"title": (["title"], "uint8", {"max_length": 64, "truncate": "right"})}
     with pytest.raises(SampleError, match=r"sample \(id=77\): field title, column title is NULL"):
         dump(seqs_config(tmp_path, fields), seqs)
+
+
+@pytest.mark.parametrize("mode", ["query", "scan"])
+@pytest.mark.parametrize(("column", "empty"), [("title", "''"), ("tokens", "'{}'")])
+def test_a_null_text_or_array_names_the_fix_that_works_and_the_fix_dumps(
+    seqs: str, tmp_path: Path, mode: str, column: str, empty: str
+) -> None:
+    """A null policy cannot fill a whole value: the error says to select it as empty, and doing so works."""
+    execute(
+        seqs, f"ALTER TABLE seqs ALTER COLUMN {column} DROP NOT NULL", f"UPDATE seqs SET {column} = NULL WHERE id = 9"
+    )
+    dtype = "uint8" if column == "title" else "int32"
+    field = f'[fields.f]\ncolumns = ["{column}"]\ndtype = "{dtype}"\nmax_length = 64\ntruncate = "right"\n'
+    scan, twin = scan_twin_configs(tmp_path, "right", 0, field)
+    advice = f"select coalesce({column}, {empty}) AS {column} in the query"
+    with pytest.raises(SampleError, match=re.escape(advice)):
+        dump(scan if mode == "scan" else twin, seqs)
+    fixed = f"SELECT id, coalesce({column}, {empty}) AS {column} FROM seqs"
+    if mode == "scan":
+        scan.write_text(scan.read_text().replace('table = "seqs"', f'table = "{fixed}"'))
+    else:
+        twin.write_text(
+            twin.read_text().replace("SELECT tokens, title, blob FROM seqs WHERE id = $1", f"{fixed} WHERE id = $1")
+        )
+    got = by_key(read_arrays(dump(scan if mode == "scan" else twin, seqs)))
+    assert got[9]["f_length"] == 0
+    assert (got[9]["f"] == 0).all()
 
 
 @pytest.mark.parametrize(

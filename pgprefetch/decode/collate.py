@@ -101,7 +101,7 @@ def fill(
             if mask_out is None:  # another field's policy made the column nullable; this one's is "error"
                 if mask.any():
                     sample = int(np.flatnonzero(mask)[0]) // per_sample
-                    message = f"field {f.name}, column {col.name} {_nulls(int(mask.sum()))}{null_hint(f.config)}"
+                    message = f"field {f.name}, column {col.name} {_nulls(int(mask.sum()))}{null_hint(f.config, col)}"
                     raise layout.sample_error(keys, sample, message)
                 continue
             mask_out[:, j, 0] = mask

@@ -131,8 +131,9 @@ class BatchLayout:
     def decode_hint(self, col: Column, e: wire.BadSample) -> str:
         """The decoding error, with the way to keep NULLs when that is what it is about."""
         owner = next((f for f in self.fields if col in f.columns), None)
-        keep = owner is not None and not col.is_array and str(e).startswith("is NULL")
-        return f"{e}{null_hint(owner.config)}" if keep else str(e)  # type: ignore[union-attr]
+        whole = owner is not None and (not col.is_array or owner.config.max_length is not None)
+        keep = whole and str(e).startswith("is NULL")
+        return f"{e}{null_hint(owner.config, col)}" if keep else str(e)  # type: ignore[union-attr]
 
     def column_label(self, col: Column) -> str:
         """``field <name>, `` for the fields reading ``col``: how an error names where it is."""
@@ -156,7 +157,22 @@ class BatchLayout:
         return UnknownCategoryError(message, self.keys.values(keys[:, sample]), f.name, col.name)
 
 
-def null_hint(f: FieldConfig) -> str:
-    """How to keep NULLs in ``f`` (the advice a NULL error ends with)."""
+def null_hint(f: FieldConfig, col: Column) -> str:
+    """How to keep NULLs of ``col`` in ``f`` (the advice a NULL error ends with): the fix that works.
+
+    A null policy fills a scalar; a field of whole values (``max_length``: arrays, text, bytea) cannot take
+    one, so its NULLs are turned into empty values in the query instead.
+    """
+    if f.max_length is not None:
+        return f"; {empty_for_null(col)}"
     keep = '"nan" or a fill value' if f.dtype.startswith("float") else "a fill value"
     return f"; set [fields.{f.name}] null = {keep} to keep NULLs"
+
+
+def empty_for_null(col: Column) -> str:
+    """The advice for a NULL text, bytea or array read whole: select it as an empty value."""
+    empty = "''" if col.is_bytes else "'{}'"
+    return (
+        f"select coalesce({col.name}, {empty}) AS {col.name} in the query (scan mode: in a SELECT as "
+        "[samples] table) to read NULL as empty (length 0)"
+    )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pgprefetch.decode.layout import empty_for_null
 from pgprefetch.errors import SampleError, SourceError
 
 if TYPE_CHECKING:
@@ -193,7 +194,14 @@ class CopyDecoder:
         if field is not None and field[0] in "cm":
             column = self.shape.columns[int(field[1:])]
             if column.is_bytes:  # sent as exactly `padded` bytes: only a NULL breaks the layout
-                return SampleError(f'[samples] table: a row has a NULL in column "{column.name}"')
+                return SampleError(
+                    f'[samples] table: a row has a NULL in column "{column.name}"; {empty_for_null(column)}'
+                )
+            if column.padded is not None:  # cut and padded to max_length by the COPY: a NULL breaks it
+                return SampleError(
+                    f'[samples] table: a row\'s array in column "{column.name}" is NULL or holds a NULL element; '
+                    f"a NULL array: {empty_for_null(column)}"
+                )
             arrays = [column.name]
         return SampleError(
             f"[samples] table: a row's {' or '.join(arrays) or 'value'} is a NULL array, holds a NULL or has another "
