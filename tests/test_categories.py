@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import threading
 import time
@@ -156,6 +157,27 @@ def test_categories_that_fill_the_dtype_exactly_are_dumped_as_the_database_has_t
     values, vocabulary = decoded(tmp_path / "store.zarr", 0, "tag")
     assert vocabulary == (tags if categories == "list" else sorted(tags))
     assert values == truth(penguins, "tags", "tag")
+
+
+@pytest.mark.parametrize("mode", ["query", "scan"])
+def test_a_null_category_names_the_fill_that_works_and_the_fill_dumps(penguins: str, tmp_path: Path, mode: str) -> None:
+    execute(
+        penguins,
+        "ALTER TABLE penguins ALTER COLUMN island DROP NOT NULL",
+        "UPDATE penguins SET island = NULL WHERE id = 7",
+    )
+    with pytest.raises(SourceError, match=re.escape("set [fields.island] null = -1 to code NULLs as -1")):
+        dump(config(tmp_path, mode), penguins)
+    result = dump(config(tmp_path, mode, name="fixed.toml", store="fixed.zarr", null=-1), penguins)
+    got, vocabulary = decoded(Path(result.path).parent, 0)
+    want = truth(penguins)
+    assert vocabulary == ["Biscoe", "Dream", "Torgersen"]
+    assert {k: v for k, v in got.items() if k != 7} == {k: v for k, v in want.items() if k != 7}
+    group = zarr.open_group(result.path, mode="r")
+    keys = group["keys"][:].reshape(-1).tolist()
+    at = keys.index(7)
+    assert group["island"][:].reshape(-1)[at] == -1
+    assert group["island_null"][:].reshape(-1)[at]
 
 
 def test_a_category_list_longer_than_the_dtype_is_refused_when_the_config_is_read(tmp_path: Path) -> None:

@@ -157,14 +157,18 @@ class BatchLayout:
         return UnknownCategoryError(message, self.keys.values(keys[:, sample]), f.name, col.name)
 
 
-def null_hint(f: FieldConfig, col: Column) -> str:
+def null_hint(f: FieldConfig, col: Column | None = None) -> str:
     """How to keep NULLs of ``col`` in ``f`` (the advice a NULL error ends with): the fix that works.
 
     A null policy fills a scalar; a field of whole values (``max_length``: arrays, text, bytea) cannot take
-    one, so its NULLs are turned into empty values in the query instead.
+    one, so its NULLs are turned into empty values in the query instead. A category code's fill must be
+    no code: -1 (a signed dtype), or a value past the list.
     """
-    if f.max_length is not None:
+    if f.max_length is not None and col is not None:
         return f"; {empty_for_null(col)}"
+    if f.categories is not None:
+        fill = "-1" if f.dtype != "uint8" else "255"
+        return f"; set [fields.{f.name}] null = {fill} to code NULLs as {fill} (a mask records them)"
     keep = '"nan" or a fill value' if f.dtype.startswith("float") else "a fill value"
     return f"; set [fields.{f.name}] null = {keep} to keep NULLs"
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import null_hint
 from pgprefetch.errors import SampleError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
@@ -200,12 +201,12 @@ async def name_unknown_category(cfg: Config, snap: Snapshot, e: SampleError) -> 
         values = await snap.sample_text(cfg, key, column)
     except Exception:  # the message without the value is still right
         return e
-    categories = next(f.categories for f in cfg.fields if f.name == field)
-    known = set(categories) if isinstance(categories, tuple) else set()
+    f = next(f for f in cfg.fields if f.name == field)
+    known = set(f.categories) if isinstance(f.categories, tuple) else set()
     unknown = [v for v in values if v not in known]
     prefix = str(e).split(":", 1)[0]
     if unknown and unknown[0] is None:
-        return SampleError(f"{prefix}: field {field}, column {column} is NULL (a category needs a value)")
+        return SampleError(f"{prefix}: field {field}, column {column} is NULL{null_hint(f)}")
     if unknown:
         return SampleError(
             f"{prefix}: field {field}, column {column} value {unknown[0]!r} is not in [fields.{field}] categories"
