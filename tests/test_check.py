@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -58,8 +60,17 @@ def test_check_reports_a_misfit_value_and_repeated_keys(s_table: str, tmp_path: 
     assert "error: the keys query returned 1 repeated key(s), e.g. (id=1)" in out
 
 
-def test_check_reports_a_query_that_does_not_fit_the_config(s_table: str, tmp_path: Path) -> None:
-    code, out = check(s_config(tmp_path, query="SELECT v AS w FROM s WHERE id = $1"), s_table)
-    assert code == 1
-    assert "error: " in out
-    assert 'the query returns no column "v" (it returns w)' in out
+def test_check_of_a_query_that_does_not_fit_the_config_says_and_exits_what_dump_does(
+    s_table: str, tmp_path: Path
+) -> None:
+    cfg = s_config(tmp_path, query="SELECT v AS w FROM s WHERE id = $1")
+    argv = [sys.executable, "-m", "pgprefetch"]
+    checked = subprocess.run([*argv, "check", "--config", str(cfg), "--dsn", s_table], capture_output=True, text=True)
+    dumped = subprocess.run(
+        [*argv, "dump", "--config", str(cfg), "--dsn", s_table, "--epoch", "0"], capture_output=True, text=True
+    )
+    assert 'the query returns no column "v" (it returns w)' in dumped.stderr
+    assert (checked.returncode, checked.stderr, checked.stdout) == (dumped.returncode, dumped.stderr, "")
+    assert checked.returncode == 2
+    code, out = check(cfg, s_table, "--json")
+    assert (code, json.loads(out.splitlines()[-1])["exit_code"]) == (2, 2)

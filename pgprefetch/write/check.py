@@ -18,7 +18,7 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import UnknownCategoryError
-from pgprefetch.errors import ConfigError, SourceError, StoreError
+from pgprefetch.errors import SourceError, StoreError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource
@@ -72,6 +72,8 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
 
     Raises:
         SourceError: the database cannot be reached (the check cannot run at all).
+        ConfigError: the queries or the table do not fit the config: the dump's own error (it would stop
+            there too, before any batch), raised as it is so that ``check`` says and exits what ``dump`` does.
     """
     report = CheckReport()
     if cfg.mode == "query":  # a few batches, fetched one at a time: one connection
@@ -86,7 +88,7 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
                     )
                 else:
                     await _sample(cfg, snap, source, batches, report)
-        except (ConfigError, SourceError, StoreError) as e:
+        except (SourceError, StoreError) as e:
             if isinstance(e, SourceError) and e.transient:
                 raise
             report.errors.append(str(e))
