@@ -154,6 +154,17 @@ def test_a_missing_store_is_a_usage_error_exit_2_naming_the_path(tmp_path: Path)
     )
 
 
+def test_a_store_path_that_is_a_file_is_named_a_file_not_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("[samples]\n")
+    for command in STORE_COMMANDS:
+        result = pgprefetch_process(*command, "--store", str(path))
+        assert (result.returncode, result.stderr.strip()) == (
+            2,
+            f"Error: no store at {path} (a file, not a store: a store is a folder)",
+        ), command
+
+
 def test_ls_of_an_existing_empty_store_lists_nothing_and_exits_0(tmp_path: Path) -> None:
     from pgprefetch.store.open import open_store
 

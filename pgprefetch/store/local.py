@@ -87,7 +87,12 @@ class LocalStore(Store):
 
     def require(self) -> Store:
         if not self.exists():
-            what = "a folder that is not a pgprefetch store" if self.path.is_dir() else "nothing there"
+            if self.path.is_dir():
+                what = "a folder that is not a pgprefetch store"
+            elif self.path.exists():
+                what = "a file, not a store: a store is a folder"
+            else:
+                what = "nothing there"
             raise StoreNotFoundError(f"no store at {self.path} ({what})")
         return self
 
