@@ -226,6 +226,19 @@ def test_prune_removes_old_epochs_and_keeps_partials_unless_told(s_table: str, t
     assert not partial.exists()
 
 
+def test_prune_before_any_reader_says_why_it_kept_the_epochs(s_table: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    dump(cfg, s_table, epoch=0)
+    dump(cfg, s_table, epoch=1)
+    code, out = run_cli("prune", "--config", str(cfg), "--keep", "1")
+    assert (code, out) == (
+        0,
+        "kept epochs 0, 1: no consumer has opened an epoch yet, and prune deletes only epochs behind what the "
+        "training runs opened (EpochDataset and EpochStream record it)\n",
+    )
+    assert sorted(p.name for p in (tmp_path / "store.zarr").glob("epoch-*")) == ["epoch-00000", "epoch-00001"]
+
+
 def test_prune_json_lists_what_it_did(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     dump(cfg, s_table, epoch=0)

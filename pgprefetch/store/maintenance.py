@@ -138,6 +138,7 @@ class PruneResult:
     partials: list[int]  # partial epochs of dead dumps, removed
     kept_partials: list[int] = field(default_factory=list)  # resumable partial epochs left for the next dump
     dry_run: bool = False
+    unread: list[int] = field(default_factory=list)  # complete epochs kept because no consumer has opened one
 
     def lines(self, keep: int) -> list[str]:
         """What happened, in words: one line per kind of action (nothing when nothing was to do)."""
@@ -151,6 +152,11 @@ class PruneResult:
             out.append(
                 f"kept partial epochs {_listed(self.kept_partials)}: the next dump of each resumes it "
                 "(delete them with --partials)"
+            )
+        if self.unread:
+            out.append(
+                f"kept epochs {_listed(self.unread)}: no consumer has opened an epoch yet, and prune deletes only "
+                "epochs behind what the training runs opened (EpochDataset and EpochStream record it)"
             )
         return out
 
@@ -179,7 +185,8 @@ def prune(
     no dump holds its lock (a live dump's partial epoch is never touched).
     """
     started = _started(store, consumer)
-    removed = []
+    removed: list[int] = []
+    unread = [] if started else store.epochs()
     if started:
         oldest_kept = min(started.values()) - keep
         for epoch in store.epochs():
@@ -201,7 +208,7 @@ def prune(
                 if not dry_run:
                     store.remove_partial(epoch)
                 dead.append(epoch)
-    return PruneResult(removed, dead, kept, dry_run)
+    return PruneResult(removed, dead, kept, dry_run, unread)
 
 
 def _listed(epochs: list[int]) -> str:
