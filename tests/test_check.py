@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ def test_check_of_a_good_config_reports_the_epoch_and_writes_nothing(s_table: st
     assert code == 0, out
     assert out.splitlines() == [
         "keys: 480",
-        "epoch: 480 samples in 30 batches, about 0.0 MB on disk uncompressed",
+        "epoch: 480 samples in 30 batches, about 5.76 kB of arrays, uncompressed",  # 480 x (4 B of v + 8 B of key)
         "field v: float32 () per sample",
         "checked 8 batch(es) with every type, cast and NULL check of the dump",
     ]
@@ -74,3 +75,17 @@ def test_check_of_a_query_that_does_not_fit_the_config_says_and_exits_what_dump_
     assert checked.returncode == 2
     code, out = check(cfg, s_table, "--json")
     assert (code, json.loads(out.splitlines()[-1])["exit_code"]) == (2, 2)
+
+
+def test_check_dump_and_ls_show_an_epochs_size_one_way(s_table: str, tmp_path: Path) -> None:
+    """The arrays' size is the same words in check and dump; ls shows the disk's in the same units."""
+    cfg = s_config(tmp_path)
+    planned = check(cfg, s_table)[1].splitlines()[1]
+    result = CliRunner().invoke(cli, ["dump", "--config", str(cfg), "--dsn", s_table, "--epoch", "0"])
+    assert result.exit_code == 0, result.output
+    assert "about 5.76 kB of arrays" in planned
+    assert ", 5.76 kB in " in result.output
+    listed = CliRunner().invoke(cli, ["ls", "--config", str(cfg)]).output.splitlines()
+    assert listed[0].split()[4:6] == ["on", "disk"]
+    for row in listed[1:]:
+        assert re.search(r" \d+(\.\d+)? (B|kB|MB|GB) ", row), row

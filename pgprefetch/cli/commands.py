@@ -22,7 +22,7 @@ from pgprefetch.cli.console import Group, fail, json_option, log_to_stderr, run,
 from pgprefetch.cli.progress import BarProgress, LogProgress
 from pgprefetch.cli.words import parse_epochs, summary
 from pgprefetch.config.load import load_config
-from pgprefetch.config.values import parse_duration
+from pgprefetch.config.values import parse_duration, show_size
 from pgprefetch.demo.server import DEFAULT_DIR
 from pgprefetch.errors import ConfigError
 from pgprefetch.store.base import Store
@@ -205,13 +205,13 @@ def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
         click.echo(json.dumps({"epochs": [i.to_json() for i in infos]}))
         return
     click.echo(
-        f"{'epoch':>5}  {'state':<8} {'batches':>9} {'samples':>11} {'size':>10}  {'created':<25} {'seconds':>8}"
+        f"{'epoch':>5}  {'state':<8} {'batches':>9} {'samples':>11} {'on disk':>10}  {'created':<25} {'seconds':>8}"
     )
     for i in infos:
         batches = f"{i.batches_written}/{i.n_batches}" if i.state == "partial" else f"{i.n_batches}"
         seconds = f"{i.seconds:.1f}" if i.seconds is not None else "-"
         click.echo(
-            f"{i.epoch:>5}  {i.state:<8} {batches:>9} {i.n_samples or 0:>11,} {i.bytes / 1e6:>8.1f}MB"
+            f"{i.epoch:>5}  {i.state:<8} {batches:>9} {i.n_samples or 0:>11,} {show_size(i.bytes):>10}"
             f"  {i.created or '-':<25} {seconds:>8}"
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from pgprefetch.config.values import show_size
 from pgprefetch.errors import ConfigError
 from pgprefetch.write.pipeline import DumpResult
 
@@ -46,7 +47,7 @@ def summary(r: DumpResult) -> str:
         notes += f" (resumed: {r.resumed} of {r.n_batches} batches kept from an interrupted dump)"
     return (
         f"epoch {r.epoch}: {_count(r.n_batches, 'batch', 'batches')}, {_count(r.n_samples, 'sample')}, "
-        f"{r.bytes / 1e6:,.1f} MB "
+        f"{show_size(r.bytes)} "
         f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}{notes}"
     )
 

@@ -86,6 +86,20 @@ def parse_size(value: Any, where: str) -> int:
     return size
 
 
+def show_size(nbytes: float) -> str:
+    """A byte count as every command prints it: decimal units, three significant digits (``48.2 kB``).
+
+    One way for all of them, so the same epoch reads alike in ``dump``, ``ls`` and ``check``.
+    """
+    if nbytes < 1000:
+        return f"{int(nbytes)} B"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12)):
+        value = float(f"{nbytes / scale:.3g}")  # rounded first: 999,999 B is 1.00 MB, not 1,000 kB
+        if value < 1000 or unit == "TB":
+            return f"{value:,.{max(0, 2 - len(str(int(value))) + 1)}f} {unit}"
+    raise AssertionError("unreachable")
+
+
 def show(value: Any) -> str:
     """A value as config messages show it: JSON, with floats as Python writes them."""
     if value is None:

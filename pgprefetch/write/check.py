@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import Config
+from pgprefetch.config.values import show_size
 from pgprefetch.decode.layout import UnknownCategoryError
 from pgprefetch.errors import SourceError, StoreError
 from pgprefetch.pg.session import Snapshot
@@ -49,7 +50,7 @@ class CheckReport:
         out = [
             f"keys: {self.n_keys:,}{dropped}",
             f"epoch: {self.n_samples:,} samples in {self.n_batches:,} batch{'es' if self.n_batches != 1 else ''}, "
-            f"about {self.epoch_bytes / 1e6:,.1f} MB on disk uncompressed",
+            f"about {show_size(self.epoch_bytes)} of arrays, uncompressed",
         ]  # fmt: skip
         for name, f in self.fields.items():
             extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
