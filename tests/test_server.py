@@ -168,6 +168,21 @@ def test_sigterm_then_sigint_stop_the_server(folder: Path) -> None:
     assert_stopped(folder, again.dsn, pid_again)
 
 
+def test_a_second_server_on_a_running_folder_says_it_joined_and_leaves_it_running(folder: Path) -> None:
+    first = Server(folder)
+    pid = postmaster_pid(folder)
+    second = Server(folder)
+    assert second.dsn == first.dsn
+    assert postmaster_pid(folder) == pid  # joined, not a second PostgreSQL
+    said = second.stop(signal.SIGTERM)
+    assert f"a server is already running on {folder}: joined it" in said
+    assert "leaving the server to the process that started it" in said
+    assert "stopping" not in said
+    assert select_one(first.dsn) == 1  # the first one's server still serves
+    assert "stopping" in first.stop(signal.SIGTERM)
+    assert_stopped(folder, first.dsn, pid)
+
+
 @pytest.mark.parametrize("kill_postgres", [False, True], ids=["postgres-left-running", "postgres-killed-too"])
 def test_a_stale_handle_does_not_keep_the_next_server_from_stopping(folder: Path, kill_postgres: bool) -> None:
     crashed = Server(folder)

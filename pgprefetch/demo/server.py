@@ -328,7 +328,8 @@ def run_server(
     Args:
         folder: the data folder, as for :func:`embedded_server`.
         echo: called once with the DSN when the server is up (stdout is flushed after it, for pipes).
-        note: called with ``"stopping"`` when a signal came; writes to stderr by default.
+        note: told that a running server was joined, and what a signal does (``"stopping"``, or leaving a
+            joined server to the process that started it); writes to stderr by default.
 
     Raises:
         ValueError: called outside the main thread (only that one can install signal handlers).
@@ -347,12 +348,15 @@ def run_server(
     try:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, on_signal)
+        joined = _postmaster(folder.resolve() / "pg") is not None  # another process's server, running
         with embedded_server(folder) as dsn:
+            if joined:
+                note(f"a server is already running on {folder}: joined it (it stops when its last user does)")
             if not requested:
                 echo(dsn)
                 sys.stdout.flush()
             os.read(read_end, 1)  # blocks until a handler wrote; retried by Python after other signals
-            note("stopping")
+            note("leaving the server to the process that started it" if joined else "stopping")
     finally:
         for sig, handler in previous.items():
             if handler is not None:  # None: a handler installed outside Python, which cannot be put back
