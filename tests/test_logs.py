@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
+import time
 from pathlib import Path
+
+import pytest
 
 from .helpers import s_config
 from .test_operations import dump_argv, journal_lines, start_dump, wait_for
@@ -34,7 +38,9 @@ def test_json_log_lines_carry_the_figures_and_the_resume(s_table: str, tmp_path:
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stderr.splitlines()]
     assert records[0]["level"] == "info"
-    assert records[0]["message"].startswith("epoch 0: resuming: ")
+    assert records[0]["message"].startswith("epoch 0: checking the ")  # said before the kept batches are read
+    assert records[0]["message"].endswith(" batches an interrupted dump wrote")
+    assert records[1]["message"].startswith("epoch 0: resuming: ")
     progress = [r for r in records if "samples" in r]
     assert progress
     assert {"time", "epoch", "samples", "total", "samples_per_s", "eta_s"} <= set(progress[0])
@@ -87,3 +93,17 @@ def test_checksums_live_in_an_array_and_the_manifest_stays_small(s_table: str, t
     zarr.open_array(result.path / "_checksums", mode="r+")[0, 7] = 12345
     code, out = run("verify", "--store", str(result.path.parent), "--epoch", "0")
     assert (code, out.splitlines()[0]) == (1, "v batch 7: checksum mismatch")
+
+
+def test_batches_kept_from_an_interrupted_dump_are_not_counted_in_the_rate(caplog: pytest.LogCaptureFixture) -> None:
+    from pgprefetch.cli.progress import LogProgress
+
+    progress = LogProgress(interval=0)
+    progress.start(0, 1000)
+    progress.advance(900, 0)  # kept: on disk before this run started
+    time.sleep(0.2)
+    with caplog.at_level(logging.INFO, logger="pgprefetch"):
+        progress.advance(10, 4096)
+    (record,) = [r for r in caplog.records if hasattr(r, "samples_per_s")]
+    assert record.samples == 910
+    assert record.samples_per_s < 10 / 0.2 * 1.01  # ten new samples in 0.2 s, not 910

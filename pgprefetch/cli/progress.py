@@ -49,8 +49,10 @@ class BarProgress:
         """Count one written batch."""
         if self._bar is None:
             return
+        if not nbytes and not self._bytes:  # batches kept from an interrupted dump: done, but not at this rate
+            self._bar.initial += samples  # tqdm's rate counts from `initial`
         self._bytes += nbytes
-        if self._bytes:  # batches kept from an interrupted dump count as samples, not as bytes written now
+        if self._bytes:
             rate = self._bytes / max(time.monotonic() - self._started, 1e-3)
             self._bar.set_postfix_str(tqdm.format_sizeof(rate, "B/s", divisor=1000), refresh=False)
         self._bar.update(samples)
@@ -80,6 +82,7 @@ class LogProgress:
         self._epoch = 0
         self._total = 0
         self._done = 0
+        self._kept = 0  # samples of batches an interrupted dump left: not written at this run's rate
         self._rows = 0
         self._started = self._last = 0.0
 
@@ -97,15 +100,17 @@ class LogProgress:
 
     def start(self, epoch: int, n_samples: int) -> None:
         """The epoch's size is known."""
-        self._epoch, self._total, self._done = epoch, n_samples, 0
+        self._epoch, self._total, self._done, self._kept = epoch, n_samples, 0, 0
         self._started = self._last = time.monotonic()
 
     def advance(self, samples: int, nbytes: int) -> None:
-        """Count samples written."""
+        """Count samples written (those of batches kept from an interrupted dump, ``nbytes`` 0, not in the rate)."""
         self._done += samples
+        if not nbytes and self._done == samples:
+            self._kept = samples
         if self._due():
             elapsed = max(time.monotonic() - self._started, 1e-9)
-            rate = self._done / elapsed
+            rate = (self._done - self._kept) / elapsed
             eta = (self._total - self._done) / rate if rate else float("inf")
             log.info(
                 "epoch %d: %s of %s samples (%.0f%%), %s samples/s, ETA %.0f s",

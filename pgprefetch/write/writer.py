@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import shutil
 import threading
 from collections.abc import Iterator
@@ -43,6 +44,8 @@ SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mappin
 # the page cache would hold them in large folios (ext4 and xfs since Linux 6.x), which a reader's first
 # touch maps whole: a rank reading one batch in four would make the others' batches resident too.
 WRITE_BYTES = 64 << 10
+
+log = logging.getLogger("pgprefetch")
 
 
 def shard_batches(chunk_bytes: int, n_batches: int) -> int:
@@ -199,16 +202,31 @@ class EpochWriter:
         return header, done
 
     def _keep_verified(self, journal: dict[int, list[int]]) -> None:
-        """Keep the journal's batches whose bytes on disk still have their recorded checksums."""
+        """Keep the journal's batches whose bytes on disk still have their recorded checksums.
+
+        Each kept batch is read once: its checksum and its statistics (the figures a fresh dump would
+        publish) come from the same bytes. Reading it back through zarr for the statistics made a resume
+        with three quarters kept slower than starting over.
+        """
+        if journal:
+            log.info("epoch %d: checking the %d batches an interrupted dump wrote", self.epoch, len(journal))
         for batch, crcs in journal.items():
             if not 0 <= batch < self.done.size:
                 continue
-            actual = [checksum(read_batch_bytes(self.layouts[name], batch)) for name in self.names]
-            if actual == crcs:
-                self.checksums[:, batch] = crcs
-                self.done[batch] = True
-                if self.stats is not None:  # from the bytes on disk: the figures a fresh dump would publish
-                    self.stats.add(batch, 1, {name: self.arrays[name][batch] for name in self.names})
+            stored = {name: read_batch_bytes(self.layouts[name], batch) for name in self.names}
+            if [checksum(data) for data in stored.values()] != crcs:
+                continue
+            self.checksums[:, batch] = crcs
+            self.done[batch] = True
+            if self.stats is not None:
+                self.stats.add(batch, 1, {name: self._values(name, batch, data) for name, data in stored.items()})
+
+    def _values(self, name: str, batch: int, stored: bytes | None) -> np.ndarray:
+        """Batch ``batch`` of array ``name`` from its stored bytes (decoded by zarr when compressed)."""
+        layout = self.layouts[name]
+        if not layout.raw or stored is None:
+            return self.arrays[name][batch]
+        return np.frombuffer(stored, dtype=layout.dtype.newbyteorder("<")).reshape(layout.batch_shape)
 
     def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
         """Write batch ``batch`` of every array (blocking: call it from one worker thread); return bytes."""
