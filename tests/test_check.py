@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from pgprefetch.cli import cli
 
-from .helpers import execute, s_config
+from .helpers import execute, s_config, write_config
 
 
 def check(cfg: Path, dsn: str, *extra: str) -> tuple[int, str]:
@@ -24,12 +25,19 @@ def test_check_of_a_good_config_reports_the_epoch_and_writes_nothing(s_table: st
     cfg = s_config(tmp_path)
     code, out = check(cfg, s_table)
     assert code == 0, out
-    assert out.splitlines() == [
+    lines = out.splitlines()
+    assert lines[:4] == [
         "keys: 480",
         "epoch: 480 samples in 30 batches, about 5.76 kB of arrays, uncompressed",  # 480 x (4 B of v + 8 B of key)
         "field v: float32 () per sample",
         "checked 8 batch(es) with every type, cast and NULL check of the dump",
     ]
+    assert re.fullmatch(
+        r"expected: about \d+ s at [\d,]+ samples/s on 2 connection\(s\) \(from the time of the checked batches' "
+        r"statements\)",
+        lines[4],
+    )
+    assert len(lines) == 5
     assert not (tmp_path / "store.zarr").exists()
 
 
@@ -89,3 +97,45 @@ def test_check_dump_and_ls_show_an_epochs_size_one_way(s_table: str, tmp_path: P
     assert listed[0].split()[4:6] == ["on", "disk"]
     for row in listed[1:]:
         assert re.search(r" \d+(\.\d+)? (B|kB|MB|GB) ", row), row
+
+
+WINDOWS = (
+    "CREATE TABLE tnx (s int, t int, v real)",
+    "INSERT INTO tnx SELECT i % 40, i / 40, i * 0.5 FROM generate_series(0, 39999) i",
+    "ANALYZE tnx",
+)
+
+
+def windows_config(folder: Path, query: str) -> Path:
+    keys = "SELECT s, t FROM tnx WHERE t % 50 = 0"
+    return write_config(folder, keys=keys, query=query, fields={"v": (["v"], "float32")}, size=16, rows=8)
+
+
+@pytest.mark.parametrize(
+    ("query", "per"),
+    [
+        ("SELECT v FROM tnx WHERE s = $1 AND t >= $2 ORDER BY t LIMIT 8", "scans and sorts all of tnx for each sample"),
+        ("SELECT v FROM tnx WHERE s = $1 AND t >= $2 AND t < $2 + 8", "for each"),
+    ],
+)
+def test_check_names_the_index_a_per_sample_query_lacks_and_dump_logs_it_once(
+    db: str, tmp_path: Path, query: str, per: str
+) -> None:
+    execute(db, *WINDOWS)
+    cfg = windows_config(tmp_path, query)
+    code, out = check(cfg, db)
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert code == 0, out
+    assert len(warnings) == 1, out
+    assert per in warnings[0]
+    assert warnings[0].endswith("CREATE INDEX ON tnx (s, t) would make each sample a few page reads")
+    dumped = subprocess.run(
+        [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--dsn", db, "--epoch", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert dumped.returncode == 0, dumped.stderr
+    assert dumped.stderr.count("CREATE INDEX ON tnx (s, t)") == 1
+    execute(db, "CREATE INDEX ON tnx (s, t)", "ANALYZE tnx")
+    code, out = check(cfg, db)
+    assert (code, [line for line in out.splitlines() if line.startswith("warning: ")]) == (0, [])

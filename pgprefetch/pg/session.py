@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ import numpy as np
 from pgprefetch.config.model import Config, SourceConfig
 from pgprefetch.errors import ConfigError, PgprefetchError, SampleError, SourceError
 from pgprefetch.keys import INTEGER_TYPES, UUID_TYPE, KeyColumns
+from pgprefetch.pg.plans import IndexAdvice, index_advice
 from pgprefetch.pg.redaction import redact, scrub
 from pgprefetch.pg.retry import cause, lost
 from pgprefetch.pg.statement import Fetched, distinct_text_statement, sample_text_statement
@@ -240,6 +242,16 @@ class Snapshot:
     async def fetch(self, sql: str, what: str) -> list[asyncpg.Record]:
         """Run a small query in the snapshot (statistics, bounds)."""
         return await self._run(lambda: self.conn.fetch(sql), what)
+
+    async def index_advice(self, sql: str, args: Sequence[object]) -> list[IndexAdvice]:
+        """The tables ``sql`` would read whole per sample or per batch, from the server's plan of it for ``args``.
+
+        ``EXPLAIN`` plans the statement and runs nothing (:mod:`pgprefetch.pg.plans` reads the plan).
+        """
+        text = await self._run(
+            lambda: self.conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args), "planning the batch statement"
+        )
+        return index_advice(json.loads(text))
 
     async def sample_text(self, cfg: Config, key: Sequence[object], column: str) -> list[str | None]:
         """The values of ``column`` the per-sample query returns for ``key`` (column values), as text."""

@@ -62,6 +62,7 @@ class BatchSource:
     concurrency: int  # units in flight
     threads: int = 1  # threads producing and writing them
     unit: int = 1  # the most consecutive batches fetched and produced together (buffers hold that many)
+    warnings: tuple[str, ...] = ()  # what planning found that will cost the dump dearly (a missing index)
 
     def epoch_bytes(self, size: int) -> int:
         """The bytes of the epoch's arrays, keys included, uncompressed: what the dump writes, what check says."""

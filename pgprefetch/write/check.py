@@ -11,6 +11,8 @@ each, rather than stopping at the first, so one run shows what to fix.
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,10 @@ class CheckReport:
     epoch_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what would make the dump slow (a missing index)
+    expected_seconds: float | None = None  # query mode: the dump's duration, from the checked batches' time
+    expected_rate: float | None = None  # samples/s on the config's connections
+    connections: int = 0
 
     def lines(self) -> list[str]:
         """The report as printed."""
@@ -56,7 +62,13 @@ class CheckReport:
             extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
             out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
         out.append(f"checked {self.batches_checked} batch(es) with every type, cast and NULL check of the dump")
+        if self.expected_seconds is not None and self.expected_rate is not None:
+            out.append(
+                f"expected: about {_duration(self.expected_seconds)} at {self.expected_rate:,.0f} samples/s on "
+                f"{self.connections} connection(s) (from the time of the checked batches' statements)"
+            )
         out += [f"note: {n}" for n in self.notes]
+        out += [f"warning: {w}" for w in self.warnings]
         out += [f"error: {e}" for e in self.errors]
         return out
 
@@ -76,7 +88,7 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
         ConfigError: the queries or the table do not fit the config: the dump's own error (it would stop
             there too, before any batch), raised as it is so that ``check`` says and exits what ``dump`` does.
     """
-    report = CheckReport()
+    report = CheckReport(connections=cfg.source.connections)
     if cfg.mode == "query":  # a few batches, fetched one at a time: one connection
         cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
     async with Snapshot.open(cfg.source) as snap:
@@ -112,11 +124,16 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int
     plan, layout, size = source.plan, source.layout, cfg.batches.size
     report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
     report.n_samples, report.n_batches = plan.used, plan.n_batches
+    report.warnings += source.warnings
     chosen = sorted({int(b) for b in np.linspace(0, plan.n_batches - 1, min(batches, plan.n_batches))})
     buffers = layout.allocate(size)
+    fetch_seconds = []
     for batch in chosen:
         try:
-            source.produce(batch, 1, await source.fetch(batch, 1), buffers)
+            started = time.perf_counter()
+            fetched = await source.fetch(batch, 1)
+            fetch_seconds.append(time.perf_counter() - started)
+            source.produce(batch, 1, fetched, buffers)
         except UnknownCategoryError as e:
             report.errors.append(str(await name_unknown_category(cfg, snap, e)))
         except SourceError as e:
@@ -124,6 +141,9 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int
                 raise
             report.errors.append(f"batch {batch}: {e}")
         report.batches_checked += 1
+    if cfg.mode == "query" and fetch_seconds:  # the statement's time, spread over the dump's connections
+        report.expected_rate = report.connections * size / max(statistics.median(fetch_seconds), 1e-6)
+        report.expected_seconds = plan.used / report.expected_rate
     report.epoch_bytes = source.epoch_bytes(size)
     for name, entry in field_entries(source).items():
         shown = {"dtype": entry["dtype"], "shape": entry["shape"]}
@@ -132,3 +152,12 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int
         if "categories" in entry:
             shown["categories"] = entry["categories"]
         report.fields[name] = shown
+
+
+def _duration(seconds: float) -> str:
+    """``40 min``, ``2.5 h``, ``12 s``: how long, as a person says it."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -277,6 +277,8 @@ async def _write_epoch(
                 log.info("epoch %d: resuming: %d of %d batches kept from an interrupted dump", epoch, writer.resumed,
                          plan.n_batches)  # fmt: skip
             writer.begin(source.snapshot)
+            for warning in source.warnings:  # once, before the long part
+                log.warning("epoch %d: %s", epoch, warning)
             todo = [b for b in range(plan.n_batches) if not writer.done[b]]
             if progress:
                 progress.start(epoch, plan.used)

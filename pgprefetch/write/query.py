@@ -41,6 +41,8 @@ async def query_source(
         # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
         layout = layout_from(cfg, plan, await reader.fetch(0, plan.batch_keys(0, size)))
         unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
+        first = plan.batch_keys(0, size, unit)  # the keys of a unit, as the dump binds them
+        advice = await snap.index_advice(plan.sql, (*(column.tolist() for column in first), *plan.params))
 
         async def fetch(batch: int, count: int) -> object:
             return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
@@ -49,7 +51,10 @@ async def query_source(
             collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
 
         try:
-            yield BatchSource(plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit)
+            yield BatchSource(
+                plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit,
+                warnings=tuple(a.line() for a in advice),
+            )  # fmt: skip
         except UnknownCategoryError as e:
             raise await name_unknown_category(cfg, snap, e) from None
 
