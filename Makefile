@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench bench-peers chaos clean
+.PHONY: install test demo lint format docs bench bench-peers chaos clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+
+# The documentation site from docs/ (MkDocs); --strict: a broken link or page fails it. The suite builds it too.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -61,4 +65,4 @@ chaos: $(STAMP)
 	PGPREFETCH_CHAOS_RUNS=200 PGPREFETCH_CHAOS_LONG=1 $(BIN)/python -m pytest -q -s tests/test_chaos.py
 
 clean:
-	rm -rf $(VENV) .pgprefetch prefetch .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pgprefetch prefetch .site .pytest_cache .ruff_cache *.egg-info
