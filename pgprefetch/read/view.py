@@ -253,7 +253,7 @@ class EpochView(abc.ABC, Generic[B]):
         if self._pos == 0:
             self._ranges.forget()  # a new pass maps the files afresh (in-place edits of a batch do not carry over)
 
-    def batches(self, indices: range, *, keys: bool = False) -> Iterator[Batch[B]]:
+    def batches(self, indices: Sequence[int], *, keys: bool = False) -> Iterator[Batch[B]]:
         """``self.batch(i, keys=keys)`` for each ``i`` of ``indices``, in order, without moving the state.
 
         Object stores: ``prefetch`` batches in flight as concurrent ranged GETs.
