@@ -22,7 +22,7 @@ import pgprefetch.write.writer
 from pgprefetch import EpochArrays
 
 from .conftest import with_database
-from .helpers import dump, execute, write_config
+from .helpers import SEQUENCES, dump, execute, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 470, 16  # 29 full batches an epoch (drop_last): every batch splits over two devices
@@ -138,3 +138,30 @@ def test_without_jax_or_grain_the_import_names_the_extra() -> None:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
         name = "JAX" if missing == "jax" else "Grain"
         assert done.stdout == f"{module} needs {name}: pip install 'pgprefetch[jax]'\n"
+
+
+@pytest.fixture(scope="module")
+def sequences(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Epochs 0 and 1 of the demo sequences in full batches of 32 (drop_last), for the README's example."""
+    folder = tmp_path_factory.mktemp("jax-example")
+    config = write_config(folder, **{**SEQUENCES, "size": 32, "drop_last": True})
+    for epoch in (0, 1):
+        dump(config, demo_db, epoch=epoch)
+    return folder / "store.zarr"
+
+
+@pytest.mark.parametrize("loader", ["stream", "grain"])
+def test_the_readmes_jax_example_trains_on_every_batch_once_as_a_plain_script(
+    sequences: Path, tmp_path: Path, loader: str
+) -> None:
+    record = tmp_path / "keys.json"
+    args = ["--store", str(sequences), "--epochs", "2", "--record", str(record)]
+    cmd = [sys.executable, str(ROOT / "examples" / "jax_train.py"), *args, *(["--grain"] if loader == "grain" else [])]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = sum(len(EpochArrays(sequences, e, consumer=None)) for e in range(2))
+    assert f"trained {steps} steps on 2 devices" in done.stdout
+    seen = json.loads(record.read_text())
+    epochs = [EpochArrays(sequences, e, consumer=None) for e in range(2)]
+    expected = [ep.batch_keys(i).tolist() for ep in epochs for i in range(len(ep))]
+    assert seen == expected  # every batch of both epochs, once, in order
