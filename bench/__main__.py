@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import casts, contenders, dumprun, log, opening, reader, s3, scan, stop_child
+from . import casts, contenders, dumprun, frameworks, log, opening, reader, s3, scan, stop_child
 from . import ragged as ragged_bench
 from . import small as small_bench  # `small` is a flag in several functions here
 from . import stream as stream_bench  # `stream` reads better as the bench module here too
@@ -183,6 +183,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-stream", action="store_true", help="skip the EpochStream bench")
     parser.add_argument(
+        "--frameworks-only",
+        action="store_true",
+        help="only the NumPy/JAX/Grain bench (EpochArrays against preadv, EpochDataset against the commit before "
+        "the NumPy core, device_batches, Grain; no PostgreSQL)",
+    )
+    parser.add_argument("--no-frameworks", action="store_true", help="skip the NumPy/JAX/Grain bench")
+    parser.add_argument(
         "--ragged-only",
         action="store_true",
         help=f"only the variable-length bench ({ragged_bench.SAMPLES:,} token sequences of 1..512 against the "
@@ -243,6 +250,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     others = (args.reader_only, args.casts_only, args.scan_only, args.small_only, args.opening_only)
     if args.ragged_only and (args.no_ragged or args.stream_only or any(others)):
         parser.error("--ragged-only runs the variable-length bench alone: not with --no-ragged or another --*-only")
+    if args.frameworks_only and (args.no_frameworks or args.stream_only or args.ragged_only or any(others)):
+        parser.error(
+            "--frameworks-only runs the NumPy/JAX/Grain bench alone: not with --no-frameworks or another --*-only"
+        )
     if args.stream_only and (args.no_stream or any(others)):
         parser.error("--stream-only runs the EpochStream bench alone: not with --no-stream or another --*-only")
     if args.s3_only and (args.no_s3 or any(others)):
@@ -307,6 +318,22 @@ def stream_only(args: argparse.Namespace) -> None:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
         args.results.write_text(splice(old, section, stream_bench.BEGIN, stream_bench.END), encoding="utf-8")
         log(f"wrote the EpochStream section of {args.results}")
+
+
+def measure_frameworks(quick: bool) -> frameworks.FrameworkResults:
+    log("frameworks: EpochArrays, EpochDataset now and before, device_batches, Grain; page cache warm")
+    sizes = frameworks.QUICK_EPOCH_BYTES if quick else frameworks.EPOCH_BYTES
+    return frameworks.run(sizes, 2 if quick else frameworks.PASSES)
+
+
+def frameworks_only(args: argparse.Namespace) -> None:
+    """``--frameworks-only``: print the NumPy/JAX/Grain section; with ``--results``, replace that section."""
+    section = frameworks.render(measure_frameworks(args.quick), revision=code_revision())
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, frameworks.BEGIN, frameworks.END), encoding="utf-8")
+        log(f"wrote the NumPy/JAX/Grain section of {args.results}")
 
 
 def _ragged_sizes(quick: bool) -> tuple[int, int, int]:
@@ -450,6 +477,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.stream_only:
         stream_only(args)
         return
+    if args.frameworks_only:
+        frameworks_only(args)
+        return
     if args.ragged_only:
         ragged_only(args)
         return
@@ -502,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
         measure_opening(results)
     streamed = None if args.no_stream else measure_stream(args.quick)
     padded = None if args.no_ragged else ragged_bench.run(*_ragged_sizes(args.quick))
+    readers = None if args.no_frameworks else measure_frameworks(args.quick)
     results.total_s = time.perf_counter() - started
     text = render(results)
     if not args.no_scan:
@@ -510,6 +541,8 @@ def main(argv: list[str] | None = None) -> None:
         text = text.rstrip("\n") + "\n\n" + stream_bench.render(streamed, revision=results.revision) + "\n"
     if padded is not None:
         text = text.rstrip("\n") + "\n\n" + ragged_bench.render(padded, revision=results.revision) + "\n"
+    if readers is not None:
+        text = text.rstrip("\n") + "\n\n" + frameworks.render(readers, revision=results.revision) + "\n"
     print(text)
     if args.results:
         args.results.write_text(text, encoding="utf-8")

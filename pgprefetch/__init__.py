@@ -1,8 +1,11 @@
 """pgprefetch: pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr.
 
-The dump side (``config``, ``pg``, ``decode``, ``store``, ``write``) never imports torch, so cron start-up
-stays fast; the reader (``read``: :class:`EpochDataset`, :class:`EpochStream`) is imported lazily on first
-use. README.md's code map says what each subpackage holds and which may import which.
+The dump side (``config``, ``pg``, ``decode``, ``store``, ``write``) never imports torch, JAX or Grain, so
+cron start-up stays fast. The readers are imported lazily on first use: the NumPy core (``read``:
+:class:`EpochArrays`, :class:`ArrayStream`, no framework needed) and the torch layer (``torch``:
+:class:`EpochDataset`, :class:`EpochStream`, :func:`lengths_to_mask`); ``pgprefetch.jax`` and
+``pgprefetch.grain`` are imported by name. README.md's code map says what each subpackage holds and which
+may import which.
 """
 
 from __future__ import annotations
@@ -29,14 +32,18 @@ from pgprefetch.store import Store, open_store
 from pgprefetch.write import DumpResult, dump_epoch, dump_epochs
 
 if TYPE_CHECKING:
-    from pgprefetch.read.dataset import EpochDataset
-    from pgprefetch.read.padding import lengths_to_mask
-    from pgprefetch.read.stream import EpochStream
+    from pgprefetch.read.epoch import EpochArrays
+    from pgprefetch.read.stream import ArrayStream
+    from pgprefetch.torch.dataset import EpochDataset
+    from pgprefetch.torch.padding import lengths_to_mask
+    from pgprefetch.torch.stream import EpochStream
 
 __all__ = [
+    "ArrayStream",
     "Config",
     "ConfigError",
     "DumpResult",
+    "EpochArrays",
     "EpochDataset",
     "EpochNotFoundError",
     "EpochNotReadyError",
@@ -65,13 +72,16 @@ __all__ = [
 ]
 
 
-_READER = {"EpochDataset": "read.dataset", "EpochStream": "read.stream", "lengths_to_mask": "read.padding"}  # torch
+_READERS = {"EpochArrays": "read.epoch", "ArrayStream": "read.stream"}  # NumPy: no framework needed
+_TORCH = {"EpochDataset": "torch.dataset", "EpochStream": "torch.stream", "lengths_to_mask": "torch.padding"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _READER:
+    if name in _READERS:
+        return getattr(importlib.import_module(f".{_READERS[name]}", __name__), name)
+    if name in _TORCH:
         try:
-            module = importlib.import_module(f".{_READER[name]}", __name__)
+            module = importlib.import_module(f".{_TORCH[name]}", __name__)
         except ImportError as e:
             if e.name != "torch":
                 raise

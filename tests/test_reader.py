@@ -123,7 +123,7 @@ def test_dataloader_workers_say_once_that_the_main_process_is_the_fast_path(stor
 
 
 def test_a_batch_whose_file_was_replaced_is_an_error_not_other_bytes(store: Path, tmp_path: Path) -> None:
-    from pgprefetch.read.workers import FileRef, _rebuild
+    from pgprefetch.torch.workers import FileRef, _rebuild
 
     path = tmp_path / "shard"
     path.write_bytes(bytes(64))

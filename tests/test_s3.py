@@ -386,3 +386,29 @@ def test_the_stream_over_s3_equals_the_local_stream_across_epochs(s_table: str, 
         for a, b in pairs:
             assert a.keys() == b.keys()
             assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_numpy_reader_and_grains_source_over_s3_equal_the_local_store(s_table: str, s3: S3, tmp_path: Path) -> None:
+    import numpy as np
+
+    from pgprefetch import ArrayStream, EpochArrays
+    from pgprefetch.grain import EpochSource
+
+    bucket = s3.bucket()
+    for epoch in (0, 1):
+        dump(s_config(tmp_path, name="local.toml", size=8), s_table, epoch=epoch)
+        dump(s_config(tmp_path, name="s3.toml", size=8, store=f"s3://{bucket}/np"), s_table, epoch=epoch)
+    url, local = f"s3://{bucket}/np", tmp_path / "store.zarr"
+    for rank in range(2):
+        remote = EpochArrays(url, 0, rank=rank, world_size=2, batch_size=12, consumer=None)
+        here = EpochArrays(local, 0, rank=rank, world_size=2, batch_size=12, consumer=None)
+        pairs = list(zip(remote, here, strict=True))
+        assert len(pairs) == len(here) > 0
+        for a, b in pairs:
+            assert all(np.array_equal(a[k], b[k]) and not a[k].flags.writeable for k in b)
+        assert remote.state_dict() == here.state_dict()
+    streamed = [b["v"].tolist() for b in ArrayStream(url, 0, 2, keys=True, consumer=None)]
+    assert streamed == [b["v"].tolist() for b in ArrayStream(local, 0, 2, consumer=None)]
+    source = EpochSource(url, 1, consumer=None, prefetch=3)
+    got = source._getitems(list(range(len(source))))  # Grain's batched read: 3 ranged GETs in flight
+    assert [g["v"].tolist() for g in got] == [b["v"].tolist() for b in EpochArrays(local, 1, consumer=None)]

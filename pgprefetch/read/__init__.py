@@ -1,13 +1,16 @@
-"""The reader: published epochs memory-mapped and handed to training (torch is imported only here).
+"""The reading core: published epochs memory-mapped and handed out as NumPy arrays, with no framework.
 
-``dataset`` is :class:`EpochDataset` (one epoch), ``stream`` is :class:`EpochStream` (consecutive epochs,
-waiting, exact resume), ``arrays`` reads sample ranges of a local or remote epoch, ``workers`` shares
-mapped batches with DataLoader workers, ``padding`` trims and masks padded fields, ``transfer`` overlaps
-copies to the GPU. Imports ``store`` and ``config``; never the dump or the PostgreSQL side.
+``epoch`` is :class:`EpochArrays` (one epoch), ``stream`` is :class:`ArrayStream` (consecutive epochs);
+what they share with the framework layers above (``pgprefetch.torch``, ``pgprefetch.jax``,
+``pgprefetch.grain``) is here once: ``view`` (one epoch for one rank: ranks, batch size, resume state,
+metadata), ``sequence`` (consecutive epochs: order, waiting, state), ``ranges`` (sample ranges of mapped
+files, local or S3), ``mapping`` (private mappings, and how another process names one), ``padding``
+(trimming padded fields). Imports ``store`` and ``config``; never the dump, the PostgreSQL side, the
+decoder, torch, JAX or Grain.
 """
 
-from pgprefetch.read.dataset import EpochDataset
+from pgprefetch.read.epoch import EpochArrays
 from pgprefetch.read.padding import lengths_to_mask
-from pgprefetch.read.stream import EpochStream
+from pgprefetch.read.stream import ArrayStream
 
-__all__ = ["EpochDataset", "EpochStream", "lengths_to_mask"]
+__all__ = ["ArrayStream", "EpochArrays", "lengths_to_mask"]

@@ -1,30 +1,37 @@
-"""Padded fields in torch: attention masks from lengths, and batches cut to their longest sample.
+"""Padded fields: batches cut to their longest sample, and attention masks from lengths.
 
-Part of the reader (the modules that import torch). A field with ``max_length`` is stored padded, with
-each sample's real length in ``<field>_length``; with ``[samples] max_rows`` every sample is padded to
-``max_rows`` rows, with its real count in ``n_rows``.
+A field with ``max_length`` is stored padded, with each sample's real length in ``<field>_length``; with
+``[samples] max_rows`` every sample is padded to ``max_rows`` rows, with its real count in ``n_rows``.
+:func:`trim` needs only slicing and ``max()``, so the NumPy reader and the torch layer share it: one rule
+for what a trimmed batch is, whatever array type it holds.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-import torch
+import numpy as np
+
+A = TypeVar("A")  # a NumPy array or a torch tensor: anything sliced like one, with max()
 
 
-def lengths_to_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
-    """``mask[..., j] = j < lengths[...]``: True over real values, False over padding.
+def lengths_to_mask(lengths: np.ndarray, max_len: int | None = None) -> np.ndarray:
+    """``mask[..., j] = j < lengths[...]``: True over real values, False over padding (NumPy).
 
-    The attention-mask convention (Hugging Face's ``attention_mask``; pass ``~mask`` as a
-    ``key_padding_mask`` to ``torch.nn.MultiheadAttention``). ``max_len`` defaults to the longest length.
+    ``max_len`` defaults to the longest length. ``pgprefetch.lengths_to_mask`` is the same for torch tensors.
     """
     if max_len is None:
-        max_len = int(lengths.max()) if lengths.numel() else 0
-    return torch.arange(max_len, device=lengths.device) < lengths.unsqueeze(-1)
+        max_len = int(lengths.max()) if lengths.size else 0
+    return np.arange(max_len) < np.asarray(lengths)[..., None]
 
 
-def trim(batch: dict[str, torch.Tensor], manifest: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def _longest(values: Any) -> int:
+    return int(values.max()) if math.prod(values.shape) else 0
+
+
+def trim(batch: Mapping[str, A], manifest: Mapping[str, Any]) -> dict[str, A]:
     """``batch`` with each padded field cut to its longest sample (and rows to the most rows): views.
 
     The lengths come with the batch, so nothing more is read; the cut is a slice, so nothing is copied.
@@ -33,8 +40,7 @@ def trim(batch: dict[str, torch.Tensor], manifest: Mapping[str, Any]) -> dict[st
     fields = manifest["fields"]
     rows = None
     if manifest.get("n_rows") in batch and int(manifest.get("max_rows", 1)) > 1:
-        n_rows = batch[manifest["n_rows"]]
-        rows = int(n_rows.max()) if n_rows.numel() else 0
+        rows = _longest(batch[manifest["n_rows"]])
     for name, field in fields.items():
         if name not in batch:
             continue
@@ -42,11 +48,11 @@ def trim(batch: dict[str, torch.Tensor], manifest: Mapping[str, Any]) -> dict[st
         lengths = field.get("lengths")
         parts = [p for p in (name, mask) if p in batch]
         if lengths in batch:
-            longest = int(batch[lengths].max()) if batch[lengths].numel() else 0
+            longest = _longest(batch[lengths])
             for part in parts:
-                out[part] = out[part][..., :longest]
+                out[part] = out[part][..., :longest]  # type: ignore[index]
         if rows is not None:
             for part in (*parts, lengths):
                 if part in batch:
-                    out[part] = out[part][:, :rows]
+                    out[part] = out[part][:, :rows]  # type: ignore[index]
     return out

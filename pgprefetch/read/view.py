@@ -1,12 +1,11 @@
-"""``EpochDataset``: a published epoch as torch tensors, zero-copy from disk, ahead of the step on the GPU.
+"""One published epoch for one rank, whatever array type its batches are handed out as.
 
-Batches are already shuffled, collated and fixed-shape on disk, so reading is slicing: ``ds[i]`` maps the
-shard file holding batch ``i`` (once for all its batches) and returns views of it, with no copy and no zarr
-call on the hot path (:mod:`pgprefetch.read.arrays`). Compressed stores are decoded by zarr.
-
-The batch size is chosen at read time. The dump's size is the default; a divisor of it gives micro-batches
-that are views too, and any other size is one copy of exactly its samples. So a change of GPU count can keep
-the global batch without a new dump.
+Everything about reading an epoch that is not the array type lives here, once, for the NumPy reader
+(:class:`~pgprefetch.read.epoch.EpochArrays`) and the torch one (:class:`pgprefetch.torch.EpochDataset`):
+opening and waiting for the epoch, the fields and the arrays that come with them (NULL masks, lengths,
+``n_rows``), ranks, the batch size chosen at read time, the resume state, consumer records, the metadata
+(categories, statistics, each batch's longest sample), and the order of a pass. So a state saved by one
+reader loads into the other, and both raise the same errors.
 
 Ranks split the epoch by arithmetic: global batch ``g`` goes to rank ``g % world_size``, the remainder is
 dropped, so every rank gets the same number of batches and none waits on another. The resume state is a
@@ -16,32 +15,31 @@ left.
 
 from __future__ import annotations
 
+import abc
 import os
 import uuid
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
-import torch
-import torch.utils.data
 import zarr
 
 from pgprefetch.config.load import load_config
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.keys import KeyColumns
-from pgprefetch.read.arrays import EpochArrays, empty_aligned
-from pgprefetch.read.padding import trim
-from pgprefetch.read.transfer import cuda_batches
+from pgprefetch.read.ranges import SampleRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
 from pgprefetch.store.open import open_store
 
+B = TypeVar("B")  # the array type of a batch: numpy.ndarray, torch.Tensor
+Batch = dict[str, B]
 
-class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+
+class EpochView(abc.ABC, Generic[B]):
     """One published epoch of a pgprefetch store, batch by batch, for one rank.
 
     Args:
@@ -50,7 +48,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         fields: the fields to return (all by default).
         batch_size: samples per batch handed out; None keeps the dump's. A divisor of the dump's size gives
             views (micro-batches); other sizes copy their samples once when they span stored batches.
-        rank: this process's rank; defaults to ``torch.distributed``'s when it is initialised, else 0.
+        rank: this process's rank; by default the framework's (see :meth:`default_ranks`), else 0.
         world_size: the number of ranks; same default, else 1.
         wait: if the epoch is not published yet, wait for it (up to ``timeout`` seconds).
         timeout: how long ``wait`` waits.
@@ -82,7 +80,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.epoch = epoch
         self.prefetch = max(1, prefetch)
         self.manifest = self._backend.wait_manifest(epoch, timeout if wait else None)
-        self.manifest.pop("checksums", None)  # for `verify`; kept out of every DataLoader worker's pickle
+        self.manifest.pop("checksums", None)  # for `verify`; kept out of every worker's pickle
         available = list(self.manifest["fields"])
         unknown = [f for f in fields or () if f not in available]
         if unknown:
@@ -97,15 +95,48 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if "n_rows" in self.manifest:
             self.arrays += (self.manifest["n_rows"],)
         self.trim = trim
-        self.rank, self.world_size = rank_and_world(rank, world_size)
+        default = self.default_ranks()
+        self.rank, self.world_size = check_ranks(
+            default[0] if rank is None else rank, default[1] if world_size is None else world_size
+        )
         self.stored_batch_size = int(self.manifest["batch_size"])
         self.batch_size = self.stored_batch_size if batch_size is None else positive("batch_size", batch_size)
         self.n_samples = int(self.manifest["n_samples"])
-        self._arrays = EpochArrays(self._backend, epoch, (*self.arrays, KEYS_ARRAY))
+        self._ranges = SampleRanges(self._backend, epoch, (*self.arrays, KEYS_ARRAY))
         self._seek(0)  # _base: the first sample of this view; _pos: local batches handed out by iteration
-        if consumer is not None and torch.utils.data.get_worker_info() is None:
+        if consumer is not None and not self.in_worker():
             self.record_consumer(consumer)
 
+    # --- what a framework layer decides ---------------------------------------------------------------
+    def default_ranks(self) -> tuple[int, int]:
+        """(rank, world size) when none is given: one process. The torch layer asks ``torch.distributed``."""
+        return 0, 1
+
+    def in_worker(self) -> bool:
+        """Whether this runs in a framework's data-loading worker (which records no consumer)."""
+        return False
+
+    @abc.abstractmethod
+    def __getitem__(self, i: int) -> Batch[B]:
+        """Batch ``i`` of this rank: one array per field (and NULL mask, lengths), ``(size, *sample_shape)``."""
+
+    @abc.abstractmethod
+    def batch(self, i: int, *, keys: bool = False) -> Batch[B]:
+        """``self[i]``, with the samples' keys as ``"keys"`` if ``keys``."""
+
+    @abc.abstractmethod
+    def batch_keys(self, i: int) -> B:
+        """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``."""
+
+    @abc.abstractmethod
+    def new_buffers(self) -> Batch[B]:
+        """Empty buffers that hold one batch of every array, for :meth:`read_into`."""
+
+    @abc.abstractmethod
+    def read_into(self, i: int, out: Batch[B]) -> Batch[B]:
+        """Read batch ``i`` with ``preadv`` straight into ``out`` (one copy, no page mapping); views of ``out``."""
+
+    # --- the epoch ------------------------------------------------------------------------------------
     def record_consumer(self, name: str) -> None:
         """Record in the store that training run ``name`` opened this epoch (a warning if it cannot)."""
         try:
@@ -125,7 +156,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
     @property
     def key_columns(self) -> KeyColumns:
-        """The key columns: each takes one int64 slot of :meth:`batch_keys`, a uuid column two."""
+        """The key columns: each takes one int64 slot of ``batch_keys``, a uuid column two."""
         m = self.manifest
         return KeyColumns(tuple(m["key_columns"]), tuple(t == "uuid" for t in m.get("key_types", ())))
 
@@ -155,18 +186,19 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
     @property
     def bytes_fetched(self) -> int:
-        """Object stores: batch bytes this dataset fetched (in this process)."""
-        return self._arrays.bytes_fetched
+        """Object stores: batch bytes this reader fetched (in this process)."""
+        return self._ranges.bytes_fetched
 
+    @classmethod
+    def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> Any:
+        """Open epoch ``epoch`` of the store named by a config file."""
+        return cls(load_config(config).store.path, epoch, **kwargs)
+
+    # --- this rank's batches --------------------------------------------------------------------------
     @property
     def n_global(self) -> int:
         """Global batches of the epoch at this batch size, counted from the resume point's batch."""
         return self._base // self.batch_size + -(-(self.n_samples - self._base) // self.batch_size)
-
-    @classmethod
-    def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> EpochDataset:
-        """Open epoch ``epoch`` of the store named by a config file."""
-        return cls(load_config(config).store.path, epoch, **kwargs)
 
     def __len__(self) -> int:
         """Batches for this rank (from the resume point on)."""
@@ -193,43 +225,16 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if not 0 <= i < len(self):
             raise IndexError(f"batch {i} out of range for a rank with {len(self)} batches")
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        """Batch ``i`` of this rank: one tensor per field (and NULL mask), ``(size, *sample_shape)``.
-
-        A short last batch is trimmed.
-        """
-        a, b = self.samples(i)
-        if self.trim:
-            return self.batch(i)
-        if torch.utils.data.get_worker_info() is None or self._remote:
-            read = self._arrays.read
-            return {name: read(name, a, b) for name in self.arrays}
-        return self.batch(i)
-
-    def batch(self, i: int, *, keys: bool = False) -> dict[str, torch.Tensor]:
-        """``ds[i]``, with the samples' keys as ``"keys"`` (see :meth:`batch_keys`) if ``keys``."""
-        a, b = self.samples(i)
-        # In a DataLoader worker the batch is sent to the main process: as a reference to its bytes in the
-        # file, which the main process maps too, not as a copy (see pgprefetch.read.workers).
-        shareable = not self._remote and torch.utils.data.get_worker_info() is not None
-        names = (*self.arrays, KEYS_ARRAY) if keys else self.arrays
-        batch = {name: self._arrays.read(name, a, b, shareable=shareable) for name in names}
-        return trim(batch, self.manifest) if self.trim else batch
-
-    def batch_keys(self, i: int) -> torch.Tensor:
-        """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``.
-
-        A slot per key column, two per uuid column: its 16 bytes as two big-endian halves, which
-        :func:`pgprefetch.uuid_bytes` turns back into bytes (:meth:`sample_keys` gives ``uuid.UUID``).
-        """
-        return self._arrays.read(KEYS_ARRAY, *self.samples(i))
+    def keys_array(self, i: int) -> np.ndarray:
+        """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``, read-only NumPy."""
+        return self._ranges.read(KEYS_ARRAY, *self.samples(i))
 
     def sample_keys(self, i: int) -> list[tuple[int | uuid.UUID, ...]]:
         """The keys of batch ``i``'s samples as the database has them: ints, and ``uuid.UUID`` for uuids."""
         columns = self.key_columns
-        return [columns.values(row) for row in self.batch_keys(i).numpy().tolist()]
+        return [columns.values(row) for row in self.keys_array(i).tolist()]
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch[B]]:
         """This rank's batches from the resume state on; each one handed out advances the state."""
         self._new_pass()
         if self._remote:
@@ -246,9 +251,9 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         if self._pos >= len(self):
             self._pos = 0  # a finished pass starts over
         if self._pos == 0:
-            self._arrays.forget()  # a new pass maps the files afresh (in-place edits of a batch do not carry over)
+            self._ranges.forget()  # a new pass maps the files afresh (in-place edits of a batch do not carry over)
 
-    def batches(self, indices: range, *, keys: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self, indices: Sequence[int], *, keys: bool = False) -> Iterator[Batch[B]]:
         """``self.batch(i, keys=keys)`` for each ``i`` of ``indices``, in order, without moving the state.
 
         Object stores: ``prefetch`` batches in flight as concurrent ranged GETs.
@@ -258,7 +263,7 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
                 yield self.batch(i, keys=keys)
             return
         with ThreadPoolExecutor(self.prefetch, thread_name_prefix="pgprefetch-read") as pool:
-            pending: deque[Future[dict[str, torch.Tensor]]] = deque()
+            pending: deque[Future[Batch[B]]] = deque()
             ahead = iter(indices)
             try:
                 for _ in indices:
@@ -269,35 +274,13 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
                 for future in pending:
                     future.cancel()
 
-    def to_device(self, device: str | torch.device, prefetch: int = 2) -> Iterator[dict[str, torch.Tensor]]:
-        """Iterate like ``iter(self)``, with batches already on ``device``.
-
-        On CUDA, a ring of ``prefetch + 1`` reused pinned host buffers is filled with batches
-        ``i+1 .. i+prefetch`` and copied on a side stream while the step runs on batch ``i``; the consumer's
-        stream waits only for its own batch's copy (:mod:`pgprefetch.read.transfer`). On the CPU the mapped
-        tensors are yielded as they are.
-        """
-        device = torch.device(device)
-        if device.type == "cpu":
-            return iter(self)
-        if device.type == "cuda":
-            return self._cuda(device, max(1, prefetch))
-        return ({k: v.to(device) for k, v in b.items()} for b in self)
-
-    def _cuda(self, device: torch.device, depth: int) -> Iterator[dict[str, torch.Tensor]]:
-        self._new_pass()
-        indices = range(self._pos, len(self))
-        pinned = partial(self.new_buffers, pin=True)
-        for i, batch in cuda_batches(self.read_into, pinned, indices, device, depth):
-            self._pos = i + 1
-            yield batch
-
+    # --- the resume state -----------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None) -> dict[str, int]:
         """The resume state: the epoch and the first sample (and global batch) not yet handed out.
 
         Args:
-            batches: the batches this rank has consumed, when they came through a ``DataLoader`` (which
-                calls ``ds[i]``, not ``iter(ds)``, so the dataset cannot count them itself).
+            batches: the batches this rank has consumed, when they came through a loader that indexes the
+                reader (``ds[i]``) rather than iterating it, so the reader cannot count them itself.
         """
         done = self._pos if batches is None else batches
         return {
@@ -314,8 +297,8 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from ``state``: this rank's batches are re-sliced from the remaining samples.
 
-        The state may come from another world size or batch size; one without ``next_sample`` (an older
-        pgprefetch's) counts ``next_global_batch`` in its ``batch_size``, or the dump's.
+        The state may come from another world size, batch size or reader (NumPy or torch); one without
+        ``next_sample`` (an older pgprefetch's) counts ``next_global_batch`` in its ``batch_size``, or the dump's.
         """
         if state["epoch"] != self.epoch:
             raise ConfigError(f"resume state is for epoch {state['epoch']}, this dataset reads epoch {self.epoch}")
@@ -328,42 +311,12 @@ class EpochDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             raise ConfigError(f"resume state sample {sample} is outside 0..{self.n_samples} of epoch {self.epoch}")
         self._seek(sample)
 
-    def new_buffers(self, *, pin: bool = False) -> dict[str, torch.Tensor]:
-        """Empty CPU tensors that hold one batch of every array, for :meth:`read_into`.
 
-        They start on a page boundary; ``pin``: in page-locked memory, for asynchronous copies to a GPU.
-        """
-        a = self._arrays
-        shapes = {n: (self.batch_size, *a.sample_shape(n)) for n in self.arrays}
-        if pin:
-            return {n: torch.empty(shape, dtype=a.dtype(n), pin_memory=True) for n, shape in shapes.items()}
-        return {n: empty_aligned(shape, a.dtype(n)) for n, shape in shapes.items()}
-
-    def read_into(self, i: int, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Read batch ``i`` with ``preadv`` straight into ``out``'s tensors (one copy, no page mapping).
-
-        ``out`` holds a contiguous CPU tensor of shape ``(batch_size, *sample_shape)`` per array
-        (``self.arrays``: the fields and their NULL masks), e.g. reused or pinned buffers from
-        :meth:`new_buffers`; returns views of them (trimmed for a short last batch).
-        """
-        a, b = self.samples(i)
-        read_into = self._arrays.read_into
-        for name in self.arrays:
-            read_into(name, a, b, out[name])
-        if b - a == self.batch_size:
-            return {name: out[name] for name in self.arrays}
-        return {name: out[name][: b - a] for name in self.arrays}
-
-
-def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``rank`` and ``world_size``, each defaulting to ``torch.distributed``'s when it is initialised."""
-    dist = torch.distributed
-    initialised = dist.is_available() and dist.is_initialized()
-    world = world_size if world_size is not None else (dist.get_world_size() if initialised else 1)
-    r = rank if rank is not None else (dist.get_rank() if initialised else 0)
-    if world < 1 or not 0 <= r < world:
-        raise ConfigError(f"rank {r} is outside 0..{world - 1} (world_size {world})")
-    return r, world
+def check_ranks(rank: int, world_size: int) -> tuple[int, int]:
+    """``(rank, world_size)``, if the rank is one of the world's; else a ConfigError."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+    return rank, world_size
 
 
 def positive(name: str, value: int) -> int:

@@ -1,6 +1,6 @@
 """Host to GPU, ahead of the step: a ring of reused pinned buffers copied on a side stream.
 
-Part of the reader (the modules that import torch). A batch read straight from the page cache into pinned
+Part of the torch layer. A batch read straight from the page cache into pinned
 memory (``preadv``: one copy, no page faults) can be copied to the GPU asynchronously; the training step's
 stream then waits for that one copy only, while the next batches are already being read and copied.
 """

@@ -1,6 +1,6 @@
 """DataLoader workers hand the main process references to batches, not their bytes.
 
-Part of the reader (with :mod:`pgprefetch.read.dataset`, the only modules that import torch).
+Part of the torch layer.
 
 A batch read in a ``DataLoader`` worker goes to the main process through a pipe, and torch sends a tensor
 by moving its storage into a fresh shared-memory block: a copy, a new file and a new mapping for every
@@ -18,9 +18,7 @@ which reads the file's bytes: edit a copy there, or edit in the main process.
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
 import threading
 import warnings
 from collections import OrderedDict
@@ -31,27 +29,9 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
 from pgprefetch.errors import StoreError
+from pgprefetch.read.mapping import FileRef, map_path
 
 _MAPPINGS_KEPT = 64  # files the main process keeps mapped for the workers' batches, least recently used dropped
-
-
-class FileRef:
-    """Where a worker's mapping of a file came from: the path, its (device, inode), and which mapping it is.
-
-    The serial is new for every mapping a worker makes, so the main process maps the file afresh when the
-    worker does (a new pass in new workers, say): the reader's rule that a new pass starts from the file.
-    """
-
-    __slots__ = ("ident", "path", "serial")
-    _serials = itertools.count(1)  # next() is atomic: two threads mapping at once get distinct serials
-
-    def __init__(self, path: str, ident: tuple[int, int]) -> None:
-        self.path, self.ident, self.serial = path, ident, (os.getpid(), next(FileRef._serials))
-
-    @classmethod
-    def of(cls, path: str, stat: os.stat_result) -> FileRef:
-        """The reference of a file just mapped, from its ``stat``."""
-        return cls(path, (stat.st_dev, stat.st_ino))
 
 
 class MappedBatch(torch.Tensor):
@@ -125,12 +105,12 @@ def _mapping(path: str, ident: tuple[int, int], serial: tuple[int, int]) -> torc
             _mappings.move_to_end(key)
             return mapping
         try:
-            st = os.stat(path)
+            raw, st = map_path(path)
         except OSError as e:
             raise StoreError(f"{path}: cannot read a batch a DataLoader worker sent: {e.strerror or e}") from None
         if (st.st_dev, st.st_ino) != ident:
             raise StoreError(f"{path} was replaced while a DataLoader worker read it (was the epoch rewritten?)")
-        mapping = torch.from_file(path, shared=False, size=st.st_size, dtype=torch.uint8)
+        mapping = torch.from_numpy(raw)
         _mappings[key] = mapping
         if len(_mappings) > _MAPPINGS_KEPT:  # batches handed out keep their mapping alive themselves
             _mappings.popitem(last=False)

@@ -1,14 +1,14 @@
-"""Sample ranges of one published epoch's arrays, as torch tensors: the reader's byte layer.
+"""Sample ranges of one published epoch's arrays, as NumPy arrays: the reader's byte layer.
 
-Part of the reader (with :mod:`~pgprefetch.read.dataset`, :mod:`~pgprefetch.read.stream` and
-:mod:`~pgprefetch.read.workers`, the modules that import torch). A stored batch is a chunk, and pgprefetch
-writes a shard file's chunks back to back, so samples ``a..b`` of an array are one contiguous byte range
-per file they touch. That lets the reader hand out batches of any size without caring how the dump cut
-them:
+A stored batch is a chunk, and pgprefetch writes a shard file's chunks back to back, so samples ``a..b`` of
+an array are one contiguous byte range per file they touch. That lets every reader above (NumPy, torch,
+JAX, Grain) hand out batches of any size without caring how the dump cut them:
 
-- a range inside one local file is a view of that file's mapping (no copy, no syscall once mapped);
+- a range inside one local file is a view of that file's private mapping (no copy, no syscall once
+  mapped), read-only: :meth:`SampleRanges.mapped` tells a framework layer where it lies, so it can make its
+  own zero-copy view of the same mapping;
 - a range over several files is one copy, of exactly its bytes;
-- :meth:`EpochArrays.read_into` fills caller buffers with one ``preadv`` (or ranged GET) per file touched;
+- :meth:`SampleRanges.read_into` fills caller buffers with one ``preadv`` (or ranged GET) per file touched;
 - compressed arrays are decoded by zarr, chunk by chunk.
 """
 
@@ -20,49 +20,52 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import google_crc32c
 import numpy as np
-import torch
 import zarr
 
 from pgprefetch.errors import StoreError
-from pgprefetch.read.workers import FileRef, by_reference
+from pgprefetch.read.mapping import FileRef, map_private
 from pgprefetch.store.base import Store, epoch_name
 from pgprefetch.store.layout import ArrayLayout
 
-TORCH_DTYPES = {
-    np.dtype(name): getattr(torch, name)
-    for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
-}
 _PAGE = 4096
 _FILES_KEPT = 32  # shard files kept mapped (and open) per process, least recently used dropped
 _BUFFERS_KEPT = 64  # read_into's target buffers whose byte views are kept (weakly)
 
 
 @dataclass
-class _File:
-    """One mapped shard file: its samples as one typed view when its chunks lie back to back."""
+class MappedFile:
+    """One mapped shard file of an array.
 
-    samples: torch.Tensor | None  # (batches in file * batch_size, *sample_shape), or None when out of order
-    chunks: list[torch.Tensor]  # out of order only: each stored batch of the file, (batch_size, *sample_shape)
+    ``mapping`` is the whole file, private and writable underneath; ``samples`` (chunks back to back, as
+    pgprefetch writes them) or ``chunks`` (any other order) are read-only typed views of it. ``views`` is
+    where a framework layer keeps its own view of this mapping (a torch tensor, say), made once per file.
+    """
+
+    mapping: np.ndarray  # uint8, the whole file
+    samples: np.ndarray | None  # (batches in file * batch_size, *sample_shape), or None when out of order
+    chunks: list[np.ndarray]  # out of order only: each stored batch of the file, (batch_size, *sample_shape)
     offsets: np.ndarray  # byte offset of each slot's chunk in the file
     ref: FileRef
     fd: int
+    views: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
+        """Close the file's descriptor (the mapping lives on while views of it do)."""
         os.close(self.fd)
 
 
-class EpochArrays:
+class SampleRanges:
     """The arrays of one published epoch, read as sample ranges.
 
     Args:
         backend: the store.
         epoch: the published epoch.
-        names: the arrays to read (fields, NULL masks, keys).
+        names: the arrays to read (fields, NULL masks, lengths, keys).
     """
 
     def __init__(self, backend: Store, epoch: int, names: tuple[str, ...]) -> None:
@@ -76,15 +79,15 @@ class EpochArrays:
             folder = root / epoch_name(epoch)
             self.layouts = {name: ArrayLayout.read(folder / name) for name in names}
         self.bytes_fetched = 0  # object stores: bytes this process fetched
-        # Local uncompressed arrays: samples per file, for the fast path of read().
+        # Local uncompressed arrays: samples per file, for the fast paths.
         self._per_file_samples = {
             name: layout.per_file * layout.batch_shape[0]
             for name, layout in self.layouts.items()
             if layout.raw and not self.remote
         }
-        self._files: OrderedDict[tuple[str, int], _File] = OrderedDict()
+        self._files: OrderedDict[tuple[str, int], MappedFile] = OrderedDict()
         self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once per process
-        self._buffers: dict[int, tuple[weakref.ref[torch.Tensor], memoryview, int]] = {}  # see _remember
+        self._buffers: dict[int, tuple[weakref.ref[np.ndarray], memoryview, int]] = {}  # see _remember
         self._pid = os.getpid()
         self._lock = threading.RLock()  # files are mapped, evicted and read under it (readers may be threads)
 
@@ -92,38 +95,52 @@ class EpochArrays:
         """The shape of one sample of array ``name``."""
         return self.layouts[name].batch_shape[1:]
 
-    def dtype(self, name: str) -> torch.dtype:
-        """The torch dtype of array ``name``."""
-        return TORCH_DTYPES[self.layouts[name].dtype]
+    def dtype(self, name: str) -> np.dtype:
+        """The dtype of array ``name``."""
+        return self.layouts[name].dtype
 
-    def read(self, name: str, a: int, b: int, *, shareable: bool = False) -> torch.Tensor:
-        """Samples ``a..b`` of ``name``: a view of a mapped file when they lie in one local file, else a copy.
+    def mapped(self, name: str, a: int, b: int) -> tuple[MappedFile, int, int] | None:
+        """The local file whose chunks lie back to back and hold all of samples ``a..b``, mapped, and where.
 
-        ``shareable``: a view comes back as a :class:`~pgprefetch.read.workers.MappedBatch`, which a DataLoader
-        worker sends to the main process as a file range.
+        Returns ``(file, lo, hi)``: the samples are ``file.samples[lo:hi]``. None when they are not one
+        range of one such file (an object store, a compressed array, a range over two files).
         """
         per = self._per_file_samples.get(name)
-        if per is not None and not shareable:  # the hot path: a view of a file already mapped
+        if per is None:
+            return None
+        number = a // per
+        if (b - 1) // per != number:
+            return None
+        file = self._files.get((name, number))
+        if file is None:
+            file = self._file(name, number)
+        if file.samples is None:
+            return None
+        first = number * per
+        return file, a - first, b - first
+
+    def read(self, name: str, a: int, b: int) -> np.ndarray:
+        """Samples ``a..b`` of ``name``, read-only: a view of a mapped file when they lie in one local file.
+
+        Else one copy (several files, an object store, a compressed array).
+        """
+        per = self._per_file_samples.get(name)
+        if per is not None:  # the hot path: a view of a file already mapped
             number = a // per
             file = self._files.get((name, number))
             if file is not None and file.samples is not None and (b - 1) // per == number:
                 return file.samples[a - number * per : b - number * per]
-        layout = self.layouts[name]
-        if not layout.raw or self.remote:
-            out = torch.empty((b - a, *self.sample_shape(name)), dtype=self.dtype(name))
-            self.read_into(name, a, b, out)
-            return out
-        pieces = [self._view(name, lo, hi) for lo, hi in self._per_file(layout, a, b)]
-        if len(pieces) > 1:
-            return torch.cat(pieces)  # one copy, of exactly these samples
-        piece = pieces[0]
-        if shareable and piece.is_contiguous():
-            _, file = self._file(name, a // layout.batch_shape[0] // layout.per_file)
-            return by_reference(piece, file.ref, piece.data_ptr() - piece.untyped_storage().data_ptr())
-        return piece
+            layout = self.layouts[name]
+            pieces = self._per_file(layout, a, b)
+            if len(pieces) == 1:
+                return self._view(name, a, b)
+        out = np.empty((b - a, *self.sample_shape(name)), dtype=self.dtype(name))
+        self.read_into(name, a, b, out)
+        out.flags.writeable = False  # a batch is read-only however it was read
+        return out
 
-    def read_into(self, name: str, a: int, b: int, out: torch.Tensor) -> None:
-        """Fill ``out[: b - a]`` (contiguous, on the CPU) with samples ``a..b`` of ``name``: one copy.
+    def read_into(self, name: str, a: int, b: int, out: np.ndarray) -> None:
+        """Fill ``out[: b - a]`` (C-contiguous) with samples ``a..b`` of ``name``: one copy.
 
         Local files: one ``preadv`` per file touched, into the buffer (no page mapping). Object stores: one
         ranged GET per file. Compressed arrays: zarr decodes the chunks touched.
@@ -146,9 +163,9 @@ class EpochArrays:
         layout = self.layouts[name]
         size = layout.batch_shape[0]
         sample_bytes = layout.batch_bytes // size
-        if per is not None and out.is_contiguous():
+        if per is not None and out.flags.c_contiguous:
             self._remember(out, sample_bytes)
-        target = out[: b - a].numpy().reshape(-1).view(np.uint8)
+        target = out[: b - a].reshape(-1).view(np.uint8)
         if not layout.raw:
             g0, g1 = a // size, (b - 1) // size
             chunks = self._zarr_array(name)[g0 : g1 + 1]
@@ -163,7 +180,7 @@ class EpochArrays:
                 self._fetch(layout, number, (lo - first) * sample_bytes, part)
                 continue
             with self._lock:  # the file's descriptor stays open while it is read
-                file = self._file(name, number)[1]
+                file = self._file(name, number)
                 if file.samples is not None:  # chunks back to back: one preadv
                     _pread(file.fd, part, (lo - first) * sample_bytes, layout, number)
                     continue
@@ -179,58 +196,61 @@ class EpochArrays:
         per = layout.per_file * layout.batch_shape[0]  # samples per file
         return [(max(a, f * per), min(b, (f + 1) * per)) for f in range(a // per, (b - 1) // per + 1)]
 
-    def _view(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        """Samples ``lo..hi`` (inside one local file) as a view of its mapping."""
+    def _view(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Samples ``lo..hi`` (inside one local file) as a view of its mapping, or one copy over chunks."""
         layout = self.layouts[name]
         size = layout.batch_shape[0]
         number = lo // size // layout.per_file
-        first, file = self._file(name, number)
+        file = self._file(name, number)
+        first = number * layout.per_file * size
         if file.samples is not None:
             return file.samples[lo - first : hi - first]
         slots = _slots(lo - first, hi - first, size)
         parts = [file.chunks[slot][s0 - slot * size : s1 - slot * size] for slot, s0, s1 in slots]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(parts) == 1:
+            return parts[0]
+        out = np.concatenate(parts)
+        out.flags.writeable = False
+        return out
 
-    def _file(self, name: str, number: int) -> tuple[int, _File]:
-        """File ``number`` of ``name``, mapped once (private, copy-on-write), and its first sample."""
-        layout = self.layouts[name]
+    def _file(self, name: str, number: int) -> MappedFile:
+        """File ``number`` of ``name``, mapped once (private, copy-on-write)."""
         with self._lock:
             if self._pid != os.getpid():  # a forked worker maps and opens its own
                 self.forget()
             key = (name, number)
             file = self._files.get(key)
             if file is None:
-                file = self._files[key] = self._map(layout, number)
-                if len(self._files) > _FILES_KEPT:  # tensors handed out keep their mapping alive themselves
+                file = self._files[key] = self._map(self.layouts[name], number)
+                if len(self._files) > _FILES_KEPT:  # views handed out keep their mapping alive themselves
                     self._files.popitem(last=False)[1].close()
             else:
                 self._files.move_to_end(key)
-        return number * layout.per_file * layout.batch_shape[0], file
+        return file
 
-    def _remember(self, out: torch.Tensor, sample_bytes: int) -> None:
+    def _remember(self, out: np.ndarray, sample_bytes: int) -> None:
         """Keep a byte view of ``out`` for read_into's hot path, without keeping ``out`` alive.
 
         The view is made over ``out``'s address (ctypes), and used only while a weak reference says ``out``
-        is the same live tensor; entries of tensors gone are dropped when the table fills.
+        is the same live array; entries of arrays gone are dropped when the table fills.
         """
         if len(self._buffers) >= _BUFFERS_KEPT:
             self._buffers = {k: v for k, v in self._buffers.items() if v[0]() is not None}
             if len(self._buffers) >= _BUFFERS_KEPT:
                 return
-        nbytes = out.numel() * out.element_size()
-        view = memoryview((ctypes.c_char * nbytes).from_address(out.data_ptr())).cast("B")
+        view = memoryview((ctypes.c_char * out.nbytes).from_address(out.ctypes.data)).cast("B")
         self._buffers[id(out)] = (weakref.ref(out), view, sample_bytes)
 
-    def _map(self, layout: ArrayLayout, number: int) -> _File:
+    def _map(self, layout: ArrayLayout, number: int) -> MappedFile:
         path, _ = layout.file(number * layout.per_file)
         fd = os.open(path, os.O_RDONLY)
         try:
             stat = os.fstat(fd)
             size = stat.st_size
-            mapping = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+            mapping = map_private(fd, size)
             nbytes = layout.batch_bytes
             if layout.sharded:
-                tail = mapping[size - layout.index_bytes :].numpy()
+                tail = mapping[size - layout.index_bytes :]
                 crc = int.from_bytes(tail[-4:].tobytes(), "little")
                 if google_crc32c.value(tail[:-4].tobytes()) != crc:
                     raise StoreError(f"{path}: shard index checksum mismatch (the file is damaged)")
@@ -238,15 +258,16 @@ class EpochArrays:
             else:
                 offsets = np.zeros(1, dtype=np.uint64)
             valid = min(layout.per_file, layout.n_batches - number * layout.per_file)
-            dtype = TORCH_DTYPES[layout.dtype]
             shape = layout.batch_shape
             ref = FileRef.of(str(path), stat)
             if np.array_equal(offsets[:valid], np.arange(valid, dtype=np.uint64) * nbytes):
                 # Chunks back to back (as pgprefetch writes them): one typed view of all the file's samples.
-                samples = mapping[: valid * nbytes].view(dtype).view(valid * shape[0], *shape[1:])
-                return _File(samples, [], offsets, ref, fd)
-            chunks = [mapping[int(o) : int(o) + nbytes].view(dtype).view(shape) for o in offsets[:valid]]
-            return _File(None, chunks, offsets, ref, fd)
+                samples = _frozen(mapping[: valid * nbytes].view(layout.dtype).reshape(valid * shape[0], *shape[1:]))
+                return MappedFile(mapping, samples, [], offsets, ref, fd)
+            chunks = [
+                _frozen(mapping[int(o) : int(o) + nbytes].view(layout.dtype).reshape(shape)) for o in offsets[:valid]
+            ]
+            return MappedFile(mapping, None, chunks, offsets, ref, fd)
         except BaseException:
             os.close(fd)
             raise
@@ -301,16 +322,21 @@ class EpochArrays:
                 file.close()
 
 
-def empty_aligned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An empty CPU tensor starting on a page boundary.
+def empty_aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An empty array starting on a page boundary.
 
     ``preadv`` into a buffer that starts 16 bytes past a page (where an allocator may put it) was measured
     at half the speed of one on a page boundary (8.5 vs 19 GB/s).
     """
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    block = torch.empty(nbytes + _PAGE, dtype=torch.uint8)
-    start = -block.data_ptr() % _PAGE
-    return block[start : start + nbytes].view(dtype).view(shape)
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    block = np.empty(nbytes + _PAGE, dtype=np.uint8)
+    start = -block.ctypes.data % _PAGE
+    return block[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _slots(lo: int, hi: int, size: int) -> list[tuple[int, int, int]]:
