@@ -16,6 +16,7 @@ import torch
 import zarr
 from torch.utils.data import DataLoader
 
+import pgprefetch
 import pgprefetch.write.writer
 from pgprefetch import EpochDataset
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
@@ -205,6 +206,20 @@ def test_to_device_cuda_yields_the_same_batches_on_the_gpu(store: Path) -> None:
     for i, batch in enumerate(ds.to_device("cuda", prefetch=2)):
         assert batch["x"].is_cuda
         assert torch.equal(batch["x"].cpu(), ds[i]["x"])
+
+
+@pytest.mark.parametrize("reader", ["EpochDataset", "EpochArrays"])
+def test_negative_indices_count_from_the_end_as_in_a_python_sequence(store: Path, reader: str) -> None:
+    ds = getattr(pgprefetch, reader)(store, 0, consumer=None, world_size=2, rank=1)
+    n = len(ds)
+    for i in (-1, -2, -n):
+        got, want = ds[i], ds[n + i]
+        assert got.keys() == want.keys()
+        assert all(np.array_equal(np.asarray(got[k]), np.asarray(want[k])) for k in got)
+        assert np.array_equal(np.asarray(ds.batch_keys(i)), np.asarray(ds.batch_keys(n + i)))
+    for i in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"batch {i} out of range for a rank with {n} batches"):
+            ds[i]
 
 
 def test_missing_epoch_lists_the_epochs_present(store: Path) -> None:

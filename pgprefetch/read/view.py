@@ -211,19 +211,22 @@ class EpochView(abc.ABC, Generic[B]):
 
     def global_batch(self, i: int) -> int:
         """The epoch-wide index of this rank's batch ``i``."""
-        self._check(i)
+        i = self._index(i)
         return self._base // self.batch_size + i * self.world_size + self.rank
 
     def samples(self, i: int) -> tuple[int, int]:
         """The epoch's samples ``a..b`` that this rank's batch ``i`` holds (``b - a`` < batch size at the end)."""
         if not 0 <= i < self._len:
-            self._check(i)
+            i = self._index(i)
         a = self._base + (i * self.world_size + self.rank) * self.batch_size
         return a, min(self.n_samples, a + self.batch_size)
 
-    def _check(self, i: int) -> None:
-        if not 0 <= i < len(self):
-            raise IndexError(f"batch {i} out of range for a rank with {len(self)} batches")
+    def _index(self, i: int) -> int:
+        """Batch ``i`` as a Python sequence takes it: ``-1`` is the last one; out of range an IndexError."""
+        n = len(self)
+        if isinstance(i, bool) or not -n <= i < n:
+            raise IndexError(f"batch {i} out of range for a rank with {n} batches")
+        return i + n if i < 0 else i
 
     def keys_array(self, i: int) -> np.ndarray:
         """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``, read-only NumPy."""
