@@ -405,3 +405,23 @@ def test_a_pass_maps_the_shard_file_and_makes_resident_only_the_batches_it_reads
     slack = len(ds) * 128 * 1024 + 64 * 1024
     assert resident <= read + slack < shard.stat().st_size / 2
     assert grown <= read + slack + (1 << 20)
+
+
+def test_waiting_for_a_store_that_is_not_there_warns_at_once_and_every_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import pgprefetch.store.base
+
+    monkeypatch.setattr(pgprefetch.store.base, "WAIT_NOTICE_S", 0.5)  # a minute, in the product
+    missing = tmp_path / "not-yet.zarr"
+    started = time.time()
+    with caplog.at_level("INFO", logger="pgprefetch"), pytest.raises(EpochNotReadyError, match="gave up waiting"):
+        EpochDataset(missing, 0, wait=True, timeout=1.6, consumer=None)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "waiting for epoch 0" in r.getMessage()]
+    assert said[0] == (
+        "WARNING",
+        f"waiting for epoch 0 of {missing}: no store is there yet (a misspelt path, or cron has not dumped yet)",
+    )
+    assert caplog.records[0].created - started < 0.5  # at once, not after the timeout
+    assert len(said) >= 3  # and again every interval, saying how long so far
+    assert all(level == "WARNING" and f"of {missing} (for " in text for level, text in said[1:])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import json
+import logging
 import os
 import re
 import socket
@@ -42,7 +43,10 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError, StoreNotFoundError
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
+log = logging.getLogger("pgprefetch")
+
 FORMAT_VERSION = 1
+WAIT_NOTICE_S = 60.0  # a reader waiting for an epoch says so this often (and at once when no store is there)
 KEYS_ARRAY = "keys"
 META_DIR = ".pgprefetch"
 ROOT_ATTRIBUTES = {"pgprefetch_store": {"format_version": FORMAT_VERSION}}
@@ -173,17 +177,39 @@ class Store(abc.ABC):
         return manifest
 
     def wait_manifest(self, epoch: int, timeout: float | None) -> dict[str, Any]:
-        """:meth:`manifest`, waiting up to ``timeout`` seconds for the epoch to be published (None: no wait)."""
-        deadline = time.monotonic() + (timeout or 0.0)
+        """:meth:`manifest`, waiting up to ``timeout`` seconds for the epoch to be published (None: no wait).
+
+        The wait is not silent: with no store at the location yet (a misspelt path costs the whole timeout;
+        a store cron has not created yet is legitimate, the training job may start first) it warns at once,
+        and every ``WAIT_NOTICE_S`` it says again what it waits for and where.
+        """
+        started = time.monotonic()
+        deadline = started + (timeout or 0.0)
+        noticed = None  # when the wait was last reported
         while True:
             try:
                 return self.manifest(epoch)
             except (EpochNotFoundError, EpochNotReadyError) as e:
                 if timeout is None:
                     raise
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline:
                     raise EpochNotReadyError(f"{e}; gave up waiting after {timeout:g} s") from None
+                if noticed is None or now - noticed >= WAIT_NOTICE_S:
+                    self._notice_wait(epoch, now - started, timeout, first=noticed is None)
+                    noticed = now
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def _notice_wait(self, epoch: int, waited: float, timeout: float, *, first: bool) -> None:
+        """Say what a reader waits for: a warning while no store is there, otherwise a note every so often."""
+        so_far = "" if first else f" (for {waited:.0f} s of {timeout:g})"
+        if not self.exists():
+            log.warning(
+                "waiting for epoch %d of %s%s: no store is there yet (a misspelt path, or cron has not dumped yet)",
+                epoch, self.location, so_far,
+            )  # fmt: skip
+        elif not first:
+            log.info("still waiting for epoch %d of %s to be published%s", epoch, self.location, so_far)
 
     def array_layout(self, epoch: int, name: str) -> ArrayLayout:
         """Where array ``name`` of a published epoch keeps each batch."""
