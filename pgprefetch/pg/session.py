@@ -7,10 +7,8 @@ snapshot before its first query, so rows changed while the dump runs never reach
 can never write (a data-modifying CTE fails in a read-only transaction). The statements themselves are
 written in :mod:`pgprefetch.pg.statement`.
 
-This module is the boundary to asyncpg: every database call goes through :func:`_call`, which bounds
-it by ``[source] io_timeout`` and turns whatever it raises into one :class:`~pgprefetch.errors.SourceError`,
-marked transient (with its cause) when :func:`pgprefetch.pg.retry.lost` says the connection went away.
-Nothing above this module sees an asyncpg exception.
+Every database call goes through :func:`pgprefetch.pg.calls.bounded_call`, the boundary to asyncpg: bounded by
+``[source] io_timeout``, its failures mapped to one :class:`~pgprefetch.errors.SourceError`.
 """
 
 from __future__ import annotations
@@ -22,116 +20,19 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
 import asyncpg
 import numpy as np
 
 from pgprefetch.config.model import Config, SourceConfig
-from pgprefetch.errors import ConfigError, PgprefetchError, SampleError, SourceError
+from pgprefetch.errors import ConfigError, SampleError, SourceError
 from pgprefetch.keys import INTEGER_TYPES, UUID_TYPE, KeyColumns
+from pgprefetch.pg.calls import T, Watchdog, bounded_call, close, connect
 from pgprefetch.pg.plans import IndexAdvice, index_advice
-from pgprefetch.pg.redaction import redact, scrub
-from pgprefetch.pg.retry import cause, lost
 from pgprefetch.pg.statement import Fetched, distinct_text_statement, sample_text_statement
 
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
 _SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
-T = TypeVar("T")
-
-
-class _Watchdog:
-    """Terminates a connection that has not answered for ``timeout_ms`` (0: never); :meth:`arm` restarts the wait.
-
-    A watchdog rather than ``asyncio.wait_for``: cancelling an asyncpg call sends a cancel request over a
-    new connection, which a stalled route would stall too. Terminating drops the socket, and the pending
-    call fails at once with "connection closed".
-    """
-
-    def __init__(self, conn: asyncpg.Connection, timeout_ms: int) -> None:
-        self.conn, self.timeout_ms, self.fired = conn, timeout_ms, False
-        self._handle: asyncio.TimerHandle | None = None
-
-    def arm(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        if self.timeout_ms:
-            self._handle = asyncio.get_running_loop().call_later(self.timeout_ms / 1000, self._fire)
-
-    def _fire(self) -> None:
-        self.fired = True
-        self.conn.terminate()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-
-    def error(self, what: str) -> SourceError:
-        message = f"{what}: lost the connection: no answer for {self.timeout_ms / 1000:g} s ([source] io_timeout)"
-        return SourceError(message, transient=True, cause="stalled")
-
-
-async def _call(
-    conn: asyncpg.Connection,
-    call: Callable[[], Awaitable[T]],
-    what: str,
-    timeout_ms: int,
-    watchdog: _Watchdog | None = None,
-) -> T:
-    """Make and await one database call on ``conn``, unanswered for at most ``timeout_ms``; failures SourceErrors.
-
-    ``call`` is made inside the boundary because asyncpg checks a statement's or cursor's connection when
-    the call is made, before there is anything to await: a dead connection raises there. ``watchdog`` is one
-    the call re-arms itself whenever data arrives (a COPY); by default one wait.
-    """
-    dog = watchdog or _Watchdog(conn, timeout_ms)
-    dog.arm()
-    try:
-        return await call()
-    except PgprefetchError:
-        raise
-    except Exception as e:
-        if dog.fired:
-            raise dog.error(what) from None
-        raise translate(e, what, conn) from None
-    finally:
-        dog.cancel()
-
-
-def translate(e: BaseException, what: str, conn: asyncpg.Connection | None = None) -> SourceError:
-    """The one-line SourceError for a database call's failure, transient when the connection was lost."""
-    if isinstance(e, asyncpg.QueryCanceledError) and not lost(e, conn):
-        return SourceError(f"{what}: {_pg_message(e)} (see [source] statement_timeout)")
-    if lost(e, conn):
-        return SourceError(f"{what}: lost the connection: {_pg_message(e)}", transient=True, cause=cause(e))
-    return SourceError(f"{what}: {_pg_message(e)}")
-
-
-async def close(conn: asyncpg.Connection, timeout_ms: int) -> None:
-    """Close ``conn`` politely if it still answers, or drop it; never raise, never hang."""
-    if conn.is_closed():
-        return
-    try:
-        await asyncio.wait_for(conn.close(), (timeout_ms or 60_000) / 1000)
-    except Exception:  # a broken or stalled connection: drop the socket
-        conn.terminate()
-
-
-async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
-    """Open one connection with pgprefetch's session settings, or raise a one-line SourceError."""
-    # A server-wide idle_in_transaction_session_timeout would kill the exporter while the client shuffles.
-    server_settings = {"application_name": "pgprefetch", "idle_in_transaction_session_timeout": "0", **settings}
-    if source.statement_timeout_ms is not None:
-        server_settings["statement_timeout"] = str(source.statement_timeout_ms)
-    try:
-        timeout = (source.io_timeout_ms or 60_000) / 1000
-        return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=timeout)
-    except Exception as e:
-        reason = scrub(str(e) or type(e).__name__, source.dsn).splitlines()[0]
-        # A restarting server refuses, or has no socket yet: transient (retried only once a dump got going).
-        raise SourceError(
-            f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e), cause=cause(e)
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -160,8 +61,8 @@ class Snapshot:
         try:
             sql = "SELECT pg_export_snapshot(), current_setting('server_version')"
             begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-            await _call(conn, lambda: conn.execute(begin), "cannot begin the snapshot", source.io_timeout_ms)
-            snapshot_id, version = await _call(
+            await bounded_call(conn, lambda: conn.execute(begin), "cannot begin the snapshot", source.io_timeout_ms)
+            snapshot_id, version = await bounded_call(
                 conn, lambda: conn.fetchrow(sql), "cannot export the snapshot", source.io_timeout_ms
             )
             if not _SNAPSHOT_ID.match(snapshot_id):  # it is spliced into SET TRANSACTION SNAPSHOT
@@ -219,7 +120,7 @@ class Snapshot:
         return stmt
 
     async def _run(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        return await _call(self.conn, call, what, self._timeout)
+        return await bounded_call(self.conn, call, what, self._timeout)
 
     async def distinct_text(self, cfg: Config, column: str) -> list[str]:
         """The distinct non-NULL values of ``column`` over every sample, as text, sorted by code point.
@@ -331,13 +232,15 @@ class BatchReader:
             conns.append(conn)
             begin = f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
             try:
-                await _call(conn, lambda: conn.execute(begin), "cannot import the snapshot", timeout)
+                await bounded_call(conn, lambda: conn.execute(begin), "cannot import the snapshot", timeout)
             except SourceError as e:
                 # Also when the exporter died and took the snapshot with it: a retry takes a new one.
                 raise SourceError(str(e), transient=True, cause=e.cause or "connection lost") from None
             if sql is None:
                 return conn, None
-            return conn, await _call(conn, lambda: conn.prepare(sql), "cannot prepare the batch statement", timeout)
+            return conn, await bounded_call(
+                conn, lambda: conn.prepare(sql), "cannot prepare the batch statement", timeout
+            )
 
         tasks = [asyncio.ensure_future(start()) for _ in range(source.connections)]
         try:
@@ -359,7 +262,7 @@ class BatchReader:
         stream. ``io_timeout`` bounds the wait for each chunk, not the whole COPY: a long scan is not a stall.
         """
         conn, _ = await self._idle.get()
-        dog = _Watchdog(conn, self._timeout)
+        dog = Watchdog(conn, self._timeout)
 
         async def output(data: bytes) -> None:
             dog.cancel()
@@ -367,7 +270,7 @@ class BatchReader:
             dog.arm()
 
         try:
-            await _call(
+            await bounded_call(
                 conn, lambda: conn.copy_from_query(sql, output=output, format="binary"), what, self._timeout, dog
             )
         finally:
@@ -384,18 +287,12 @@ class BatchReader:
         args = (*(column.tolist() for column in keys), *self._params)
         try:
             if self._row_wise:
-                rows = await _call(conn, lambda: stmt.fetch(*args), what, self._timeout)
+                rows = await bounded_call(conn, lambda: stmt.fetch(*args), what, self._timeout)
                 return tuple(zip(*rows, strict=True))
-            row = await _call(conn, lambda: stmt.fetchrow(*args), what, self._timeout)
+            row = await bounded_call(conn, lambda: stmt.fetchrow(*args), what, self._timeout)
         finally:
             self._idle.put_nowait((conn, stmt))
         return tuple(row)
-
-
-def _pg_message(e: BaseException) -> str:
-    """The server's message on one line (asyncpg's str() adds DETAIL/HINT on further lines)."""
-    message = getattr(e, "message", None) or (str(e).splitlines() or [type(e).__name__])[0]
-    return str(message).replace("\n", " ")
 
 
 def _where(cfg: Config) -> str:
