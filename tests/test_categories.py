@@ -381,3 +381,10 @@ def test_a_damaged_vocabulary_is_an_error_never_a_fresh_start(tmp_path: Path) ->
     with pytest.raises(StoreError, match=r"categories.json is damaged"):
         store.grow_vocabulary(grow_by("a"))
     assert (tmp_path / "store.zarr" / VOCABULARY).read_text() == '{"fields": '
+
+
+def test_stats_says_which_fields_it_leaves_out_and_why(penguins: str, tmp_path: Path) -> None:
+    dump(config(tmp_path, "query"), penguins)
+    code, out = run_cli("stats", "--store", str(tmp_path / "store.zarr"), "--epoch", "0")
+    assert code == 0, out
+    assert out.splitlines()[-1] == "not summarised: island (category codes: count them with np.bincount)"

@@ -241,7 +241,8 @@ def verify(config_path: Path | None, store: str | None, epoch: int, as_json: boo
 @json_option('Print {"epoch", "stats": {field: {column: {count, mean, std, min, max}}}}.')
 def stats(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
     """Per field and column: count, mean, std, min and max over an epoch's real values (padding excluded)."""
-    figures = _store(config_path, store).manifest(epoch).get("stats")
+    manifest = _store(config_path, store).manifest(epoch)
+    figures = manifest.get("stats")
     if figures is None:
         raise fail(f"epoch {epoch} has no statistics: a pgprefetch that did not compute them wrote it", 1)
     if as_json:
@@ -252,6 +253,16 @@ def stats(config_path: Path | None, store: str | None, epoch: int, as_json: bool
         for column, s in columns.items():
             cells = (f"{s[k]:>14.6g}" if s[k] is not None else f"{'-':>14}" for k in ("mean", "std", "min", "max"))
             click.echo(f"{field:<16} {column:<16} {s['count']:>12,} {' '.join(cells)}")
+    left = [f"{name} ({_why_no_stats(entry)})" for name, entry in manifest["fields"].items() if name not in figures]
+    if left:
+        click.echo(f"not summarised: {', '.join(left)}")
+
+
+def _why_no_stats(entry: dict[str, Any]) -> str:
+    """Why ``stats`` has no figures for a field of the manifest."""
+    if "categories" in entry:
+        return "category codes: count them with np.bincount"
+    return "bytes of text or bytea" if entry["dtype"] == "uint8" and "lengths" in entry else "not a number"
 
 
 @cli.command("prune")
