@@ -61,7 +61,9 @@ class Bed:
         folder = self.folder / name
         folder.mkdir()
         if kind in ("ragged", "max_rows"):
-            where = "BETWEEN $1 AND $1 + $1 % 3" if kind == "max_rows" else "= $1"
+            # ORDER BY: which 2 of a sample's 3 rows are kept depends on the order the query returns them in,
+            # and without one a restarted server (its statistics reset, another plan) returned another order.
+            where = "BETWEEN $1 AND $1 + $1 % 3 ORDER BY id" if kind == "max_rows" else "= $1"
             return write_config(
                 folder,
                 keys="SELECT id FROM s",
