@@ -239,6 +239,11 @@ class Store(abc.ABC):
         partial = self.partial_path(epoch)
         return partial.with_name(f"{partial.name}.journal")
 
+    def keys_path(self, epoch: int) -> Path:
+        """Where a dump orders an epoch's keys beyond ``[source] memory``: beside its partial epoch, removed with it."""
+        partial = self.partial_path(epoch)
+        return partial.with_name(f"{partial.name}.keys")
+
     @abc.abstractmethod
     def scratch(self, name: str) -> Path:
         """A local folder for a dump's temporary files (the scan mode's spool)."""
