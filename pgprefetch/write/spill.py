@@ -73,7 +73,7 @@ class KeyRuns:
     ordered key file, after which the spill file is gone.
     """
 
-    def __init__(self, folder: Path, width: int, seed: int, epoch: int, budget: int) -> None:
+    def __init__(self, folder: Path, width: int, seed: int, epoch: int, budget: int, started: float) -> None:
         self.folder = folder
         self.width = width
         self.seed, self.epoch = seed, epoch
@@ -81,7 +81,7 @@ class KeyRuns:
         self.runs: list[_Run] = []
         self.n = 0
         self._end = 0
-        self.started = time.monotonic()
+        self.started = started  # (monotonic) when the keys began to stream: the log gives the whole phase
         with io_errors(folder):
             shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers
             folder.mkdir(parents=True)
@@ -178,9 +178,9 @@ class KeyRuns:
         buckets = 0
         try:
             for keys, hashes in self.buckets(cap):
-                buckets += 1
                 if not keys.shape[1]:
                     continue
+                buckets += 1
                 order, repeats = shuffle.order_part(keys, seed=self.seed, epoch=self.epoch, fraction=fraction, h=hashes)
                 del hashes
                 if repeats.count:
@@ -208,6 +208,7 @@ async def collect_keys(
     ``folder`` (created, emptied first, only if the keys spill) holds the spill and ordered key files;
     the caller removes it when the epoch is done or failed.
     """
+    started = time.monotonic()
     limit = keys_in_budget(budget, width)
     held: list[np.ndarray] = []
     n = 0
@@ -216,7 +217,7 @@ async def collect_keys(
         async for chunk in chunks:
             if n + chunk.shape[1] > limit and held:
                 if runs is None:
-                    runs = KeyRuns(folder, width, seed, epoch, budget)
+                    runs = KeyRuns(folder, width, seed, epoch, budget, started)
                 runs.add(held)
                 n = 0
             held.append(chunk)
