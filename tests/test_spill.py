@@ -250,6 +250,7 @@ def test_kill_9_while_keys_are_on_disk_then_resume_gives_the_clean_bytes(db: str
 def test_a_full_disk_while_ordering_keys_is_one_line_and_nothing_is_published(db: str, tmp_path: Path) -> None:
     cfg = numbers_config(tmp_path, n=120_000, extra_source=f'memory = "{TINY}"')
     store = tmp_path / "store.zarr"
+    dump(cfg, db, epoch=1)  # the store exists: a failed dump leaves it, and must leave no keys behind
 
     def small_files() -> None:  # like a full disk: writes past 256 KiB fail (EFBIG); the spill is ~2 MB
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
