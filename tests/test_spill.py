@@ -28,6 +28,7 @@ from pgprefetch import dump_epochs, load_config
 from pgprefetch.errors import SampleError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.local import LocalStore
+from pgprefetch.store.maintenance import prune
 from pgprefetch.write import shuffle
 from pgprefetch.write.check import check_config
 from pgprefetch.write.keyfile import OrderedKeys
@@ -131,6 +132,17 @@ def test_removing_a_partial_epoch_removes_its_keys(tmp_path: Path) -> None:
     assert store.partial_epochs() == []  # not mistaken for an epoch
     store.remove_partial(3)
     assert not keys.exists()
+
+
+def test_prune_partials_removes_keys_a_dump_killed_while_ordering_them_left(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store.zarr")
+    store.create()
+    store.keys_path(5).mkdir(parents=True)  # no partial epoch beside it: the dump died before its first batch
+    assert store.orphaned_keys() == [5]
+    assert prune(store, keep=1).partials == []  # only when asked, as for partial epochs
+    assert store.keys_path(5).exists()
+    assert prune(store, keep=1, partials=True).partials == [5]
+    assert not store.keys_path(5).exists()
 
 
 # ---- dumps through PostgreSQL -------------------------------------------------------------------------------------
