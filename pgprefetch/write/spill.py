@@ -110,12 +110,12 @@ class KeyRuns:
         often): a range is halved until it fits or is that one value.
         """
         count = max(1, math.ceil(self.n / max(1, int(cap * FILL))))
-        width = -(-_SPAN // count)
+        span = -(-_SPAN // count)
         at = [0] * len(self.runs)  # per run: its first key not yet handed out
         ahead: list[np.ndarray] = [np.empty(0, np.uint64) for _ in self.runs]  # its hashes from there, read
         lo = 0
         while lo < _SPAN:
-            hi = min(lo + width, _SPAN)
+            hi = min(lo + span, _SPAN)
             ends = [self._end_of(r, at[r], ahead, lo, hi) for r in range(len(self.runs))]
             while sum(e - a for e, a in zip(ends, at, strict=True)) > cap and hi - lo > 1:
                 hi = lo + (hi - lo) // 2  # the hashes read cover it: no read
@@ -169,8 +169,8 @@ class KeyRuns:
     def order(self, *, fraction: float, quantum: int) -> tuple[OrderedKeys, shuffle.Repeats, int]:
         """Write the epoch's order into the ordered key file; return it, the repeats found and the buckets.
 
-        ``quantum``: see :class:`~pgprefetch.write.keyfile.OrderedKeys`. Repeated keys are all left out
-        of the file (kept once): the caller refuses them or not.
+        ``quantum``: see :class:`~pgprefetch.write.keyfile.OrderedKeys`. A repeated key is written once,
+        and counted in the repeats: the caller refuses them or not.
         """
         cap = keys_in_budget(self.budget, self.width)
         out = OrderedKeys(self.folder / "ordered", self.width, self.n, quantum)
