@@ -1,4 +1,5 @@
-"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small, S3."""
+"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small, S3;
+keys (query-mode keys beyond ``--memory``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import asyncpg
 import numpy as np
 
 from . import casts, contenders, dumprun, frameworks, log, opening, reader, s3, scan, stop_child
+from . import keys as keys_bench  # `keys` is a variable in several functions here
 from . import ragged as ragged_bench
 from . import small as small_bench  # `small` is a flag in several functions here
 from . import stream as stream_bench  # `stream` reads better as the bench module here too
@@ -211,6 +213,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 bench")
     parser.add_argument(
+        "--keys-only",
+        action="store_true",
+        help=f"only the keys bench (query-mode dumps of {keys_bench.KEYS:,} and {keys_bench.FACTOR}x as many keys "
+        f"under --memory {keys_bench.BUDGET} and in memory: peak RSS per key, rate, 10^9 on paper; no dataset)",
+    )
+    parser.add_argument("--no-keys", action="store_true", help="skip the keys bench")
+    parser.add_argument(
         "--s3-samples",
         type=int,
         help=f"windows in the S3 bench's epoch (default {s3.SAMPLES:,}, quick {s3.QUICK_SAMPLES:,})",
@@ -258,6 +267,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--stream-only runs the EpochStream bench alone: not with --no-stream or another --*-only")
     if args.s3_only and (args.no_s3 or any(others)):
         parser.error("--s3-only runs the S3 bench alone: not with --no-s3 or another --*-only")
+    if args.keys_only and (args.no_keys or args.s3_only or args.stream_only or args.ragged_only or any(others)):
+        parser.error("--keys-only runs the keys bench alone: not with --no-keys or another --*-only")
     args.s3_samples = args.s3_samples or (s3.QUICK_SAMPLES if args.quick else s3.SAMPLES)
     default = reader.QUICK_EPOCH_BYTES if args.quick else reader.EPOCH_BYTES
     args.reader_bytes = int(args.reader_gb * 2**30) if args.reader_gb else default
@@ -403,6 +414,25 @@ def s3_only(args: argparse.Namespace) -> None:
         log(f"wrote the S3 section of {args.results}")
 
 
+def measure_keys(dsn: str, quick: bool) -> keys_bench.KeysResults:
+    n = keys_bench.QUICK_KEYS if quick else keys_bench.KEYS
+    budget = keys_bench.QUICK_BUDGET if quick else keys_bench.BUDGET
+    log(f"keys: {n:,} and {n * keys_bench.FACTOR:,} keys, under --memory {budget} and in memory")
+    return keys_bench.run(dsn, quick=quick, rounds=1 if quick else keys_bench.ROUNDS)
+
+
+def keys_only(args: argparse.Namespace) -> None:
+    """``--keys-only``: an empty database (the keys are generated), the keys section; with ``--results``, splice it."""
+    with server() as admin_dsn, database(admin_dsn) as dsn:
+        measured = measure_keys(dsn, args.quick)
+    section = keys_bench.render(measured, revision=code_revision())
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, keys_bench.BEGIN, keys_bench.END), encoding="utf-8")
+        log(f"wrote the keys section of {args.results}")
+
+
 def measure_casts(ds: Dataset, dsn: str, dump: dumprun.DumpRun) -> casts.CastRun:
     log(f"{ds.name}: cast checks, safe against unsafe decodes, {casts.BUDGET_S:g} s budget")
     run = casts.measure(ds, dsn, dump)
@@ -486,6 +516,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.s3_only:
         s3_only(args)
         return
+    if args.keys_only:
+        keys_only(args)
+        return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
     if small and not args.quick:
@@ -496,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
     scan_results = scan.ScanResults()
+    keyed = None
     try:
         with server() as admin_dsn, database(admin_dsn) as dsn:
             _, results.server_version = asyncio.run(load(dsn, scales))
@@ -513,6 +547,8 @@ def main(argv: list[str] | None = None) -> None:
                 measure_small(results, dsn, args.quick)
             if not args.no_s3:
                 measure_s3(results, dsn, args)
+            if not args.no_keys:
+                keyed = measure_keys(dsn, args.quick)
             if not args.no_proxy:
                 with proxy(dsn, args.delay_ms) as slow_dsn:
                     results.rtt_ms["direct"] = asyncio.run(contenders.round_trip_ms(dsn))
@@ -543,6 +579,8 @@ def main(argv: list[str] | None = None) -> None:
         text = text.rstrip("\n") + "\n\n" + ragged_bench.render(padded, revision=results.revision) + "\n"
     if readers is not None:
         text = text.rstrip("\n") + "\n\n" + frameworks.render(readers, revision=results.revision) + "\n"
+    if keyed is not None:
+        text = text.rstrip("\n") + "\n\n" + keys_bench.render(keyed, revision=results.revision) + "\n"
     print(text)
     if args.results:
         args.results.write_text(text, encoding="utf-8")

@@ -19,7 +19,7 @@ from .datasets import Dataset
 PGPREFETCH = Path(sys.executable).parent / "pgprefetch"
 
 # Runs the dump as its only child and reports that child's peak RSS (KiB on Linux) on a last line.
-_WRAPPER = (
+RSS_WRAPPER = (
     "import resource, subprocess, sys\n"
     "rc = subprocess.run(sys.argv[1:]).returncode\n"
     "print(f'MAXRSS_KIB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} RC {rc}', flush=True)\n"
@@ -70,7 +70,7 @@ def dump(
     path.write_text(text, encoding="utf-8")
     argv = [str(PGPREFETCH), "dump", "--config", str(path), "--epoch", "0", "--force", "--json", "--dsn", dsn]
     if measure_rss:
-        argv = [sys.executable, "-c", _WRAPPER, *argv]
+        argv = [sys.executable, "-c", RSS_WRAPPER, *argv]
     keys = None
     try:
         started = time.perf_counter()

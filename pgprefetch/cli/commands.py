@@ -87,7 +87,12 @@ def cli(debug: bool) -> None:
 @click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store; overrides [store] path.")
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
-@click.option("--memory", metavar="SIZE", help='Scan mode: table data held at once, e.g. "2GiB"; overrides [source].')
+@click.option(
+    "--memory",
+    metavar="SIZE",
+    help='What the dump holds at once, e.g. "2GiB": the keys (beyond it, ordered on disk) and a scan\'s table data; '
+    "overrides [source].",
+)
 @click.option(
     "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
 )

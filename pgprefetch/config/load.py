@@ -36,7 +36,7 @@ def load_config(
         dsn: ``--dsn``; wins over ``PGPREFETCH_DSN``, which wins over ``[source] dsn``.
         connections: ``--connections``, overriding ``[source] connections``.
         store: ``--store``, overriding ``[store] path`` (relative to the working directory, as typed).
-        memory: ``--memory``, overriding ``[source] memory`` (scan mode).
+        memory: ``--memory``, overriding ``[source] memory`` (the keys held, and a scan's table data).
         environ: the environment to read ``PGPREFETCH_DSN`` from (``os.environ`` by default).
 
     Returns:

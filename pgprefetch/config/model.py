@@ -46,7 +46,8 @@ class SourceConfig:
     A peer that stops answering without closing (a dropped route, a frozen proxy) is otherwise noticed only
     by TCP keepalives, after hours. It must exceed the slowest batch statement."""
     memory_bytes: int = 512 << 20
-    """Scan mode: the table data held at once; a larger table is read in several range passes."""
+    """What a dump holds at once. Query mode: the keys and the shuffle's temporaries; more keys are ordered on
+    disk (:mod:`pgprefetch.write.spill`). Scan mode: the table data; a larger table is read in range passes."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -161,13 +161,21 @@ class Snapshot:
         return [r[0] for r in rows]
 
     async def read_keys(self, cfg: Config, keys: KeyColumns) -> np.ndarray:
-        """Stream the keys through a server-side cursor into a ``(n_slots, n)`` int64 array.
+        """All the keys (:meth:`key_chunks`) in one ``(n_slots, n)`` int64 array."""
+        chunks = [chunk async for chunk in self.key_chunks(cfg, keys)]
+        if not chunks:
+            return np.empty((keys.width, 0), dtype=np.int64)
+        return np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
 
-        Each cursor round trip is bounded by ``io_timeout`` on its own: a long key list is not a stall.
+    async def key_chunks(self, cfg: Config, keys: KeyColumns) -> AsyncIterator[np.ndarray]:
+        """Stream the keys through a server-side cursor, a ``(n_slots, m)`` int64 array per round trip.
+
+        A chunk at a time, so that the caller decides what to hold (keys beyond ``[source] memory`` go to
+        disk). Each cursor round trip is bounded by ``io_timeout`` on its own: a long key list is not a stall.
         """
         where = f"{_where(cfg)}[samples] keys"
-        chunks: list[np.ndarray] = []
         k = keys.width
+        seen = 0
         assert self._keys is not None, "describe() prepares the keys statement first"
         cursor = await self._run(lambda: self._keys.cursor(), where)
         while records := await self._run(lambda: cursor.fetch(KEYS_PREFETCH), where):
@@ -177,13 +185,11 @@ class Snapshot:
             except TypeError:  # a None
                 row, col = next((i, j) for i, r in enumerate(records) for j, v in enumerate(r) if v is None)
                 raise SampleError(
-                    f'keys query returned a NULL in key column "{keys.column_of_slot(col)}" '
-                    f"(row {sum(c.shape[1] for c in chunks) + row + 1})"
+                    f'keys query returned a NULL in key column "{keys.column_of_slot(col)}" (row {seen + row + 1})'
                 ) from None
-            chunks.append(np.ascontiguousarray(flat.reshape(len(records), k).T))
-        if not chunks:
-            return np.empty((k, 0), dtype=np.int64)
-        return np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
+            seen += len(records)
+            del records
+            yield np.ascontiguousarray(flat.reshape(-1, k).T)
 
 
 class BatchReader:

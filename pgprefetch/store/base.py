@@ -265,6 +265,20 @@ class Store(abc.ABC):
         partial = self.partial_path(epoch)
         return partial.with_name(f"{partial.name}.journal")
 
+    def keys_path(self, epoch: int) -> Path:
+        """Where a dump orders an epoch's keys beyond ``[source] memory``: beside its partial epoch, removed with it."""
+        partial = self.partial_path(epoch)
+        return partial.with_name(f"{partial.name}.keys")
+
+    def orphaned_keys(self) -> list[int]:
+        """Epochs with a keys folder but no partial epoch: left by a dump killed while it ordered its keys."""
+        folder = self.partial_path(0).parent
+        if not folder.is_dir():
+            return []
+        found = epochs_in(p.name.removesuffix(".keys") for p in folder.iterdir() if p.name.endswith(".keys"))
+        partial = set(self.partial_epochs()) if found else set()
+        return [e for e in found if e not in partial]
+
     @abc.abstractmethod
     def scratch(self, name: str) -> Path:
         """A local folder for a dump's temporary files (the scan mode's spool)."""

@@ -152,6 +152,7 @@ class LocalStore(Store):
     def remove_partial(self, epoch: int) -> None:
         self._remove(self.partial_path(epoch))
         self.journal_path(epoch).unlink(missing_ok=True)
+        shutil.rmtree(self.keys_path(epoch), ignore_errors=True)
         for old in (self.meta / "partial").glob("*.replaced"):  # epochs a --force dump moved aside and died
             shutil.rmtree(old, ignore_errors=True)
 

@@ -182,7 +182,8 @@ def prune(
 
     A partial epoch is work a rerun of its dump resumes, so it is kept unless ``partials`` is set or it
     was last written more than ``partials_older_than`` seconds ago; even then it is removed only when
-    no dump holds its lock (a live dump's partial epoch is never touched).
+    no dump holds its lock (a live dump's partial epoch is never touched). So are the keys a dump killed
+    while ordering them on disk left without a partial epoch (:meth:`~pgprefetch.store.base.Store.orphaned_keys`).
     """
     started = _started(store, consumer)
     removed: list[int] = []
@@ -208,7 +209,18 @@ def prune(
                 if not dry_run:
                     store.remove_partial(epoch)
                 dead.append(epoch)
-    return PruneResult(removed, dead, kept, dry_run, unread)
+    for epoch in store.orphaned_keys():  # nothing to resume there: removed as a dead partial epoch would be
+        try:
+            age = now - store.keys_path(epoch).stat().st_mtime
+        except OSError:
+            continue
+        if partials or (partials_older_than is not None and age > partials_older_than):
+            with store.writer_lock(epoch) as held:
+                if held:
+                    if not dry_run:
+                        store.remove_partial(epoch)
+                    dead.append(epoch)
+    return PruneResult(removed, sorted(dead), kept, dry_run, unread)
 
 
 def _listed(epochs: list[int]) -> str:

@@ -255,6 +255,7 @@ class S3Store(Store):
 
     def remove_partial(self, epoch: int) -> None:
         shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
+        shutil.rmtree(self.keys_path(epoch), ignore_errors=True)
         for path in (self.journal_path(epoch), upload_log(self.partial_path(epoch))):
             path.unlink(missing_ok=True)
         if not self.is_complete(epoch):

@@ -237,9 +237,10 @@ async def _dump_locked(
         async with contextlib.AsyncExitStack() as stack:
             snap = None if cache.covers(cfg) else await stack.enter_async_context(Snapshot.open(cfg.source))
             connected = True
-            source = await stack.enter_async_context(
-                open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary)
-            )
+            keys_dir = store.keys_path(epoch)  # keys beyond [source] memory are ordered there
+            opened = open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary,
+                                 keys_dir=keys_dir)  # fmt: skip
+            source = await stack.enter_async_context(opened)
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
             return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
     except SourceError as e:

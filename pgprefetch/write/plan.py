@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,9 @@ from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import Store
-from pgprefetch.write.shuffle import DuplicateKeysError, epoch_indices, n_batches
+from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.shuffle import Repeats, n_batches, order_part
+from pgprefetch.write.spill import KeyRuns
 
 log = logging.getLogger("pgprefetch")
 
@@ -33,7 +36,9 @@ class EpochPlan:
     """An epoch's samples in order, and how to fetch and decode them."""
 
     epoch: int
-    keys: np.ndarray  # (n_slots, n) int64, in the epoch's order: a slot per integer key column, two per uuid
+    # (n_slots, n) int64 in the epoch's order, a slot per integer key column, two per uuid; or, for keys beyond
+    # [source] memory, the same on disk
+    keys: np.ndarray | OrderedKeys
     key_columns: KeyColumns
     n_keys: int  # what the keys query returned, repeated keys included
     duplicates_dropped: int
@@ -50,6 +55,8 @@ class EpochPlan:
 
     def batch_keys(self, batch: int, size: int, count: int = 1) -> np.ndarray:
         """The keys of ``count`` batches from ``batch`` on, ``(n_slots, <= count * size)``."""
+        if isinstance(self.keys, OrderedKeys):
+            return self.keys.columns(batch * size, (batch + count) * size)
         return self.keys[:, batch * size : (batch + count) * size]
 
 
@@ -151,29 +158,13 @@ def order_keys(
     Returns the :class:`EpochPlan` fields both modes share: ``keys`` in order, ``index`` (the order as
     indices into the given keys), ``n_keys``, ``duplicates_dropped``, ``used``, ``n_batches``, ``keys_sha256``.
     """
-    size = cfg.batches.size
     n_keys = keys.shape[1]
     if n_keys == 0:
         raise SourceError("the keys query returned no rows: there is nothing to dump")
     samples = cfg.samples
-    try:
-        index, dropped = epoch_indices(
-            keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction, duplicates=samples.duplicates
-        )
-    except DuplicateKeysError as e:
-        shown = "; ".join(f"({key_columns.show(k)})" for k in e.examples.T)
-        more = f" and {e.count - e.examples.shape[1]} more" if e.count > e.examples.shape[1] else ""
-        what = "the keys query" if cfg.mode == "query" else "[samples] table"
-        raise SampleError(
-            f"{what} returned {e.count} repeated key(s), e.g. {shown}{more}: each sample must come once "
-            'per epoch; fix the keys query, or set [samples] duplicates = "drop" to keep one of each'
-        ) from None
+    index, repeats = order_part(keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction)
     n = index.size
-    nb = n_batches(n, size, cfg.batches.drop_last)
-    if nb == 0:
-        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
-        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
-    used = nb * size if cfg.batches.drop_last else n
+    counts = _counts(cfg, key_columns, n_keys, n, repeats)
     if in_place and n == n_keys:
         for column in keys:  # one key column at a time
             column[:] = column[index]
@@ -182,16 +173,66 @@ def order_keys(
         ordered = np.ascontiguousarray(keys[:, index])
     digest = hashlib.sha256()
     for column in ordered:  # rows of a C-ordered array: hashed in place
-        digest.update(np.ascontiguousarray(column[:used]))
-    return {
-        "keys": ordered,
-        "index": index,
-        "n_keys": n_keys,
-        "duplicates_dropped": dropped,
-        "used": used,
-        "n_batches": nb,
-        "keys_sha256": digest.hexdigest(),
-    }
+        digest.update(np.ascontiguousarray(column[: counts["used"]]))
+    return {"keys": ordered, "index": index, **counts, "keys_sha256": digest.hexdigest()}
+
+
+def order_spilled(cfg: Config, runs: KeyRuns, key_columns: KeyColumns, epoch: int) -> dict[str, Any]:
+    """:func:`order_keys` for keys that outgrew ``[source] memory``: the same order, into an ordered key file.
+
+    Returns the same fields but ``index``; ``keys`` is the :class:`~pgprefetch.write.keyfile.OrderedKeys`
+    (the caller closes it and removes its folder).
+    """
+    drop_last = cfg.batches.drop_last
+    ordered, repeats, buckets = runs.order(fraction=cfg.samples.fraction, quantum=cfg.batches.size if drop_last else 1)
+    try:
+        counts = _counts(cfg, key_columns, runs.n, ordered.n, repeats)
+        digest = ordered.finish(counts["used"])
+    except BaseException:
+        ordered.close()
+        raise
+    log.info(
+        "epoch %d: %s keys outgrew [source] memory (%s): ordered on disk in %d runs and %d buckets, %.1f s",
+        epoch, f"{runs.n:,}", _size(cfg.source.memory_bytes), len(runs.runs), buckets,
+        time.monotonic() - runs.started,
+    )  # fmt: skip
+    return {"keys": ordered, **counts, "keys_sha256": digest}
+
+
+def _counts(cfg: Config, key_columns: KeyColumns, n_keys: int, n: int, repeats: Repeats) -> dict[str, int]:
+    """The epoch's counts from ``n`` samples kept of ``n_keys``; refuses repeats unless dropped, and no batch.
+
+    Raises:
+        SampleError: repeated keys, with ``duplicates = "error"``.
+        SourceError: the samples make no batch.
+    """
+    size = cfg.batches.size
+    if repeats.count and cfg.samples.duplicates != "drop":
+        shown = "; ".join(f"({key_columns.show(k)})" for k in repeats.examples.T)
+        more = (
+            f" and {repeats.count - repeats.examples.shape[1]} more"
+            if repeats.count > repeats.examples.shape[1]
+            else ""
+        )
+        what = "the keys query" if cfg.mode == "query" else "[samples] table"
+        raise SampleError(
+            f"{what} returned {repeats.count} repeated key(s), e.g. {shown}{more}: each sample must come once "
+            'per epoch; fix the keys query, or set [samples] duplicates = "drop" to keep one of each'
+        ) from None
+    nb = n_batches(n, size, cfg.batches.drop_last)
+    if nb == 0:
+        hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
+        raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
+    used = nb * size if cfg.batches.drop_last else n
+    return {"n_keys": n_keys, "duplicates_dropped": repeats.count, "used": used, "n_batches": nb}
+
+
+def _size(nbytes: int) -> str:
+    """A byte count as the config writes it: ``64MiB``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes} bytes"
 
 
 async def name_unknown_category(cfg: Config, snap: Snapshot, e: SampleError) -> SampleError:

@@ -10,8 +10,14 @@ epoch: ``fetch`` runs the batch statement on one of the worker connections (one 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,66 +25,94 @@ from pgprefetch.config.model import Config
 from pgprefetch.decode import collate
 from pgprefetch.decode.blobs import array_lengths
 from pgprefetch.decode.layout import BatchLayout, UnknownCategoryError
+from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import plan_columns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import Fetched, batch_statement, row_wise
 from pgprefetch.write.batches import BatchSource, unit_batches
-from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category, order_keys, resolve_categories
+from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.plan import (
+    EpochPlan,
+    Vocabulary,
+    name_unknown_category,
+    order_keys,
+    order_spilled,
+    resolve_categories,
+)
+from pgprefetch.write.spill import KeyRuns, collect_keys
 
 
 @asynccontextmanager
 async def query_source(
-    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | None = None
 ) -> AsyncIterator[BatchSource]:
     """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``.
 
     ``vocabulary``: the store the ``"auto"`` categories extend (:func:`pgprefetch.write.plan.resolve_categories`).
+    ``scratch``: the folder for keys beyond ``[source] memory`` (a fresh temporary one if None), removed
+    when the source closes.
     """
     size = cfg.batches.size
-    plan = await plan_epoch(cfg, snap, epoch, vocabulary)
-    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
-        # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
-        # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
-        layout = layout_from(cfg, plan, await reader.fetch(0, plan.batch_keys(0, size)))
-        unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
-        first = plan.batch_keys(0, size, unit)  # the keys of a unit, as the dump binds them
-        advice = await snap.index_advice(plan.sql, (*(column.tolist() for column in first), *plan.params))
+    folder = scratch or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    plan = None
+    try:
+        plan = await plan_epoch(cfg, snap, epoch, vocabulary, folder)
+        async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
+            # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
+            # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
+            layout = layout_from(cfg, plan, await reader.fetch(0, plan.batch_keys(0, size)))
+            unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
+            first = plan.batch_keys(0, size, unit)  # the keys of a unit, as the dump binds them
+            advice = await snap.index_advice(plan.sql, (*(column.tolist() for column in first), *plan.params))
 
-        async def fetch(batch: int, count: int) -> object:
-            return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
+            async def fetch(batch: int, count: int) -> object:
+                return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
 
-        def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
-            collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
+            def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
+                collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
 
-        try:
-            yield BatchSource(
-                plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit,
-                warnings=tuple(a.line() for a in advice),
-            )  # fmt: skip
-        except UnknownCategoryError as e:
-            raise await name_unknown_category(cfg, snap, e) from None
+            try:
+                yield BatchSource(
+                    plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit,
+                    warnings=tuple(a.line() for a in advice),
+                )  # fmt: skip
+            except UnknownCategoryError as e:
+                raise await name_unknown_category(cfg, snap, e) from None
+    finally:
+        if plan is not None and isinstance(plan.keys, OrderedKeys):
+            plan.keys.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None) -> EpochPlan:
+async def plan_epoch(
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | None = None
+) -> EpochPlan:
     """Describe the queries, read and order the keys, fix the categories and the statement.
 
     ``vocabulary``: the store whose category vocabularies ``"auto"`` fields extend (none: a fresh store).
+    ``scratch``: where keys beyond ``[source] memory`` are ordered on disk (:mod:`pgprefetch.write.spill`);
+    None keeps them in memory whatever their size. The caller removes it.
 
     Raises:
         ConfigError: the queries do not fit the config.
         SourceError: the database failed, the keys cannot make an epoch (none, repeated, no full batch), or
             a field's categories do not fit its dtype.
+        StoreError: the keys' scratch folder cannot be written (a full disk).
     """
     shape = await snap.describe(cfg)
-    keys = await snap.read_keys(cfg, shape.keys)
-    order = order_keys(cfg, keys, shape.keys, epoch, in_place=True)
-    where = f"{cfg.file}: " if cfg.file else ""
-    columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
-    categories = await resolve_categories(cfg, lambda column: snap.distinct_text(cfg, column), vocabulary)
+    order = await _read_and_order(cfg, snap, shape.keys, epoch, scratch)
+    try:
+        where = f"{cfg.file}: " if cfg.file else ""
+        columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
+        categories = await resolve_categories(cfg, lambda column: snap.distinct_text(cfg, column), vocabulary)
+    except BaseException:
+        if isinstance(order["keys"], OrderedKeys):
+            order["keys"].close()
+        raise
     variable = cfg.samples.max_rows is not None
     sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
     rows_each = row_wise(columns, cfg.samples.rows, variable)
-    order.pop("index")
+    order.pop("index", None)
     return EpochPlan(
         epoch=epoch,
         key_columns=shape.keys,
@@ -90,6 +124,24 @@ async def plan_epoch(cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabu
         params=tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
         row_wise=rows_each,
     )
+
+
+async def _read_and_order(
+    cfg: Config, snap: Snapshot, key_columns: KeyColumns, epoch: int, scratch: Path | None
+) -> dict[str, Any]:
+    """The keys read and put in the epoch's order: in memory while they fit the budget, else on disk."""
+    if scratch is None:
+        keys: np.ndarray | KeyRuns = await snap.read_keys(cfg, key_columns)
+    else:
+        seed, budget = cfg.batches.seed, cfg.source.memory_bytes
+        async with aclosing(snap.key_chunks(cfg, key_columns)) as chunks:
+            keys = await collect_keys(chunks, key_columns.width, budget, scratch, seed=seed, epoch=epoch)
+    if isinstance(keys, KeyRuns):
+        try:
+            return order_spilled(cfg, keys, key_columns, epoch)
+        finally:
+            keys.close()
+    return order_keys(cfg, keys, key_columns, epoch, in_place=True)
 
 
 def layout_from(cfg: Config, plan: EpochPlan, first: Fetched) -> BatchLayout:

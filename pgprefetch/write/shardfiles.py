@@ -3,7 +3,8 @@
 A shard file holds ``S`` consecutive batches (zarr inner chunks of one batch each) followed by zarr's shard
 index. Every chunk has the same size, so the index is known before any batch is: :func:`create_shard`
 writes it up front, and each batch is then ``pwrite``-n at its own offset, in any order, by
-:func:`pwrite_all` on a descriptor :class:`OpenFiles` keeps for the file until its last batch is in.
+:func:`pwrite_all` on a descriptor :class:`OpenFiles` keeps for the file until its last batch is in. A
+write that fails (a full disk) is one line, the same for every file a dump writes (:func:`io_errors`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import contextlib
 import errno
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePath
 
 import google_crc32c
 import numpy as np
 
+from pgprefetch.errors import StoreError
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
 
@@ -77,3 +81,15 @@ def create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> No
         f.truncate(valid * chunk_bytes)
         f.seek(valid * chunk_bytes)
         f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
+
+
+@contextmanager
+def io_errors(where: Path) -> Iterator[None]:
+    """Turn a failed write (a full disk, a read-only or vanished store) into one line naming ``where``."""
+    try:
+        yield
+    except OSError as e:
+        hint = ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            hint = "; free some space and run the dump again: it resumes where it stopped"
+        raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None

@@ -14,6 +14,8 @@ Keys are held column-major, shape ``(n_key_columns, n)``, int64: 8 bytes per key
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -57,7 +59,7 @@ def epoch_order(keys: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
 
 
 def _sorted(
-    keys: np.ndarray, seed: int, epoch: int, index_bits: int | None = None
+    keys: np.ndarray, seed: int, epoch: int, index_bits: int | None = None, h: np.ndarray | None = None
 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """The epoch's order of ``keys`` and its runs of tied hashes.
 
@@ -65,9 +67,11 @@ def _sorted(
     in the low bits of its hash: ``(hash >> b << b) | index``, with ``b`` bits for ``n`` indices. Keys
     whose hashes agree above those bits come out by index; each such run is then put in order by the whole
     hash and the key values, so the order is exactly "by hash, ties by key" at any ``n`` (``index_bits``
-    larger than needed makes such runs common: the tests use it).
+    larger than needed makes such runs common: the tests use it). ``h``: the keys' order hashes, when the
+    caller has them already (a bucket of keys sorted on disk brings its own).
     """
-    h = key_hash(keys, seed=seed, epoch=epoch)
+    if h is None:
+        h = key_hash(keys, seed=seed, epoch=epoch)
     bits = np.uint64(max(1, (h.size - 1).bit_length(), index_bits or 0))  # <= 40 below 2**40 keys (8 TiB)
     packed = h >> bits
     packed <<= bits
@@ -160,18 +164,51 @@ def epoch_indices(
 
     What :func:`shuffle_keys` orders, as indices: scan mode gathers its samples' rows with them.
     """
-    order, runs = _sorted(keys, seed, epoch)
+    order, repeats = order_part(keys, seed=seed, epoch=epoch, fraction=fraction)
+    if repeats.count and duplicates != "drop":
+        raise DuplicateKeysError(repeats.examples, repeats.count)
+    return order, repeats.count
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """Repeated keys found while ordering: how many, and the first few (``(n_key_columns, <= 5)``, in key order)."""
+
+    count: int
+    examples: np.ndarray
+
+    @classmethod
+    def merged(cls, parts: list[Repeats], width: int) -> Repeats:
+        """The repeats of several disjoint parts of the keys (the buckets of an external sort) as of one whole."""
+        found = [p.examples for p in parts if p.count]
+        examples = np.concatenate(found, axis=1) if found else np.empty((width, 0), dtype=np.int64)
+        return cls(sum(p.count for p in parts), _first_in_key_order(examples))
+
+
+def order_part(
+    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, h: np.ndarray | None = None
+) -> tuple[np.ndarray, Repeats]:
+    """Indices putting ``keys`` in the epoch's order, repeated keys and the keys ``fraction`` leaves out removed.
+
+    ``keys`` may be all of an epoch's keys, or a *part* holding every key whose order hash lies in one range
+    (``h``: their hashes): equal keys hash alike and ties are broken inside a part, so the parts' orders,
+    one after another, are the whole's. Returns the order and the :class:`Repeats` found (the caller
+    refuses them or not).
+    """
+    order, runs = _sorted(keys, seed, epoch, h=h)
     repeats = _repeats(keys, order, runs)
-    if repeats.size and duplicates != "drop":
-        examples = keys[:, order[repeats]]
-        first = np.lexsort(examples[::-1])[:5]
-        raise DuplicateKeysError(examples[:, first], int(repeats.size))
+    found = Repeats(int(repeats.size), _first_in_key_order(keys[:, order[repeats]]))
     if repeats.size:
         order = np.delete(order, repeats)
     if fraction < 1.0:
-        h = key_hash(keys, seed=seed, epoch=epoch, stream=_SAMPLE_STREAM)
-        order = order[h[order] < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))]
-    return order, int(repeats.size)
+        kept = key_hash(keys, seed=seed, epoch=epoch, stream=_SAMPLE_STREAM)
+        order = order[kept[order] < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))]
+    return order, found
+
+
+def _first_in_key_order(examples: np.ndarray, most: int = 5) -> np.ndarray:
+    """The first ``most`` of the keys ``examples`` (``(n_key_columns, m)``) in key order."""
+    return examples[:, np.lexsort(examples[::-1])[:most]]
 
 
 def n_batches(n_samples: int, size: int, drop_last: bool) -> int:

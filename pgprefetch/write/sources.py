@@ -45,13 +45,15 @@ async def open_source(
     spool: Path | None,
     progress: Progress | None = None,
     vocabulary: Vocabulary | None = None,
+    keys_dir: Path | None = None,
 ) -> AsyncIterator[BatchSource | EpochPlan]:
     """The batch source of ``epoch``, in the way its config and the table's size call for.
 
     ``snap`` may be None only when ``cache`` covers the config. A scan that does not fit reads its data in
     passes into ``spool`` (removed afterwards); with ``spool`` None (a check, which writes nothing) it
     yields only the epoch's plan, made from the keys. ``vocabulary`` is the store the ``"auto"`` categories
-    extend (:func:`~pgprefetch.write.plan.resolve_categories`).
+    extend (:func:`~pgprefetch.write.plan.resolve_categories`). ``keys_dir``: where the query mode orders
+    keys beyond ``[source] memory`` (a temporary folder if None; removed afterwards either way).
     """
     if cache.covers(cfg):
         assert cache.read is not None
@@ -59,7 +61,7 @@ async def open_source(
         return
     assert snap is not None, "a snapshot is needed unless the table read is cached"
     if cfg.mode == "query":
-        async with query_source(cfg, snap, epoch, vocabulary) as source:
+        async with query_source(cfg, snap, epoch, vocabulary, keys_dir) as source:
             yield source
         return
     if progress:

@@ -18,23 +18,19 @@ up beside the manifest for ``verify``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import shutil
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
 
-from pgprefetch.errors import StoreError
 from pgprefetch.store.base import ArraySpec, Store, Uploader, compressors
 from pgprefetch.store.layout import ArrayLayout, checksum, read_batch_bytes
-from pgprefetch.write.shardfiles import OpenFiles, create_shard, pwrite_all
+from pgprefetch.write.shardfiles import OpenFiles, create_shard, io_errors, pwrite_all
 from pgprefetch.write.stats import EpochStats
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
@@ -106,7 +102,7 @@ class EpochWriter:
         self._files = OpenFiles()
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
-        with _io_errors(self.path):
+        with io_errors(self.path):
             self._open(arrays, fresh)
 
     def _open(self, arrays: list[ArraySpec], fresh: bool) -> None:
@@ -237,7 +233,7 @@ class EpochWriter:
 
         Each array in ``arrays`` holds at least ``count * batch_size`` samples, the batches one after another.
         """
-        with _io_errors(self.path):
+        with io_errors(self.path):
             return self._write_batches(first, count, arrays)
 
     def _write_batches(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> int:
@@ -310,7 +306,7 @@ class EpochWriter:
         self._files.close_all()
         if self.uploader is not None:
             self.uploader.finish()  # every file sent before anything makes the epoch visible
-        with _io_errors(self.path):
+        with io_errors(self.path):
             self.group.create_array(
                 CHECKSUMS_ARRAY,
                 overwrite=True,  # a publish that failed after this (an upload) is simply run again
@@ -349,18 +345,6 @@ class EpochWriter:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self.journal_path.unlink(missing_ok=True)
-
-
-@contextmanager
-def _io_errors(where: Path) -> Iterator[None]:
-    """Turn a failed write (a full disk, a read-only or vanished store) into one line naming the epoch."""
-    try:
-        yield
-    except OSError as e:
-        hint = ""
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            hint = "; free some space and run the dump again: it resumes where it stopped"
-        raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None
 
 
 def _remove_temporaries(folder: Path) -> None:

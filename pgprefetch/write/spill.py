@@ -1,0 +1,235 @@
+"""Keys beyond ``[source] memory``: the epoch's order computed on disk, the same order, the same bytes.
+
+The epoch's order is "by the splitmix hash of (seed, epoch, key), ties by key"
+(:mod:`pgprefetch.write.shuffle`). In memory that is one sort. A billion keys do not fit a dump host's
+budget (8 bytes a key column, more while sorting), so beyond the budget the sort is an external one:
+
+1. **Runs.** The keys stream from the cursor into memory, a budget's worth at a time; each such run is
+   sorted by hash and appended to a spill file (the hashes, then each key column), and dropped.
+2. **Buckets.** Once every key is read their count is known, and the hash space is cut into as many
+   equal ranges as the budget needs (a range that holds too many keys is halved). A bucket is one range:
+   its part of every run, found by reading each run's sorted hashes forward from where the previous
+   bucket stopped. Equal keys hash alike and ties are broken by key inside a range, so each bucket
+   sorted in memory (:func:`~pgprefetch.write.shuffle.order_part`: repeats, ``fraction``) gives the next
+   stretch of the epoch's order; the buckets are appended to the ordered key file
+   (:mod:`pgprefetch.write.keyfile`) in range order, and the spill file is deleted.
+
+Every key is written twice (spill, ordered file) and read twice: disk of about ``8 * (2 * slots + 1)``
+bytes a key at the peak, then ``8 * slots`` for the rest of the dump. While the keys fit the budget
+nothing of this happens: :func:`collect_keys` returns them as one array, the in-memory path.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pgprefetch.write import shuffle
+from pgprefetch.write.keyfile import OrderedKeys, pread_into
+from pgprefetch.write.shardfiles import io_errors, pwrite_all
+
+log = logging.getLogger("pgprefetch")
+
+MIN_KEYS = 4096  # the fewest keys a run or a bucket holds, however small the budget
+_SPAN = 1 << 64  # the hash space
+FILL = 0.9  # buckets aim at this share of the budget: the ranges' counts vary a little
+
+
+def bytes_per_key(width: int) -> int:
+    """Memory a key of ``width`` int64 slots takes at the peak of ordering it (in memory, a run or a bucket).
+
+    The keys themselves, then the sort's temporaries: the hashes, the packed sort keys and a permuted
+    column (or, with ``fraction``, the second hash), 8 bytes each; and twice the keys for a moment while
+    the cursor's chunks are joined.
+    """
+    return max(16 * width, 8 * width + 32)
+
+
+def keys_in_budget(budget: int, width: int) -> int:
+    """How many keys of ``width`` slots are ordered within ``budget`` bytes."""
+    return max(MIN_KEYS, budget // bytes_per_key(width))
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A run in the spill file: ``count`` keys sorted by hash, at ``offset``: hashes, then each key slot."""
+
+    offset: int
+    count: int
+
+
+class KeyRuns:
+    """The spill file of one epoch's keys: runs sorted by hash, then read back by hash range.
+
+    Made by :func:`collect_keys` once the keys outgrow the budget; :meth:`order` turns it into the
+    ordered key file, after which the spill file is gone.
+    """
+
+    def __init__(self, folder: Path, width: int, seed: int, epoch: int, budget: int, started: float) -> None:
+        self.folder = folder
+        self.width = width
+        self.seed, self.epoch = seed, epoch
+        self.budget = budget
+        self.runs: list[_Run] = []
+        self.n = 0
+        self._end = 0
+        self.started = started  # (monotonic) when the keys began to stream: the log gives the whole phase
+        with io_errors(folder):
+            shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers
+            folder.mkdir(parents=True)
+            self._fd = os.open(folder / "runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def add(self, chunks: list[np.ndarray]) -> None:
+        """Sort ``chunks`` of keys (``(width, m)`` each) by hash into one run at the end of the spill file."""
+        keys = np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
+        chunks.clear()  # the caller's list: its chunks go as soon as they are joined
+        h = shuffle.key_hash(keys, seed=self.seed, epoch=self.epoch)
+        order, _ = shuffle._sorted(keys, self.seed, self.epoch, h=h)
+        m = keys.shape[1]
+        with io_errors(self.folder):
+            pwrite_all(self._fd, h[order], self._end)
+            del h
+            for j, column in enumerate(keys):
+                pwrite_all(self._fd, column[order], self._end + (j + 1) * m * 8)
+        self.runs.append(_Run(self._end, m))
+        self._end += (self.width + 1) * m * 8
+        self.n += m
+
+    def buckets(self, cap: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every key with its hash, a hash range at a time, in hash order: ``(keys (width, m), hashes (m,))``.
+
+        A bucket holds at most ``cap`` keys, unless one hash value alone holds more (a key repeated that
+        often): a range is halved until it fits or is that one value.
+        """
+        count = max(1, math.ceil(self.n / max(1, int(cap * FILL))))
+        span = -(-_SPAN // count)
+        at = [0] * len(self.runs)  # per run: its first key not yet handed out
+        ahead: list[np.ndarray] = [np.empty(0, np.uint64) for _ in self.runs]  # its hashes from there, read
+        lo = 0
+        while lo < _SPAN:
+            hi = min(lo + span, _SPAN)
+            ends = [self._end_of(r, at[r], ahead, lo, hi) for r in range(len(self.runs))]
+            while sum(e - a for e, a in zip(ends, at, strict=True)) > cap and hi - lo > 1:
+                hi = lo + (hi - lo) // 2  # the hashes read cover it: no read
+                ends = [a + int(np.searchsorted(ahead[r], np.uint64(hi))) for r, a in enumerate(at)]
+            yield self._load(at, ends, ahead)
+            lo = hi
+
+    def _end_of(self, r: int, start: int, ahead: list[np.ndarray], lo: int, hi: int) -> int:
+        """Where run ``r``'s hashes reach ``hi`` (its end for the last range), reading them forward as needed.
+
+        Hashes are uniform, so about ``count * (hi - lo) / 2**64`` of the run's keys fall in ``[lo, hi)``:
+        a little more than that is read at once, and twice as much again while ``hi`` is not reached.
+        """
+        run = self.runs[r]
+        if hi >= _SPAN:
+            self._read_hashes(r, start, ahead, run.count)
+            return run.count
+        step = max(256, int(run.count * (hi - lo) / _SPAN * 1.1))
+        while True:
+            i = int(np.searchsorted(ahead[r], np.uint64(hi)))
+            if i < ahead[r].size or start + ahead[r].size >= run.count:
+                return start + i
+            self._read_hashes(r, start, ahead, step)
+            step *= 2
+
+    def _read_hashes(self, r: int, start: int, ahead: list[np.ndarray], more: int) -> None:
+        """Read up to ``more`` further hashes of run ``r`` (its hashes from key ``start`` on are ``ahead[r]``)."""
+        run = self.runs[r]
+        first = start + ahead[r].size
+        extra = np.empty(max(0, min(more, run.count - first)), dtype=np.uint64)
+        pread_into(self._fd, extra, run.offset + first * 8)
+        ahead[r] = np.concatenate([ahead[r], extra]) if ahead[r].size else extra
+
+    def _load(self, at: list[int], ends: list[int], ahead: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The keys ``at[r]:ends[r]`` of every run ``r``, with their hashes; moves ``at`` and ``ahead`` on."""
+        n = sum(e - a for e, a in zip(ends, at, strict=True))
+        keys = np.empty((self.width, n), dtype=np.int64)
+        hashes = np.empty(n, dtype=np.uint64)
+        pos = 0
+        for r, run in enumerate(self.runs):
+            m = ends[r] - at[r]
+            if m:
+                hashes[pos : pos + m] = ahead[r][:m]
+                for j in range(self.width):
+                    pread_into(self._fd, keys[j, pos : pos + m], run.offset + ((j + 1) * run.count + at[r]) * 8)
+            ahead[r] = ahead[r][m:].copy() if ahead[r].size > m else np.empty(0, np.uint64)
+            at[r] = ends[r]
+            pos += m
+        return keys, hashes
+
+    def order(self, *, fraction: float, quantum: int) -> tuple[OrderedKeys, shuffle.Repeats, int]:
+        """Write the epoch's order into the ordered key file; return it, the repeats found and the buckets.
+
+        ``quantum``: see :class:`~pgprefetch.write.keyfile.OrderedKeys`. A repeated key is written once,
+        and counted in the repeats: the caller refuses them or not.
+        """
+        cap = keys_in_budget(self.budget, self.width)
+        out = OrderedKeys(self.folder / "ordered", self.width, self.n, quantum)
+        found: list[shuffle.Repeats] = []
+        buckets = 0
+        try:
+            for keys, hashes in self.buckets(cap):
+                if not keys.shape[1]:
+                    continue
+                buckets += 1
+                order, repeats = shuffle.order_part(keys, seed=self.seed, epoch=self.epoch, fraction=fraction, h=hashes)
+                del hashes
+                if repeats.count:
+                    found.append(repeats)
+                out.append(keys, order)
+        except BaseException:
+            out.close()
+            raise
+        self.close()
+        (self.folder / "runs").unlink(missing_ok=True)
+        return out, shuffle.Repeats.merged(found, self.width), buckets
+
+    def close(self) -> None:
+        """Close the spill file (the folder is removed by whoever chose it)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+async def collect_keys(
+    chunks: AsyncIterator[np.ndarray], width: int, budget: int, folder: Path, *, seed: int, epoch: int
+) -> np.ndarray | KeyRuns:
+    """The keys of ``chunks`` (``(width, m)`` int64 each): one array while they fit ``budget``, else runs on disk.
+
+    ``folder`` (created, emptied first, only if the keys spill) holds the spill and ordered key files;
+    the caller removes it when the epoch is done or failed.
+    """
+    started = time.monotonic()
+    limit = keys_in_budget(budget, width)
+    held: list[np.ndarray] = []
+    n = 0
+    runs: KeyRuns | None = None
+    try:
+        async for chunk in chunks:
+            if n + chunk.shape[1] > limit and held:
+                if runs is None:
+                    runs = KeyRuns(folder, width, seed, epoch, budget, started)
+                runs.add(held)
+                n = 0
+            held.append(chunk)
+            n += chunk.shape[1]
+        if runs is None:
+            if not held:
+                return np.empty((width, 0), dtype=np.int64)
+            return np.concatenate(held, axis=1) if len(held) > 1 else held[0]
+        if held:
+            runs.add(held)
+        return runs
+    except BaseException:
+        if runs is not None:
+            runs.close()
+        raise

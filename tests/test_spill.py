@@ -1,0 +1,327 @@
+"""Keys beyond ``[source] memory``: ordered on disk (runs, then hash-range buckets), the same order, the same bytes.
+
+The unit tests compare the external sort with the in-memory one on arrays (ties forced by a low-entropy
+hash); the others dump through PostgreSQL under a small ``--memory`` and compare, byte for byte, with an
+in-memory dump of the same keys. ``test_two_million_keys_...`` is the scale test (marked ``scale``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import resource
+import signal
+import subprocess
+import tempfile
+import tracemalloc
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pgprefetch import dump_epochs, load_config
+from pgprefetch.errors import SampleError
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.store.local import LocalStore
+from pgprefetch.store.maintenance import prune
+from pgprefetch.write import shuffle
+from pgprefetch.write.check import check_config
+from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.query import plan_epoch
+from pgprefetch.write.spill import KeyRuns, collect_keys
+
+from .helpers import chunk_bytes, dump, execute, write_config
+from .test_operations import dump_argv, journal_lines, start_dump, wait_for
+
+TINY = "1MiB"  # the least: buckets of 26,214 keys, runs of one 50,000-key cursor chunk
+SPILL = re.compile(
+    r"epoch \d+: ([\d,]+) keys outgrew \[source\] memory \(.+\): ordered on disk in (\d+) runs and (\d+) buckets"
+)
+
+
+# ---- the external sort against the in-memory one, on arrays --------------------------------------------------
+
+
+async def _chunks(keys: np.ndarray, step: int = 50_000) -> AsyncIterator[np.ndarray]:
+    for lo in range(0, keys.shape[1], step):
+        yield np.ascontiguousarray(keys[:, lo : lo + step])
+
+
+def spilled_order(keys: np.ndarray, folder: Path, budget: int, **kw: object) -> tuple[np.ndarray, shuffle.Repeats, int]:
+    seed, epoch, fraction = kw.get("seed", 3), kw.get("epoch", 5), kw.get("fraction", 1.0)
+    runs = asyncio.run(collect_keys(_chunks(keys), keys.shape[0], budget, folder, seed=seed, epoch=epoch))  # type: ignore[arg-type]
+    assert isinstance(runs, KeyRuns), "the keys should have outgrown the budget"
+    ordered, repeats, buckets = runs.order(fraction=fraction, quantum=1)  # type: ignore[arg-type]
+    try:
+        assert not (folder / "runs").exists()  # the spill file goes once the order is written
+        return ordered.columns(0, ordered.n), repeats, buckets
+    finally:
+        ordered.close()
+
+
+def in_memory_order(keys: np.ndarray, **kw: object) -> tuple[np.ndarray, shuffle.Repeats]:
+    seed, epoch, fraction = kw.get("seed", 3), kw.get("epoch", 5), kw.get("fraction", 1.0)
+    index, repeats = shuffle.order_part(keys, seed=seed, epoch=epoch, fraction=fraction)  # type: ignore[arg-type]
+    return keys[:, index], repeats
+
+
+@pytest.mark.parametrize(("columns", "fraction"), [(1, 1.0), (2, 0.3), (3, 1.0)])
+def test_the_external_sort_gives_the_in_memory_order(tmp_path: Path, columns: int, fraction: float) -> None:
+    rng = np.random.default_rng(columns)
+    keys = rng.integers(-(2**62), 2**62, size=(columns, 300_000))
+    keys[:, 295_000:] = keys[:, :5_000]  # repeats, in other runs than their first copies
+    keys = np.ascontiguousarray(keys)
+    got, repeats, buckets = spilled_order(keys, tmp_path / "k", 1 << 20, fraction=fraction)
+    expected, expected_repeats = in_memory_order(keys, fraction=fraction)
+    assert buckets >= 8
+    assert np.array_equal(got, expected)
+    assert repeats.count == expected_repeats.count == 5_000
+    assert np.array_equal(repeats.examples, expected_repeats.examples)
+
+
+@pytest.mark.parametrize("where", ["bottom", "top"])
+def test_ties_and_crowded_hash_ranges_still_give_the_in_memory_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Seven hash values for 200,000 keys: every bucket is a tie broken by key, ranges halved down to one value."""
+    real = shuffle.key_hash
+
+    def crowded(keys: np.ndarray, *, seed: int, epoch: int, stream: int = shuffle._ORDER_STREAM) -> np.ndarray:
+        if stream != shuffle._ORDER_STREAM:
+            return real(keys, seed=seed, epoch=epoch, stream=stream)
+        few = (keys[0] % 7).astype(np.uint64)
+        return few if where == "bottom" else np.uint64(2**64 - 1) - few
+
+    monkeypatch.setattr(shuffle, "key_hash", crowded)
+    keys = np.ascontiguousarray(np.random.default_rng(9).integers(0, 10**6, size=(2, 200_000)))
+    got, repeats, _ = spilled_order(keys, tmp_path / "k", 1 << 20, fraction=0.5)
+    expected, expected_repeats = in_memory_order(keys, fraction=0.5)
+    assert np.array_equal(got, expected)
+    assert repeats.count == expected_repeats.count
+    assert np.array_equal(repeats.examples, expected_repeats.examples)
+
+
+@pytest.mark.parametrize("quantum", [1, 1000])
+def test_the_ordered_file_hashes_like_the_in_memory_keys(tmp_path: Path, quantum: int) -> None:
+    keys = np.ascontiguousarray(np.random.default_rng(2).integers(-(2**40), 2**40, size=(2, 10_500)))
+    out = OrderedKeys(tmp_path / "ordered", 2, 12_000, quantum)
+    for lo in range(0, keys.shape[1], 3_000):  # appended a bucket at a time, hashed as it grows
+        out.append(keys[:, lo : lo + 3_000])
+    used = keys.shape[1] // quantum * quantum
+    digest = hashlib.sha256()
+    for column in keys:
+        digest.update(np.ascontiguousarray(column[:used]))
+    assert out.finish(used) == digest.hexdigest()
+    assert np.array_equal(out.columns(2_999, 3_005), keys[:, 2_999:3_005])
+    assert out.columns(10_400, 11_000).shape == (2, 100)
+    out.close()
+
+
+def test_removing_a_partial_epoch_removes_its_keys(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store.zarr")
+    store.create()
+    keys = store.keys_path(3)
+    keys.mkdir(parents=True)
+    (keys / "runs").write_bytes(b"x" * 100)
+    assert keys.parent == store.partial_path(3).parent
+    assert store.partial_epochs() == []  # not mistaken for an epoch
+    store.remove_partial(3)
+    assert not keys.exists()
+
+
+def test_prune_partials_removes_keys_a_dump_killed_while_ordering_them_left(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store.zarr")
+    store.create()
+    store.keys_path(5).mkdir(parents=True)  # no partial epoch beside it: the dump died before its first batch
+    assert store.orphaned_keys() == [5]
+    assert prune(store, keep=1).partials == []  # only when asked, as for partial epochs
+    assert store.keys_path(5).exists()
+    assert prune(store, keep=1, partials=True).partials == [5]
+    assert not store.keys_path(5).exists()
+
+
+# ---- dumps through PostgreSQL -------------------------------------------------------------------------------------
+
+KINDS = {
+    "int": ("SELECT i FROM generate_series(1, {n}) i", "SELECT $1 % 1000 AS v"),
+    "two columns": (
+        "SELECT i / 1000 AS a, i % 1000 AS b FROM generate_series(1, {n}) i",
+        "SELECT $1::int8 * 1000 + $2 AS v",
+    ),
+    "uuid": ("SELECT md5(i::text)::uuid AS u FROM generate_series(1, {n}) i", "SELECT length($1::text) AS v"),
+}
+
+
+def numbers_config(folder: Path, kind: str = "int", n: int = 200_000, **overrides: object) -> Path:
+    keys, query = KINDS[kind]
+    settings: dict[str, object] = {
+        "keys": keys.format(n=n),
+        "query": query,
+        "fields": {"v": (["v"], "int64")},
+        "size": 1000,
+        "connections": 2,
+        "seed": 11,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_config(folder, **{**settings, **overrides})  # type: ignore[arg-type]
+
+
+def spill_line(caplog: pytest.LogCaptureFixture) -> tuple[int, int, int]:
+    """(keys, runs, buckets) of the dump's "ordered on disk" line."""
+    found = [m for m in map(SPILL.search, caplog.messages) if m]
+    assert found, f"the keys were not ordered on disk: {caplog.messages}"
+    keys, runs, buckets = found[-1].groups()
+    return int(keys.replace(",", "")), int(runs), int(buckets)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
+    db: str, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = numbers_config(tmp_path / "c", kind, fraction=0.7, drop_last=False, size=999)
+    with caplog.at_level(logging.INFO, logger="pgprefetch"):
+        spilled = dump(cfg, db, memory=TINY)
+    n, runs, buckets = spill_line(caplog)
+    assert (n, runs) == (200_000, 4)
+    assert buckets >= 8
+    whole = dump(numbers_config(tmp_path / "w", kind, fraction=0.7, drop_last=False, size=999), db)
+    assert spilled.n_samples == whole.n_samples
+    assert 0.69 < whole.n_samples / 200_000 < 0.71
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+    manifests = [json.loads((r.path / "zarr.json").read_text())["attributes"]["pgprefetch"] for r in (spilled, whole)]
+    assert manifests[0]["keys_sha256"] == manifests[1]["keys_sha256"]
+    assert not list((tmp_path / "c" / "store.zarr" / ".pgprefetch" / "partial").iterdir())  # keys removed
+
+
+def test_repeated_keys_beyond_memory_are_refused_or_dropped_as_in_memory(db: str, tmp_path: Path) -> None:
+    keys = "SELECT i % 195000 AS i FROM generate_series(1, 200000) i"  # 5,000 repeats, across runs
+    messages = []
+    for memory in (TINY, None):
+        with pytest.raises(SampleError) as e:
+            dump(numbers_config(tmp_path / "e", keys=keys), db, memory=memory)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("the keys query returned 5000 repeated key(s), e.g. (i=1); (i=2); (i=3);")
+    drop = 'duplicates = "drop"'
+    spilled = dump(numbers_config(tmp_path / "d", keys=keys, extra_samples=drop), db, memory=TINY)
+    whole = dump(numbers_config(tmp_path / "w", keys=keys, extra_samples=drop), db)
+    assert spilled.duplicates_dropped == whole.duplicates_dropped == 5_000
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+
+
+def test_the_keys_are_held_within_memory_and_in_memory_when_they_fit(db: str, tmp_path: Path) -> None:
+    """Planning 600,000 keys under 4 MiB holds about that (and one cursor chunk's records, ~5 MB), not 20 MB."""
+    cfg = numbers_config(tmp_path, n=600_000)
+
+    async def plan(memory: str) -> tuple[object, int]:
+        loaded = load_config(cfg, dsn=db, memory=memory)
+        async with Snapshot.open(loaded.source) as snap:
+            tracemalloc.start()
+            try:
+                planned = await plan_epoch(loaded, snap, 0, scratch=tmp_path / f"keys-{memory}")
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            if isinstance(planned.keys, OrderedKeys):
+                planned.keys.close()
+            return planned.keys, peak
+
+    bounded, bounded_peak = asyncio.run(plan("4MiB"))
+    assert isinstance(bounded, OrderedKeys)
+    assert bounded.shape == (1, 600_000)
+    assert bounded_peak < 13e6, f"{bounded_peak / 1e6:.1f} MB"
+    fits, fits_peak = asyncio.run(plan("1GiB"))
+    assert isinstance(fits, np.ndarray)  # today's path: nothing spilled
+    assert fits_peak > 18e6  # (what the budget saved)
+    assert not (tmp_path / "keys-1GiB").exists()
+
+
+def test_kill_9_while_keys_are_on_disk_then_resume_gives_the_clean_bytes(db: str, tmp_path: Path) -> None:
+    slow = "SELECT $1 % 1000 AS v, pg_sleep(CASE WHEN $1 % 100 = 0 THEN 0.01 ELSE 0 END)"
+    cfg = numbers_config(tmp_path, n=60_000, query=slow, extra_source=f'memory = "{TINY}"')
+    store = tmp_path / "store.zarr"
+    keys = store / ".pgprefetch" / "partial" / "epoch-00000.keys"
+    victim = start_dump(cfg, db)
+    wait_for(lambda: journal_lines(store) >= 5)
+    assert (keys / "ordered").exists()  # the batches read their keys from disk
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    assert not (store / "epoch-00000").exists()
+    resumed = dump(cfg, db)
+    assert resumed.resumed >= 4  # the keys ordered again are provably the same list: batches kept
+    clean = dump(numbers_config(tmp_path / "clean", n=60_000, query=slow), db)
+    assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
+    assert not keys.exists()
+
+
+def test_a_full_disk_while_ordering_keys_is_one_line_and_nothing_is_published(db: str, tmp_path: Path) -> None:
+    cfg = numbers_config(tmp_path, n=120_000, extra_source=f'memory = "{TINY}"')
+    store = tmp_path / "store.zarr"
+    dump(cfg, db, epoch=1)  # the store exists: a failed dump leaves it, and must leave no keys behind
+
+    def small_files() -> None:  # like a full disk: writes past 256 KiB fail (EFBIG); the spill is ~2 MB
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+    proc = subprocess.run(
+        dump_argv(cfg, db), capture_output=True, text=True, preexec_fn=small_files, timeout=60, check=False
+    )
+    assert proc.returncode == 1
+    assert re.fullmatch(
+        rf"Error: cannot write {re.escape(str(store))}/\.pgprefetch/partial/epoch-00000\.keys: File too large; "
+        r"free some space and run the dump again: it resumes where it stopped\n",
+        proc.stderr,
+    ), proc.stderr
+    assert not (store / "epoch-00000").exists()
+    assert not (store / ".pgprefetch" / "partial" / "epoch-00000.keys").exists()
+    assert dump(cfg, db).status == "written"
+
+
+def test_a_connection_lost_while_keys_stream_to_disk_is_retried(db: str, tmp_path: Path) -> None:
+    # The cursor stalls at row 110,000, after two chunks: the first run is on disk when the exporter dies.
+    keys = "SELECT i FROM generate_series(1, 150000) i WHERE i <> 110000 OR (SELECT true FROM pg_sleep(1.5))"
+    cfg = numbers_config(tmp_path, keys=keys, extra_source=f'memory = "{TINY}"')
+    store = tmp_path / "store.zarr"
+    proc = start_dump(cfg, db, 0, "--json")
+    wait_for(lambda: (store / ".pgprefetch" / "partial" / "epoch-00000.keys" / "runs").exists())
+    execute(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["retries"] == 1
+    clean = dump(numbers_config(tmp_path / "clean", keys=keys), db)
+    assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
+
+
+def test_check_and_several_epochs_from_keys_beyond_memory(db: str, tmp_path: Path) -> None:
+    cfg = numbers_config(tmp_path / "s")
+    report = asyncio.run(check_config(load_config(cfg, dsn=db, memory=TINY)))
+    assert report.errors == []
+    assert (report.n_keys, report.n_samples) == (200_000, 200_000)
+    assert not list(Path(tempfile.gettempdir()).glob(f"pgprefetch-keys-{os.getpid()}-*"))  # its scratch is gone
+    spilled = asyncio.run(dump_epochs(load_config(cfg, dsn=db, memory=TINY), [0, 1]))
+    whole = asyncio.run(dump_epochs(load_config(numbers_config(tmp_path / "w"), dsn=db), [0, 1]))
+    for a, b in zip(spilled, whole, strict=True):
+        assert chunk_bytes(a.path) == chunk_bytes(b.path)
+    assert chunk_bytes(spilled[0].path) != chunk_bytes(spilled[1].path)
+
+
+@pytest.mark.scale
+def test_two_million_keys_in_eight_or_more_buckets_give_the_in_memory_bytes(
+    db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scale test (about 30 s on 2 cores): 2,000,000 keys under 8 MiB against the same dump in memory."""
+    settings = {"n": 2_000_000, "size": 4096, "connections": 2, "drop_last": False}
+    with caplog.at_level(logging.INFO, logger="pgprefetch"):
+        spilled = dump(numbers_config(tmp_path / "s", **settings), db, memory="8MiB")
+    n, runs, buckets = spill_line(caplog)
+    assert n == 2_000_000
+    assert runs >= 8
+    assert buckets >= 8
+    whole = dump(numbers_config(tmp_path / "w", **settings), db, memory="1GiB")
+    assert spilled.n_samples == whole.n_samples == 2_000_000
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
