@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -69,10 +69,20 @@ def s3_server() -> Iterator[S3]:
         server.stop()
 
 
+_ERRORS = {
+    503: b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>",
+    500: b"<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>",
+}
+
+
 @contextmanager
-def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]]]:
+def throttling_proxy(
+    endpoint: str, every: int, refuse_with: Callable[[], int | None] = lambda: 503
+) -> Iterator[tuple[str, list[int]]]:
     """An HTTP proxy to ``endpoint`` that answers every ``every``-th request with S3's 503 SlowDown.
 
+    ``refuse_with`` is asked at each such request: the status to refuse it with (503 SlowDown, or 500
+    InternalError), or None to let it through, so faults can come and go on a schedule (the soak's).
     Yields its endpoint and a one-item list counting the requests it refused.
     """
     import http.client
@@ -96,11 +106,11 @@ def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
                 seen[0] += 1
-                refuse = seen[0] % every == 0
-                refused[0] += refuse
-            if refuse:
-                error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                self.send_response(503)
+                status = refuse_with() if seen[0] % every == 0 else None
+                refused[0] += status is not None
+            if status is not None:
+                error = _ERRORS[status]
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(error)))
                 self.send_header("Connection", "close")
                 self.end_headers()

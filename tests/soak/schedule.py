@@ -1,0 +1,172 @@
+"""The soak's faults: which, and when, drawn from its seed; each struck as the real thing would strike.
+
+A dump process is killed (``kill -9``) or stopped (SIGTERM) mid-run; the database's connections are ended
+(``pg_terminate_backend``), its route frozen (the chaos bed's proxy) or the server restarted; the training
+ranks are killed with their workers and started again; the crontab's prune runs by hand. On S3, requests
+are refused (500 InternalError) or throttled (503 SlowDown) for a few seconds, and a dump holding a lease
+is stopped (SIGSTOP) past its lease's expiry, so that another takes the epoch over. Each fault is recorded
+with whether it struck something (a dump running, connections open).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..faults import kill_every_connection, restart_server
+from . import deploy
+from .bed import LEASE_SECONDS, Bed, python
+from .cron import Cron, DumpRun
+from .timeline import Timeline
+from .training import Training
+
+BOTH = ("dump kill -9", "dump SIGTERM", "pg terminate", "pg freeze", "pg restart", "training kill -9", "prune by hand")
+S3_ONLY = ("s3 throttled", "s3 refused", "lease expired")
+STARTED = 1.0  # seconds a dump has run before it is a target: past its imports, in the epoch's work
+
+
+def kinds(store: str) -> tuple[str, ...]:
+    """The faults a soak of ``store`` (local or s3) strikes."""
+    return BOTH + (S3_ONLY if store == "s3" else ())
+
+
+def draw(store: str, seconds: float, rng: random.Random, start: float = 5.0) -> list[tuple[float, str]]:
+    """The schedule: every kind once in a shuffled first round, then kinds at random, evenly spread in time.
+
+    The last tenth of the run (at least 8 s) is left quiet, so the ranks read the last epochs cleanly.
+    """
+    every = list(kinds(store))
+    rng.shuffle(every)
+    end = seconds - max(8.0, seconds / 10)
+    gap = max(2.5, min(12.0, (end - start) / len(every)))
+    n = max(len(every), int((end - start) / gap))
+    names = every + [rng.choice(kinds(store)) for _ in range(n - len(every))]
+    return [(start + i * gap + rng.uniform(0, gap * 0.5), name) for i, name in enumerate(names)]
+
+
+class Faults:
+    """Strikes the schedule's faults from a thread of its own, recording each in the timeline."""
+
+    def __init__(self, bed: Bed, timeline: Timeline, cron: Cron, training: Training, rng: random.Random) -> None:
+        self.bed, self.timeline, self.cron, self.training, self.rng = bed, timeline, cron, training, rng
+        self.prunes: list[subprocess.CompletedProcess[str]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.strike: dict[str, Callable[[], dict[str, Any]]] = {
+            "dump kill -9": lambda: self._signal_dump(signal.SIGKILL, "kill -9"),
+            "dump SIGTERM": lambda: self._signal_dump(signal.SIGTERM, "SIGTERM"),
+            "pg terminate": self._terminate,
+            "pg freeze": lambda: {"struck": bed.proxy.freeze() > 0},
+            "pg restart": self._restart,
+            "training kill -9": training.kill_and_restart,
+            "prune by hand": self._prune,
+            "s3 throttled": lambda: self._s3_window(503),
+            "s3 refused": lambda: self._s3_window(500),
+            "lease expired": self._expire_lease,
+        }
+
+    def start(self, schedule: list[tuple[float, str]]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(schedule,), name="soak-faults", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self, schedule: list[tuple[float, str]]) -> None:
+        for at, name in schedule:
+            if self._stop.wait(max(0.0, at - self.timeline.now())):
+                return
+            started = self.timeline.now()
+            try:
+                detail = self.strike[name]()
+            except Exception as e:  # a fault that could not be struck is a finding, not a crash of the soak
+                detail = {"struck": False, "error": f"{type(e).__name__}: {e}"}
+            self.timeline.add(name, scheduled=round(at, 2), took=round(self.timeline.now() - started, 2), **detail)
+
+    def _target(self, wait: float = 6.0) -> DumpRun | None:
+        """A dump running past its start-up, waiting for one up to ``wait`` seconds; None if none came."""
+        deadline = time.monotonic() + wait
+        while not self._stop.is_set():
+            runs = [r for r in self.cron.running(older_than=STARTED) if not r.signalled]
+            if runs:
+                return self.rng.choice(runs)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+        return None
+
+    def _signal_dump(self, sig: signal.Signals, name: str) -> dict[str, Any]:
+        run = self._target()
+        if run is None:
+            return {"struck": False}
+        run.signalled = name
+        run.proc.send_signal(sig)
+        return {"struck": True, "pid": run.pid}
+
+    def _terminate(self) -> dict[str, Any]:
+        running = len(self.cron.running(older_than=STARTED))
+        kill_every_connection(self.bed.direct)
+        return {"struck": running > 0, "dumps_running": running}
+
+    def _restart(self) -> dict[str, Any]:
+        running = len(self.cron.running(older_than=STARTED))
+        restart_server(self.bed.pgdata)
+        return {"struck": running > 0, "dumps_running": running}
+
+    def _prune(self) -> dict[str, Any]:
+        """The crontab's prune, or an operator's harsher one by hand (``--partials``: resumable work too)."""
+        args = deploy.substitute(deploy.prune_command(), config=str(self.bed.config))
+        if self.rng.random() < 0.5:
+            at = args.index("--partials-older-than")
+            args = [*args[:at], "--partials", *args[at + 2 :]]
+        done = subprocess.run(
+            [python(), "-m", "pgprefetch", *args], env=self.bed.env, capture_output=True, text=True, check=False
+        )
+        self.prunes.append(done)
+        return {"struck": True, "rc": done.returncode, "partials": "--partials" in args, "err": done.stderr[-300:]}
+
+    def _s3_window(self, status: int) -> dict[str, Any]:
+        """Every second S3 request refused with ``status`` for 2-5 s."""
+        seconds = self.rng.uniform(2.0, 5.0)
+        before = self.bed.s3_faults.refused[status]
+        self.bed.s3_faults.status = status
+        try:
+            self._stop.wait(seconds)
+        finally:
+            self.bed.s3_faults.status = None
+        refused = self.bed.s3_faults.refused[status] - before
+        return {"struck": refused > 0, "seconds": round(seconds, 2), "refused": refused}
+
+    def _expire_lease(self) -> dict[str, Any]:
+        """SIGSTOP a dump that holds a lease until the lease expires, then SIGCONT: it must publish nothing."""
+        holder = self._lease_holder()
+        if holder is None:
+            return {"struck": False}
+        holder.signalled = "SIGSTOP past its lease"
+        holder.proc.send_signal(signal.SIGSTOP)
+        self._stop.wait(LEASE_SECONDS + 3)
+        holder.proc.send_signal(signal.SIGCONT)
+        return {"struck": True, "pid": holder.pid}
+
+    def _lease_holder(self, wait: float = 6.0) -> DumpRun | None:
+        """A running dump named by a lease object (it is writing an epoch of the S3 store)."""
+        from pgprefetch.store.open import open_store
+
+        store = open_store(self.bed.store)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not self._stop.is_set():
+            by_pid = {r.pid: r for r in self.cron.running() if not r.signalled}
+            for epoch in store.partial_epochs():
+                holder = store.lock_holder(epoch)
+                pid = int(holder.rsplit(" ", 1)[-1]) if holder.rsplit(" ", 1)[-1].isdigit() else None
+                if pid in by_pid:
+                    return by_pid[pid]
+            time.sleep(0.2)
+        return None
