@@ -19,6 +19,7 @@ step itself is a stand-in here (--step-seconds): put the model's in its place.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -66,10 +67,8 @@ def children_memory_kib() -> int:
     total = 0
     for task in Path("/proc/self/task").iterdir():
         for pid in (task / "children").read_text().split():
-            try:
+            with contextlib.suppress(OSError):  # a worker that just exited
                 total += anonymous_memory_kib(pid)
-            except OSError:  # a worker that just exited
-                pass
     return total
 
 

@@ -33,14 +33,17 @@ def main() -> int:
         try:
             report = run_soak(store, args.seconds, folder, args.seed)
             print(report.summary())
-        except AssertionError as e:
+        except AssertionError as e:  # the report was written, problems included
             failed = True
-            print(f"FAILED: {e}", file=sys.stderr)
+            summary = folder / "report.txt"
+            print(summary.read_text() if summary.exists() else f"FAILED: {e}", end="")
         except Exception:
             failed = True
             traceback.print_exc()
         picture = folder / "timeline.png"
-        print(f"timeline: {picture if picture.exists() else '(not drawn)'}; {time.monotonic() - started:.0f} s in all\n")
+        print(
+            f"timeline: {picture if picture.exists() else '(not drawn)'}; {time.monotonic() - started:.0f} s in all\n"
+        )
     return 1 if failed else 0
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..faults import FreezableProxy, server_address
 from ..helpers import execute, own_server
-from ..s3server import S3, s3_server, throttling_proxy
+from ..s3server import S3, s3_server_process, throttling_proxy
 
 ROWS = 2048  # samples an epoch: 32 batches of 64, 16 a rank
 BATCH = 64
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass
 class S3Faults:
-    """What the S3 proxy does with every second request: nothing, or refuse it (503 SlowDown, 500 InternalError)."""
+    """What the S3 proxy does with every second request: nothing, or refuse it (503 SlowDown, 0: drop it)."""
 
     status: int | None = None
     refused: Counter[int] = field(default_factory=Counter)
@@ -115,7 +115,7 @@ def soak_bed(kind: str, root: Path) -> Iterator[Bed]:
         s3 = None
         faults = S3Faults()
         if kind == "s3":
-            s3 = stack.enter_context(s3_server())
+            s3 = stack.enter_context(s3_server_process())  # moto's work out of the harness's GIL
             bucket = s3.bucket()
             store = f"s3://{bucket}/soak"
             endpoint, _ = stack.enter_context(throttling_proxy(s3.endpoint, every=2, refuse_with=faults.refuse_with))

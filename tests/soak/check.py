@@ -33,7 +33,8 @@ MEMORY_GROWTH_KIB = 16 << 10  # a rank's heap may move by this much between its 
 def example_digest() -> Callable[[dict[str, Any]], str]:
     """The digest the training example records, from the example itself (the same bytes give the same digest)."""
     spec = importlib.util.spec_from_file_location("stream_train", REPO / "examples" / "stream_train.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.digest  # type: ignore[no-any-return]
@@ -66,28 +67,36 @@ def reference(bed: Bed, epochs: int, world: int) -> list[list[list[str]]]:
     return out
 
 
-def check_reads(records: dict[int, Path], batches_per_epoch: int, bed: Bed, world: int) -> dict[str, Any]:
-    """Assert each rank read exactly its batches of consecutive clean epochs; return what was read."""
+def check_reads(
+    records: dict[int, Path], batches_per_epoch: int, bed: Bed, world: int
+) -> tuple[dict[str, Any], list[str]]:
+    """Each rank read exactly its batches of consecutive clean epochs: what was read, and what went wrong."""
+    problems = []
     steps = {rank: read_record(path)[0] for rank, path in records.items()}
     for rank, got in steps.items():
-        assert [s["step"] for s in got] == list(range(len(got))), f"rank {rank}: steps missing or repeated"
+        if [s["step"] for s in got] != list(range(len(got))):
+            problems.append(f"rank {rank}: its record's steps are not 0, 1, 2, ... (missing or repeated)")
     most = max(len(s) for s in steps.values())
     epochs = -(-most // batches_per_epoch)
     clean = reference(bed, epochs, world)
     for rank, got in steps.items():
         expected = [d for epoch in clean[rank] for d in epoch]
         digests = [s["digest"] for s in got]
-        for i, (a, b) in enumerate(zip(digests, expected, strict=False)):
-            assert a == b, (
-                f"rank {rank}, step {i} (epoch {i // batches_per_epoch}, batch {i % batches_per_epoch}): "
-                "its bytes differ from a clean dump's"
+        wrong = [i for i, (a, b) in enumerate(zip(digests, expected, strict=False)) if a != b]
+        if wrong:
+            i = wrong[0]
+            problems.append(
+                f"rank {rank}: {len(wrong)} steps differ from a clean dump's batches, the first step {i} "
+                f"(epoch {i // batches_per_epoch}, batch {i % batches_per_epoch})"
             )
-        assert len(digests) <= len(expected)
-    return {
+        if len(digests) > len(expected):
+            problems.append(f"rank {rank}: read {len(digests)} batches, more than the {len(expected)} of its epochs")
+    figures = {
         "steps": {rank: len(s) for rank, s in steps.items()},
         "epochs_read": {rank: len(s) // batches_per_epoch for rank, s in steps.items()},
         "epochs_checked": epochs,
     }
+    return figures, problems
 
 
 def memory(records: dict[int, Path]) -> dict[int, dict[str, Any]]:
@@ -118,10 +127,13 @@ def memory(records: dict[int, Path]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def check_memory(figures: dict[int, dict[str, Any]], min_epochs: int) -> None:
-    for rank, f in figures.items():
-        if f["epochs"][1] - f["epochs"][0] >= min_epochs:
-            assert f["growth_kib"] <= MEMORY_GROWTH_KIB, f"rank {rank}: memory grew across epochs: {f}"
+def check_memory(figures: dict[int, dict[str, Any]], min_epochs: int) -> list[str]:
+    """A rank whose heap grew between its early and its late epochs (over a life of ``min_epochs`` or more)."""
+    return [
+        f"rank {rank}: memory grew by {f['growth_kib'] / 1024:.1f} MiB across epochs {f['epochs'][0]}-{f['epochs'][1]}"
+        for rank, f in figures.items()
+        if f["epochs"][1] - f["epochs"][0] >= min_epochs and f["growth_kib"] > MEMORY_GROWTH_KIB
+    ]
 
 
 def soak_processes(bed: Bed) -> list[str]:
@@ -184,17 +196,16 @@ def _held(lock: Path) -> bool:
         os.close(fd)
 
 
-def check_end_state(bed: Bed, ahead: int, keep: int, consumer: str) -> dict[str, Any]:
-    """Assert the store after the clean cron run holds just what --ahead and --keep say, and nothing else."""
+def check_end_state(bed: Bed, ahead: int, keep: int, consumer: str) -> tuple[dict[str, Any], list[str]]:
+    """After the clean cron run: just what --ahead and --keep say in the store, and nothing else left."""
     store = open_store(bed.store)
-    left = soak_processes(bed)
-    assert not left, f"processes of the soak still run: {left}"
-    found = leftovers(bed)
-    assert not found, f"left in the store after a clean cron run: {found}"
+    problems = [f"a process of the soak still runs: {p}" for p in soak_processes(bed)]
+    problems += [f"left after a clean cron run: {thing}" for thing in leftovers(bed)]
     at = store.consumers()[consumer]
     epochs = store.epochs()
-    assert epochs == list(range(max(0, at - keep), at + ahead + 1)), (
-        f"the consumer is at epoch {at}: --ahead {ahead} --keep {keep} keep epochs {max(0, at - keep)}..{at + ahead}, "
-        f"the store holds {epochs}"
-    )
-    return {"consumer_epoch": at, "epochs": epochs}
+    if epochs != list(range(max(0, at - keep), at + ahead + 1)):
+        problems.append(
+            f"the consumer is at epoch {at}, so --ahead {ahead} --keep {keep} keep epochs {max(0, at - keep)}.."
+            f"{at + ahead}; the store holds {epochs}"
+        )
+    return {"consumer_epoch": at, "epochs": epochs}, problems

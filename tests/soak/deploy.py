@@ -131,7 +131,7 @@ def substitute(args: list[str], **values: str) -> list[str]:
 
 def dump_commands() -> dict[str, list[str]]:
     """The dump command of each deployment file, as arguments to ``pgprefetch``."""
-    (cron_schedule, cron) = next(job for job in crontab_entries() if job[1][1:2] == ["dump"])
+    cron = next(argv for _, argv in crontab_entries() if argv[1:2] == ["dump"])
     return {
         "crontab": pgprefetch_args(cron),
         "systemd": pgprefetch_args(service_command()),

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display, only files
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .cron import Cron  # noqa: E402
-from .schedule import kinds  # noqa: E402
-from .timeline import Timeline  # noqa: E402
-from .training import Training  # noqa: E402
-from .watch import Watcher  # noqa: E402
+from .cron import Cron
+from .schedule import kinds
+from .timeline import Timeline
+from .training import Training
+from .watch import Watcher
 
 if TYPE_CHECKING:
     from .report import Report

@@ -45,6 +45,7 @@ class Report:
     memory: dict[int, dict[str, Any]]
     prunes: int
     end: dict[str, Any]
+    problems: list[str]  # what did not hold (the soak fails when there is any)
 
     @classmethod
     def collect(
@@ -61,6 +62,7 @@ class Report:
         end: dict[str, Any],
         seed: int,
         per_epoch: int,
+        problems: list[str],
     ) -> Report:
         struck = Counter(e.kind for e in timeline.of(*kinds(bed.kind)) if e.detail.get("struck"))
         planned = Counter(name for _, name in schedule)
@@ -71,7 +73,7 @@ class Report:
                 retries.update(s.get("retry_causes", {}))
                 resumed += s.get("resumed_batches", 0)
         for status, n in bed.s3_faults.refused.items():
-            retries[f"s3 {status} {'SlowDown' if status == 503 else 'InternalError'}"] += n
+            retries[{503: "s3 503 SlowDown", 500: "s3 500 InternalError"}.get(status, "s3 dropped")] += n
         waits = {}
         for r in training.ranks:
             steps = [json.loads(line) for line in r.record.read_text().splitlines() if '"step"' in line]
@@ -100,6 +102,7 @@ class Report:
             memory=memory,
             prunes=len(faults.prunes),
             end=end,
+            problems=problems,
         )
 
     def summary(self) -> str:
@@ -108,7 +111,8 @@ class Report:
         retries = ", ".join(f"{k} {n}" for k, n in sorted(self.retries.items())) or "none"
         runs = ", ".join(f"{k} {n}" for k, n in sorted(self.dump_runs.items()))
         wait = "; ".join(
-            f"rank {r}: {w['seconds']:.1f} s ({w['share']:.0%}), {w['stalls']} stalls over {STALL} s, longest {w['longest']} s"
+            f"rank {r}: {w['seconds']:.1f} s ({w['share']:.0%}), {w['stalls']} stalls over {STALL} s, "
+            f"longest {w['longest']} s"
             for r, w in self.training_wait.items()
         )
         memory = "; ".join(
@@ -126,8 +130,9 @@ class Report:
                 f"retries by cause: {retries}",
                 f"training waited for batches: {wait}; restarted {self.training_restarts} rank(s)",
                 f"reader memory (heap, main + workers): {memory}",
-                f"end: consumer at epoch {self.end['consumer_epoch']}, store holds epochs {self.end['epochs']}, "
-                "no process, lock, lease, temporary file or partial epoch left",
+                f"end: consumer at epoch {self.end['consumer_epoch']}, store holds epochs {self.end['epochs']}"
+                + ("" if self.problems else ", no process, lock, lease, temporary file or partial epoch left"),
+                *(f"PROBLEM: {p}" for p in self.problems),
             ]
         )
 

@@ -3,7 +3,8 @@
 A dump process is killed (``kill -9``) or stopped (SIGTERM) mid-run; the database's connections are ended
 (``pg_terminate_backend``), its route frozen (the chaos bed's proxy) or the server restarted; the training
 ranks are killed with their workers and started again; the crontab's prune runs by hand. On S3, requests
-are refused (500 InternalError) or throttled (503 SlowDown) for a few seconds, and a dump holding a lease
+are refused (their connection dropped unanswered, as by a restarting server) or throttled (503 SlowDown)
+for a few seconds, and a dump holding a lease
 is stopped (SIGSTOP) past its lease's expiry, so that another takes the epoch over. Each fault is recorded
 with whether it struck something (a dump running, connections open).
 """
@@ -16,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..faults import kill_every_connection, restart_server
@@ -57,16 +59,17 @@ class Faults:
         self.prunes: list[subprocess.CompletedProcess[str]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self.strike: dict[str, Callable[[], dict[str, Any]]] = {
             "dump kill -9": lambda: self._signal_dump(signal.SIGKILL, "kill -9"),
             "dump SIGTERM": lambda: self._signal_dump(signal.SIGTERM, "SIGTERM"),
             "pg terminate": self._terminate,
-            "pg freeze": lambda: {"struck": bed.proxy.freeze() > 0},
+            "pg freeze": self._freeze,
             "pg restart": self._restart,
             "training kill -9": training.kill_and_restart,
             "prune by hand": self._prune,
             "s3 throttled": lambda: self._s3_window(503),
-            "s3 refused": lambda: self._s3_window(500),
+            "s3 refused": lambda: self._s3_window(0),
             "lease expired": self._expire_lease,
         }
 
@@ -80,45 +83,74 @@ class Faults:
             self._thread.join()
 
     def _run(self, schedule: list[tuple[float, str]]) -> None:
+        """Each fault on a thread of its own at its moment: one that lasts (a window, a stopped dump) delays none."""
         for at, name in schedule:
             if self._stop.wait(max(0.0, at - self.timeline.now())):
-                return
-            started = self.timeline.now()
-            try:
-                detail = self.strike[name]()
-            except Exception as e:  # a fault that could not be struck is a finding, not a crash of the soak
-                detail = {"struck": False, "error": f"{type(e).__name__}: {e}"}
-            self.timeline.add(name, scheduled=round(at, 2), took=round(self.timeline.now() - started, 2), **detail)
+                break
+            thread = threading.Thread(target=self._one, args=(at, name), name=f"soak-fault-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        for thread in self._threads:
+            thread.join()
 
-    def _target(self, wait: float = 6.0) -> DumpRun | None:
-        """A dump running past its start-up, waiting for one up to ``wait`` seconds; None if none came."""
-        deadline = time.monotonic() + wait
+    def _one(self, at: float, name: str) -> None:
+        started = self.timeline.now()
+        try:
+            detail = self.strike[name]()
+        except Exception as e:  # a fault that could not be struck is a finding, not a crash of the soak
+            detail = {"struck": False, "error": f"{type(e).__name__}: {e}"}
+        self.timeline.add(name, at=round(started, 2), took=round(self.timeline.now() - started, 2), **detail)
+
+    def _target(self, wait: float = 8.0, anyone: float = 0.2) -> tuple[DumpRun, bool] | None:
+        """A dump to strike, and whether it is writing an epoch (it holds the epoch's lock or lease).
+
+        Mostly one that writes, waiting for one up to ``wait`` seconds; with odds ``anyone``, or when none
+        comes, any run past its start-up (one planning, or pruning). None if there is no run at all.
+        """
+        deadline = time.monotonic() + (wait if self.rng.random() >= anyone else 0.0)
         while not self._stop.is_set():
             runs = [r for r in self.cron.running(older_than=STARTED) if not r.signalled]
-            if runs:
-                return self.rng.choice(runs)
+            writing = [r for r in runs if r.pid in writers(self.bed)]
+            if writing:
+                return self.rng.choice(writing), True
             if time.monotonic() > deadline:
-                return None
-            time.sleep(0.1)
+                return (self.rng.choice(runs), False) if runs else None
+            time.sleep(0.3)
         return None
 
     def _signal_dump(self, sig: signal.Signals, name: str) -> dict[str, Any]:
-        run = self._target()
-        if run is None:
+        target = self._target()
+        if target is None:
             return {"struck": False}
+        run, writing = target
         run.signalled = name
         run.proc.send_signal(sig)
-        return {"struck": True, "pid": run.pid}
+        return {"struck": True, "pid": run.pid, "writing": writing}
 
     def _terminate(self) -> dict[str, Any]:
-        running = len(self.cron.running(older_than=STARTED))
+        writing = self._writing()  # while a dump writes: its connections are open
         kill_every_connection(self.bed.direct)
-        return {"struck": running > 0, "dumps_running": running}
+        return {"struck": writing}
+
+    def _writing(self) -> bool:
+        """Wait for a dump that writes an epoch (up to a few seconds); whether one came."""
+        target = self._target(anyone=0.0)
+        return target is not None and target[1]
+
+    def _freeze(self) -> dict[str, Any]:
+        """Freeze the route of a writing dump's connections (a dump between retries has none: wait for it)."""
+        deadline = time.monotonic() + 8.0
+        while not self._stop.is_set():
+            frozen = self.bed.proxy.freeze() if self._writing() else 0
+            if frozen or time.monotonic() > deadline:
+                return {"struck": frozen > 0, "connections": frozen}
+            time.sleep(0.3)
+        return {"struck": False}
 
     def _restart(self) -> dict[str, Any]:
-        running = len(self.cron.running(older_than=STARTED))
+        writing = self._writing()
         restart_server(self.bed.pgdata)
-        return {"struck": running > 0, "dumps_running": running}
+        return {"struck": writing}
 
     def _prune(self) -> dict[str, Any]:
         """The crontab's prune, or an operator's harsher one by hand (``--partials``: resumable work too)."""
@@ -133,7 +165,7 @@ class Faults:
         return {"struck": True, "rc": done.returncode, "partials": "--partials" in args, "err": done.stderr[-300:]}
 
     def _s3_window(self, status: int) -> dict[str, Any]:
-        """Every second S3 request refused with ``status`` for 2-5 s."""
+        """Every second S3 request refused for 2-5 s: ``status`` 503 (SlowDown), or 0 (the connection dropped)."""
         seconds = self.rng.uniform(2.0, 5.0)
         before = self.bed.s3_faults.refused[status]
         self.bed.s3_faults.status = status
@@ -146,27 +178,30 @@ class Faults:
 
     def _expire_lease(self) -> dict[str, Any]:
         """SIGSTOP a dump that holds a lease until the lease expires, then SIGCONT: it must publish nothing."""
-        holder = self._lease_holder()
-        if holder is None:
+        target = self._target(wait=20.0, anyone=0.0)
+        if target is None or not target[1]:
             return {"struck": False}
+        holder = target[0]
         holder.signalled = "SIGSTOP past its lease"
         holder.proc.send_signal(signal.SIGSTOP)
         self._stop.wait(LEASE_SECONDS + 3)
         holder.proc.send_signal(signal.SIGCONT)
         return {"struck": True, "pid": holder.pid}
 
-    def _lease_holder(self, wait: float = 6.0) -> DumpRun | None:
-        """A running dump named by a lease object (it is writing an epoch of the S3 store)."""
-        from pgprefetch.store.open import open_store
 
-        store = open_store(self.bed.store)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not self._stop.is_set():
-            by_pid = {r.pid: r for r in self.cron.running() if not r.signalled}
-            for epoch in store.partial_epochs():
-                holder = store.lock_holder(epoch)
-                pid = int(holder.rsplit(" ", 1)[-1]) if holder.rsplit(" ", 1)[-1].isdigit() else None
-                if pid in by_pid:
-                    return by_pid[pid]
-            time.sleep(0.2)
-        return None
+def writers(bed: Bed) -> set[int]:
+    """The pids of the dumps writing an epoch now: holders of an epoch's lock (local) or lease (S3)."""
+    from pgprefetch.store.open import open_store
+
+    if bed.kind == "local":
+        locks = Path(bed.store) / ".pgprefetch" / "locks"
+        inodes = {p.stat().st_ino for p in locks.glob("epoch-*.lock")} if locks.is_dir() else set()
+        held = set()
+        for line in Path("/proc/locks").read_text().splitlines():  # "1: FLOCK ADVISORY WRITE pid maj:min:inode ..."
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and int(fields[5].rsplit(":", 1)[1]) in inodes:
+                held.add(int(fields[4]))
+        return held
+    store = open_store(bed.store)
+    holders = (store.lock_holder(epoch).rsplit(" ", 1)[-1] for epoch in store.partial_epochs())
+    return {int(pid) for pid in holders if pid.isdigit()}

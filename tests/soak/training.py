@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ class Training:
         self.save_every = int(args[args.index("--save-every") + 1])
         self.args = [*args, "--step-seconds", str(step_seconds)]
         self.ranks: list[Rank] = []
+        self._lock = threading.Lock()  # held while the ranks are killed and started again
 
     def start(self) -> None:
         (self.bed.root / "logs").mkdir(exist_ok=True)
@@ -71,6 +73,10 @@ class Training:
 
     def kill_and_restart(self) -> dict[str, Any]:
         """kill -9 of every rank with its workers (a job's pods dying), then each started again at once."""
+        with self._lock:
+            return self._kill_and_restart()
+
+    def _kill_and_restart(self) -> dict[str, Any]:
         steps = {}
         for r in self.ranks:
             with_workers = os.getpgid(r.proc.pid)
@@ -84,8 +90,14 @@ class Training:
             r.lives.append((r.proc.pid, self.timeline.now(), None))
         return {"struck": True, "resumed_from_step": steps}
 
-    def alive(self) -> bool:
-        return all(r.proc.poll() is None for r in self.ranks)
+    def ended_by_itself(self) -> str | None:
+        """What a rank that exited without being told to said last (it timed out waiting, or crashed)."""
+        with self._lock:
+            for r in self.ranks:
+                code = r.proc.poll()
+                if code is not None:
+                    return f"rank {r.rank} exited with {code}: {r.log.read_text()[-3000:]}"
+        return None
 
     def stop(self, timeout: float = 90.0) -> dict[int, int | None]:
         """SIGTERM to each rank (it saves its position and exits 0); their exit statuses."""

@@ -8,6 +8,7 @@ the meantime) is not one.
 
 from __future__ import annotations
 
+import queue
 import threading
 from dataclasses import dataclass, field
 
@@ -39,24 +40,38 @@ class Watcher:
     timeline: Timeline
     interval: float = 0.5
     samples: list[Sample] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)  # epochs seen complete
     verified: dict[int, list[str]] = field(default_factory=dict)  # each epoch seen complete: the problems found
     errors: list[str] = field(default_factory=list)  # polls that failed (the store unreadable)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="soak-watch", daemon=True)
+        self._queue: queue.Queue[int | None] = queue.Queue()  # epochs to verify, on a thread of their own
+        self._verifier = threading.Thread(target=self._verify_queued, name="soak-verify", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._verifier.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
         self.poll()  # the end state, after the last run
+        self._queue.put(None)
+        self._verifier.join()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             self.poll()
+
+    def _verify_queued(self) -> None:
+        """Verify each epoch seen complete; polling goes on meanwhile, so the times seen stay exact."""
+        store = open_store(self.bed.store)
+        while (epoch := self._queue.get()) is not None:
+            self.verified[epoch] = self._verify(store, epoch)
+            if self.verified[epoch]:
+                self.timeline.add("half published", epoch=epoch, problems=self.verified[epoch])
 
     def poll(self) -> None:
         store = open_store(self.bed.store)
@@ -74,9 +89,10 @@ class Watcher:
             self.timeline.add("consumer", epoch=consumer)
         self.samples.append(Sample(self.timeline.now(), max(complete, default=None), consumer, partials))
         for epoch in complete:
-            if epoch not in self.verified:
-                self.verified[epoch] = self._verify(store, epoch)
-                self.timeline.add("published", epoch=epoch, problems=len(self.verified[epoch]))
+            if epoch not in self.seen:
+                self.seen.add(epoch)
+                self.timeline.add("published", epoch=epoch)
+                self._queue.put(epoch)
 
     def _verify(self, store: object, epoch: int) -> list[str]:
         try:
