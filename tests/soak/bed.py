@@ -11,6 +11,7 @@ directly.
 from __future__ import annotations
 
 import os
+import random
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -25,21 +26,28 @@ from ..s3server import S3, s3_server_process, throttling_proxy
 ROWS = 2048  # samples an epoch: 32 batches of 64, 16 a rank
 BATCH = 64
 PACE = 0.002  # seconds each sample sleeps on the server: a dump of 4 connections takes about a second
-LEASE_SECONDS = 8  # the S3 lease (60 s in production), short so that an expired lease is seen in a soak
+# The S3 lease (60 s in production), short so that a soak sees one expire. A holder counts it lost when it could
+# not renew it for 0.8 of this, and on these 2 shared cores a busy soak delays a renewal by seconds: 8 s was
+# too short (dumps lost their leases with no fault at all), 20 s is not.
+LEASE_SECONDS = 20
 REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
 class S3Faults:
-    """What the S3 proxy does with every second request: nothing, or refuse it (503 SlowDown, 0: drop it)."""
+    """What the S3 proxy does with each request: nothing, or refuse a share of them at random (503 SlowDown,
+    or 0: the connection dropped unanswered), as a throttled or restarting server does."""
 
     status: int | None = None
+    share: float = 0.4
     refused: Counter[int] = field(default_factory=Counter)
+    rng: random.Random = field(default_factory=lambda: random.Random(28))
 
     def refuse_with(self) -> int | None:
         status = self.status
-        if status is not None:
-            self.refused[status] += 1
+        if status is None or self.rng.random() >= self.share:
+            return None
+        self.refused[status] += 1
         return status
 
 
@@ -55,7 +63,7 @@ class Bed:
     proxy: FreezableProxy
     config: Path
     store: str  # the store's location: a folder, or s3://bucket/prefix
-    env: dict[str, str]  # the environment of every process the soak starts
+    env: dict[str, str]  # the environment of every process the soak starts (on the first host)
     s3: S3 | None = None
     s3_faults: S3Faults = field(default_factory=S3Faults)
 
@@ -63,7 +71,22 @@ class Bed:
         """The soak's own view of the store: moto directly, not through the faulty proxy."""
         if self.s3 is None:
             return {}
-        return {**self.s3.env, "PGPREFETCH_STAGING": str(self.root / "staging")}
+        return {**self.s3.env, "PGPREFETCH_STAGING": str(self.staging(0)), "PGPREFETCH_S3_RETRIES": "6"}
+
+    @property
+    def hosts(self) -> int:
+        """Cron hosts: an S3 store is dumped from two, as a CronJob's pods land on several machines."""
+        return 2 if self.kind == "s3" else 1
+
+    def staging(self, host: int) -> Path:
+        """Where a host writes an S3 store's epochs before uploading them (each machine has its own disk)."""
+        return self.root / f"staging-{'ab'[host]}"
+
+    def host_env(self, host: int) -> dict[str, str]:
+        """The environment of a process on cron host ``host``."""
+        if self.kind != "s3":
+            return self.env
+        return {**self.env, "PGPREFETCH_STAGING": str(self.staging(host))}
 
 
 def write_config(root: Path, store: str) -> Path:
@@ -118,8 +141,8 @@ def soak_bed(kind: str, root: Path) -> Iterator[Bed]:
             s3 = stack.enter_context(s3_server_process())  # moto's work out of the harness's GIL
             bucket = s3.bucket()
             store = f"s3://{bucket}/soak"
-            endpoint, _ = stack.enter_context(throttling_proxy(s3.endpoint, every=2, refuse_with=faults.refuse_with))
-            env.update(s3.env, AWS_ENDPOINT_URL=endpoint, PGPREFETCH_STAGING=str(root / "staging"))
+            endpoint, _ = stack.enter_context(throttling_proxy(s3.endpoint, every=1, refuse_with=faults.refuse_with))
+            env.update(s3.env, AWS_ENDPOINT_URL=endpoint, PGPREFETCH_STAGING=str(root / "staging-a"))
             env["PGPREFETCH_S3_RETRIES"] = "6"  # production's default (the test server's env says 1)
         elif kind == "local":
             store = str(root / "store.zarr")

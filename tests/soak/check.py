@@ -19,6 +19,7 @@ import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pgprefetch import EpochDataset, dump_epoch, load_config
@@ -30,14 +31,19 @@ from .bed import REPO, Bed
 MEMORY_GROWTH_KIB = 16 << 10  # a rank's heap may move by this much between its early and late epochs
 
 
-def example_digest() -> Callable[[dict[str, Any]], str]:
-    """The digest the training example records, from the example itself (the same bytes give the same digest)."""
+def example_module() -> ModuleType:
+    """``examples/stream_train.py``, the training side the soak runs, as a module (it is a script)."""
     spec = importlib.util.spec_from_file_location("stream_train", REPO / "examples" / "stream_train.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.digest  # type: ignore[no-any-return]
+    return module
+
+
+def example_digest() -> Callable[[dict[str, Any]], str]:
+    """The digest the training example records, from the example itself (the same bytes give the same digest)."""
+    return example_module().digest  # type: ignore[no-any-return]
 
 
 def read_record(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -172,8 +178,11 @@ def leftovers(bed: Bed) -> list[str]:
             if _held(lock):
                 found.append(f"lock held: {lock.name}")
     else:
-        staging = store.staging  # type: ignore[attr-defined]
-        found += [f"staged: {p.relative_to(staging)}" for p in staging.rglob("*") if p.is_file()]
+        for host in range(bed.hosts):
+            staging = bed.staging(host)
+            for p in staging.rglob("*"):
+                if p.is_file() and not (p.parent.name == "locks" and not _held(p)):  # a free lock is no leftover
+                    found.append(f"staged on host {'ab'[host]}: {p.relative_to(staging)}")
         complete = set(store.epochs())
         for meta in store._list(""):  # type: ignore[attr-defined]
             key = meta["path"]

@@ -2,8 +2,10 @@
 
 Runs overlap when a dump takes longer than the gap, as under cron (or a CronJob with ``concurrencyPolicy:
 Allow``); systemd's timer and ``Forbid`` never overlap, so this is the harder case. The three deployment
-files hold the same command; each start takes the next file's, so all three are run as written. Every run's
-start, end, exit status and ``--json`` summaries are kept for the checks and the report.
+files hold the same command; each start takes the next file's, so all three are run as written. An S3
+store is dumped from two hosts in turn (two staging folders), as a CronJob's pods land on several
+machines: one takes over the lease of a dump stalled on the other. Every run's start, end, exit status and
+``--json`` summaries are kept for the checks and the report.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class DumpRun:
     """One run of the dump command."""
 
     source: str  # the deployment file whose command line it ran
+    host: int  # the cron host it ran on (an S3 store's staging is per host)
     proc: subprocess.Popen[str]
     start: float
     end: float | None = None
@@ -58,11 +61,21 @@ class DumpRun:
         return "busy" if any(s.get("status") == "busy" for s in self.summaries) else "skipped"
 
 
+MOST_ALIVE = 4  # runs alive at once, beyond which a tick starts none (see Cron)
+
+
 class Cron:
-    """Starts a dump every ``gap`` seconds (drawn from the range) until stopped."""
+    """Starts a dump every ``gap`` seconds (drawn from the range) until stopped.
+
+    A tick that finds ``MOST_ALIVE`` runs still going starts none, and counts it (``skipped_ticks``). Cron
+    itself has no such limit, but it starts a run a minute, not every second or two: on a soak's compressed
+    clock, runs started regardless pile up faster than 2 cores end them, each slower for the others, until
+    every run takes minutes (a first soak did just that, and its dumps lost their leases for want of CPU).
+    """
 
     def __init__(self, bed: Bed, timeline: Timeline, rng: random.Random, gap: tuple[float, float] = (1.0, 2.0)) -> None:
         self.bed = bed
+        self.skipped_ticks = 0
         self.timeline = timeline
         self.rng = rng
         self.gap = gap
@@ -79,21 +92,25 @@ class Cron:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.launch()
+            if len(self.running()) < MOST_ALIVE:
+                self.launch()
+            else:
+                self.skipped_ticks += 1
             self._stop.wait(self.rng.uniform(*self.gap))
 
-    def launch(self) -> DumpRun:
-        """Start one run of the next deployment file's command."""
+    def launch(self, host: int | None = None) -> DumpRun:
+        """Start one run of the next deployment file's command, on the next host (or ``host``)."""
         source, args = self.commands[len(self.runs) % len(self.commands)]
+        host = len(self.runs) % self.bed.hosts if host is None else host
         proc = subprocess.Popen(
             [python(), "-m", "pgprefetch", *args],
-            env=self.bed.env,
+            env=self.bed.host_env(host),
             cwd=self.bed.root,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        run = DumpRun(source, proc, self.timeline.now())
+        run = DumpRun(source, host, proc, self.timeline.now())
         with self._lock:
             self.runs.append(run)
         threading.Thread(target=self._reap, args=(run,), name=f"soak-reap-{proc.pid}", daemon=True).start()
@@ -128,10 +145,13 @@ class Cron:
         while any(r.rc is None for r in self.runs) and time.monotonic() < deadline:
             time.sleep(0.05)  # the reapers record the end
 
-    def run_once(self) -> DumpRun:
-        """One run, waited for: the clean cron run at the end."""
-        run = self.launch()
-        run.proc.wait(300)
-        while run.rc is None:
-            time.sleep(0.05)
-        return run
+    def run_once(self) -> list[DumpRun]:
+        """One run on each host, one after the other, waited for: the clean cron run at the end."""
+        runs = []
+        for host in range(self.bed.hosts):
+            run = self.launch(host)
+            run.proc.wait(300)
+            while run.rc is None:
+                time.sleep(0.05)
+            runs.append(run)
+        return runs

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .bed import Bed
-from .cron import Cron
+from .cron import MOST_ALIVE, Cron
 from .picture import draw_timeline
 from .schedule import Faults, kinds
 from .timeline import Timeline
@@ -37,6 +37,7 @@ class Report:
     steps: dict[int, int]
     dump_runs: dict[str, int]  # by outcome: wrote, skipped, busy, killed, failed
     dump_runs_by_file: dict[str, int]  # the deployment file whose command line each run ran
+    cron_ticks_skipped: int  # ticks that started no run: cron.MOST_ALIVE runs were still going
     resumed_batches: int  # batches kept from a partial epoch a killed run left
     faults: dict[str, tuple[int, int]]  # kind: (struck, scheduled)
     retries: dict[str, int]  # by cause: the dumps' (PostgreSQL) and the S3 proxy's refusals
@@ -64,8 +65,8 @@ class Report:
         per_epoch: int,
         problems: list[str],
     ) -> Report:
-        struck = Counter(e.kind for e in timeline.of(*kinds(bed.kind)) if e.detail.get("struck"))
         planned = Counter(name for _, name in schedule)
+        struck = Counter(e.kind for e in timeline.of(*planned) if e.detail.get("struck"))
         retries: Counter[str] = Counter()
         resumed = 0
         for run in cron.runs:
@@ -94,8 +95,9 @@ class Report:
             steps=reads["steps"],
             dump_runs=dict(Counter(run.outcome() for run in cron.runs)),
             dump_runs_by_file=dict(Counter(run.source for run in cron.runs)),
+            cron_ticks_skipped=cron.skipped_ticks,
             resumed_batches=resumed,
-            faults={k: (struck[k], planned[k]) for k in kinds(bed.kind)},
+            faults={k: (struck[k], planned[k]) for k in kinds(bed.kind) if k in planned},
             retries=dict(retries),
             training_wait=waits,
             training_restarts=sum(len(r.lives) - 1 for r in training.ranks),
@@ -125,7 +127,8 @@ class Report:
                 f"soak of a {self.store} store, {self.seconds:.0f} s, seed {self.seed}",
                 f"epochs: {self.epochs_published} published, read {self.epochs_read} whole per rank "
                 f"({self.steps} steps), every batch equal to a clean dump's; each verified as it appeared",
-                f"dump runs: {sum(self.dump_runs.values())} ({runs}); {self.resumed_batches} batches resumed",
+                f"dump runs: {sum(self.dump_runs.values())} ({runs}), {self.cron_ticks_skipped} ticks skipped with "
+                f"{MOST_ALIVE} runs going; {self.resumed_batches} batches resumed",
                 f"faults struck/scheduled: {faults}",
                 f"retries by cause: {retries}",
                 f"training waited for batches: {wait}; restarted {self.training_restarts} rank(s)",

@@ -20,7 +20,7 @@ from .bed import BATCH, ROWS, Bed, soak_bed
 from .check import check_end_state, check_memory, check_reads, memory
 from .cron import Cron, DumpRun
 from .report import Report, write_report
-from .schedule import Faults, draw
+from .schedule import Faults, draw, kinds
 from .timeline import Timeline
 from .training import Training
 from .watch import CONSUMER, Watcher
@@ -45,10 +45,11 @@ def option(args: list[str], flag: str) -> int:
     return int(args[args.index(flag) + 1])
 
 
-def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int = 3) -> Report:
+def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int = 3, short: bool = False) -> Report:
     """Soak a ``kind`` store (local or s3) for ``seconds``, in ``out``; assert what must hold; report.
 
     ``min_epochs``: each rank must have read at least this many whole epochs, or the soak proved little.
+    ``short``: a short round (``make test``), with fewer kinds of fault on S3 (:func:`schedule.kinds`).
     """
     shutil.rmtree(out, ignore_errors=True)
     rng = random.Random(seed)
@@ -56,7 +57,7 @@ def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int
         timeline = Timeline()
         cron, training, watcher = Cron(bed, timeline, rng), Training(bed, timeline), Watcher(bed, timeline)
         faults = Faults(bed, timeline, cron, training, rng)
-        schedule = draw(kind, seconds, rng)
+        schedule = draw(kinds(kind, short), seconds, rng)
         try:
             cron.start()
             watcher.start()
@@ -67,7 +68,7 @@ def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int
             faults.stop()
             stopped = training.stop()
             cron.stop()
-        clean = cron.run_once()
+        clean = cron.run_once()  # one run on each host
         watcher.stop()
         problems = [died] if died else []
         return _check_and_report(
@@ -103,7 +104,7 @@ def _check_and_report(
     faults: Faults,
     schedule: list[tuple[float, str]],
     stopped: dict[int, int | None],
-    clean: DumpRun,
+    clean: list[DumpRun],
     seed: int,
     problems: list[str],
     min_epochs: int,
@@ -115,8 +116,9 @@ def _check_and_report(
     per_epoch = ROWS // BATCH // training.world
     if any(code != 0 for code in stopped.values()):
         problems.append(f"ranks stopped by SIGTERM exited with {stopped}, not 0")
-    if clean.rc != 0:
-        problems.append(f"the clean cron run failed ({clean.rc}): {clean.summaries} {clean.stderr[-1000:]}")
+    for run in clean:
+        if run.rc != 0:
+            problems.append(f"the clean cron run failed ({run.rc}): {run.summaries} {run.stderr[-1000:]}")
     reads, found = check_reads(records, per_epoch, bed, training.world)
     problems += found
     if min(reads["epochs_read"].values()) < min_epochs:

@@ -32,22 +32,28 @@ S3_ONLY = ("s3 throttled", "s3 refused", "lease expired")
 STARTED = 1.0  # seconds a dump has run before it is a target: past its imports, in the epoch's work
 
 
-def kinds(store: str) -> tuple[str, ...]:
-    """The faults a soak of ``store`` (local or s3) strikes."""
+def kinds(store: str, short: bool = False) -> tuple[str, ...]:
+    """The faults a soak of ``store`` (local or s3) strikes; a short round of an S3 store, only its own few.
+
+    (A short round is half a minute on 2 cores: a training restart there, with its workers started anew over
+    S3, would take most of it. The local round has it, and ``make soak`` every kind on both stores.)
+    """
+    if short and store == "s3":
+        return (*S3_ONLY, "dump kill -9", "prune by hand")
     return BOTH + (S3_ONLY if store == "s3" else ())
 
 
-def draw(store: str, seconds: float, rng: random.Random, start: float = 5.0) -> list[tuple[float, str]]:
+def draw(kinds: tuple[str, ...], seconds: float, rng: random.Random, start: float = 5.0) -> list[tuple[float, str]]:
     """The schedule: every kind once in a shuffled first round, then kinds at random, evenly spread in time.
 
     The last tenth of the run (at least 8 s) is left quiet, so the ranks read the last epochs cleanly.
     """
-    every = list(kinds(store))
+    every = list(kinds)
     rng.shuffle(every)
     end = seconds - max(8.0, seconds / 10)
     gap = max(2.5, min(12.0, (end - start) / len(every)))
     n = max(len(every), int((end - start) / gap))
-    names = every + [rng.choice(kinds(store)) for _ in range(n - len(every))]
+    names = every + [rng.choice(kinds) for _ in range(n - len(every))]
     return [(start + i * gap + rng.uniform(0, gap * 0.5), name) for i, name in enumerate(names)]
 
 
@@ -101,7 +107,7 @@ class Faults:
             detail = {"struck": False, "error": f"{type(e).__name__}: {e}"}
         self.timeline.add(name, at=round(started, 2), took=round(self.timeline.now() - started, 2), **detail)
 
-    def _target(self, wait: float = 8.0, anyone: float = 0.2) -> tuple[DumpRun, bool] | None:
+    def _target(self, wait: float = 15.0, anyone: float = 0.2) -> tuple[DumpRun, bool] | None:
         """A dump to strike, and whether it is writing an epoch (it holds the epoch's lock or lease).
 
         Mostly one that writes, waiting for one up to ``wait`` seconds; with odds ``anyone``, or when none
@@ -139,7 +145,7 @@ class Faults:
 
     def _freeze(self) -> dict[str, Any]:
         """Freeze the route of a writing dump's connections (a dump between retries has none: wait for it)."""
-        deadline = time.monotonic() + 8.0
+        deadline = time.monotonic() + 15.0
         while not self._stop.is_set():
             frozen = self.bed.proxy.freeze() if self._writing() else 0
             if frozen or time.monotonic() > deadline:
@@ -165,7 +171,7 @@ class Faults:
         return {"struck": True, "rc": done.returncode, "partials": "--partials" in args, "err": done.stderr[-300:]}
 
     def _s3_window(self, status: int) -> dict[str, Any]:
-        """Every second S3 request refused for 2-5 s: ``status`` 503 (SlowDown), or 0 (the connection dropped)."""
+        """S3 requests refused for 2-5 s (a share of them): ``status`` 503 (SlowDown), or 0 (the connection dropped)."""
         seconds = self.rng.uniform(2.0, 5.0)
         before = self.bed.s3_faults.refused[status]
         self.bed.s3_faults.status = status
@@ -178,7 +184,7 @@ class Faults:
 
     def _expire_lease(self) -> dict[str, Any]:
         """SIGSTOP a dump that holds a lease until the lease expires, then SIGCONT: it must publish nothing."""
-        target = self._target(wait=20.0, anyone=0.0)
+        target = self._target(wait=30.0, anyone=0.0)
         if target is None or not target[1]:
             return {"struck": False}
         holder = target[0]
@@ -191,6 +197,7 @@ class Faults:
 
 def writers(bed: Bed) -> set[int]:
     """The pids of the dumps writing an epoch now: holders of an epoch's lock (local) or lease (S3)."""
+    from pgprefetch.store.lease import lease_holder
     from pgprefetch.store.open import open_store
 
     if bed.kind == "local":
@@ -202,6 +209,6 @@ def writers(bed: Bed) -> set[int]:
             if len(fields) > 5 and fields[1] == "FLOCK" and int(fields[5].rsplit(":", 1)[1]) in inodes:
                 held.add(int(fields[4]))
         return held
-    store = open_store(bed.store)
-    holders = (store.lock_holder(epoch).rsplit(" ", 1)[-1] for epoch in store.partial_epochs())
+    store: Any = open_store(bed.store)
+    holders = (lease_holder(store.client, m["path"]).rsplit(" ", 1)[-1] for m in store._list(".pgprefetch/locks"))
     return {int(pid) for pid in holders if pid.isdigit()}

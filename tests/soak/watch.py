@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 from pgprefetch.errors import PgprefetchError
@@ -94,14 +95,23 @@ class Watcher:
                 self.timeline.add("published", epoch=epoch)
                 self._queue.put(epoch)
 
-    def _verify(self, store: object, epoch: int) -> list[str]:
-        try:
-            problems = verify_epoch(store, epoch)  # type: ignore[arg-type]
-        except (PgprefetchError, OSError) as e:
-            problems = [f"{type(e).__name__}: {e}"]
-        if problems and not store.is_complete(epoch):  # type: ignore[attr-defined]
-            return []  # pruned while it was read: gone whole, not half
-        return problems
+    def _verify(self, store: object, epoch: int, attempts: int = 3) -> list[str]:
+        """The epoch's problems: none, if it verifies or was pruned meanwhile (gone whole, not half).
+
+        A read that fails (the object store unreachable for a moment) is tried again, twice.
+        """
+        for attempt in range(attempts):
+            try:
+                problems = verify_epoch(store, epoch)  # type: ignore[arg-type]
+            except (PgprefetchError, OSError) as e:
+                problems = [f"could not verify it: {type(e).__name__}: {e}"]
+                if attempt + 1 < attempts and store.is_complete(epoch):  # type: ignore[attr-defined]
+                    time.sleep(1.0)
+                    continue
+            if problems and not store.is_complete(epoch):  # type: ignore[attr-defined]
+                return []
+            return problems
+        return []  # (unreachable)
 
     def half_published(self) -> dict[int, list[str]]:
         """The epochs that were visible as complete but failed their checks."""
