@@ -156,3 +156,31 @@ def test_on_one_machine_an_s3_epochs_staging_has_one_writer_even_past_its_lease(
                                Body=json.dumps(expired).encode())  # fmt: skip
         with second.writer_lock(0) as taken:  # ... and its lease expired
             assert not taken
+
+
+def test_a_dump_starting_while_the_server_restarts_waits_for_it(
+    s_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart in the soak failed every cron run that was between two epochs: the next epoch's first
+    connection met "the database system is shutting down", and a refused first connection was an error
+    (so that a wrong DSN fails at once). A server that answers it cannot take connections *now* is there."""
+    import asyncio
+
+    import asyncpg
+
+    import pgprefetch.pg.session
+    from pgprefetch import dump_epoch, load_config
+    from pgprefetch.pg.retry import RetryPolicy
+
+    real, calls = asyncpg.connect, []
+
+    async def restarting(*args: object, **kwargs: object) -> asyncpg.Connection:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise asyncpg.CannotConnectNowError("the database system is shutting down")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(pgprefetch.pg.session.asyncpg, "connect", restarting)
+    cfg = load_config(s_config(tmp_path), dsn=s_table)
+    result = asyncio.run(dump_epoch(cfg, 0, retries=RetryPolicy(retries=5, first_wait=0.05)))
+    assert (result.status, result.retry_causes) == ("written", {"server unavailable": 2})
