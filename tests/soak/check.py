@@ -82,7 +82,7 @@ def check_reads(
     for rank, got in steps.items():
         if [s["step"] for s in got] != list(range(len(got))):
             problems.append(f"rank {rank}: its record's steps are not 0, 1, 2, ... (missing or repeated)")
-    most = max(len(s) for s in steps.values())
+    most = max((len(s) for s in steps.values()), default=0)
     epochs = -(-most // batches_per_epoch)
     clean = reference(bed, epochs, world)
     for rank, got in steps.items():
@@ -116,6 +116,8 @@ def memory(records: dict[int, Path]) -> dict[int, dict[str, Any]]:
         by_life: dict[int, list[dict[str, Any]]] = {}
         for save in read_record(path)[1]:
             by_life.setdefault(save["pid"], []).append(save)
+        if not by_life:
+            continue  # it never saved: nothing to compare
         life = max(by_life.values(), key=len)
         n = len(life)
         quarter = max(1, n // 4)
@@ -210,9 +212,11 @@ def check_end_state(bed: Bed, ahead: int, keep: int, consumer: str) -> tuple[dic
     store = open_store(bed.store)
     problems = [f"a process of the soak still runs: {p}" for p in soak_processes(bed)]
     problems += [f"left after a clean cron run: {thing}" for thing in leftovers(bed)]
-    at = store.consumers()[consumer]
+    at = store.consumers().get(consumer)
     epochs = store.epochs()
-    if epochs != list(range(max(0, at - keep), at + ahead + 1)):
+    if at is None:
+        problems.append(f"no training rank ever opened an epoch (consumer {consumer!r}); the store holds {epochs}")
+    elif epochs != list(range(max(0, at - keep), at + ahead + 1)):
         problems.append(
             f"the consumer is at epoch {at}, so --ahead {ahead} --keep {keep} keep epochs {max(0, at - keep)}.."
             f"{at + ahead}; the store holds {epochs}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class Report:
     prunes: int
     end: dict[str, Any]
     problems: list[str]  # what did not hold (the soak fails when there is any)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: set up, soak, clean cron run, checks
 
     @classmethod
     def collect(
@@ -124,7 +125,8 @@ class Report:
         )
         return "\n".join(
             [
-                f"soak of a {self.store} store, {self.seconds:.0f} s, seed {self.seed}",
+                f"soak of a {self.store} store, {self.seconds:.0f} s, seed {self.seed} "
+                f"({', '.join(f'{k} {v:g} s' for k, v in self.phases.items())})",
                 f"epochs: {self.epochs_published} published, read {self.epochs_read} whole per rank "
                 f"({self.steps} steps), every batch equal to a clean dump's; each verified as it appeared",
                 f"dump runs: {sum(self.dump_runs.values())} ({runs}), {self.cron_ticks_skipped} ticks skipped with "

@@ -11,6 +11,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from .cron import Cron, DumpRun
 from .report import Report, write_report
 from .schedule import Faults, draw, kinds
 from .timeline import Timeline
-from .training import Training
+from .training import Training, saved_steps
 from .watch import CONSUMER, Watcher
 
 
@@ -53,8 +54,10 @@ def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int
     """
     shutil.rmtree(out, ignore_errors=True)
     rng = random.Random(seed)
+    began = time.monotonic()
     with soak_bed(kind, out) as bed, environment(bed.check_env()):
         timeline = Timeline()
+        timeline.add("set up", seconds=round(time.monotonic() - began, 1))
         cron, training, watcher = Cron(bed, timeline, rng), Training(bed, timeline), Watcher(bed, timeline)
         faults = Faults(bed, timeline, cron, training, rng)
         schedule = draw(kinds(kind, short), seconds, rng)
@@ -68,8 +71,10 @@ def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int
             faults.stop()
             stopped = training.stop()
             cron.stop()
+        timeline.add("wound down")
         clean = cron.run_once()  # one run on each host
         watcher.stop()
+        timeline.add("clean cron run")
         problems = [died] if died else []
         return _check_and_report(
             bed, timeline, cron, training, watcher, faults, schedule, stopped, clean, seed, problems, min_epochs
@@ -114,8 +119,7 @@ def _check_and_report(
     ahead, keep = option(args, "--ahead"), option(args, "--keep")
     records = {r.rank: r.record for r in training.ranks}
     per_epoch = ROWS // BATCH // training.world
-    if any(code != 0 for code in stopped.values()):
-        problems.append(f"ranks stopped by SIGTERM exited with {stopped}, not 0")
+    problems += _stop_problems(training, stopped)
     for run in clean:
         if run.rc != 0:
             problems.append(f"the clean cron run failed ({run.rc}): {run.summaries} {run.stderr[-1000:]}")
@@ -134,10 +138,41 @@ def _check_and_report(
         bed, timeline, cron, training, watcher, faults, schedule, reads, mem, end, seed, per_epoch, problems
     )
     problems += [f"{kind} was scheduled but never struck" for kind, (n, _) in report.faults.items() if not n]
+    timeline.add("checked")
+    report.phases = phases(timeline)
     report.problems = problems
     write_report(report, bed.root, timeline, cron, training, watcher)
     assert not problems, "\n".join(problems)
     return report
+
+
+def phases(timeline: Timeline) -> dict[str, float]:
+    """Seconds each phase took: setting up, the soak itself, winding down, the clean run, the checks."""
+    at = {e.kind: e.t for e in timeline.of("training started", "wound down", "clean cron run", "checked")}
+    (setup,) = timeline.of("set up")
+    return {
+        "set up": setup.detail["seconds"],
+        "soak": round(at["wound down"], 1),
+        "clean cron run": round(at["clean cron run"] - at["wound down"], 1),
+        "checks": round(at["checked"] - at["clean cron run"], 1),
+    }
+
+
+def _stop_problems(training: Training, stopped: dict[int, int | None]) -> list[str]:
+    """A rank stopped by SIGTERM saves its position and exits 0, its last save counting every step it recorded.
+
+    One still starting (importing torch, its handler not yet set) dies of the signal: it had read nothing.
+    """
+    problems = []
+    for r in training.ranks:
+        code = stopped[r.rank]
+        steps = sum(1 for line in r.record.read_text().splitlines() if '"step"' in line)
+        saved = saved_steps(training.state_dir / f"rank-{r.rank}.json")
+        if code == 0 and saved != steps:
+            problems.append(f"rank {r.rank} exited 0 on SIGTERM, but its last save counts {saved} of {steps} steps")
+        elif code not in (0, -signal.SIGTERM, 128 + signal.SIGTERM):
+            problems.append(f"rank {r.rank} stopped by SIGTERM exited with {code}: {r.log.read_text()[-1500:]}")
+    return problems
 
 
 def _dump_problems(cron: Cron, timeline: Timeline) -> list[str]:

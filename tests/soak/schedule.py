@@ -66,6 +66,7 @@ class Faults:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._threads: list[threading.Thread] = []
+        self._choosing = threading.Lock()
         self.strike: dict[str, Callable[[], dict[str, Any]]] = {
             "dump kill -9": lambda: self._signal_dump(signal.SIGKILL, "kill -9"),
             "dump SIGTERM": lambda: self._signal_dump(signal.SIGTERM, "SIGTERM"),
@@ -107,20 +108,27 @@ class Faults:
             detail = {"struck": False, "error": f"{type(e).__name__}: {e}"}
         self.timeline.add(name, at=round(started, 2), took=round(self.timeline.now() - started, 2), **detail)
 
-    def _target(self, wait: float = 15.0, anyone: float = 0.2) -> tuple[DumpRun, bool] | None:
+    def _target(self, wait: float = 15.0, anyone: float = 0.2, claim: bool = True) -> tuple[DumpRun, bool] | None:
         """A dump to strike, and whether it is writing an epoch (it holds the epoch's lock or lease).
 
         Mostly one that writes, waiting for one up to ``wait`` seconds; with odds ``anyone``, or when none
         comes, any run past its start-up (one planning, or pruning). None if there is no run at all.
+        ``claim``: the run is the caller's to signal, and no other fault's.
         """
         deadline = time.monotonic() + (wait if self.rng.random() >= anyone else 0.0)
         while not self._stop.is_set():
-            runs = [r for r in self.cron.running(older_than=STARTED) if not r.signalled]
-            writing = [r for r in runs if r.pid in writers(self.bed)]
-            if writing:
-                return self.rng.choice(writing), True
-            if time.monotonic() > deadline:
-                return (self.rng.choice(runs), False) if runs else None
+            with self._choosing:  # two faults never pick one run
+                runs = [r for r in self.cron.running(older_than=STARTED) if not r.signalled]
+                writing = [r for r in runs if r.pid in writers(self.bed)]
+                pick = (self.rng.choice(writing), True) if writing else None
+                if pick is None and time.monotonic() > deadline:
+                    pick = (self.rng.choice(runs), False) if runs else None
+                    if pick is None:
+                        return None
+                if pick is not None:
+                    if claim:
+                        pick[0].signalled = "chosen"  # named by the fault that strikes it
+                    return pick
             time.sleep(0.3)
         return None
 
@@ -140,7 +148,7 @@ class Faults:
 
     def _writing(self) -> bool:
         """Wait for a dump that writes an epoch (up to a few seconds); whether one came."""
-        target = self._target(anyone=0.0)
+        target = self._target(anyone=0.0, claim=False)
         return target is not None and target[1]
 
     def _freeze(self) -> dict[str, Any]:

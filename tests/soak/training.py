@@ -44,7 +44,8 @@ class Training:
     def __init__(self, bed: Bed, timeline: Timeline, step_seconds: float = STEP_SECONDS) -> None:
         self.bed = bed
         self.timeline = timeline
-        args = deploy.substitute(deploy.train_command(), store=bed.store, state_dir=str(bed.root / "checkpoints"))
+        self.state_dir = bed.root / "checkpoints"
+        args = deploy.substitute(deploy.train_command(), store=bed.store, state_dir=str(self.state_dir))
         self.world = int(args[args.index("--world-size") + 1])
         self.save_every = int(args[args.index("--save-every") + 1])
         self.args = [*args, "--step-seconds", str(step_seconds)]
