@@ -115,13 +115,13 @@ _ERRORS = {
 
 @contextmanager
 def throttling_proxy(
-    endpoint: str, every: int, refuse_with: Callable[[], int | None] = lambda: 503
+    endpoint: str, every: int, refuse_with: Callable[[str], int | None] = lambda request: 503
 ) -> Iterator[tuple[str, list[int]]]:
     """An HTTP proxy to ``endpoint`` that answers every ``every``-th request with S3's 503 SlowDown.
 
-    ``refuse_with`` is asked at each such request: the status to refuse it with (503 SlowDown, 500
-    InternalError, or 0: the connection closed without an answer, as by a server restarting), or None to
-    let it through, so faults can come and go on a schedule (the soak's).
+    ``refuse_with`` is asked at each such request, given it ("GET /bucket/key"): the status to refuse it
+    with (503 SlowDown, 500 InternalError, or 0: the connection closed without an answer, as by a server
+    restarting), or None to let it through, so faults can come and go on a schedule (the soak's).
     Yields its endpoint and a one-item list counting the requests it refused.
     """
     import http.client
@@ -145,7 +145,7 @@ def throttling_proxy(
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
                 seen[0] += 1
-                status = refuse_with() if seen[0] % every == 0 else None
+                status = refuse_with(f"{self.command} {self.path}") if seen[0] % every == 0 else None
                 refused[0] += status is not None
             if status == 0:
                 return  # dropped unanswered: the connection closes (close_connection)

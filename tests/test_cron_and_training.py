@@ -184,3 +184,29 @@ def test_a_dump_starting_while_the_server_restarts_waits_for_it(
     cfg = load_config(s_config(tmp_path), dsn=s_table)
     result = asyncio.run(dump_epoch(cfg, 0, retries=RetryPolicy(retries=5, first_wait=0.05)))
     assert (result.status, result.retry_causes) == ("written", {"server unavailable": 2})
+
+
+def test_a_reader_rides_out_seconds_of_s3_throttling(
+    s_table: str, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Throttled for a few seconds (503 SlowDown on 40% of requests), a soak's training rank died: a ranged GET
+    refused 7 times in a row, about 2 s, used up the 6 retries, and the StoreError ended training. Ten
+    retries with the same backoff wait out 10-20 s of it; here one GET is refused 7 times, then served."""
+    from .s3server import throttling_proxy
+
+    url = f"s3://{s3.bucket()}/slow"
+    dump(s_config(tmp_path, store=url), s_table)
+    refusals: dict[str, int] = {}
+
+    def seven_times(request: str) -> int | None:  # the first range of a shard, refused 7 times over
+        if request.startswith("GET") and "/v/c/" in request and refusals.get(request, 0) < 7:
+            refusals[request] = refusals.get(request, 0) + 1
+            return 503
+        return None
+
+    monkeypatch.delenv("PGPREFETCH_S3_RETRIES")  # the default, as users run it (the test server's says 1)
+    with throttling_proxy(s3.endpoint, every=1, refuse_with=seven_times) as (endpoint, refused):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        batches = list(EpochDataset(url, 0, consumer=None, prefetch=1))
+    assert len(batches) == PER_EPOCH
+    assert refused[0] >= 7

@@ -97,8 +97,11 @@ class S3Store(Store):
         if self._client is None:
             _RUNTIME_PID = os.getpid()
             endpoint = _endpoint()
-            retries = int(os.environ.get("PGPREFETCH_S3_RETRIES", "6"))
-            backoff = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=8), "base": 2}
+            # Long enough to wait out seconds of throttling (503 SlowDown) or a restarting server, which a
+            # training run must survive: each wait is drawn between 0.1 s and 3x the last (at most 8 s), so
+            # 10 retries take about 10 s (3-35 s), where 6 at base 2 took about 1 s and a soak's rank died.
+            retries = int(os.environ.get("PGPREFETCH_S3_RETRIES", "10"))
+            backoff = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=8), "base": 3}
             self._client = obstore.store.S3Store(
                 self.bucket,
                 prefix=self.prefix or None,

@@ -43,7 +43,7 @@ class S3Faults:
     refused: Counter[int] = field(default_factory=Counter)
     rng: random.Random = field(default_factory=lambda: random.Random(28))
 
-    def refuse_with(self) -> int | None:
+    def refuse_with(self, request: str) -> int | None:
         status = self.status
         if status is None or self.rng.random() >= self.share:
             return None
