@@ -189,9 +189,10 @@ def test_a_dump_starting_while_the_server_restarts_waits_for_it(
 def test_a_reader_rides_out_seconds_of_s3_throttling(
     s_table: str, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Throttled for a few seconds (503 SlowDown on 40% of requests), a soak's training rank died: a ranged GET
-    refused 7 times in a row, about 2 s, used up the 6 retries, and the StoreError ended training. Ten
-    retries with the same backoff wait out 10-20 s of it; here one GET is refused 7 times, then served."""
+    """Under the soak's throttling (503 SlowDown on 40% of requests for seconds), dumps gave up after their 6
+    retries, about 1.5 s, and a reader under the same fault ended with a StoreError, which ends training: a
+    ranged GET refused 7 times in a row. Ten retries at base 3 wait about 10 s; here one GET is refused
+    7 times, then served."""
     from .s3server import throttling_proxy
 
     url = f"s3://{s3.bucket()}/slow"

@@ -99,7 +99,7 @@ class S3Store(Store):
             endpoint = _endpoint()
             # Long enough to wait out seconds of throttling (503 SlowDown) or a restarting server, which a
             # training run must survive: each wait is drawn between 0.1 s and 3x the last (at most 8 s), so
-            # 10 retries take about 10 s (3-35 s), where 6 at base 2 took about 1 s and a soak's rank died.
+            # 10 retries take about 10 s (3-35 s); 6 at base 2 took about 1 s, which the soak's throttling outlasted.
             retries = int(os.environ.get("PGPREFETCH_S3_RETRIES", "10"))
             backoff = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=8), "base": 3}
             self._client = obstore.store.S3Store(
