@@ -179,14 +179,22 @@ class Faults:
         return {"struck": True, "rc": done.returncode, "partials": "--partials" in args, "err": done.stderr[-300:]}
 
     def _s3_window(self, status: int) -> dict[str, Any]:
-        """S3 requests refused for 2-5 s (a share of them): ``status`` 503 (SlowDown), or 0 (the connection dropped)."""
+        """S3 requests refused for 2-5 s (a share of them): ``status`` 503 (SlowDown), or 0 (the connection dropped).
+
+        The window stays open (up to 15 s) until it has refused something: the processes may all be starting.
+        """
         seconds = self.rng.uniform(2.0, 5.0)
         before = self.bed.s3_faults.refused[status]
         self.bed.s3_faults.status = status
+        started = time.monotonic()
         try:
             self._stop.wait(seconds)
+            while self.bed.s3_faults.refused[status] == before and time.monotonic() - started < 15:
+                if self._stop.wait(0.2):
+                    break
         finally:
             self.bed.s3_faults.status = None
+        seconds = time.monotonic() - started
         refused = self.bed.s3_faults.refused[status] - before
         return {"struck": refused > 0, "seconds": round(seconds, 2), "refused": refused}
 
