@@ -63,13 +63,13 @@ def anonymous_memory_kib(pid: int | str = "self") -> int:
     return 0
 
 
-def children_memory_kib() -> int:
-    """The same, summed over this process's children (the DataLoader workers)."""
+def children_memory_kib(pid: int | str = "self") -> int:
+    """The same, summed over this process's descendants (the DataLoader workers, and a forkserver's)."""
     total = 0
-    for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            with contextlib.suppress(OSError):  # a worker that just exited
-                total += anonymous_memory_kib(pid)
+    with contextlib.suppress(OSError):  # a process that just exited
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += anonymous_memory_kib(child) + children_memory_kib(child)
     return total
 
 
