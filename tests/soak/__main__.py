@@ -1,6 +1,6 @@
 """``make soak``: the soak of a local store, then of an S3 store; prints each summary and its picture's path.
 
-    python -m tests.soak [--seconds 390] [--stores local,s3] [--seed N] [--out soak-report]
+    python -m tests.soak [--seconds 360] [--stores local,s3] [--seed N] [--out soak-report]
 
 Each store's report, picture and the run's files (records, logs, the store itself) are left in
 ``<out>/<store>/``. Exit status 1 if anything that must hold did not (the message says what).
@@ -20,7 +20,7 @@ from .run import run_soak
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=390, help="of soak per store (setup and checks come on top)")
+    parser.add_argument("--seconds", type=float, default=360, help="of soak per store (setup and checks come on top)")
     parser.add_argument("--stores", default="local,s3")
     parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(1 << 30))
     parser.add_argument("--out", type=Path, default=Path("soak-report"))
