@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format docs bench bench-peers chaos clean
+.PHONY: install test demo lint format docs bench bench-peers chaos soak clean
 
 install: $(STAMP)
 
@@ -64,5 +64,12 @@ bench-peers: $(PEERS_STAMP)
 chaos: $(STAMP)
 	PGPREFETCH_CHAOS_RUNS=200 PGPREFETCH_CHAOS_LONG=1 $(BIN)/python -m pytest -q -s tests/test_chaos.py
 
+# The soak (tests/soak, README "Reliability"): cron dumping ahead every second or two while two training ranks
+# read, faults on a schedule, a local store then an S3 one (moto); about 15 minutes. Prints each store's summary
+# and the path of its timeline picture (soak-report/<store>/timeline.png). SOAK_ARGS: e.g. --seed 7 --stores s3.
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak --out soak-report $(SOAK_ARGS)
+
 clean:
-	rm -rf $(VENV) .pgprefetch prefetch .site .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) soak-report .pgprefetch prefetch .site .pytest_cache .ruff_cache *.egg-info

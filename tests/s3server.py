@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -56,23 +56,72 @@ def s3_server() -> Iterator[S3]:
     server.start()
     try:
         host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        env = {
-            "AWS_ACCESS_KEY_ID": "AKIATESTPGPREFETCH",
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint,
-            "PGPREFETCH_S3_RETRIES": "1",
-        }
-        yield S3(endpoint, env)
+        yield _running(f"http://{host}:{port}")
     finally:
         server.stop()
 
 
+def _running(endpoint: str) -> S3:
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIATESTPGPREFETCH",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "PGPREFETCH_S3_RETRIES": "1",
+    }
+    return S3(endpoint, env)
+
+
+# moto's threaded server in a process of its own: prints its port, stops when its stdin closes.
+_SERVER = (
+    "import logging, sys\n"
+    "from moto.server import ThreadedMotoServer\n"
+    "logging.getLogger('werkzeug').setLevel(logging.ERROR)\n"
+    "server = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False)\n"
+    "server.start()\n"
+    "print('PORT', server.get_host_and_port()[1], flush=True)\n"
+    "sys.stdin.read()\n"
+    "server.stop()\n"
+)
+
+
 @contextmanager
-def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]]]:
+def s3_server_process() -> Iterator[S3]:
+    """The same server in a process of its own, for a harness whose own threads must not wait on moto's GIL."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        said = proc.stdout.readline().split()
+        if len(said) != 2 or said[0] != "PORT":
+            raise RuntimeError(f"moto's server did not start (it said {said!r})")
+        yield _running(f"http://127.0.0.1:{said[1]}")
+    finally:
+        proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+_ERRORS = {
+    503: b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>",
+    500: b"<Error><Code>InternalError</Code><Message>We encountered an internal error.</Message></Error>",
+}
+
+
+@contextmanager
+def throttling_proxy(
+    endpoint: str, every: int, refuse_with: Callable[[str], int | None] = lambda request: 503
+) -> Iterator[tuple[str, list[int]]]:
     """An HTTP proxy to ``endpoint`` that answers every ``every``-th request with S3's 503 SlowDown.
 
+    ``refuse_with`` is asked at each such request, given it ("GET /bucket/key"): the status to refuse it
+    with (503 SlowDown, 500 InternalError, or 0: the connection closed without an answer, as by a server
+    restarting), or None to let it through, so faults can come and go on a schedule (the soak's).
     Yields its endpoint and a one-item list counting the requests it refused.
     """
     import http.client
@@ -96,11 +145,13 @@ def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
                 seen[0] += 1
-                refuse = seen[0] % every == 0
-                refused[0] += refuse
-            if refuse:
-                error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                self.send_response(503)
+                status = refuse_with(f"{self.command} {self.path}") if seen[0] % every == 0 else None
+                refused[0] += status is not None
+            if status == 0:
+                return  # dropped unanswered: the connection closes (close_connection)
+            if status is not None:
+                error = _ERRORS[status]
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(error)))
                 self.send_header("Connection", "close")
                 self.end_headers()
@@ -128,6 +179,13 @@ def throttling_proxy(endpoint: str, every: int) -> Iterator[tuple[str, list[int]
     class Server(ThreadingHTTPServer):
         request_queue_size = 128  # the default backlog of 5 refuses connections when the machine is busy
         daemon_threads = True
+
+        def handle_error(self, request: object, client_address: object) -> None:
+            """A client that went away mid-answer (a process killed by a test) is no error of the proxy."""
+            import sys
+
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)  # type: ignore[arg-type]
 
     server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

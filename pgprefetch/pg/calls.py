@@ -115,9 +115,11 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
     except Exception as e:
         reason = scrub(str(e) or type(e).__name__, source.dsn).splitlines()[0]
         # A restarting server refuses, or has no socket yet: transient (retried only once a dump got going).
-        raise SourceError(
-            f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e), cause=cause(e)
-        ) from None
+        error = SourceError(f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e), cause=cause(e))
+        # One that answers it is starting up or shutting down is there, and says to come back: the DSN is right,
+        # so it is retried even before the dump got going (a cron run starting an epoch during a restart).
+        error.connected = isinstance(e, asyncpg.CannotConnectNowError)  # type: ignore[attr-defined]
+        raise error from None
 
 
 def pg_message(e: BaseException) -> str:

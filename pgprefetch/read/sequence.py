@@ -90,6 +90,7 @@ class EpochSequence(Generic[B]):
         self._done = 0
         self._offset: int | None = None  # in a worker: batches between the position and this worker's next
         self._finished = False  # this object read to the end: the next pass starts over
+        self._figures: dict[int, tuple[int, int]] = {}  # epoch -> (n_samples, batch size) as counted (_advance)
 
     # --- iteration --------------------------------------------------------------------------------------
     def _batches(self, rank: int, world: int, k: int = 1, w: int = 0, *, worker: bool = False) -> Iterator[Batch[B]]:
@@ -200,13 +201,22 @@ class EpochSequence(Generic[B]):
         """The position ``batches`` of a rank's batches after ``start``, from the epochs' manifests.
 
         ``world`` and ``size`` are those the batches were read with (``size`` None: each epoch's dump size).
+        Each epoch's figures are read once and kept: cron's ``--keep`` deletes the epochs a training run has
+        left behind, and a loader's count of batches starts where the loader did, many epochs ago.
         """
-        backend = open_store(self.store)
         (epoch, sample), left = start, batches
         while True:
-            manifest = backend.manifest(epoch)
-            n_samples = int(manifest["n_samples"])
-            step = size or int(manifest["batch_size"])
+            if epoch not in self._figures:
+                try:
+                    manifest = open_store(self.store).manifest(epoch)
+                except EpochNotFoundError as e:
+                    raise EpochNotFoundError(
+                        f"cannot count the batches consumed through epoch {epoch}: {e}; it was deleted before the "
+                        "state was saved in it (save it at least once an epoch, or raise the dump's --keep)"
+                    ) from None
+                self._figures[epoch] = (int(manifest["n_samples"]), int(manifest["batch_size"]))
+            n_samples, stored = self._figures[epoch]
+            step = size or stored
             n = -(-(n_samples - sample) // step) // world
             if left < n:
                 return epoch, min(n_samples, sample + left * world * step), step

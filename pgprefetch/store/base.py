@@ -413,6 +413,19 @@ def epochs_in(names: Iterator[str]) -> list[int]:
     return sorted(int(m[1]) for m in found if m)
 
 
+def staged_epochs(folder: Path) -> list[int]:
+    """The partial epochs in a folder of them: their ``epoch-N`` folders, and journals or upload logs alone.
+
+    A dump killed after its epoch was published, before it removed the epoch's journal (and, for an object
+    store, its upload log), leaves them without the folder; they are a partial epoch's leftovers, which
+    ``prune`` removes.
+    """
+    if not folder.is_dir():
+        return []
+    names = (p.name.removesuffix(".journal").removesuffix(".uploads") for p in folder.iterdir())
+    return sorted(set(epochs_in(names)))
+
+
 def folder_bytes(root: Path) -> int:
     """Bytes allocated on disk under ``root`` (a published local epoch, or an epoch staged for upload)."""
     return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file()) if root.exists() else 0

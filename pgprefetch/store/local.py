@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import fcntl
 import os
 import shutil
-import socket
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,7 +29,9 @@ from pgprefetch.store.base import (
     epoch_name,
     epochs_in,
     folder_bytes,
+    staged_epochs,
 )
+from pgprefetch.store.flock import holder, holding
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 
 
@@ -65,8 +65,7 @@ class LocalStore(Store):
         return self.meta / name
 
     def partial_epochs(self) -> list[int]:
-        folder = self.meta / "partial"
-        return epochs_in(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        return staged_epochs(self.meta / "partial")
 
     def create(self) -> None:
         if self.path.exists() and not self.path.is_dir():
@@ -171,39 +170,16 @@ class LocalStore(Store):
         # The epoch's flock is held, and a dump that is not --force skips a complete epoch under it.
         return publish_epoch(partial, self.epoch_path(epoch))
 
-    @contextmanager
-    def writer_lock(self, epoch: int) -> Iterator[bool]:
-        """An advisory ``flock`` on ``.pgprefetch/locks/epoch-N.lock``.
+    def writer_lock(self, epoch: int) -> AbstractContextManager[bool]:
+        """An advisory ``flock`` on ``.pgprefetch/locks/epoch-N.lock`` (:func:`pgprefetch.store.flock.holding`).
 
         The kernel drops it when the holder dies, even by ``kill -9``, so there are no stale locks to clean
-        up. It holds on local filesystems and on NFSv4 (Linux turns ``flock`` into a byte-range lock the
-        server enforces); on NFSv3 without a lock manager it does not, so run the dumps of one store from
-        one host there.
+        up. On NFSv3 without a lock manager it does not hold: run the dumps of one store from one host there.
         """
-        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                    raise
-                yield False
-                return
-            with contextlib.suppress(OSError):  # who holds it is a courtesy; a full disk must not stop the dump
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
-            yield True
-        finally:
-            os.close(fd)
+        return holding(self.meta / "locks" / f"{epoch_name(epoch)}.lock")
 
     def lock_holder(self, epoch: int) -> str:
-        path = self.meta / "locks" / f"{epoch_name(epoch)}.lock"
-        try:
-            return path.read_text().strip() or "unknown"
-        except OSError:
-            return "unknown"
+        return holder(self.meta / "locks" / f"{epoch_name(epoch)}.lock")
 
     def record_consumer(self, name: str, epoch: int) -> None:
         record = consumer_record(name, epoch)

@@ -182,14 +182,17 @@ def prune(
 
     A partial epoch is work a rerun of its dump resumes, so it is kept unless ``partials`` is set or it
     was last written more than ``partials_older_than`` seconds ago; even then it is removed only when
-    no dump holds its lock (a live dump's partial epoch is never touched). So are the keys a dump killed
+    no dump holds its lock (a live dump's partial epoch is never touched). Two kinds no dump will ever
+    resume are removed anyway: the partial epoch of an epoch that is complete (what a dump killed while
+    publishing leaves, or one that lost its lease to another dump), and one older than the oldest epoch
+    kept (``dump --ahead`` only dumps the epochs after the newest one opened). So are the keys a dump killed
     while ordering them on disk left without a partial epoch (:meth:`~pgprefetch.store.base.Store.orphaned_keys`).
     """
     started = _started(store, consumer)
     removed: list[int] = []
     unread = [] if started else store.epochs()
-    if started:
-        oldest_kept = min(started.values()) - keep
+    oldest_kept = min(started.values()) - keep if started else None
+    if oldest_kept is not None:
         for epoch in store.epochs():
             if epoch < oldest_kept:
                 if not dry_run:
@@ -198,10 +201,9 @@ def prune(
     dead, kept = [], []
     now = time.time()
     for epoch in store.partial_epochs():
-        if store.is_complete(epoch):
-            continue  # a --force rewrite in progress
+        abandoned = store.is_complete(epoch) or (oldest_kept is not None and epoch < oldest_kept)
         age = now - store.partial_info(epoch)[1]
-        if not (partials or (partials_older_than is not None and age > partials_older_than)):
+        if not (abandoned or partials or (partials_older_than is not None and age > partials_older_than)):
             kept.append(epoch)
             continue
         with store.writer_lock(epoch) as held:

@@ -12,8 +12,8 @@
 - **Resuming.** Every upload is logged beside the journal with the file's size and CRC32C; a rerun skips
   files whose bytes are unchanged and whose object is there with that size.
 - **Deleting** (``prune``) removes the epoch's ``zarr.json`` first: a reader never sees half an epoch.
-- **Locks** are leases (:mod:`pgprefetch.store.lease`). Errors are mapped here, once, to one line that names the
-  store and never a secret.
+- **Locks** are leases (:mod:`pgprefetch.store.lease`), and a ``flock`` on the staging folder.
+- **Errors** are mapped here, once, to one line that names the store and never a secret.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ from pgprefetch.store.base import (
     epoch_name,
     epochs_in,
     folder_bytes,
+    staged_epochs,
 )
+from pgprefetch.store.flock import holding
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
 from pgprefetch.store.uploads import Uploads, upload_log
 
@@ -95,8 +97,11 @@ class S3Store(Store):
         if self._client is None:
             _RUNTIME_PID = os.getpid()
             endpoint = _endpoint()
-            retries = int(os.environ.get("PGPREFETCH_S3_RETRIES", "6"))
-            backoff = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=8), "base": 2}
+            # Long enough to wait out seconds of throttling (503 SlowDown) or a restarting server, which a
+            # training run must survive: each wait is drawn between 0.1 s and 3x the last (at most 8 s), so
+            # 10 retries take about 10 s (3-35 s); 6 at base 2 took about 1 s, which the soak's throttling outlasted.
+            retries = int(os.environ.get("PGPREFETCH_S3_RETRIES", "10"))
+            backoff = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=8), "base": 3}
             self._client = obstore.store.S3Store(
                 self.bucket,
                 prefix=self.prefix or None,
@@ -196,8 +201,7 @@ class S3Store(Store):
         return [e for e in self._remote_epochs() if self.is_complete(e)]
 
     def partial_epochs(self) -> list[int]:
-        staged = self.staging / "partial"
-        local = set(epochs_in(p.name for p in staged.iterdir())) if staged.is_dir() else set()
+        local = set(staged_epochs(self.staging / "partial"))
         remote = {e for e in self._remote_epochs() if not self.is_complete(e)}
         return sorted(local | remote)
 
@@ -319,18 +323,29 @@ class S3Store(Store):
 
     @contextmanager
     def writer_lock(self, epoch: int) -> Iterator[bool]:
-        lease = Lease(self.client, self._lease_key(epoch), f"{self.location}/{epoch_name(epoch)}")
-        with self._errors("taking the epoch's lease"):
-            held = lease.acquire()
-        if not held:
-            yield False
-            return
-        self._leases[epoch] = lease
-        try:
-            yield True
-        finally:
-            del self._leases[epoch]
-            lease.release()
+        """The epoch's staging folder on this machine (a ``flock``), then the epoch's lease in the store.
+
+        The lease keeps dumps on different machines apart, and a dead holder's is taken over once it
+        expires. On one machine the staging folder is shared, and a holder that only stalled past its lease
+        (stopped, swapping) would go on writing into it under the dump that took over: the ``flock`` keeps
+        it, as it keeps a local store's epoch, until its holder ends.
+        """
+        with holding(self.staging / "locks" / f"{epoch_name(epoch)}.lock") as mine:
+            if not mine:
+                yield False
+                return
+            lease = Lease(self.client, self._lease_key(epoch), f"{self.location}/{epoch_name(epoch)}")
+            with self._errors("taking the epoch's lease"):
+                held = lease.acquire()
+            if not held:
+                yield False
+                return
+            self._leases[epoch] = lease
+            try:
+                yield True
+            finally:
+                del self._leases[epoch]
+                lease.release()
 
     def lock_holder(self, epoch: int) -> str:
         return lease_holder(self.client, self._lease_key(epoch))

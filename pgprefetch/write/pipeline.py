@@ -244,7 +244,7 @@ async def _dump_locked(
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
             return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
     except SourceError as e:
-        e.connected = connected  # type: ignore[union-attr]
+        e.connected = connected or getattr(e, "connected", False)  # type: ignore[union-attr]
         raise
 
 

@@ -1,0 +1,27 @@
+"""A short round of the soak (tests/soak): cron dumping ahead while two training ranks read, with faults.
+
+``make soak`` runs it at length (about 15 minutes, both stores); this round strikes each fault of a
+local store once in half a minute, and the S3 store's own faults (throttled and refused requests, a lease
+that expires, a dump killed) in about as long, so that ``make test`` sees the loop work end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from .soak.run import run_soak
+
+SEED = int(os.environ.get("PGPREFETCH_SOAK_SEED", str(random.SystemRandom().randrange(1 << 30))))
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_short_soak_reads_every_epoch_once_byte_identical_through_faults_and_leaves_nothing(
+    store: str, tmp_path: Path
+) -> None:
+    print(f"soak seed {SEED} (PGPREFETCH_SOAK_SEED={SEED} replays it)")
+    report = run_soak(store, 30 if store == "local" else 40, tmp_path / store, SEED, min_epochs=2, short=True)
+    print(report.summary())
