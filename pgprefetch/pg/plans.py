@@ -28,6 +28,8 @@ _COLUMN_KEY = re.compile(_COLUMN + _OPS + _KEY)
 _KEY_COLUMN = re.compile(_KEY + _OPS + _COLUMN)
 _JOIN_CONDITIONS = ("Hash Cond", "Merge Cond", "Join Filter", "Filter")
 PER_BATCH_FACTOR = 10  # a scan reading this many rows per key of the batch reads the table, not the samples
+PER_BATCH_ROWS = 20_000  # ...and this many at least: reading a small table whole each batch costs little
+PER_SAMPLE_COST = 100.0  # a scan per sample the planner costs this much (about 100 pages) is worth an index
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,9 @@ def index_advice(plan: list[dict[str, Any]] | dict[str, Any]) -> list[IndexAdvic
     out: dict[str, IndexAdvice] = {}
     for scan, path in _scans(root, []):
         per_sample = _inner_of_keys_loop(path)
-        if not per_sample and scan.get("Plan Rows", 0) < PER_BATCH_FACTOR * keys:
+        if per_sample and scan.get("Total Cost", PER_SAMPLE_COST) < PER_SAMPLE_COST:
+            continue  # a small table: scanning it is about what an index lookup costs
+        if not per_sample and scan.get("Plan Rows", 0) < max(PER_BATCH_FACTOR * keys, PER_BATCH_ROWS):
             continue
         if not per_sample and not any(_holds_keys(n) for n in path):
             continue  # not joined with the batch's keys (a small lookup table, a constant subquery)
