@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import torch
 import pgprefetch.write.writer
 from pgprefetch import ArrayStream, EpochArrays, EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
+from pgprefetch.read.mapping import PrivateMapping
 from pgprefetch.read.padding import lengths_to_mask
 from pgprefetch.store.open import open_store
 
@@ -161,7 +161,7 @@ def mapping_of(array: np.ndarray) -> object:
     base: object = array
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base
-    return base.obj if isinstance(base, memoryview) else base  # np.frombuffer keeps a memoryview of it
+    return base
 
 
 # --- the same bytes as EpochDataset, zero copy, read-only ----------------------------------------------------
@@ -189,8 +189,8 @@ def test_batches_are_read_only_views_of_one_mapping_of_the_shard_file(store: Pat
     assert second.ctypes.data - first.ctypes.data == SIZE * 8  # back to back in one mapping: no copy
     shard = store / "epoch-00000" / "v" / "c" / "0" / "0"
     assert mapping_of(first) is mapping_of(second)
-    assert isinstance(mapping_of(first), mmap.mmap)
-    assert len(mapping_of(first)) == shard.stat().st_size
+    assert isinstance(mapping_of(first), PrivateMapping)
+    assert mapping_of(first).size == shard.stat().st_size  # the whole shard file, mapped once
     for batch in (ep[0], ep.batch(0, keys=True), EpochArrays(store, 0, batch_size=48, consumer=None)[0]):
         for array in batch.values():  # views and the copy over two files alike
             assert not array.flags.writeable
@@ -357,3 +357,20 @@ def test_the_numpy_reader_runs_without_torch_jax_or_grain(store: Path) -> None:
     assert torch.equal(
         torch.from_numpy(np.array(EpochArrays(store, 0, consumer=None)[0]["v"])), EpochDataset(store, 0)[0]["v"]
     )
+
+
+def open_files(store: Path) -> set[str]:
+    fds = Path("/proc/self/fd")
+    return {t for p in fds.iterdir() if p.is_symlink() and str(store) in (t := str(p.readlink()))}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_batches_kept_after_the_reader_is_gone_hold_no_file_descriptor(store: Path) -> None:
+    kept = []
+    for reader in (EpochArrays, EpochDataset):
+        ep = reader(store, 0, consumer=None)
+        kept += [ep[i]["v"] for i in range(len(ep))]  # batches of all 15 shard files
+        assert open_files(store)  # the reader keeps its files open while it reads
+        del ep
+    assert not open_files(store)  # Python's mmap would keep a descriptor per mapping alive with the batches
+    assert [b.tolist() for b in kept[: len(kept) // 2]] == expected(store, range(1), SIZE)
