@@ -215,8 +215,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keys-only",
         action="store_true",
-        help=f"only the keys bench (query-mode dumps of {keys_bench.KEYS:,} and {keys_bench.FACTOR}x as many keys "
-        f"under --memory {keys_bench.BUDGET} and in memory: peak RSS per key, rate, 10^9 on paper; no dataset)",
+        help=f"only the keys bench (query-mode dumps of {keys_bench.KEYS:,} keys and {keys_bench.FACTOR}x and "
+        f"{keys_bench.PLATEAU}x as many under --memory {keys_bench.BUDGET} and in memory: peak RSS per key, rate, "
+        "10^9 on paper; no dataset; about 25 minutes)",
     )
     parser.add_argument("--no-keys", action="store_true", help="skip the keys bench")
     parser.add_argument(

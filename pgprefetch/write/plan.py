@@ -1,9 +1,11 @@
 """What an epoch will hold, decided on its snapshot before anything is written: the same for both modes.
 
 :func:`order_keys` puts the keys in the epoch's order (refusing or dropping repeated keys, taking the
-fraction, cutting to full batches) and hashes them; :func:`resolve_categories` fixes each categorical
-field's list, stable across the epochs of a store. Each mode plans with these: the query mode in
-:func:`pgprefetch.write.query.plan_epoch`, the scan mode in :func:`pgprefetch.write.scan.mode.plan_scan`.
+fraction, cutting to full batches) and hashes them, :func:`order_spilled` the same for keys that outgrew
+``[source] memory`` (query mode: ordered on disk, the same order and hash); :func:`resolve_categories`
+fixes each categorical field's list, stable across the epochs of a store. Each mode plans with these: the
+query mode in :func:`pgprefetch.write.query.plan_epoch`, the scan mode in
+:func:`pgprefetch.write.scan.mode.plan_scan`.
 """
 
 from __future__ import annotations

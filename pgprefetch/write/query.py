@@ -1,11 +1,12 @@
 """Query mode's batch source: the user's per-sample query, one statement per batch, on one snapshot.
 
 :func:`plan_epoch` does the database-side thinking: check the queries against the config, read and
-shuffle the keys (refusing or dropping repeated keys), fix the category lists, and build the batch
-statement. The field shapes are fixed later, by the first batch (:func:`layout_from`), because a
-per-sample query's array lengths are only known once it has run. :func:`query_source` then serves the
-epoch: ``fetch`` runs the batch statement on one of the worker connections (one round trip per unit),
-``produce`` decodes its binary arrays into the batch buffers.
+shuffle the keys (refusing or dropping repeated keys; in memory while they fit ``[source] memory``, on
+disk beyond it, :mod:`pgprefetch.write.spill`), fix the category lists, and build the batch statement.
+The field shapes are fixed later, by the first batch (:func:`layout_from`), because a per-sample query's
+array lengths are only known once it has run. :func:`query_source` then serves the epoch: ``fetch`` runs
+the batch statement on one of the worker connections (one round trip per unit), ``produce`` decodes its
+binary arrays into the batch buffers.
 """
 
 from __future__ import annotations
