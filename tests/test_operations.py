@@ -322,7 +322,15 @@ def test_ctrl_c_and_sigterm_stop_within_a_second_and_leave_a_resumable_epoch(
 ) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
+    # Started as a terminal's foreground job is, SIGINT at its default: a suite run from a script's background
+    # job inherits SIGINT ignored, and so would the dump (that case is the next test's).
+    victim = subprocess.Popen(
+        dump_argv(cfg, s_table),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     wait_for(lambda: journal_lines(store) >= 2)
     sent = time.monotonic()
     victim.send_signal(sig)
