@@ -26,14 +26,11 @@ from __future__ import annotations
 import abc
 import json
 import logging
-import os
 import re
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -52,7 +49,6 @@ META_DIR = ".pgprefetch"
 ROOT_ATTRIBUTES = {"pgprefetch_store": {"format_version": FORMAT_VERSION}}
 VOCABULARY = f"{META_DIR}/categories.json"  # the store's category vocabularies (Store.vocabulary)
 EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
-_CONSUMER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def epoch_name(epoch: int) -> str:
@@ -383,28 +379,6 @@ def _parse_vocabulary(raw: bytes | None, location: str) -> dict[str, list[str]]:
     ):
         raise StoreError(f"{location}/{VOCABULARY} is damaged; restore it from a backup")
     return fields
-
-
-def consumer_record(name: str, epoch: int) -> bytes:
-    """The record of consumer ``name`` opening ``epoch`` (the name checked: it becomes a file name)."""
-    if not _CONSUMER.match(name):
-        raise StoreError(f"consumer name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
-    record = {
-        "consumer": name,
-        "epoch": epoch,
-        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
-    return (json.dumps(record) + "\n").encode()
-
-
-def consumer_epoch(raw: bytes) -> int | None:
-    """The epoch of a consumer record; None for one damaged (the next open rewrites it)."""
-    try:
-        return int(json.loads(raw)["epoch"])
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def epochs_in(names: Iterator[str]) -> list[int]:

@@ -24,13 +24,12 @@ from pgprefetch.store.base import (
     META_DIR,
     ROOT_ATTRIBUTES,
     Store,
-    consumer_epoch,
-    consumer_record,
     epoch_name,
     epochs_in,
     folder_bytes,
     staged_epochs,
 )
+from pgprefetch.store.consumers import consumer_epoch, consumer_record
 from pgprefetch.store.flock import holder, holding
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 

@@ -46,13 +46,12 @@ from pgprefetch.store.base import (
     ROOT_ATTRIBUTES,
     Store,
     Uploader,
-    consumer_epoch,
-    consumer_record,
     epoch_name,
     epochs_in,
     folder_bytes,
     staged_epochs,
 )
+from pgprefetch.store.consumers import consumer_epoch, consumer_record
 from pgprefetch.store.flock import holding
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
 from pgprefetch.store.uploads import Uploads, upload_log
