@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[torch,jax,demo,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[torch,jax,ray,demo,dev]'
 	touch $(STAMP)
 
 test: $(STAMP)
