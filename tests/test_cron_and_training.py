@@ -211,3 +211,38 @@ def test_a_reader_rides_out_seconds_of_s3_throttling(
         batches = list(EpochDataset(url, 0, consumer=None, prefetch=1))
     assert len(batches) == PER_EPOCH
     assert refused[0] >= 7
+
+
+def test_prune_and_ls_never_fail_on_a_partial_epoch_a_dump_is_publishing(tmp_path: Path) -> None:
+    """A cron run's ``--keep`` (or ``ls``) measured a partial epoch just as another run published it (renamed
+    it into place): ``FileNotFoundError: .../partial/epoch-00118/keys``, and the cron run failed with no
+    fault to blame (found by the soak). Here a thread publishes and un-publishes one over and over."""
+    import os
+    import threading
+
+    from pgprefetch.store.local import LocalStore
+    from pgprefetch.store.maintenance import list_epochs
+
+    store = LocalStore(tmp_path / "store.zarr")
+    store.create()
+    partial = store.partial_path(1)
+    for i in range(30):
+        (partial / "v" / "c" / str(i)).mkdir(parents=True)
+        (partial / "v" / "c" / str(i) / "0").write_bytes(b"x" * 5000)
+    store.journal_path(1).write_text("{}\n")
+    aside, stop = store.path / "aside", threading.Event()
+
+    def publishing() -> None:
+        while not stop.is_set():
+            os.rename(partial, aside)
+            os.rename(aside, partial)
+
+    thread = threading.Thread(target=publishing)
+    thread.start()
+    try:
+        for _ in range(300):
+            prune(store, keep=1, partials_older_than=1e9)
+            list_epochs(store)
+    finally:
+        stop.set()
+        thread.join()

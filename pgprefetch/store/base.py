@@ -24,6 +24,7 @@ names: ``s3://bucket/prefix`` an object store, anything else a folder. This inte
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import logging
 import re
@@ -401,5 +402,14 @@ def staged_epochs(folder: Path) -> list[int]:
 
 
 def folder_bytes(root: Path) -> int:
-    """Bytes allocated on disk under ``root`` (a published local epoch, or an epoch staged for upload)."""
-    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+    """Bytes allocated on disk under ``root`` (a published local epoch, or an epoch staged for upload).
+
+    The folder may be renamed or removed while it is measured (a dump publishing the partial epoch that
+    ``prune`` or ``ls`` is looking at): what is gone counts nothing, and that is no error.
+    """
+    total = 0
+    for folder, _, files in os.walk(root):  # os.walk skips a folder that is gone by the time it is listed
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(folder, name)).st_blocks * 512
+    return total
