@@ -138,9 +138,13 @@ class EpochView(abc.ABC, Generic[B]):
 
     # --- the epoch ------------------------------------------------------------------------------------
     def record_consumer(self, name: str) -> None:
-        """Record in the store that training run ``name`` opened this epoch (a warning if it cannot)."""
+        """Record in the store that this rank of training run ``name`` opened this epoch (a warning if it cannot).
+
+        Each rank records its own epoch (:mod:`pgprefetch.store.consumers`): ``--keep`` keeps what the slowest
+        rank still reads.
+        """
         try:
-            self._backend.record_consumer(name, self.epoch)
+            self._backend.record_consumer(name, self.epoch, self.rank, self.world_size)
         except (OSError, StoreError) as e:  # a read-only copy of a store can still be read
             warnings.warn(f"cannot record consumer {name!r} in {self.store}: {e}", stacklevel=3)
 
