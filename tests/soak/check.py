@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -103,6 +104,30 @@ def check_reads(
         "epochs_checked": epochs,
     }
     return figures, problems
+
+
+STUCK_SECONDS = 60.0  # a rank that reads nothing this long, while another reads epochs, is stuck
+
+
+def stuck_ranks(records: dict[int, Path], began: float, stopped_at: float, batches_per_epoch: int) -> list[str]:
+    """Ranks that read nothing for ``STUCK_SECONDS`` while another rank read two epochs or more.
+
+    Each rank waits on its own (no barrier between them), so one can hang, waiting for an epoch that will
+    never come, while the run goes on: its record is then only short, not wrong. Times are wall clock,
+    from when the ranks were started (``began``) to when they were told to stop (``stopped_at``).
+    """
+    times = {rank: [s["t"] for s in read_record(path)[0]] for rank, path in records.items()}
+    problems = []
+    for rank, mine in times.items():
+        for done, (start, end) in enumerate(itertools.pairwise([began, *mine, stopped_at])):
+            others = max((sum(start < t < end for t in ts) for r, ts in times.items() if r != rank), default=0)
+            if end - start > STUCK_SECONDS and others >= 2 * batches_per_epoch:
+                problems.append(
+                    f"rank {rank} read nothing for {end - start:.0f} s after {done} steps, while another rank "
+                    f"read {others} batches"
+                )
+                break
+    return problems
 
 
 def memory(records: dict[int, Path]) -> dict[int, dict[str, Any]]:

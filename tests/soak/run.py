@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import deploy
 from .bed import BATCH, ROWS, Bed, soak_bed
-from .check import check_end_state, check_memory, check_reads, memory
+from .check import check_end_state, check_memory, check_reads, memory, stuck_ranks
 from .cron import Cron, DumpRun
 from .report import Report, write_report
 from .schedule import Faults, draw, kinds
@@ -125,6 +125,8 @@ def _check_and_report(
             problems.append(f"the clean cron run failed ({run.rc}): {run.summaries} {run.stderr[-1000:]}")
     reads, found = check_reads(records, per_epoch, bed, training.world)
     problems += found
+    (began,), (stop,) = timeline.of("training started"), timeline.of("training stopped")
+    problems += stuck_ranks(records, began.detail["wall"], stop.detail["wall"], per_epoch)
     if min(reads["epochs_read"].values()) < min_epochs:
         problems.append(f"the ranks read fewer than {min_epochs} whole epochs, which proves little: {reads}")
     mem = memory(records)
