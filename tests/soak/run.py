@@ -77,7 +77,7 @@ def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int
         timeline.add("clean cron run")
         problems = [died] if died else []
         return _check_and_report(
-            bed, timeline, cron, training, watcher, faults, schedule, stopped, clean, seed, problems, min_epochs
+            bed, timeline, cron, training, watcher, faults, schedule, stopped, clean, seed, problems, min_epochs, short
         )
 
 
@@ -113,6 +113,7 @@ def _check_and_report(
     seed: int,
     problems: list[str],
     min_epochs: int,
+    short: bool,
 ) -> Report:
     """Check everything, write the report and the picture, then fail with every problem found, if any."""
     args = deploy.dump_commands()["crontab"]
@@ -139,7 +140,11 @@ def _check_and_report(
     report = Report.collect(
         bed, timeline, cron, training, watcher, faults, schedule, reads, mem, end, seed, per_epoch, problems
     )
-    problems += [f"{kind} was scheduled but never struck" for kind, (n, _) in report.faults.items() if not n]
+    missed = [kind for kind, (n, _) in report.faults.items() if not n]
+    # Every kind must strike in a soak; a short round of half a minute may end before a fault that waits for a
+    # dump to strike finds one (cf. the chaos suite's "most faults must strike"): most must.
+    if missed and (not short or len(missed) > 0.3 * len(report.faults)):
+        problems += [f"{kind} was scheduled but never struck" for kind in missed]
     timeline.add("checked")
     report.phases = phases(timeline)
     report.problems = problems
