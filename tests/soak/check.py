@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from pgprefetch import EpochDataset, dump_epoch, load_config
+from pgprefetch.store.consumers import run_of
 from pgprefetch.store.open import open_store
 
 from ..helpers import execute
@@ -237,13 +238,16 @@ def check_end_state(bed: Bed, ahead: int, keep: int, consumer: str) -> tuple[dic
     store = open_store(bed.store)
     problems = [f"a process of the soak still runs: {p}" for p in soak_processes(bed)]
     problems += [f"left after a clean cron run: {thing}" for thing in leftovers(bed)]
-    at = store.consumers().get(consumer)
+    # Each rank records its own epoch: --ahead dumps after the furthest, --keep keeps what the slowest reads.
+    ranks = {name: epoch for name, epoch in store.consumers().items() if run_of(name) == consumer}
     epochs = store.epochs()
-    if at is None:
+    if not ranks:
         problems.append(f"no training rank ever opened an epoch (consumer {consumer!r}); the store holds {epochs}")
-    elif epochs != list(range(max(0, at - keep), at + ahead + 1)):
-        problems.append(
-            f"the consumer is at epoch {at}, so --ahead {ahead} --keep {keep} keep epochs {max(0, at - keep)}.."
-            f"{at + ahead}; the store holds {epochs}"
-        )
-    return {"consumer_epoch": at, "epochs": epochs}, problems
+    else:
+        slowest, furthest = min(ranks.values()), max(ranks.values())
+        if epochs != list(range(max(0, slowest - keep), furthest + ahead + 1)):
+            problems.append(
+                f"the consumer's ranks are at epochs {slowest}..{furthest}, so --ahead {ahead} --keep {keep} keep "
+                f"epochs {max(0, slowest - keep)}..{furthest + ahead}; the store holds {epochs}"
+            )
+    return {"consumer_epochs": ranks, "epochs": epochs}, problems

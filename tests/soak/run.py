@@ -1,8 +1,9 @@
 """One soak of one store: cron dumping ahead, two training ranks reading, faults on a schedule; then the checks.
 
-The order at the end matters: the faults stop, the ranks are stopped (SIGTERM: each saves its position),
-cron's runs end by themselves, then one clean cron run, and only then is the store checked: what a cron
-host looks like once training has ended and the next minute's run has gone by.
+The order at the end matters: the faults stop, the ranks are stopped (SIGTERM: each saves its position)
+while cron's runs end by themselves (a rank's DataLoader takes seconds to end its workers), then one clean
+cron run, and only then is the store checked: what a cron host looks like once training has ended and the
+next minute's run has gone by.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import deploy
@@ -69,8 +71,10 @@ def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int
             died = _soak(timeline, training, seconds)
         finally:
             faults.stop()
-            stopped = training.stop()
-            cron.stop()
+            with ThreadPoolExecutor(1) as winding:  # cron's runs end by themselves while the ranks stop
+                crons_ended = winding.submit(cron.stop)
+                stopped = training.stop()
+                crons_ended.result()
         timeline.add("wound down")
         clean = cron.run_once()  # one run on each host
         watcher.stop()
