@@ -64,7 +64,7 @@ bench-peers: $(PEERS_STAMP)
 chaos: $(STAMP)
 	PGPREFETCH_CHAOS_RUNS=200 PGPREFETCH_CHAOS_LONG=1 $(BIN)/python -m pytest -q -s tests/test_chaos.py
 
-# The soak (tests/soak, README "Reliability"): cron dumping ahead every second or two while two training ranks
+# The soak (tests/soak, docs/soak.md): cron dumping ahead every second or two while two training ranks
 # read, faults on a schedule, a local store then an S3 one (moto); about 15 minutes. Prints each store's summary
 # and the path of its timeline picture (soak-report/<store>/timeline.png). SOAK_ARGS: e.g. --seed 7 --stores s3.
 SOAK_ARGS ?=

@@ -1,5 +1,5 @@
 """``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small, S3;
-keys (query-mode keys beyond ``--memory``)."""
+keys (query-mode keys beyond ``--memory``); resume (a killed dump resumed against a fresh one)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import numpy as np
 from . import casts, contenders, dumprun, frameworks, log, opening, reader, s3, scan, stop_child
 from . import keys as keys_bench  # `keys` is a variable in several functions here
 from . import ragged as ragged_bench
+from . import resume as resume_bench
 from . import small as small_bench  # `small` is a flag in several functions here
 from . import stream as stream_bench  # `stream` reads better as the bench module here too
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
@@ -225,6 +226,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help=f"windows in the S3 bench's epoch (default {s3.SAMPLES:,}, quick {s3.QUICK_SAMPLES:,})",
     )
+    parser.add_argument(
+        "--resume-only",
+        action="store_true",
+        help="only the resume bench (a dump killed at 25, 50 and 75%% of its batches and resumed, against fresh "
+        "dumps; loads only the windows dataset)",
+    )
+    parser.add_argument("--no-resume", action="store_true", help="skip the resume bench")
     parser.add_argument(
         "--casts-only",
         action="store_true",
@@ -434,6 +442,29 @@ def keys_only(args: argparse.Namespace) -> None:
         log(f"wrote the keys section of {args.results}")
 
 
+RESUME_SHARE = 0.5  # of the windows dataset: about the issue's epoch (443k windows) at the default scale
+
+
+def measure_resume(dsn: str, quick: bool) -> resume_bench.ResumeResults:
+    share = 1.0 if quick else RESUME_SHARE
+    points = ", ".join(f"{k:.0%}" for k in resume_bench.FRACTIONS)
+    log(f"resume: {share:.0%} of the windows dumped fresh, and killed at {points} of its batches then resumed")
+    return resume_bench.run(WINDOWS, dsn, fraction=share, quick=quick)
+
+
+def resume_only(args: argparse.Namespace) -> None:
+    """``--resume-only``: load the windows dataset alone, print the resume section; with ``--results``, splice it."""
+    with server() as admin_dsn, database(admin_dsn) as dsn:
+        asyncio.run(load(dsn, {"windows": args.scale_seq}, (WINDOWS,)))
+        measured = measure_resume(dsn, args.quick)
+    section = resume_bench.render(measured, revision=code_revision())
+    print(section)
+    if args.results:
+        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
+        args.results.write_text(splice(old, section, resume_bench.BEGIN, resume_bench.END), encoding="utf-8")
+        log(f"wrote the resume section of {args.results}")
+
+
 def measure_casts(ds: Dataset, dsn: str, dump: dumprun.DumpRun) -> casts.CastRun:
     log(f"{ds.name}: cast checks, safe against unsafe decodes, {casts.BUDGET_S:g} s budget")
     run = casts.measure(ds, dsn, dump)
@@ -520,6 +551,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.keys_only:
         keys_only(args)
         return
+    if args.resume_only:
+        resume_only(args)
+        return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
     if small and not args.quick:
@@ -530,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
     scan_results = scan.ScanResults()
-    keyed = None
+    keyed = resumed = None
     try:
         with server() as admin_dsn, database(admin_dsn) as dsn:
             _, results.server_version = asyncio.run(load(dsn, scales))
@@ -550,6 +584,8 @@ def main(argv: list[str] | None = None) -> None:
                 measure_s3(results, dsn, args)
             if not args.no_keys:
                 keyed = measure_keys(dsn, args.quick)
+            if not args.no_resume:
+                resumed = measure_resume(dsn, args.quick)
             if not args.no_proxy:
                 with proxy(dsn, args.delay_ms) as slow_dsn:
                     results.rtt_ms["direct"] = asyncio.run(contenders.round_trip_ms(dsn))
@@ -582,6 +618,8 @@ def main(argv: list[str] | None = None) -> None:
         text = text.rstrip("\n") + "\n\n" + frameworks.render(readers, revision=results.revision) + "\n"
     if keyed is not None:
         text = text.rstrip("\n") + "\n\n" + keys_bench.render(keyed, revision=results.revision) + "\n"
+    if resumed is not None:
+        text = text.rstrip("\n") + "\n\n" + resume_bench.render(resumed, revision=results.revision) + "\n"
     print(text)
     if args.results:
         args.results.write_text(text, encoding="utf-8")

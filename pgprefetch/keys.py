@@ -1,4 +1,4 @@
-"""Sample keys: integer and ``uuid`` key columns, all carried as int64 "slots".
+"""Sample keys: integer, ``uuid``, ``date`` and timestamp key columns, all carried as int64 "slots".
 
 The shuffle, the batch statement's bind parameters and the store's ``keys`` array all work on one int64
 array, ``(n_slots, n)``. An integer key column takes one slot. A ``uuid`` column takes two: its 16 bytes
@@ -6,10 +6,17 @@ as two big-endian signed int64 (high half, low half), so the shuffle stays a pur
 and the keys still travel as ``int8[]`` arrays, with no per-key Python object on the hot path. The
 server converts both ways: :meth:`KeyColumns.slot_sql` when the keys are read, :meth:`KeyColumns.value_sql`
 when the per-sample query gets its ``$n`` back.
+
+A ``date`` column takes one slot, its days since 1970-01-01; a ``timestamp`` or ``timestamptz`` column its
+microseconds since 1970-01-01 (UTC for ``timestamptz``). Those are the values scan mode gives a window's
+``order`` column, so a date-ordered scan config and its query-mode twin shuffle the same slots into the
+same epoch, and :meth:`KeyColumns.values` hands them back as ``datetime.date`` / ``datetime.datetime``,
+as the database has them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,19 +25,61 @@ import numpy as np
 
 INTEGER_TYPES = ("int2", "int4", "int8")
 UUID_TYPE = "uuid"
+TIME_TYPES = ("date", "timestamp", "timestamptz")  # one slot: days, or microseconds, since 1970-01-01
 _LOW = (1 << 64) - 1
+_EPOCH_DAY = dt.date(1970, 1, 1)
+_EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# A slot back to its SQL value, and to its Python value (days, or microseconds, since 1970-01-01).
+_TIME_SQL = {
+    "date": ("({} - date '1970-01-01')::int8", "(date '1970-01-01' + {}::int4)"),
+    "timestamp": (
+        "(extract(epoch from {}) * 1000000)::int8",
+        "(timestamp '1970-01-01' + {} * interval '1 microsecond')",
+    ),
+    "timestamptz": (
+        "(extract(epoch from {}) * 1000000)::int8",
+        "(timestamptz '1970-01-01 00:00:00+00' + {} * interval '1 microsecond')",
+    ),
+}
+
+
+KeyValue = int | uuid.UUID | dt.date | dt.datetime
 
 
 @dataclass(frozen=True)
 class KeyColumns:
-    """The key columns, in order, and which of them are ``uuid``."""
+    """The key columns, in order, which of them are ``uuid``, and which are dates or timestamps.
+
+    ``times`` holds, per column, ``"date"``, ``"timestamp"``, ``"timestamptz"`` or ``""`` (not a time).
+    """
 
     names: tuple[str, ...]
     uuids: tuple[bool, ...] = ()
+    times: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.uuids:
             object.__setattr__(self, "uuids", (False,) * len(self.names))
+        if not self.times:
+            object.__setattr__(self, "times", ("",) * len(self.names))
+
+    @classmethod
+    def of_types(cls, names: Sequence[str], types: Sequence[str]) -> KeyColumns:
+        """Key columns from their PostgreSQL type names (``int4``, ``uuid``, ``date``, ...) or manifest types."""
+        return cls(
+            tuple(names), tuple(t == UUID_TYPE for t in types), tuple(t if t in TIME_TYPES else "" for t in types)
+        )
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """Each column's kind, as the manifest records it: ``int``, ``uuid``, ``date``, ``timestamp(tz)``."""
+        return tuple("uuid" if u else (t or "int") for u, t in zip(self.uuids, self.times, strict=True))
+
+    @property
+    def converted(self) -> bool:
+        """Whether any column is not an integer: the keys query's values are turned into slots by the server."""
+        return any(self.uuids) or any(self.times)
 
     @property
     def width(self) -> int:
@@ -51,17 +100,23 @@ class KeyColumns:
             slot -= span
         raise IndexError(slot)
 
-    def values(self, slots: Sequence[int]) -> tuple[int | uuid.UUID, ...]:
-        """One key's column values from its slots: ints, and ``uuid.UUID`` for uuid columns."""
-        out: list[int | uuid.UUID] = []
+    def values(self, slots: Sequence[int]) -> tuple[KeyValue, ...]:
+        """One key's column values from its slots: ints, ``uuid.UUID``, ``datetime.date`` and ``datetime.datetime``."""
+        out: list[KeyValue] = []
         i = 0
-        for is_uuid in self.uuids:
+        for is_uuid, time in zip(self.uuids, self.times, strict=True):
             if is_uuid:
                 out.append(uuid.UUID(int=((int(slots[i]) & _LOW) << 64) | (int(slots[i + 1]) & _LOW)))
                 i += 2
+                continue
+            value = int(slots[i])
+            if time == "date":
+                out.append(_EPOCH_DAY + dt.timedelta(days=value))
+            elif time:
+                out.append((_EPOCH if time == "timestamp" else _EPOCH_UTC) + dt.timedelta(microseconds=value))
             else:
-                out.append(int(slots[i]))
-                i += 1
+                out.append(value)
+            i += 1
         return tuple(out)
 
     def show(self, slots: Sequence[int]) -> str:
@@ -71,10 +126,12 @@ class KeyColumns:
     def slot_sql(self, columns: Sequence[str]) -> list[str]:
         """SELECT expressions turning the key columns (``columns``: one SQL reference each) into int8 slots."""
         out = []
-        for column, is_uuid in zip(columns, self.uuids, strict=True):
+        for column, is_uuid, time in zip(columns, self.uuids, self.times, strict=True):
             if is_uuid:  # 32 hex digits; each half read as a 64-bit two's complement integer
                 hexed = f"replace({column}::text, '-', '')"
                 out += [f"('x' || left({hexed}, 16))::bit(64)::int8", f"('x' || right({hexed}, 16))::bit(64)::int8"]
+            elif time:  # extract(epoch) is numeric (PostgreSQL 14 on): exact to the microsecond
+                out.append(_TIME_SQL[time][0].format(column))
             else:
                 out.append(f"{column}::int8")
         return out
@@ -83,18 +140,18 @@ class KeyColumns:
         """Per column, the SQL value rebuilt from its slots (``slot_refs``, one expression per slot)."""
         out = []
         i = 0
-        for is_uuid in self.uuids:
+        for is_uuid, time in zip(self.uuids, self.times, strict=True):
             if is_uuid:
                 out.append(f"encode(int8send({slot_refs[i]}) || int8send({slot_refs[i + 1]}), 'hex')::uuid")
                 i += 2
             else:
-                out.append(slot_refs[i])
+                out.append(_TIME_SQL[time][1].format(slot_refs[i]) if time else slot_refs[i])
                 i += 1
         return out
 
     def manifest(self) -> dict[str, object]:
         """How the ``keys`` array's slots map to columns, for the manifest."""
-        return {"key_columns": list(self.names), "key_types": ["uuid" if u else "int" for u in self.uuids]}
+        return {"key_columns": list(self.names), "key_types": list(self.types)}
 
 
 def uuid_bytes(slots: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The JAX checks of test_jax.py, each run in a process of its own with two CPU devices forced.
 
 Usage: jax_checks.py CHECK STORE [PROCESS_ID PORT]. XLA_FLAGS (two host devices) must be set before JAX is
-imported, which a fresh process guarantees. Each check prints one JSON object for the test to assert on.
+imported, which a fresh process guarantees. Each check prints one JSON object for the test to assert on;
+``all`` runs every single-process check in one process, each result under its name.
 """
 
 from __future__ import annotations
@@ -104,12 +105,17 @@ def distributed(store: str, process_id: int, port: int) -> dict:
     return {"process": jax.process_index(), "ranks": list(ranks), "got": got, "sums": sums}
 
 
+ONE_PROCESS = {"ahead": ahead, "sharded": sharded, "refusals": refusals}
+
+
 def main() -> None:
     check, store = sys.argv[1], sys.argv[2]
     if check == "distributed":
         result = distributed(store, int(sys.argv[3]), int(sys.argv[4]))
+    elif check == "all":  # the checks of one process share its start-up (importing JAX takes seconds)
+        result = {name: run(store) for name, run in ONE_PROCESS.items()}
     else:
-        result = {"ahead": ahead, "sharded": sharded, "refusals": refusals}[check](store)
+        result = ONE_PROCESS[check](store)
     print(json.dumps({"devices": len(jax.devices()), **result}))
 
 

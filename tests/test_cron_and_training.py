@@ -211,3 +211,59 @@ def test_a_reader_rides_out_seconds_of_s3_throttling(
         batches = list(EpochDataset(url, 0, consumer=None, prefetch=1))
     assert len(batches) == PER_EPOCH
     assert refused[0] >= 7
+
+
+def test_prune_and_ls_never_fail_on_a_partial_epoch_a_dump_is_publishing(tmp_path: Path) -> None:
+    """A cron run's ``--keep`` (or ``ls``) measured a partial epoch just as another run published it (renamed
+    it into place): ``FileNotFoundError: .../partial/epoch-00118/keys``, and the cron run failed with no
+    fault to blame (found by the soak). Here a thread publishes and un-publishes one over and over."""
+    import os
+    import threading
+
+    from pgprefetch.store.local import LocalStore
+    from pgprefetch.store.maintenance import list_epochs
+
+    store = LocalStore(tmp_path / "store.zarr")
+    store.create()
+    partial = store.partial_path(1)
+    for i in range(30):
+        (partial / "v" / "c" / str(i)).mkdir(parents=True)
+        (partial / "v" / "c" / str(i) / "0").write_bytes(b"x" * 5000)
+    store.journal_path(1).write_text("{}\n")
+    aside, stop = store.path / "aside", threading.Event()
+
+    def publishing() -> None:
+        while not stop.is_set():
+            os.rename(partial, aside)
+            os.rename(aside, partial)
+
+    thread = threading.Thread(target=publishing)
+    thread.start()
+    try:
+        for _ in range(300):
+            prune(store, keep=1, partials_older_than=1e9)
+            list_epochs(store)
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_rank_that_fell_epochs_behind_keeps_the_epochs_it_has_yet_to_read(s_table: str, tmp_path: Path) -> None:
+    """Ranks that read without a barrier drift apart: in the soak, rank 1 restarted from its checkpoint in
+    epoch 17 while rank 0 read on. Only rank 0 recorded where the run was, cron's --keep deleted epoch 17,
+    and rank 1 waited for it for the rest of the run. Each rank now records its epoch."""
+    cfg = s_config(tmp_path)
+    store = tmp_path / "store.zarr"
+    for epoch in range(4):
+        dump(cfg, s_table, epoch=epoch)
+    for _ in EpochStream(store, 1, 1, rank=1, world_size=2, consumer="train"):
+        pass  # rank 1 reads epoch 1 ...
+    EpochDataset(store, 3, rank=0, world_size=2, consumer="train")  # ... while rank 0 is at epoch 3
+    assert open_store(store).consumers() == {"train": 3, "train@1": 1}
+    done = cron_run(cfg, s_table)  # --ahead 1 --keep 1 --consumer train
+    assert done.returncode == 0, done.stderr
+    assert open_store(store).epochs() == [0, 1, 2, 3, 4]  # after the furthest rank; what the slowest reads kept
+    EpochDataset(store, 4, consumer="train")  # a later run of the name, on one rank: rank 1's record is stale
+    assert open_store(store).consumers() == {"train": 4}
+    assert cron_run(cfg, s_table).returncode == 0
+    assert open_store(store).epochs() == [3, 4, 5]

@@ -1,6 +1,7 @@
 """The README's complete example runs as written, and the documentation site builds without a broken link.
 
-The example's files (``configs/penguins.sql``, ``penguins.toml``, ``co2.toml``) are shown in the README
+The example's files (``configs/penguins.sql``, ``penguins.toml``, ``co2.toml``, ``co2_query.toml``: the
+same windows in query mode, keyed by a date) are shown in the README
 verbatim: the test checks that the README and the files say the same, then loads the SQL into a fresh
 database, runs the commands as a user types them and the Python block as a script.
 """
@@ -13,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .helpers import execute
+from .helpers import chunk_bytes, execute
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -27,7 +28,7 @@ def blocks() -> dict[str, str]:
 
 def test_the_readme_shows_the_example_files_as_they_are() -> None:
     shown = blocks()
-    for name in ("configs/penguins.sql", "configs/penguins.toml", "configs/co2.toml"):
+    for name in ("configs/penguins.sql", "configs/penguins.toml", "configs/co2.toml", "configs/co2_query.toml"):
         assert shown[name] == (ROOT / name).read_text(), f"README.md and {name} differ"
 
 
@@ -35,7 +36,7 @@ def test_the_readme_example_runs_as_written(db: str, tmp_path: Path) -> None:
     shown = blocks()
     execute(db, shown["configs/penguins.sql"])
     (tmp_path / "configs").mkdir()
-    for name in ("configs/penguins.toml", "configs/co2.toml"):
+    for name in ("configs/penguins.toml", "configs/co2.toml", "configs/co2_query.toml"):
         (tmp_path / name).write_text(shown[name])
     for line in shown["commands"].splitlines():
         argv = line.split()
@@ -48,6 +49,8 @@ def test_the_readme_example_runs_as_written(db: str, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "read.py"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "11 {'island': ['Biscoe', 'Dream', 'Torgersen'], 'sex': ['female', 'male']}"
+    scan, query = (chunk_bytes(tmp_path / "prefetch" / s / "epoch-00000") for s in ("co2.zarr", "co2-query.zarr"))
+    assert scan == query  # the date-keyed query-mode twin gives the scan's epoch, byte for byte
 
 
 def test_the_documentation_site_builds_without_a_broken_link(tmp_path: Path) -> None:

@@ -254,3 +254,26 @@ def test_a_dumped_epoch_has_the_pinned_order(s_table: str, tmp_path: Path) -> No
     # Part of the format (see test_shuffle.GOLDEN): epoch 2 of s, seed 0, as pgprefetch 0.1.0 wrote it.
     keys = read_arrays(dump(s_config(tmp_path), s_table, epoch=2))["keys"].ravel()
     assert keys[:16].tolist() == [98, 136, 43, 315, 313, 133, 54, 51, 444, 157, 285, 305, 261, 21, 77, 373]
+
+
+def test_drop_last_says_how_many_samples_it_left_out(s_table: str, tmp_path: Path) -> None:
+    """``drop_last`` leaves out a different few samples each epoch (24 of 344 penguins): the summary says so."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pgprefetch.cli import cli
+
+    def run(name: str, *extra: str, **overrides: object) -> str:
+        cfg = s_config(tmp_path, name=f"{name}.toml", store=f"{name}.zarr", size=50, **overrides)
+        done = CliRunner().invoke(cli, ["dump", "--epoch", "0", "--dsn", s_table, "--config", str(cfg), *extra])
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    dropping = run("a")
+    assert "9 batches, 450 samples" in dropping
+    assert "(30 samples of a short last batch dropped, others each epoch: drop_last = false keeps them)" in dropping
+    assert json.loads(run("b", "--json").splitlines()[-1])["last_dropped"] == S_ROWS - 450
+    keeping = run("c", drop_last=False)
+    assert "10 batches, 480 samples" in keeping
+    assert "dropped" not in keeping

@@ -57,8 +57,10 @@ def env() -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 
 
-def check(name: str, store: Path) -> dict:
-    cmd = [sys.executable, str(ROOT / "tests" / "jax_checks.py"), name, str(store)]
+@pytest.fixture(scope="module")
+def one_process(store: Path) -> dict:
+    """Every single-process check, run in one process with two CPU devices: they share its start-up."""
+    cmd = [sys.executable, str(ROOT / "tests" / "jax_checks.py"), "all", str(store)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
@@ -74,8 +76,8 @@ def batches(store: Path, epochs: range, size: int = SIZE, rank: int = 0, world: 
     return out
 
 
-def test_device_batches_are_the_streams_batches_put_two_ahead_of_the_consumer(store: Path) -> None:
-    result = check("ahead", store)
+def test_device_batches_are_the_streams_batches_put_two_ahead_of_the_consumer(store: Path, one_process: dict) -> None:
+    result = one_process["ahead"]
     expected = batches(store, range(2))
     assert result["got"] == expected
     n = len(expected)
@@ -83,16 +85,18 @@ def test_device_batches_are_the_streams_batches_put_two_ahead_of_the_consumer(st
     assert result["pulled"] == [min(i + 3, n) for i in range(n)]
 
 
-def test_a_named_sharding_gives_global_arrays_split_over_both_devices_and_resumes_exactly(store: Path) -> None:
-    result = check("sharded", store)
+def test_a_named_sharding_gives_global_arrays_split_over_both_devices_and_resumes_exactly(
+    store: Path, one_process: dict
+) -> None:
+    result = one_process["sharded"]
     assert result["got"] == batches(store, range(2), 8)  # ten consumed, then the rest after the resume
     assert result["shards"] == [[[0, 4], [1, 4]]]  # every batch of 8: 4 samples on each device
     assert result["state"] == {"epoch": 0, "next_global_batch": 10, "next_sample": 80, "batch_size": 8}
     assert result["stream_state"]["next_sample"] == 8 * 13  # the stream itself ran three batches ahead
 
 
-def test_reused_buffers_other_ranks_and_short_batches_are_refused_with_the_fix(store: Path) -> None:
-    result = check("refusals", store)
+def test_reused_buffers_other_ranks_and_short_batches_are_refused_with_the_fix(one_process: dict) -> None:
+    result = one_process["refusals"]
     assert result["buffers"].startswith("device_batches needs the stream's views (buffers=0)")
     assert result["world"] == (
         "the batches are split for 2 ranks but JAX runs 1 processes: "

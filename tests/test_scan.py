@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from pgprefetch import EpochArrays
 from pgprefetch.cli import cli
 from pgprefetch.errors import ConfigError, SampleError
 from pgprefetch.write.scan.table import _is_sorted
@@ -56,13 +58,13 @@ def scan_config(folder: Path, name: str = "scan.toml", **samples: Any) -> Path:
     return folder / name
 
 
-def twin_config(folder: Path, window: int, stride: int, fraction: float = 1.0) -> Path:
+def twin_config(folder: Path, window: int, stride: int, fraction: float = 1.0, order: str = "t") -> Path:
     """The query-mode twin of a windows scan config: the same start points, one window per query."""
-    keys = f"""SELECT series_id, t FROM (
-                 SELECT series_id, t, row_number() OVER w - 1 AS i, count(*) OVER (PARTITION BY series_id) AS n
-                 FROM ticks WINDOW w AS (PARTITION BY series_id ORDER BY t)) s
+    keys = f"""SELECT series_id, {order} FROM (
+                 SELECT series_id, {order}, row_number() OVER w - 1 AS i, count(*) OVER (PARTITION BY series_id) AS n
+                 FROM ticks WINDOW w AS (PARTITION BY series_id ORDER BY {order})) s
                WHERE i % {stride} = 0 AND i + {window} <= n"""
-    query = f"SELECT f0, f1, label FROM ticks WHERE series_id = $1 AND t >= $2 ORDER BY t LIMIT {window}"
+    query = f"SELECT f0, f1, label FROM ticks WHERE series_id = $1 AND {order} >= $2 ORDER BY {order} LIMIT {window}"
     return scan_config(folder, keys=keys, query=query, rows=window, fraction=fraction)
 
 
@@ -165,6 +167,30 @@ def test_timestamp_and_date_order_give_unix_keys(ticks: str, tmp_path: Path, ord
             stamp = np.datetime64(v.replace(tzinfo=None) if unit == "us" else v, unit)
             expected.add((sid, int(stamp.astype(np.int64))))
     assert {tuple(map(int, k)) for k in keys} == expected
+
+
+@pytest.mark.parametrize(("order", "kind"), [("day", "date"), ("ts", "timestamptz"), ("lt", "timestamp")])
+def test_date_and_timestamp_keys_in_query_mode_give_the_scan_twins_bytes_and_come_back_as_such(
+    ticks: str, tmp_path: Path, order: str, kind: str
+) -> None:
+    """A date-ordered scan config's query-mode twin: its keys query returns the date (or timestamp) itself."""
+    if order == "lt":  # a timestamp without time zone
+        execute(ticks, "ALTER TABLE ticks ADD COLUMN lt timestamp", "UPDATE ticks SET lt = ts AT TIME ZONE 'UTC'")
+    scan = dump(
+        scan_config(tmp_path / "scan", table="ticks", key=["series_id"], order=order, window=4, stride=3), ticks
+    )
+    twin = dump(twin_config(tmp_path / "twin", 4, 3, order=order), ticks)
+    assert scan.n_samples == twin.n_samples > 0
+    assert chunk_bytes(scan.path) == chunk_bytes(twin.path)
+    for result in (scan, twin):
+        ds = EpochArrays(result.path.parent, 0, consumer=None)
+        assert ds.manifest["key_types"] == ["int", kind]
+        keys = [k for i in range(len(ds)) for k in ds.sample_keys(i)]
+        rows = fetch(ticks, f"SELECT series_id, {order} AS o, label FROM ticks ORDER BY series_id, {order}")
+        starts = {(r["series_id"], r["o"]): r["label"] for r in rows}
+        assert all((sid, o) in starts for sid, o in keys)  # the database's own values: date, datetime
+        assert {type(o) for _, o in keys} == {dt.date if kind == "date" else dt.datetime}
+        assert ds[0]["y"][:, 0].tolist() == [starts[k] for k in ds.sample_keys(0)]
 
 
 def test_series_shorter_than_a_window_give_no_samples(ticks: str, tmp_path: Path) -> None:

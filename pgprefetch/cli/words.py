@@ -34,6 +34,11 @@ def summary(r: DumpResult) -> str:
     notes = ""
     if r.duplicates_dropped:
         notes += f" ({r.duplicates_dropped:,} repeated keys dropped)"
+    if r.last_dropped:
+        notes += (
+            f" ({_count(r.last_dropped, 'sample')} of a short last batch dropped, others each epoch: "
+            "drop_last = false keeps them)"
+        )
     if r.rows_read == 0:
         notes += " (cut from the table read for an earlier epoch)"
     elif r.rows_read:

@@ -26,7 +26,7 @@ import numpy as np
 
 from pgprefetch.config.model import Config, SourceConfig
 from pgprefetch.errors import ConfigError, SampleError, SourceError
-from pgprefetch.keys import INTEGER_TYPES, UUID_TYPE, KeyColumns
+from pgprefetch.keys import INTEGER_TYPES, TIME_TYPES, UUID_TYPE, KeyColumns
 from pgprefetch.pg.calls import T, Watchdog, bounded_call, close, connect
 from pgprefetch.pg.plans import IndexAdvice, index_advice
 from pgprefetch.pg.statement import Fetched, distinct_text_statement, sample_text_statement
@@ -83,19 +83,19 @@ class Snapshot:
         where = _where(cfg)
         stmt = await self._prepare(cfg.samples.keys, f"{where}[samples] keys")
         for a in stmt.get_attributes():
-            if a.type.name not in (*INTEGER_TYPES, UUID_TYPE):
+            if a.type.name not in (*INTEGER_TYPES, UUID_TYPE, *TIME_TYPES):
                 raise ConfigError(
                     f'{where}[samples] keys: key column "{a.name}" is {a.type.name}; '
-                    "keys must be integer (smallint, integer, bigint) or uuid columns"
+                    "keys must be integer (smallint, integer, bigint), uuid, date, timestamp or timestamptz columns"
                 )
         attributes = stmt.get_attributes()
-        keys = KeyColumns(tuple(a.name for a in attributes), tuple(a.type.name == UUID_TYPE for a in attributes))
+        keys = KeyColumns.of_types([a.name for a in attributes], [a.type.name for a in attributes])
         if cfg.samples.max_param > len(keys.names):
             raise ConfigError(
                 f"{where}[samples] query: uses ${cfg.samples.max_param} but keys returns "
                 f"{len(keys.names)} column(s) ({', '.join(keys.names)})"
             )
-        if keys.has_uuid:  # the keys read as int8 slots: two per uuid, converted by the server
+        if keys.converted:  # the keys read as int8 slots (two per uuid, days or µs for times), converted by the server
             aliases = [f"_pgpf_k{i}" for i in range(len(keys.names))]  # the query's own names may repeat
             slots = ", ".join(keys.slot_sql([f"_pgpf_q.{a}" for a in aliases]))
             # On lines of their own: the keys query may end in a -- comment.

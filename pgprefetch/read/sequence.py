@@ -6,7 +6,7 @@ and the torch one (:class:`pgprefetch.EpochStream`, which adds DataLoader worker
 state on top):
 
 - **Order.** This rank's batches of one epoch (as the epoch readers slice them), then of the next, waiting
-  for each to be published and recording the consumer as it opens it (rank 0).
+  for each to be published and recording the consumer as it opens it (each rank its own record).
 - **Shares.** Worker ``w`` of ``k`` takes the ``w``-th of every ``k`` batches of the rank's whole sequence,
   counted across epochs; one process is worker 0 of 1.
 - **State.** A position, (epoch, next sample), the same on every rank: after the batches handed out.
@@ -41,8 +41,8 @@ class EpochSequence(Generic[B]):
             ``preadv`` into a ring of ``n`` reused buffers instead (one copy, no page faults: faster when
             every batch is copied anyway, e.g. to a device); a batch is then valid until ``n`` more batches
             have been handed out.
-        consumer: the name this training run is recorded under as it opens each epoch (rank 0 records it),
-            which keeps ``pgprefetch dump --ahead`` driving; None records nothing.
+        consumer: the name this training run is recorded under as it opens each epoch (each rank records its
+            own), which keeps ``pgprefetch dump --ahead`` driving; None records nothing.
         timeout: how long to wait for an epoch to be published before giving up with an error.
     """
 
@@ -99,7 +99,7 @@ class EpochSequence(Generic[B]):
         epoch, sample, _ = self._position()
         skip = self._offset if self._offset is not None else w  # batches before this worker's first
         while self.end is None or epoch < self.end:
-            ds = self._open(epoch, sample, rank, world, record=rank == 0 and w == 0)
+            ds = self._open(epoch, sample, rank, world, record=w == 0)  # each rank's first worker records
             n = len(ds)
             indices = range(skip, n, k)
             ring = [ds.new_buffers() for _ in range(self.buffers if not worker and not ds.remote else 0)]

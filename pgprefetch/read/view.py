@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import os
-import uuid
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,7 @@ import zarr
 
 from pgprefetch.config.load import load_config
 from pgprefetch.errors import ConfigError, StoreError
-from pgprefetch.keys import KeyColumns
+from pgprefetch.keys import KeyColumns, KeyValue
 from pgprefetch.read.ranges import SampleRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
 from pgprefetch.store.open import open_store
@@ -138,9 +137,13 @@ class EpochView(abc.ABC, Generic[B]):
 
     # --- the epoch ------------------------------------------------------------------------------------
     def record_consumer(self, name: str) -> None:
-        """Record in the store that training run ``name`` opened this epoch (a warning if it cannot)."""
+        """Record in the store that this rank of training run ``name`` opened this epoch (a warning if it cannot).
+
+        Each rank records its own epoch (:mod:`pgprefetch.store.consumers`): ``--keep`` keeps what the slowest
+        rank still reads.
+        """
         try:
-            self._backend.record_consumer(name, self.epoch)
+            self._backend.record_consumer(name, self.epoch, self.rank, self.world_size)
         except (OSError, StoreError) as e:  # a read-only copy of a store can still be read
             warnings.warn(f"cannot record consumer {name!r} in {self.store}: {e}", stacklevel=3)
 
@@ -158,7 +161,7 @@ class EpochView(abc.ABC, Generic[B]):
     def key_columns(self) -> KeyColumns:
         """The key columns: each takes one int64 slot of ``batch_keys``, a uuid column two."""
         m = self.manifest
-        return KeyColumns(tuple(m["key_columns"]), tuple(t == "uuid" for t in m.get("key_types", ())))
+        return KeyColumns.of_types(m["key_columns"], m.get("key_types", ["int"] * len(m["key_columns"])))
 
     @property
     def stats(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -232,8 +235,12 @@ class EpochView(abc.ABC, Generic[B]):
         """The keys of batch ``i``'s samples as stored, int64 ``(size, n_slots)``, read-only NumPy."""
         return self._ranges.read(KEYS_ARRAY, *self.samples(i))
 
-    def sample_keys(self, i: int) -> list[tuple[int | uuid.UUID, ...]]:
-        """The keys of batch ``i``'s samples as the database has them: ints, and ``uuid.UUID`` for uuids."""
+    def sample_keys(self, i: int) -> list[tuple[KeyValue, ...]]:
+        """The keys of batch ``i``'s samples as the database has them.
+
+        Ints, ``uuid.UUID`` for uuids, ``datetime.date`` for dates and ``datetime.datetime`` for timestamps
+        (aware, in UTC, for timestamptz).
+        """
         columns = self.key_columns
         return [columns.values(row) for row in self.keys_array(i).tolist()]
 

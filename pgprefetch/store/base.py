@@ -7,7 +7,7 @@ Layout (plain Zarr v3; ``zarr.open_group(store)["epoch-00003"]["x"][7]`` is batc
     <store>/epoch-00003/<field>/      (n_batches, size, *sample_shape), one batch per (inner) chunk
     <store>/epoch-00003/keys/         (n_batches, size, n_slots) int64
     <store>/.pgprefetch/locks/        one lock per epoch: one writer at a time
-    <store>/.pgprefetch/consumers/    the epoch each training run (consumer) opened last
+    <store>/.pgprefetch/consumers/    the epoch each training run's (consumer's) ranks opened last
     <store>/.pgprefetch/categories.json  the store's vocabulary of each ``categories = "auto"`` field
 
 An epoch is always written into a local folder first (:meth:`Store.partial_path`, with its journal): the
@@ -310,12 +310,18 @@ class Store(abc.ABC):
 
     # --- consumers ----------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def record_consumer(self, name: str, epoch: int) -> None:
-        """Note, atomically, that consumer ``name`` (a training run) opened ``epoch``."""
+    def record_consumer(self, name: str, epoch: int, rank: int = 0, world: int = 1) -> None:
+        """Note, atomically, that rank ``rank`` of ``world`` of consumer ``name`` (a training run) opened ``epoch``.
+
+        Each rank has a record of its own (:mod:`pgprefetch.store.consumers`).
+        """
 
     @abc.abstractmethod
     def consumers(self) -> dict[str, int]:
-        """The epoch each consumer opened last."""
+        """The epoch each consumer's rank opened last, by record: ``{"train": 7, "train@1": 6}``.
+
+        See :func:`pgprefetch.store.consumers.positions` for the records that count.
+        """
 
     # --- category vocabularies ----------------------------------------------------------------------------
     def vocabulary(self) -> dict[str, list[str]]:
@@ -385,21 +391,3 @@ def epochs_in(names: Iterator[str]) -> list[int]:
     """The epoch numbers among folder (prefix) names."""
     found = (EPOCH.match(n) for n in names)
     return sorted(int(m[1]) for m in found if m)
-
-
-def staged_epochs(folder: Path) -> list[int]:
-    """The partial epochs in a folder of them: their ``epoch-N`` folders, and journals or upload logs alone.
-
-    A dump killed after its epoch was published, before it removed the epoch's journal (and, for an object
-    store, its upload log), leaves them without the folder; they are a partial epoch's leftovers, which
-    ``prune`` removes.
-    """
-    if not folder.is_dir():
-        return []
-    names = (p.name.removesuffix(".journal").removesuffix(".uploads") for p in folder.iterdir())
-    return sorted(set(epochs_in(names)))
-
-
-def folder_bytes(root: Path) -> int:
-    """Bytes allocated on disk under ``root`` (a published local epoch, or an epoch staged for upload)."""
-    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file()) if root.exists() else 0

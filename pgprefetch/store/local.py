@@ -26,12 +26,11 @@ from pgprefetch.store.base import (
     Store,
     epoch_name,
     epochs_in,
-    folder_bytes,
-    staged_epochs,
 )
-from pgprefetch.store.consumers import consumer_epoch, consumer_record
+from pgprefetch.store.consumers import consumer_record, positions, record_name
 from pgprefetch.store.flock import holder, holding
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
+from pgprefetch.store.staging import folder_bytes, staged_epochs
 
 
 class LocalStore(Store):
@@ -180,13 +179,13 @@ class LocalStore(Store):
     def lock_holder(self, epoch: int) -> str:
         return holder(self.meta / "locks" / f"{epoch_name(epoch)}.lock")
 
-    def record_consumer(self, name: str, epoch: int) -> None:
-        record = consumer_record(name, epoch)
+    def record_consumer(self, name: str, epoch: int, rank: int = 0, world: int = 1) -> None:
+        record = consumer_record(name, epoch, rank, world)
         folder = self.meta / "consumers"
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        tmp = folder / f".{record_name(name, rank)}.{os.getpid()}.tmp"
         tmp.write_bytes(record)
-        os.replace(tmp, folder / f"{name}.json")
+        os.replace(tmp, folder / f"{record_name(name, rank)}.json")
 
     def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
         """Read, change and replace ``key`` under a blocking ``flock`` of its own (held for one small write).
@@ -223,13 +222,11 @@ class LocalStore(Store):
 
     def consumers(self) -> dict[str, int]:
         folder = self.meta / "consumers"
-        out = {}
+        records = {}
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             with contextlib.suppress(OSError):
-                epoch = consumer_epoch(path.read_bytes())
-                if epoch is not None:
-                    out[path.stem] = epoch
-        return out
+                records[path.stem] = path.read_bytes()
+        return positions(records)
 
 
 def publish_epoch(partial: Path, final: Path) -> Path:

@@ -17,6 +17,7 @@ import zarr
 
 from pgprefetch.errors import StoreError
 from pgprefetch.store.base import Store, epoch_name
+from pgprefetch.store.consumers import run_of
 from pgprefetch.store.layout import checksum
 
 
@@ -230,19 +231,21 @@ def _listed(epochs: list[int]) -> str:
 
 
 def _started(store: Store, consumer: str | None, *, new_ok: bool = False) -> dict[str, int]:
-    """The epoch each consumer (or just ``consumer``) opened last.
+    """The epoch each consumer's rank (or just ``consumer``'s ranks) opened last, by record.
 
+    ``--ahead`` goes by the furthest of them, ``--keep`` by the slowest (:mod:`pgprefetch.store.consumers`).
     A name no consumer has is an error when others exist (a typo would otherwise prune by nobody), unless
     ``new_ok``: then, as when no consumer exists at all, it has started nothing.
     """
     records = store.consumers()
     if consumer is not None:
-        if consumer not in records and (new_ok or not records):
+        mine = {name: epoch for name, epoch in records.items() if run_of(name) == consumer}
+        if not mine and (new_ok or not records):
             return {}
-        if consumer not in records:
+        if not mine:
+            runs = sorted({run_of(name) for name in records})
             raise StoreError(
-                f"no consumer {consumer!r} has opened an epoch of {store.location} "
-                f"(consumers: {', '.join(records) or 'none'})"
+                f"no consumer {consumer!r} has opened an epoch of {store.location} (consumers: {', '.join(runs)})"
             )
-        records = {consumer: records[consumer]}
+        records = mine
     return records

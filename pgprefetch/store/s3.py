@@ -48,12 +48,11 @@ from pgprefetch.store.base import (
     Uploader,
     epoch_name,
     epochs_in,
-    folder_bytes,
-    staged_epochs,
 )
-from pgprefetch.store.consumers import consumer_epoch, consumer_record
+from pgprefetch.store.consumers import consumer_record, positions, record_name
 from pgprefetch.store.flock import holding
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
+from pgprefetch.store.staging import folder_bytes, staged_epochs
 from pgprefetch.store.uploads import Uploads, upload_log
 
 _RUNTIME_PID: int | None = None  # the process whose obstore runtime is in use (see S3Store.client)
@@ -350,10 +349,10 @@ class S3Store(Store):
         return lease_holder(self.client, self._lease_key(epoch))
 
     # --- consumers ----------------------------------------------------------------------------------------
-    def record_consumer(self, name: str, epoch: int) -> None:
-        record = consumer_record(name, epoch)
+    def record_consumer(self, name: str, epoch: int, rank: int = 0, world: int = 1) -> None:
+        record = consumer_record(name, epoch, rank, world)
         with self._errors("recording the consumer"):
-            obstore.put(self.client, f"{META_DIR}/consumers/{name}.json", record)
+            obstore.put(self.client, f"{META_DIR}/consumers/{record_name(name, rank)}.json", record)
 
     def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
         """Read ``key`` and its version, put the change ``If-Match`` it; if another swap came first, redo it.
@@ -382,11 +381,10 @@ class S3Store(Store):
         raise StoreError(f"{self.location}: {key} kept changing under {SWAP_ATTEMPTS} attempts to update it")
 
     def consumers(self) -> dict[str, int]:
-        out = {}
+        records = {}
         for meta in self._list(f"{META_DIR}/consumers"):
             path = meta["path"]
-            raw = self.read(path)
-            epoch = consumer_epoch(raw) if raw is not None else None
-            if path.endswith(".json") and epoch is not None:
-                out[path.rsplit("/", 1)[-1].removesuffix(".json")] = epoch
-        return out
+            raw = self.read(path) if path.endswith(".json") else None
+            if raw is not None:
+                records[path.rsplit("/", 1)[-1].removesuffix(".json")] = raw
+        return positions(records)

@@ -55,6 +55,7 @@ class DumpResult:
     retry_causes: dict[str, int] = dataclasses.field(default_factory=dict)  # the same, by cause (retry.CAUSES)
     restarted: str | None = None  # why an interrupted dump's partial epoch was discarded
     duplicates_dropped: int = 0  # repeated keys kept once ([samples] duplicates = "drop")
+    last_dropped: int = 0  # samples of the short last batch left out (drop_last): a different few each epoch
     rows_read: int | None = None  # scan mode: table rows this epoch read (0 when cut from an earlier read)
     holder: str | None = None  # who holds the epoch's lock, when busy
 
@@ -84,6 +85,8 @@ class DumpResult:
             out["retry_causes"] = self.retry_causes
         if self.duplicates_dropped:
             out["duplicates_dropped"] = self.duplicates_dropped
+        if self.last_dropped:
+            out["last_dropped"] = self.last_dropped
         if self.rows_read is not None:
             out["rows_read"] = self.rows_read
         return out
@@ -305,5 +308,6 @@ async def _write_epoch(
         resumed=writer.resumed,
         restarted=writer.restarted,
         duplicates_dropped=plan.duplicates_dropped,
+        last_dropped=plan.last_dropped,
         rows_read=source.rows_read,
     )

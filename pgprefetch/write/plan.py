@@ -54,6 +54,7 @@ class EpochPlan:
     params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
     samples: np.ndarray | None = None  # scan mode: each sample of the epoch, as its index among the cut samples
     row_wise: bool = False  # the batch statement returns a row per sample (statement.row_wise)
+    last_dropped: int = 0  # samples of the short last batch left out (drop_last): others each epoch
 
     def batch_keys(self, batch: int, size: int, count: int = 1) -> np.ndarray:
         """The keys of ``count`` batches from ``batch`` on, ``(n_slots, <= count * size)``."""
@@ -158,7 +159,8 @@ def order_keys(
     no second copy of the keys); scan mode keeps its samples' keys for the next epoch.
 
     Returns the :class:`EpochPlan` fields both modes share: ``keys`` in order, ``index`` (the order as
-    indices into the given keys), ``n_keys``, ``duplicates_dropped``, ``used``, ``n_batches``, ``keys_sha256``.
+    indices into the given keys), ``n_keys``, ``duplicates_dropped``, ``used``, ``n_batches``, ``last_dropped``,
+    ``keys_sha256``.
     """
     n_keys = keys.shape[1]
     if n_keys == 0:
@@ -226,7 +228,13 @@ def _counts(cfg: Config, key_columns: KeyColumns, n_keys: int, n: int, repeats: 
         hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
         raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
     used = nb * size if cfg.batches.drop_last else n
-    return {"n_keys": n_keys, "duplicates_dropped": repeats.count, "used": used, "n_batches": nb}
+    return {
+        "n_keys": n_keys,
+        "duplicates_dropped": repeats.count,
+        "used": used,
+        "n_batches": nb,
+        "last_dropped": n - used,
+    }
 
 
 def _size(nbytes: int) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -23,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from pgprefetch import EpochDataset, dump_epoch, load_config
+from pgprefetch.store.consumers import run_of
 from pgprefetch.store.open import open_store
 
 from ..helpers import execute
@@ -103,6 +105,30 @@ def check_reads(
         "epochs_checked": epochs,
     }
     return figures, problems
+
+
+STUCK_SECONDS = 60.0  # a rank that reads nothing this long, while another reads epochs, is stuck
+
+
+def stuck_ranks(records: dict[int, Path], began: float, stopped_at: float, batches_per_epoch: int) -> list[str]:
+    """Ranks that read nothing for ``STUCK_SECONDS`` while another rank read two epochs or more.
+
+    Each rank waits on its own (no barrier between them), so one can hang, waiting for an epoch that will
+    never come, while the run goes on: its record is then only short, not wrong. Times are wall clock,
+    from when the ranks were started (``began``) to when they were told to stop (``stopped_at``).
+    """
+    times = {rank: [s["t"] for s in read_record(path)[0]] for rank, path in records.items()}
+    problems = []
+    for rank, mine in times.items():
+        for done, (start, end) in enumerate(itertools.pairwise([began, *mine, stopped_at])):
+            others = max((sum(start < t < end for t in ts) for r, ts in times.items() if r != rank), default=0)
+            if end - start > STUCK_SECONDS and others >= 2 * batches_per_epoch:
+                problems.append(
+                    f"rank {rank} read nothing for {end - start:.0f} s after {done} steps, while another rank "
+                    f"read {others} batches"
+                )
+                break
+    return problems
 
 
 def memory(records: dict[int, Path]) -> dict[int, dict[str, Any]]:
@@ -212,13 +238,16 @@ def check_end_state(bed: Bed, ahead: int, keep: int, consumer: str) -> tuple[dic
     store = open_store(bed.store)
     problems = [f"a process of the soak still runs: {p}" for p in soak_processes(bed)]
     problems += [f"left after a clean cron run: {thing}" for thing in leftovers(bed)]
-    at = store.consumers().get(consumer)
+    # Each rank records its own epoch: --ahead dumps after the furthest, --keep keeps what the slowest reads.
+    ranks = {name: epoch for name, epoch in store.consumers().items() if run_of(name) == consumer}
     epochs = store.epochs()
-    if at is None:
+    if not ranks:
         problems.append(f"no training rank ever opened an epoch (consumer {consumer!r}); the store holds {epochs}")
-    elif epochs != list(range(max(0, at - keep), at + ahead + 1)):
-        problems.append(
-            f"the consumer is at epoch {at}, so --ahead {ahead} --keep {keep} keep epochs {max(0, at - keep)}.."
-            f"{at + ahead}; the store holds {epochs}"
-        )
-    return {"consumer_epoch": at, "epochs": epochs}, problems
+    else:
+        slowest, furthest = min(ranks.values()), max(ranks.values())
+        if epochs != list(range(max(0, slowest - keep), furthest + ahead + 1)):
+            problems.append(
+                f"the consumer's ranks are at epochs {slowest}..{furthest}, so --ahead {ahead} --keep {keep} keep "
+                f"epochs {max(0, slowest - keep)}..{furthest + ahead}; the store holds {epochs}"
+            )
+    return {"consumer_epochs": ranks, "epochs": epochs}, problems

@@ -135,7 +135,7 @@ class Report:
                 f"retries by cause: {retries}",
                 f"training waited for batches: {wait}; restarted {self.training_restarts} rank(s)",
                 f"reader memory (heap, main + workers): {memory}",
-                f"end: consumer at epoch {self.end['consumer_epoch']}, store holds epochs {self.end['epochs']}"
+                f"end: the consumer's ranks at {self.end['consumer_epochs']}, store holds {self.end['epochs']}"
                 + ("" if self.problems else ", no process, lock, lease, temporary file or partial epoch left"),
                 *(f"PROBLEM: {p}" for p in self.problems),
             ]

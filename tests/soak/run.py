@@ -1,8 +1,9 @@
 """One soak of one store: cron dumping ahead, two training ranks reading, faults on a schedule; then the checks.
 
-The order at the end matters: the faults stop, the ranks are stopped (SIGTERM: each saves its position),
-cron's runs end by themselves, then one clean cron run, and only then is the store checked: what a cron
-host looks like once training has ended and the next minute's run has gone by.
+The order at the end matters: the faults stop, the ranks are stopped (SIGTERM: each saves its position)
+while cron's runs end by themselves (a rank's DataLoader takes seconds to end its workers), then one clean
+cron run, and only then is the store checked: what a cron host looks like once training has ended and the
+next minute's run has gone by.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import deploy
 from .bed import BATCH, ROWS, Bed, soak_bed
-from .check import check_end_state, check_memory, check_reads, memory
+from .check import check_end_state, check_memory, check_reads, memory, stuck_ranks
 from .cron import Cron, DumpRun
 from .report import Report, write_report
 from .schedule import Faults, draw, kinds
@@ -69,15 +71,17 @@ def run_soak(kind: str, seconds: float, out: Path, seed: int, *, min_epochs: int
             died = _soak(timeline, training, seconds)
         finally:
             faults.stop()
-            stopped = training.stop()
-            cron.stop()
+            with ThreadPoolExecutor(1) as winding:  # cron's runs end by themselves while the ranks stop
+                crons_ended = winding.submit(cron.stop)
+                stopped = training.stop()
+                crons_ended.result()
         timeline.add("wound down")
         clean = cron.run_once()  # one run on each host
         watcher.stop()
         timeline.add("clean cron run")
         problems = [died] if died else []
         return _check_and_report(
-            bed, timeline, cron, training, watcher, faults, schedule, stopped, clean, seed, problems, min_epochs
+            bed, timeline, cron, training, watcher, faults, schedule, stopped, clean, seed, problems, min_epochs, short
         )
 
 
@@ -113,6 +117,7 @@ def _check_and_report(
     seed: int,
     problems: list[str],
     min_epochs: int,
+    short: bool,
 ) -> Report:
     """Check everything, write the report and the picture, then fail with every problem found, if any."""
     args = deploy.dump_commands()["crontab"]
@@ -125,6 +130,8 @@ def _check_and_report(
             problems.append(f"the clean cron run failed ({run.rc}): {run.summaries} {run.stderr[-1000:]}")
     reads, found = check_reads(records, per_epoch, bed, training.world)
     problems += found
+    (began,), (stop,) = timeline.of("training started"), timeline.of("training stopped")
+    problems += stuck_ranks(records, began.detail["wall"], stop.detail["wall"], per_epoch)
     if min(reads["epochs_read"].values()) < min_epochs:
         problems.append(f"the ranks read fewer than {min_epochs} whole epochs, which proves little: {reads}")
     mem = memory(records)
@@ -137,7 +144,11 @@ def _check_and_report(
     report = Report.collect(
         bed, timeline, cron, training, watcher, faults, schedule, reads, mem, end, seed, per_epoch, problems
     )
-    problems += [f"{kind} was scheduled but never struck" for kind, (n, _) in report.faults.items() if not n]
+    missed = [kind for kind, (n, _) in report.faults.items() if not n]
+    # Every kind must strike in a soak; a short round of half a minute may end before a fault that waits for a
+    # dump to strike finds one (cf. the chaos suite's "most faults must strike"): most must.
+    if missed and (not short or len(missed) > 0.3 * len(report.faults)):
+        problems += [f"{kind} was scheduled but never struck" for kind in missed]
     timeline.add("checked")
     report.phases = phases(timeline)
     report.problems = problems

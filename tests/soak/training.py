@@ -53,13 +53,14 @@ class Training:
         self._lock = threading.Lock()  # held while the ranks are killed and started again
 
     def start(self) -> None:
+        started = time.time()
         (self.bed.root / "logs").mkdir(exist_ok=True)
         for rank in range(self.world):
             record = self.bed.root / f"rank-{rank}.jsonl"
             log = self.bed.root / "logs" / f"rank-{rank}.log"
             self.ranks.append(Rank(rank, self._spawn(rank, record, log), record, log))
             self.ranks[-1].lives.append((self.ranks[-1].proc.pid, self.timeline.now(), None))
-        self.timeline.add("training started", world=self.world)
+        self.timeline.add("training started", world=self.world, wall=started)
 
     def _spawn(self, rank: int, record: Path, log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
@@ -102,6 +103,7 @@ class Training:
 
     def stop(self, timeout: float = 90.0) -> dict[int, int | None]:
         """SIGTERM to each rank (it saves its position and exits 0); their exit statuses."""
+        stopping = time.time()
         for r in self.ranks:
             if r.proc.poll() is None:
                 r.proc.send_signal(signal.SIGTERM)
@@ -115,7 +117,7 @@ class Training:
                 out[r.rank] = None
             _wait_group_gone(r.proc.pid)
             r.lives[-1] = (*r.lives[-1][:2], out[r.rank])
-        self.timeline.add("training stopped", exit_status=out)
+        self.timeline.add("training stopped", exit_status=out, wall=stopping)
         return out
 
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.plan import EpochPlan, Vocabulary, order_keys, resolve_categories
@@ -28,7 +27,7 @@ from pgprefetch.write.scan.table import Table, TableTooLarge, cut, gather, read_
 
 def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int) -> EpochPlan:
     """The epoch of a scanned table: its samples (cut by :func:`~pgprefetch.write.scan.table.cut`) in epoch order."""
-    key_columns = KeyColumns(shape.key_names)
+    key_columns = shape.key_columns
     order = order_keys(cfg, sample_keys, key_columns, epoch)
     index = order.pop("index")
     return EpochPlan(

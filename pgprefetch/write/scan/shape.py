@@ -15,6 +15,7 @@ import numpy as np
 
 from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.errors import ConfigError
+from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column, plan_columns
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
@@ -55,6 +56,13 @@ class ScanShape:
     columns: tuple[Column, ...]
     by_field: dict[str, tuple[Column, ...]]
     categories: dict[str, list[str]] = field(default_factory=dict)  # fixed by mode.read_scan (resolve_categories)
+    order_type: str = ""  # the order column's PostgreSQL type (windows): a date or timestamp comes back as one
+
+    @property
+    def key_columns(self) -> KeyColumns:
+        """A sample's key columns: the key, then (windows) the order column, a date or timestamp as such."""
+        types = ["int8"] * len(self.key_wire) + ([self.order_type] if self.order_wire is not None else [])
+        return KeyColumns.of_types(self.key_names, types)
 
     @property
     def n_key(self) -> int:
@@ -109,6 +117,7 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
         key_wire=tuple(np.dtype(KEY_TYPES[returned[k][0]]) for k in samples.key),
         order_wire=order_wire,
         order_offset=offset,
+        order_type=returned[samples.order][0] if samples.order else "",
         columns=columns,
         by_field=by_field,
     )
