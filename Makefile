@@ -48,8 +48,9 @@ bench: $(STAMP)
 PEERS_VENV  ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_ARGS  ?=
-# bench.handwritten (scan mode against ADBC and ConnectorX scripts): e.g. --rows 200000 --big-rows 0 --runs 1.
-HANDWRITTEN_ARGS ?=
+# bench.handwritten (scan mode against ADBC and ConnectorX scripts; report in bench/HANDWRITTEN.md and a section
+# of bench/RESULTS.md). A quick run: HANDWRITTEN_ARGS="--rows 200000 --big-rows 0 --runs 1".
+HANDWRITTEN_ARGS ?= --results bench/RESULTS.md
 
 $(PEERS_STAMP): pyproject.toml bench/peers-requirements.txt
 	$(PYTHON) -m venv $(PEERS_VENV)

@@ -51,6 +51,8 @@ OUT = Path(__file__).with_name("HANDWRITTEN.md")
 SEED = 0
 JOBS = {"rows": 1024, "windows": 256}  # batch sizes
 CONTENDERS = ("pgprefetch", "adbc", "connectorx")
+BEGIN = "<!-- handwritten bench: begin -->"
+END = "<!-- handwritten bench: end -->"
 WINDOW = 64
 
 
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", default="rows,windows", help="which jobs (default rows,windows)")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the report goes (default {OUT})")
     parser.add_argument("--tmp", type=Path, default=None, help="where outputs go (default: the system's temp)")
+    parser.add_argument("--results", type=Path, default=None, help="also put the report in this RESULTS.md's section")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="pgpf-bench-hw-", dir=args.tmp))
@@ -307,6 +310,21 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     args.out.write_text(text)
     log(f"wrote {args.out}")
+    if args.results is not None:
+        update_results(args.results, text)
+        log(f"updated {args.results}")
+
+
+def update_results(path: Path, report: str) -> None:
+    """Put ``report`` (its title a level down) between this bench's markers in ``path``, or at its end."""
+    section = "\n".join([BEGIN, "#" + report.strip(), END])
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
 
 
 if __name__ == "__main__":
