@@ -50,7 +50,7 @@ PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_ARGS  ?=
 # bench.handwritten (scan mode against ADBC and ConnectorX scripts; report in bench/HANDWRITTEN.md and a section
 # of bench/RESULTS.md). A quick run: HANDWRITTEN_ARGS="--rows 200000 --big-rows 0 --runs 1".
-HANDWRITTEN_ARGS ?= --results bench/RESULTS.md
+HANDWRITTEN_ARGS ?= --results bench/RESULTS.md --big-memory 4GiB
 
 $(PEERS_STAMP): pyproject.toml bench/peers-requirements.txt
 	$(PYTHON) -m venv $(PEERS_VENV)

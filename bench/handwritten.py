@@ -134,13 +134,13 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_one(contender: str, job: str, dsn: str, work: Path, args: argparse.Namespace) -> Run:
+def run_one(contender: str, job: str, dsn: str, work: Path, args: argparse.Namespace, memory: str | None) -> Run:
     """Run one contender on one job as a whole process, into ``work/<contender>-<job>``."""
     out = work / f"{contender}-{job}"
     shutil.rmtree(out, ignore_errors=True)
     if contender == "pgprefetch":
         config = work / f"{job}.toml"
-        config.write_text(scan_config(job, out, args.connections, args.memory), encoding="utf-8")
+        config.write_text(scan_config(job, out, args.connections, memory), encoding="utf-8")
         pgprefetch = Path(sys.executable).parent / "pgprefetch"
         argv = [str(pgprefetch), "dump", "--config", str(config), "--epoch", "0", "--force", "--json", "--dsn", dsn]
     else:
@@ -207,13 +207,16 @@ def check(job: str, work: Path, expected: int, draws: int = 5) -> None:
     log(f"{job}: the three wrote the same {expected:,} samples (keys as a multiset; {draws} samples' rows)")
 
 
-def run_job(job: str, dsn: str, work: Path, args: argparse.Namespace, table_rows: int) -> JobResult:
+def run_job(
+    job: str, dsn: str, work: Path, args: argparse.Namespace, table_rows: int, memory: str | None = None
+) -> JobResult:
     """``--runs`` interleaved rounds of the three contenders on one job (checked after the first)."""
-    result = JobResult(job, table_rows, {c: [] for c in CONTENDERS})
+    label = job if memory is None else f"{job}, `memory = {memory}`"
+    result = JobResult(label, table_rows, {c: [] for c in CONTENDERS})
     for r in range(args.runs):
         order = CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]
         for c in order:
-            run = run_one(c, job, dsn, work, args)
+            run = run_one(c, job, dsn, work, args, memory or args.memory)
             result.runs[c].append(run)
             log(f"{result.job} round {r + 1}: {c} {run.seconds:.2f} s (read {run.read_s:.2f} s, cpu {run.cpu_s:.2f} s)")
         if r == 0:
@@ -280,6 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--series", type=int, default=150, help="series of the windows job (default 150)")
     parser.add_argument("--series-len", type=int, default=3000, help="rows per series (default 3000)")
     parser.add_argument("--big-rows", type=int, default=10_000_000, help="a larger rows table (default 10M; 0: none)")
+    parser.add_argument(
+        "--big-memory", default=None, help="also dump the larger table under this [source] memory (e.g. 4GiB)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--connections", type=int, default=8, help="pgprefetch's [source] connections (default 8)")
     parser.add_argument("--memory", default=None, help="pgprefetch's [source] memory (default: the config's default)")
@@ -304,6 +310,8 @@ def main(argv: list[str] | None = None) -> None:
                 log(f"loading: wide {args.big_rows:,} rows")
                 asyncio.run(_load(dsn, args.big_rows, 0, 0))
                 results.append(run_job("rows", dsn, work, args, args.big_rows))
+                if args.big_memory:  # the same table read once, beside the bounded default
+                    results.append(run_job("rows", dsn, work, args, args.big_rows, args.big_memory))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = render(results, args, time.perf_counter() - started)
