@@ -268,8 +268,9 @@ def render(results: list[JobResult], args: argparse.Namespace, wall_s: float) ->
         "single-connection read of the same columns into memory (the moonshot: within 1.3x).",
         "",
         "What the scripts do not do and pgprefetch does: one exported snapshot shared by every connection (the "
-        "ConnectorX partitions read at different moments); memory bounded by `[source] memory` (the scripts hold "
-        "the whole table, its Arrow copy and numpy's); CRC32C checksums and per-field statistics in the manifest; "
+        "ConnectorX partitions read at different moments); the table's data held within `[source] memory` (the "
+        "scripts hold the whole table, its Arrow copy and numpy's; the keys cost pgprefetch about 260 bytes a row "
+        "beyond it); CRC32C checksums and per-field statistics in the manifest; "
         "`syncfs` before publishing; atomic publication (a reader never sees half an epoch); resume after a "
         "crash; the epoch's order as a pure function of (seed, epoch, keys), the same as query mode's.",
     ]
