@@ -48,6 +48,9 @@ bench: $(STAMP)
 PEERS_VENV  ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_ARGS  ?=
+# bench.handwritten (scan mode against ADBC and ConnectorX scripts; report in bench/HANDWRITTEN.md and a section
+# of bench/RESULTS.md). A quick run: HANDWRITTEN_ARGS="--rows 200000 --big-rows 0 --runs 1".
+HANDWRITTEN_ARGS ?= --results bench/RESULTS.md --big-memory 4GiB
 
 $(PEERS_STAMP): pyproject.toml bench/peers-requirements.txt
 	$(PYTHON) -m venv $(PEERS_VENV)
@@ -59,6 +62,7 @@ $(PEERS_STAMP): pyproject.toml bench/peers-requirements.txt
 
 bench-peers: $(PEERS_STAMP)
 	$(PEERS_VENV)/bin/python -m bench.peers $(PEERS_ARGS)
+	$(PEERS_VENV)/bin/python -m bench.handwritten $(HANDWRITTEN_ARGS)
 
 # The fault suite at length: 200 faulted dumps (make test runs 20), and the 810k-row epoch killed three times, ten times.
 chaos: $(STAMP)

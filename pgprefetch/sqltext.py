@@ -7,13 +7,24 @@ must find the real parameters and leave ``'$1'``, ``"$1"``, ``-- $1`` and ``$tag
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
-_IDENT_START = re.compile(r"[A-Za-z_\u0080-\uffff]")
-_IDENT_REST = re.compile(r"[A-Za-z0-9_$\u0080-\uffff]*")
-_PARAM = re.compile(r"\$([0-9]+)")
-_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$")
+
+@functools.cache
+def _patterns() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """Identifier start and rest, ``$n``, a dollar-quote tag: compiled on first use, not at import.
+
+    Their non-ASCII ranges cost 20-40 ms to compile, paid by every command at start-up
+    (``pgprefetch --version`` included) when they were module constants; only a query-mode config needs them.
+    """
+    return (
+        re.compile(r"[A-Za-z_\u0080-\uffff]"),
+        re.compile(r"[A-Za-z0-9_$\u0080-\uffff]*"),
+        re.compile(r"\$([0-9]+)"),
+        re.compile(r"\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$"),
+    )
 
 
 def quote_ident(name: str) -> str:
@@ -28,6 +39,7 @@ def _params(sql: str) -> list[tuple[int, int, int]]:
     identifiers, ``--`` comments, nested ``/* /* */ */`` comments, dollar quotes (``$$..$$``,
     ``$tag$..$tag$``), and identifiers, which may contain ``$`` (``col$1`` is a column, not ``col`` and ``$1``).
     """
+    ident_start, ident_rest, param, dollar_tag = _patterns()
     found = []
     i, n = 0, len(sql)
     while i < n:
@@ -52,16 +64,16 @@ def _params(sql: str) -> list[tuple[int, int, int]]:
                 else:
                     i += 1
         elif c == "$":
-            if m := _PARAM.match(sql, i):
+            if m := param.match(sql, i):
                 found.append((i, m.end(), int(m[1])))
                 i = m.end()
-            elif m := _DOLLAR_TAG.match(sql, i):
+            elif m := dollar_tag.match(sql, i):
                 end = sql.find(m[0], m.end())
                 i = n if end == -1 else end + len(m[0])
             else:
                 i += 1
-        elif _IDENT_START.match(c):
-            end = _IDENT_REST.match(sql, i + 1).end()  # type: ignore[union-attr]
+        elif ident_start.match(c):
+            end = ident_rest.match(sql, i + 1).end()  # type: ignore[union-attr]
             escaped = sql[i:end] in ("E", "e") and sql.startswith("'", end)  # E'...': backslash escapes
             i = _string_end(sql, end, escapes=True) if escaped else end
         else:

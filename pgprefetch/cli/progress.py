@@ -13,8 +13,10 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
+if TYPE_CHECKING:  # imported when a bar is drawn: a dump under cron or with --json draws none
+    from tqdm import tqdm
 
 
 class BarProgress:
@@ -54,7 +56,7 @@ class BarProgress:
         self._bytes += nbytes
         if self._bytes:
             rate = self._bytes / max(time.monotonic() - self._started, 1e-3)
-            self._bar.set_postfix_str(tqdm.format_sizeof(rate, "B/s", divisor=1000), refresh=False)
+            self._bar.set_postfix_str(self._bar.format_sizeof(rate, "B/s", divisor=1000), refresh=False)
         self._bar.update(samples)
 
     def close(self) -> None:
@@ -66,6 +68,8 @@ class BarProgress:
 
 def _bar(description: str, unit: str, total: int | None) -> tqdm:
     """A bar on stderr that the summary line replaces (``leave=False``)."""
+    from tqdm import tqdm
+
     return tqdm(
         total=total, desc=description, unit=unit, unit_scale=True, file=sys.stderr, dynamic_ncols=True, leave=False
     )

@@ -96,6 +96,10 @@ class EpochStats:
                 valid = _and(valid, (np.arange(f.length, dtype=lengths.dtype) < lengths[..., None])[:, :, :, None, :])
             if f.null_mask is not None:
                 valid = _and(valid, ~arrays[f.null_mask][: count * self.size].reshape(shape))
+            if valid is None:  # every value is real: all the field's columns of all the batches at once
+                out[:, col : col + len(f.columns)] = _per_batch_columns(np.moveaxis(values, 3, 1))
+                col += len(f.columns)
+                continue
             for j in range(len(f.columns)):
                 mask = None if valid is None else np.broadcast_to(valid, shape)[:, :, :, j, :]
                 out[:, col] = _per_batch(values[:, :, :, j, :], mask)
@@ -156,6 +160,42 @@ def _per_batch(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
             x -= mean
             np.square(x, out=x)
             out[b] = (x.size, mean, x.sum(), real.min(), real.max())  # min and max in the field's own dtype
+    return out
+
+
+BLOCK_BYTES = 1 << 19  # float64 bytes that :func:`_per_batch_columns` works on at a time: within a core's L2
+
+
+def _per_batch_columns(values: np.ndarray) -> np.ndarray:
+    """:func:`_per_batch` of all columns at once, every value real: ``(count, columns, ...)`` to ``(..., 5)``.
+
+    The same figures, bit for bit: each (batch, column) is summed as one contiguous float64 row, which
+    numpy reduces with the same pairwise summation as the 1-D sum of that row alone. Without a Python
+    call per batch and column (2,000 batches of 17 columns made the statistics the largest part of a scan
+    dump's CPU time), in blocks of batches small enough to stay in cache between the passes.
+    """
+    count, width = values.shape[:2]
+    n = int(np.prod(values.shape[2:], dtype=np.int64))
+    out = np.empty((count, width, 5))
+    if not n:
+        out[:] = (0.0, 0.0, 0.0, np.inf, -np.inf)
+        return out
+    block = max(1, BLOCK_BYTES // (width * n * 8))
+    for b in range(0, count, block):
+        part = values[b : b + block]
+        x = part.astype(np.float64, order="C").reshape(part.shape[0], width, n)  # one contiguous row per column
+        o = out[b : b + block]
+        o[..., 0] = n
+        # The min and max of the float64 copy: converting is monotonic, so they are the field's own min and
+        # max converted, which is what _per_batch stores.
+        o[..., 3] = x.min(axis=-1)
+        o[..., 4] = x.max(axis=-1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            mean = x.sum(axis=-1) / n
+            x -= mean[..., None]
+            np.square(x, out=x)
+            o[..., 1] = mean
+            o[..., 2] = x.sum(axis=-1)
     return out
 
 

@@ -74,6 +74,9 @@ async def read_scan(
     categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column), vocabulary)
     shape = dataclasses.replace(shape, categories=categories)
     try:
+        too_large = await _clearly_too_large(cfg, snap, shape)
+        if too_large is not None:
+            raise too_large
         table = await read_table(cfg, snap, shape, on_rows=on_rows)
         fits, per_row = True, 0.0
     except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
@@ -82,6 +85,32 @@ async def read_scan(
         fits, per_row = False, e.bytes_per_row
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
     return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
+
+
+# Skip the first read when the planner's row count puts the decoded table this far past memory. The read
+# gives up at the budget anyway, so an estimate a little high costs only a slower (multi-pass) dump of the
+# same bytes; one too low is caught by the read's own check.
+ESTIMATE_MARGIN = 1.1
+
+
+async def _clearly_too_large(cfg: Config, snap: Snapshot, shape: ScanShape) -> TableTooLarge | None:
+    """A table the planner's statistics put well past ``[source] memory``: go straight to the keys pass.
+
+    Otherwise the first read runs until it outgrows the budget and is given up: on 10M rows under 512 MiB,
+    about two thirds of the table read for nothing. Only for a plain table of fixed-width scalar columns,
+    whose decoded row size is known before reading (an array's length is not), with ``reltuples`` known
+    (-1 before the first ``ANALYZE``); anything else, or a wrong estimate, is caught by the read's own check.
+    """
+    budget = cfg.source.memory_bytes
+    if not budget or not shape.plain_table or any(c.is_array or c.padded is not None for c in shape.columns):
+        return None
+    per_row = sum(w.itemsize for w in shape.key_wire) + (shape.order_wire.itemsize if shape.order_wire else 0)
+    per_row += sum(c.wire.itemsize + (1 if c.nullable else 0) for c in shape.columns)
+    sql = f"SELECT reltuples::float8 FROM pg_class WHERE oid = '{shape.relation}'::regclass"
+    rows = float((await snap.fetch(sql, f"row estimate of {shape.relation}"))[0][0])
+    if rows <= 0 or rows * per_row <= ESTIMATE_MARGIN * budget:
+        return None
+    return TableTooLarge(float(per_row), 0)
 
 
 async def multipass_source(
