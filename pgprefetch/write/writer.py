@@ -22,6 +22,7 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,10 @@ class EpochWriter:
             whose header differs is discarded and the epoch starts over.
         fresh: discard any partial epoch instead of resuming it (``--force``: one snapshot for the epoch).
         uploader: where each file goes as soon as it is final (object stores), while the dump goes on.
+        owned: the batches whose shard files this writer creates (None: all of them).
+        part: this writer is one part of an epoch spread over several processes (:mod:`pgprefetch.write.ray`):
+            it writes into a partial epoch a driver created, journals into a journal of its own beside the
+            epoch's (:func:`part_journal`; the driver's resume reads it), and never discards anything.
     """
 
     def __init__(
@@ -78,11 +83,15 @@ class EpochWriter:
         fresh: bool = False,
         uploader: Uploader | None = None,
         stats: EpochStats | None = None,
+        owned: range | None = None,
+        part: int | None = None,
     ) -> None:
         self.store = store
         self.epoch = epoch
         self.path = store.partial_path(epoch)
-        self.journal_path = store.journal_path(epoch)
+        self.journal_path = store.journal_path(epoch) if part is None else part_journal(store.journal_path(epoch), part)
+        self.owned = range(n_batches) if owned is None else owned
+        self.part = part
         self.compressed = compression != "none"
         self.names = [a.name for a in arrays]
         self.header = {
@@ -103,7 +112,36 @@ class EpochWriter:
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
         with io_errors(self.path):
-            self._open(arrays, fresh)
+            if part is None:
+                self._open(arrays, fresh)
+            else:
+                self._open_part(arrays)
+
+    def _open_part(self, arrays: list[ArraySpec]) -> None:
+        """Join the partial epoch a driver created: its arrays, the shard files this part owns, its journal."""
+        self.group = zarr.open_group(self.path, mode="r+")
+        self.arrays = {a.name: self.group[a.name] for a in arrays}  # type: ignore[misc]
+        self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
+        for layout in self.layouts.values():
+            if layout.sharded:
+                self._create_files(layout, only_missing=True)
+        self.resumed = 0
+        fresh = not self.journal_path.exists()
+        self._journal = open(self.journal_path, "a")  # noqa: SIM115
+        self._journal.write(("" if fresh else "\n") + json.dumps(self.header, sort_keys=True) + "\n")
+        self._journal.flush()
+
+    def _create_files(self, layout: ArrayLayout, only_missing: bool = False) -> None:
+        """Create the shard files (with their index) of the batches this writer owns."""
+        if not self.owned:
+            return
+        n_batches, per_shard = self.header["n_batches"], layout.per_file
+        for shard in range(self.owned.start // per_shard, -(-self.owned.stop // per_shard)):
+            path = layout.file(shard * per_shard)[0]
+            if only_missing and path.exists():
+                continue
+            valid = min(per_shard, n_batches - shard * per_shard)
+            create_shard(path, per_shard, valid, layout.batch_bytes)
 
     def _open(self, arrays: list[ArraySpec], fresh: bool) -> None:
         """Resume the partial epoch a dead dump left (if its journal matches) or create a new one."""
@@ -170,10 +208,7 @@ class EpochWriter:
             config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
         )
         if not self.compressed:
-            layout = ArrayLayout.read(self.path / spec.name)
-            for shard in range(-(-n_batches // per_shard)):
-                valid = min(per_shard, n_batches - shard * per_shard)
-                create_shard(layout.file(shard * per_shard)[0], per_shard, valid, chunk_bytes)
+            self._create_files(ArrayLayout.read(self.path / spec.name))
         return array
 
     def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
@@ -184,6 +219,10 @@ class EpochWriter:
             header = json.loads(lines[0])
         except (IndexError, ValueError):
             return None
+        for part in part_journals(self.journal_path):  # written by the parts of a spread dump (write.ray)
+            more = part.read_text(errors="replace").splitlines()
+            if more and more[0] == lines[0]:
+                lines += [line for line in more[1:] if not line.startswith("{")]
         done = {}
         for line in lines[1:]:
             parts = line.split()
@@ -290,7 +329,18 @@ class EpochWriter:
                     out.append(layout.file(lo)[0])
         return out
 
-    def publish(self, manifest: dict[str, Any]) -> Path | str:
+    def finish_part(self) -> list[str]:
+        """A part's end: every file it finished closed and uploaded; returns them, relative to the epoch."""
+        self._files.close_all()
+        if self.uploader is not None:
+            self.uploader.finish()
+        self._journal.close()
+        return sorted(
+            self.layouts[name].file(number * self.layouts[name].per_file)[0].relative_to(self.path).as_posix()
+            for name, number in self._submitted
+        )
+
+    def publish(self, manifest: dict[str, Any], elsewhere: Collection[str] = ()) -> Path | str:
         """Record the checksums and the manifest, and publish the epoch atomically.
 
         The per-chunk checksums go to an array of their own in the epoch (``_checksums``: a row per array,
@@ -298,6 +348,8 @@ class EpochWriter:
         megabytes of JSON that every reader and ``ls`` parses. (A plain file beside the manifest would
         make zarr and xarray warn about an unknown object in the group.) So do each batch's longest sample
         and most rows, for fields of any length (``_longest``, a row per lengths array).
+
+        ``elsewhere``: files of the epoch that parts on other machines uploaded (:mod:`pgprefetch.write.ray`).
         """
         manifest["checksums"] = {"algorithm": "crc32c", "array": CHECKSUMS_ARRAY, "arrays": self.names}
         longest = self.stats.longest() if self.stats is not None else {}
@@ -324,8 +376,10 @@ class EpochWriter:
                 )
             self.group.attrs["pgprefetch"] = manifest
             self._journal.close()
-            final = self.store.publish(self.epoch, self.path, replace=self.replace)
+            final = self.store.publish(self.epoch, self.path, replace=self.replace, elsewhere=elsewhere)
             self.journal_path.unlink(missing_ok=True)
+            for part in part_journals(self.journal_path):
+                part.unlink(missing_ok=True)
         return final
 
     def close(self) -> None:
@@ -345,6 +399,18 @@ class EpochWriter:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self.journal_path.unlink(missing_ok=True)
+        for part in part_journals(self.journal_path):
+            part.unlink(missing_ok=True)
+
+
+def part_journal(journal: Path, part: int) -> Path:
+    """The journal of one part of an epoch written by several processes, beside the epoch's own."""
+    return journal.with_name(f"{journal.name}.part-{part:05d}")
+
+
+def part_journals(journal: Path) -> list[Path]:
+    """The part journals beside ``journal`` (none for a dump by one process)."""
+    return sorted(journal.parent.glob(f"{journal.name}.part-*")) if journal.parent.is_dir() else []
 
 
 def _remove_temporaries(folder: Path) -> None:
