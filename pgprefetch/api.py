@@ -46,13 +46,15 @@ def dump(
     retries: int = RETRIES,
     executor: str = "process",
     parts: int | None = None,
+    ray_env: dict[str, str] | None = None,
     **overrides: Any,
 ) -> list[DumpResult]:
     """Dump ``epochs`` of a config (``pgprefetch dump``); in scan mode they are cut from one read.
 
     ``executor="ray"`` spreads each epoch over a Ray cluster's workers in ``parts`` parts (default: its CPUs;
     ``RAY_ADDRESS``, a cluster this process joined, or one started here for the dump), byte-identical to
-    the default, this process (``pip install 'pgprefetch[ray]'``).
+    the default, this process (``pip install 'pgprefetch[ray]'``). ``ray_env``: environment variables for
+    the parts' workers (an object store's credentials, when the cluster's own are not the ones to use).
 
     Example::
 
@@ -66,7 +68,7 @@ def dump(
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
     from pgprefetch.write.ray import ray_executor  # Ray only when asked for
 
-    with ray_executor(parts) as spread:  # type: ignore[attr-defined]
+    with ray_executor(parts, env=ray_env) as spread:  # type: ignore[attr-defined]
         return _run(dump_epochs(cfg, wanted, force=force, retries=retries, executor=spread))
 
 

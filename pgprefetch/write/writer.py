@@ -120,7 +120,7 @@ class EpochWriter:
     def _open_part(self, arrays: list[ArraySpec]) -> None:
         """Join the partial epoch a driver created: its arrays, the shard files this part owns, its journal."""
         self.group = zarr.open_group(self.path, mode="r+")
-        self.arrays = {a.name: self.group[a.name] for a in arrays}  # type: ignore[misc]
+        self.arrays = {a.name: _reopened(self.group, a.name) for a in arrays}
         self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
         for layout in self.layouts.values():
             if layout.sharded:
@@ -191,7 +191,7 @@ class EpochWriter:
     def _array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str, create: bool) -> zarr.Array:
         chunk = (1, batch_size, *spec.sample_shape)
         if not create:
-            return self.group[spec.name]  # type: ignore[return-value]
+            return _reopened(self.group, spec.name)
         chunk_bytes = int(np.prod(chunk)) * spec.dtype.itemsize
         per_shard = shard_batches(chunk_bytes, n_batches)
         array = self.group.create_array(
@@ -411,6 +411,14 @@ def part_journal(journal: Path, part: int) -> Path:
 def part_journals(journal: Path) -> list[Path]:
     """The part journals beside ``journal`` (none for a dump by one process)."""
     return sorted(journal.parent.glob(f"{journal.name}.part-*")) if journal.parent.is_dir() else []
+
+
+def _reopened(group: zarr.Group, name: str) -> zarr.Array:
+    """An array of a partial epoch opened again: a chunk for every batch, zeros included, as when created.
+
+    (``write_empty_chunks`` is a setting of the opened array, not stored with it.)
+    """
+    return group[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
 
 
 def _remove_temporaries(folder: Path) -> None:
