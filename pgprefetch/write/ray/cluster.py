@@ -36,10 +36,15 @@ class Tracker:
     """What the parts of an epoch report while they run: samples written per part, and their attempts.
 
     A part run again (its worker killed) starts its count over, so the driver's progress never counts a
-    batch twice; its attempts beyond the first are its retries.
+    batch twice; its attempts beyond the first are its retries. One tracker serves a dump's epochs in
+    turn (:meth:`begin`): an actor is a process, seconds to start on a busy host.
     """
 
-    def __init__(self, parts: int) -> None:
+    def __init__(self) -> None:
+        self.begin(0)
+
+    def begin(self, parts: int) -> None:
+        """A new epoch of ``parts`` parts."""
         self.samples = [0] * parts
         self.bytes = [0] * parts
         self.attempts = [0] * parts

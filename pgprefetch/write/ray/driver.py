@@ -57,6 +57,7 @@ class RayExecutor:
         self.address = address
         self.env = env
         self._started = False
+        self._tracker: Any = None
 
     def __enter__(self) -> RayExecutor:
         return self
@@ -66,6 +67,9 @@ class RayExecutor:
 
     def close(self) -> None:
         """Stop the cluster if this executor started it (a local one); a joined cluster stays."""
+        if self._tracker is not None and ray.is_initialized():
+            ray.kill(self._tracker)
+        self._tracker = None
         if self._started:
             ray.shutdown()
             self._started = False
@@ -121,7 +125,10 @@ class RayExecutor:
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
                 source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata,
             ))  # fmt: skip
-        tracker = Tracker.remote(len(specs))  # type: ignore[attr-defined]
+        if self._tracker is None:
+            self._tracker = Tracker.remote()  # type: ignore[attr-defined]
+        tracker = self._tracker
+        ray.get(tracker.begin.remote(len(specs)))
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         refs = {run_part.options(**options).remote(spec, keys_ref, tracker): spec for spec in specs if spec.batches}
         try:
@@ -130,7 +137,6 @@ class RayExecutor:
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
-            ray.kill(tracker)
         for result in sorted(results, key=lambda r: r.index):
             writer.checksums[:, result.batches] = result.checksums
             writer.done[result.batches] = True
