@@ -198,3 +198,23 @@ def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_ide
     assert result.resumed >= 4
     assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
     assert not list(journals.rglob("*.journal*"))
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_connections_lost_in_the_parts_are_retried_as_today_keeping_the_parts_batches(
+    ray_cluster: Any, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path, slow=True)
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=2)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _journal_lines(tmp_path / "store.zarr") < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    execute(s_table, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+    thread.join(120)
+    (result,) = results
+    assert result.retries == 1  # a new snapshot, the keys unchanged: the parts' batches kept
+    assert result.resumed >= 4
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))

@@ -31,6 +31,7 @@ import zarr
 
 from pgprefetch.store.base import ArraySpec, Store, Uploader, compressors
 from pgprefetch.store.layout import ArrayLayout, checksum, read_batch_bytes
+from pgprefetch.write.journal import difference, part_journal, part_journals, read_journal
 from pgprefetch.write.shardfiles import OpenFiles, create_shard, io_errors, pwrite_all
 from pgprefetch.write.stats import EpochStats
 
@@ -148,7 +149,7 @@ class EpochWriter:
         n_batches, batch_size, compression = (self.header[k] for k in ("n_batches", "batch_size", "compression"))
         previous = None if fresh else self._read_journal()
         if previous is not None and previous[0] != self.header:
-            self.restarted = _difference(previous[0], self.header)
+            self.restarted = difference(previous[0], self.header)
             previous = None
             self.snapshots = []
         if previous is None:
@@ -212,28 +213,13 @@ class EpochWriter:
         return array
 
     def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
-        if not (self.path.is_dir() and self.journal_path.exists()):
+        if not self.path.is_dir():
             return None
-        lines = self.journal_path.read_text(errors="replace").splitlines()
-        try:
-            header = json.loads(lines[0])
-        except (IndexError, ValueError):
+        found = read_journal(self.journal_path, len(self.names))
+        if found is None:
             return None
-        for part in part_journals(self.journal_path):  # written by the parts of a spread dump (write.ray)
-            more = part.read_text(errors="replace").splitlines()
-            if more and more[0] == lines[0]:
-                lines += [line for line in more[1:] if not line.startswith("{")]
-        done = {}
-        for line in lines[1:]:
-            parts = line.split()
-            if line.startswith("#snapshot "):
-                self.snapshots.append(line.split(" ", 1)[1])
-                continue
-            try:  # a line cut short or garbled by a crash is skipped: that batch is fetched again
-                if len(parts) == 1 + len(self.names):
-                    done[int(parts[0])] = [int(p) for p in parts[1:]]
-            except ValueError:
-                continue
+        header, done, snapshots = found
+        self.snapshots += snapshots
         return header, done
 
     def _keep_verified(self, journal: dict[int, list[int]]) -> None:
@@ -403,16 +389,6 @@ class EpochWriter:
             part.unlink(missing_ok=True)
 
 
-def part_journal(journal: Path, part: int) -> Path:
-    """The journal of one part of an epoch written by several processes, beside the epoch's own."""
-    return journal.with_name(f"{journal.name}.part-{part:05d}")
-
-
-def part_journals(journal: Path) -> list[Path]:
-    """The part journals beside ``journal`` (none for a dump by one process)."""
-    return sorted(journal.parent.glob(f"{journal.name}.part-*")) if journal.parent.is_dir() else []
-
-
 def _reopened(group: zarr.Group, name: str) -> zarr.Array:
     """An array of a partial epoch opened again: a chunk for every batch, zeros included, as when created.
 
@@ -430,14 +406,3 @@ def _remove_temporaries(folder: Path) -> None:
     """
     for leftover in folder.rglob("*.partial"):
         leftover.unlink(missing_ok=True)
-
-
-def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """Why a partial epoch cannot be resumed, in words."""
-    if old.get("n_keys") != new.get("n_keys") or old.get("keys_sha256") != new.get("keys_sha256"):
-        return f"the keys changed ({old.get('n_keys')} keys then, {new.get('n_keys')} now)"
-    if old.get("config_sha256") != new.get("config_sha256"):
-        return "the config changed"
-    if old.get("categories") != new.get("categories"):
-        return "the category lists changed (the store's vocabulary grew)"
-    return "it was written with other settings"
