@@ -151,17 +151,21 @@ class RayExecutor:
         waiting = set(futures)
         results: list[PartResult] = []
         shown = 0
-        while waiting:
-            done, waiting = await asyncio.wait(waiting, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                results.append(_result(future, futures[future]))
-                log.info("epoch %d: %s done (%d of %d)", futures[future].epoch, futures[future].name(), len(results),
-                         len(futures))  # fmt: skip
-            if progress:
-                samples, _, _ = await asyncio.wrap_future(tracker.totals.remote().future())
-                if samples > shown:
-                    progress.advance(samples - shown, 0)
-                    shown = samples
+        try:
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    spec = futures[future]
+                    results.append(_result(future, spec))
+                    log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
+                if progress:
+                    samples, _, _ = await asyncio.wrap_future(tracker.totals.remote().future())
+                    if samples > shown:
+                        progress.advance(samples - shown, 0)
+                        shown = samples
+        finally:
+            for future in waiting:  # the parts still running when one failed: their outcome is not wanted
+                future.cancel()
         return results
 
 
