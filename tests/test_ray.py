@@ -218,3 +218,25 @@ def test_connections_lost_in_the_parts_are_retried_as_today_keeping_the_parts_ba
     assert result.retries == 1  # a new snapshot, the keys unchanged: the parts' batches kept
     assert result.resumed >= 4
     assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+
+
+def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_node(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    import numpy as np
+    import ray
+
+    from pgprefetch.errors import StoreError
+    from pgprefetch.write.ray.cluster import Tracker
+    from pgprefetch.write.ray.part import PartSpec, run_part
+
+    # As a worker on another machine finds it: the store's folder is not there (not a shared filesystem).
+    spec = PartSpec(0, 2, range(0, 4), (0, 1, 2, 3), None, 0, str(tmp_path / "elsewhere.zarr"), "", "",  # type: ignore[arg-type]
+                    None, None, (), {}, {})  # type: ignore[arg-type]  # fmt: skip
+    tracker = Tracker.remote()  # type: ignore[attr-defined]
+    ray.get(tracker.begin.remote(2))
+    try:
+        with pytest.raises(StoreError, match=r"part 1 of 2 \(batches 0-3\): node 127\.0\.0\.1 cannot see the partial"):
+            ray.get(run_part.options(max_retries=0).remote(spec, np.empty((1, 0), dtype=np.int64), tracker))
+    finally:
+        ray.kill(tracker)

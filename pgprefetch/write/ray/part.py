@@ -89,7 +89,6 @@ class _Progress:
 
 
 async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartResult:
-    cfg, size = spec.cfg, spec.cfg.batches.size
     store = open_store(spec.location)
     partial = store.partial_path(spec.epoch)
     node = ray.util.get_node_ip_address()
@@ -105,6 +104,7 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartRes
             if not path.is_file():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
+    cfg, size = spec.cfg, spec.cfg.batches.size
     plan = dataclasses.replace(spec.plan, keys=keys)
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
