@@ -240,3 +240,27 @@ def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_n
             ray.get(run_part.options(max_retries=0).remote(spec, np.empty((1, 0), dtype=np.int64), tracker))
     finally:
         ray.kill(tracker)
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_node_removed_mid_epoch_has_its_part_rerun_elsewhere_and_the_epoch_is_unchanged(
+    ray_cluster: Any, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path, slow=True)
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=2)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _journal_lines(tmp_path / "store.zarr") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (node,) = ray_cluster.worker_nodes
+    ray_cluster.remove_node(node)  # its raylet and workers gone: its part runs again on the head
+    try:
+        thread.join(180)
+    finally:
+        ray_cluster.add_node(num_cpus=1)  # the session's cluster has two nodes again
+        ray_cluster.wait_for_nodes()
+    (result,) = results
+    assert sum(result.part_retries) >= 1
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import UnknownCategoryError
@@ -126,7 +127,9 @@ class RayExecutor:
                 source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata,
             ))  # fmt: skip
         if self._tracker is None:
-            self._tracker = Tracker.remote()  # type: ignore[attr-defined]
+            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
         tracker = self._tracker
         ray.get(tracker.begin.remote(len(specs)))
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}

@@ -74,7 +74,8 @@ class PartResult:
 @ray.remote(num_cpus=1, max_retries=PART_RETRIES)
 def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartResult:
     """The Ray task: write ``spec``'s batches (``keys``: the epoch's ordered keys, from the object store)."""
-    ray.get(tracker.started.remote(spec.index))  # counted before any work: a kill from here on is a retry
+    with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
+        ray.get(tracker.started.remote(spec.index))  # counted before any work: a kill from here on is a retry
     return asyncio.run(_write_part(spec, keys, tracker))
 
 
