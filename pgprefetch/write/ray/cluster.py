@@ -18,7 +18,8 @@ def join(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     try:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+        # The workers' output stays theirs: `--json` prints one object per epoch on stdout, nothing else.
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         where = address or "(RAY_ADDRESS, or a new local one)"
