@@ -136,7 +136,7 @@ class RayExecutor:
         refs = {run_part.options(**options).remote(spec, keys_ref, tracker): spec for spec in specs if spec.batches}
         try:
             results = await self._wait(refs, tracker, progress)
-            attempts = ray.get(tracker.totals.remote())[2]
+            attempts = (await self._totals(tracker))[2] or [1] * len(specs)
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
@@ -162,7 +162,7 @@ class RayExecutor:
                     results.append(_result(future, spec))
                     log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
                 if progress:
-                    samples, _, _ = await asyncio.wrap_future(tracker.totals.remote().future())
+                    samples, _, _ = await self._totals(tracker)
                     if samples > shown:
                         progress.advance(samples - shown, 0)
                         shown = samples
@@ -170,6 +170,14 @@ class RayExecutor:
             for future in waiting:  # the parts still running when one failed: their outcome is not wanted
                 future.cancel()
         return results
+
+    async def _totals(self, tracker: Any) -> tuple[int, int, list[int]]:
+        """The tracker's figures; none if it was lost with its node (the next epoch gets a new one)."""
+        try:
+            return await asyncio.wrap_future(tracker.totals.remote().future())  # type: ignore[no-any-return]
+        except ray.exceptions.RayError:
+            self._tracker = None
+            return 0, 0, []
 
 
 def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
