@@ -128,7 +128,7 @@ class RayExecutor:
             ))  # fmt: skip
         if self._tracker is None:
             # On the driver's node: losing another node must not lose the epoch's progress and attempts.
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
             self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
         tracker = self._tracker
         ray.get(tracker.begin.remote(len(specs)))
@@ -175,7 +175,8 @@ class RayExecutor:
         """The tracker's figures; none if it was lost with its node (the next epoch gets a new one)."""
         try:
             return await asyncio.wrap_future(tracker.totals.remote().future())  # type: ignore[no-any-return]
-        except ray.exceptions.RayError:
+        except ray.exceptions.RayError as e:
+            log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", _line(e))
             self._tracker = None
             return 0, 0, []
 
