@@ -155,11 +155,9 @@ def ray_cluster() -> Iterator[object]:
     temp = tempfile.mkdtemp(prefix="pgpf-ray-", dir="/tmp")
     os.environ["RAY_TMPDIR"] = temp  # where Ray records the cluster this host runs (ray_current_cluster)
     os.makedirs(f"{temp}/ray")
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "temp_dir": f"{temp}/ray", "include_dashboard": False},
-    )
+    cluster = Cluster()
     try:
+        cluster.add_node(num_cpus=1, temp_dir=f"{temp}/ray", include_dashboard=False)  # the head
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
