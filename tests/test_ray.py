@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import pgprefetch
 from pgprefetch.cli import cli
-from pgprefetch.errors import SampleError
+from pgprefetch.errors import ExecutorError, SampleError
 from pgprefetch.write.ray.driver import split
 
 from .helpers import chunk_bytes, dump, execute, s_config
@@ -78,6 +78,9 @@ def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3(
     objects = s3.objects(bucket, "ray/epoch-00000/")
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
     assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
+    with pytest.raises(ExecutorError, match="--force with --executor ray on an object store is not supported yet"):
+        pgprefetch.dump(remote_cfg, epochs=0, dsn=db, executor="ray", parts=2, ray_env=env, force=True)
+    assert s3.objects(bucket, "ray/epoch-00000/") == objects  # the published epoch untouched
 
 
 def test_a_null_met_by_a_part_is_the_single_process_error_and_nothing_is_published(

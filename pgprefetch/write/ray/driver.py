@@ -103,6 +103,13 @@ class RayExecutor:
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
         plan = source.plan
+        if store.local_root is None and store.is_complete(plan.epoch):  # --force
+            # The parts would upload into the published epoch under its readers, and publishing would then
+            # drop what they uploaded from other nodes.
+            raise ExecutorError(
+                f"epoch {plan.epoch} is complete in {store.location}: --force with --executor ray on an object "
+                "store is not supported yet; rewrite it without --executor ray"
+            )
         step = 1 if store.local_root is not None else _file_step(writer)
         ranges = split(plan.n_batches, self.parts or cluster_cpus(), step)
         if self.parts and len(ranges) < self.parts:
