@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from pgprefetch.config.load import load_config, parse_config, with_overrides
 from pgprefetch.config.model import Config
+from pgprefetch.errors import ConfigError
 from pgprefetch.store.maintenance import EpochInfo, PruneResult, list_epochs, verify_epoch
 from pgprefetch.store.maintenance import prune as prune_store
 from pgprefetch.store.open import open_store
@@ -43,9 +44,17 @@ def dump(
     *,
     force: bool = False,
     retries: int = RETRIES,
+    executor: str = "process",
+    parts: int | None = None,
+    ray_env: dict[str, str] | None = None,
     **overrides: Any,
 ) -> list[DumpResult]:
     """Dump ``epochs`` of a config (``pgprefetch dump``); in scan mode they are cut from one read.
+
+    ``executor="ray"`` spreads each epoch over a Ray cluster's workers in ``parts`` parts (default: its CPUs;
+    ``RAY_ADDRESS``, a cluster this process joined, or one started here for the dump), byte-identical to
+    the default, this process (``pip install 'pgprefetch[ray]'``). ``ray_env``: environment variables for
+    the parts' workers (an object store's credentials, when the cluster's own are not the ones to use).
 
     Example::
 
@@ -53,7 +62,14 @@ def dump(
     """
     cfg = build_config(spec, **overrides)
     wanted = [epochs] if isinstance(epochs, int) else list(epochs)
-    return _run(dump_epochs(cfg, wanted, force=force, retries=retries))
+    if executor == "process":
+        return _run(dump_epochs(cfg, wanted, force=force, retries=retries))
+    if executor != "ray":
+        raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
+    from pgprefetch.write.ray import ray_executor  # Ray only when asked for
+
+    with ray_executor(parts, env=ray_env) as spread:  # type: ignore[attr-defined]
+        return _run(dump_epochs(cfg, wanted, force=force, retries=retries, executor=spread))
 
 
 def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:

@@ -7,6 +7,7 @@ expected, because it is what a user reads at 3 a.m. in a cron mail::
     ├── ConfigError (ValueError)      exit 2   bad config file or option
     ├── SourceError                  exit 1   PostgreSQL refused, failed or returned unusable data
     │   └── SampleError              exit 1   one sample's rows don't fit the fields (names the key)
+    ├── ExecutorError                exit 1   a part of an epoch spread over a cluster failed beyond its retries
     └── StoreError                   exit 1   the Zarr store is unwritable, unreadable or not ours
         ├── StoreNotFoundError       exit 2   no store where one was given to read (a wrong path)
         ├── EpochNotFoundError (FileNotFoundError)
@@ -44,6 +45,10 @@ class SourceError(PgprefetchError):
 
 class SampleError(SourceError):
     """One sample's rows do not fit the fields: a NULL, a wrong row count or a wrong array length."""
+
+
+class ExecutorError(PgprefetchError):
+    """The Ray executor could not run (Ray missing, no cluster) or lost a part beyond its retries; names the part."""
 
 
 class StoreError(PgprefetchError):

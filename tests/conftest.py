@@ -24,6 +24,9 @@ from pgprefetch.demo.data import load_demo_data
 from .s3server import S3
 from .s3server import s3_server as s3_server_running
 
+# Read by Ray when it is imported: its processes then bind to 127.0.0.1, not the machine's outward address.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 
 def with_database(dsn: str, name: str) -> str:
     """The same server URI, pointing at database ``name``."""
@@ -136,3 +139,30 @@ def s3(s3_server: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3:
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PGPREFETCH_STAGING", str(tmp_path / "staging"))
     return s3_server
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """A real two-node Ray cluster (a raylet of one CPU each) on 127.0.0.1, joined by this process.
+
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps Ray on the loopback address (by default it binds to the
+    machine's outward one); a temp folder of its own keeps a stale ``/tmp/ray`` of another run out of it.
+    One cluster serves every Ray test of the session: it takes seconds to start.
+    """
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="pgpf-ray-", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = temp  # where Ray records the cluster this host runs (ray_current_cluster)
+    os.makedirs(f"{temp}/ray")
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=1, temp_dir=f"{temp}/ray", include_dashboard=False)  # the head
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)

@@ -9,6 +9,7 @@ unless ``--debug`` asks for the traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -103,6 +104,17 @@ def cli(debug: bool) -> None:
     show_default=True,
     help="Lost connections to survive per epoch.",
 )
+@click.option(
+    "--executor",
+    type=click.Choice(["process", "ray"]),
+    default="process",
+    show_default=True,
+    help="Who writes the batches: this process, or a Ray cluster's workers under one snapshot (RAY_ADDRESS, "
+    "or a cluster started here; pip install 'pgprefetch[ray]').",
+)
+@click.option(
+    "--parts", type=click.IntRange(min=1), help="--executor ray: the epoch's parts (default: the cluster's CPUs)."
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no log lines and no summary; errors only.")
 @json_option("Print one JSON summary object per epoch.")
 @click.option(
@@ -133,6 +145,8 @@ def dump(
     memory: str | None,
     force: bool,
     retries: int,
+    executor: str,
+    parts: int | None,
     quiet: bool,
     as_json: bool,
     log_format: str,
@@ -144,9 +158,12 @@ def dump(
     Examples:
         pgprefetch dump --config configs/demo.toml --epoch 3
         pgprefetch dump --config configs/demo.toml --ahead 2 --keep 1 --quiet   # from cron
+        pgprefetch dump --config configs/demo.toml --epoch 3 --executor ray --parts 8
     """
     if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
         raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
+    if parts is not None and executor != "ray":
+        raise ConfigError("--parts needs --executor ray")
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory)
     target = open_store(cfg.store.path)
     if ahead is not None:
@@ -159,18 +176,29 @@ def dump(
         BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
     )
     cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
-    for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
-        result = run(dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache))
-        if as_json:
-            click.echo(json.dumps(result.to_json()))
-        elif not quiet:
-            click.echo(summary(result))
+    with _executor(executor, parts) as spread:
+        for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
+            dumping = dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=spread)
+            result = run(dumping)
+            if as_json:
+                click.echo(json.dumps(result.to_json()))
+            elif not quiet:
+                click.echo(summary(result))
     if keep is not None:
         pruned = prune(target, keep, consumer)
         if pruned.epochs and not quiet and not as_json:
             click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
     elif ahead is not None and not epochs and not quiet and not as_json:
         click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
+
+
+def _executor(name: str, parts: int | None) -> Any:
+    """The executor --executor names, as a context (None: this process); Ray is imported only for ``ray``."""
+    if name != "ray":
+        return contextlib.nullcontext(None)
+    from pgprefetch.write.ray import ray_executor
+
+    return ray_executor(parts)
 
 
 def _store(config_path: Path | None, store: str | None) -> Store:

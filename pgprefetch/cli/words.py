@@ -50,6 +50,9 @@ def summary(r: DumpResult) -> str:
         notes += f" (an interrupted dump was started over: {r.restarted})"
     if r.resumed:
         notes += f" (resumed: {r.resumed} of {r.n_batches} batches kept from an interrupted dump)"
+    if r.executor:
+        retried = sum(r.part_retries)
+        notes += f" (on {r.executor}, {_count(r.parts, 'part')}" + (f", {retried} rerun)" if retried else ")")
     return (
         f"epoch {r.epoch}: {_count(r.n_batches, 'batch', 'batches')}, {_count(r.n_samples, 'sample')}, "
         f"{show_size(r.bytes)} "

@@ -28,7 +28,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -294,8 +294,11 @@ class Store(abc.ABC):
         return nullcontext(None)
 
     @abc.abstractmethod
-    def publish(self, epoch: int, partial: Path, replace: bool = False) -> Path | str:
+    def publish(self, epoch: int, partial: Path, replace: bool = False, elsewhere: Collection[str] = ()) -> Path | str:
         """Make the fully written epoch in ``partial`` visible, complete or not at all; return where it is.
+
+        ``elsewhere``: files of the epoch (relative paths) that were uploaded from other machines, not staged
+        in ``partial`` (the parts of :mod:`pgprefetch.write.ray`); an object store keeps them.
 
         ``replace``: an epoch already published there is replaced (``--force``); otherwise that is an error.
         """

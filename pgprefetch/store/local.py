@@ -12,7 +12,7 @@ import ctypes
 import fcntl
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -164,7 +164,7 @@ class LocalStore(Store):
     def zarr_store(self) -> str:
         return str(self.path)
 
-    def publish(self, epoch: int, partial: Path, replace: bool = False) -> Path:
+    def publish(self, epoch: int, partial: Path, replace: bool = False, elsewhere: Collection[str] = ()) -> Path:
         # The epoch's flock is held, and a dump that is not --force skips a complete epoch under it.
         return publish_epoch(partial, self.epoch_path(epoch))
 

@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -271,7 +271,7 @@ class S3Store(Store):
         with Uploads(self, epoch) as uploads:
             yield uploads
 
-    def publish(self, epoch: int, partial: Path, replace: bool = False) -> str:
+    def publish(self, epoch: int, partial: Path, replace: bool = False, elsewhere: Collection[str] = ()) -> str:
         """Upload what is left, drop objects that are not the epoch's, then write the manifest, last.
 
         An epoch already complete is replaced only when asked (``--force``), and its manifest goes first.
@@ -291,6 +291,7 @@ class S3Store(Store):
         # Objects of an earlier, abandoned attempt at this epoch (another config, a restarted partial epoch)
         # must not end up inside it.
         mine = {f"{name}/{p.relative_to(partial).as_posix()}" for p in partial.rglob("*") if p.is_file()}
+        mine.update(f"{name}/{relative}" for relative in elsewhere)
         self._delete([m["path"] for m in self._list(name) if m["path"] not in mine])
         if lease is not None and not lease.renew():  # the lease is ours now, and for the next seconds
             lease.check()

@@ -28,6 +28,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.executor import Executor
 from pgprefetch.write.manifest import epoch_manifest
 from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.schedule import write_batches
@@ -58,6 +59,9 @@ class DumpResult:
     last_dropped: int = 0  # samples of the short last batch left out (drop_last): a different few each epoch
     rows_read: int | None = None  # scan mode: table rows this epoch read (0 when cut from an earlier read)
     holder: str | None = None  # who holds the epoch's lock, when busy
+    executor: str | None = None  # "ray": the batches were written by a cluster's workers
+    parts: int = 0  # the epoch's parts, with an executor
+    part_retries: tuple[int, ...] = ()  # per part: its task's reruns (a worker or node lost)
 
     @property
     def samples_per_s(self) -> float:
@@ -89,6 +93,8 @@ class DumpResult:
             out["last_dropped"] = self.last_dropped
         if self.rows_read is not None:
             out["rows_read"] = self.rows_read
+        if self.executor:
+            out.update(executor=self.executor, parts=self.parts, part_retries=list(self.part_retries))
         return out
 
 
@@ -102,6 +108,7 @@ async def dump_epochs(
     force: bool = False,
     progress: Progress | None = None,
     retries: int | RetryPolicy = RETRIES,
+    executor: Executor | None = None,
 ) -> list[DumpResult]:
     """Dump several epochs in turn; see :func:`dump_epoch`.
 
@@ -109,7 +116,10 @@ async def dump_epochs(
     and every epoch is cut from that read (each manifest records the snapshot).
     """
     cache = ReadCache()
-    return [await dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache) for e in epochs]
+    return [
+        await dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=executor)
+        for e in epochs
+    ]
 
 
 async def dump_epoch(
@@ -120,6 +130,7 @@ async def dump_epoch(
     progress: Progress | None = None,
     retries: int | RetryPolicy = RETRIES,
     cache: ReadCache | None = None,
+    executor: Executor | None = None,
 ) -> DumpResult:
     """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
 
@@ -135,6 +146,8 @@ async def dump_epoch(
     the same (its sha256 matches), otherwise the epoch starts over.
 
     ``cache`` carries a scan mode table read from one epoch to the next (see :func:`dump_epochs`).
+    ``executor`` writes the batches elsewhere (``pgprefetch.write.ray``: a Ray cluster's workers); by
+    default this process does.
 
     Raises:
         ConfigError: the queries do not fit the config, or the store holds another config's epochs.
@@ -143,6 +156,8 @@ async def dump_epoch(
     """
     if epoch < 0:
         raise ConfigError(f"epoch must be 0 or more, got {epoch}")
+    if executor is not None:
+        executor.check(cfg)
     store = open_store(cfg.store.path)
     if store.is_complete(epoch) and not force:
         return _skipped(store, epoch)
@@ -152,7 +167,7 @@ async def dump_epoch(
     store.create()
     try:
         policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
-        return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache())
+        return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache(), executor)
     except BaseException:
         if created:
             store.remove_if_unused()  # a dump that wrote nothing leaves no trace (a bad config, a wrong DSN)
@@ -180,6 +195,7 @@ async def _dump_with_retries(
     progress: Progress | None,
     policy: RetryPolicy,
     cache: ReadCache,
+    executor: Executor | None = None,
 ) -> DumpResult:
     """Hold the epoch's lock and dump it, retrying lost connections (see :func:`dump_epoch`)."""
     with store.writer_lock(epoch) as held:
@@ -193,7 +209,8 @@ async def _dump_with_retries(
         for attempt in range(policy.retries + 1):
             try:
                 # --force: a fresh epoch on one snapshot (the first attempt discards any partial one).
-                result = await _dump_locked(cfg, store, epoch, progress, fresh=force and attempt == 0, cache=cache)
+                fresh = force and attempt == 0
+                result = await _dump_locked(cfg, store, epoch, progress, fresh=fresh, cache=cache, executor=executor)
                 return dataclasses.replace(
                     result, retries=attempt, retry_causes=causes, seconds=time.monotonic() - started
                 )
@@ -226,7 +243,14 @@ def _check_same_config(store: Store, cfg: Config) -> None:
 
 
 async def _dump_locked(
-    cfg: Config, store: Store, epoch: int, progress: Progress | None, *, fresh: bool, cache: ReadCache
+    cfg: Config,
+    store: Store,
+    epoch: int,
+    progress: Progress | None,
+    *,
+    fresh: bool,
+    cache: ReadCache,
+    executor: Executor | None = None,
 ) -> DumpResult:
     """One attempt at the epoch; an error raised after the snapshot was taken carries ``connected = True``.
 
@@ -245,7 +269,7 @@ async def _dump_locked(
                                  keys_dir=keys_dir)  # fmt: skip
             source = await stack.enter_async_context(opened)
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
-            return await _write_epoch(cfg, store, epoch, source, progress, started, fresh)
+            return await _write_epoch(cfg, store, epoch, source, progress, started, fresh, executor)
     except SourceError as e:
         e.connected = connected or getattr(e, "connected", False)  # type: ignore[union-attr]
         raise
@@ -259,6 +283,7 @@ async def _write_epoch(
     progress: Progress | None,
     started: float,
     fresh: bool,
+    executor: Executor | None = None,
 ) -> DumpResult:
     """Write every batch of ``source`` not yet on disk (resuming a partial epoch), then publish."""
     size = cfg.batches.size
@@ -269,10 +294,14 @@ async def _write_epoch(
     if plan.categories:  # batches coded with other lists are not resumed (the store's vocabulary grew meanwhile)
         identity["categories"] = plan.categories
     stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
+    owned = executor.driver_owns(store) if executor else None
+    fresh = fresh or bool(executor and executor.starts_over(store))
+    spread = None
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await finish_in_thread(
             EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
             compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader, stats=stats,
+            owned=owned,
         )  # fmt: skip
         with writer:  # a failure keeps the partial epoch: the next dump resumes it
             if writer.restarted:
@@ -288,7 +317,10 @@ async def _write_epoch(
                 progress.start(epoch, plan.used)
                 progress.advance(min(plan.used, writer.resumed * size), 0)
             try:
-                await write_batches(source, writer, todo, size, progress)
+                if executor is None:
+                    await write_batches(source, writer, todo, size, progress)
+                else:
+                    spread = await executor.write(cfg, store, source, writer, todo, progress)
             finally:
                 if progress:
                     progress.close()
@@ -297,7 +329,9 @@ async def _write_epoch(
             manifest["stats"] = stats.result()
             manifest["resumed_batches"] = writer.resumed
             manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
-            path = await finish_in_thread(writer.publish, manifest)
+            if spread is not None and executor is not None:
+                manifest.update(executor=executor.name, parts=spread.parts)
+            path = await finish_in_thread(writer.publish, manifest, spread.elsewhere if spread else ())
     return DumpResult(
         epoch=epoch,
         path=path,
@@ -310,4 +344,7 @@ async def _write_epoch(
         duplicates_dropped=plan.duplicates_dropped,
         last_dropped=plan.last_dropped,
         rows_read=source.rows_read,
+        executor=executor.name if executor else None,
+        parts=spread.parts if spread else 0,
+        part_retries=spread.retries if spread else (),
     )

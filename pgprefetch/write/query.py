@@ -65,24 +65,41 @@ async def query_source(
             unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
             first = plan.batch_keys(0, size, unit)  # the keys of a unit, as the dump binds them
             advice = await snap.index_advice(plan.sql, (*(column.tolist() for column in first), *plan.params))
-
-            async def fetch(batch: int, count: int) -> object:
-                return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
-
-            def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
-                collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
-
             try:
-                yield BatchSource(
-                    plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit,
-                    warnings=tuple(a.line() for a in advice),
-                )  # fmt: skip
+                yield served(plan, layout, reader, snap.id, snap.server_version, size, tuple(a.line() for a in advice))
             except UnknownCategoryError as e:
                 raise await name_unknown_category(cfg, snap, e) from None
     finally:
         if plan is not None and isinstance(plan.keys, OrderedKeys):
             plan.keys.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def served(
+    plan: EpochPlan,
+    layout: BatchLayout,
+    reader: BatchReader,
+    snapshot: str,
+    server_version: str,
+    size: int,
+    warnings: tuple[str, ...] = (),
+) -> BatchSource:
+    """The batches of ``plan`` fetched by ``reader``'s workers and decoded by ``layout``.
+
+    Also how a part of an epoch spread over a cluster serves its batches (:mod:`pgprefetch.write.ray`),
+    with the plan and layout its driver made.
+    """
+
+    async def fetch(batch: int, count: int) -> object:
+        return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
+
+    def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
+        collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
+
+    unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
+    return BatchSource(
+        plan, layout, snapshot, server_version, None, fetch, produce, reader.size, unit=unit, warnings=warnings
+    )
 
 
 async def plan_epoch(

@@ -107,6 +107,18 @@ class EpochStats:
         with self._lock:
             self._batches[first : first + count] = out
 
+    def taken(self, batches: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The figures of ``batches`` (indices), for another process's :meth:`put` (a part of a spread dump)."""
+        return self._batches[batches].copy(), {name: longest[batches].copy() for name, longest in self._longest.items()}
+
+    def put(self, batches: np.ndarray, figures: tuple[np.ndarray, dict[str, np.ndarray]]) -> None:
+        """Take the figures of ``batches`` that another process computed (:meth:`taken`)."""
+        rows, longest = figures
+        with self._lock:
+            self._batches[batches] = rows
+            for name, values in longest.items():
+                self._longest[name][batches] = values
+
     def longest(self) -> dict[str, list[int]]:
         """Each batch's longest sample per lengths array (``<field>_length``, and ``n_rows``: its most rows).
 

@@ -22,6 +22,7 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import zarr
 
 from pgprefetch.store.base import ArraySpec, Store, Uploader, compressors
 from pgprefetch.store.layout import ArrayLayout, checksum, read_batch_bytes
+from pgprefetch.write.journal import difference, part_journal, part_journals, read_journal
 from pgprefetch.write.shardfiles import OpenFiles, create_shard, io_errors, pwrite_all
 from pgprefetch.write.stats import EpochStats
 
@@ -63,6 +65,10 @@ class EpochWriter:
             whose header differs is discarded and the epoch starts over.
         fresh: discard any partial epoch instead of resuming it (``--force``: one snapshot for the epoch).
         uploader: where each file goes as soon as it is final (object stores), while the dump goes on.
+        owned: the batches whose shard files this writer creates (None: all of them).
+        part: this writer is one part of an epoch spread over several processes (:mod:`pgprefetch.write.ray`):
+            it writes into a partial epoch a driver created, journals into a journal of its own beside the
+            epoch's (:func:`part_journal`; the driver's resume reads it), and never discards anything.
     """
 
     def __init__(
@@ -78,11 +84,15 @@ class EpochWriter:
         fresh: bool = False,
         uploader: Uploader | None = None,
         stats: EpochStats | None = None,
+        owned: range | None = None,
+        part: int | None = None,
     ) -> None:
         self.store = store
         self.epoch = epoch
         self.path = store.partial_path(epoch)
-        self.journal_path = store.journal_path(epoch)
+        self.journal_path = store.journal_path(epoch) if part is None else part_journal(store.journal_path(epoch), part)
+        self.owned = range(n_batches) if owned is None else owned
+        self.part = part
         self.compressed = compression != "none"
         self.names = [a.name for a in arrays]
         self.header = {
@@ -103,14 +113,43 @@ class EpochWriter:
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
         with io_errors(self.path):
-            self._open(arrays, fresh)
+            if part is None:
+                self._open(arrays, fresh)
+            else:
+                self._open_part(arrays)
+
+    def _open_part(self, arrays: list[ArraySpec]) -> None:
+        """Join the partial epoch a driver created: its arrays, the shard files this part owns, its journal."""
+        self.group = zarr.open_group(self.path, mode="r+")
+        self.arrays = {a.name: _reopened(self.group, a.name) for a in arrays}
+        self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
+        for layout in self.layouts.values():
+            if layout.sharded:
+                self._create_files(layout, only_missing=True)
+        self.resumed = 0
+        fresh = not self.journal_path.exists()
+        self._journal = open(self.journal_path, "a")  # noqa: SIM115
+        self._journal.write(("" if fresh else "\n") + json.dumps(self.header, sort_keys=True) + "\n")
+        self._journal.flush()
+
+    def _create_files(self, layout: ArrayLayout, only_missing: bool = False) -> None:
+        """Create the shard files (with their index) of the batches this writer owns."""
+        if not self.owned:
+            return
+        n_batches, per_shard = self.header["n_batches"], layout.per_file
+        for shard in range(self.owned.start // per_shard, -(-self.owned.stop // per_shard)):
+            path = layout.file(shard * per_shard)[0]
+            if only_missing and path.exists():
+                continue
+            valid = min(per_shard, n_batches - shard * per_shard)
+            create_shard(path, per_shard, valid, layout.batch_bytes)
 
     def _open(self, arrays: list[ArraySpec], fresh: bool) -> None:
         """Resume the partial epoch a dead dump left (if its journal matches) or create a new one."""
         n_batches, batch_size, compression = (self.header[k] for k in ("n_batches", "batch_size", "compression"))
         previous = None if fresh else self._read_journal()
         if previous is not None and previous[0] != self.header:
-            self.restarted = _difference(previous[0], self.header)
+            self.restarted = difference(previous[0], self.header)
             previous = None
             self.snapshots = []
         if previous is None:
@@ -153,7 +192,7 @@ class EpochWriter:
     def _array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str, create: bool) -> zarr.Array:
         chunk = (1, batch_size, *spec.sample_shape)
         if not create:
-            return self.group[spec.name]  # type: ignore[return-value]
+            return _reopened(self.group, spec.name)
         chunk_bytes = int(np.prod(chunk)) * spec.dtype.itemsize
         per_shard = shard_batches(chunk_bytes, n_batches)
         array = self.group.create_array(
@@ -170,31 +209,17 @@ class EpochWriter:
             config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
         )
         if not self.compressed:
-            layout = ArrayLayout.read(self.path / spec.name)
-            for shard in range(-(-n_batches // per_shard)):
-                valid = min(per_shard, n_batches - shard * per_shard)
-                create_shard(layout.file(shard * per_shard)[0], per_shard, valid, chunk_bytes)
+            self._create_files(ArrayLayout.read(self.path / spec.name))
         return array
 
     def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
-        if not (self.path.is_dir() and self.journal_path.exists()):
+        if not self.path.is_dir():
             return None
-        lines = self.journal_path.read_text(errors="replace").splitlines()
-        try:
-            header = json.loads(lines[0])
-        except (IndexError, ValueError):
+        found = read_journal(self.journal_path, len(self.names))
+        if found is None:
             return None
-        done = {}
-        for line in lines[1:]:
-            parts = line.split()
-            if line.startswith("#snapshot "):
-                self.snapshots.append(line.split(" ", 1)[1])
-                continue
-            try:  # a line cut short or garbled by a crash is skipped: that batch is fetched again
-                if len(parts) == 1 + len(self.names):
-                    done[int(parts[0])] = [int(p) for p in parts[1:]]
-            except ValueError:
-                continue
+        header, done, snapshots = found
+        self.snapshots += snapshots
         return header, done
 
     def _keep_verified(self, journal: dict[int, list[int]]) -> None:
@@ -290,7 +315,18 @@ class EpochWriter:
                     out.append(layout.file(lo)[0])
         return out
 
-    def publish(self, manifest: dict[str, Any]) -> Path | str:
+    def finish_part(self) -> list[str]:
+        """A part's end: every file it finished closed and uploaded; returns them, relative to the epoch."""
+        self._files.close_all()
+        if self.uploader is not None:
+            self.uploader.finish()
+        self._journal.close()
+        return sorted(
+            self.layouts[name].file(number * self.layouts[name].per_file)[0].relative_to(self.path).as_posix()
+            for name, number in self._submitted
+        )
+
+    def publish(self, manifest: dict[str, Any], elsewhere: Collection[str] = ()) -> Path | str:
         """Record the checksums and the manifest, and publish the epoch atomically.
 
         The per-chunk checksums go to an array of their own in the epoch (``_checksums``: a row per array,
@@ -298,6 +334,8 @@ class EpochWriter:
         megabytes of JSON that every reader and ``ls`` parses. (A plain file beside the manifest would
         make zarr and xarray warn about an unknown object in the group.) So do each batch's longest sample
         and most rows, for fields of any length (``_longest``, a row per lengths array).
+
+        ``elsewhere``: files of the epoch that parts on other machines uploaded (:mod:`pgprefetch.write.ray`).
         """
         manifest["checksums"] = {"algorithm": "crc32c", "array": CHECKSUMS_ARRAY, "arrays": self.names}
         longest = self.stats.longest() if self.stats is not None else {}
@@ -324,8 +362,10 @@ class EpochWriter:
                 )
             self.group.attrs["pgprefetch"] = manifest
             self._journal.close()
-            final = self.store.publish(self.epoch, self.path, replace=self.replace)
+            final = self.store.publish(self.epoch, self.path, replace=self.replace, elsewhere=elsewhere)
             self.journal_path.unlink(missing_ok=True)
+            for part in part_journals(self.journal_path):
+                part.unlink(missing_ok=True)
         return final
 
     def close(self) -> None:
@@ -345,6 +385,16 @@ class EpochWriter:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self.journal_path.unlink(missing_ok=True)
+        for part in part_journals(self.journal_path):
+            part.unlink(missing_ok=True)
+
+
+def _reopened(group: zarr.Group, name: str) -> zarr.Array:
+    """An array of a partial epoch opened again: a chunk for every batch, zeros included, as when created.
+
+    (``write_empty_chunks`` is a setting of the opened array, not stored with it.)
+    """
+    return group[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
 
 
 def _remove_temporaries(folder: Path) -> None:
@@ -356,14 +406,3 @@ def _remove_temporaries(folder: Path) -> None:
     """
     for leftover in folder.rglob("*.partial"):
         leftover.unlink(missing_ok=True)
-
-
-def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """Why a partial epoch cannot be resumed, in words."""
-    if old.get("n_keys") != new.get("n_keys") or old.get("keys_sha256") != new.get("keys_sha256"):
-        return f"the keys changed ({old.get('n_keys')} keys then, {new.get('n_keys')} now)"
-    if old.get("config_sha256") != new.get("config_sha256"):
-        return "the config changed"
-    if old.get("categories") != new.get("categories"):
-        return "the category lists changed (the store's vocabulary grew)"
-    return "it was written with other settings"

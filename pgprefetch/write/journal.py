@@ -1,0 +1,67 @@
+"""The journal of a partial epoch: what it holds, and the checksums of every batch written so far.
+
+A journal is a text file beside the partial folder: a JSON header (the epoch's identity: config and key
+hashes, sizes, arrays), then a line per batch written (``batch crc32c...``, one checksum per array) and a
+``#snapshot`` line per dump that wrote into it. An epoch spread over several processes
+(:mod:`pgprefetch.write.ray`) has a journal per part beside it (:func:`part_journal`), each opening with the
+same header; resuming reads them all (:func:`read_journal`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def part_journal(journal: Path, part: int) -> Path:
+    """The journal of one part of an epoch written by several processes, beside the epoch's own."""
+    return journal.with_name(f"{journal.name}.part-{part:05d}")
+
+
+def part_journals(journal: Path) -> list[Path]:
+    """The part journals beside ``journal`` (none for a dump by one process)."""
+    return sorted(journal.parent.glob(f"{journal.name}.part-*")) if journal.parent.is_dir() else []
+
+
+def read_journal(journal: Path, n_arrays: int) -> tuple[dict[str, Any], dict[int, list[int]], list[str]] | None:
+    """The header, each batch's journaled checksums and the snapshots read, from ``journal`` and its parts.
+
+    None when there is no journal or its header is unreadable. A line cut short or garbled by a crash is
+    skipped (that batch is fetched again); so are part journals with another header (another epoch's).
+    """
+    if not journal.exists():
+        return None
+    lines = journal.read_text(errors="replace").splitlines()
+    try:
+        header = json.loads(lines[0])
+    except (IndexError, ValueError):
+        return None
+    for part in part_journals(journal):
+        more = part.read_text(errors="replace").splitlines()
+        if more and more[0] == lines[0]:  # a part rerun by Ray repeats the header: not a batch line
+            lines += [line for line in more[1:] if not line.startswith("{")]
+    done: dict[int, list[int]] = {}
+    snapshots = []
+    for line in lines[1:]:
+        if line.startswith("#snapshot "):
+            snapshots.append(line.split(" ", 1)[1])
+            continue
+        parts = line.split()
+        try:
+            if len(parts) == 1 + n_arrays:
+                done[int(parts[0])] = [int(p) for p in parts[1:]]
+        except ValueError:
+            continue
+    return header, done, snapshots
+
+
+def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Why a partial epoch cannot be resumed, in words."""
+    if old.get("n_keys") != new.get("n_keys") or old.get("keys_sha256") != new.get("keys_sha256"):
+        return f"the keys changed ({old.get('n_keys')} keys then, {new.get('n_keys')} now)"
+    if old.get("config_sha256") != new.get("config_sha256"):
+        return "the config changed"
+    if old.get("categories") != new.get("categories"):
+        return "the category lists changed (the store's vocabulary grew)"
+    return "it was written with other settings"

@@ -1,0 +1,65 @@
+"""Joining a Ray cluster (or starting one on this host) for a dump, and the tracker parts report progress to.
+
+A dump that started the cluster stops it when it ends; one that joined a running cluster (``RAY_ADDRESS``,
+``ray job submit``, a notebook's ``ray.init``) leaves it as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ray
+
+from pgprefetch.errors import ExecutorError
+
+
+def join(address: str | None) -> bool:
+    """Connect to the cluster at ``address`` (or ``RAY_ADDRESS``, or start one here); True if this started it."""
+    if ray.is_initialized():
+        return False
+    try:
+        # The workers' output stays theirs: `--json` prints one object per epoch on stdout, nothing else.
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = address or "(RAY_ADDRESS, or a new local one)"
+        raise ExecutorError(f"cannot join the Ray cluster {where}: {line}") from None
+    return True
+
+
+def cluster_cpus() -> int:
+    """The cluster's CPUs: the parts of an epoch by default."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+@ray.remote(num_cpus=0)
+class Tracker:
+    """What the parts of an epoch report while they run: samples written per part, and their attempts.
+
+    A part run again (its worker killed) starts its count over, so the driver's progress never counts a
+    batch twice; its attempts beyond the first are its retries. One tracker serves a dump's epochs in
+    turn (:meth:`begin`): an actor is a process, seconds to start on a busy host.
+    """
+
+    def __init__(self) -> None:
+        self.begin(0)
+
+    def begin(self, parts: int) -> None:
+        """A new epoch of ``parts`` parts."""
+        self.samples = [0] * parts
+        self.bytes = [0] * parts
+        self.attempts = [0] * parts
+
+    def started(self, part: int) -> None:
+        """Part ``part`` (re)starts."""
+        self.attempts[part] += 1
+        self.samples[part] = self.bytes[part] = 0
+
+    def advance(self, part: int, samples: int, nbytes: int) -> None:
+        """Part ``part`` wrote ``samples`` more samples, ``nbytes`` bytes."""
+        self.samples[part] += samples
+        self.bytes[part] += nbytes
+
+    def totals(self) -> tuple[int, int, list[int]]:
+        """Samples and bytes written so far, and each part's attempts."""
+        return sum(self.samples), sum(self.bytes), list(self.attempts)

@@ -1,0 +1,222 @@
+"""The driver of a spread epoch: splits the pending batches into parts, runs them as Ray tasks, merges.
+
+The pipeline (:mod:`pgprefetch.write.pipeline`) has already done what only one process may do: taken the
+epoch's lock, exported the snapshot it holds open until the epoch is published, read and ordered the keys,
+fixed the layout, opened the epoch's writer (which created the partial epoch's arrays and, on a shared
+filesystem, its shard files, and verified what an interrupted dump's journals hold). :class:`RayExecutor`
+then:
+
+- splits the epoch into parts, contiguous batch ranges. On a filesystem every node mounts, any boundary
+  will do: each batch is ``pwrite``-n at its own offset of a shard file the driver created. On an object
+  store each part uploads whole files, so a boundary falls where every array's shard files do;
+- ``ray.put``-s the ordered keys once: every part reads them from its node's object store;
+- runs a task per part (:func:`~pgprefetch.write.ray.part.run_part`), retried by Ray when its worker or node
+  is lost (at most ``PART_RETRIES`` times); the first part that fails for another reason (bad data, a lost
+  database connection) stops the others, and its error is the epoch's: the same one line as the single
+  process, or an ``ExecutorError`` that names the part;
+- shows one progress for the epoch, and merges each part's checksums and statistics in batch order, so
+  the published epoch is byte for byte the single process's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import UnknownCategoryError
+from pgprefetch.errors import ConfigError, ExecutorError, PgprefetchError
+from pgprefetch.store.base import ArraySpec, Store
+from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.executor import Spread
+from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.ray.cluster import Tracker, cluster_cpus, join
+from pgprefetch.write.ray.part import PART_RETRIES, PartResult, PartSpec, run_part
+from pgprefetch.write.writer import EpochWriter
+
+log = logging.getLogger("pgprefetch")
+POLL_SECONDS = 0.5  # how often the driver asks the tracker for progress
+
+
+class RayExecutor:
+    """Writes an epoch's batches on a Ray cluster (see the module's docstring)."""
+
+    name = "ray"
+
+    def __init__(self, parts: int | None = None, address: str | None = None, env: dict[str, str] | None = None):
+        if parts is not None and parts < 1:
+            raise ConfigError(f"--parts must be 1 or more, got {parts}")
+        self.parts = parts
+        self.address = address
+        self.env = env
+        self._started = False
+        self._tracker: Any = None
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the cluster if this executor started it (a local one); a joined cluster stays."""
+        if self._tracker is not None and ray.is_initialized():
+            ray.kill(self._tracker)
+        self._tracker = None
+        if self._started:
+            ray.shutdown()
+            self._started = False
+
+    def check(self, cfg: Config) -> None:
+        """Scan mode is not spread yet: refused in one line."""
+        if cfg.mode == "scan":
+            raise ConfigError(
+                "--executor ray dumps query mode configs only for now; dump this scan mode config without it"
+            )
+
+    def driver_owns(self, store: Store) -> range | None:
+        """All shard files on a shared filesystem; none on an object store (each part creates its own)."""
+        return None if store.local_root is not None else range(0)  # object store: parts create their files
+
+    def starts_over(self, store: Store) -> bool:
+        """On an object store: its parts staged on other nodes cannot be verified by the driver."""
+        return store.local_root is None  # parts stage on their own nodes: the driver cannot verify them
+
+    async def write(
+        self,
+        cfg: Config,
+        store: Store,
+        source: BatchSource,
+        writer: EpochWriter,
+        todo: list[int],
+        progress: Progress | None,
+    ) -> Spread:
+        """Write ``todo`` in parts on the cluster, then merge their checksums and statistics into ``writer``."""
+        if not ray.is_initialized():
+            self._started = join(self.address) or self._started
+        plan = source.plan
+        if store.local_root is None and store.is_complete(plan.epoch):  # --force
+            # The parts would upload into the published epoch under its readers, and publishing would then
+            # drop what they uploaded from other nodes.
+            raise ExecutorError(
+                f"epoch {plan.epoch} is complete in {store.location}: --force with --executor ray on an object "
+                "store is not supported yet; rewrite it without --executor ray"
+            )
+        step = 1 if store.local_root is not None else _file_step(writer)
+        ranges = split(plan.n_batches, self.parts or cluster_cpus(), step)
+        if self.parts and len(ranges) < self.parts:
+            log.info("epoch %d: %d parts (shard files are not shared between parts on an object store)",
+                     plan.epoch, len(ranges))  # fmt: skip
+        keys = plan.keys.columns(0, plan.used) if isinstance(plan.keys, OrderedKeys) else plan.keys
+        keys_ref = ray.put(np.ascontiguousarray(keys))
+        bare = dataclasses.replace(plan, keys=np.empty((keys.shape[0], 0), dtype=np.int64))
+        metadata = {}
+        if store.local_root is None:
+            metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
+        pending = set(todo)
+        arrays = tuple(
+            ArraySpec(name, np.dtype(spec[0]), tuple(spec[1])) for name, spec in writer.header["arrays"].items()
+        )
+        layout_keys = ("n_batches", "batch_size", "compression", "arrays")
+        identity = {k: v for k, v in writer.header.items() if k not in layout_keys}
+        specs = []
+        for i, owned in enumerate(ranges):
+            specs.append(PartSpec(
+                i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
+                source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata,
+            ))  # fmt: skip
+        if self._tracker is None:
+            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+        tracker = self._tracker
+        ray.get(tracker.begin.remote(len(specs)))
+        options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
+        refs = {run_part.options(**options).remote(spec, keys_ref, tracker): spec for spec in specs if spec.batches}
+        try:
+            results = await self._wait(refs, tracker, progress)
+            attempts = (await self._totals(tracker))[2] or [1] * len(specs)
+        finally:
+            for ref in refs:
+                ray.cancel(ref, force=True)
+        for result in sorted(results, key=lambda r: r.index):
+            writer.checksums[:, result.batches] = result.checksums
+            writer.done[result.batches] = True
+            if writer.stats is not None:
+                writer.stats.put(result.batches, result.figures)
+        files = tuple(f for r in results for f in r.files)
+        return Spread(len(specs), tuple(max(0, a - 1) for a in attempts), files)
+
+    async def _wait(self, refs: dict[Any, PartSpec], tracker: Any, progress: Progress | None) -> list[PartResult]:
+        """Each part's result, progress shown meanwhile; the first failure stops the wait (see the module)."""
+        futures = {asyncio.wrap_future(ref.future()): spec for ref, spec in refs.items()}
+        waiting = set(futures)
+        results: list[PartResult] = []
+        shown = 0
+        try:
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    spec = futures[future]
+                    results.append(_result(future, spec))
+                    log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
+                if progress:
+                    samples, _, _ = await self._totals(tracker)
+                    if samples > shown:
+                        progress.advance(samples - shown, 0)
+                        shown = samples
+        finally:
+            for future in waiting:  # the parts still running when one failed: their outcome is not wanted
+                future.cancel()
+        return results
+
+    async def _totals(self, tracker: Any) -> tuple[int, int, list[int]]:
+        """The tracker's figures; none if it was lost with its node (the next epoch gets a new one)."""
+        try:
+            return await asyncio.wrap_future(tracker.totals.remote().future())  # type: ignore[no-any-return]
+        except ray.exceptions.RayError as e:
+            log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", _line(e))
+            self._tracker = None
+            return 0, 0, []
+
+
+def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
+    """A part's result, or its failure as the epoch's one-line error."""
+    try:
+        return future.result()
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause
+        if isinstance(cause, PgprefetchError | UnknownCategoryError):
+            raise cause from None  # the single process's own error (a NULL, an overflow, a lost connection)
+        raise ExecutorError(f"{spec.name()} failed: {type(cause).__name__}: {_line(cause)}") from None
+    except ray.exceptions.RayError as e:  # its worker or node lost more than PART_RETRIES times
+        raise ExecutorError(f"{spec.name()} failed after {PART_RETRIES} retries: {_line(e)}") from None
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def split(n_batches: int, parts: int, step: int = 1) -> list[range]:
+    """``n_batches`` in at most ``parts`` contiguous ranges of about equal size, bounded at multiples of ``step``."""
+    blocks = -(-n_batches // step)
+    parts = max(1, min(parts, blocks))
+    bounds = [min(n_batches, (blocks * i // parts) * step) for i in range(parts + 1)]
+    return [range(a, b) for a, b in pairwise(bounds)]
+
+
+def _file_step(writer: EpochWriter) -> int:
+    """The least number of batches that ends a shard file of every array (file boundaries they all share)."""
+    return math.lcm(*(layout.per_file for layout in writer.layouts.values()), 1)
+
+
+__all__ = ["RayExecutor", "split"]

@@ -1,0 +1,124 @@
+"""One part of a spread epoch: a Ray task that writes a range of batches under the driver's snapshot.
+
+The task gets the plan and layout the driver made (without the keys), and the ordered keys themselves as a
+separate argument: they are ``ray.put`` once by the driver and read zero-copy from each node's object store,
+not shipped per task. It imports the snapshot on its own connections (``SET TRANSACTION SNAPSHOT``), then
+runs the single-process dump's own scheduler and writer over its batches (:func:`~pgprefetch.write.query.served`,
+:func:`~pgprefetch.write.schedule.write_batches`, :class:`~pgprefetch.write.writer.EpochWriter` as a part,
+with a journal of its own), and returns each batch's checksums and statistics for the driver to publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.errors import StoreError
+from pgprefetch.pg.session import BatchReader
+from pgprefetch.store.base import ArraySpec
+from pgprefetch.store.open import open_store
+from pgprefetch.store.uploads import Uploads
+from pgprefetch.write.plan import EpochPlan
+from pgprefetch.write.query import served
+from pgprefetch.write.schedule import write_batches
+from pgprefetch.write.stats import EpochStats
+from pgprefetch.write.writer import EpochWriter
+
+PART_RETRIES = 3  # reruns of a part whose worker or node was lost (Ray's max_retries); never forever
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """What one part writes, and all it needs to, apart from the keys."""
+
+    index: int
+    of: int
+    owned: range  # the part's batch range (the files it creates, on an object store)
+    batches: tuple[int, ...]  # the batches in ``owned`` still to write (a resumed epoch has fewer)
+    cfg: Config
+    epoch: int
+    location: str  # the store
+    snapshot: str
+    server_version: str
+    plan: EpochPlan  # keys left out: they come from the object store
+    layout: BatchLayout
+    arrays: tuple[ArraySpec, ...]
+    identity: dict[str, Any]
+    metadata: dict[str, bytes]  # the epoch's zarr.json files, for an object store staged on another node
+
+    def name(self) -> str:
+        """The part, in messages."""
+        return f"part {self.index + 1} of {self.of} (batches {self.owned.start}-{self.owned.stop - 1})"
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """What a part hands back: per batch written, its checksums and statistics; the files it uploaded."""
+
+    index: int
+    batches: np.ndarray
+    checksums: np.ndarray  # (n_arrays, len(batches))
+    figures: tuple[np.ndarray, dict[str, np.ndarray]]
+    files: tuple[str, ...]
+    node: str
+
+
+@ray.remote(num_cpus=1, max_retries=PART_RETRIES)
+def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartResult:
+    """The Ray task: write ``spec``'s batches (``keys``: the epoch's ordered keys, from the object store)."""
+    with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
+        ray.get(tracker.started.remote(spec.index))  # counted before any work: a kill from here on is a retry
+    return asyncio.run(_write_part(spec, keys, tracker))
+
+
+class _Progress:
+    """The scheduler's progress calls, sent on to the driver's tracker (without waiting for it)."""
+
+    def __init__(self, tracker: Any, part: int) -> None:
+        self.tracker, self.part = tracker, part
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        self.tracker.advance.remote(self.part, samples, nbytes)
+
+
+async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartResult:
+    store = open_store(spec.location)
+    partial = store.partial_path(spec.epoch)
+    node = ray.util.get_node_ip_address()
+    if store.local_root is not None:
+        if not (partial / "zarr.json").is_file():
+            raise StoreError(
+                f"{spec.name()}: node {node} cannot see the partial epoch {partial}: a local store must be on a "
+                "filesystem every Ray node mounts (or use an s3:// store)"
+            )
+    else:
+        for relative, data in spec.metadata.items():  # staged on this node: the driver's may be elsewhere
+            path = partial / relative
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+    cfg, size = spec.cfg, spec.cfg.batches.size
+    plan = dataclasses.replace(spec.plan, keys=keys)
+    stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
+    async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
+        source = served(plan, spec.layout, reader, spec.snapshot, spec.server_version, size)
+        bucket = Uploads(store, spec.epoch) if store.local_root is None else None  # type: ignore[arg-type]
+        with bucket or contextlib.nullcontext() as uploads:
+            writer = EpochWriter(
+                store, spec.epoch, n_batches=plan.n_batches, batch_size=size, arrays=list(spec.arrays),
+                compression=cfg.store.compression, identity=spec.identity, uploader=uploads, stats=stats,
+                owned=spec.owned, part=spec.index,
+            )  # fmt: skip
+            with writer:
+                await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.index))  # type: ignore[arg-type]
+                files = writer.finish_part()
+    done = np.array(spec.batches, dtype=np.int64)
+    return PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node)

@@ -1,0 +1,271 @@
+"""The Ray executor against a real two-node Ray cluster on 127.0.0.1: the same bytes as the single process.
+
+The cluster is the session's ``ray_cluster`` (tests/conftest.py). The long fault scenarios (a worker killed
+with ``kill -9`` mid-part, the driver killed and the epoch resumed) run under ``make chaos``
+(``PGPREFETCH_CHAOS_LONG=1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import pgprefetch
+from pgprefetch.cli import cli
+from pgprefetch.errors import ExecutorError, SampleError
+from pgprefetch.write.ray.driver import split
+
+from .helpers import chunk_bytes, dump, execute, s_config
+from .s3server import S3
+from .test_golden import GOLDEN, QUERY, TABLE, digest
+
+LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def golden_config(folder: Path, *, store: str = "store.zarr", compression: str = "none", name: str = "g.toml") -> Path:
+    config = folder / name
+    config.write_text(f'[source]\nconnections = 2\n[store]\npath = "{store}"\ncompression = "{compression}"\n{QUERY}')
+    return config
+
+
+def manifest(path: Path | str) -> dict[str, Any]:
+    return dict(zarr.open_group(str(path), mode="r").attrs["pgprefetch"])
+
+
+def on_ray(config: Path, dsn: str, epoch: int = 0, parts: int = 2, **kwargs: Any) -> pgprefetch.DumpResult:
+    (result,) = pgprefetch.dump(config, epochs=epoch, dsn=dsn, executor="ray", parts=parts, **kwargs)
+    return result
+
+
+def test_an_epoch_dumped_on_a_two_node_cluster_is_the_golden_epoch_byte_for_byte(
+    ray_cluster: object, db: str, tmp_path: Path
+) -> None:
+    execute(db, *TABLE)  # padded arrays, a NULL mask, "auto" categories, a padded last batch
+    result = on_ray(golden_config(tmp_path), db, epoch=2, parts=3)
+    assert digest(Path(result.path)) == GOLDEN["query"]  # every array, keys, _checksums and _longest
+    assert (result.executor, result.parts) == ("ray", 3)
+    single = dump(golden_config(tmp_path, store="single.zarr", name="s.toml"), db, epoch=2)
+    ours, theirs = manifest(result.path), manifest(single.path)
+    assert ours["stats"] == theirs["stats"]
+    assert ours["longest"] == theirs["longest"]
+    assert (ours["executor"], ours["parts"]) == ("ray", 3)
+    assert pgprefetch.verify(tmp_path / "store.zarr", 2) == []
+
+
+def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3(
+    ray_cluster: object, db: str, tmp_path: Path, s3: S3
+) -> None:
+    execute(db, *TABLE)
+    bucket = s3.bucket()
+    single = dump(golden_config(tmp_path, compression="zstd", name="s.toml", store="single.zarr"), db)
+    local = on_ray(golden_config(tmp_path, compression="zstd"), db)
+    assert chunk_bytes(Path(local.path)) == chunk_bytes(Path(single.path))
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
+    remote_cfg = golden_config(tmp_path, compression="zstd", name="r.toml", store=f"s3://{bucket}/ray")
+    (remote,) = pgprefetch.dump(remote_cfg, epochs=0, dsn=db, executor="ray", parts=2, ray_env=env)
+    assert remote.parts == 2
+    objects = s3.objects(bucket, "ray/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+    assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
+    with pytest.raises(ExecutorError, match="--force with --executor ray on an object store is not supported yet"):
+        pgprefetch.dump(remote_cfg, epochs=0, dsn=db, executor="ray", parts=2, ray_env=env, force=True)
+    assert s3.objects(bucket, "ray/epoch-00000/") == objects  # the published epoch untouched
+
+
+def test_a_null_met_by_a_part_is_the_single_process_error_and_nothing_is_published(
+    ray_cluster: object, s_table: str, tmp_path: Path
+) -> None:
+    execute(s_table, "ALTER TABLE s ALTER COLUMN v DROP NOT NULL", "UPDATE s SET v = NULL WHERE id = 400")
+    config = s_config(tmp_path)
+    with pytest.raises(SampleError) as single:
+        dump(config, s_table)
+    with pytest.raises(SampleError) as spread:
+        on_ray(config, s_table, parts=2)
+    assert str(spread.value) == str(single.value)
+    assert "400" in str(spread.value)
+    assert pgprefetch.ls(tmp_path / "store.zarr")[0].state == "partial"  # kept for a rerun, not published
+
+
+def test_json_reports_the_parts_and_scan_mode_or_a_missing_ray_are_one_line_errors(
+    ray_cluster: object, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path)
+    args = ["dump", "--config", str(config), "--dsn", s_table, "--epoch", "0", "--executor", "ray", "--parts", "2"]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.splitlines()[-1])
+    assert (summary["executor"], summary["parts"], summary["part_retries"]) == ("ray", 2, [0, 0])
+    scan = tmp_path / "scan.toml"
+    scan.write_text('[samples]\ntable = "s"\nkey = ["id"]\n[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n'
+                    '[batches]\nsize = 16\n[store]\npath = "scan.zarr"\n')  # fmt: skip
+    result = CliRunner().invoke(cli, ["dump", "--config", str(scan), "--dsn", s_table, "--epoch", "0",
+                                      "--executor", "ray"])  # fmt: skip
+    assert result.exit_code == 2
+    assert "query mode" in result.output
+    assert len(result.output.splitlines()) == 1
+    # Without Ray installed; and the CLI and the API never import Ray unless asked to.
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import pgprefetch.api, pgprefetch.cli.commands\n"
+        "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules if sys.modules[m] is not None)\n"
+        "from pgprefetch.cli import cli; cli([*sys.argv[1:]])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    expected = "Error: --executor ray needs Ray, which is not installed: pip install 'pgprefetch[ray]'"
+    assert run.stderr.strip() == expected
+
+
+def test_parts_are_contiguous_and_on_an_object_store_end_where_every_array_s_files_do() -> None:
+    assert split(10, 3) == [range(0, 3), range(3, 6), range(6, 10)]
+    assert split(10, 4, step=4) == [range(0, 4), range(4, 8), range(8, 10)]
+    assert split(5, 8) == [range(i, i + 1) for i in range(5)]
+    assert split(7, 2, step=7) == [range(0, 7)]
+
+
+def _parts_running(cluster: Any) -> list[Any]:
+    """The worker processes of this session's cluster running a part now (never another test run's)."""
+    import psutil
+
+    raylets = [
+        info.process.pid
+        for node in [cluster.head_node, *cluster.worker_nodes]
+        for info in node.all_processes.get("raylet", [])
+    ]
+    found = []
+    for pid in raylets:
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                if " ".join(child.cmdline()).startswith("ray::run_part"):
+                    found.append(child)
+            except psutil.Error:
+                continue
+    return found
+
+
+def _journal_lines(store: Path) -> int:
+    """Batches the parts have journaled so far."""
+    return sum(len(p.read_text().splitlines()) - 1 for p in store.rglob("*.journal.part-*"))
+
+
+def _writing(store: Path) -> int:
+    """Parts that have journaled a batch so far."""
+    return sum(len(p.read_text().splitlines()) > 1 for p in store.rglob("*.journal.part-*"))
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_worker_killed_with_kill_9_mid_part_is_retried_by_ray_and_the_epoch_is_unchanged(
+    ray_cluster: Any, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path, slow=True)
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=2)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _journal_lines(tmp_path / "store.zarr") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # mid-part: some batches written, most not
+    os.kill(_parts_running(ray_cluster)[0].pid, 9)
+    thread.join(120)
+    (result,) = results
+    assert sum(result.part_retries) == 1
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_identical(
+    ray_cluster: Any, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path, slow=True)
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    code = "import sys; from pgprefetch.cli import cli; cli(sys.argv[1:])"
+    argv = ["dump", "--config", str(config), "--dsn", s_table, "--epoch", "0", "--executor", "ray", "--parts", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.address}
+    driver = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env)
+    journals = tmp_path / "store.zarr"
+    deadline = time.monotonic() + 60
+    while _journal_lines(journals) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    driver.kill()
+    driver.wait()
+    while _parts_running(ray_cluster) and time.monotonic() < deadline + 30:  # Ray stops a dead driver's tasks
+        time.sleep(0.1)
+    result = on_ray(config, s_table, parts=2)
+    assert result.resumed >= 4
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+    assert not list(journals.rglob("*.journal*"))
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_connections_lost_in_the_parts_are_retried_as_today_keeping_the_parts_batches(
+    ray_cluster: Any, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path, slow=True)
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=2)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _journal_lines(tmp_path / "store.zarr") < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    execute(s_table, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+    thread.join(120)
+    (result,) = results
+    assert result.retries == 1  # a new snapshot, the keys unchanged: the parts' batches kept
+    assert result.resumed >= 4
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+
+
+def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_node(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    import numpy as np
+    import ray
+
+    from pgprefetch.errors import StoreError
+    from pgprefetch.write.ray.cluster import Tracker
+    from pgprefetch.write.ray.part import PartSpec, run_part
+
+    # As a worker on another machine finds it: the store's folder is not there (not a shared filesystem).
+    spec = PartSpec(0, 2, range(0, 4), (0, 1, 2, 3), None, 0, str(tmp_path / "elsewhere.zarr"), "", "",  # type: ignore[arg-type]
+                    None, None, (), {}, {})  # type: ignore[arg-type]  # fmt: skip
+    tracker = Tracker.remote()  # type: ignore[attr-defined]
+    ray.get(tracker.begin.remote(2))
+    try:
+        with pytest.raises(StoreError, match=r"part 1 of 2 \(batches 0-3\): node 127\.0\.0\.1 cannot see the partial"):
+            ray.get(run_part.options(max_retries=0).remote(spec, np.empty((1, 0), dtype=np.int64), tracker))
+    finally:
+        ray.kill(tracker)
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_node_removed_mid_epoch_has_its_part_rerun_elsewhere_and_the_epoch_is_unchanged(
+    ray_cluster: Any, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path, slow=True)
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    node = ray_cluster.add_node(num_cpus=1)  # a third node, not the one this process (the driver) is attached to
+    ray_cluster.wait_for_nodes()
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=3)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _writing(tmp_path / "store.zarr") < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # every part has written a batch: the new node's too (its worker started, then)
+    ray_cluster.remove_node(node)  # its raylet and workers gone: its part runs again on another node
+    thread.join(180)
+    (result,) = results
+    assert sum(result.part_retries) >= 1
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
