@@ -269,3 +269,25 @@ def test_a_node_removed_mid_epoch_has_its_part_rerun_elsewhere_and_the_epoch_is_
     (result,) = results
     assert sum(result.part_retries) >= 1
     assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+
+
+def test_an_address_where_no_cluster_answers_is_a_one_line_error_not_a_wait(s_table: str, tmp_path: Path) -> None:
+    # Ray itself retries an unreachable cluster without end; a cron run with a mistyped RAY_ADDRESS would hang.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    config = s_config(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-m", "pgprefetch", "dump", "--config", str(config), "--dsn", s_table, "--epoch", "0",
+         "--executor", "ray"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": f"127.0.0.1:{port}"},
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines() == [
+        f"Error: cannot join the Ray cluster at 127.0.0.1:{port}: nothing answers there (Connection refused); "
+        "start it with `ray start --head`, or unset RAY_ADDRESS to start one on this host"
+    ]
+    assert not (tmp_path / "store.zarr").exists() or not list((tmp_path / "store.zarr").glob("epoch-*"))

@@ -7,16 +7,21 @@ A dump that started the cluster stops it when it ends; one that joined a running
 from __future__ import annotations
 
 import logging
+import os
+import socket
 
 import ray
 
 from pgprefetch.errors import ExecutorError
+
+PROBE_SECONDS = 5.0  # how long the cluster's address may take to accept a connection
 
 
 def join(address: str | None) -> bool:
     """Connect to the cluster at ``address`` (or ``RAY_ADDRESS``, or start one here); True if this started it."""
     if ray.is_initialized():
         return False
+    _probe(address or os.environ.get("RAY_ADDRESS"))
     try:
         # The workers' output stays theirs: `--json` prints one object per epoch on stdout, nothing else.
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
@@ -25,6 +30,28 @@ def join(address: str | None) -> bool:
         where = address or "(RAY_ADDRESS, or a new local one)"
         raise ExecutorError(f"cannot join the Ray cluster {where}: {line}") from None
     return True
+
+
+def _probe(address: str | None) -> None:
+    """Fail in seconds when nothing answers at a cluster's address: ``ray.init`` would wait for it for minutes.
+
+    Ray retries an unreachable GCS without end, printing a warning every few seconds; a cron run with a
+    mistyped ``RAY_ADDRESS`` would hang until its timeout. ``auto`` and ``local`` (and no address) are
+    Ray's to resolve: they fail fast on their own.
+    """
+    if not address or address in ("auto", "local"):
+        return
+    where = address.removeprefix("ray://")
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit():
+        raise ExecutorError(f"the Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT, auto, local)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as e:
+        raise ExecutorError(
+            f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e}); start it with "
+            "`ray start --head`, or unset RAY_ADDRESS to start one on this host"
+        ) from None
 
 
 def cluster_cpus() -> int:
