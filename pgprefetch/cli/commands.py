@@ -94,6 +94,13 @@ def cli(debug: bool) -> None:
     "overrides [source].",
 )
 @click.option(
+    "--scratch",
+    metavar="FOLDER",
+    type=click.Path(file_okay=False),
+    help="Where keys beyond --memory are ordered on disk (default: beside the store's partial epoch); "
+    "overrides [source].",
+)
+@click.option(
     "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
 )
 @click.option(
@@ -131,6 +138,7 @@ def dump(
     dsn: str | None,
     connections: int | None,
     memory: str | None,
+    scratch: str | None,
     force: bool,
     retries: int,
     quiet: bool,
@@ -147,7 +155,7 @@ def dump(
     """
     if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
         raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
-    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory)
+    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
     target = open_store(cfg.store.path)
     if ahead is not None:
         epochs = plan_ahead(target, ahead, consumer)

@@ -59,18 +59,25 @@ def key_passes(keys: Table, shape: ScanShape, rows_per_pass: int, connections: i
             e = min(max(e, s + 1), end)
             lo = tuple(int(v) for v in series[:, firsts[s]])
             hi = tuple(int(v) for v in series[:, firsts[e]]) if e < firsts.size else None
-            parts.append(_range(shape, lo, hi))
+            parts.append(key_range(shape, lo, hi))
             s = e
         passes.append(parts)
         start = end
     return passes
 
 
-def _range(shape: ScanShape, lo: tuple[int, ...], hi: tuple[int, ...] | None) -> str:
-    """``WHERE (k1, k2) >= (lo) AND (k1, k2) < (hi)``: a row comparison, which a btree index on the key serves."""
+def key_range(shape: ScanShape, lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> str:
+    """``WHERE (k1, k2) >= (lo) AND (k1, k2) < (hi)``: a row comparison, which a btree index on the key serves.
+
+    A missing bound leaves that side open ("" for neither).
+    """
     cols = ", ".join(quote_ident(k) for k in shape.key_names[: shape.n_key])
-    clause = f" WHERE ({cols}) >= ({', '.join(map(str, lo))})"
-    return clause + (f" AND ({cols}) < ({', '.join(map(str, hi))})" if hi is not None else "")
+    parts = []
+    if lo is not None:
+        parts.append(f"({cols}) >= ({', '.join(map(str, lo))})")
+    if hi is not None:
+        parts.append(f"({cols}) < ({', '.join(map(str, hi))})")
+    return " WHERE " + " AND ".join(parts) if parts else ""
 
 
 def keys_only(shape: ScanShape) -> ScanShape:
