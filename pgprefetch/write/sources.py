@@ -6,7 +6,8 @@ Four ways, decided here and nowhere else:
 - **scan mode, read cached**: an earlier epoch of this run read the table; this one is cut from it;
 - **scan mode, fits**: the table is read once on the snapshot and kept for the next epochs of the run;
 - **scan mode, in passes**: the table outgrew ``[source] memory`` on its first read; its keys are read,
-  then its data in key-range passes into a spool (:mod:`pgprefetch.write.scan.passes`).
+  then its data in key-range passes into a spool (:mod:`pgprefetch.write.scan.passes`); keys beyond the
+  budget too are ordered on disk first (:mod:`pgprefetch.write.scan.keyspill`).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.write import shuffle
+from pgprefetch.write import heap, shuffle
 from pgprefetch.write.keyfile import OrderedKeys
 from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
@@ -57,6 +57,9 @@ from pgprefetch.write.tasks import first_error
 log = logging.getLogger("pgprefetch")
 
 BOUNDARY_SAMPLE = 1 << 16  # series keys sampled for the passes' ranges
+# A data pass holds its rows about four times at its peak: the COPY's decoded chunks, the joined columns,
+# their sorted copy and the samples gathered from them; a pass of a budget's rows peaked at 5x the budget.
+PASS_COPIES = 4
 MIN_DRAIN = 64 << 10  # the least of a COPY's stream decoded at once
 
 
@@ -185,12 +188,14 @@ async def keys_pass(
         keys, _ = await asyncio.to_thread(sort_keys, got)
         return Table(keys=keys, rows_read=n_rows, nbytes=keys.nbytes)
     connections = cfg.source.connections
-    rows_per_pass = max(1, int(budget / max(table_bytes_per_row, 1.0)))
+    rows_per_pass = max(1, int(budget / (PASS_COPIES * max(table_bytes_per_row, 1.0))))
     bounds = sample.bounds(max(1, rows_per_pass // connections))
+    heap.release()
     try:
         order, cut_count, buckets = await asyncio.to_thread(_order, cfg, shape, got, folder, epoch, limit)
     finally:
         got.close()
+    heap.release()
     spilled = SpilledKeys(order, pass_wheres(shape, bounds, connections), folder / "passes", cut_count, n_rows)
     log.info(
         "epoch %d: the keys of %s rows outgrew [source] memory: %s samples ordered on disk (%d runs, %d buckets"

@@ -1,8 +1,9 @@
 """Scan mode's batch sources: the table read once on a snapshot, each epoch cut from it.
 
 ``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory. A table larger than
-``[source] memory`` is read in passes into a spool first (:func:`multipass_source`), and ``produce`` takes
-the batch from the spool. One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
+``[source] memory`` is read in passes into a spool first (:func:`multipass_source`; :func:`spilled_source`
+when its keys outgrew the budget too and were ordered on disk), and ``produce`` takes the batch from the
+spool. One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.plan import EpochPlan, Vocabulary, order_keys, resolve_categories
 from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
@@ -111,6 +113,7 @@ async def read_scan(
         fits, per_row = True, 0.0
     except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
         fits, per_row = False, e.bytes_per_row
+        heap.release()
         if keys_dir is None:
             table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
         else:
@@ -158,6 +161,7 @@ async def multipass_source(
             spool_pass, spool, layout, table, pass_keys, pass_starts, read.sample_keys, first_sample, position
         )
         del table
+        heap.release()
     assert layout is not None
     assert spool is not None
     return _spooled(cfg, plan, layout, spool, snap, rows_read)
@@ -187,11 +191,13 @@ async def spilled_source(
             layout = BatchLayout.build(
                 cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
             )
-            spool = Spool(spool_dir, layout, cfg.batches.size, plan.n_batches, cfg.source.memory_bytes)
+            # a group is held twice when loaded (its samples as spooled, then in place)
+            spool = Spool(spool_dir, layout, cfg.batches.size, plan.n_batches, cfg.source.memory_bytes // 2)
         assert spool is not None
         positions, wanted = read.keys.wanted(p, width)
         await asyncio.to_thread(spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, wanted)
         del table, pass_keys, pass_starts
+        heap.release()
     if cut_count != read.keys.samples:
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
     assert layout is not None

@@ -4,8 +4,10 @@ A table that fits the budget is read once and kept (:mod:`pgprefetch.write.scan.
 passes, each holding at most the budget of table data:
 
 1. **Keys pass.** Only the key and order columns are read (over page ranges, like a single-pass read),
-   and the samples are cut from them: their keys give the epoch's order, as in every mode. The keys cost
-   their bytes whatever the budget: 8 per key column, plus 8 for the order, per row, during the read.
+   and the samples are cut from them: their keys give the epoch's order, as in every mode. Keys that
+   outgrow the budget as well are ordered on disk instead (:mod:`pgprefetch.write.scan.keyspill`), and
+   the passes' ranges come from a sample of them (:func:`~pgprefetch.write.scan.keyspill.pass_wheres`,
+   not :func:`key_passes`).
 2. **Data passes.** The sorted series are cut into consecutive key ranges of about ``memory`` bytes of
    rows each (a series is never split, so a window never straddles two passes), and each pass COPYs its
    range, split again over the ``connections``. A pass cuts its samples exactly as the keys pass did (the
