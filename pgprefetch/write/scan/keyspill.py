@@ -40,7 +40,7 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.errors import SourceError
+from pgprefetch.errors import PgprefetchError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.write import heap, shuffle
@@ -52,7 +52,6 @@ from pgprefetch.write.scan.shape import ScanShape, copy_select
 from pgprefetch.write.scan.table import Table, cut, gather, page_ranges, sort_keys
 from pgprefetch.write.shardfiles import io_errors
 from pgprefetch.write.spill import MIN_KEYS, KeyCollector, KeyRuns
-from pgprefetch.write.tasks import first_error
 
 log = logging.getLogger("pgprefetch")
 
@@ -69,6 +68,10 @@ def bytes_per_row(width: int) -> int:
     The keys, their sorted copy, the cut samples' keys and the shuffle's index, hash and ordered copy.
     """
     return 32 * width + 48
+
+
+class _Stopped(PgprefetchError):
+    """A COPY of the keys pass stopped because another one failed."""
 
 
 @dataclass
@@ -338,8 +341,12 @@ async def _stream(
             with lock:
                 take(chunk)
 
+    failed: list[BaseException] = []
+
     def sink(decoder: CopyDecoder) -> Callable[[bytes], Any]:
         async def fed(data: bytes) -> None:
+            if failed:
+                raise _Stopped
             if decoder.feed(data):
                 await asyncio.to_thread(decoder.drain)
                 parts, decoder.parts = decoder.parts, []
@@ -347,12 +354,23 @@ async def _stream(
 
         return fed
 
+    async def copy(workers: BatchReader, decoder: CopyDecoder, where: str) -> None:
+        try:
+            await workers.copy(f"reading {shape.relation}", copy_select(shape, where), sink(decoder))
+        except _Stopped:
+            pass
+        except BaseException as e:
+            failed.append(e)
+            raise
+
+    # Not first_error: a COPY cancelled while its rows stream can make asyncpg log a traceback (a result with
+    # no waiter), so after a failure (a full disk) the others stop at their next chunk, from their own sink.
     async with BatchReader.open(cfg.source, snap.id, None) as workers:
-        copies = [
-            workers.copy(f"reading {shape.relation}", copy_select(shape, where), sink(d))
-            for d, where in zip(decoders, ranges, strict=True)
-        ]
-        await first_error(copies)
+        await asyncio.gather(
+            *(copy(workers, d, where) for d, where in zip(decoders, ranges, strict=True)), return_exceptions=True
+        )
+    if failed:
+        raise failed[0]
     for d in decoders:
         await asyncio.to_thread(hand, await asyncio.to_thread(d.finish))
     return sum(d.rows for d in decoders)
