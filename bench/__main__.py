@@ -1,5 +1,6 @@
 """``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small, S3;
-keys (query-mode keys beyond ``--memory``); resume (a killed dump resumed against a fresh one)."""
+keys (query-mode keys, and scan mode's keys pass, beyond ``--memory``); resume (a killed dump resumed against a
+fresh one)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import numpy as np
 
-from . import casts, contenders, dumprun, frameworks, log, opening, reader, s3, scan, stop_child
+from . import casts, contenders, dumprun, frameworks, log, opening, reader, s3, scan, scankeys, stop_child
 from . import keys as keys_bench  # `keys` is a variable in several functions here
 from . import ragged as ragged_bench
 from . import resume as resume_bench
@@ -218,7 +219,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"only the keys bench (query-mode dumps of {keys_bench.KEYS:,} keys and {keys_bench.FACTOR}x and "
         f"{keys_bench.PLATEAU}x as many under --memory {keys_bench.BUDGET} and in memory: peak RSS per key, rate, "
-        "10^9 on paper; no dataset; about 25 minutes)",
+        "10^9 on paper; then scan-mode tables of 1M and 8M rows under 64MiB, bench.scankeys; no dataset; "
+        "about 35 minutes)",
     )
     parser.add_argument("--no-keys", action="store_true", help="skip the keys bench")
     parser.add_argument(
@@ -434,11 +436,18 @@ def keys_only(args: argparse.Namespace) -> None:
     """``--keys-only``: an empty database (the keys are generated), the keys section; with ``--results``, splice it."""
     with server() as admin_dsn, database(admin_dsn) as dsn:
         measured = measure_keys(dsn, args.quick)
+        scanned = scankeys.run(dsn, quick=args.quick, before=None)
     section = keys_bench.render(measured, revision=code_revision())
+    memory = scankeys.QUICK_BUDGET if args.quick else scankeys.BUDGET
+    scan_section_text = scankeys.render(scanned, memory, code_revision())
+    print(scan_section_text)
     print(section)
     if args.results:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
-        args.results.write_text(splice(old, section, keys_bench.BEGIN, keys_bench.END), encoding="utf-8")
+        text = splice(
+            splice(old, section, keys_bench.BEGIN, keys_bench.END), scan_section_text, scankeys.BEGIN, scankeys.END
+        )
+        args.results.write_text(text, encoding="utf-8")
         log(f"wrote the keys section of {args.results}")
 
 
@@ -565,6 +574,7 @@ def main(argv: list[str] | None = None) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
     scan_results = scan.ScanResults()
     keyed = resumed = None
+    scan_keyed: list[scankeys.ScanRun] = []
     try:
         with server() as admin_dsn, database(admin_dsn) as dsn:
             _, results.server_version = asyncio.run(load(dsn, scales))
@@ -584,6 +594,7 @@ def main(argv: list[str] | None = None) -> None:
                 measure_s3(results, dsn, args)
             if not args.no_keys:
                 keyed = measure_keys(dsn, args.quick)
+                scan_keyed = scankeys.run(dsn, quick=args.quick, before=None)
             if not args.no_resume:
                 resumed = measure_resume(dsn, args.quick)
             if not args.no_proxy:
@@ -618,6 +629,8 @@ def main(argv: list[str] | None = None) -> None:
         text = text.rstrip("\n") + "\n\n" + frameworks.render(readers, revision=results.revision) + "\n"
     if keyed is not None:
         text = text.rstrip("\n") + "\n\n" + keys_bench.render(keyed, revision=results.revision) + "\n"
+        memory = scankeys.QUICK_BUDGET if args.quick else scankeys.BUDGET
+        text = text.rstrip("\n") + "\n\n" + scankeys.render(scan_keyed, memory, results.revision) + "\n"
     if resumed is not None:
         text = text.rstrip("\n") + "\n\n" + resume_bench.render(resumed, revision=results.revision) + "\n"
     print(text)

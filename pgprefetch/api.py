@@ -29,7 +29,7 @@ ConfigLike = Config | dict[str, Any] | str | os.PathLike[str]
 def build_config(spec: ConfigLike, **overrides: Any) -> Config:
     """A validated :class:`Config` from a file path, a dict shaped like the TOML file, or a Config.
 
-    ``overrides`` are the command line's: ``dsn``, ``connections``, ``store``, ``memory``.
+    ``overrides`` are the command line's: ``dsn``, ``connections``, ``store``, ``memory``, ``scratch``.
     """
     if isinstance(spec, Config):
         return with_overrides(spec, **overrides)

@@ -95,6 +95,13 @@ def cli(debug: bool) -> None:
     "overrides [source].",
 )
 @click.option(
+    "--scratch",
+    metavar="FOLDER",
+    type=click.Path(file_okay=False),
+    help="Where keys beyond --memory are ordered on disk (default: beside the store's partial epoch); "
+    "overrides [source].",
+)
+@click.option(
     "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
 )
 @click.option(
@@ -143,6 +150,7 @@ def dump(
     dsn: str | None,
     connections: int | None,
     memory: str | None,
+    scratch: str | None,
     force: bool,
     retries: int,
     executor: str,
@@ -164,7 +172,7 @@ def dump(
         raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
     if parts is not None and executor != "ray":
         raise ConfigError("--parts needs --executor ray")
-    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory)
+    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
     target = open_store(cfg.store.path)
     if ahead is not None:
         epochs = plan_ahead(target, ahead, consumer)

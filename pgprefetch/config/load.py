@@ -27,6 +27,7 @@ def load_config(
     connections: int | None = None,
     store: str | os.PathLike[str] | None = None,
     memory: str | None = None,
+    scratch: str | os.PathLike[str] | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
     """Read, validate and freeze a config file, then apply command-line overrides.
@@ -37,6 +38,7 @@ def load_config(
         connections: ``--connections``, overriding ``[source] connections``.
         store: ``--store``, overriding ``[store] path`` (relative to the working directory, as typed).
         memory: ``--memory``, overriding ``[source] memory`` (the keys held, and a scan's table data).
+        scratch: ``--scratch``, overriding ``[source] scratch`` (where keys beyond it are ordered on disk).
         environ: the environment to read ``PGPREFETCH_DSN`` from (``os.environ`` by default).
 
     Returns:
@@ -55,7 +57,9 @@ def load_config(
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{file}: invalid TOML: {e}") from None
     cfg = parse_config(raw, file=file)
-    return with_overrides(cfg, dsn=dsn, connections=connections, store=store, memory=memory, environ=environ)
+    return with_overrides(
+        cfg, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, environ=environ
+    )
 
 
 def with_overrides(
@@ -65,6 +69,7 @@ def with_overrides(
     connections: int | None = None,
     store: str | os.PathLike[str] | None = None,
     memory: str | None = None,
+    scratch: str | os.PathLike[str] | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
     """``cfg`` with the command-line (or API) overrides applied; see :func:`load_config`."""
@@ -79,6 +84,11 @@ def with_overrides(
         source = dataclasses.replace(source, connections=connections)
     if memory is not None:
         source = dataclasses.replace(source, memory_bytes=parse_size(memory, "--memory"))
+    if scratch is not None:
+        folder = store_location(scratch, "--scratch")
+        if not isinstance(folder, Path):
+            raise ConfigError(f"--scratch: expected a local folder, got {os.fspath(scratch)!r}")
+        source = dataclasses.replace(source, scratch=folder.resolve())
     source = dataclasses.replace(source, dsn=chosen_dsn)
     store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=store_location(store, "--store"))
     return dataclasses.replace(cfg, source=source, store=store_cfg)

@@ -51,7 +51,11 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     store = p.section(raw, "store")
     fields = p.section(raw, "fields")
 
-    p.keys(source, "source", optional=("dsn", "connections", "statement_timeout", "io_timeout", "memory"))
+    p.keys(
+        source,
+        "source",
+        optional=("dsn", "connections", "statement_timeout", "io_timeout", "memory", "scratch"),
+    )
     p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
     p.keys(store, "store", required=("path",), optional=("compression",))
 
@@ -65,6 +69,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             statement_timeout_ms=p.duration(source, "source", "statement_timeout"),
             io_timeout_ms=_default(p.duration(source, "source", "io_timeout"), 60_000),
             memory_bytes=parse_size(source.get("memory", 512 << 20), f"{p.prefix}[source] memory"),
+            scratch=p.folder(source, "source", "scratch") if "scratch" in source else None,
         ),
         samples=samples_cfg,
         fields=fields_cfg,
@@ -248,6 +253,13 @@ class _Parser:
         # Relative to the config file, so cron's working directory doesn't matter.
         base = self.file.resolve().parent if self.file is not None else None
         return store_location(value, f"{prefix}[{section}] {key}", base)
+
+    def folder(self, table: dict[str, Any], section: str, key: str) -> Path:
+        """A local folder, relative to the config file's."""
+        value = self.location(table, section, key)
+        if not isinstance(value, Path):
+            self.fail(f"[{section}] {key}", f"expected a local folder, got {show(table[key])}")
+        return value  # type: ignore[return-value]
 
     def duration(self, table: dict[str, Any], section: str, key: str) -> int | None:
         value = table.get(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Iterable
@@ -228,6 +229,18 @@ async def _dump_with_retries(
     raise AssertionError("unreachable")
 
 
+def keys_folder(cfg: Config, store: Store, epoch: int) -> Path:
+    """Where keys beyond ``[source] memory`` are ordered: beside the partial epoch, or in ``[source] scratch``.
+
+    In a scratch folder the name holds the store's (hashed) location as well as the epoch, so that dumps of
+    several stores can share one; a dump killed there leaves its files to the next dump of the epoch.
+    """
+    if cfg.source.scratch is None:
+        return store.keys_path(epoch)
+    tag = hashlib.sha256(str(store.location).encode()).hexdigest()[:12]
+    return cfg.source.scratch / f"pgprefetch-{tag}-epoch-{epoch:05d}.keys"
+
+
 def _check_same_config(store: Store, cfg: Config) -> None:
     """Refuse to add epochs of one config to a store holding another config's epochs."""
     mine = cfg.sha256()
@@ -264,7 +277,7 @@ async def _dump_locked(
         async with contextlib.AsyncExitStack() as stack:
             snap = None if cache.covers(cfg) else await stack.enter_async_context(Snapshot.open(cfg.source))
             connected = True
-            keys_dir = store.keys_path(epoch)  # keys beyond [source] memory are ordered there
+            keys_dir = keys_folder(cfg, store, epoch)  # keys beyond [source] memory are ordered there
             opened = open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary,
                                  keys_dir=keys_dir)  # fmt: skip
             source = await stack.enter_async_context(opened)

@@ -53,9 +53,12 @@ def key_hash(keys: np.ndarray, *, seed: int, epoch: int, stream: int = _ORDER_ST
     return h
 
 
-def epoch_order(keys: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
-    """Indices that put ``keys`` in the epoch's order: by hash, equal hashes broken by the key values."""
-    return _sorted(keys, seed, epoch)[0]
+def epoch_order(keys: np.ndarray, *, seed: int, epoch: int, h: np.ndarray | None = None) -> np.ndarray:
+    """Indices that put ``keys`` in the epoch's order: by hash, equal hashes broken by the key values.
+
+    ``h``: the hashes to order by, when the caller has them (or hashes only some of the key's slots).
+    """
+    return _sorted(keys, seed, epoch, h=h)[0]
 
 
 def _sorted(

@@ -6,12 +6,16 @@ Four ways, decided here and nowhere else:
 - **scan mode, read cached**: an earlier epoch of this run read the table; this one is cut from it;
 - **scan mode, fits**: the table is read once on the snapshot and kept for the next epochs of the run;
 - **scan mode, in passes**: the table outgrew ``[source] memory`` on its first read; its keys are read,
-  then its data in key-range passes into a spool (:mod:`pgprefetch.write.scan.passes`).
+  then its data in key-range passes into a spool (:mod:`pgprefetch.write.scan.passes`); keys beyond the
+  budget too are ordered on disk first (:mod:`pgprefetch.write.scan.keyspill`).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,7 +25,15 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import query_source
-from pgprefetch.write.scan.mode import ScanRead, multipass_source, plan_scan, read_scan, scan_source
+from pgprefetch.write.scan.mode import (
+    ScanRead,
+    SpilledScan,
+    multipass_source,
+    plan_scan,
+    read_scan,
+    scan_source,
+    spilled_source,
+)
 
 
 class ReadCache:
@@ -52,8 +64,8 @@ async def open_source(
     ``snap`` may be None only when ``cache`` covers the config. A scan that does not fit reads its data in
     passes into ``spool`` (removed afterwards); with ``spool`` None (a check, which writes nothing) it
     yields only the epoch's plan, made from the keys. ``vocabulary`` is the store the ``"auto"`` categories
-    extend (:func:`~pgprefetch.write.plan.resolve_categories`). ``keys_dir``: where the query mode orders
-    keys beyond ``[source] memory`` (a temporary folder if None; removed afterwards either way).
+    extend (:func:`~pgprefetch.write.plan.resolve_categories`). ``keys_dir``: where keys beyond ``[source]
+    memory`` are ordered (either mode; a temporary folder if None; removed afterwards either way).
     """
     if cache.covers(cfg):
         assert cache.read is not None
@@ -67,15 +79,27 @@ async def open_source(
     if progress:
         progress.reading(epoch)
     on_rows = progress.rows if progress else None
-    read = await read_scan(cfg, snap, on_rows, vocabulary)
-    if read.fits:
-        cache.read = read
-        yield scan_source(cfg, read, epoch)
-        return
-    if spool is None:
-        yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
-        return
+    folder = keys_dir or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
+        read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, keys_dir=folder)
+        if isinstance(read, SpilledScan):
+            try:
+                if spool is None:
+                    yield read.plan(cfg, epoch)
+                else:
+                    yield await spilled_source(cfg, snap, read, epoch, spool, on_rows)
+            finally:
+                read.keys.close()
+            return
+        if read.fits:
+            cache.read = read
+            yield scan_source(cfg, read, epoch)
+            return
+        if spool is None:
+            yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
+            return
         yield await multipass_source(cfg, snap, read, epoch, spool, on_rows)
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)

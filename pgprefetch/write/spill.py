@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -73,9 +74,12 @@ class KeyRuns:
     ordered key file, after which the spill file is gone.
     """
 
-    def __init__(self, folder: Path, width: int, seed: int, epoch: int, budget: int, started: float) -> None:
+    def __init__(
+        self, folder: Path, width: int, seed: int, epoch: int, budget: int, started: float, hashed: int | None = None
+    ) -> None:
         self.folder = folder
         self.width = width
+        self.hashed = width if hashed is None else hashed  # the leading slots the hash covers (scan: the series)
         self.seed, self.epoch = seed, epoch
         self.budget = budget
         self.runs: list[_Run] = []
@@ -91,8 +95,8 @@ class KeyRuns:
         """Sort ``chunks`` of keys (``(width, m)`` each) by hash into one run at the end of the spill file."""
         keys = np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
         chunks.clear()  # the caller's list: its chunks go as soon as they are joined
-        h = shuffle.key_hash(keys, seed=self.seed, epoch=self.epoch)
-        order, _ = shuffle._sorted(keys, self.seed, self.epoch, h=h)
+        h = shuffle.key_hash(keys[: self.hashed], seed=self.seed, epoch=self.epoch)
+        order = shuffle.epoch_order(keys, seed=self.seed, epoch=self.epoch, h=h)
         m = keys.shape[1]
         with io_errors(self.folder):
             pwrite_all(self._fd, h[order], self._end)
@@ -199,6 +203,69 @@ class KeyRuns:
             os.close(self._fd)
             self._fd = -1
 
+    def discard(self) -> None:
+        """Close and delete the spill file (its buckets were read by the caller)."""
+        self.close()
+        (self.folder / "runs").unlink(missing_ok=True)
+
+
+class KeyCollector:
+    """Keys arriving a chunk at a time: held while they fit, sorted into runs on disk once they do not.
+
+    ``limit``: the most keys held at once (default: :func:`keys_in_budget`); ``hashed``: see :class:`KeyRuns`.
+    :meth:`add` may be called from several threads (one at a time: it takes a lock).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        width: int,
+        budget: int,
+        *,
+        seed: int,
+        epoch: int,
+        limit: int | None = None,
+        hashed: int | None = None,
+    ) -> None:
+        self.folder, self.width, self.budget = folder, width, budget
+        self.seed, self.epoch, self.hashed = seed, epoch, hashed
+        self.limit = keys_in_budget(budget, width) if limit is None else max(MIN_KEYS, limit)
+        self.started = time.monotonic()
+        self.held: list[np.ndarray] = []
+        self.n = 0  # keys held
+        self.runs: KeyRuns | None = None
+        self._lock = threading.Lock()
+
+    def add(self, chunk: np.ndarray) -> None:
+        """Take a ``(width, m)`` chunk of keys; a full hold goes to disk as one run first."""
+        with self._lock:
+            if self.n + chunk.shape[1] > self.limit and self.held:
+                if self.runs is None:
+                    self.runs = KeyRuns(
+                        self.folder, self.width, self.seed, self.epoch, self.budget, self.started, self.hashed
+                    )
+                self.runs.add(self.held)
+                self.n = 0
+            self.held.append(chunk)
+            self.n += chunk.shape[1]
+
+    def result(self) -> np.ndarray | KeyRuns:
+        """Every key: one array if they all fit, else the runs on disk (the caller closes them)."""
+        if self.runs is None:
+            if not self.held:
+                return np.empty((self.width, 0), dtype=np.int64)
+            keys = np.concatenate(self.held, axis=1) if len(self.held) > 1 else self.held[0]
+            self.held = []
+            return keys
+        if self.held:
+            self.runs.add(self.held)
+        return self.runs
+
+    def close(self) -> None:
+        """Close the runs' file, if any (after a failure)."""
+        if self.runs is not None:
+            self.runs.close()
+
 
 async def collect_keys(
     chunks: AsyncIterator[np.ndarray], width: int, budget: int, folder: Path, *, seed: int, epoch: int
@@ -208,28 +275,11 @@ async def collect_keys(
     ``folder`` (created, emptied first, only if the keys spill) holds the spill and ordered key files;
     the caller removes it when the epoch is done or failed.
     """
-    started = time.monotonic()
-    limit = keys_in_budget(budget, width)
-    held: list[np.ndarray] = []
-    n = 0
-    runs: KeyRuns | None = None
+    collector = KeyCollector(folder, width, budget, seed=seed, epoch=epoch)
     try:
         async for chunk in chunks:
-            if n + chunk.shape[1] > limit and held:
-                if runs is None:
-                    runs = KeyRuns(folder, width, seed, epoch, budget, started)
-                runs.add(held)
-                n = 0
-            held.append(chunk)
-            n += chunk.shape[1]
-        if runs is None:
-            if not held:
-                return np.empty((width, 0), dtype=np.int64)
-            return np.concatenate(held, axis=1) if len(held) > 1 else held[0]
-        if held:
-            runs.add(held)
-        return runs
+            collector.add(chunk)
+        return collector.result()
     except BaseException:
-        if runs is not None:
-            runs.close()
+        collector.close()
         raise

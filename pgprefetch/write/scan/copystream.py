@@ -32,8 +32,11 @@ Columns = dict[str, np.ndarray]  # a chunk of rows, column by column: "k0".. key
 class CopyDecoder:
     """Turns one range's COPY stream into column arrays, a chunk of rows at a time (fixed-size rows)."""
 
-    def __init__(self, shape: ScanShape, on_rows: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, shape: ScanShape, on_rows: Callable[[int], None] | None = None, drain_bytes: int | None = None
+    ) -> None:
         self.shape = shape
+        self.drain_bytes = drain_bytes  # None: DRAIN_BYTES; the keys pass drains sooner, within its budget
         self.on_rows = on_rows
         self.chunks: list[bytes] = []  # the stream's bytes not decoded yet, as they came
         self.pending_bytes = 0
@@ -52,7 +55,7 @@ class CopyDecoder:
         """
         self.chunks.append(data)
         self.pending_bytes += len(data)
-        return self.pending_bytes >= DRAIN_BYTES
+        return self.pending_bytes >= (DRAIN_BYTES if self.drain_bytes is None else self.drain_bytes)
 
     def finish(self) -> list[Columns]:
         """The stream has ended: decode the rest, check the trailer, return the rows' columns, by chunk.

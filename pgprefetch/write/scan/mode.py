@@ -1,8 +1,9 @@
 """Scan mode's batch sources: the table read once on a snapshot, each epoch cut from it.
 
 ``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory. A table larger than
-``[source] memory`` is read in passes into a spool first (:func:`multipass_source`), and ``produce`` takes
-the batch from the spool. One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
+``[source] memory`` is read in passes into a spool first (:func:`multipass_source`; :func:`spilled_source`
+when its keys outgrew the budget too and were ordered on disk), and ``produce`` takes the batch from the
+spool. One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import numpy as np
 
 from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.errors import SourceError
+from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.plan import EpochPlan, Vocabulary, order_keys, resolve_categories
+from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
 from pgprefetch.write.scan.passes import Spool, key_passes, keys_only, spool_pass
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_text
 from pgprefetch.write.scan.table import Table, TableTooLarge, cut, gather, read_table
@@ -58,16 +63,46 @@ class ScanRead:
     bytes_per_row: float = 0.0
 
 
+@dataclass
+class SpilledScan:
+    """A table larger than ``[source] memory`` whose keys outgrew it too: its epoch's order is on disk."""
+
+    shape: ScanShape
+    keys: SpilledKeys
+    snapshot: str
+    server_version: str
+    epoch: int  # the epoch the keys were ordered for
+
+    def plan(self, cfg: Config, epoch: int) -> EpochPlan:
+        """The epoch the keys pass ordered, as a plan: no per-sample index (``samples`` None)."""
+        assert epoch == self.epoch, "keys ordered on disk serve the epoch they were ordered for"
+        return EpochPlan(
+            epoch=epoch,
+            key_columns=KeyColumns(self.shape.key_names),
+            **self.keys.order,
+            columns=self.shape.columns,
+            by_field=self.shape.by_field,
+            categories=self.shape.categories,
+            sql="",
+            params=(),
+        )
+
+
 async def read_scan(
     cfg: Config,
     snap: Snapshot,
     on_rows: Callable[[int], None] | None = None,
     vocabulary: Vocabulary | None = None,
-) -> ScanRead:
+    *,
+    epoch: int = 0,
+    keys_dir: Path | None = None,
+) -> ScanRead | SpilledScan:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
     ``on_rows`` hears of the rows as they arrive (the progress bar). The category lists are fixed first,
     against ``vocabulary``'s store, since the COPY codes the values: every epoch cut from the read has them.
+    Keys that do not fit ``[source] memory`` either are ordered on disk for ``epoch`` in ``keys_dir``
+    (:mod:`pgprefetch.write.scan.keyspill`; the caller removes it); without ``keys_dir`` they are held.
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
@@ -80,9 +115,17 @@ async def read_scan(
         table = await read_table(cfg, snap, shape, on_rows=on_rows)
         fits, per_row = True, 0.0
     except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
-        table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
-        table.rows_read += e.rows
         fits, per_row = False, e.bytes_per_row
+        heap.release()
+        if keys_dir is None:
+            table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
+        else:
+            got = await keys_pass(cfg, snap, keys_only(shape), epoch, keys_dir, per_row, on_rows)
+            if isinstance(got, SpilledKeys):
+                got.rows_read += e.rows
+                return SpilledScan(shape, got, snap.id, snap.server_version, epoch)
+            table = got
+        table.rows_read += e.rows
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
     return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
 
@@ -147,16 +190,62 @@ async def multipass_source(
             spool_pass, spool, layout, table, pass_keys, pass_starts, read.sample_keys, first_sample, position
         )
         del table
+        heap.release()
     assert layout is not None
     assert spool is not None
-    done = spool
+    return _spooled(cfg, plan, layout, spool, snap, rows_read)
+
+
+async def spilled_source(
+    cfg: Config,
+    snap: Snapshot,
+    read: SpilledScan,
+    epoch: int,
+    spool_dir: Path,
+    on_rows: Callable[[int], None] | None = None,
+) -> BatchSource:
+    """:func:`multipass_source` for keys ordered on disk: each data pass spools the samples routed to it."""
+    plan = read.plan(cfg, epoch)
+    width = plan.key_columns.width
+    spool: Spool | None = None
+    layout: BatchLayout | None = None
+    cut_count, rows_read = 0, read.keys.rows_read
+    for p, wheres in enumerate(read.keys.passes):
+        table = await read_table(cfg, snap, read.shape, wheres, budget=0, on_rows=on_rows)
+        rows_read += table.rows_read
+        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
+        cut_count += pass_keys.shape[1]
+        if layout is None:
+            lengths = {c: v.shape[1] for c, v in table.values.items() if c.is_array}
+            layout = BatchLayout.build(
+                cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
+            )
+            # a group is held twice when loaded (its samples as spooled, then in place)
+            spool = Spool(spool_dir, layout, cfg.batches.size, plan.n_batches, cfg.source.memory_bytes // 2)
+        assert spool is not None
+        positions, wanted = read.keys.wanted(p, width)
+        await asyncio.to_thread(spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, wanted)
+        del table, pass_keys, pass_starts
+        heap.release()
+    if cut_count != read.keys.samples:
+        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
+    assert layout is not None
+    assert spool is not None
+    return _spooled(cfg, plan, layout, spool, snap, rows_read)
+
+
+def _spooled(
+    cfg: Config, plan: EpochPlan, layout: BatchLayout, spool: Spool, snap: Snapshot, rows_read: int
+) -> BatchSource:
+    """The batch source of an epoch spooled by data passes: ``produce`` takes each batch from the spool."""
+    size = cfg.batches.size
 
     async def fetch(batch: int, count: int) -> object:
         return None
 
     def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
         for i in range(count):
-            done.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
+            spool.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
 
     unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)

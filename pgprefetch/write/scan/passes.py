@@ -4,8 +4,10 @@ A table that fits the budget is read once and kept (:mod:`pgprefetch.write.scan.
 passes, each holding at most the budget of table data:
 
 1. **Keys pass.** Only the key and order columns are read (over page ranges, like a single-pass read),
-   and the samples are cut from them: their keys give the epoch's order, as in every mode. The keys cost
-   their bytes whatever the budget: 8 per key column, plus 8 for the order, per row, during the read.
+   and the samples are cut from them: their keys give the epoch's order, as in every mode. Keys that
+   outgrow the budget as well are ordered on disk instead (:mod:`pgprefetch.write.scan.keyspill`), and
+   the passes' ranges come from a sample of them (:func:`~pgprefetch.write.scan.keyspill.pass_wheres`,
+   not :func:`key_passes`).
 2. **Data passes.** The sorted series are cut into consecutive key ranges of about ``memory`` bytes of
    rows each (a series is never split, so a window never straddles two passes), and each pass COPYs its
    range, split again over the ``connections``. A pass cuts its samples exactly as the keys pass did (the
@@ -59,18 +61,25 @@ def key_passes(keys: Table, shape: ScanShape, rows_per_pass: int, connections: i
             e = min(max(e, s + 1), end)
             lo = tuple(int(v) for v in series[:, firsts[s]])
             hi = tuple(int(v) for v in series[:, firsts[e]]) if e < firsts.size else None
-            parts.append(_range(shape, lo, hi))
+            parts.append(key_range(shape, lo, hi))
             s = e
         passes.append(parts)
         start = end
     return passes
 
 
-def _range(shape: ScanShape, lo: tuple[int, ...], hi: tuple[int, ...] | None) -> str:
-    """``WHERE (k1, k2) >= (lo) AND (k1, k2) < (hi)``: a row comparison, which a btree index on the key serves."""
+def key_range(shape: ScanShape, lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> str:
+    """``WHERE (k1, k2) >= (lo) AND (k1, k2) < (hi)``: a row comparison, which a btree index on the key serves.
+
+    A missing bound leaves that side open ("" for neither).
+    """
     cols = ", ".join(quote_ident(k) for k in shape.key_names[: shape.n_key])
-    clause = f" WHERE ({cols}) >= ({', '.join(map(str, lo))})"
-    return clause + (f" AND ({cols}) < ({', '.join(map(str, hi))})" if hi is not None else "")
+    parts = []
+    if lo is not None:
+        parts.append(f"({cols}) >= ({', '.join(map(str, lo))})")
+    if hi is not None:
+        parts.append(f"({cols}) < ({', '.join(map(str, hi))})")
+    return " WHERE " + " AND ".join(parts) if parts else ""
 
 
 def keys_only(shape: ScanShape) -> ScanShape:

@@ -81,7 +81,7 @@ async def read_table(
         TableTooLarge: more than ``budget`` bytes arrived (default ``[source] memory``; 0: no limit).
         SourceError: the database failed (transient when a connection was lost).
     """
-    ranges = wheres if wheres is not None else await _page_ranges(snap, shape, cfg.source.connections)
+    ranges = wheres if wheres is not None else await page_ranges(snap, shape, cfg.source.connections)
     decoders = [CopyDecoder(shape, on_rows) for _ in ranges]
     limit = cfg.source.memory_bytes if budget is None else budget
 
@@ -109,7 +109,7 @@ async def read_table(
     return await asyncio.to_thread(lambda: _assemble(shape, [p for d in decoders for p in d.finish()]))
 
 
-async def _page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
+async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
     """``WHERE`` clauses splitting a plain table into ``n`` page ranges of about equal size (one for a SELECT).
 
     The last range is open-ended, so pages the table grew by after the size was read are still covered;
@@ -144,9 +144,9 @@ def _assemble(shape: ScanShape, parts: list[Columns]) -> Table:
         np.concatenate([p[f"k{i}"] for p in rows] or [np.empty(0)], out=keys[i], casting="unsafe")
     if shape.order_wire is not None and shape.order_offset:
         keys[-1] += shape.order_offset
-    sorted_order = _is_sorted(keys)  # a table loaded in key order comes back sorted: no lexsort, no copy
-    order = None if sorted_order else np.lexsort(keys[::-1])
-    table = Table(keys=keys if sorted_order else np.ascontiguousarray(keys[:, order]), rows_read=n)
+    sorted_keys, order = sort_keys(keys)
+    sorted_order = order is None
+    table = Table(keys=sorted_keys, rows_read=n)
     for j, c in enumerate(shape.columns):
         values = np.concatenate([p[f"c{j}"] for p in rows])
         table.values[c] = values if sorted_order else values[order]
@@ -161,6 +161,17 @@ def _assemble(shape: ScanShape, parts: list[Columns]) -> Table:
         keys.nbytes + sum(v.nbytes for v in table.values.values()) + sum(m.nbytes for m in table.masks.values())
     )
     return table
+
+
+def sort_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``keys`` (key columns, then the order) sorted, and the order that sorts them (None: they were sorted).
+
+    A table loaded in key order comes back sorted: no ``lexsort``, no copy.
+    """
+    if _is_sorted(keys):
+        return keys, None
+    order = np.lexsort(keys[::-1])
+    return np.ascontiguousarray(keys[:, order]), order
 
 
 def _is_sorted(keys: np.ndarray) -> bool:

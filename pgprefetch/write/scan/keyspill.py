@@ -1,0 +1,376 @@
+"""Scan mode's keys pass beyond ``[source] memory``: the samples' order on disk, the same order, the same bytes.
+
+A table larger than the budget is read in passes (:mod:`pgprefetch.write.scan.passes`) after a keys pass
+that reads only its key and order columns. Held in memory those cost 8 bytes a column a row, and their
+sort, cut and shuffle several times that (73 bytes a row for rows, about 100 a table row for windows), so
+a table whose keys outgrow the budget as well has them ordered on disk by the query mode's external sort
+(:mod:`pgprefetch.write.spill`), not a second one:
+
+1. **Rows.** Every row is a sample: the keys stream from the COPYs into the sort's runs and are ordered
+   on disk as the query mode's keys are.
+2. **Windows.** The rows stream into runs hashed by their *series* key alone, ties broken by (key,
+   order): every bucket then holds whole series, sorted, and is cut into windows as a table in memory
+   is (:func:`~pgprefetch.write.scan.table.cut`). The windows' keys (series key, first order value)
+   stream into a second sort's runs, hashed whole: the epoch's order, as for rows.
+3. **Passes.** While the keys stream, a row-weighted sample of the series keys (at most
+   ``BOUNDARY_SAMPLE`` of them) gives the data passes' key ranges: consecutive ranges of whole series of
+   about the budget's rows each. Once the samples are ordered, each used sample's place in the epoch and
+   key are appended to its pass's file; a data pass reads that file and finds those samples among the
+   ones it cut (:func:`spool_wanted`), which the same snapshot makes the keys pass's.
+
+While the keys fit (:func:`bytes_per_row` each), none of this happens: they come back as a sorted
+:class:`~pgprefetch.write.scan.table.Table`, the path every scan took before. Disk: about ``8 * (width +
+1)`` bytes a row for the first sort (windows), then the query mode's ``8 * (2 * width + 1)`` a sample
+and ``8 * (width + 1)`` a used sample for the pass files, in the epoch's keys folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.errors import PgprefetchError, SourceError
+from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.write import heap, shuffle
+from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.plan import order_keys, order_spilled
+from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
+from pgprefetch.write.scan.passes import Spool, key_range
+from pgprefetch.write.scan.shape import ScanShape, copy_select
+from pgprefetch.write.scan.table import Table, cut, gather, page_ranges, sort_keys
+from pgprefetch.write.shardfiles import io_errors
+from pgprefetch.write.spill import MIN_KEYS, KeyCollector, KeyRuns
+
+log = logging.getLogger("pgprefetch")
+
+BOUNDARY_SAMPLE = 1 << 16  # series keys sampled for the passes' ranges
+# A data pass holds its rows about four times at its peak: the COPY's decoded chunks, the joined columns,
+# their sorted copy and the samples gathered from them; a pass of a budget's rows peaked at 5x the budget.
+PASS_COPIES = 4
+MIN_DRAIN = 64 << 10  # the least of a COPY's stream decoded at once
+
+
+def bytes_per_row(width: int) -> int:
+    """What a row's ``width`` key and order slots cost in the in-memory keys pass, at its peak.
+
+    The keys, their sorted copy, the cut samples' keys and the shuffle's index, hash and ordered copy.
+    """
+    return 32 * width + 48
+
+
+class _Stopped(PgprefetchError):
+    """A COPY of the keys pass stopped because another one failed."""
+
+
+@dataclass
+class SpilledKeys:
+    """A keys pass ordered on disk: the epoch's order, and the data passes that fill it."""
+
+    order: dict[str, Any]  # :func:`~pgprefetch.write.plan.order_keys`'s fields, ``keys`` on disk or in memory
+    passes: list[list[str]]  # per data pass, a WHERE clause per connection
+    folder: Path  # the passes' files: <pass>.keys, (place in the epoch, key slots) int64 per used sample
+    samples: int  # the samples the keys pass cut: the data passes must cut as many
+    rows_read: int
+
+    def wanted(self, p: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pass ``p``'s used samples: their places in the epoch and their keys ``(width, m)``."""
+        path = self.folder / f"{p}.keys"
+        if not path.exists():
+            return np.empty(0, np.int64), np.empty((width, 0), np.int64)
+        records = np.fromfile(path, dtype=np.int64).reshape(-1, width + 1)
+        return records[:, 0].copy(), np.ascontiguousarray(records[:, 1:].T)
+
+    def close(self) -> None:
+        """Close the ordered key file, if the order is on disk (the folder is removed by whoever chose it)."""
+        if isinstance(self.order["keys"], OrderedKeys):
+            self.order["keys"].close()
+
+
+class SeriesSample:
+    """Every ``every``-th row's series key as the rows stream in, thinned by half whenever it outgrows ``most``."""
+
+    def __init__(self, n_key: int, most: int = BOUNDARY_SAMPLE) -> None:
+        self.n_key, self.most = n_key, most
+        self.every, self.seen = 1, 0
+        self.held: list[np.ndarray] = []
+        self.count = 0
+
+    def add(self, series: np.ndarray) -> None:
+        """Take the series keys ``(n_key, m)`` of the next ``m`` rows to arrive."""
+        first = (-self.seen) % self.every
+        self.seen += series.shape[1]
+        part = np.ascontiguousarray(series[:, first :: self.every])
+        self.held.append(part)
+        self.count += part.shape[1]
+        if self.count > self.most:
+            kept = np.ascontiguousarray(np.concatenate(self.held, axis=1)[:, ::2])
+            self.held, self.count, self.every = [kept], kept.shape[1], self.every * 2
+
+    def bounds(self, rows_per_range: int) -> np.ndarray:
+        """Sorted, distinct series keys ``(n_key, L)`` cutting the rows seen into ranges of about ``rows_per_range``.
+
+        Each bound is a sampled key above the smallest sampled one, so no range is empty.
+        """
+        if not self.count:
+            return np.empty((self.n_key, 0), np.int64)
+        s = np.concatenate(self.held, axis=1)
+        s = s[:, np.lexsort(s[::-1])]
+        step = max(1.0, rows_per_range * s.shape[1] / max(1, self.seen))
+        b = s[:, np.arange(step, s.shape[1], step).astype(np.int64)]
+        keep = np.any(b != s[:, :1], axis=0)
+        keep[1:] &= np.any(b[:, 1:] != b[:, :-1], axis=0)
+        return np.ascontiguousarray(b[:, keep])
+
+
+def ranks(sorted_keys: np.ndarray, keys: np.ndarray, *, equal: bool = True) -> np.ndarray:
+    """For each key (a column of ``keys``), how many columns of the sorted ``sorted_keys`` are <= it (lexicographic).
+
+    ``equal`` False: how many are < it.
+    """
+    n = sorted_keys.shape[1]
+    if sorted_keys.shape[0] == 1:
+        return np.searchsorted(sorted_keys[0], keys[0], side="right" if equal else "left").astype(np.int64)
+    if not n:
+        return np.zeros(keys.shape[1], np.int64)
+    both = np.concatenate([sorted_keys, keys], axis=1)
+    tags = [0, 1] if equal else [1, 0]  # of equal ones, which come first
+    tag = np.repeat(np.array(tags, np.int8), [n, keys.shape[1]])
+    order = np.lexsort((tag, *both[::-1]))
+    before = np.cumsum(order < n)
+    mine = order >= n
+    out = np.empty(keys.shape[1], np.int64)
+    out[order[mine] - n] = before[mine]
+    return out
+
+
+async def keys_pass(
+    cfg: Config,
+    snap: Snapshot,
+    shape: ScanShape,
+    epoch: int,
+    folder: Path,
+    table_bytes_per_row: float,
+    on_rows: Callable[[int], None] | None = None,
+) -> Table | SpilledKeys:
+    """Read the key and order columns of the keys-only ``shape``: sorted in memory if they fit, else ordered on disk.
+
+    ``folder`` (made only if the keys spill) takes the sorts' and passes' files; the caller removes it.
+    ``table_bytes_per_row``: a whole row's size, which sizes the data passes.
+    """
+    budget, seed = cfg.source.memory_bytes, cfg.batches.seed
+    n_key, width = shape.n_key, len(shape.key_names)
+    limit = budget // bytes_per_row(width)
+    rows = KeyCollector(folder / "rows", width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
+    sample = SeriesSample(n_key)
+
+    def take(chunk: np.ndarray) -> None:
+        sample.add(chunk[:n_key])
+        rows.add(chunk)
+
+    try:
+        n_rows = await _stream(cfg, snap, shape, take, on_rows)
+        got = rows.result()
+    except BaseException:
+        rows.close()
+        raise
+    if isinstance(got, np.ndarray):
+        if not got.shape[1]:
+            raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
+        keys, _ = await asyncio.to_thread(sort_keys, got)
+        return Table(keys=keys, rows_read=n_rows, nbytes=keys.nbytes)
+    connections = cfg.source.connections
+    rows_per_pass = max(1, int(budget / (PASS_COPIES * max(table_bytes_per_row, 1.0))))
+    bounds = sample.bounds(max(1, rows_per_pass // connections))
+    heap.release()
+    try:
+        order, cut_count, buckets = await asyncio.to_thread(_order, cfg, shape, got, folder, epoch, limit)
+    finally:
+        got.close()
+    heap.release()
+    spilled = SpilledKeys(order, pass_wheres(shape, bounds, connections), folder / "passes", cut_count, n_rows)
+    log.info(
+        "epoch %d: the keys of %s rows outgrew [source] memory: %s samples ordered on disk (%d runs, %d buckets"
+        " of series), %d data passes",
+        epoch, f"{n_rows:,}", f"{cut_count:,}", len(got.runs), buckets, len(spilled.passes),
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(_route, spilled, bounds, connections, n_key, budget)
+    except BaseException:
+        spilled.close()
+        raise
+    return spilled
+
+
+def _order(
+    cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Path, epoch: int, limit: int
+) -> tuple[dict[str, Any], int, int]:
+    """The epoch's order of the samples of ``runs`` (rows, or rows to cut into windows); their count; buckets cut.
+
+    The buckets are those of series cut into windows (0 for rows).
+    """
+    key_columns = KeyColumns(shape.key_names)
+    if cfg.samples.window is None:  # the rows are the samples
+        return order_spilled(cfg, runs, key_columns, epoch), runs.n, 0
+    seed, buckets = cfg.batches.seed, 0
+    samples = KeyCollector(folder / "samples", runs.width, runs.budget, seed=seed, epoch=epoch, limit=limit)
+    try:
+        for keys, hashes in runs.buckets(limit):  # whole series, by their hash
+            if not keys.shape[1]:
+                continue
+            buckets += 1
+            order = shuffle.epoch_order(keys, seed=seed, epoch=epoch, h=hashes)  # then by (key, order)
+            del hashes
+            bucket = Table(keys=np.ascontiguousarray(keys[:, order]))
+            del keys, order
+            cut_keys, _ = cut(bucket, shape, cfg.samples)
+            if cut_keys.shape[1]:
+                samples.add(np.ascontiguousarray(cut_keys))
+        runs.discard()
+        got = samples.result()
+    except BaseException:
+        samples.close()
+        raise
+    if isinstance(got, np.ndarray):  # the windows fit: ordered in memory, as a table's are
+        order_fields = order_keys(cfg, got, key_columns, epoch, in_place=True)
+        order_fields.pop("index")
+        return order_fields, got.shape[1], buckets
+    try:
+        return order_spilled(cfg, got, key_columns, epoch), got.n, buckets
+    finally:
+        got.close()
+
+
+def pass_wheres(shape: ScanShape, bounds: np.ndarray, group: int) -> list[list[str]]:
+    """The data passes: the ranges between ``bounds``, ``group`` consecutive ranges (one a connection) a pass."""
+    edges: list[tuple[int, ...] | None] = [None, *(tuple(int(v) for v in b) for b in bounds.T), None]
+    ranges = [key_range(shape, lo, hi) for lo, hi in itertools.pairwise(edges)]
+    return [ranges[i : i + group] for i in range(0, len(ranges), group)]
+
+
+def _route(spilled: SpilledKeys, bounds: np.ndarray, group: int, n_key: int, budget: int) -> None:
+    """Append each used sample's place in the epoch and key to its pass's file, in the epoch's order."""
+    keys, used = spilled.order["keys"], spilled.order["used"]
+    folder = spilled.folder
+    shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers: the files are appended to
+    with io_errors(folder):
+        folder.mkdir(parents=True)
+    width = keys.shape[0]
+    step = max(MIN_KEYS, budget // (24 * (width + 1)))  # the keys, their records and the sort: within the budget
+    for lo in range(0, used, step):
+        hi = min(used, lo + step)
+        part = keys.columns(lo, hi) if isinstance(keys, OrderedKeys) else keys[:, lo:hi]
+        passes = ranks(bounds, part[:n_key]) // group
+        records = np.empty((hi - lo, part.shape[0] + 1), np.int64)
+        records[:, 0] = np.arange(lo, hi, dtype=np.int64)
+        records[:, 1:] = part.T
+        order = np.argsort(passes, kind="stable")
+        cuts = np.flatnonzero(np.diff(passes[order])) + 1
+        with io_errors(folder):
+            for chunk in np.split(order, cuts):
+                with open(folder / f"{int(passes[chunk[0]])}.keys", "ab") as f:
+                    f.write(records[chunk].tobytes())
+
+
+def spool_wanted(
+    spool: Spool,
+    layout: BatchLayout,
+    table: Table,
+    pass_keys: np.ndarray,
+    pass_starts: np.ndarray,
+    positions: np.ndarray,
+    wanted: np.ndarray,
+) -> None:
+    """Cast and spool a data pass's samples the epoch uses: ``wanted`` keys, bound for ``positions``.
+
+    ``pass_keys`` (the samples the pass cut, in key order) must hold every wanted key: the same snapshot
+    cuts the same samples. A key cut twice (a repeated key, dropped) is taken once, its first row as it came.
+    """
+    if not positions.size:
+        return
+    at = ranks(pass_keys, wanted, equal=False)
+    if (at >= pass_keys.shape[1]).any() or not np.array_equal(
+        pass_keys[:, np.minimum(at, pass_keys.shape[1] - 1)], wanted
+    ):
+        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
+    out = layout.allocate(at.size)
+    gather(table, layout, pass_starts[at], wanted, out)
+    spool.add(positions, out)
+
+
+async def _stream(
+    cfg: Config,
+    snap: Snapshot,
+    shape: ScanShape,
+    take: Callable[[np.ndarray], None],
+    on_rows: Callable[[int], None] | None,
+) -> int:
+    """COPY ``shape``'s key and order columns over page ranges, handing ``take`` int64 chunks; return the rows read.
+
+    ``take`` runs on a thread, one call at a time.
+    """
+    ranges = await page_ranges(snap, shape, cfg.source.connections)
+    # every COPY's undecoded bytes within a share of the budget (8 MiB each would be 64 MiB at 8 connections)
+    drain = max(MIN_DRAIN, min(DRAIN_BYTES, cfg.source.memory_bytes // (4 * len(ranges))))
+    decoders = [CopyDecoder(shape, on_rows, drain) for _ in ranges]
+    lock = threading.Lock()
+    width = len(shape.key_names)
+    offset = shape.order_offset if shape.order_wire is not None else 0
+
+    def hand(parts: list[Columns]) -> None:
+        for p in parts:
+            m = p["k0"].size
+            if not m:
+                continue
+            chunk = np.empty((width, m), dtype=np.int64)
+            for i in range(width):
+                chunk[i] = p[f"k{i}"]
+            if offset:
+                chunk[-1] += offset
+            with lock:
+                take(chunk)
+
+    failed: list[BaseException] = []
+
+    def sink(decoder: CopyDecoder) -> Callable[[bytes], Any]:
+        async def fed(data: bytes) -> None:
+            if failed:
+                raise _Stopped
+            if decoder.feed(data):
+                await asyncio.to_thread(decoder.drain)
+                parts, decoder.parts = decoder.parts, []
+                await asyncio.to_thread(hand, parts)
+
+        return fed
+
+    async def copy(workers: BatchReader, decoder: CopyDecoder, where: str) -> None:
+        try:
+            await workers.copy(f"reading {shape.relation}", copy_select(shape, where), sink(decoder))
+        except _Stopped:
+            pass
+        except BaseException as e:
+            failed.append(e)
+            raise
+
+    # Not first_error: a COPY cancelled while its rows stream can make asyncpg log a traceback (a result with
+    # no waiter), so after a failure (a full disk) the others stop at their next chunk, from their own sink.
+    async with BatchReader.open(cfg.source, snap.id, None) as workers:
+        await asyncio.gather(
+            *(copy(workers, d, where) for d, where in zip(decoders, ranges, strict=True)), return_exceptions=True
+        )
+    if failed:
+        raise failed[0]
+    for d in decoders:
+        await asyncio.to_thread(hand, await asyncio.to_thread(d.finish))
+    return sum(d.rows for d in decoders)

@@ -1,0 +1,283 @@
+"""Scan mode's keys beyond ``[source] memory``: the keys pass ordered on disk, the same order, the same bytes.
+
+A table larger than the budget is read in passes; when its key and order columns outgrow the budget too,
+the keys pass orders them on disk (:mod:`pgprefetch.write.scan.keyspill`). Each test dumps under a small
+``--memory`` and compares, byte for byte, with the in-memory dump of the same table (which reads it once).
+``test_two_million_rows_...`` is the scale test (marked ``scale``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import resource
+import signal
+import subprocess
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pgprefetch import dump_epochs, load_config
+from pgprefetch.errors import SampleError
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write.check import check_config
+from pgprefetch.write.scan.keyspill import SeriesSample, ranks
+from pgprefetch.write.scan.mode import SpilledScan, read_scan
+from pgprefetch.write.scan.table import Table
+
+from .helpers import chunk_bytes, dump, execute
+from .test_operations import dump_argv, start_dump, wait_for
+from .test_scan import scan_config
+
+TINY = 'memory = "1MiB"'
+SERIES_LINE = re.compile(
+    r"epoch \d+: the keys of ([\d,]+) rows outgrew \[source\] memory: ([\d,]+) samples ordered on disk "
+    r"\((\d+) runs, (\d+) buckets of series\), (\d+) data passes"
+)
+ORDERED_LINE = re.compile(
+    r"([\d,]+) keys outgrew \[source\] memory \(.+\): ordered on disk in (\d+) runs and (\d+) buckets"
+)
+WINDOWS = {"table": "big", "key": ["series_id"], "order": "t", "window": 16, "stride": 3}
+ROWS = {"table": "flat", "key": "id", "fields": {"v": (["v"], "float32"), "w": (["w"], "int64")}}
+
+
+def load_tables(db: str, series: int = 400, rows: int = 200_000) -> None:
+    """``big``: ``series`` series of 300-316 rows, random heap order; ``flat``: ``rows`` rows keyed by id."""
+    execute(
+        db,
+        "CREATE TABLE big (series_id int, t int, f0 real NOT NULL, f1 float8 NOT NULL, label int NOT NULL)",
+        f"""INSERT INTO big SELECT s, t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
+            FROM generate_series(1, {series}) s, generate_series(1, 300 + s % 17) t ORDER BY random()""",
+        "CREATE INDEX ON big (series_id, t)",
+        "CREATE TABLE flat (id bigint NOT NULL, v real NOT NULL, w bigint NOT NULL)",
+        f"INSERT INTO flat SELECT i * 7, i * 0.25, i % 1000 FROM generate_series(1, {rows}) i ORDER BY random()",
+        "CREATE INDEX ON flat (id)",
+    )
+
+
+@pytest.fixture
+def tables(db: str) -> str:
+    load_tables(db)
+    return db
+
+
+def logged(caplog: pytest.LogCaptureFixture, pattern: re.Pattern[str]) -> tuple[int, ...]:
+    found = [m for m in map(pattern.search, caplog.messages) if m]
+    assert found, f"no such line: {caplog.messages}"
+    return tuple(int(g.replace(",", "")) for g in found[-1].groups())
+
+
+def manifest(path: Path) -> dict[str, object]:
+    return json.loads((path / "zarr.json").read_text())["attributes"]["pgprefetch"]  # type: ignore[no-any-return]
+
+
+# ---- the pieces ------------------------------------------------------------------------------------------------
+
+
+def test_ranks_count_the_sorted_keys_at_or_below_each_key_lexicographically() -> None:
+    rng = np.random.default_rng(1)
+    for width in (1, 2, 3):
+        table = rng.integers(0, 4, size=(width, 300))
+        table = table[:, np.lexsort(table[::-1])]
+        keys = rng.integers(-1, 5, size=(width, 200))
+        as_tuples = [tuple(c) for c in table.T]
+        for equal in (True, False):
+            expected = [sum((t <= tuple(k)) if equal else (t < tuple(k)) for t in as_tuples) for k in keys.T]
+            assert ranks(table, keys, equal=equal).tolist() == expected
+
+
+def test_the_series_sample_cuts_ranges_of_about_the_rows_asked_and_none_empty() -> None:
+    rng = np.random.default_rng(2)
+    rows = np.repeat(np.arange(5000), rng.integers(1, 60, size=5000))  # series of 1-59 rows
+    arrived = rng.permutation(rows)[None, :]
+    sample = SeriesSample(1, most=4096)
+    for lo in range(0, arrived.shape[1], 7000):
+        sample.add(arrived[:, lo : lo + 7000])
+    bounds = sample.bounds(20_000)
+    assert sample.every > 1  # thinned: it holds at most twice `most`
+    counts = np.bincount(ranks(bounds, arrived), minlength=bounds.shape[1] + 1)
+    assert (counts > 0).all()
+    assert abs(counts.size - rows.size / 20_000) <= 1
+    assert counts.max() < 1.5 * 20_000
+
+
+# ---- dumps through PostgreSQL -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.7])
+def test_windows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
+    tables: str, tmp_path: Path, fraction: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    windows = {**WINDOWS, "fraction": fraction}
+    with caplog.at_level(logging.INFO, logger="pgprefetch"):
+        spilled = dump(scan_config(tmp_path / "s", **windows, extra=TINY), tables)
+    rows, samples, _, buckets, passes = logged(caplog, SERIES_LINE)
+    assert rows > 120_000
+    assert buckets >= 8
+    assert passes >= 2
+    whole = dump(scan_config(tmp_path / "w", **windows), tables)
+    assert spilled.n_samples == whole.n_samples
+    assert samples == whole.n_samples if fraction == 1.0 else samples > whole.n_samples
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+    assert manifest(spilled.path)["keys_sha256"] == manifest(whole.path)["keys_sha256"]
+    meta = tmp_path / "s" / "store.zarr" / ".pgprefetch"
+    assert not list((meta / "partial").iterdir())  # the keys' files are gone
+    assert not (meta / "spool" / "epoch-00000").exists()
+
+
+def test_rows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
+    tables: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="pgprefetch"):
+        spilled = dump(scan_config(tmp_path / "s", **ROWS, fraction=0.7, size=999, extra=TINY), tables)
+    assert logged(caplog, SERIES_LINE)[:2] == (200_000, 200_000)
+    keys, _, buckets = logged(caplog, ORDERED_LINE)
+    assert keys == 200_000
+    assert buckets >= 8
+    whole = dump(scan_config(tmp_path / "w", **ROWS, fraction=0.7, size=999), tables)
+    assert spilled.n_samples == whole.n_samples
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+    assert manifest(spilled.path)["keys_sha256"] == manifest(whole.path)["keys_sha256"]
+
+
+def test_repeated_rows_beyond_memory_are_refused_or_dropped_as_in_memory(db: str, tmp_path: Path) -> None:
+    execute(
+        db,
+        "CREATE TABLE twice (id bigint NOT NULL, v real NOT NULL)",
+        "INSERT INTO twice SELECT i % 29000, (i % 29000) * 0.5 FROM generate_series(1, 30000) i ORDER BY random()",
+    )
+    rows = {"table": "twice", "key": "id", "fields": {"v": (["v"], "float32")}}
+    messages = []
+    for extra in (TINY, ""):
+        with pytest.raises(SampleError) as e:
+            dump(scan_config(tmp_path / f"e{len(extra)}", **rows, extra=extra), db)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("[samples] table returned 1000 repeated key(s), e.g. (id=1); (id=2);")
+    spilled = dump(scan_config(tmp_path / "d", **rows, duplicates="drop", extra=TINY), db)
+    whole = dump(scan_config(tmp_path / "w", **rows, duplicates="drop"), db)
+    assert spilled.duplicates_dropped == whole.duplicates_dropped == 1000
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+
+
+def test_check_and_several_epochs_from_keys_beyond_memory(tables: str, tmp_path: Path) -> None:
+    cfg = scan_config(tmp_path / "s", **WINDOWS, extra=TINY)
+    report = asyncio.run(check_config(load_config(cfg, dsn=tables)))
+    assert report.errors == []
+    spilled = asyncio.run(dump_epochs(load_config(cfg, dsn=tables), [0, 1]))
+    whole = asyncio.run(dump_epochs(load_config(scan_config(tmp_path / "w", **WINDOWS), dsn=tables), [0, 1]))
+    assert report.n_samples == whole[0].n_samples
+    for a, b in zip(spilled, whole, strict=True):
+        assert chunk_bytes(a.path) == chunk_bytes(b.path)
+    assert chunk_bytes(spilled[0].path) != chunk_bytes(spilled[1].path)
+
+
+def test_the_keys_pass_is_held_within_memory_and_in_memory_when_the_keys_fit(db: str, tmp_path: Path) -> None:
+    """The keys pass's peak (traced) is flat in the rows under a budget; a table whose keys fit keeps them."""
+    peaks = {}
+    for rows in (100_000, 400_000):
+        execute(db, "DROP TABLE IF EXISTS big", "DROP TABLE IF EXISTS flat")
+        load_tables(db, series=1, rows=rows)
+        cfg = load_config(scan_config(tmp_path / f"c{rows}", **ROWS, extra='memory = "2MiB"'), dsn=db)
+        read, peaks[rows] = asyncio.run(_traced_read(cfg, tmp_path / f"keys-{rows}"))
+        assert isinstance(read, SpilledScan)
+        read.keys.close()
+    assert peaks[400_000] - peaks[100_000] < 2e6, peaks  # measured 0.3 MB; in memory: 24 MB and up
+    execute(
+        db,
+        "CREATE TABLE wide (id bigint NOT NULL, emb real[] NOT NULL)",  # 136 bytes a row: the keys fit, the data not
+        "INSERT INTO wide SELECT i, array_fill(i::real, ARRAY[32]) FROM generate_series(1, 20000) i ORDER BY random()",
+    )
+    wide = {"table": "wide", "key": "id", "fields": {"emb": (["emb"], "float32")}}
+    fits = load_config(scan_config(tmp_path / "fits", **wide, extra='memory = "2MiB"'), dsn=db)
+    read, _ = asyncio.run(_traced_read(fits, tmp_path / "keys-fits"))
+    assert not isinstance(read, SpilledScan)
+    assert not read.fits  # read in passes, its keys held as before: nothing went to disk
+    assert isinstance(read.table, Table)
+    assert not (tmp_path / "keys-fits").exists()
+
+
+async def _traced_read(cfg: object, folder: Path) -> tuple[object, int]:
+    async with Snapshot.open(cfg.source) as snap:  # type: ignore[attr-defined]
+        tracemalloc.start()
+        try:
+            read = await read_scan(cfg, snap, epoch=0, keys_dir=folder)  # type: ignore[arg-type]
+            return read, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+
+def test_kill_9_while_keys_are_on_disk_then_rerun_gives_the_clean_bytes(tables: str, tmp_path: Path) -> None:
+    cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
+    store = tmp_path / "a" / "store.zarr"
+    keys = store / ".pgprefetch" / "partial" / "epoch-00000.keys"
+    victim = start_dump(cfg, tables)
+    wait_for(lambda: (keys / "passes").exists())
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    assert not (store / "epoch-00000").exists()
+    rerun = dump(cfg, tables)
+    clean = dump(scan_config(tmp_path / "b", **WINDOWS), tables)
+    assert chunk_bytes(rerun.path) == chunk_bytes(clean.path)
+    assert not keys.exists()
+
+
+def test_scratch_takes_the_keys_and_a_full_one_is_one_line_with_nothing_published(tables: str, tmp_path: Path) -> None:
+    cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
+    store = tmp_path / "a" / "store.zarr"
+    scratch = tmp_path / "scratch"
+
+    def small_files() -> None:  # like a full disk: writes past 256 KiB fail (EFBIG); the keys take ~2 MB
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+    argv = [*dump_argv(cfg, tables), "--scratch", str(scratch)]
+    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=small_files, timeout=120, check=False)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert re.fullmatch(
+        rf"Error: cannot write {re.escape(str(scratch))}/pgprefetch-[0-9a-f]{{12}}-epoch-00000\.keys/rows: "
+        r"File too large; free some space and run the dump again: it resumes where it stopped",
+        proc.stderr.splitlines()[-1],
+    ), proc.stderr
+    assert not (store / "epoch-00000").exists()
+    assert not list(scratch.iterdir())
+    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert not list(scratch.iterdir())  # removed after the epoch
+    assert not list((store / ".pgprefetch" / "partial").iterdir())  # and never beside the store
+    clean = dump(scan_config(tmp_path / "b", **WINDOWS), tables)
+    assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
+
+
+def test_scratch_in_the_config_is_a_local_folder_relative_to_it(tmp_path: Path) -> None:
+    cfg = load_config(scan_config(tmp_path, **ROWS, extra='scratch = "tmp/keys"'))
+    assert cfg.source.scratch == tmp_path / "tmp" / "keys"
+    assert load_config(scan_config(tmp_path, **ROWS), scratch="/var/x").source.scratch == Path("/var/x")
+    with pytest.raises(Exception, match=r"\[source\] scratch: expected a local folder"):
+        load_config(scan_config(tmp_path, **ROWS, extra='scratch = "s3://bucket/keys"'))
+
+
+@pytest.mark.scale
+def test_two_million_rows_in_eight_or_more_buckets_give_the_in_memory_bytes(
+    db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scale test: 2,000,000 rows (and windows over 2,000,000 rows) under 8 MiB against the dump in memory."""
+    load_tables(db, series=6500, rows=2_000_000)
+    for name, settings in (("rows", ROWS), ("windows", {**WINDOWS, "stride": 8})):
+        with caplog.at_level(logging.INFO, logger="pgprefetch"):
+            spilled = dump(scan_config(tmp_path / f"s-{name}", **settings, size=4096, extra='memory = "8MiB"'), db)
+        rows, _, _, series_buckets, _ = logged(caplog, SERIES_LINE)
+        assert rows >= 2_000_000
+        if name == "rows":
+            assert logged(caplog, ORDERED_LINE)[2] >= 8
+        else:
+            assert series_buckets >= 8
+        whole = dump(scan_config(tmp_path / f"w-{name}", **settings, size=4096, extra='memory = "1GiB"'), db)
+        assert spilled.n_samples == whole.n_samples
+        assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+        caplog.clear()
