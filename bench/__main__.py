@@ -1,4 +1,4 @@
-"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, RSS, proxy, reader, opening, small, S3;
+"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, scan (three shapes), proxy, reader, opening, small, S3;
 keys (query-mode keys, and scan mode's keys pass, beyond ``--memory``); resume (a killed dump resumed against a
 fresh one)."""
 
@@ -29,6 +29,7 @@ from . import small as small_bench  # `small` is a flag in several functions her
 from . import stream as stream_bench  # `stream` reads better as the bench module here too
 from .datasets import CONNECTIONS, ROWS, WINDOWS, Dataset
 from .machine import code_revision
+from .mixed import MIXED
 from .postgres import database, server
 from .report import LOCAL, Results, Row, render, render_reader, splice, splice_reader
 
@@ -37,8 +38,11 @@ HERE = Path(__file__).resolve().parent
 # rows: 2.4M items -> 2.16M train rows.
 DEFAULT_SCALE_SEQ = 16.0
 DEFAULT_SCALE_ROWS = 24.0
+# Mixed (the scan section's second windows shape): 300 series of 256 x scale steps -> 1,214,700 windows at 16.
+DEFAULT_SCALE_MIXED = 16.0
 QUICK_SCALE_SEQ = 0.1
 QUICK_SCALE_ROWS = 0.05
+QUICK_SCALE_MIXED = 0.1
 MIN_WINDOWS = 200_000
 MIN_ROWS = 1_000_000
 
@@ -89,7 +93,11 @@ def proxy(dsn: str, delay_ms: float) -> Iterator[str]:
         stop_child(p, timeout=5)
 
 
-TABLES = {"windows": "ticks, train_samples", "rows": "items, train_items"}  # what each dataset's load writes
+TABLES = {
+    "windows": "ticks, train_samples",
+    "rows": "items, train_items",
+    "mixed": "sensors, sensor_samples",
+}  # what each dataset's load writes
 
 
 async def load(
@@ -158,6 +166,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute: a smoke test")
     parser.add_argument("--scale-seq", type=float, help=f"windows dataset scale (default {DEFAULT_SCALE_SEQ})")
     parser.add_argument("--scale-rows", type=float, help=f"rows dataset scale (default {DEFAULT_SCALE_ROWS})")
+    parser.add_argument(
+        "--scale-mixed",
+        type=float,
+        help=f"scale of the scan section's mixed windows (default {DEFAULT_SCALE_MIXED}: 300 series of 4,096 rows)",
+    )
     parser.add_argument("--blog-seconds", type=float, help="time budget of each blog run (default 12, quick 2)")
     parser.add_argument("--delay-ms", type=float, default=0.5, help="proxy delay each way (default 0.5)")
     parser.add_argument("--no-proxy", action="store_true", help="skip the runs through the delaying proxy")
@@ -254,6 +267,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     small = args.quick or args.casts_only
     args.scale_seq = args.scale_seq or (QUICK_SCALE_SEQ if small else DEFAULT_SCALE_SEQ)
     args.scale_rows = args.scale_rows or (QUICK_SCALE_ROWS if small else DEFAULT_SCALE_ROWS)
+    args.scale_mixed = args.scale_mixed or (QUICK_SCALE_MIXED if small else DEFAULT_SCALE_MIXED)
     args.blog_seconds = args.blog_seconds or (2.0 if args.quick else 12.0)
     if args.casts_only and (args.reader_only or args.results):
         parser.error("--casts-only prints only: not with --reader-only or --results")
@@ -499,10 +513,13 @@ def casts_only(args: argparse.Namespace) -> None:
     print(casts.render_casts(runs, quick=small))
 
 
+SCANNED = (WINDOWS, MIXED, ROWS)  # the scan section's datasets: two windows shapes and the rows
+
+
 def measure_scan(dsn: str, workdir: Path, rows: list[Row]) -> scan.ScanResults:
     """The scan mode's figures, beside the query mode's dumps of the same datasets in ``rows``."""
     out = scan.ScanResults()
-    for ds in (WINDOWS, ROWS):
+    for ds in SCANNED:
         query = next((r.dump for r in rows if r.dataset == ds.name and r.transport == LOCAL), None)
         out.rows.append(scan.measure(ds, dsn, workdir, query))
     out.rss = scan.measure_rss(dsn, workdir)
@@ -515,13 +532,13 @@ def scan_section(results: scan.ScanResults, rows: list[Row]) -> list[str]:
 
 
 def scan_only(args: argparse.Namespace) -> None:
-    """Load both datasets, measure the query dump and row ceiling, then the scan mode; print the section."""
-    scales = {"windows": args.scale_seq, "rows": args.scale_rows}
+    """Load the datasets, measure the query dump and row ceiling, then the scan mode; print the section."""
+    scales = {"windows": args.scale_seq, "rows": args.scale_rows, "mixed": args.scale_mixed}
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
     try:
         with server() as admin_dsn, database(admin_dsn) as dsn:
-            asyncio.run(load(dsn, scales))
-            rows = [measure(ds, dsn, workdir, 1.0, LOCAL) for ds in (WINDOWS, ROWS)]
+            asyncio.run(load(dsn, scales, SCANNED))
+            rows = [measure(ds, dsn, workdir, 1.0, LOCAL) for ds in SCANNED]
             results = measure_scan(dsn, workdir, rows)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -564,6 +581,8 @@ def main(argv: list[str] | None = None) -> None:
         resume_only(args)
         return
     scales = {"windows": args.scale_seq, "rows": args.scale_rows}
+    if not args.no_scan:
+        scales["mixed"] = args.scale_mixed
     small = WINDOWS.expected(args.scale_seq) < MIN_WINDOWS or ROWS.expected(args.scale_rows) < MIN_ROWS
     if small and not args.quick:
         log(f"warning: below the issue's sizes ({MIN_WINDOWS:,} windows, {MIN_ROWS:,} rows)")
@@ -573,17 +592,19 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-stores-"))
     scan_results = scan.ScanResults()
+    scanned: list[Row] = []  # the query-mode rows of datasets only the scan section shows (mixed)
     keyed = resumed = None
     scan_keyed: list[scankeys.ScanRun] = []
     try:
         with server() as admin_dsn, database(admin_dsn) as dsn:
-            _, results.server_version = asyncio.run(load(dsn, scales))
+            _, results.server_version = asyncio.run(load(dsn, scales, SCANNED if not args.no_scan else (WINDOWS, ROWS)))
             results.setup_s = time.perf_counter() - started
             for ds in (WINDOWS, ROWS):
                 results.rows.append(measure(ds, dsn, workdir, args.blog_seconds, LOCAL))
                 results.casts.append(measure_casts(ds, dsn, results.rows[-1].dump))
             if not args.no_scan:
-                scan_results = measure_scan(dsn, workdir, results.rows)
+                scanned = [measure(MIXED, dsn, workdir, args.blog_seconds, LOCAL)]
+                scan_results = measure_scan(dsn, workdir, results.rows + scanned)
             for label, fraction in (("1x", 0.25), ("4x", 1.0)):
                 run = dumprun.dump(ROWS, dsn, workdir, fraction=fraction, measure_rss=True)
                 log(f"rss {label}: {run.samples:,} samples, peak RSS {run.max_rss / 2**20:,.1f} MiB")
@@ -620,7 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     results.total_s = time.perf_counter() - started
     text = render(results)
     if not args.no_scan:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(scan_section(scan_results, results.rows)) + "\n"
+        text = text.rstrip("\n") + "\n\n" + "\n".join(scan_section(scan_results, results.rows + scanned)) + "\n"
     if streamed is not None:
         text = text.rstrip("\n") + "\n\n" + stream_bench.render(streamed, revision=results.revision) + "\n"
     if padded is not None:

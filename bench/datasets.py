@@ -1,8 +1,11 @@
-"""The two benchmark datasets: their pgprefetch configs, batch statements and blog-post queries."""
+"""The benchmark datasets: their pgprefetch configs, batch statements and blog-post queries.
+
+*windows* and *rows* are the demo data's; *mixed* (bench/mixed.py) brings its own load.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +87,9 @@ class Dataset:
     blog_keys: str  # the blog post's start-point query
     blog_query: Callable[[asyncpg.Record], str]
     blog_array: Callable[[list[asyncpg.Record]], np.ndarray]
+    # A dataset other than the demo's two brings its own load (returns the train samples) and count.
+    loader: Callable[[asyncpg.Connection, float], Awaitable[int]] | None = None
+    counter: Callable[[float], int] | None = None
 
     def config(self, store: Path | str, fraction: float = 1.0) -> str:
         """A pgprefetch config for this dataset, modelled on configs/demo*.toml (``store``: a folder or URL)."""
@@ -98,10 +104,14 @@ class Dataset:
 
     async def load(self, conn: asyncpg.Connection, scale: float) -> int:
         """(Re)create the dataset's tables at ``scale``; return the number of train samples."""
+        if self.loader is not None:
+            return await self.loader(conn, scale)
         return await (load_sequences(conn, scale) if self.name == "windows" else load_rows(conn, scale))
 
     def expected(self, scale: float) -> int:
         """Train samples at ``scale`` (before loading)."""
+        if self.counter is not None:
+            return self.counter(scale)
         return sequence_counts(scale)[1] if self.name == "windows" else round(row_count(scale) * 0.9)
 
     async def epoch_keys(self, conn: asyncpg.Connection) -> np.ndarray:

@@ -1,6 +1,9 @@
 """Scan mode against the query mode, the per-batch ceilings and a bare full-table COPY; rows read; RSS.
 
-For each dataset, in one run on one server:
+For each dataset, in one run on one server (two windows shapes, both at stride 1: *windows*, 64 rows of
+``real``, ``double precision`` and ``smallint`` into float32[64, 2] and int64[64]; *mixed*, 48 rows of
+``double precision``, ``real`` and ``smallint`` into one float32[48, 3] field and a ``boolean`` into bool[48],
+300 series, bench/mixed.py; and *rows*, one row a sample):
 
 - *scan*: ``pgprefetch dump`` of a scan config as a whole process (the table read once, windows cut in
   numpy). Its samples are every window of every series (stride 1) or every row, not the query mode's
@@ -23,24 +26,29 @@ from pathlib import Path
 import asyncpg
 
 from . import dumprun, log
-from .datasets import CONNECTIONS, ROWS, ROWS_FIELDS, SEED, WINDOWS_FIELDS, Dataset
+from .datasets import CONNECTIONS, ROWS, SEED, Dataset
 
-TABLES = {"windows": "ticks", "rows": "items"}
-COLUMNS = {"windows": "series_id, t, f0, f1, label", "rows": "id, emb, price, qty, day, label"}
+TABLES = {"windows": "ticks", "rows": "items", "mixed": "sensors"}
+COLUMNS = {
+    "windows": "series_id, t, f0, f1, label",
+    "rows": "id, emb, price, qty, day, label",
+    "mixed": "series_id, t, f0, f1, f2, flag",
+}
 RSS_MEMORY = "64MiB"
 
 
 def scan_config(ds: Dataset, store: Path, *, table: str | None = None, memory: str | None = None) -> str:
-    """The scan-mode config of a dataset (windows of 64 with stride 1, or one row per sample)."""
+    """The scan-mode config of a dataset (windows of ``ds.rows`` with stride 1, or one row per sample)."""
+    name = table or TABLES[ds.name]
     samples = (
-        '[samples]\ntable = "ticks"\nkey = ["series_id"]\norder = "t"\nwindow = 64\n'
-        if ds.name == "windows"
-        else f'[samples]\ntable = "{table or "items"}"\nkey = ["id"]\n'
+        f'[samples]\ntable = "{name}"\nkey = ["series_id"]\norder = "t"\nwindow = {ds.rows}\n'
+        if ds.rows > 1
+        else f'[samples]\ntable = "{name}"\nkey = ["id"]\n'
     )
     memory_line = f'memory = "{memory}"\n' if memory else ""
     return (
         f"[source]\nconnections = {CONNECTIONS}\n{memory_line}\n{samples}\n"
-        f"{WINDOWS_FIELDS if ds.name == 'windows' else ROWS_FIELDS}\n"
+        f"{ds.fields}\n"
         f"[batches]\nsize = {ds.batch_size}\nseed = {SEED}\ndrop_last = {str(ds.drop_last).lower()}\n\n"
         f'[store]\npath = "{store}"\ncompression = "none"\n'
     )

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from bench import mixed
+from bench.scan import scan_config as bench_scan_config
 from pgprefetch import EpochArrays
 from pgprefetch.cli import cli
 from pgprefetch.errors import ConfigError, SampleError
@@ -88,6 +92,72 @@ def test_windows_are_byte_identical_to_the_query_mode_twin(
     assert scan.n_samples == twin.n_samples > 0
     assert chunk_bytes(scan.path) == chunk_bytes(twin.path)
     assert scan.rows_read == fetch(ticks, "SELECT count(*) FROM ticks")[0][0]
+
+
+def test_double_real_and_smallint_windows_cast_into_one_float32_field_beside_a_bool_field(
+    db: str, tmp_path: Path
+) -> None:
+    """The bench's *mixed* shape: the scan's windows hold the table's values, and the query mode's bytes."""
+    execute(
+        db,
+        """CREATE TABLE sensors (series_id int, t int, f0 float8 NOT NULL, f1 real NOT NULL,
+           f2 smallint NOT NULL, flag boolean NOT NULL)""",
+        """INSERT INTO sensors
+           SELECT s, t, s * 1000 + t / 3.0, sin(s + t * 0.1), (s * 31 + t * 7) % 30000 - 15000, (s + t) % 3 = 0
+           FROM generate_series(1, 25) s, generate_series(0, (s * 13) % 40 + 2) t ORDER BY random()""",
+    )
+    fields = {"x": (["f0", "f1", "f2"], "float32"), "flag": (["flag"], "bool")}
+    window = {"table": "sensors", "key": ["series_id"], "order": "t", "window": 6, "fields": fields}
+    scan = dump(scan_config(tmp_path / "scan", **window), db)
+    keys = """SELECT series_id, t FROM (
+                SELECT series_id, t, count(*) OVER (PARTITION BY series_id) - row_number() OVER w AS after
+                FROM sensors WINDOW w AS (PARTITION BY series_id ORDER BY t)) s WHERE after >= 5"""
+    query = "SELECT f0, f1, f2, flag FROM sensors WHERE series_id = $1 AND t >= $2 ORDER BY t LIMIT 6"
+    twin = dump(scan_config(tmp_path / "twin", keys=keys, query=query, rows=6, fields=fields), db)
+    assert scan.n_samples == twin.n_samples == fetch(db, f"SELECT count(*) FROM ({keys}) k")[0][0]
+    assert chunk_bytes(scan.path) == chunk_bytes(twin.path)
+    arrays = read_arrays(scan)
+    assert arrays["x"].dtype == np.float32
+    assert arrays["flag"].dtype == np.bool_
+    starts, x, flag = arrays["keys"].reshape(-1, 2), arrays["x"].reshape(-1, 6, 3), arrays["flag"].reshape(-1, 6)
+    real = np.flatnonzero(starts[:, 0] != 0)  # the padded last batch holds zeros
+    for i in real[:: max(1, len(real) // 7)]:  # a few windows, spread over the epoch
+        sid, t = map(int, starts[i])
+        rows = fetch(
+            db, f"SELECT f0, f1, f2, flag FROM sensors WHERE series_id = {sid} AND t >= {t} ORDER BY t LIMIT 6"
+        )
+        expected = np.array([(r["f0"], r["f1"], r["f2"]) for r in rows], dtype=np.float32)
+        assert np.array_equal(x[i], expected), (sid, t)
+        assert flag[i].tolist() == [r["flag"] for r in rows], (sid, t)
+
+
+def test_the_bench_mixed_dataset_scans_every_window_of_what_the_database_holds(db: str, tmp_path: Path) -> None:
+    """``python -m bench``'s second windows shape, its own load and scan config (8 connections, drop_last)."""
+
+    async def load() -> int:
+        conn = await asyncpg.connect(db)
+        try:
+            return await mixed.MIXED.load(conn, 0.1)
+        finally:
+            await conn.close()
+
+    assert asyncio.run(load()) == mixed.MIXED.expected(0.1) > 0
+    config = tmp_path / "mixed.toml"
+    config.write_text(bench_scan_config(mixed.MIXED, tmp_path / "mixed.zarr"))
+    result = dump(config, db)
+    assert result.n_samples == mixed.scan_count(0.1) // 256 * 256  # every window at stride 1, full batches only
+    a = read_arrays(result)
+    starts, x, flag = a["keys"].reshape(-1, 2), a["x"].reshape(-1, mixed.WINDOW, 3), a["flag"].reshape(-1, mixed.WINDOW)
+    assert len({(int(sid), int(t)) for sid, t in starts}) == len(starts)  # no window twice
+    assert starts[:, 0].min() >= 1
+    assert starts[:, 0].max() <= mixed.SERIES
+    assert starts[:, 1].max() <= mixed.steps(0.1) - mixed.WINDOW
+    for i in range(0, len(starts), len(starts) // 6):  # a few windows, spread over the epoch
+        sid, t = map(int, starts[i])
+        rows = fetch(db, f"SELECT f0, f1, f2, flag FROM sensors WHERE series_id = {sid} AND t >= {t} ORDER BY t")
+        expected = np.array([(r["f0"], r["f1"], r["f2"]) for r in rows[: mixed.WINDOW]], dtype=np.float32)
+        assert np.array_equal(x[i], expected), (sid, t)
+        assert flag[i].tolist() == [r["flag"] for r in rows[: mixed.WINDOW]], (sid, t)
 
 
 def test_a_stream_decoded_a_few_rows_at_a_time_gives_the_same_epoch(
