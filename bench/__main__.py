@@ -1,6 +1,6 @@
-"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, scan (three shapes), proxy, reader, opening, small, S3;
-keys (query-mode keys, and scan mode's keys pass, beyond ``--memory``); resume (a killed dump resumed against a
-fresh one)."""
+"""``python -m bench``: load the demo data; blog / ceiling / dump, casts, scan (three shapes), RSS, proxy, reader,
+opening, small, S3; keys (query-mode keys, and scan mode's keys pass, beyond ``--memory``); resume (a killed dump
+resumed against a fresh one)."""
 
 from __future__ import annotations
 
