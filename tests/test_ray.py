@@ -117,7 +117,7 @@ def test_json_reports_the_parts_and_scan_mode_or_a_missing_ray_are_one_line_erro
     # Without Ray installed; and the CLI and the API never import Ray unless asked to.
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "import pgprefetch.api, pgprefetch.cli.commands\n"
+        "import pgprefetch.api, pgprefetch.cli.commands, pgprefetch.cli.dump\n"
         "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules if sys.modules[m] is not None)\n"
         "from pgprefetch.cli import cli; cli([*sys.argv[1:]])\n"
     )

@@ -9,7 +9,6 @@ unless ``--debug`` asks for the traceback.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -19,49 +18,18 @@ from typing import Any
 import click
 
 from pgprefetch._version import __version__
-from pgprefetch.cli.console import Group, fail, json_option, log_to_stderr, run, stop_on_sigterm, tune_for_dumping
-from pgprefetch.cli.progress import BarProgress, LogProgress
-from pgprefetch.cli.words import parse_epochs, summary
+from pgprefetch.cli.console import Group, fail, json_option, tune_for_dumping
+from pgprefetch.cli.dump import dump
+from pgprefetch.cli.options import config_option, dir_option, dsn_option, named_store, scale_option, with_store_options
+from pgprefetch.cli.progress import BarProgress
+from pgprefetch.cli.words import summary
 from pgprefetch.config.load import load_config
 from pgprefetch.config.values import parse_duration, show_size
-from pgprefetch.demo.server import DEFAULT_DIR
-from pgprefetch.errors import ConfigError
-from pgprefetch.store.base import Store
-from pgprefetch.store.maintenance import list_epochs, plan_ahead, prune, verify_epoch
-from pgprefetch.store.open import open_store
-from pgprefetch.write.batches import Progress
+from pgprefetch.store.maintenance import list_epochs, prune, verify_epoch
 from pgprefetch.write.check import SAMPLE_BATCHES, check_config
-from pgprefetch.write.pipeline import RETRIES, dump_epoch, dump_epochs
-from pgprefetch.write.sources import ReadCache
+from pgprefetch.write.pipeline import dump_epochs
 
 DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml", "configs/demo-scan.toml")
-
-
-config_option = click.option(
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The TOML config file.",
-)
-dsn_option = click.option(
-    "--dsn", help="PostgreSQL URI; wins over PGPREFETCH_DSN and [source] dsn.", envvar=None, default=None
-)
-dir_option = click.option(
-    "--dir",
-    "folder",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DIR,
-    show_default=True,
-    help="Where the embedded server keeps its data.",
-)
-scale_option = click.option(
-    "--scale",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Size of the demo datasets: 1 = 38,560 windows and 90,000 rows of training samples.",
-)
 
 
 def loaded(counts: dict[str, int]) -> str:
@@ -76,164 +44,7 @@ def cli(debug: bool) -> None:
     """Pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr."""
 
 
-@cli.command()
-@config_option
-@click.option("--epoch", type=int, help="The epoch to dump.")
-@click.option("--epochs", "epoch_range", help="Several epochs: 3-5, or 1,4-6.")
-@click.option("--ahead", type=click.IntRange(min=1), help="Dump the next K epochs after the newest started one.")
-@click.option(
-    "--keep", type=click.IntRange(min=0), help="Then delete complete epochs more than N behind the consumers."
-)
-@click.option("--consumer", help="Go by this consumer's epoch for --ahead/--keep (default: all consumers).")
-@click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store; overrides [store] path.")
-@dsn_option
-@click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
-@click.option(
-    "--memory",
-    metavar="SIZE",
-    help='What the dump holds at once, e.g. "2GiB": the keys (beyond it, ordered on disk) and a scan\'s table data; '
-    "overrides [source].",
-)
-@click.option(
-    "--scratch",
-    metavar="FOLDER",
-    type=click.Path(file_okay=False),
-    help="Where keys beyond --memory are ordered on disk (default: beside the store's partial epoch); "
-    "overrides [source].",
-)
-@click.option(
-    "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
-)
-@click.option(
-    "--retries",
-    type=click.IntRange(min=0),
-    default=RETRIES,
-    show_default=True,
-    help="Lost connections to survive per epoch.",
-)
-@click.option(
-    "--executor",
-    type=click.Choice(["process", "ray"]),
-    default="process",
-    show_default=True,
-    help="Who writes the batches: this process, or a Ray cluster's workers under one snapshot (RAY_ADDRESS, "
-    "or a cluster started here; pip install 'pgprefetch[ray]').",
-)
-@click.option(
-    "--parts", type=click.IntRange(min=1), help="--executor ray: the epoch's parts (default: the cluster's CPUs)."
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no log lines and no summary; errors only.")
-@json_option("Print one JSON summary object per epoch.")
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Log lines on stderr (progress when stderr is not a terminal, retries, resumes): text or JSON.",
-)
-@click.option(
-    "--log-every",
-    type=click.FloatRange(min=0.1),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Progress log interval when stderr is not a terminal.",
-)
-def dump(
-    config_path: Path,
-    epoch: int | None,
-    epoch_range: str | None,
-    ahead: int | None,
-    keep: int | None,
-    consumer: str | None,
-    store: str | None,
-    dsn: str | None,
-    connections: int | None,
-    memory: str | None,
-    scratch: str | None,
-    force: bool,
-    retries: int,
-    executor: str,
-    parts: int | None,
-    quiet: bool,
-    as_json: bool,
-    log_format: str,
-    log_every: float,
-) -> None:
-    """Dump epochs of a config into its Zarr store.
-
-    \b
-    Examples:
-        pgprefetch dump --config configs/demo.toml --epoch 3
-        pgprefetch dump --config configs/demo.toml --ahead 2 --keep 1 --quiet   # from cron
-        pgprefetch dump --config configs/demo.toml --epoch 3 --executor ray --parts 8
-    """
-    if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
-        raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
-    if parts is not None and executor != "ray":
-        raise ConfigError("--parts needs --executor ray")
-    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
-    target = open_store(cfg.store.path)
-    if ahead is not None:
-        epochs = plan_ahead(target, ahead, consumer)
-    else:
-        epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
-    log_to_stderr(quiet, log_format)
-    stop_on_sigterm()
-    progress: Progress = (
-        BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
-    )
-    cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
-    with _executor(executor, parts) as spread:
-        for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
-            dumping = dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=spread)
-            result = run(dumping)
-            if as_json:
-                click.echo(json.dumps(result.to_json()))
-            elif not quiet:
-                click.echo(summary(result))
-    if keep is not None:
-        pruned = prune(target, keep, consumer)
-        if pruned.epochs and not quiet and not as_json:
-            click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
-    elif ahead is not None and not epochs and not quiet and not as_json:
-        click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
-
-
-def _executor(name: str, parts: int | None) -> Any:
-    """The executor --executor names, as a context (None: this process); Ray is imported only for ``ray``."""
-    if name != "ray":
-        return contextlib.nullcontext(None)
-    from pgprefetch.write.ray import ray_executor
-
-    return ray_executor(parts)
-
-
-def _store(config_path: Path | None, store: str | None) -> Store:
-    """The store named by --store, or by the config's [store] path; it must exist."""
-    if store is not None:
-        return open_store(store).require()
-    if config_path is None:
-        raise ConfigError("give --config or --store")
-    return open_store(load_config(config_path).store.path).require()
-
-
-store_options = [
-    click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="The config whose [store] path to use.",
-    ),
-    click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store: a folder or an S3 URL."),
-]
-
-
-def with_store_options(f: Any) -> Any:
-    """Add --config and --store to a command."""
-    for option in reversed(store_options):
-        f = option(f)
-    return f
+cli.add_command(dump)  # the longest command, in a module of its own (pgprefetch.cli.dump)
 
 
 @cli.command("ls")
@@ -241,7 +52,7 @@ def with_store_options(f: Any) -> Any:
 @json_option('Print {"epochs": [...]} instead of a table.')
 def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
     """List the epochs of a store: state, batches, samples, size, created, seconds."""
-    infos = list_epochs(_store(config_path, store))
+    infos = list_epochs(named_store(config_path, store))
     if as_json:
         click.echo(json.dumps({"epochs": [i.to_json() for i in infos]}))
         return
@@ -263,7 +74,7 @@ def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
 @json_option('Print {"epoch", "problems": [...], "ok"}.')
 def verify(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
     """Recompute every chunk's checksum; name each corrupt or missing chunk (exit 1 if any)."""
-    problems = verify_epoch(_store(config_path, store), epoch)
+    problems = verify_epoch(named_store(config_path, store), epoch)
     if as_json:
         click.echo(json.dumps({"epoch": epoch, "problems": problems, "ok": not problems}))
         if problems:
@@ -282,7 +93,7 @@ def verify(config_path: Path | None, store: str | None, epoch: int, as_json: boo
 @json_option('Print {"epoch", "stats": {field: {column: {count, mean, std, min, max}}}}.')
 def stats(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
     """Per field and column: count, mean, std, min and max over an epoch's real values (padding excluded)."""
-    manifest = _store(config_path, store).manifest(epoch)
+    manifest = named_store(config_path, store).manifest(epoch)
     figures = manifest.get("stats")
     if figures is None:
         raise fail(f"epoch {epoch} has no statistics: a pgprefetch that did not compute them wrote it", 1)
@@ -338,7 +149,7 @@ def prune_command(
     """Delete complete epochs more than N behind the consumers; partial epochs only when told."""
     age = parse_duration(partials_age, "--partials-older-than") / 1000 if partials_age is not None else None
     result = prune(
-        _store(config_path, store), keep, consumer, partials=partials, partials_older_than=age, dry_run=dry_run
+        named_store(config_path, store), keep, consumer, partials=partials, partials_older_than=age, dry_run=dry_run
     )
     if as_json:
         click.echo(json.dumps(result.to_json()))

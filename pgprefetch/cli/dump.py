@@ -1,0 +1,161 @@
+"""``pgprefetch dump``: epochs of a config into its store, once, a range, or ``--ahead`` from cron.
+
+The longest command: its options are the dump's knobs (memory, scratch, retries, the executor) and how it
+reports (a bar on a terminal, log lines under cron, JSON). It parses them, loads the config once and calls
+:func:`pgprefetch.write.pipeline.dump_epoch` per epoch; ``--keep`` then prunes as ``pgprefetch prune`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pgprefetch.cli.console import json_option, log_to_stderr, run, stop_on_sigterm
+from pgprefetch.cli.options import config_option, dsn_option
+from pgprefetch.cli.progress import BarProgress, LogProgress
+from pgprefetch.cli.words import parse_epochs, summary
+from pgprefetch.config.load import load_config
+from pgprefetch.errors import ConfigError
+from pgprefetch.store.maintenance import plan_ahead, prune
+from pgprefetch.store.open import open_store
+from pgprefetch.write.batches import Progress
+from pgprefetch.write.pipeline import RETRIES, dump_epoch
+from pgprefetch.write.sources import ReadCache
+
+
+@click.command()
+@config_option
+@click.option("--epoch", type=int, help="The epoch to dump.")
+@click.option("--epochs", "epoch_range", help="Several epochs: 3-5, or 1,4-6.")
+@click.option("--ahead", type=click.IntRange(min=1), help="Dump the next K epochs after the newest started one.")
+@click.option(
+    "--keep", type=click.IntRange(min=0), help="Then delete complete epochs more than N behind the consumers."
+)
+@click.option("--consumer", help="Go by this consumer's epoch for --ahead/--keep (default: all consumers).")
+@click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store; overrides [store] path.")
+@dsn_option
+@click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
+@click.option(
+    "--memory",
+    metavar="SIZE",
+    help='What the dump holds at once, e.g. "2GiB": the keys (beyond it, ordered on disk) and a scan\'s table data; '
+    "overrides [source].",
+)
+@click.option(
+    "--scratch",
+    metavar="FOLDER",
+    type=click.Path(file_okay=False),
+    help="Where keys beyond --memory are ordered on disk (default: beside the store's partial epoch); "
+    "overrides [source].",
+)
+@click.option(
+    "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=RETRIES,
+    show_default=True,
+    help="Lost connections to survive per epoch.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["process", "ray"]),
+    default="process",
+    show_default=True,
+    help="Who writes the batches: this process, or a Ray cluster's workers under one snapshot (RAY_ADDRESS, "
+    "or a cluster started here; pip install 'pgprefetch[ray]').",
+)
+@click.option(
+    "--parts", type=click.IntRange(min=1), help="--executor ray: the epoch's parts (default: the cluster's CPUs)."
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no log lines and no summary; errors only.")
+@json_option("Print one JSON summary object per epoch.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr (progress when stderr is not a terminal, retries, resumes): text or JSON.",
+)
+@click.option(
+    "--log-every",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Progress log interval when stderr is not a terminal.",
+)
+def dump(
+    config_path: Path,
+    epoch: int | None,
+    epoch_range: str | None,
+    ahead: int | None,
+    keep: int | None,
+    consumer: str | None,
+    store: str | None,
+    dsn: str | None,
+    connections: int | None,
+    memory: str | None,
+    scratch: str | None,
+    force: bool,
+    retries: int,
+    executor: str,
+    parts: int | None,
+    quiet: bool,
+    as_json: bool,
+    log_format: str,
+    log_every: float,
+) -> None:
+    """Dump epochs of a config into its Zarr store.
+
+    \b
+    Examples:
+        pgprefetch dump --config configs/demo.toml --epoch 3
+        pgprefetch dump --config configs/demo.toml --ahead 2 --keep 1 --quiet   # from cron
+        pgprefetch dump --config configs/demo.toml --epoch 3 --executor ray --parts 8
+    """
+    if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
+        raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
+    if parts is not None and executor != "ray":
+        raise ConfigError("--parts needs --executor ray")
+    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
+    target = open_store(cfg.store.path)
+    if ahead is not None:
+        epochs = plan_ahead(target, ahead, consumer)
+    else:
+        epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
+    log_to_stderr(quiet, log_format)
+    stop_on_sigterm()
+    progress: Progress = (
+        BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
+    )
+    cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
+    with _executor(executor, parts) as spread:
+        for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
+            dumping = dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=spread)
+            result = run(dumping)
+            if as_json:
+                click.echo(json.dumps(result.to_json()))
+            elif not quiet:
+                click.echo(summary(result))
+    if keep is not None:
+        pruned = prune(target, keep, consumer)
+        if pruned.epochs and not quiet and not as_json:
+            click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
+    elif ahead is not None and not epochs and not quiet and not as_json:
+        click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
+
+
+def _executor(name: str, parts: int | None) -> Any:
+    """The executor --executor names, as a context (None: this process); Ray is imported only for ``ray``."""
+    if name != "ray":
+        return contextlib.nullcontext(None)
+    from pgprefetch.write.ray import ray_executor
+
+    return ray_executor(parts)

@@ -1,0 +1,71 @@
+"""The options several commands share: the config, the DSN, the demo's folder and scale, the store.
+
+Declared once, so ``--config`` or ``--store`` means the same in every command that takes it, and a store is
+opened from them in one way (:func:`named_store`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pgprefetch.config.load import load_config
+from pgprefetch.demo.server import DEFAULT_DIR
+from pgprefetch.errors import ConfigError
+from pgprefetch.store.base import Store
+from pgprefetch.store.open import open_store
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The TOML config file.",
+)
+dsn_option = click.option(
+    "--dsn", help="PostgreSQL URI; wins over PGPREFETCH_DSN and [source] dsn.", envvar=None, default=None
+)
+dir_option = click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    help="Where the embedded server keeps its data.",
+)
+scale_option = click.option(
+    "--scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Size of the demo datasets: 1 = 38,560 windows and 90,000 rows of training samples.",
+)
+
+
+def named_store(config_path: Path | None, store: str | None) -> Store:
+    """The store named by --store, or by the config's [store] path; it must exist."""
+    if store is not None:
+        return open_store(store).require()
+    if config_path is None:
+        raise ConfigError("give --config or --store")
+    return open_store(load_config(config_path).store.path).require()
+
+
+store_options = [
+    click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="The config whose [store] path to use.",
+    ),
+    click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store: a folder or an S3 URL."),
+]
+
+
+def with_store_options(f: Any) -> Any:
+    """Add --config and --store to a command."""
+    for option in reversed(store_options):
+        f = option(f)
+    return f
