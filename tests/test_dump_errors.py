@@ -139,7 +139,7 @@ def test_non_integer_key_column_is_a_config_error(table: str, tmp_path: Path) ->
     expect(
         ConfigError,
         '{file}: [samples] keys: key column "name" is text; '
-        "keys must be integer (smallint, integer, bigint) or uuid columns",
+        "keys must be integer (smallint, integer, bigint), uuid, date, timestamp or timestamptz columns",
         tmp_path,
         table,
         keys="SELECT name FROM s",
