@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -126,6 +127,25 @@ def test_json_reports_the_parts_and_scan_mode_or_a_missing_ray_are_one_line_erro
     assert run.returncode == 1, run.stderr
     expected = "Error: --executor ray needs Ray, which is not installed: pip install 'pgprefetch[ray]'"
     assert run.stderr.strip() == expected
+
+
+def test_a_piped_dump_on_ray_logs_one_progress_stream_naming_the_parts_done(
+    ray_cluster: object, s_table: str, tmp_path: Path
+) -> None:
+    config = s_config(tmp_path, slow=True)  # about 2 s: several of the driver's polls
+    args = ["dump", "--config", str(config), "--dsn", s_table, "--epoch", "0", "--executor", "ray", "--parts", "2",
+            "--log-every", "0.1"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)  # stderr is not a terminal: log lines, no bar
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if "samples/s, ETA" in line]
+    assert lines
+    for line in lines:
+        assert re.search(r"samples \(\d+%\), [\d,]+ samples/s, ETA \d+ s, parts [0-2]/2$", line), line
+    done = [int(re.search(r"parts (\d)/2$", line)[1]) for line in lines]  # type: ignore[index]
+    assert done == sorted(done)
+    assert lines[-1].endswith("parts 2/2")  # a part that finished is logged then, whatever the interval
+    rates = [int(re.search(r"([\d,]+) samples/s", line)[1].replace(",", "")) for line in lines]  # type: ignore[index]
+    assert min(rates) > 0  # the parts' samples are in the rate, not taken for batches an earlier run kept
 
 
 def test_parts_are_contiguous_and_on_an_object_store_end_where_every_array_s_files_do() -> None:

@@ -1,9 +1,9 @@
 """The dump's progress on stderr: a bar on a terminal, a log line every few seconds elsewhere.
 
 Under cron, systemd or Kubernetes stderr is a file or a pipe, where a bar is noise; :class:`LogProgress`
-writes one line through :mod:`logging` every ``interval`` seconds instead (epoch, samples, rate, ETA), so
-a log collector or a cron mail shows a long dump moving. ``--log-format json`` makes every line a JSON
-object (:class:`JsonFormatter`).
+writes one line through :mod:`logging` every ``interval`` seconds instead (epoch, samples, rate, ETA, and
+the parts done of an epoch spread on Ray), so a log collector or a cron mail shows a long dump moving.
+``--log-format json`` makes every line a JSON object (:class:`JsonFormatter`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class BarProgress:
         self._bar: tqdm | None = None
         self._bytes = 0
         self._started = 0.0
+        self._parts = ""  # "parts 3/8" for a spread epoch; nothing for the single process
 
     def reading(self, epoch: int) -> None:
         """Open a bar counting the table rows a scan reads (the total is not known ahead)."""
@@ -44,7 +45,7 @@ class BarProgress:
         if not self.enabled:
             return
         self.close()
-        self._bytes, self._started = 0, time.monotonic()
+        self._bytes, self._started, self._parts = 0, time.monotonic(), ""
         self._bar = _bar(f"epoch {epoch}", " samples", n_samples)
 
     def advance(self, samples: int, nbytes: int) -> None:
@@ -54,10 +55,23 @@ class BarProgress:
         if not nbytes and not self._bytes:  # batches kept from an interrupted dump: done, but not at this rate
             self._bar.initial += samples  # tqdm's rate counts from `initial`
         self._bytes += nbytes
+        self._postfix(self._bar, refresh=False)
+        self._bar.update(samples)
+
+    def parts(self, done: int, total: int) -> None:
+        """Show the parts done of a spread epoch after the rate."""
+        self._parts = f"parts {done}/{total}"
+        if self._bar is not None:
+            self._postfix(self._bar, refresh=True)
+
+    def _postfix(self, bar: tqdm, refresh: bool) -> None:
+        """The bar's postfix: the write rate in bytes, and a spread epoch's parts done."""
+        shown = [self._parts] if self._parts else []
         if self._bytes:
             rate = self._bytes / max(time.monotonic() - self._started, 1e-3)
-            self._bar.set_postfix_str(self._bar.format_sizeof(rate, "B/s", divisor=1000), refresh=False)
-        self._bar.update(samples)
+            shown.insert(0, bar.format_sizeof(rate, "B/s", divisor=1000))
+        if shown:
+            bar.set_postfix_str(", ".join(shown), refresh=refresh)
 
     def close(self) -> None:
         """Remove the bar (the summary line replaces it)."""
@@ -88,6 +102,7 @@ class LogProgress:
         self._done = 0
         self._kept = 0  # samples of batches an interrupted dump left: not written at this run's rate
         self._rows = 0
+        self._parts: tuple[int, int] | None = None  # a spread epoch's parts done and in all
         self._started = self._last = 0.0
 
     def reading(self, epoch: int) -> None:
@@ -104,7 +119,7 @@ class LogProgress:
 
     def start(self, epoch: int, n_samples: int) -> None:
         """The epoch's size is known."""
-        self._epoch, self._total, self._done, self._kept = epoch, n_samples, 0, 0
+        self._epoch, self._total, self._done, self._kept, self._parts = epoch, n_samples, 0, 0, None
         self._started = self._last = time.monotonic()
 
     def advance(self, samples: int, nbytes: int) -> None:
@@ -113,16 +128,32 @@ class LogProgress:
         if not nbytes and self._done == samples:
             self._kept = samples
         if self._due():
-            elapsed = max(time.monotonic() - self._started, 1e-9)
-            rate = (self._done - self._kept) / elapsed
-            eta = (self._total - self._done) / rate if rate else float("inf")
-            log.info(
-                "epoch %d: %s of %s samples (%.0f%%), %s samples/s, ETA %.0f s",
-                self._epoch, f"{self._done:,}", f"{self._total:,}", 100 * self._done / max(self._total, 1),
-                f"{rate:,.0f}", eta,
-                extra={"epoch": self._epoch, "samples": self._done, "total": self._total,
-                       "samples_per_s": round(rate, 1), "eta_s": round(eta, 1)},
-            )  # fmt: skip
+            self._line()
+
+    def parts(self, done: int, total: int) -> None:
+        """A spread epoch's parts done: a part that finished is news, logged now whatever the interval."""
+        news = self._parts is not None and done > self._parts[0]
+        self._parts = (done, total)
+        if news:
+            self._last = time.monotonic()
+            self._line()
+
+    def _line(self) -> None:
+        """The progress line: samples, rate, ETA, and the parts done of a spread epoch."""
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        rate = (self._done - self._kept) / elapsed
+        eta = (self._total - self._done) / rate if rate else float("inf")
+        extra = {"epoch": self._epoch, "samples": self._done, "total": self._total,
+                 "samples_per_s": round(rate, 1), "eta_s": round(eta, 1)}  # fmt: skip
+        parts = ""
+        if self._parts is not None:
+            parts = f", parts {self._parts[0]}/{self._parts[1]}"
+            extra.update(parts_done=self._parts[0], parts=self._parts[1])
+        log.info(
+            "epoch %d: %s of %s samples (%.0f%%), %s samples/s, ETA %.0f s%s",
+            self._epoch, f"{self._done:,}", f"{self._total:,}", 100 * self._done / max(self._total, 1),
+            f"{rate:,.0f}", eta, parts, extra=extra,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Nothing to tidy: the summary follows."""

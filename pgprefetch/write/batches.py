@@ -84,5 +84,12 @@ class Progress(Protocol):
     def advance(self, samples: int, nbytes: int) -> None:
         """A batch of ``samples`` samples, ``nbytes`` bytes, is on disk."""
 
+    def parts(self, done: int, total: int) -> None:
+        """A spread epoch (``--executor ray``): ``done`` of its ``total`` parts have finished (0 when it begins).
+
+        Called after the :meth:`advance` that counted the samples written so far, so a line shown for a part
+        that finished has the figures of that moment.
+        """
+
     def close(self) -> None:
         """The epoch is done (or failed)."""

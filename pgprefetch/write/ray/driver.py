@@ -160,8 +160,10 @@ class RayExecutor:
         futures = {asyncio.wrap_future(ref.future()): spec for ref, spec in refs.items()}
         waiting = set(futures)
         results: list[PartResult] = []
-        shown = 0
+        shown = shown_bytes = 0
         try:
+            if progress:
+                progress.parts(0, len(futures))
             while waiting:
                 done, waiting = await asyncio.wait(waiting, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
@@ -169,10 +171,13 @@ class RayExecutor:
                     results.append(_result(future, spec))
                     log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
                 if progress:
-                    samples, _, _ = await self._totals(tracker)
+                    samples, nbytes, _ = await self._totals(tracker)
                     if samples > shown:
-                        progress.advance(samples - shown, 0)
-                        shown = samples
+                        # Some bytes always: samples counted with none are taken for batches an earlier run kept.
+                        progress.advance(samples - shown, max(nbytes - shown_bytes, 1))
+                        shown, shown_bytes = samples, nbytes
+                    if done:
+                        progress.parts(len(results), len(futures))
         finally:
             for future in waiting:  # the parts still running when one failed: their outcome is not wanted
                 future.cancel()
