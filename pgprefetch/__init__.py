@@ -1,11 +1,12 @@
 """pgprefetch: pre-generate shuffled, snapshot-consistent training epochs from PostgreSQL into Zarr.
 
 The dump side (``config``, ``pg``, ``decode``, ``store``, ``write``) never imports torch, JAX or Grain, so
-cron start-up stays fast. The readers are imported lazily on first use: the NumPy core (``read``:
-:class:`EpochArrays`, :class:`ArrayStream`, no framework needed) and the torch layer (``torch``:
-:class:`EpochDataset`, :class:`EpochStream`, :func:`lengths_to_mask`); ``pgprefetch.jax`` and
-``pgprefetch.grain`` are imported by name. README.md's code map says what each subpackage holds and which
-may import which.
+cron start-up stays fast; and the library's names are imported on first use too, so ``import pgprefetch``
+alone (``pgprefetch --version``, ``--help``) does not load zarr, numpy or asyncpg. The readers are imported
+lazily on first use as well: the NumPy core (``read``: :class:`EpochArrays`, :class:`ArrayStream`, no
+framework needed) and the torch layer (``torch``: :class:`EpochDataset`, :class:`EpochStream`,
+:func:`lengths_to_mask`); ``pgprefetch.jax`` and ``pgprefetch.grain`` are imported by name. README.md's
+code map says what each subpackage holds and which may import which.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pgprefetch._version import __version__
-from pgprefetch.api import build_config, dump, ls, prune, verify
-from pgprefetch.config import Config, load_config
 from pgprefetch.errors import (
     ConfigError,
     EpochNotFoundError,
@@ -27,16 +26,18 @@ from pgprefetch.errors import (
     StoreError,
     StoreNotFoundError,
 )
-from pgprefetch.keys import KeyColumns, uuid_bytes, uuid_slots
-from pgprefetch.store import Store, open_store
-from pgprefetch.write import DumpResult, dump_epoch, dump_epochs
 
 if TYPE_CHECKING:
+    from pgprefetch.api import build_config, dump, ls, prune, verify
+    from pgprefetch.config import Config, load_config
+    from pgprefetch.keys import KeyColumns, uuid_bytes, uuid_slots
     from pgprefetch.read.epoch import EpochArrays
     from pgprefetch.read.stream import ArrayStream
+    from pgprefetch.store import Store, open_store
     from pgprefetch.torch.dataset import EpochDataset
     from pgprefetch.torch.padding import lengths_to_mask
     from pgprefetch.torch.stream import EpochStream
+    from pgprefetch.write import DumpResult, dump_epoch, dump_epochs
 
 __all__ = [
     "ArrayStream",
@@ -72,11 +73,24 @@ __all__ = [
 ]
 
 
+# Imported on first use, so that `import pgprefetch` (and `pgprefetch --version`) does not load zarr,
+# numpy and asyncpg: the library's names, the NumPy readers, the torch layer.
+_LIBRARY = {
+    **dict.fromkeys(("build_config", "dump", "ls", "prune", "verify"), "api"),
+    **dict.fromkeys(("Config", "load_config"), "config"),
+    **dict.fromkeys(("KeyColumns", "uuid_bytes", "uuid_slots"), "keys"),
+    **dict.fromkeys(("Store", "open_store"), "store"),
+    **dict.fromkeys(("DumpResult", "dump_epoch", "dump_epochs"), "write"),
+}
 _READERS = {"EpochArrays": "read.epoch", "ArrayStream": "read.stream"}  # NumPy: no framework needed
 _TORCH = {"EpochDataset": "torch.dataset", "EpochStream": "torch.stream", "lengths_to_mask": "torch.padding"}
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LIBRARY:
+        value = getattr(importlib.import_module(f".{_LIBRARY[name]}", __name__), name)
+        globals()[name] = value  # found here from now on, without this function
+        return value
     if name in _READERS:
         return getattr(importlib.import_module(f".{_READERS[name]}", __name__), name)
     if name in _TORCH:

@@ -48,3 +48,22 @@ def test_the_reader_without_torch_says_what_to_install() -> None:
 
 def test_the_package_is_typed() -> None:
     assert (ROOT / "pgprefetch" / "py.typed").exists()
+
+
+def test_the_command_line_starts_without_zarr_numpy_or_asyncpg() -> None:
+    code = (
+        "import sys\n"
+        "from pgprefetch.cli import cli\n"
+        "try:\n    cli(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'zarr', 'numpy', 'asyncpg', 'tqdm'}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "[]"  # each command imports the library when it runs
+
+
+def test_the_command_line_s_defaults_are_the_library_s() -> None:
+    from pgprefetch.cli import commands, dump
+    from pgprefetch.write.check import SAMPLE_BATCHES
+    from pgprefetch.write.pipeline import RETRIES
+
+    assert (commands.SAMPLE_BATCHES, dump.RETRIES) == (SAMPLE_BATCHES, RETRIES)

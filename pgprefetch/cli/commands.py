@@ -23,11 +23,11 @@ from pgprefetch.cli.dump import dump
 from pgprefetch.cli.options import config_option, dir_option, dsn_option, named_store, scale_option, with_store_options
 from pgprefetch.cli.progress import BarProgress
 from pgprefetch.cli.words import summary
-from pgprefetch.config.load import load_config
 from pgprefetch.config.values import parse_duration, show_size
-from pgprefetch.store.maintenance import list_epochs, prune, verify_epoch
-from pgprefetch.write.check import SAMPLE_BATCHES, check_config
-from pgprefetch.write.pipeline import dump_epochs
+
+# Each command imports the library it calls when it runs: `pgprefetch --version` and `--help` load neither
+# zarr, numpy nor asyncpg (tests/test_public_api.py). pgprefetch.write.check.SAMPLE_BATCHES, checked there:
+SAMPLE_BATCHES = 8
 
 DEMO_CONFIGS = ("configs/demo.toml", "configs/demo-rows.toml", "configs/demo-scan.toml")
 
@@ -52,6 +52,8 @@ cli.add_command(dump)  # the longest command, in a module of its own (pgprefetch
 @json_option('Print {"epochs": [...]} instead of a table.')
 def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
     """List the epochs of a store: state, batches, samples, size, created, seconds."""
+    from pgprefetch.store.maintenance import list_epochs
+
     infos = list_epochs(named_store(config_path, store))
     if as_json:
         click.echo(json.dumps({"epochs": [i.to_json() for i in infos]}))
@@ -74,6 +76,8 @@ def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
 @json_option('Print {"epoch", "problems": [...], "ok"}.')
 def verify(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
     """Recompute every chunk's checksum; name each corrupt or missing chunk (exit 1 if any)."""
+    from pgprefetch.store.maintenance import verify_epoch
+
     problems = verify_epoch(named_store(config_path, store), epoch)
     if as_json:
         click.echo(json.dumps({"epoch": epoch, "problems": problems, "ok": not problems}))
@@ -148,6 +152,8 @@ def prune_command(
 ) -> None:
     """Delete complete epochs more than N behind the consumers; partial epochs only when told."""
     age = parse_duration(partials_age, "--partials-older-than") / 1000 if partials_age is not None else None
+    from pgprefetch.store.maintenance import prune
+
     result = prune(
         named_store(config_path, store), keep, consumer, partials=partials, partials_older_than=age, dry_run=dry_run
     )
@@ -170,6 +176,9 @@ def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json:
 
     Exits 0 when a dump of this config would go through, 1 with the errors otherwise.
     """
+    from pgprefetch.config.load import load_config
+    from pgprefetch.write.check import check_config
+
     cfg = load_config(config_path, dsn=dsn)
     report = asyncio.run(check_config(cfg, epoch, batches))
     click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines()))
@@ -212,8 +221,10 @@ def server(folder: Path) -> None:
 )
 def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
     """Start the embedded PostgreSQL, load the demo data and dump epoch 0 of each demo config."""
+    from pgprefetch.config.load import load_config
     from pgprefetch.demo.data import load_demo_data
     from pgprefetch.demo.server import embedded_server
+    from pgprefetch.write.pipeline import dump_epochs
 
     with embedded_server(folder) as dsn:
         click.echo(f"embedded PostgreSQL at {dsn}")

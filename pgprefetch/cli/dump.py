@@ -11,7 +11,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,13 +19,14 @@ from pgprefetch.cli.console import json_option, log_to_stderr, run, stop_on_sigt
 from pgprefetch.cli.options import config_option, dsn_option
 from pgprefetch.cli.progress import BarProgress, LogProgress
 from pgprefetch.cli.words import parse_epochs, summary
-from pgprefetch.config.load import load_config
 from pgprefetch.errors import ConfigError
-from pgprefetch.store.maintenance import plan_ahead, prune
-from pgprefetch.store.open import open_store
-from pgprefetch.write.batches import Progress
-from pgprefetch.write.pipeline import RETRIES, dump_epoch
-from pgprefetch.write.sources import ReadCache
+
+if TYPE_CHECKING:
+    from pgprefetch.write.batches import Progress
+
+# pgprefetch.write.pipeline.RETRIES, which tests/test_public_api.py checks it equals: the pipeline is
+# imported when a dump runs, not for `pgprefetch --help` (it loads zarr, numpy and asyncpg).
+RETRIES = 5
 
 
 @click.command()
@@ -124,6 +125,12 @@ def dump(
         raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
     if parts is not None and executor != "ray":
         raise ConfigError("--parts needs --executor ray")
+    from pgprefetch.config.load import load_config
+    from pgprefetch.store.maintenance import plan_ahead, prune
+    from pgprefetch.store.open import open_store
+    from pgprefetch.write.pipeline import dump_epoch
+    from pgprefetch.write.sources import ReadCache
+
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
     target = open_store(cfg.store.path)
     if ahead is not None:

@@ -7,15 +7,15 @@ opened from them in one way (:func:`named_store`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgprefetch.config.load import load_config
 from pgprefetch.demo.server import DEFAULT_DIR
 from pgprefetch.errors import ConfigError
-from pgprefetch.store.base import Store
-from pgprefetch.store.open import open_store
+
+if TYPE_CHECKING:
+    from pgprefetch.store.base import Store
 
 config_option = click.option(
     "--config",
@@ -46,6 +46,9 @@ scale_option = click.option(
 
 def named_store(config_path: Path | None, store: str | None) -> Store:
     """The store named by --store, or by the config's [store] path; it must exist."""
+    from pgprefetch.config.load import load_config  # here, not at start-up: the store loads zarr
+    from pgprefetch.store.open import open_store
+
     if store is not None:
         return open_store(store).require()
     if config_path is None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from pgprefetch.config.values import show_size
 from pgprefetch.errors import ConfigError
-from pgprefetch.write.pipeline import DumpResult
+
+if TYPE_CHECKING:
+    from pgprefetch.write.pipeline import DumpResult
 
 
 def parse_epochs(value: str) -> list[int]:
