@@ -18,7 +18,7 @@ import grain
 import numpy as np
 import pytest
 
-import pgprefetch.write.writer
+import pgprefetch.write.shardfiles
 from pgprefetch import EpochArrays
 from pgprefetch.errors import EpochNotFoundError
 from pgprefetch.grain import EpochSource
@@ -51,7 +51,7 @@ def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
             drop_last=False,
         )
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(pgprefetch.write.writer, "SHARD_BYTES", 4 * SIZE * 8)
+            mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 4 * SIZE * 8)
             dump(config, dsn, epoch=0)
         yield folder / "store.zarr"
     finally:

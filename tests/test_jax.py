@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import pgprefetch.write.writer
+import pgprefetch.write.shardfiles
 from pgprefetch import EpochArrays
 
 from .conftest import with_database
@@ -45,7 +45,7 @@ def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
             folder, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=fields, size=SIZE
         )
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(pgprefetch.write.writer, "SHARD_BYTES", 4 * SIZE * 8)
+            mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 4 * SIZE * 8)
             for epoch in (0, 1):
                 dump(config, dsn, epoch=epoch)
         yield folder / "store.zarr"

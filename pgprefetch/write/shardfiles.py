@@ -23,6 +23,13 @@ import numpy as np
 from pgprefetch.errors import StoreError
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
+SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
+
+
+def shard_batches(chunk_bytes: int, n_batches: int) -> int:
+    """Batches per shard file for chunks of ``chunk_bytes`` (about 64 MiB a file, at least one batch)."""
+    return max(1, min(n_batches, SHARD_BYTES // max(chunk_bytes, 1)))
+
 
 class OpenFiles:
     """The shard files being written, each opened once and closed when its last batch is in.

@@ -32,23 +32,17 @@ import zarr
 from pgprefetch.store.base import ArraySpec, Store, Uploader, compressors
 from pgprefetch.store.layout import ArrayLayout, checksum, read_batch_bytes
 from pgprefetch.write.journal import difference, part_journal, part_journals, read_journal
-from pgprefetch.write.shardfiles import OpenFiles, create_shard, io_errors, pwrite_all
+from pgprefetch.write.shardfiles import OpenFiles, create_shard, io_errors, pwrite_all, shard_batches
 from pgprefetch.write.stats import EpochStats
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
 LONGEST_ARRAY = "_longest"  # (n_lengths_arrays, n_batches) int32: each batch's longest sample, or most rows
-SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
 # The most bytes one pwrite joins from several small batches. Larger writes would save nothing more, and
 # the page cache would hold them in large folios (ext4 and xfs since Linux 6.x), which a reader's first
 # touch maps whole: a rank reading one batch in four would make the others' batches resident too.
 WRITE_BYTES = 64 << 10
 
 log = logging.getLogger("pgprefetch")
-
-
-def shard_batches(chunk_bytes: int, n_batches: int) -> int:
-    """Batches per shard file for chunks of ``chunk_bytes`` (about 64 MiB a file, at least one batch)."""
-    return max(1, min(n_batches, SHARD_BYTES // max(chunk_bytes, 1)))
 
 
 class EpochWriter:
