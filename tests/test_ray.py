@@ -98,7 +98,7 @@ def test_a_null_met_by_a_part_is_the_single_process_error_and_nothing_is_publish
     assert pgprefetch.ls(tmp_path / "store.zarr")[0].state == "partial"  # kept for a rerun, not published
 
 
-def test_json_reports_the_parts_and_scan_mode_or_a_missing_ray_are_one_line_errors(
+def test_json_reports_the_parts_in_both_modes_and_a_missing_ray_is_a_one_line_error(
     ray_cluster: object, s_table: str, tmp_path: Path
 ) -> None:
     config = s_config(tmp_path)
@@ -111,10 +111,10 @@ def test_json_reports_the_parts_and_scan_mode_or_a_missing_ray_are_one_line_erro
     scan.write_text('[samples]\ntable = "s"\nkey = ["id"]\n[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n'
                     '[batches]\nsize = 16\n[store]\npath = "scan.zarr"\n')  # fmt: skip
     result = CliRunner().invoke(cli, ["dump", "--config", str(scan), "--dsn", s_table, "--epoch", "0",
-                                      "--executor", "ray"])  # fmt: skip
-    assert result.exit_code == 2
-    assert "query mode" in result.output
-    assert len(result.output.splitlines()) == 1
+                                      "--executor", "ray", "--parts", "2", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.splitlines()[-1])
+    assert (summary["executor"], summary["parts"], summary["rows_read"]) == ("ray", 2, 480)
     # Without Ray installed; and the CLI and the API never import Ray unless asked to.
     code = (
         "import sys; sys.modules['ray'] = None\n"

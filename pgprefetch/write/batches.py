@@ -63,6 +63,7 @@ class BatchSource:
     threads: int = 1  # threads producing and writing them
     unit: int = 1  # the most consecutive batches fetched and produced together (buffers hold that many)
     warnings: tuple[str, ...] = ()  # what planning found that will cost the dump dearly (a missing index)
+    spread: object | None = None  # an executor's read, on its cluster, that the batches are cut from there
 
     def epoch_bytes(self, size: int) -> int:
         """The bytes of the epoch's arrays, keys included, uncompressed: what the dump writes, what check says."""

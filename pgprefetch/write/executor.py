@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pgprefetch.config.model import Config
+from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import Store
 from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.writer import EpochWriter
 
 
@@ -36,6 +38,14 @@ class Executor(Protocol):
 
     def driver_owns(self, store: Store) -> range | None:
         """The batches whose shard files the driver's writer creates (None: all; ``range(0)``: none)."""
+
+    async def read_scan(
+        self, cfg: Config, snap: Snapshot, progress: Progress | None, vocabulary: Vocabulary | None
+    ) -> object:
+        """Read a scan config's table on ``snap`` where its parts will cut it (kept for the run's next epochs)."""
+
+    def scan_source(self, cfg: Config, read: object, epoch: int) -> BatchSource:
+        """Epoch ``epoch`` of what :meth:`read_scan` read: its plan and layout, with ``spread`` set to ``read``."""
 
     def starts_over(self, store: Store) -> bool:
         """Whether a partial epoch in ``store`` is discarded rather than resumed."""

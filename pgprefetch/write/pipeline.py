@@ -279,7 +279,7 @@ async def _dump_locked(
             connected = True
             keys_dir = keys_folder(cfg, store, epoch)  # keys beyond [source] memory are ordered there
             opened = open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary,
-                                 keys_dir=keys_dir)  # fmt: skip
+                                 keys_dir=keys_dir, executor=executor)  # fmt: skip
             source = await stack.enter_async_context(opened)
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
             return await _write_epoch(cfg, store, epoch, source, progress, started, fresh, executor)

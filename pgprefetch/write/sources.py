@@ -5,6 +5,7 @@ Four ways, decided here and nowhere else:
 - **query mode**: the per-sample query, one statement per unit of batches (:mod:`pgprefetch.write.query`);
 - **scan mode, read cached**: an earlier epoch of this run read the table; this one is cut from it;
 - **scan mode, fits**: the table is read once on the snapshot and kept for the next epochs of the run;
+- **scan mode on a cluster**: an executor's readers hold the table; its parts cut the epoch from it;
 - **scan mode, in passes**: the table outgrew ``[source] memory`` on its first read; its keys are read,
   then its data in key-range passes into a spool (:mod:`pgprefetch.write.scan.passes`); keys beyond the
   budget too are ordered on disk first (:mod:`pgprefetch.write.scan.keyspill`).
@@ -23,6 +24,7 @@ from pathlib import Path
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.executor import Executor
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import query_source
 from pgprefetch.write.scan.mode import (
@@ -40,11 +42,12 @@ class ReadCache:
     """A scan mode table read on one snapshot, kept so that the next epochs of one run are cut from it."""
 
     def __init__(self) -> None:
-        self.read: ScanRead | None = None
+        self.read: ScanRead | None = None  # held by this process
+        self.spread: object | None = None  # held by an executor's cluster (its blocks in the object store)
 
     def covers(self, cfg: Config) -> bool:
         """Whether an epoch of ``cfg`` can be cut from what is cached (no snapshot needed)."""
-        return cfg.mode == "scan" and self.read is not None
+        return cfg.mode == "scan" and (self.read is not None or self.spread is not None)
 
 
 @asynccontextmanager
@@ -58,6 +61,7 @@ async def open_source(
     progress: Progress | None = None,
     vocabulary: Vocabulary | None = None,
     keys_dir: Path | None = None,
+    executor: Executor | None = None,
 ) -> AsyncIterator[BatchSource | EpochPlan]:
     """The batch source of ``epoch``, in the way its config and the table's size call for.
 
@@ -66,7 +70,16 @@ async def open_source(
     yields only the epoch's plan, made from the keys. ``vocabulary`` is the store the ``"auto"`` categories
     extend (:func:`~pgprefetch.write.plan.resolve_categories`). ``keys_dir``: where keys beyond ``[source]
     memory`` are ordered (either mode; a temporary folder if None; removed afterwards either way).
+    ``executor``: a scan is read and cut on its cluster (:meth:`~pgprefetch.write.executor.Executor.read_scan`).
     """
+    if cfg.mode == "scan" and executor is not None:
+        if cache.spread is None:
+            assert snap is not None, "a snapshot is needed unless the table read is cached"
+            if progress:
+                progress.reading(epoch)
+            cache.spread = await executor.read_scan(cfg, snap, progress, vocabulary)
+        yield executor.scan_source(cfg, cache.spread, epoch)
+        return
     if cache.covers(cfg):
         assert cache.read is not None
         yield scan_source(cfg, cache.read, epoch)

@@ -12,9 +12,11 @@ import socket
 
 import ray
 
-from pgprefetch.errors import ExecutorError
+from pgprefetch.decode.layout import UnknownCategoryError
+from pgprefetch.errors import ExecutorError, PgprefetchError
 
 PROBE_SECONDS = 5.0  # how long the cluster's address may take to accept a connection
+TASK_RETRIES = 3  # reruns of a task whose worker or node was lost (Ray's max_retries); never forever
 
 
 def join(address: str | None) -> bool:
@@ -52,6 +54,27 @@ def _probe(address: str | None) -> None:
             f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e}); start it with "
             "`ray start --head`, or unset RAY_ADDRESS to start one on this host"
         ) from None
+
+
+def failure(error: ray.exceptions.RayError, task: str) -> Exception:
+    """A task's failure as the epoch's one-line error: what the single process would raise, or one naming ``task``.
+
+    Bad data and lost connections are the single process's own errors (a NULL, an overflow, a transient
+    ``SourceError`` the epoch retries); anything else names the task, and a task whose worker or node was
+    lost more often than Ray retries it says so.
+    """
+    if isinstance(error, ray.exceptions.RayTaskError):
+        cause = error.cause
+        if isinstance(cause, PgprefetchError | UnknownCategoryError):
+            return cause
+        return ExecutorError(f"{task} failed: {type(cause).__name__}: {line(cause)}")
+    return ExecutorError(f"{task} failed after {TASK_RETRIES} retries: {line(error)}")
+
+
+def line(e: BaseException) -> str:
+    """The first line of an error's message (its type when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def cluster_cpus() -> int:

@@ -11,7 +11,7 @@ then:
   store each part uploads whole files, so a boundary falls where every array's shard files do;
 - ``ray.put``-s the ordered keys once: every part reads them from its node's object store;
 - runs a task per part (:func:`~pgprefetch.write.ray.part.run_part`), retried by Ray when its worker or node
-  is lost (at most ``PART_RETRIES`` times); the first part that fails for another reason (bad data, a lost
+  is lost (at most ``TASK_RETRIES`` times); the first part that fails for another reason (bad data, a lost
   database connection) stops the others, and its error is the epoch's: the same one line as the single
   process, or an ``ExecutorError`` that names the part;
 - shows one progress for the epoch, and merges each part's checksums and statistics in batch order, so
@@ -32,14 +32,16 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.config.model import Config
-from pgprefetch.decode.layout import UnknownCategoryError
-from pgprefetch.errors import ConfigError, ExecutorError, PgprefetchError
+from pgprefetch.errors import ConfigError, ExecutorError
+from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import ArraySpec, Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.keyfile import OrderedKeys
-from pgprefetch.write.ray.cluster import Tracker, cluster_cpus, join
-from pgprefetch.write.ray.part import PART_RETRIES, PartResult, PartSpec, run_part
+from pgprefetch.write.plan import Vocabulary
+from pgprefetch.write.ray.cluster import Tracker, cluster_cpus, failure, join, line
+from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
+from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
 from pgprefetch.write.writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
@@ -76,11 +78,20 @@ class RayExecutor:
             self._started = False
 
     def check(self, cfg: Config) -> None:
-        """Scan mode is not spread yet: refused in one line."""
-        if cfg.mode == "scan":
-            raise ConfigError(
-                "--executor ray dumps query mode configs only for now; dump this scan mode config without it"
-            )
+        """Every config is spread: query mode by batch ranges, scan mode through the exchange (:mod:`.scan`)."""
+
+    async def read_scan(
+        self, cfg: Config, snap: Snapshot, progress: Progress | None, vocabulary: Vocabulary | None
+    ) -> SpreadRead:
+        """Read a scan config's table with reader tasks on the cluster, keeping its blocks there."""
+        if not ray.is_initialized():
+            self._started = join(self.address) or self._started
+        return await read_spread(cfg, snap, self.parts or cluster_cpus(), progress, vocabulary)
+
+    def scan_source(self, cfg: Config, read: object, epoch: int) -> BatchSource:
+        """Epoch ``epoch`` cut from a spread read: the plan here, the batches in the parts."""
+        assert isinstance(read, SpreadRead)
+        return spread_source(cfg, read, epoch)
 
     def driver_owns(self, store: Store) -> range | None:
         """All shard files on a shared filesystem; none on an object store (each part creates its own)."""
@@ -111,7 +122,10 @@ class RayExecutor:
                 "store is not supported yet; rewrite it without --executor ray"
             )
         step = 1 if store.local_root is not None else _file_step(writer)
-        ranges = split(plan.n_batches, self.parts or cluster_cpus(), step)
+        wanted = self.parts or cluster_cpus()
+        if isinstance(source.spread, SpreadRead):  # a part's rows must fit [source] memory
+            wanted = max(wanted, min_parts(cfg, source.spread, plan))
+        ranges = split(plan.n_batches, wanted, step)
         if self.parts and len(ranges) < self.parts:
             log.info("epoch %d: %d parts (shard files are not shared between parts on an object store)",
                      plan.epoch, len(ranges))  # fmt: skip
@@ -140,7 +154,14 @@ class RayExecutor:
         tracker = self._tracker
         ray.get(tracker.begin.remote(len(specs)))
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
-        refs = {run_part.options(**options).remote(spec, keys_ref, tracker): spec for spec in specs if spec.batches}
+        scans: list[ScanPart | None] = [None] * len(specs)
+        if isinstance(source.spread, SpreadRead):
+            scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
+        refs = {
+            run_part.options(**options).remote(spec, keys_ref, tracker, scan): spec  # type: ignore[attr-defined]
+            for spec, scan in zip(specs, scans, strict=True)
+            if spec.batches
+        }
         try:
             results = await self._wait(refs, tracker, progress)
             attempts = (await self._totals(tracker))[2] or [1] * len(specs)
@@ -188,7 +209,7 @@ class RayExecutor:
         try:
             return await asyncio.wrap_future(tracker.totals.remote().future())  # type: ignore[no-any-return]
         except ray.exceptions.RayError as e:
-            log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", _line(e))
+            log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", line(e))
             self._tracker = None
             return 0, 0, []
 
@@ -197,18 +218,8 @@ def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
     """A part's result, or its failure as the epoch's one-line error."""
     try:
         return future.result()
-    except ray.exceptions.RayTaskError as e:
-        cause = e.cause
-        if isinstance(cause, PgprefetchError | UnknownCategoryError):
-            raise cause from None  # the single process's own error (a NULL, an overflow, a lost connection)
-        raise ExecutorError(f"{spec.name()} failed: {type(cause).__name__}: {_line(cause)}") from None
-    except ray.exceptions.RayError as e:  # its worker or node lost more than PART_RETRIES times
-        raise ExecutorError(f"{spec.name()} failed after {PART_RETRIES} retries: {_line(e)}") from None
-
-
-def _line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    except ray.exceptions.RayError as e:
+        raise failure(e, spec.name()) from None
 
 
 def split(n_batches: int, parts: int, step: int = 1) -> list[range]:

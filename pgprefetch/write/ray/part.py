@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +27,15 @@ from pgprefetch.pg.session import BatchReader
 from pgprefetch.store.base import ArraySpec
 from pgprefetch.store.open import open_store
 from pgprefetch.store.uploads import Uploads
+from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.query import served
+from pgprefetch.write.ray.cluster import TASK_RETRIES
+from pgprefetch.write.scan.exchange import join_pieces
+from pgprefetch.write.scan.mode import cut_source
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.stats import EpochStats
 from pgprefetch.write.writer import EpochWriter
-
-PART_RETRIES = 3  # reruns of a part whose worker or node was lost (Ray's max_retries); never forever
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,23 @@ class PartResult:
     node: str
 
 
-@ray.remote(num_cpus=1, max_retries=PART_RETRIES)
-def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartResult:
-    """The Ray task: write ``spec``'s batches (``keys``: the epoch's ordered keys, from the object store)."""
+@dataclass(frozen=True)
+class ScanPart:
+    """A scan mode part's rows: a piece from each read block (object refs), and where its samples start."""
+
+    pieces: tuple[Any, ...]  # ObjectRefs of :class:`~pgprefetch.write.scan.exchange.Piece`, one per block
+    starts: np.ndarray  # per sample of the part's ``owned`` range, in epoch order: its first row's sorted place
+
+
+@ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
+def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None = None) -> PartResult:
+    """The Ray task: write ``spec``'s batches (``keys``: the epoch's ordered keys, from the object store).
+
+    Query mode fetches them under the snapshot; scan mode (``scan``) cuts them from the rows routed to it.
+    """
     with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
         ray.get(tracker.started.remote(spec.index))  # counted before any work: a kill from here on is a retry
-    return asyncio.run(_write_part(spec, keys, tracker))
+    return asyncio.run(_write_part(spec, keys, tracker, scan))
 
 
 class _Progress:
@@ -89,7 +103,7 @@ class _Progress:
         self.tracker.advance.remote(self.part, samples, nbytes)
 
 
-async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartResult:
+async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None) -> PartResult:
     store = open_store(spec.location)
     partial = store.partial_path(spec.epoch)
     node = ray.util.get_node_ip_address()
@@ -108,8 +122,7 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartRes
     cfg, size = spec.cfg, spec.cfg.batches.size
     plan = dataclasses.replace(spec.plan, keys=keys)
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
-    async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
-        source = served(plan, spec.layout, reader, spec.snapshot, spec.server_version, size)
+    async with _source(spec, plan, scan) as source:
         bucket = Uploads(store, spec.epoch) if store.local_root is None else None  # type: ignore[arg-type]
         with bucket or contextlib.nullcontext() as uploads:
             writer = EpochWriter(
@@ -122,3 +135,19 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any) -> PartRes
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
     return PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node)
+
+
+@contextlib.asynccontextmanager
+async def _source(spec: PartSpec, plan: EpochPlan, scan: ScanPart | None) -> AsyncIterator[BatchSource]:
+    """The part's batches: fetched on the snapshot (query mode), or cut from its pieces (scan mode)."""
+    if scan is None:
+        cfg = spec.cfg
+        async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
+            yield served(plan, spec.layout, reader, spec.snapshot, spec.server_version, cfg.batches.size)
+        return
+    pieces = ray.get(list(scan.pieces))
+    table, rows = join_pieces(pieces)
+    del pieces
+    starts = np.searchsorted(rows, scan.starts)  # each sample's first row in the part's table
+    first = spec.owned.start * spec.cfg.batches.size
+    yield cut_source(spec.cfg, plan, spec.layout, table, starts, spec.snapshot, spec.server_version, None, first)

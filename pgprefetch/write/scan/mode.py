@@ -253,28 +253,46 @@ def _spooled(
 
 def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
     """The scan mode: epoch ``epoch`` cut from a table already in memory."""
-    size = cfg.batches.size
     plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
     lengths = {c: v.shape[1] for c, v in read.table.values.items() if c.is_array}
     layout = BatchLayout.build(
         cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
     )
     assert plan.samples is not None
+    rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
+    read.epochs_cut += 1
     starts = read.starts[plan.samples]
+    return cut_source(cfg, plan, layout, read.table, starts, read.snapshot, read.server_version, rows_read)
+
+
+def cut_source(
+    cfg: Config,
+    plan: EpochPlan,
+    layout: BatchLayout,
+    table: Table,
+    starts: np.ndarray,
+    snapshot: str,
+    server_version: str,
+    rows_read: int | None,
+    first: int = 0,
+) -> BatchSource:
+    """Batches cut from ``table``: the sample at epoch place ``first + i`` starts at its row ``starts[i]``.
+
+    The whole epoch from the whole table (``first`` 0), or a spread epoch's part from the rows its samples
+    span (:mod:`pgprefetch.write.scan.exchange`).
+    """
+    size = cfg.batches.size
 
     async def fetch(batch: int, count: int) -> object:
         return None
 
     def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
         keys = plan.batch_keys(batch, size, count)
-        gather(read.table, layout, starts[batch * size : (batch + count) * size], keys, buffers)
+        at = batch * size - first
+        gather(table, layout, starts[at : at + keys.shape[1]], keys, buffers)
 
-    rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
-    read.epochs_cut += 1
     # Two threads: one gathers a batch while the other's pwrite (which releases the GIL) writes the last.
     # Compressed chunks go through zarr, which is left to one thread.
     threads = 2 if cfg.store.compression == "none" else 1
     unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
-    return BatchSource(
-        plan, layout, read.snapshot, read.server_version, rows_read, fetch, produce, threads, threads, unit
-    )
+    return BatchSource(plan, layout, snapshot, server_version, rows_read, fetch, produce, threads, threads, unit)

@@ -82,8 +82,27 @@ async def read_table(
         SourceError: the database failed (transient when a connection was lost).
     """
     ranges = wheres if wheres is not None else await page_ranges(snap, shape, cfg.source.connections)
-    decoders = [CopyDecoder(shape, on_rows) for _ in ranges]
     limit = cfg.source.memory_bytes if budget is None else budget
+    return await read_ranges(cfg, snap.id, shape, ranges, budget=limit, on_rows=on_rows)
+
+
+async def read_ranges(
+    cfg: Config,
+    snapshot: str,
+    shape: ScanShape,
+    ranges: list[str],
+    *,
+    budget: int,
+    on_rows: Callable[[int], None] | None = None,
+    empty_ok: bool = False,
+) -> Table:
+    """:func:`read_table` of the ranges ``ranges`` (one COPY each), on the exported snapshot ``snapshot``.
+
+    A Ray reader (:mod:`pgprefetch.write.ray.exchange`) reads its one page range this way, with
+    ``empty_ok``: a range of the table may hold no rows, where the whole table may not.
+    """
+    decoders = [CopyDecoder(shape, on_rows) for _ in ranges]
+    limit = budget
 
     def sink(decoder: CopyDecoder) -> Callable[[bytes], Awaitable[None]]:
         async def take(data: bytes) -> None:
@@ -100,13 +119,13 @@ async def read_table(
 
         return take
 
-    async with BatchReader.open(cfg.source, snap.id, None) as workers:
+    async with BatchReader.open(cfg.source, snapshot, None) as workers:
         copies = [
             workers.copy(f"reading {shape.relation}", f"{copy_select(shape, where)}", sink(d))
             for d, where in zip(decoders, ranges, strict=True)
         ]
         await first_error(copies)
-    return await asyncio.to_thread(lambda: _assemble(shape, [p for d in decoders for p in d.finish()]))
+    return await asyncio.to_thread(lambda: _assemble(shape, [p for d in decoders for p in d.finish()], empty_ok))
 
 
 async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
@@ -132,12 +151,14 @@ async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
     return clauses
 
 
-def _assemble(shape: ScanShape, parts: list[Columns]) -> Table:
+def _assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False) -> Table:
     """The table's columns from the ranges' chunks, sorted by (key, order) (a ``lexsort``: no server sort)."""
     rows = [p for p in parts if p["k0"].size]
     n = sum(p["k0"].size for p in rows)
-    if not n:
+    if not n and not empty_ok:
         raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
+    if not n:
+        return Table(keys=np.empty((len(shape.key_names), 0), dtype=np.int64))
     n_keys = len(shape.key_names)
     keys = np.empty((n_keys, n), dtype=np.int64)
     for i in range(n_keys):

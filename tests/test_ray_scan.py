@@ -1,0 +1,175 @@
+"""Scan mode on a real two-node Ray cluster: the table read once in ranges, routed to the parts, the same bytes.
+
+The cluster is the session's ``ray_cluster`` (tests/conftest.py). The single process's epochs are the
+reference: the golden digests, and dumps of the same config side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pgprefetch
+from pgprefetch.errors import SampleError, SourceError
+from pgprefetch.write.scan.exchange import Piece, cut_block, join_pieces, merge_keys, route, rows_of
+from pgprefetch.write.scan.table import Table
+
+from .helpers import chunk_bytes, dump, execute
+from .s3server import S3
+from .test_golden import GOLDEN, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
+from .test_ray import manifest
+
+# Every kind of field scan mode writes: a NULL mask, padded arrays, "auto" categories, a padded last batch.
+SCAN_ALL = """
+[samples]
+table = "g"
+key = ["id"]
+[fields.v]
+columns = ["v"]
+dtype = "float32"
+[fields.w]
+columns = ["w"]
+dtype = "float64"
+null = "nan"
+[fields.arr]
+columns = ["arr"]
+dtype = "int16"
+max_length = 4
+pad = -1
+[fields.word]
+columns = ["word"]
+dtype = "int8"
+categories = "auto"
+[fields.label]
+columns = ["label"]
+dtype = "int64"
+[batches]
+size = 32
+seed = 5
+drop_last = false
+"""
+# New versions of a third of the rows go to the table's end: each range read holds rows from all over the
+# key order, and a part's rows come from every block, as in a table that is written to.
+SCRAMBLE = "UPDATE g SET label = label WHERE id % 3 = 0"
+
+
+def config(folder: Path, body: str, *, name: str, store: str, source: str = "", compression: str = "none") -> Path:
+    path = folder / name
+    path.write_text(
+        f'[source]\nconnections = 2\n{source}\n[store]\npath = "{store}"\ncompression = "{compression}"\n{body}'
+    )
+    return path
+
+
+@pytest.mark.parametrize(("golden", "body"), [("scan_rows", SCAN_ROWS), ("scan_windows", SCAN_WINDOWS)])
+def test_scan_epochs_spread_over_ray_are_the_golden_epochs_byte_for_byte(
+    ray_cluster: object, db: str, tmp_path: Path, golden: str, body: str
+) -> None:
+    execute(db, *TABLE, SCRAMBLE)
+    spread = config(tmp_path, body, name="r.toml", store="ray.zarr")
+    (result,) = pgprefetch.dump(spread, epochs=2, dsn=db, executor="ray", parts=3)
+    assert digest(Path(result.path)) == GOLDEN[golden]  # every array, keys, _checksums and _longest
+    single = dump(config(tmp_path, body, name="s.toml", store="single.zarr"), db, epoch=2)
+    ours, theirs = manifest(result.path), manifest(single.path)
+    assert ours["stats"] == theirs["stats"]
+    assert (ours["executor"], ours["parts"], result.rows_read, single.rows_read) == ("ray", 3, 800, 800)
+
+
+def test_memory_bounds_what_each_reader_and_part_holds_with_the_same_bytes(
+    ray_cluster: object, db: str, tmp_path: Path
+) -> None:
+    execute(
+        db,
+        "CREATE TABLE wide (id int PRIMARY KEY, a float8, b float8, c float8, d float8, e float8, f float8)",
+        "INSERT INTO wide SELECT i, i, i * 0.5, -i, i % 7, i % 11, sqrt(i) FROM generate_series(1, 40000) i",
+        "UPDATE wide SET a = a WHERE id % 3 = 0",  # out of key order on disk, as a table being written to is
+    )
+    body = '[samples]\ntable = "wide"\nkey = ["id"]\n[fields.x]\ncolumns = ["a", "b", "c", "d", "e", "f"]\n'
+    body += 'dtype = "float32"\n[batches]\nsize = 500\nseed = 1\n'
+    spread = config(tmp_path, body, name="r.toml", store="ray.zarr", source='memory = "1MiB"')
+    (result,) = pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=2)
+    single = dump(config(tmp_path, body, name="s.toml", store="single.zarr"), db)
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+    # 2.3 MB of decoded rows: a part holds its pieces and their join, so 2 x 2.3 MB / 1 MiB -> 8 parts
+    assert result.parts == 8
+
+
+def test_a_spread_scan_of_every_field_kind_equals_the_single_process_compressed_locally_and_on_s3(
+    ray_cluster: object, db: str, tmp_path: Path, s3: S3
+) -> None:
+    execute(db, *TABLE, SCRAMBLE)
+    single = dump(config(tmp_path, SCAN_ALL, name="s.toml", store="single.zarr", compression="zstd"), db)
+    local = config(tmp_path, SCAN_ALL, name="l.toml", store="ray.zarr", compression="zstd")
+    (spread,) = pgprefetch.dump(local, epochs=0, dsn=db, executor="ray", parts=3)
+    assert chunk_bytes(Path(spread.path)) == chunk_bytes(Path(single.path))
+    assert manifest(spread.path)["stats"] == manifest(single.path)["stats"]
+    assert manifest(spread.path)["longest"] == manifest(single.path)["longest"]
+    bucket = s3.bucket()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
+    remote = config(tmp_path, SCAN_ALL, name="r.toml", store=f"s3://{bucket}/scan", compression="zstd")
+    pgprefetch.dump(remote, epochs=0, dsn=db, executor="ray", parts=2, ray_env=env)
+    objects = s3.objects(bucket, "scan/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+    assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
+
+
+def test_epochs_of_one_spread_run_are_cut_from_one_read_of_the_table(
+    ray_cluster: object, db: str, tmp_path: Path
+) -> None:
+    execute(db, *TABLE)
+    spread = config(tmp_path, SCAN_WINDOWS, name="r.toml", store="ray.zarr")
+    results = pgprefetch.dump(spread, epochs=range(3), dsn=db, executor="ray", parts=2)
+    assert [r.rows_read for r in results] == [800, 0, 0]
+    assert len({manifest(r.path)["snapshot"] for r in results}) == 1  # one snapshot serves the run
+    singles = pgprefetch.dump(
+        config(tmp_path, SCAN_WINDOWS, name="s.toml", store="single.zarr"), epochs=range(3), dsn=db
+    )
+    for ours, theirs in zip(results, singles, strict=True):
+        assert chunk_bytes(Path(ours.path)) == chunk_bytes(Path(theirs.path))
+
+
+def test_bad_data_met_on_the_cluster_is_the_single_process_error_and_nothing_is_published(
+    ray_cluster: object, db: str, tmp_path: Path
+) -> None:
+    execute(db, *TABLE, "UPDATE g SET v = NULL WHERE id = 377")  # a NULL where the field takes none
+    spread, single = (config(tmp_path, SCAN_ROWS, name=f"{n}.toml", store=f"{n}.zarr") for n in ("r", "s"))
+    with pytest.raises(SampleError) as theirs:
+        dump(single, db)
+    with pytest.raises(SampleError) as ours:
+        pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=2)
+    assert str(ours.value) == str(theirs.value)
+    assert "377" in str(ours.value)
+    assert [e.state for e in pgprefetch.ls(tmp_path / "r.zarr")] == ["partial"]  # kept for a rerun, not published
+    execute(db, "UPDATE g SET t = 1 WHERE id = 42")  # two rows of one series at one order value: a reader's sort
+    with pytest.raises(SampleError) as theirs:
+        dump(config(tmp_path, SCAN_WINDOWS, name="sw.toml", store="sw.zarr"), db)
+    with pytest.raises(SampleError) as ours:
+        pgprefetch.dump(config(tmp_path, SCAN_WINDOWS, name="rw.toml", store="rw.zarr"), epochs=0, dsn=db,
+                        executor="ray", parts=2)  # fmt: skip
+    assert str(ours.value) == str(theirs.value)
+    execute(db, "TRUNCATE g")
+    with pytest.raises(SourceError, match="g has no rows: there is nothing to dump"):
+        pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=2)
+
+
+def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_order() -> None:
+    rng = np.random.default_rng(0)
+    keys = [np.sort(rng.choice(1000, size=n, replace=False)).reshape(1, -1) for n in (30, 0, 45)]
+    merged = merge_keys([k.astype(np.int64) for k in keys])
+    assert np.array_equal(merged.keys[0], np.sort(np.concatenate([k[0] for k in keys])))
+    column = object()
+    blocks = [Table(keys=k, values={column: k[0] * 10}) for k in keys]  # type: ignore[dict-item]
+    starts = np.array([40, 3, 17, 70], dtype=np.int64)
+    rows = rows_of(starts, 3)
+    routed = route(rows, merged)
+    pieces: list[Piece] = [cut_block(block, [wanted])[0] for block, wanted in zip(blocks, routed, strict=True)]
+    table, places = join_pieces(pieces)
+    assert np.array_equal(places, rows)
+    assert np.array_equal(table.values[column], merged.keys[0][rows] * 10)  # type: ignore[index]
+    local = np.searchsorted(places, starts)
+    for s, at in zip(starts, local, strict=True):  # a window's rows are consecutive in the part's table
+        assert np.array_equal(table.values[column][at : at + 3], merged.keys[0][s : s + 3] * 10)  # type: ignore[index]
