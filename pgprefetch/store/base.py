@@ -35,7 +35,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
-from zarr.codecs import BloscCodec, ZstdCodec
 
 from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError, StoreNotFoundError
 from pgprefetch.store.layout import MISSING, ArrayLayout
@@ -54,15 +53,6 @@ EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
 def epoch_name(epoch: int) -> str:
     """The group name of an epoch: ``epoch-00003``."""
     return f"epoch-{epoch:05d}"
-
-
-def compressors(compression: str) -> Any:
-    """Zarr's compressors for a ``[store] compression`` setting (None: raw, memory-mappable chunks)."""
-    if compression == "zstd":
-        return [ZstdCodec(level=3)]
-    if compression == "lz4":
-        return [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]
-    return None
 
 
 @dataclass(frozen=True)

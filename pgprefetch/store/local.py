@@ -17,8 +17,6 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 
-import zarr
-
 from pgprefetch.errors import StoreError, StoreNotFoundError
 from pgprefetch.store.base import (
     META_DIR,
@@ -31,6 +29,7 @@ from pgprefetch.store.consumers import consumer_record, positions, record_name
 from pgprefetch.store.flock import holder, holding
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 from pgprefetch.store.staging import folder_bytes, staged_epochs
+from pgprefetch.store.zarrjson import group_json, write_json
 
 
 class LocalStore(Store):
@@ -74,7 +73,7 @@ class LocalStore(Store):
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             if not root.exists():
-                zarr.open_group(self.path, mode="a", attributes=ROOT_ATTRIBUTES)
+                write_json(root, group_json(ROOT_ATTRIBUTES))  # what zarr.open_group(attributes=...) writes
             self.meta.mkdir(exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create store {self.path}: {e.strerror or e}") from None

@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import zarr
-
 from pgprefetch.errors import StoreError
 from pgprefetch.store.base import Store, epoch_name
 from pgprefetch.store.consumers import run_of
@@ -112,6 +110,8 @@ def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict
             raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
         return entry["arrays"]  # type: ignore[no-any-return]
     path = f"{epoch_name(epoch)}/{entry['array']}"
+    import zarr  # here, not at the top: ls, prune and the dump's --keep never read an array
+
     try:
         table = zarr.open_array(store.zarr_store(), path=path, mode="r")[:]
     except (OSError, ValueError, KeyError) as e:

@@ -22,7 +22,6 @@ import contextlib
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -30,7 +29,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import obstore
-import zarr
 from obstore.exceptions import (
     AlreadyExistsError,
     BaseError,
@@ -54,6 +52,7 @@ from pgprefetch.store.flock import holding
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
 from pgprefetch.store.staging import folder_bytes, staged_epochs
 from pgprefetch.store.uploads import Uploads, upload_log
+from pgprefetch.store.zarrjson import group_json
 
 _RUNTIME_PID: int | None = None  # the process whose obstore runtime is in use (see S3Store.client)
 _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
@@ -177,9 +176,7 @@ class S3Store(Store):
             top = obstore.list_with_delimiter(self.client, None)
         if top["objects"] or any(p.rstrip("/") != META_DIR for p in top["common_prefixes"]):
             raise StoreError(f"{self.location} holds objects but is not a pgprefetch store")
-        with tempfile.TemporaryDirectory() as folder:  # zarr's own bytes for the root group
-            zarr.open_group(folder, mode="w", attributes=ROOT_ATTRIBUTES)
-            root = (Path(folder) / "zarr.json").read_bytes()
+        root = group_json(ROOT_ATTRIBUTES)  # zarr's own bytes for the root group
         with self._errors("creating the store"), contextlib.suppress(AlreadyExistsError):
             obstore.put(self.client, "zarr.json", root, mode="create")
 
@@ -232,6 +229,8 @@ class S3Store(Store):
         self._delete([m["path"] for m in self._list(name)])
 
     def zarr_store(self) -> Any:
+        import zarr.storage  # here: a dump of an uncompressed epoch never opens an array through zarr
+
         return zarr.storage.ObjectStore(self.client, read_only=True)
 
     # --- writing ------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ each) followed by zarr's shard index. Every chunk has the same size, so the inde
 files are created with their index, and each batch is ``pwrite``-n at its own offset, in any order, with
 no read-modify-write and nothing buffered (byte for byte what zarr writes; :mod:`pgprefetch.write.shardfiles`
 creates the files and keeps their descriptors). Compressed chunks vary in
-size, so compressed arrays keep one file per batch and go through zarr's codecs.
+size, so compressed arrays keep one file per batch and go through zarr's codecs. The metadata documents
+(``zarr.json``) are written by :mod:`pgprefetch.store.zarrjson`, so an uncompressed dump never imports zarr.
 
 After each batch (or run of small batches) the writer appends their CRC32C per array to a journal
 beside the partial folder (no fsync: a lost line only means a batch fetched again). A dump that dies
@@ -24,16 +25,19 @@ import shutil
 import threading
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
 
-from pgprefetch.store.base import ArraySpec, Store, Uploader, compressors
+from pgprefetch.store.base import ArraySpec, Store, Uploader
 from pgprefetch.store.layout import ArrayLayout, checksum, read_batch_bytes
+from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_json, write_array, write_json
 from pgprefetch.write.journal import difference, part_journal, part_journals, read_journal
 from pgprefetch.write.shardfiles import OpenFiles, create_shard, io_errors, pwrite_all, shard_batches
 from pgprefetch.write.stats import EpochStats
+
+if TYPE_CHECKING:
+    import zarr
 
 CHECKSUMS_ARRAY = "_checksums"  # (n_arrays, n_batches) uint32 CRC32C, in the epoch's group
 LONGEST_ARRAY = "_longest"  # (n_lengths_arrays, n_batches) int32: each batch's longest sample, or most rows
@@ -106,6 +110,7 @@ class EpochWriter:
         self._files = OpenFiles()
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
+        self._zarr_arrays: dict[str, zarr.Array] | None = None  # compressed arrays, opened through zarr on first use
         with io_errors(self.path):
             if part is None:
                 self._open(arrays, fresh)
@@ -114,8 +119,6 @@ class EpochWriter:
 
     def _open_part(self, arrays: list[ArraySpec]) -> None:
         """Join the partial epoch a driver created: its arrays, the shard files this part owns, its journal."""
-        self.group = zarr.open_group(self.path, mode="r+")
-        self.arrays = {a.name: _reopened(self.group, a.name) for a in arrays}
         self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
         for layout in self.layouts.values():
             if layout.sharded:
@@ -149,11 +152,11 @@ class EpochWriter:
         if previous is None:
             self.discard()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        mode = "r+" if previous is not None else "w-"
-        self.group = zarr.open_group(self.path, mode=mode)
-        self.arrays = {
-            a.name: self._array(a, n_batches, batch_size, compression, create=previous is None) for a in arrays
-        }
+        if previous is None:
+            self.path.mkdir()
+            (self.path / ZARR_JSON).write_bytes(group_json())
+            for a in arrays:
+                self._create_array(a, n_batches, batch_size, compression)
         self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
         if previous is not None:
             _remove_temporaries(self.path)
@@ -183,28 +186,35 @@ class EpochWriter:
         self._journal.write(f"#snapshot {snapshot}\n")
         self._journal.flush()
 
-    def _array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str, create: bool) -> zarr.Array:
+    def _create_array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str) -> None:
+        """Create an array of the epoch: its ``zarr.json`` (zarr's own bytes) and, uncompressed, its shard files."""
         chunk = (1, batch_size, *spec.sample_shape)
-        if not create:
-            return _reopened(self.group, spec.name)
-        chunk_bytes = int(np.prod(chunk)) * spec.dtype.itemsize
-        per_shard = shard_batches(chunk_bytes, n_batches)
-        array = self.group.create_array(
-            spec.name,
-            shape=(n_batches, *chunk[1:]),
-            chunks=chunk,
-            shards=None if self.compressed else (per_shard, *chunk[1:]),
-            dtype=spec.dtype,
-            compressors=compressors(compression),
-            fill_value=0,
+        per_shard = shard_batches(int(np.prod(chunk)) * spec.dtype.itemsize, n_batches)
+        folder = self.path / spec.name
+        folder.mkdir()
+        meta = array_json(
+            (n_batches, *chunk[1:]),
+            spec.dtype,
+            chunk,
             # Each array's own axes get names of their own: arrays sharing "dim0" with other sizes make
             # xarray refuse the epoch (pydata/xarray#9685).
-            dimension_names=["batch", "sample", *(f"{spec.name}_dim{i}" for i in range(len(spec.sample_shape)))],
-            config={"write_empty_chunks": True},  # a chunk for every batch, zeros included
+            ["batch", "sample", *(f"{spec.name}_dim{i}" for i in range(len(spec.sample_shape)))],
+            shards=None if self.compressed else (per_shard, *chunk[1:]),
+            compression=compression,
         )
+        (folder / ZARR_JSON).write_bytes(meta)
         if not self.compressed:
-            self._create_files(ArrayLayout.read(self.path / spec.name))
-        return array
+            self._create_files(ArrayLayout.read(folder))
+
+    @property
+    def arrays(self) -> dict[str, zarr.Array]:
+        """The epoch's arrays opened through zarr, for compressed chunks: the only part of a dump that imports it."""
+        if self._zarr_arrays is None:
+            import zarr
+
+            group = zarr.open_group(self.path, mode="r+")
+            self._zarr_arrays = {name: _reopened(group, name) for name in self.names}
+        return self._zarr_arrays
 
     def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
         if not self.path.is_dir():
@@ -339,22 +349,15 @@ class EpochWriter:
         if self.uploader is not None:
             self.uploader.finish()  # every file sent before anything makes the epoch visible
         with io_errors(self.path):
-            self.group.create_array(
-                CHECKSUMS_ARRAY,
-                overwrite=True,  # a publish that failed after this (an upload) is simply run again
-                data=self.checksums.astype("<u4"),
-                compressors=None,
-                dimension_names=[f"{CHECKSUMS_ARRAY}_array", "batch"],
-            )
+            # Replaced if there (a publish that failed after this, an upload, is simply run again).
+            write_array(self.path / CHECKSUMS_ARRAY, self.checksums, [f"{CHECKSUMS_ARRAY}_array", "batch"])
             if longest:
-                self.group.create_array(
-                    LONGEST_ARRAY,
-                    overwrite=True,
-                    data=np.array(list(longest.values()), dtype="<i4"),
-                    compressors=None,
-                    dimension_names=[f"{LONGEST_ARRAY}_array", "batch"],
+                write_array(
+                    self.path / LONGEST_ARRAY,
+                    np.array(list(longest.values()), dtype="<i4"),
+                    [f"{LONGEST_ARRAY}_array", "batch"],
                 )
-            self.group.attrs["pgprefetch"] = manifest
+            write_json(self.path / ZARR_JSON, group_json(_attributes(self.path) | {"pgprefetch": manifest}))
             self._journal.close()
             final = self.store.publish(self.epoch, self.path, replace=self.replace, elsewhere=elsewhere)
             self.journal_path.unlink(missing_ok=True)
@@ -381,6 +384,11 @@ class EpochWriter:
         self.journal_path.unlink(missing_ok=True)
         for part in part_journals(self.journal_path):
             part.unlink(missing_ok=True)
+
+
+def _attributes(epoch: Path) -> dict[str, Any]:
+    """The attributes of the epoch's group as they are (the manifest replaces the one of a failed publish)."""
+    return json.loads((epoch / ZARR_JSON).read_bytes()).get("attributes", {})  # type: ignore[no-any-return]
 
 
 def _reopened(group: zarr.Group, name: str) -> zarr.Array:

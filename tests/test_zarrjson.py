@@ -1,0 +1,126 @@
+"""The epoch's Zarr metadata, written without zarr, is byte for byte what zarr writes; a dump does not import zarr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+
+from pgprefetch.config.model import DTYPES
+from pgprefetch.store.zarrjson import array_json, group_json, guess_chunks, write_array
+
+from .helpers import s_config
+
+ZARR_COMPRESSORS: dict[str, Any] = {
+    "none": None,
+    "zstd": [ZstdCodec(level=3)],  # what the writer gave zarr for [store] compression = "zstd"
+    "lz4": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+@pytest.mark.parametrize("dtype", [*DTYPES, "int32"])
+@pytest.mark.parametrize("sample_shape", [(), (16,), (64, 2)])
+def test_an_epoch_array_s_metadata_is_what_zarr_writes(
+    tmp_path: Path, compression: str, dtype: str, sample_shape: tuple[int, ...]
+) -> None:
+    n_batches, size = 37, 8
+    chunk = (1, size, *sample_shape)
+    shards = None if compression != "none" else (5, size, *sample_shape)
+    names = ["batch", "sample", *(f"x_dim{i}" for i in range(len(sample_shape)))]
+    group = zarr.open_group(tmp_path / "by-zarr", mode="w-")
+    group.create_array(
+        "x",
+        shape=(n_batches, *chunk[1:]),
+        chunks=chunk,
+        shards=shards,
+        dtype=np.dtype(dtype),
+        compressors=ZARR_COMPRESSORS[compression],
+        fill_value=0,
+        dimension_names=names,
+        config={"write_empty_chunks": True},
+    )
+    ours = array_json((n_batches, *chunk[1:]), np.dtype(dtype), chunk, names, shards=shards, compression=compression)
+    assert ours == (tmp_path / "by-zarr" / "x" / "zarr.json").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("attributes", "mode"),
+    [
+        (None, "w-"),
+        ({"pgprefetch_store": {"format_version": 1}}, "a"),
+        ({"pgprefetch": {"mean": float("nan"), "max": float("inf"), "name": "été", "shape": [3], "x": None}}, "w-"),
+    ],
+)
+def test_a_group_s_metadata_is_what_zarr_writes(tmp_path: Path, attributes: dict[str, Any] | None, mode: str) -> None:
+    zarr.open_group(tmp_path / "g", mode=mode, attributes=attributes)  # type: ignore[arg-type]
+    assert group_json(attributes) == (tmp_path / "g" / "zarr.json").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((3, 1954), "<u4"), ((3, 1), "<u4"), ((1, 40_000), "<i4"), ((5, 100_000), "<u4"), ((2, 300_001), "<i4")],
+)
+def test_the_checksums_array_is_what_zarr_writes_chunk_files_and_all(
+    tmp_path: Path, shape: tuple[int, int], dtype: str
+) -> None:
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 2**31, size=shape).astype(dtype)
+    data[:, : shape[1] // 3] = 0  # whole chunks of zeros: zarr leaves them unwritten
+    names = ["_checksums_array", "batch"]
+    zarr.open_group(tmp_path / "by-zarr", mode="w-").create_array(
+        "a", data=data, compressors=None, dimension_names=names
+    )
+    (tmp_path / "ours" / "a").mkdir(parents=True)
+    (tmp_path / "ours" / "a" / "stale").write_bytes(b"left by a publish that failed")  # replaced, as overwrite=True
+    write_array(tmp_path / "ours" / "a", data, names)
+    assert _files(tmp_path / "ours" / "a") == _files(tmp_path / "by-zarr" / "a")
+
+
+def test_chunks_are_guessed_as_zarr_guesses_them() -> None:
+    from zarr.core.chunk_grids import _guess_chunks
+
+    for n_arrays in (1, 2, 3, 7, 40):
+        for n_batches in (1, 2, 1954, 10_000, 33_333, 100_000, 1_000_000, 10_000_000):
+            for itemsize in (4, 8):
+                assert guess_chunks((n_arrays, n_batches), itemsize) == _guess_chunks((n_arrays, n_batches), itemsize)
+
+
+def _imports_after(argv: list[str], tmp_path: Path) -> list[str]:
+    """Run the CLI on ``argv`` in a fresh interpreter; return which of zarr and its codecs it imported."""
+    code = (
+        "import sys\nfrom pgprefetch.cli import cli\n"
+        f"try:\n    cli({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'zarr', 'numcodecs'}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("mode", ["query", "scan"])
+def test_a_dump_of_an_uncompressed_local_epoch_and_ls_do_not_import_zarr(
+    s_table: str, tmp_path: Path, mode: str
+) -> None:
+    cfg = s_config(tmp_path)
+    if mode == "scan":  # the same samples, read by scanning the table
+        cfg.write_text(
+            '[samples]\ntable = "s"\nkey = ["id"]\n[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n'
+            '[batches]\nsize = 16\nseed = 0\n[store]\npath = "store.zarr"\ncompression = "none"\n'
+        )
+    assert _imports_after(["dump", "--config", str(cfg), "--epoch", "0", "--dsn", s_table], tmp_path) == "[]"
+    assert _imports_after(["ls", "--config", str(cfg)], tmp_path) == "[]"
+    epoch = zarr.open_group(tmp_path / "store.zarr" / "epoch-00000", mode="r")  # and zarr reads what was written
+    assert epoch["v"].shape == (30, 16)
+    assert epoch["v"][1].dtype == np.float32
+    assert epoch.attrs["pgprefetch"]["n_samples"] == 480
