@@ -169,8 +169,14 @@ def _assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False) ->
     sorted_order = order is None
     table = Table(keys=sorted_keys, rows_read=n)
     for j, c in enumerate(shape.columns):
-        values = np.concatenate([p[f"c{j}"] for p in rows])
-        table.values[c] = values if sorted_order else values[order]
+        if f"b{j}" in rows[0]:  # a run of columns decoded as one row-major block: each column a view of it
+            block = np.concatenate([p[f"b{j}"] for p in rows])
+            block = block if sorted_order else block[order]
+            for i in range(block.shape[1]):
+                table.values[shape.columns[j + i]] = block[:, i]
+        if c not in table.values:
+            values = np.concatenate([p[f"c{j}"] for p in rows])
+            table.values[c] = values if sorted_order else values[order]
         if c.padded is not None:
             lengths = np.concatenate([p[f"n{j}"] for p in rows])
             table.lengths[c] = lengths if sorted_order else lengths[order]
