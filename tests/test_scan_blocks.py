@@ -9,7 +9,9 @@ the columns) and a heap in random order (the block's rows reordered) included.
 from __future__ import annotations
 
 import json
+import pickle
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 
 from pgprefetch.errors import SampleError
 from pgprefetch.write.scan.copystream import CopyDecoder
+from pgprefetch.write.scan.table import _assemble, _block_rows, _rows
 
 from .helpers import chunk_bytes, dump, execute
 
@@ -86,12 +89,25 @@ def _stream(rows: list[list[tuple[int, bytes]]]) -> bytes:
     return bytes(out + b"\xff\xff")
 
 
+REAL = np.dtype(">f4")
+
+
+@dataclass(frozen=True)
+class _Column:
+    """What the decoder asks of a column: a ``real``, scalar, NOT NULL."""
+
+    name: str
+    wire: np.dtype = REAL
+    is_array: bool = False
+    padded: int | None = None
+    nullable: bool = False
+    is_bytes: bool = False
+
+
 def _shape(n_columns: int) -> Any:
-    column = types.SimpleNamespace(
-        name="v", wire=np.dtype(">f4"), is_array=False, padded=None, nullable=False, is_bytes=False
-    )
+    columns = [_Column(f"v{j}") for j in range(n_columns)]
     return types.SimpleNamespace(
-        key_wire=(np.dtype(">i8"),), order_wire=None, columns=[column] * n_columns, key_names=["id"]
+        key_wire=(np.dtype(">i8"),), order_wire=None, order_offset=0, columns=columns, key_names=["id"]
     )
 
 
@@ -125,3 +141,18 @@ def test_a_wrong_length_word_inside_a_run_is_caught(where: int) -> None:
     decoder.feed(_stream(rows))
     with pytest.raises(SampleError):
         decoder.finish()
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_a_block_s_rows_are_gathered_as_its_columns_would_be(window: int) -> None:
+    rows = [_row(k, [k + 0.5 * j for j in range(5)]) for k in range(60)]
+    decoder = CopyDecoder(_shape(5))
+    decoder.feed(_stream(rows))
+    table = _assemble(_shape(5), decoder.finish())
+    ((block, columns),) = table.blocks()
+    assert [i for _, i in columns] == list(range(5))
+    starts = np.array([7, 0, 56 - window + 1, 31])
+    gathered = _block_rows(block, starts, window)
+    for c, i in columns:
+        assert np.array_equal(gathered[:, i], _rows(np.ascontiguousarray(table.values[c]), starts, window))
+    assert pickle.loads(pickle.dumps(table)).blocks() == []  # Ray's copy: each column on its own

@@ -52,6 +52,34 @@ class Table:
     lengths: dict[Column, np.ndarray] = field(default_factory=dict)  # arrays of any length: each row's, uncut
     rows_read: int = 0
     nbytes: int = 0
+    _blocks: list[tuple[np.ndarray, list[tuple[Column, int]]]] | None = field(default=None, repr=False, compare=False)
+
+    def blocks(self) -> list[tuple[np.ndarray, list[tuple[Column, int]]]]:
+        """The 2-D row-major blocks some columns are views of (runs decoded together), each with (column, index).
+
+        Found from the arrays themselves, once: a table that lost its blocks (pickled by Ray) simply has none.
+        """
+        if self._blocks is None:
+            found: dict[int, tuple[np.ndarray, list[tuple[Column, int]]]] = {}
+            for c, v in self.values.items():
+                base = v.base
+                if (
+                    v.ndim == 1
+                    and isinstance(base, np.ndarray)
+                    and base.ndim == 2
+                    and base.flags.c_contiguous
+                    and base.dtype == v.dtype
+                    and base.shape[0] == v.shape[0]
+                    and v.strides[0] == base.strides[0]
+                ):
+                    i = (v.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // v.itemsize
+                    found.setdefault(id(base), (base, []))[1].append((c, i))
+            self._blocks = list(found.values())
+        return self._blocks
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (Ray) without the blocks found: each column travels on its own."""
+        return {**self.__dict__, "_blocks": None}
 
 
 class TableTooLarge(PgprefetchError):
@@ -246,11 +274,37 @@ def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray
 
 
 def gather(table: Table, layout: BatchLayout, starts: np.ndarray, keys: np.ndarray, out: dict[str, np.ndarray]) -> None:
-    """Fill ``out`` with the samples starting at rows ``starts`` (keys ``keys``), cast and checked."""
-    values = {c: _rows(v, starts, layout.rows) for c, v in table.values.items()}
+    """Fill ``out`` with the samples starting at rows ``starts`` (keys ``keys``), cast and checked.
+
+    The columns of a row-major block (a run decoded together, :mod:`.copystream`) are gathered together:
+    one fancy index of the block's rows, each column then a view of the result.
+    """
+    values: dict[Column, np.ndarray] = {}
+    for block, columns in table.blocks():
+        rows = _block_rows(block, starts, layout.rows)
+        values.update({c: rows[:, i] for c, i in columns})
+    values = {c: values[c] if c in values else _rows(v, starts, layout.rows) for c, v in table.values.items()}
     masks = {c: _rows(m, starts, layout.rows) for c, m in table.masks.items()}
     lengths = {c: _rows(n, starts, layout.rows) for c, n in table.lengths.items()}
     collate.fill(layout, values, masks, keys, out, lengths=lengths)
+
+
+def _block_rows(block: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
+    """The ``window`` rows of ``block`` from each start, back to back: ``(len(starts) * window, k)``.
+
+    Each sample's rows are one contiguous run of the block, so they are gathered as a single opaque item
+    (a ``void`` of the run's bytes): a plain ``take`` of rows, a fancy index of overlapping windows. Row
+    by row (``block[starts]``) was twice as slow, and the windows column by column ten times.
+    """
+    n, k = block.shape
+    run = np.dtype((np.void, block.strides[0] * window))
+    if window == 1:
+        rows = np.take(block.view(run).reshape(n), starts)
+    elif n >= window:
+        rows = np.ndarray((n - window + 1,), run, block, 0, (block.strides[0],))[starts]
+    else:  # no window fits (no sample either): the general path
+        return block[(starts[:, None] + np.arange(window)).reshape(-1)]
+    return rows.view(block.dtype).reshape(-1, k)
 
 
 def _rows(column: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
