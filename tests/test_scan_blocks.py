@@ -156,3 +156,20 @@ def test_a_block_s_rows_are_gathered_as_its_columns_would_be(window: int) -> Non
     for c, i in columns:
         assert np.array_equal(gathered[:, i], _rows(np.ascontiguousarray(table.values[c]), starts, window))
     assert pickle.loads(pickle.dumps(table)).blocks() == []  # Ray's copy: each column on its own
+
+
+def test_a_value_that_does_not_fit_is_named_when_a_field_s_columns_are_cast_as_one_block(
+    db: str, tmp_path: Path
+) -> None:
+    execute(
+        db,
+        "CREATE TABLE wide_ints (id int8 PRIMARY KEY, i0 int4 NOT NULL, i1 int4 NOT NULL, i2 int4 NOT NULL)",
+        "INSERT INTO wide_ints SELECT i, i, -i, CASE WHEN i = 77 THEN 40000 ELSE i END FROM generate_series(1, 200) i",
+    )
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[samples]\ntable = "wide_ints"\nkey = ["id"]\n[fields.x]\ncolumns = ["i0", "i1", "i2"]\ndtype = "int16"\n'
+        '[batches]\nsize = 16\nseed = 1\n[store]\npath = "store.zarr"\n'
+    )
+    with pytest.raises(SampleError, match=r"sample \(id=77\): field x, column i2 value 40000 does not fit int16"):
+        dump(cfg, db)

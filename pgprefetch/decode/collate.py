@@ -77,6 +77,10 @@ def fill(
     for f in layout.fields:
         target = out[f.name][:n].reshape(n * layout.rows, len(f.columns), f.array_length)
         mask_out = out[f.config.null_mask][:n].reshape(target.shape) if f.config.null_mask else None
+        block = _one_block(f, values)
+        if block is not None:  # the field's columns are one row-major block, in order: cast in one copy
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.copyto(target[:, :, 0], block, casting="unsafe")
         for j, col in enumerate(f.columns):
             v = values[col].reshape(n * layout.rows, f.array_length)
             offset = WIRE[col.pg_type][1] if col.vocabulary is None and not col.is_bytes else 0
@@ -90,8 +94,9 @@ def fill(
                     raise layout.unknown(keys, sample, f, col)
             if f.config.cast == "safe":
                 _check_fits(layout, v, f, col, keys, per_sample * f.array_length, pre=True)
-            with np.errstate(over="ignore", invalid="ignore"):  # judged by the checks, not by a warning
-                np.copyto(target[:, j, :], v, casting="unsafe")
+            if block is None:
+                with np.errstate(over="ignore", invalid="ignore"):  # judged by the checks, not by a warning
+                    np.copyto(target[:, j, :], v, casting="unsafe")
             if f.config.cast == "safe":
                 _check_fits(layout, v, f, col, keys, per_sample * f.array_length, pre=False, out=target[:, j, :])
             if mask is None:
@@ -169,6 +174,31 @@ def _kept(layout: BatchLayout, f: FieldLayout, keys: np.ndarray, lengths: dict[C
         if over.size:
             lengths[col] = np.minimum(lengths[col], limit)
     return lengths[f.columns[0]]
+
+
+def _one_block(f: FieldLayout, values: dict[Column, np.ndarray]) -> np.ndarray | None:
+    """The field's columns' values as one ``(rows, k)`` array, if they are the columns of a row-major block.
+
+    Scan mode gathers a run of columns as one row-major block (:mod:`pgprefetch.write.scan.table`), and a
+    field over that run (a feature vector of ``real`` columns) is then one contiguous cast into its
+    ``(n, k)`` place instead of ``k`` strided ones. Only exact views qualify (column ``j`` the ``j``-th
+    value of each row), so the copy is the one the columns would make; None otherwise.
+    """
+    k = len(f.columns)
+    first = values[f.columns[0]]
+    item = first.itemsize
+    if f.array_length != 1 or k < 2 or first.ndim != 1 or first.strides != (k * item,) or first.base is None:
+        return None
+    start = first.__array_interface__["data"][0]
+    for j, col in enumerate(f.columns):
+        v = values[col]
+        if col.vocabulary is not None or col.is_bytes or WIRE[col.pg_type][1]:  # each of these is cast on its own
+            return None
+        if v.base is not first.base or v.dtype != first.dtype or v.shape != first.shape or v.strides != first.strides:
+            return None
+        if j and v.__array_interface__["data"][0] != start + j * item:
+            return None
+    return np.lib.stride_tricks.as_strided(first, (first.shape[0], k), (k * item, item), writeable=False)
 
 
 def _check_fits(
