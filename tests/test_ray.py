@@ -262,7 +262,6 @@ def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_n
     spec = PartSpec(0, 2, range(0, 4), (0, 1, 2, 3), None, 0, str(tmp_path / "elsewhere.zarr"), "", "",  # type: ignore[arg-type]
                     None, None, (), {}, {})  # type: ignore[arg-type]  # fmt: skip
     tracker = Tracker.remote()  # type: ignore[attr-defined]
-    ray.get(tracker.begin.remote(2))
     try:
         with pytest.raises(StoreError, match=r"part 1 of 2 \(batches 0-3\): node 127\.0\.0\.1 cannot see the partial"):
             ray.get(run_part.options(max_retries=0).remote(spec, np.empty((1, 0), dtype=np.int64), tracker))

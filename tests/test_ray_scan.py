@@ -164,7 +164,7 @@ def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_o
     column = object()
     blocks = [Table(keys=k, values={column: k[0] * 10}) for k in keys]  # type: ignore[dict-item]
     starts = np.array([40, 3, 17, 70], dtype=np.int64)
-    rows = rows_of(starts, 3)
+    rows = rows_of(starts, 3, 75)
     routed = route(rows, merged)
     pieces: list[Piece] = [cut_block(block, [wanted])[0] for block, wanted in zip(blocks, routed, strict=True)]
     table, places = join_pieces(pieces)

@@ -86,6 +86,7 @@ class RayExecutor:
         """Read a scan config's table with reader tasks on the cluster, keeping its blocks there."""
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
+        self._track()  # started while the table is read
         return await read_spread(cfg, snap, self.parts or cluster_cpus(), progress, vocabulary)
 
     def scan_source(self, cfg: Config, read: object, epoch: int) -> BatchSource:
@@ -147,12 +148,7 @@ class RayExecutor:
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
                 source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata,
             ))  # fmt: skip
-        if self._tracker is None:
-            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
-        tracker = self._tracker
-        ray.get(tracker.begin.remote(len(specs)))
+        tracker = self._track()
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         scans: list[ScanPart | None] = [None] * len(specs)
         if isinstance(source.spread, SpreadRead):
@@ -163,8 +159,8 @@ class RayExecutor:
             if spec.batches
         }
         try:
-            results = await self._wait(refs, tracker, progress)
-            attempts = (await self._totals(tracker))[2] or [1] * len(specs)
+            results = await self._wait(refs, tracker, progress, plan.epoch, len(specs))
+            attempts = (await self._totals(tracker, plan.epoch, len(specs)))[2] or [1] * len(specs)
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
@@ -176,7 +172,17 @@ class RayExecutor:
         files = tuple(f for r in results for f in r.files)
         return Spread(len(specs), tuple(max(0, a - 1) for a in attempts), files)
 
-    async def _wait(self, refs: dict[Any, PartSpec], tracker: Any, progress: Progress | None) -> list[PartResult]:
+    def _track(self) -> Any:
+        """The dump's progress tracker, started if need be (it starts while the caller goes on)."""
+        if self._tracker is None:
+            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+        return self._tracker
+
+    async def _wait(
+        self, refs: dict[Any, PartSpec], tracker: Any, progress: Progress | None, epoch: int, parts: int
+    ) -> list[PartResult]:
         """Each part's result, progress shown meanwhile; the first failure stops the wait (see the module)."""
         futures = {asyncio.wrap_future(ref.future()): spec for ref, spec in refs.items()}
         waiting = set(futures)
@@ -192,7 +198,7 @@ class RayExecutor:
                     results.append(_result(future, spec))
                     log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
                 if progress:
-                    samples, nbytes, _ = await self._totals(tracker)
+                    samples, nbytes, _ = await self._totals(tracker, epoch, parts)
                     if samples > shown:
                         # Some bytes always: samples counted with none are taken for batches an earlier run kept.
                         progress.advance(samples - shown, max(nbytes - shown_bytes, 1))
@@ -204,10 +210,10 @@ class RayExecutor:
                 future.cancel()
         return results
 
-    async def _totals(self, tracker: Any) -> tuple[int, int, list[int]]:
-        """The tracker's figures; none if it was lost with its node (the next epoch gets a new one)."""
+    async def _totals(self, tracker: Any, epoch: int, parts: int) -> tuple[int, int, list[int]]:
+        """The tracker's figures for ``epoch``; none if it was lost with its node (the next epoch gets a new one)."""
         try:
-            return await asyncio.wrap_future(tracker.totals.remote().future())  # type: ignore[no-any-return]
+            return await asyncio.wrap_future(tracker.totals.remote(epoch, parts).future())  # type: ignore[no-any-return]
         except ray.exceptions.RayError as e:
             log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", line(e))
             self._tracker = None

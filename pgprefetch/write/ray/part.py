@@ -88,19 +88,18 @@ def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | No
 
     Query mode fetches them under the snapshot; scan mode (``scan``) cuts them from the rows routed to it.
     """
-    with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
-        ray.get(tracker.started.remote(spec.index))  # counted before any work: a kill from here on is a retry
+    tracker.started.remote(spec.epoch, spec.index)  # sent before any work: a kill from here on is a retry
     return asyncio.run(_write_part(spec, keys, tracker, scan))
 
 
 class _Progress:
     """The scheduler's progress calls, sent on to the driver's tracker (without waiting for it)."""
 
-    def __init__(self, tracker: Any, part: int) -> None:
-        self.tracker, self.part = tracker, part
+    def __init__(self, tracker: Any, epoch: int, part: int) -> None:
+        self.tracker, self.epoch, self.part = tracker, epoch, part
 
     def advance(self, samples: int, nbytes: int) -> None:
-        self.tracker.advance.remote(self.part, samples, nbytes)
+        self.tracker.advance.remote(self.epoch, self.part, samples, nbytes)
 
 
 async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None) -> PartResult:
@@ -131,7 +130,9 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: Scan
                 owned=spec.owned, part=spec.index,
             )  # fmt: skip
             with writer:
-                await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.index))  # type: ignore[arg-type]
+                await write_batches(
+                    source, writer, list(spec.batches), size, _Progress(tracker, spec.epoch, spec.index)
+                )  # type: ignore[arg-type]
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
     return PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node)
