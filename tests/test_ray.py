@@ -155,8 +155,8 @@ def test_parts_are_contiguous_and_on_an_object_store_end_where_every_array_s_fil
     assert split(7, 2, step=7) == [range(0, 7)]
 
 
-def _parts_running(cluster: Any) -> list[Any]:
-    """The worker processes of this session's cluster running a part now (never another test run's)."""
+def _parts_running(cluster: Any, task: str = "run_part") -> list[Any]:
+    """The worker processes of this session's cluster running ``task`` now (never another test run's)."""
     import psutil
 
     raylets = [
@@ -168,7 +168,7 @@ def _parts_running(cluster: Any) -> list[Any]:
     for pid in raylets:
         for child in psutil.Process(pid).children(recursive=True):
             try:
-                if " ".join(child.cmdline()).startswith("ray::run_part"):
+                if " ".join(child.cmdline()).startswith(f"ray::{task}"):
                     found.append(child)
             except psutil.Error:
                 continue

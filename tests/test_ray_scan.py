@@ -1,14 +1,18 @@
 """Scan mode on a real two-node Ray cluster: the table read once in ranges, routed to the parts, the same bytes.
 
 The cluster is the session's ``ray_cluster`` (tests/conftest.py). The single process's epochs are the
-reference: the golden digests, and dumps of the same config side by side.
+reference: the golden digests, and dumps of the same config side by side. The fault scenarios (a reader
+killed, connections lost mid-read, a node removed while the parts write) run under ``make chaos``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +25,7 @@ from pgprefetch.write.scan.table import Table
 from .helpers import chunk_bytes, dump, execute
 from .s3server import S3
 from .test_golden import GOLDEN, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
-from .test_ray import manifest
+from .test_ray import LONG, _journal_lines, _parts_running, manifest
 
 # Every kind of field scan mode writes: a NULL mask, padded arrays, "auto" categories, a padded last batch.
 SCAN_ALL = """
@@ -173,3 +177,82 @@ def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_o
     local = np.searchsorted(places, starts)
     for s, at in zip(starts, local, strict=True):  # a window's rows are consecutive in the part's table
         assert np.array_equal(table.values[column][at : at + 3], merged.keys[0][s : s + 3] * 10)  # type: ignore[index]
+
+
+def _big(db: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A table whose spread dump takes a few seconds (faults land mid-read or mid-write), and its two configs."""
+    columns = ", ".join(f"c{i} float8" for i in range(12))
+    values = ", ".join(f"i * {i + 1}.5" for i in range(12))
+    execute(
+        db,
+        f"CREATE TABLE big (id int PRIMARY KEY, {columns})",
+        f"INSERT INTO big SELECT i, {values} FROM generate_series(1, 400000) i",
+        "UPDATE big SET c0 = c0 WHERE id % 5 = 0",
+    )
+    body = '[samples]\ntable = "big"\nkey = ["id"]\n[fields.x]\ncolumns = ['
+    body += ", ".join(f'"c{i}"' for i in range(12)) + ']\ndtype = "float32"\n[batches]\nsize = 256\nseed = 9\n'
+    return (config(tmp_path, body, name="r.toml", store="ray.zarr"),
+            config(tmp_path, body, name="s.toml", store="single.zarr"))  # fmt: skip
+
+
+def _in_background(config: Path, dsn: str, parts: int) -> tuple[threading.Thread, list[Any]]:
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(
+        pgprefetch.dump(config, epochs=0, dsn=dsn, executor="ray", parts=parts)[0]
+    ))  # fmt: skip
+    thread.start()
+    return thread, results
+
+
+def _until(condition: Any, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_unchanged(
+    ray_cluster: Any, db: str, tmp_path: Path
+) -> None:
+    spread, single = _big(db, tmp_path)
+    expected = chunk_bytes(Path(dump(single, db).path))
+    thread, results = _in_background(spread, db, parts=2)
+    _until(lambda: _parts_running(ray_cluster, "read_block"))
+    time.sleep(0.3)  # mid-read
+    os.kill(_parts_running(ray_cluster, "read_block")[0].pid, 9)
+    thread.join(180)
+    (result,) = results
+    assert chunk_bytes(Path(result.path)) == expected
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_same_bytes(
+    ray_cluster: Any, db: str, tmp_path: Path
+) -> None:
+    spread, single = _big(db, tmp_path)
+    expected = chunk_bytes(Path(dump(single, db).path))
+    thread, results = _in_background(spread, db, parts=2)
+    _until(lambda: _parts_running(ray_cluster, "read_block"))
+    time.sleep(0.3)
+    execute(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+    thread.join(180)
+    (result,) = results
+    assert result.retries == 1
+    assert chunk_bytes(Path(result.path)) == expected
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_node_removed_while_the_parts_write_rebuilds_what_it_held_and_the_epoch_is_unchanged(
+    ray_cluster: Any, db: str, tmp_path: Path
+) -> None:
+    spread, single = _big(db, tmp_path)
+    expected = chunk_bytes(Path(dump(single, db).path))
+    node = ray_cluster.add_node(num_cpus=1)  # a third node: it holds a block, pieces and a part
+    ray_cluster.wait_for_nodes()
+    thread, results = _in_background(spread, db, parts=3)
+    _until(lambda: _journal_lines(tmp_path / "ray.zarr") >= 3)  # the parts write: the read is over
+    ray_cluster.remove_node(node)  # its block, its pieces and its part are lost: rebuilt from lineage, rerun
+    thread.join(240)
+    (result,) = results
+    assert sum(result.part_retries) >= 1
+    assert chunk_bytes(Path(result.path)) == expected
