@@ -10,6 +10,8 @@ then:
   will do: each batch is ``pwrite``-n at its own offset of a shard file the driver created. On an object
   store each part uploads whole files, so a boundary falls where every array's shard files do;
 - ``ray.put``-s the ordered keys once: every part reads them from its node's object store;
+- in scan mode, routes each part the rows its samples span from the blocks the readers keep
+  (:mod:`pgprefetch.write.ray.scan`; :meth:`RayExecutor.read_scan` read them, before the writer was opened);
 - runs a task per part (:func:`~pgprefetch.write.ray.part.run_part`), retried by Ray when its worker or node
   is lost (at most ``TASK_RETRIES`` times); the first part that fails for another reason (bad data, a lost
   database connection) stops the others, and its error is the epoch's: the same one line as the single
