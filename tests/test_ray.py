@@ -310,3 +310,19 @@ def test_an_address_where_no_cluster_answers_is_a_one_line_error_not_a_wait(s_ta
         "start it with `ray start --head`, or unset RAY_ADDRESS to start one on this host"
     ]
     assert not (tmp_path / "store.zarr").exists() or not list((tmp_path / "store.zarr").glob("epoch-*"))
+
+
+def test_keys_beyond_memory_reach_the_parts_a_part_at_a_time_with_the_in_memory_bytes(
+    ray_cluster: object, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgprefetch.write.keyfile import OrderedKeys
+
+    from .test_spill import TINY, numbers_config
+
+    read: list[int] = []  # how many keys the driver takes from the ordered key file at once
+    columns = OrderedKeys.columns
+    monkeypatch.setattr(OrderedKeys, "columns", lambda self, a, b: read.append(b - a) or columns(self, a, b))
+    (spread,) = pgprefetch.dump(numbers_config(tmp_path / "r"), epochs=0, dsn=db, executor="ray", parts=4, memory=TINY)
+    whole = dump(numbers_config(tmp_path / "w"), db)
+    assert chunk_bytes(Path(spread.path)) == chunk_bytes(Path(whole.path))
+    assert max(read) == 50_000  # a part's keys (200,000 keys in 4 parts), never all of them

@@ -40,7 +40,7 @@ from pgprefetch.store.base import ArraySpec, Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.keyfile import OrderedKeys
-from pgprefetch.write.plan import Vocabulary
+from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import Tracker, cluster_cpus, failure, join, line
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
 from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
@@ -132,9 +132,7 @@ class RayExecutor:
         if self.parts and len(ranges) < self.parts:
             log.info("epoch %d: %d parts (shard files are not shared between parts on an object store)",
                      plan.epoch, len(ranges))  # fmt: skip
-        keys = plan.keys.columns(0, plan.used) if isinstance(plan.keys, OrderedKeys) else plan.keys
-        keys_ref = ray.put(np.ascontiguousarray(keys))
-        bare = dataclasses.replace(plan, keys=np.empty((keys.shape[0], 0), dtype=np.int64))
+        bare = dataclasses.replace(plan, keys=np.empty((plan.keys.shape[0], 0), dtype=np.int64))
         metadata = {}
         if store.local_root is None:
             metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
@@ -156,7 +154,7 @@ class RayExecutor:
         if isinstance(source.spread, SpreadRead):
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
-            run_part.options(**options).remote(spec, keys_ref, tracker, scan): spec  # type: ignore[attr-defined]
+            run_part.options(**options).remote(spec, _part_keys(plan, spec), tracker, scan): spec  # type: ignore[attr-defined]
             for spec, scan in zip(specs, scans, strict=True)
             if spec.batches
         }
@@ -228,6 +226,14 @@ def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
         return future.result()
     except ray.exceptions.RayError as e:
         raise failure(e, spec.name()) from None
+
+
+def _part_keys(plan: EpochPlan, spec: PartSpec) -> Any:
+    """The keys of a part's batches, put in the object store once (and read from disk a part at a time)."""
+    size = spec.cfg.batches.size
+    first, last = spec.owned.start * size, min(spec.owned.stop * size, plan.used)
+    keys = plan.keys.columns(first, last) if isinstance(plan.keys, OrderedKeys) else plan.keys[:, first:last]
+    return ray.put(np.ascontiguousarray(keys))
 
 
 def split(n_batches: int, parts: int, step: int = 1) -> list[range]:

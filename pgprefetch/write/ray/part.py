@@ -1,8 +1,9 @@
 """One part of a spread epoch: a Ray task that writes a range of batches under the driver's snapshot.
 
-The task gets the plan and layout the driver made (without the keys), and the ordered keys themselves as a
-separate argument: they are ``ray.put`` once by the driver and read zero-copy from each node's object store,
-not shipped per task. It imports the snapshot on its own connections (``SET TRANSACTION SNAPSHOT``), then
+The task gets the plan and layout the driver made (without the keys), and the ordered keys of its own
+batches as a separate argument: ``ray.put`` once by the driver (a part at a time, from disk when the keys
+outgrew memory) and read zero-copy from the node's object store, not shipped with each retry. It imports
+the snapshot on its own connections (``SET TRANSACTION SNAPSHOT``), then
 runs the single-process dump's own scheduler and writer over its batches (:func:`~pgprefetch.write.query.served`,
 :func:`~pgprefetch.write.schedule.write_batches`, :class:`~pgprefetch.write.writer.EpochWriter` as a part,
 with a journal of its own), and returns each batch's checksums and statistics for the driver to publish.
@@ -28,7 +29,7 @@ from pgprefetch.store.base import ArraySpec
 from pgprefetch.store.open import open_store
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.plan import EpochPlan
+from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
 from pgprefetch.write.scan.exchange import join_pieces
@@ -84,7 +85,7 @@ class ScanPart:
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
 def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None = None) -> PartResult:
-    """The Ray task: write ``spec``'s batches (``keys``: the epoch's ordered keys, from the object store).
+    """The Ray task: write ``spec``'s batches (``keys``: those of its ``owned`` batches, from the object store).
 
     Query mode fetches them under the snapshot; scan mode (``scan``) cuts them from the rows routed to it.
     """
@@ -119,7 +120,7 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: Scan
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
     cfg, size = spec.cfg, spec.cfg.batches.size
-    plan = dataclasses.replace(spec.plan, keys=keys)
+    plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with _source(spec, plan, scan) as source:
         bucket = Uploads(store, spec.epoch) if store.local_root is None else None  # type: ignore[arg-type]
