@@ -11,6 +11,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,38 +25,11 @@ from pgprefetch.write.scan.table import Table
 
 from .helpers import chunk_bytes, dump, execute
 from .s3server import S3
-from .test_golden import GOLDEN, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
+from .test_golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
 from .test_ray import LONG, _journal_lines, _parts_running, manifest
 
-# Every kind of field scan mode writes: a NULL mask, padded arrays, "auto" categories, a padded last batch.
-SCAN_ALL = """
-[samples]
-table = "g"
-key = ["id"]
-[fields.v]
-columns = ["v"]
-dtype = "float32"
-[fields.w]
-columns = ["w"]
-dtype = "float64"
-null = "nan"
-[fields.arr]
-columns = ["arr"]
-dtype = "int16"
-max_length = 4
-pad = -1
-[fields.word]
-columns = ["word"]
-dtype = "int8"
-categories = "auto"
-[fields.label]
-columns = ["label"]
-dtype = "int64"
-[batches]
-size = 32
-seed = 5
-drop_last = false
-"""
+# The golden query config's fields as a scan: a NULL mask, padded arrays, "auto" categories, a padded last batch.
+SCAN_ALL = '[samples]\ntable = "g"\nkey = ["id"]\n' + QUERY[QUERY.index("[fields.v]") :]
 # New versions of a third of the rows go to the table's end: each range read holds rows from all over the
 # key order, and a part's rows come from every block, as in a table that is written to.
 SCRAMBLE = "UPDATE g SET label = label WHERE id % 3 = 0"
@@ -195,33 +169,44 @@ def _big(db: str, tmp_path: Path) -> tuple[Path, Path]:
             config(tmp_path, body, name="s.toml", store="single.zarr"))  # fmt: skip
 
 
-def _in_background(config: Path, dsn: str, parts: int) -> tuple[threading.Thread, list[Any]]:
+def _faulted(
+    db: str, tmp_path: Path, parts: int, when: Callable[[], object], fault: Callable[[], object]
+) -> tuple[Any, bytes]:
+    """Dump ``_big``'s table on Ray, doing ``fault`` once ``when`` holds; the result, and the single process's bytes."""
+    spread, single = _big(db, tmp_path)
+    expected = chunk_bytes(Path(dump(single, db).path))
     results: list[Any] = []
     thread = threading.Thread(target=lambda: results.append(
-        pgprefetch.dump(config, epochs=0, dsn=dsn, executor="ray", parts=parts)[0]
+        pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=parts)[0]
     ))  # fmt: skip
     thread.start()
-    return thread, results
-
-
-def _until(condition: Any, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while not when() and time.monotonic() < deadline:
         time.sleep(0.02)
+    fault()
+    thread.join(240)
+    (result,) = results
+    return result, expected
+
+
+def _mid_read(cluster: Any) -> Callable[[], bool]:
+    """Whether a reader has been reading for a moment."""
+    seen: list[float] = []
+
+    def reading() -> bool:
+        if not seen and _parts_running(cluster, "read_block"):
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() > seen[0] + 0.3
+
+    return reading
 
 
 @pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
 def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
-    spread, single = _big(db, tmp_path)
-    expected = chunk_bytes(Path(dump(single, db).path))
-    thread, results = _in_background(spread, db, parts=2)
-    _until(lambda: _parts_running(ray_cluster, "read_block"))
-    time.sleep(0.3)  # mid-read
-    os.kill(_parts_running(ray_cluster, "read_block")[0].pid, 9)
-    thread.join(180)
-    (result,) = results
+    kill = lambda: os.kill(_parts_running(ray_cluster, "read_block")[0].pid, 9)  # noqa: E731
+    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), kill)
     assert chunk_bytes(Path(result.path)) == expected
 
 
@@ -229,14 +214,8 @@ def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_u
 def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_same_bytes(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
-    spread, single = _big(db, tmp_path)
-    expected = chunk_bytes(Path(dump(single, db).path))
-    thread, results = _in_background(spread, db, parts=2)
-    _until(lambda: _parts_running(ray_cluster, "read_block"))
-    time.sleep(0.3)
-    execute(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
-    thread.join(180)
-    (result,) = results
+    sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'"
+    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), lambda: execute(db, sql))
     assert result.retries == 1
     assert chunk_bytes(Path(result.path)) == expected
 
@@ -245,14 +224,10 @@ def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_sa
 def test_a_node_removed_while_the_parts_write_rebuilds_what_it_held_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
-    spread, single = _big(db, tmp_path)
-    expected = chunk_bytes(Path(dump(single, db).path))
     node = ray_cluster.add_node(num_cpus=1)  # a third node: it holds a block, pieces and a part
     ray_cluster.wait_for_nodes()
-    thread, results = _in_background(spread, db, parts=3)
-    _until(lambda: _journal_lines(tmp_path / "ray.zarr") >= 3)  # the parts write: the read is over
-    ray_cluster.remove_node(node)  # its block, its pieces and its part are lost: rebuilt from lineage, rerun
-    thread.join(240)
-    (result,) = results
+    writing = lambda: _journal_lines(tmp_path / "ray.zarr") >= 3  # noqa: E731  (the parts write: the read is over)
+    # Its block, its pieces and its part are lost: rebuilt from lineage, rerun.
+    result, expected = _faulted(db, tmp_path, 3, writing, lambda: ray_cluster.remove_node(node))
     assert sum(result.part_retries) >= 1
     assert chunk_bytes(Path(result.path)) == expected
