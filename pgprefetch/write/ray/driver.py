@@ -154,7 +154,7 @@ class RayExecutor:
         if isinstance(source.spread, SpreadRead):
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
-            run_part.options(**options).remote(spec, _part_keys(plan, spec), tracker, scan): spec  # type: ignore[attr-defined]
+            run_part.options(**options).remote(spec, _part_keys(plan, spec), tracker, *_scan_args(scan)): spec  # type: ignore[attr-defined]
             for spec, scan in zip(specs, scans, strict=True)
             if spec.batches
         }
@@ -226,6 +226,11 @@ def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
         return future.result()
     except ray.exceptions.RayError as e:
         raise failure(e, spec.name()) from None
+
+
+def _scan_args(scan: ScanPart | None) -> tuple[Any, ...]:
+    """A scan part's arguments after the tracker: its samples' starts, then each of its pieces (none in query mode)."""
+    return () if scan is None else (scan.starts, *scan.pieces)
 
 
 def _part_keys(plan: EpochPlan, spec: PartSpec) -> Any:

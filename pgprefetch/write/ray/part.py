@@ -32,7 +32,7 @@ from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
-from pgprefetch.write.scan.exchange import join_pieces
+from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.mode import cut_source
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.stats import EpochStats
@@ -77,20 +77,27 @@ class PartResult:
 
 @dataclass(frozen=True)
 class ScanPart:
-    """A scan mode part's rows: a piece from each read block (object refs), and where its samples start."""
+    """A scan mode part's rows: a piece from each read block (object refs), and where its samples start.
+
+    The pieces go to :func:`run_part` as arguments of their own, so Ray starts the part only once they are
+    ready: a part waiting for them would hold a CPU the tasks that cut them need.
+    """
 
     pieces: tuple[Any, ...]  # ObjectRefs of :class:`~pgprefetch.write.scan.exchange.Piece`, one per block
     starts: np.ndarray  # per sample of the part's ``owned`` range, in epoch order: its first row's sorted place
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
-def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None = None) -> PartResult:
+def run_part(
+    spec: PartSpec, keys: np.ndarray, tracker: Any, starts: np.ndarray | None = None, *pieces: Piece
+) -> PartResult:
     """The Ray task: write ``spec``'s batches (``keys``: those of its ``owned`` batches, from the object store).
 
-    Query mode fetches them under the snapshot; scan mode (``scan``) cuts them from the rows routed to it.
+    Query mode fetches them under the snapshot; scan mode cuts them from the rows routed to it: ``pieces``
+    (resolved by Ray before the task starts) and each sample's first row, ``starts`` (see :class:`ScanPart`).
     """
     tracker.started.remote(spec.epoch, spec.index)  # sent before any work: a kill from here on is a retry
-    return asyncio.run(_write_part(spec, keys, tracker, scan))
+    return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces)))
 
 
 class _Progress:
@@ -103,7 +110,9 @@ class _Progress:
         self.tracker.advance.remote(self.epoch, self.part, samples, nbytes)
 
 
-async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None) -> PartResult:
+async def _write_part(
+    spec: PartSpec, keys: np.ndarray, tracker: Any, scan: tuple[np.ndarray, tuple[Piece, ...]] | None
+) -> PartResult:
     store = open_store(spec.location)
     partial = store.partial_path(spec.epoch)
     node = ray.util.get_node_ip_address()
@@ -140,16 +149,16 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: Scan
 
 
 @contextlib.asynccontextmanager
-async def _source(spec: PartSpec, plan: EpochPlan, scan: ScanPart | None) -> AsyncIterator[BatchSource]:
+async def _source(
+    spec: PartSpec, plan: EpochPlan, scan: tuple[np.ndarray, tuple[Piece, ...]] | None
+) -> AsyncIterator[BatchSource]:
     """The part's batches: fetched on the snapshot (query mode), or cut from its pieces (scan mode)."""
     if scan is None:
         cfg = spec.cfg
         async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
             yield served(plan, spec.layout, reader, spec.snapshot, spec.server_version, cfg.batches.size)
         return
-    pieces = ray.get(list(scan.pieces))
-    table, rows = join_pieces(pieces)
-    del pieces
-    starts = np.searchsorted(rows, scan.starts)  # each sample's first row in the part's table
+    table, rows = join_pieces(list(scan[1]))
+    starts = np.searchsorted(rows, scan[0])  # each sample's first row in the part's table
     first = spec.owned.start * spec.cfg.batches.size
     yield cut_source(spec.cfg, plan, spec.layout, table, starts, spec.snapshot, spec.server_version, None, first)
