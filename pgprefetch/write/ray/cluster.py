@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.decode.layout import UnknownCategoryError
 from pgprefetch.errors import ExecutorError, PgprefetchError
@@ -84,31 +86,59 @@ def cluster_cpus() -> int:
 
 @ray.remote(num_cpus=0)
 class Tracker:
-    """What the parts of a dump's epochs report while they run: samples written per part, and their attempts.
+    """What the parts of an epoch (a *run*: a dump's epoch) report while they run: samples and attempts per part.
 
     A part run again (its worker killed) starts its count over, so the driver's progress never counts a
-    batch twice; its attempts beyond the first are its retries. One tracker serves a dump's epochs, each
-    counted apart: an actor is a process, seconds to start on a busy host, so the driver starts it early and
-    neither it nor the parts wait for it (a part's calls reach it in the order the part made them).
+    batch twice; its attempts beyond the first are its retries. An actor is a process, a second or more to
+    start on a busy host, so one serves every dump of the driver's process (:func:`tracker`), and neither the
+    driver nor the parts wait for it to start (a part's calls reach it in the order the part made them).
     """
 
     def __init__(self) -> None:
-        self.samples: dict[tuple[int, int], int] = {}
-        self.bytes: dict[tuple[int, int], int] = {}
-        self.attempts: dict[tuple[int, int], int] = {}
+        self.samples: dict[tuple[str, int], int] = {}
+        self.bytes: dict[tuple[str, int], int] = {}
+        self.attempts: dict[tuple[str, int], int] = {}
 
-    def started(self, epoch: int, part: int) -> None:
-        """Part ``part`` of ``epoch`` (re)starts."""
-        self.attempts[epoch, part] = self.attempts.get((epoch, part), 0) + 1
-        self.samples[epoch, part] = self.bytes[epoch, part] = 0
+    def started(self, run: str, part: int) -> None:
+        """Part ``part`` of ``run`` (re)starts."""
+        self.attempts[run, part] = self.attempts.get((run, part), 0) + 1
+        self.samples[run, part] = self.bytes[run, part] = 0
 
-    def advance(self, epoch: int, part: int, samples: int, nbytes: int) -> None:
-        """Part ``part`` of ``epoch`` wrote ``samples`` more samples, ``nbytes`` bytes."""
-        self.samples[epoch, part] = self.samples.get((epoch, part), 0) + samples
-        self.bytes[epoch, part] = self.bytes.get((epoch, part), 0) + nbytes
+    def advance(self, run: str, part: int, samples: int, nbytes: int) -> None:
+        """Part ``part`` of ``run`` wrote ``samples`` more samples, ``nbytes`` bytes."""
+        self.samples[run, part] = self.samples.get((run, part), 0) + samples
+        self.bytes[run, part] = self.bytes.get((run, part), 0) + nbytes
 
-    def totals(self, epoch: int, parts: int) -> tuple[int, int, list[int]]:
-        """Samples and bytes of ``epoch`` written so far, and each of its ``parts`` parts' attempts."""
-        samples = sum(n for (e, _), n in self.samples.items() if e == epoch)
-        nbytes = sum(n for (e, _), n in self.bytes.items() if e == epoch)
-        return samples, nbytes, [self.attempts.get((epoch, p), 0) for p in range(parts)]
+    def totals(self, run: str, parts: int) -> tuple[int, int, list[int]]:
+        """Samples and bytes of ``run`` written so far, and each of its ``parts`` parts' attempts."""
+        samples = sum(n for (r, _), n in self.samples.items() if r == run)
+        nbytes = sum(n for (r, _), n in self.bytes.items() if r == run)
+        return samples, nbytes, [self.attempts.get((run, p), 0) for p in range(parts)]
+
+    def forget(self, run: str) -> None:
+        """``run`` is over: drop its counts."""
+        for counts in (self.samples, self.bytes, self.attempts):
+            for key in [k for k in counts if k[0] == run]:
+                del counts[key]
+
+
+_tracker: tuple[str, Any] | None = None  # this process's: (the Ray job it belongs to, its handle)
+
+
+def tracker() -> Any:
+    """This process's :class:`Tracker` on the cluster it joined, started on first use.
+
+    On the driver's node: losing another node must not lose the counts.
+    """
+    global _tracker
+    job = ray.get_runtime_context().get_job_id()
+    if _tracker is None or _tracker[0] != job:  # a new ray.init is a new job: the old tracker went with the old
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        _tracker = (job, Tracker.options(scheduling_strategy=here).remote())  # type: ignore[attr-defined]
+    return _tracker[1]
+
+
+def lost_tracker() -> None:
+    """The tracker was lost with its node: the next :func:`tracker` starts another."""
+    global _tracker
+    _tracker = None

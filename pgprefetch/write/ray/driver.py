@@ -26,12 +26,12 @@ import asyncio
 import dataclasses
 import logging
 import math
+import uuid
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError, ExecutorError
@@ -41,7 +41,7 @@ from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.keyfile import OrderedKeys
 from pgprefetch.write.plan import EpochPlan, Vocabulary
-from pgprefetch.write.ray.cluster import Tracker, cluster_cpus, failure, join, line
+from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
 from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
 from pgprefetch.write.writer import EpochWriter
@@ -62,7 +62,7 @@ class RayExecutor:
         self.address = address
         self.env = env
         self._started = False
-        self._tracker: Any = None
+        self._id = uuid.uuid4().hex[:12]  # this dump's runs in the tracker: f"{id}/{epoch}"
 
     def __enter__(self) -> RayExecutor:
         return self
@@ -72,9 +72,6 @@ class RayExecutor:
 
     def close(self) -> None:
         """Stop the cluster if this executor started it (a local one); a joined cluster stays."""
-        if self._tracker is not None and ray.is_initialized():
-            ray.kill(self._tracker)
-        self._tracker = None
         if self._started:
             ray.shutdown()
             self._started = False
@@ -88,7 +85,7 @@ class RayExecutor:
         """Read a scan config's table with reader tasks on the cluster, keeping its blocks there."""
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
-        self._track()  # started while the table is read
+        tracker()  # started while the table is read
         return await read_spread(cfg, snap, self.parts or cluster_cpus(), progress, vocabulary)
 
     def scan_source(self, cfg: Config, read: object, epoch: int) -> BatchSource:
@@ -142,28 +139,30 @@ class RayExecutor:
         )
         layout_keys = ("n_batches", "batch_size", "compression", "arrays")
         identity = {k: v for k, v in writer.header.items() if k not in layout_keys}
+        run = f"{self._id}/{plan.epoch}"  # the epoch's counts in the tracker
         specs = []
         for i, owned in enumerate(ranges):
             specs.append(PartSpec(
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
-                source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata,
+                source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, run,
             ))  # fmt: skip
-        tracker = self._track()
+        track = tracker()
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         scans: list[ScanPart | None] = [None] * len(specs)
         if isinstance(source.spread, SpreadRead):
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
-            run_part.options(**options).remote(spec, _part_keys(plan, spec), tracker, *_scan_args(scan)): spec  # type: ignore[attr-defined]
+            run_part.options(**options).remote(spec, _part_keys(plan, spec), track, *_scan_args(scan)): spec  # type: ignore[attr-defined]
             for spec, scan in zip(specs, scans, strict=True)
             if spec.batches
         }
         try:
-            results = await self._wait(refs, tracker, progress, plan.epoch, len(specs))
-            attempts = (await self._totals(tracker, plan.epoch, len(specs)))[2] or [1] * len(specs)
+            results = await self._wait(refs, track, progress, run, len(specs))
+            attempts = (await self._totals(track, run, len(specs)))[2] or [1] * len(specs)
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
+            track.forget.remote(run)
         for result in sorted(results, key=lambda r: r.index):
             writer.checksums[:, result.batches] = result.checksums
             writer.done[result.batches] = True
@@ -172,16 +171,8 @@ class RayExecutor:
         files = tuple(f for r in results for f in r.files)
         return Spread(len(specs), tuple(max(0, a - 1) for a in attempts), files)
 
-    def _track(self) -> Any:
-        """The dump's progress tracker, started if need be (it starts while the caller goes on)."""
-        if self._tracker is None:
-            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
-        return self._tracker
-
     async def _wait(
-        self, refs: dict[Any, PartSpec], tracker: Any, progress: Progress | None, epoch: int, parts: int
+        self, refs: dict[Any, PartSpec], track: Any, progress: Progress | None, run: str, parts: int
     ) -> list[PartResult]:
         """Each part's result, progress shown meanwhile; the first failure stops the wait (see the module)."""
         futures = {asyncio.wrap_future(ref.future()): spec for ref, spec in refs.items()}
@@ -198,7 +189,7 @@ class RayExecutor:
                     results.append(_result(future, spec))
                     log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
                 if progress:
-                    samples, nbytes, _ = await self._totals(tracker, epoch, parts)
+                    samples, nbytes, _ = await self._totals(track, run, parts)
                     if samples > shown:
                         # Some bytes always: samples counted with none are taken for batches an earlier run kept.
                         progress.advance(samples - shown, max(nbytes - shown_bytes, 1))
@@ -210,13 +201,13 @@ class RayExecutor:
                 future.cancel()
         return results
 
-    async def _totals(self, tracker: Any, epoch: int, parts: int) -> tuple[int, int, list[int]]:
-        """The tracker's figures for ``epoch``; none if it was lost with its node (the next epoch gets a new one)."""
+    async def _totals(self, track: Any, run: str, parts: int) -> tuple[int, int, list[int]]:
+        """The tracker's figures for ``run``; none if it was lost with its node (the next epoch gets a new one)."""
         try:
-            return await asyncio.wrap_future(tracker.totals.remote(epoch, parts).future())  # type: ignore[no-any-return]
+            return await asyncio.wrap_future(track.totals.remote(run, parts).future())  # type: ignore[no-any-return]
         except ray.exceptions.RayError as e:
             log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", line(e))
-            self._tracker = None
+            lost_tracker()
             return 0, 0, []
 
 

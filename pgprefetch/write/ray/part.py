@@ -57,6 +57,7 @@ class PartSpec:
     arrays: tuple[ArraySpec, ...]
     identity: dict[str, Any]
     metadata: dict[str, bytes]  # the epoch's zarr.json files, for an object store staged on another node
+    run: str = ""  # the epoch's counts in the driver's tracker
 
     def name(self) -> str:
         """The part, in messages."""
@@ -96,18 +97,18 @@ def run_part(
     Query mode fetches them under the snapshot; scan mode cuts them from the rows routed to it: ``pieces``
     (resolved by Ray before the task starts) and each sample's first row, ``starts`` (see :class:`ScanPart`).
     """
-    tracker.started.remote(spec.epoch, spec.index)  # sent before any work: a kill from here on is a retry
+    tracker.started.remote(spec.run, spec.index)  # sent before any work: a kill from here on is a retry
     return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces)))
 
 
 class _Progress:
     """The scheduler's progress calls, sent on to the driver's tracker (without waiting for it)."""
 
-    def __init__(self, tracker: Any, epoch: int, part: int) -> None:
-        self.tracker, self.epoch, self.part = tracker, epoch, part
+    def __init__(self, tracker: Any, run: str, part: int) -> None:
+        self.tracker, self.run, self.part = tracker, run, part
 
     def advance(self, samples: int, nbytes: int) -> None:
-        self.tracker.advance.remote(self.epoch, self.part, samples, nbytes)
+        self.tracker.advance.remote(self.run, self.part, samples, nbytes)
 
 
 async def _write_part(
@@ -140,9 +141,7 @@ async def _write_part(
                 owned=spec.owned, part=spec.index,
             )  # fmt: skip
             with writer:
-                await write_batches(
-                    source, writer, list(spec.batches), size, _Progress(tracker, spec.epoch, spec.index)
-                )  # type: ignore[arg-type]
+                await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.run, spec.index))  # type: ignore[arg-type]
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
     return PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node)
