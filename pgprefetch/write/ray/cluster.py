@@ -122,7 +122,7 @@ class Tracker:
                 del counts[key]
 
 
-_tracker: tuple[str, Any] | None = None  # this process's: (the Ray job it belongs to, its handle)
+_tracker: tuple[str, Any] | None = None  # this process's: (the node and job it belongs to, its handle)
 
 
 def tracker() -> Any:
@@ -131,9 +131,11 @@ def tracker() -> Any:
     On the driver's node: losing another node must not lose the counts.
     """
     global _tracker
-    job = ray.get_runtime_context().get_job_id()
-    if _tracker is None or _tracker[0] != job:  # a new ray.init is a new job: the old tracker went with the old
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    context = ray.get_runtime_context()
+    # A new ray.init is a new job (or a new cluster, whose first job has the same id): the old tracker is gone.
+    job = f"{context.get_node_id()}/{context.get_job_id()}"
+    if _tracker is None or _tracker[0] != job:
+        here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
         _tracker = (job, Tracker.options(scheduling_strategy=here).remote())  # type: ignore[attr-defined]
     return _tracker[1]
 
