@@ -340,8 +340,11 @@ async def _write_epoch(
             total = source.epoch_bytes(size)
             manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
             manifest["stats"] = stats.result()
-            manifest["resumed_batches"] = writer.resumed
-            manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
+            resumed = writer.resumed + (spread.kept if spread else 0)
+            manifest["resumed_batches"] = resumed
+            # More than one when batches were kept from an earlier dump (its journal, or its parts' records).
+            earlier = [s for s in (spread.snapshots if spread else ()) if s not in writer.snapshots]
+            manifest["snapshots"] = [*earlier, *writer.snapshots]
             if spread is not None and executor is not None:
                 manifest.update(executor=executor.name, parts=spread.parts)
             path = await finish_in_thread(writer.publish, manifest, spread.elsewhere if spread else ())
@@ -352,8 +355,8 @@ async def _write_epoch(
         n_samples=plan.used,
         bytes=total,
         seconds=time.monotonic() - started,
-        resumed=writer.resumed,
-        restarted=writer.restarted,
+        resumed=resumed,
+        restarted=writer.restarted or (spread.restarted if spread else None),
         duplicates_dropped=plan.duplicates_dropped,
         last_dropped=plan.last_dropped,
         rows_read=source.rows_read,

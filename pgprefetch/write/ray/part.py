@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
+from pgprefetch.write.ray.records import PartRecord, put_record
 from pgprefetch.write.scan.exchange import join_pieces
 from pgprefetch.write.scan.mode import cut_source
 from pgprefetch.write.schedule import write_batches
@@ -56,6 +58,7 @@ class PartSpec:
     arrays: tuple[ArraySpec, ...]
     identity: dict[str, Any]
     metadata: dict[str, bytes]  # the epoch's zarr.json files, for an object store staged on another node
+    defer: bool = False  # object store, --force: stage only; the driver has the files uploaded (.staged)
 
     def name(self) -> str:
         """The part, in messages."""
@@ -72,6 +75,7 @@ class PartResult:
     figures: tuple[np.ndarray, dict[str, np.ndarray]]
     files: tuple[str, ...]
     node: str
+    node_id: str = ""  # the Ray node that staged the files (--force on an object store uploads them there)
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,8 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: Scan
     plan = dataclasses.replace(spec.plan, keys=keys)
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with _source(spec, plan, scan) as source:
-        bucket = Uploads(store, spec.epoch) if store.local_root is None else None  # type: ignore[arg-type]
+        remote = store.local_root is None and not spec.defer
+        bucket = Uploads(store, spec.epoch) if remote else None  # type: ignore[arg-type]
         with bucket or contextlib.nullcontext() as uploads:
             writer = EpochWriter(
                 store, spec.epoch, n_batches=plan.n_batches, batch_size=size, arrays=list(spec.arrays),
@@ -134,7 +139,18 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: Scan
                 await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.index))  # type: ignore[arg-type]
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
-    return PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node)
+    here = ray.get_runtime_context().get_node_id()
+    result = PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node, here)
+    if remote and spec.batches == tuple(spec.owned):  # every file is up: a rerun after the driver died keeps it
+        put_record(store, spec.epoch, record(spec, writer.header, result, partial))  # type: ignore[arg-type]
+    return result
+
+
+def record(spec: PartSpec, header: dict[str, Any], result: PartResult, partial: Path) -> PartRecord:
+    """The record of a finished part (:mod:`.records`); ``partial``: where its files are staged."""
+    files = {f: (partial / f).stat().st_size for f in result.files}
+    return PartRecord(spec.index, spec.owned, header, spec.snapshot, result.batches, result.checksums, result.figures,
+                      files)  # fmt: skip
 
 
 @contextlib.asynccontextmanager
