@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from click.testing import CliRunner
 
 import pgprefetch
 from pgprefetch.cli import cli
-from pgprefetch.errors import ExecutorError, SampleError
+from pgprefetch.errors import SampleError
 from pgprefetch.write.ray.driver import split
 
 from .helpers import chunk_bytes, dump, execute, s_config
@@ -64,7 +65,7 @@ def test_an_epoch_dumped_on_a_two_node_cluster_is_the_golden_epoch_byte_for_byte
     assert pgprefetch.verify(tmp_path / "store.zarr", 2) == []
 
 
-def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3(
+def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3_and_force_rewrites_them(
     ray_cluster: object, db: str, tmp_path: Path, s3: S3
 ) -> None:
     execute(db, *TABLE)
@@ -79,9 +80,136 @@ def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3(
     objects = s3.objects(bucket, "ray/epoch-00000/")
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
     assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
-    with pytest.raises(ExecutorError, match="--force with --executor ray on an object store is not supported yet"):
-        pgprefetch.dump(remote_cfg, epochs=0, dsn=db, executor="ray", parts=2, ray_env=env, force=True)
-    assert s3.objects(bucket, "ray/epoch-00000/") == objects  # the published epoch untouched
+    # --force: the parts stage apart from the driver (as on other machines), their files go up from their nodes.
+    apart = {**env, "PGPREFETCH_STAGING": str(tmp_path / "parts-staging")}
+    (forced,) = pgprefetch.dump(remote_cfg, epochs=0, dsn=db, executor="ray", parts=2, ray_env=apart, force=True)
+    assert (forced.status, forced.parts) == ("written", 2)
+    again = s3.objects(bucket, "ray/epoch-00000/")
+    assert {k: v for k, v in again.items() if "/" in k} == chunk_bytes(Path(single.path))  # no part record left
+    ours = json.loads(again["zarr.json"])["attributes"]["pgprefetch"]
+    assert ours["snapshots"] != json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["snapshots"]
+    assert ours["stats"] == manifest(single.path)["stats"]
+
+
+def _last_modified(s3: S3, bucket: str, prefix: str) -> dict[str, Any]:
+    """When each object under ``prefix`` was last put, by key relative to it."""
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {
+        item["Key"].removeprefix(prefix): item["LastModified"] for page in pages for item in page.get("Contents", [])
+    }
+
+
+def _records(s3: S3, bucket: str, prefix: str) -> dict[int, Any]:
+    """The part records under an epoch's ``prefix``, by part."""
+    from pgprefetch.write.ray.records import PartRecord
+
+    found = [PartRecord.decode(v) for k, v in s3.objects(bucket, prefix).items() if k.startswith("_parts/")]
+    return {r.index: r for r in found if r is not None}
+
+
+def _fail_the_last_part(s_table: str, single: pgprefetch.DumpResult) -> int:
+    """A NULL in the epoch's last batch: the last of three parts (run once one of two CPUs is free) fails on it."""
+    late = int(zarr.open_group(str(single.path), mode="r")["keys"][-1, 0, 0])
+    execute(s_table, "ALTER TABLE s ALTER COLUMN v DROP NOT NULL", f"UPDATE s SET v = NULL WHERE id = {late}")
+    return late
+
+
+def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_and_does_not_upload_them_again(
+    ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    bucket = s3.bucket()
+    config = s_config(tmp_path, store=f"s3://{bucket}/k", compression="zstd")  # a file per batch: parts of 10
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
+    late = _fail_the_last_part(s_table, single)
+    with pytest.raises(SampleError, match=str(late)):
+        on_ray(config, s_table, parts=3, ray_env=env)
+    records = _records(s3, bucket, "k/epoch-00000/")
+    assert records  # a part that finished recorded itself
+    assert 2 not in records  # the one that failed did not
+    kept = {f"epoch-00000/{f}" for r in records.values() for f in r.files}
+    before = _last_modified(s3, bucket, "k/")
+    execute(s_table, f"UPDATE s SET v = {late} * 0.5 WHERE id = {late}")  # the data fixed, the keys the same
+    time.sleep(1)  # an object's LastModified is to the second
+    elsewhere = {**env, "PGPREFETCH_STAGING": str(tmp_path / "new-nodes")}  # the nodes' staging is gone, too
+    result = on_ray(config, s_table, parts=3, ray_env=elsewhere)
+    assert result.resumed == sum(len(r.owned) for r in records.values())
+    assert result.restarted is None
+    after = _last_modified(s3, bucket, "k/")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}  # the kept parts' files: not put again
+    rerun = [k for k in after if k.startswith("epoch-00000/v/") and k not in kept]
+    assert rerun
+    assert all(after[k] > before.get(k, after[k] - timedelta(1)) for k in rerun)  # (which the others were)
+    objects = s3.objects(bucket, "k/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))  # records gone too
+    ours = json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]
+    assert ours["stats"] == manifest(single.path)["stats"]
+    assert ours["resumed_batches"] == result.resumed
+    assert len(ours["snapshots"]) == 2  # the kept parts' snapshot, and this run's
+
+
+def test_a_part_record_of_other_keys_is_not_reused_and_says_why(
+    ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    bucket = s3.bucket()
+    config = s_config(tmp_path, store=f"s3://{bucket}/o", compression="zstd")
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    late = _fail_the_last_part(s_table, single)
+    with pytest.raises(SampleError):
+        on_ray(config, s_table, parts=3, ray_env=env)
+    assert _records(s3, bucket, "o/epoch-00000/")
+    execute(s_table, f"DELETE FROM s WHERE id = {late}")  # other keys: every batch is another
+    result = on_ray(config, s_table, parts=3, ray_env=env)
+    assert (result.resumed, result.restarted) == (0, "the keys changed (480 keys then, 464 now)")
+    fresh = dump(s_config(tmp_path, name="fresh.toml", store="fresh.zarr", compression="zstd"), s_table)
+    objects = s3.objects(bucket, "o/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(fresh.path))
+
+
+def test_a_part_record_is_kept_only_with_this_epoch_s_identity_and_range_and_all_its_files(s3: S3) -> None:
+    import numpy as np
+
+    from pgprefetch.store.open import open_store
+    from pgprefetch.write.ray.records import PartRecord, put_record, record_key, usable
+
+    store = open_store(f"s3://{s3.bucket()}/u")
+    store.create()
+    header = {"config_sha256": "c1", "n_keys": 64, "keys_sha256": "k1", "n_batches": 4, "batch_size": 16,
+              "compression": "zstd", "arrays": {"v": ["<f4", []]}}  # fmt: skip
+    ranges = [range(0, 2), range(2, 4)]
+    store.put("epoch-00000/v/c/0/0", b"ab")  # part 1's two files are up; part 2's only one
+    store.put("epoch-00000/v/c/2/0", b"cd")
+    rows = np.array([[[16, 0.5, np.nan, -1.0, 2.0]], [[16, 1.5, 3.0, 0.0, np.inf]]])
+
+    def put(index: int, owned: range, files: dict[str, int], **changed: Any) -> PartRecord:
+        batches = np.arange(owned.start, owned.stop)
+        record = PartRecord(index, owned, {**header, **changed}, "snap-1", batches, np.array([[7, 8]], dtype=np.uint32),
+                            (rows, {"v_length": np.array([3, 4])}), files)  # fmt: skip
+        put_record(store, 0, record)
+        return record
+
+    first = put(0, ranges[0], {"v/c/0/0": 2, "v/c/1/0": 2})
+    store.put("epoch-00000/v/c/1/0", b"ef")
+    put(1, ranges[1], {"v/c/2/0": 2, "v/c/3/0": 2})
+    kept, why = usable(store, 0, header, ranges)  # type: ignore[arg-type]
+    assert why == "a part's file is missing from the store (v/c/3/0)"
+    assert [r.index for r in kept] == [0]
+    (record,) = kept
+    assert (record.owned, record.header, record.snapshot, record.files) == (first.owned, header, "snap-1", first.files)
+    assert np.array_equal(record.checksums, first.checksums)
+    assert np.array_equal(record.figures[0], rows, equal_nan=True)  # the statistics partials, bit for bit
+    assert np.array_equal(record.figures[1]["v_length"], [3, 4])
+    assert store.read(record_key(0, 1)) is None  # a record not kept is deleted: its part runs again
+
+    assert usable(store, 0, header, [range(0, 1), range(1, 4)])[1] == "it was split into other parts (2 now)"
+    put(0, ranges[0], first.files, keys_sha256="k0")
+    assert usable(store, 0, header, ranges) == ([], "the keys changed (64 keys then, 64 now)")
+    put(0, ranges[0], first.files, config_sha256="c0")
+    assert usable(store, 0, header, ranges) == ([], "the config changed")
+    store.put(record_key(0, 0), b"cut short")
+    assert usable(store, 0, header, ranges) == ([], "a part's record is unreadable")
+    assert usable(store, 0, header, ranges) == ([], None)  # none left
 
 
 def test_a_null_met_by_a_part_is_the_single_process_error_and_nothing_is_published(
