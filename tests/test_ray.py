@@ -114,7 +114,7 @@ def _fail_the_last_part(s_table: str, single: pgprefetch.DumpResult) -> int:
     return late
 
 
-def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_and_does_not_upload_them_again(
+def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_without_uploading_them_again_and_force_keeps_none(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
     bucket = s3.bucket()
@@ -124,9 +124,14 @@ def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_and_does_not_uploa
     late = _fail_the_last_part(s_table, single)
     with pytest.raises(SampleError, match=str(late)):
         on_ray(config, s_table, parts=3, ray_env=env)
+    earlier = _records(s3, bucket, "k/epoch-00000/")
+    assert earlier  # a part that finished recorded itself
+    assert 2 not in earlier  # the one that failed did not
+    with pytest.raises(SampleError, match=str(late)):  # --force: a fresh epoch, the earlier parts not kept
+        on_ray(config, s_table, parts=3, ray_env=env, force=True)
     records = _records(s3, bucket, "k/epoch-00000/")
-    assert records  # a part that finished recorded itself
-    assert 2 not in records  # the one that failed did not
+    assert records
+    assert {r.snapshot for r in records.values()}.isdisjoint({r.snapshot for r in earlier.values()})
     kept = {f"epoch-00000/{f}" for r in records.values() for f in r.files}
     before = _last_modified(s3, bucket, "k/")
     execute(s_table, f"UPDATE s SET v = {late} * 0.5 WHERE id = {late}")  # the data fixed, the keys the same
@@ -354,6 +359,51 @@ def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_ide
     assert result.resumed >= 4
     assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
     assert not list(journals.rglob("*.journal*"))
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byte_identical(
+    ray_cluster: Any, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    bucket = s3.bucket()
+    config = s_config(tmp_path, slow=True, store=f"s3://{bucket}/d", compression="zstd")
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    workers = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    code = (
+        "import sys, json, pgprefetch\n"
+        "pgprefetch.dump(sys.argv[1], epochs=0, dsn=sys.argv[2], executor='ray', parts=3,"
+        " ray_env=json.loads(sys.argv[3]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.address,
+           "PGPREFETCH_LEASE_SECONDS": "3"}  # fmt: skip  # (its lease outlives it by that much)
+    driver = subprocess.Popen([sys.executable, "-c", code, str(config), s_table, json.dumps(workers)], cwd=tmp_path,
+                              env=env)  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not _records(s3, bucket, "d/epoch-00000/") and time.monotonic() < deadline:
+        time.sleep(0.1)  # a part finished: its files are up and recorded, the third part is yet to run
+    driver.kill()
+    driver.wait()
+    records = _records(s3, bucket, "d/epoch-00000/")
+    assert records
+    assert len(records) < 3
+    kept = {f"epoch-00000/{f}" for r in records.values() for f in r.files}
+    before = _last_modified(s3, bucket, "d/")
+    while _parts_running(ray_cluster) and time.monotonic() < deadline + 30:  # Ray stops a dead driver's tasks
+        time.sleep(0.1)
+    records = _records(s3, bucket, "d/epoch-00000/")  # (one may have finished meanwhile)
+    while True:  # until the dead driver's lease expires
+        result = on_ray(config, s_table, parts=3, ray_env=workers)
+        if result.status != "busy":
+            break
+        assert time.monotonic() < deadline + 60
+        time.sleep(0.5)
+    assert result.resumed == sum(len(r.owned) for r in records.values())
+    assert result.resumed > 0
+    after = _last_modified(s3, bucket, "d/")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}  # the finished parts' files: not put again
+    objects = s3.objects(bucket, "d/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+    assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
 
 
 @pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")

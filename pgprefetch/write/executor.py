@@ -61,5 +61,9 @@ class Executor(Protocol):
         writer: EpochWriter,
         todo: list[int],
         progress: Progress | None,
+        fresh: bool = False,
     ) -> Spread:
-        """Write batches ``todo`` of ``source`` into ``writer``'s partial epoch; fill its checksums and stats."""
+        """Write batches ``todo`` of ``source`` into ``writer``'s partial epoch; fill its checksums and stats.
+
+        ``fresh``: keep nothing an earlier dump of the epoch left (``--force``), wherever the executor keeps it.
+        """

@@ -308,12 +308,12 @@ async def _write_epoch(
         identity["categories"] = plan.categories
     stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
     owned = executor.driver_owns(store) if executor else None
-    fresh = fresh or bool(executor and executor.starts_over(store))
+    discard = fresh or bool(executor and executor.starts_over(store))  # (fresh: --force's first attempt)
     spread = None
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await finish_in_thread(
             EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-            compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader, stats=stats,
+            compression=cfg.store.compression, identity=identity, fresh=discard, uploader=uploader, stats=stats,
             owned=owned,
         )  # fmt: skip
         with writer:  # a failure keeps the partial epoch: the next dump resumes it
@@ -333,7 +333,7 @@ async def _write_epoch(
                 if executor is None:
                     await write_batches(source, writer, todo, size, progress)
                 else:
-                    spread = await executor.write(cfg, store, source, writer, todo, progress)
+                    spread = await executor.write(cfg, store, source, writer, todo, progress, fresh=fresh)
             finally:
                 if progress:
                     progress.close()

@@ -115,6 +115,7 @@ class RayExecutor:
         writer: EpochWriter,
         todo: list[int],
         progress: Progress | None,
+        fresh: bool = False,
     ) -> Spread:
         """Write ``todo`` in parts on the cluster, then merge their checksums and statistics into ``writer``."""
         if not ray.is_initialized():
@@ -136,7 +137,7 @@ class RayExecutor:
         metadata = {}
         if store.local_root is None:
             metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
-        kept, restarted = _kept(remote, writer, ranges, progress) if remote and not force else ([], None)
+        kept, restarted = _kept(remote, writer, ranges, progress, fresh) if remote and not force else ([], None)
         pending = set(todo) - {b for r in kept for b in r.owned}
         arrays = tuple(
             ArraySpec(name, np.dtype(spec[0]), tuple(spec[1])) for name, spec in writer.header["arrays"].items()
@@ -224,11 +225,15 @@ class RayExecutor:
 
 
 def _kept(
-    store: S3Store, writer: EpochWriter, ranges: list[range], progress: Progress | None
+    store: S3Store, writer: EpochWriter, ranges: list[range], progress: Progress | None, fresh: bool
 ) -> tuple[list[PartRecord], str | None]:
-    """The parts an interrupted dump finished and recorded in the object store, kept; why others were not."""
+    """The parts an interrupted dump finished and recorded in the object store, kept; why others were not.
+
+    ``fresh`` (``--force``): none kept, and their records deleted: a rerun must not keep them either.
+    """
     epoch, size, n_samples = writer.epoch, writer.header["batch_size"], writer.header.get("n_keys", 0)
-    kept, restarted = usable(store, epoch, writer.header, ranges)
+    kept, restarted = usable(store, epoch, writer.header, [] if fresh else ranges)
+    restarted = None if fresh else restarted
     if restarted:
         log.warning("epoch %d: an interrupted dump was started over: %s", epoch, restarted)
     if kept:
