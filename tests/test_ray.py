@@ -220,6 +220,33 @@ def test_a_part_record_is_kept_only_with_this_epoch_s_identity_and_range_and_all
     assert usable(store, 0, header, ranges) == ([], None)  # none left
 
 
+def test_under_force_a_part_whose_node_or_staged_files_were_lost_is_written_again_not_published_short(
+    ray_cluster: Any, s3: S3
+) -> None:
+    import numpy as np
+    import ray
+
+    from pgprefetch.store.open import open_store
+    from pgprefetch.write.ray.part import PartResult, PartSpec
+    from pgprefetch.write.ray.staged import upload_staged
+
+    store = open_store(f"s3://{s3.bucket()}/f")
+    store.create()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    specs = [PartSpec(i, 2, range(2 * i, 2 * i + 2), (2 * i, 2 * i + 1), None, 0, store.location, "snap", "",  # type: ignore[arg-type]
+                      None, None, (), {}, {}, True) for i in range(2)]  # type: ignore[arg-type]  # fmt: skip
+    figures = (np.zeros((2, 0, 5)), {})
+    here = ray.get_runtime_context().get_node_id()
+    gone = "ab" * 28  # a node no longer in the cluster
+    results = [
+        PartResult(0, np.arange(0, 2), np.zeros((1, 2), np.uint32), figures, ("v/c/0/0",), "127.0.0.1", here),
+        PartResult(1, np.arange(2, 4), np.zeros((1, 2), np.uint32), figures, ("v/c/2/0",), "127.0.0.1", gone),
+    ]
+    again = upload_staged(store, specs, results, {}, {"runtime_env": {"env_vars": env}})  # type: ignore[arg-type]
+    assert [(spec.index, spec.defer) for spec in again] == [(0, False), (1, False)]  # staging gone; node gone
+    assert open_store(store.location).sizes("epoch-00000") == {}  # nothing uploaded, no part recorded
+
+
 def test_a_null_met_by_a_part_is_the_single_process_error_and_nothing_is_published(
     ray_cluster: object, s_table: str, tmp_path: Path
 ) -> None:

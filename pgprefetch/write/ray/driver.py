@@ -16,6 +16,10 @@ then:
   process, or an ``ExecutorError`` that names the part;
 - shows one progress for the epoch, and merges each part's checksums and statistics in batch order, so
   the published epoch is byte for byte the single process's.
+
+On an object store a rerun keeps the parts an interrupted dump finished, from the records they left in the
+store (:mod:`.records`); ``--force`` over a published epoch has the parts stage their files and uploads
+them from their nodes once the old epoch is removed, as the single process's publication does (:mod:`.staged`).
 """
 
 from __future__ import annotations
@@ -158,7 +162,7 @@ class RayExecutor:
         ray.get(tracker.begin.remote(len(specs)))
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         scans: list[ScanPart | None] = [None] * len(specs)
-        if isinstance(source.spread, SpreadRead):
+        if isinstance(source.spread, SpreadRead) and any(spec.batches for spec in specs):  # (else: all kept)
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
             run_part.options(**options).remote(spec, keys_ref, tracker, scan): spec  # type: ignore[attr-defined]
@@ -169,9 +173,13 @@ class RayExecutor:
             results = await self._wait(refs, tracker, progress)
             if force:  # the published epoch removed only now; parts whose staging was lost are written again
                 again = upload_staged(remote, specs, results, writer.header, options)  # type: ignore[arg-type]
-                refs = {run_part.options(**options).remote(s, keys_ref, tracker, scans[s.index]): s for s in again}  # type: ignore[attr-defined]
-                redone = await self._wait(refs, tracker, None)
-                results = [r for r in results if r.index not in {s.index for s in again}] + redone
+                redo = {
+                    run_part.options(**options).remote(spec, keys_ref, tracker, scans[spec.index]): spec  # type: ignore[attr-defined]
+                    for spec in again
+                }
+                refs.update(redo)
+                results = [r for r in results if r.index not in {spec.index for spec in again}]
+                results += await self._wait(redo, tracker, None)
             attempts = (await self._totals(tracker))[2] or [1] * len(specs)
         finally:
             for ref in refs:

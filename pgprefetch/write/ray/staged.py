@@ -51,6 +51,9 @@ def upload_staged(
     Returns the parts to write again (their node, or their staged files, lost meanwhile), uploading this time.
     """
     epoch = specs[0].epoch
+    lease = store.held_lease(epoch)
+    if lease is not None:  # as the single process's publication: a dump that lost its lease removes nothing
+        lease.check()
     store.remove_epoch(epoch)
     refs = {}
     for result in results:
