@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from pgprefetch.write.journal import difference
 
 log = logging.getLogger("pgprefetch")
 FOLDER = "_parts"  # under the partial epoch's prefix; never part of a published epoch
+READ_THREADS = 8  # records read at once by a rerun's driver
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,13 @@ def usable(
     header = json.loads(json.dumps(header, sort_keys=True))  # as a record holds it
     prefix = epoch_name(epoch)
     objects = {key.removeprefix(f"{prefix}/"): size for key, size in store.sizes(prefix).items()}
+    names = sorted(k for k in objects if k.startswith(f"{FOLDER}/"))
+    with ThreadPoolExecutor(READ_THREADS) as pool:  # an epoch of many parts: their records read side by side
+        raws = list(pool.map(lambda name: store.read(f"{prefix}/{name}"), names))
     kept: list[PartRecord] = []
     dropped: list[str] = []
     reason: str | None = None
-    for name in sorted(k for k in objects if k.startswith(f"{FOLDER}/")):
-        raw = store.read(f"{prefix}/{name}")
+    for name, raw in zip(names, raws, strict=True):
         record = PartRecord.decode(raw) if raw is not None else None
         why = _mismatch(record, header, ranges, objects)
         if why is None:
