@@ -318,8 +318,8 @@ def test_parts_are_contiguous_and_on_an_object_store_end_where_every_array_s_fil
     assert split(7, 2, step=7) == [range(0, 7)]
 
 
-def _parts_running(cluster: Any) -> list[Any]:
-    """The worker processes of this session's cluster running a part now (never another test run's)."""
+def _parts_running(cluster: Any, task: str = "run_part") -> list[Any]:
+    """The worker processes of this session's cluster running ``task`` now (never another test run's)."""
     import psutil
 
     raylets = [
@@ -331,7 +331,7 @@ def _parts_running(cluster: Any) -> list[Any]:
     for pid in raylets:
         for child in psutil.Process(pid).children(recursive=True):
             try:
-                if " ".join(child.cmdline()).startswith("ray::run_part"):
+                if " ".join(child.cmdline()).startswith(f"ray::{task}"):
                     found.append(child)
             except psutil.Error:
                 continue
@@ -470,7 +470,6 @@ def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_n
     spec = PartSpec(0, 2, range(0, 4), (0, 1, 2, 3), None, 0, str(tmp_path / "elsewhere.zarr"), "", "",  # type: ignore[arg-type]
                     None, None, (), {}, {})  # type: ignore[arg-type]  # fmt: skip
     tracker = Tracker.remote()  # type: ignore[attr-defined]
-    ray.get(tracker.begin.remote(2))
     try:
         with pytest.raises(StoreError, match=r"part 1 of 2 \(batches 0-3\): node 127\.0\.0\.1 cannot see the partial"):
             ray.get(run_part.options(max_retries=0).remote(spec, np.empty((1, 0), dtype=np.int64), tracker))
@@ -519,3 +518,19 @@ def test_an_address_where_no_cluster_answers_is_a_one_line_error_not_a_wait(s_ta
         "start it with `ray start --head`, or unset RAY_ADDRESS to start one on this host"
     ]
     assert not (tmp_path / "store.zarr").exists() or not list((tmp_path / "store.zarr").glob("epoch-*"))
+
+
+def test_keys_beyond_memory_reach_the_parts_a_part_at_a_time_with_the_in_memory_bytes(
+    ray_cluster: object, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgprefetch.write.keyfile import OrderedKeys
+
+    from .test_spill import TINY, numbers_config
+
+    read: list[int] = []  # how many keys the driver takes from the ordered key file at once
+    columns = OrderedKeys.columns
+    monkeypatch.setattr(OrderedKeys, "columns", lambda self, a, b: read.append(b - a) or columns(self, a, b))
+    (spread,) = pgprefetch.dump(numbers_config(tmp_path / "r"), epochs=0, dsn=db, executor="ray", parts=4, memory=TINY)
+    whole = dump(numbers_config(tmp_path / "w"), db)
+    assert chunk_bytes(Path(spread.path)) == chunk_bytes(Path(whole.path))
+    assert max(read) == 50_000  # a part's keys (200,000 keys in 4 parts), never all of them

@@ -84,32 +84,31 @@ def cluster_cpus() -> int:
 
 @ray.remote(num_cpus=0)
 class Tracker:
-    """What the parts of an epoch report while they run: samples written per part, and their attempts.
+    """What the parts of a dump's epochs report while they run: samples written per part, and their attempts.
 
     A part run again (its worker killed) starts its count over, so the driver's progress never counts a
-    batch twice; its attempts beyond the first are its retries. One tracker serves a dump's epochs in
-    turn (:meth:`begin`): an actor is a process, seconds to start on a busy host.
+    batch twice; its attempts beyond the first are its retries. One tracker serves a dump's epochs, each
+    counted apart: an actor is a process, seconds to start on a busy host, so the driver starts it early and
+    neither it nor the parts wait for it (a part's calls reach it in the order the part made them).
     """
 
     def __init__(self) -> None:
-        self.begin(0)
+        self.samples: dict[tuple[int, int], int] = {}
+        self.bytes: dict[tuple[int, int], int] = {}
+        self.attempts: dict[tuple[int, int], int] = {}
 
-    def begin(self, parts: int) -> None:
-        """A new epoch of ``parts`` parts."""
-        self.samples = [0] * parts
-        self.bytes = [0] * parts
-        self.attempts = [0] * parts
+    def started(self, epoch: int, part: int) -> None:
+        """Part ``part`` of ``epoch`` (re)starts."""
+        self.attempts[epoch, part] = self.attempts.get((epoch, part), 0) + 1
+        self.samples[epoch, part] = self.bytes[epoch, part] = 0
 
-    def started(self, part: int) -> None:
-        """Part ``part`` (re)starts."""
-        self.attempts[part] += 1
-        self.samples[part] = self.bytes[part] = 0
+    def advance(self, epoch: int, part: int, samples: int, nbytes: int) -> None:
+        """Part ``part`` of ``epoch`` wrote ``samples`` more samples, ``nbytes`` bytes."""
+        self.samples[epoch, part] = self.samples.get((epoch, part), 0) + samples
+        self.bytes[epoch, part] = self.bytes.get((epoch, part), 0) + nbytes
 
-    def advance(self, part: int, samples: int, nbytes: int) -> None:
-        """Part ``part`` wrote ``samples`` more samples, ``nbytes`` bytes."""
-        self.samples[part] += samples
-        self.bytes[part] += nbytes
-
-    def totals(self) -> tuple[int, int, list[int]]:
-        """Samples and bytes written so far, and each part's attempts."""
-        return sum(self.samples), sum(self.bytes), list(self.attempts)
+    def totals(self, epoch: int, parts: int) -> tuple[int, int, list[int]]:
+        """Samples and bytes of ``epoch`` written so far, and each of its ``parts`` parts' attempts."""
+        samples = sum(n for (e, _), n in self.samples.items() if e == epoch)
+        nbytes = sum(n for (e, _), n in self.bytes.items() if e == epoch)
+        return samples, nbytes, [self.attempts.get((epoch, p), 0) for p in range(parts)]

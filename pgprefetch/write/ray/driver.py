@@ -10,6 +10,8 @@ then:
   will do: each batch is ``pwrite``-n at its own offset of a shard file the driver created. On an object
   store each part uploads whole files, so a boundary falls where every array's shard files do;
 - ``ray.put``-s the ordered keys once: every part reads them from its node's object store;
+- in scan mode, routes each part the rows its samples span from the blocks the readers keep
+  (:mod:`pgprefetch.write.ray.scan`; :meth:`RayExecutor.read_scan` read them, before the writer was opened);
 - runs a task per part (:func:`~pgprefetch.write.ray.part.run_part`), retried by Ray when its worker or node
   is lost (at most ``TASK_RETRIES`` times); the first part that fails for another reason (bad data, a lost
   database connection) stops the others, and its error is the epoch's: the same one line as the single
@@ -43,7 +45,7 @@ from pgprefetch.store.s3 import S3Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.keyfile import OrderedKeys
-from pgprefetch.write.plan import Vocabulary
+from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import Tracker, cluster_cpus, failure, join, line
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
 from pgprefetch.write.ray.records import PartRecord, usable
@@ -93,6 +95,7 @@ class RayExecutor:
         """Read a scan config's table with reader tasks on the cluster, keeping its blocks there."""
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
+        self._track()  # started while the table is read
         return await read_spread(cfg, snap, self.parts or cluster_cpus(), progress, vocabulary)
 
     def scan_source(self, cfg: Config, read: object, epoch: int) -> BatchSource:
@@ -135,9 +138,7 @@ class RayExecutor:
         if self.parts and len(ranges) < self.parts:
             log.info("epoch %d: %d parts (shard files are not shared between parts on an object store)",
                      plan.epoch, len(ranges))  # fmt: skip
-        keys = plan.keys.columns(0, plan.used) if isinstance(plan.keys, OrderedKeys) else plan.keys
-        keys_ref = ray.put(np.ascontiguousarray(keys))
-        bare = dataclasses.replace(plan, keys=np.empty((keys.shape[0], 0), dtype=np.int64))
+        bare = dataclasses.replace(plan, keys=np.empty((plan.keys.shape[0], 0), dtype=np.int64))
         metadata = {}
         if store.local_root is None:
             metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
@@ -154,33 +155,30 @@ class RayExecutor:
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
                 source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, force,
             ))  # fmt: skip
-        if self._tracker is None:
-            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
-        tracker = self._tracker
-        ray.get(tracker.begin.remote(len(specs)))
+        tracker = self._track()
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         scans: list[ScanPart | None] = [None] * len(specs)
         if isinstance(source.spread, SpreadRead) and any(spec.batches for spec in specs):  # (else: all kept)
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
-            run_part.options(**options).remote(spec, keys_ref, tracker, scan): spec  # type: ignore[attr-defined]
+            run_part.options(**options).remote(spec, _part_keys(plan, spec), tracker, *_scan_args(scan)): spec  # type: ignore[attr-defined]
             for spec, scan in zip(specs, scans, strict=True)
             if spec.batches
         }
         try:
-            results = await self._wait(refs, tracker, progress)
+            results = await self._wait(refs, tracker, progress, plan.epoch, len(specs))
             if force:  # the published epoch removed only now; parts whose staging was lost are written again
                 again = upload_staged(remote, specs, results, writer.header, options)  # type: ignore[arg-type]
                 redo = {
-                    run_part.options(**options).remote(spec, keys_ref, tracker, scans[spec.index]): spec  # type: ignore[attr-defined]
+                    run_part.options(**options).remote(  # type: ignore[attr-defined]
+                        spec, _part_keys(plan, spec), tracker, *_scan_args(scans[spec.index])
+                    ): spec
                     for spec in again
                 }
                 refs.update(redo)
                 results = [r for r in results if r.index not in {spec.index for spec in again}]
-                results += await self._wait(redo, tracker, None)
-            attempts = (await self._totals(tracker))[2] or [1] * len(specs)
+                results += await self._wait(redo, tracker, None, plan.epoch, len(specs))
+            attempts = (await self._totals(tracker, plan.epoch, len(specs)))[2] or [1] * len(specs)
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
@@ -194,7 +192,17 @@ class RayExecutor:
         earlier = tuple(dict.fromkeys(r.snapshot for r in kept))
         return Spread(len(specs), retries, files, sum(len(r.owned) for r in kept), restarted, earlier)
 
-    async def _wait(self, refs: dict[Any, PartSpec], tracker: Any, progress: Progress | None) -> list[PartResult]:
+    def _track(self) -> Any:
+        """The dump's progress tracker, started if need be (it starts while the caller goes on)."""
+        if self._tracker is None:
+            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+        return self._tracker
+
+    async def _wait(
+        self, refs: dict[Any, PartSpec], tracker: Any, progress: Progress | None, epoch: int, parts: int
+    ) -> list[PartResult]:
         """Each part's result, progress shown meanwhile; the first failure stops the wait (see the module)."""
         futures = {asyncio.wrap_future(ref.future()): spec for ref, spec in refs.items()}
         waiting = set(futures)
@@ -210,7 +218,7 @@ class RayExecutor:
                     results.append(_result(future, spec))
                     log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
                 if progress:
-                    samples, nbytes, _ = await self._totals(tracker)
+                    samples, nbytes, _ = await self._totals(tracker, epoch, parts)
                     if samples > shown:
                         # Some bytes always: samples counted with none are taken for batches an earlier run kept.
                         progress.advance(samples - shown, max(nbytes - shown_bytes, 1))
@@ -222,10 +230,10 @@ class RayExecutor:
                 future.cancel()
         return results
 
-    async def _totals(self, tracker: Any) -> tuple[int, int, list[int]]:
-        """The tracker's figures; none if it was lost with its node (the next epoch gets a new one)."""
+    async def _totals(self, tracker: Any, epoch: int, parts: int) -> tuple[int, int, list[int]]:
+        """The tracker's figures for ``epoch``; none if it was lost with its node (the next epoch gets a new one)."""
         try:
-            return await asyncio.wrap_future(tracker.totals.remote().future())  # type: ignore[no-any-return]
+            return await asyncio.wrap_future(tracker.totals.remote(epoch, parts).future())  # type: ignore[no-any-return]
         except ray.exceptions.RayError as e:
             log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", line(e))
             self._tracker = None
@@ -260,6 +268,19 @@ def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
         return future.result()
     except ray.exceptions.RayError as e:
         raise failure(e, spec.name()) from None
+
+
+def _scan_args(scan: ScanPart | None) -> tuple[Any, ...]:
+    """A scan part's arguments after the tracker: its samples' starts, then each of its pieces (none in query mode)."""
+    return () if scan is None else (scan.starts, *scan.pieces)
+
+
+def _part_keys(plan: EpochPlan, spec: PartSpec) -> Any:
+    """The keys of a part's batches, put in the object store once (and read from disk a part at a time)."""
+    size = spec.cfg.batches.size
+    first, last = spec.owned.start * size, min(spec.owned.stop * size, plan.used)
+    keys = plan.keys.columns(first, last) if isinstance(plan.keys, OrderedKeys) else plan.keys[:, first:last]
+    return ray.put(np.ascontiguousarray(keys))
 
 
 def split(n_batches: int, parts: int, step: int = 1) -> list[range]:
