@@ -175,6 +175,35 @@ def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(fresh.path))
 
 
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_scan_epoch_on_s3_resumes_the_recorded_parts_and_force_rewrites_it(
+    ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    def scan(name: str, store: str) -> Path:
+        path = tmp_path / name
+        path.write_text('[samples]\ntable = "s"\nkey = ["id"]\n[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n'
+                        f'[batches]\nsize = 16\n[store]\npath = "{store}"\ncompression = "zstd"\n')  # fmt: skip
+        return path
+
+    bucket = s3.bucket()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    single = dump(scan("single.toml", "single.zarr"), s_table)
+    late = _fail_the_last_part(s_table, single)
+    config = scan("r.toml", f"s3://{bucket}/sc")
+    with pytest.raises(SampleError):
+        on_ray(config, s_table, parts=3, ray_env=env)
+    records = _records(s3, bucket, "sc/epoch-00000/")
+    assert records
+    execute(s_table, f"UPDATE s SET v = {late} * 0.5 WHERE id = {late}")
+    result = on_ray(config, s_table, parts=3, ray_env=env)
+    assert result.resumed == sum(len(r.owned) for r in records.values())
+    objects = s3.objects(bucket, "sc/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+    assert on_ray(config, s_table, parts=3, ray_env=env, force=True).status == "written"
+    objects = s3.objects(bucket, "sc/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+
+
 def test_a_part_record_is_kept_only_with_this_epoch_s_identity_and_range_and_all_its_files(s3: S3) -> None:
     import numpy as np
 
