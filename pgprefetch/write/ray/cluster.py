@@ -90,8 +90,9 @@ class Tracker:
 
     A part run again (its worker killed) starts its count over, so the driver's progress never counts a
     batch twice; its attempts beyond the first are its retries. An actor is a process, a second or more to
-    start on a busy host, so one serves every dump of the driver's process (:func:`tracker`), and neither the
-    driver nor the parts wait for it to start (a part's calls reach it in the order the part made them).
+    start on a busy host, so one serves every dump of the driver's process (:func:`tracker`), started as early
+    as the dump can (a scan starts it while the table is read). A part waits for its ``started`` call to be
+    received before it works; its progress calls are not waited for (they reach it in the order it made them).
     """
 
     def __init__(self) -> None:

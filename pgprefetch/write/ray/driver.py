@@ -18,6 +18,10 @@ then:
   process, or an ``ExecutorError`` that names the part;
 - shows one progress for the epoch, and merges each part's checksums and statistics in batch order, so
   the published epoch is byte for byte the single process's.
+
+On an object store a rerun keeps the parts an interrupted dump finished, from the records they left in the
+store (:mod:`.records`); ``--force`` over a published epoch has the parts stage their files and uploads
+them from their nodes once the old epoch is removed, as the single process's publication does (:mod:`.staged`).
 """
 
 from __future__ import annotations
@@ -34,16 +38,19 @@ import numpy as np
 import ray
 
 from pgprefetch.config.model import Config
-from pgprefetch.errors import ConfigError, ExecutorError
+from pgprefetch.errors import ConfigError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import ArraySpec, Store
+from pgprefetch.store.s3 import S3Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.keyfile import OrderedKeys
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
+from pgprefetch.write.ray.records import PartRecord, usable
 from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
+from pgprefetch.write.ray.staged import upload_staged
 from pgprefetch.write.writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
@@ -98,7 +105,10 @@ class RayExecutor:
         return None if store.local_root is not None else range(0)  # object store: parts create their files
 
     def starts_over(self, store: Store) -> bool:
-        """On an object store: its parts staged on other nodes cannot be verified by the driver."""
+        """On an object store: its parts staged on other nodes cannot be verified by the driver.
+
+        A rerun resumes there from the records finished parts left in the store instead (:mod:`.records`).
+        """
         return store.local_root is None  # parts stage on their own nodes: the driver cannot verify them
 
     async def write(
@@ -109,18 +119,14 @@ class RayExecutor:
         writer: EpochWriter,
         todo: list[int],
         progress: Progress | None,
+        fresh: bool = False,
     ) -> Spread:
         """Write ``todo`` in parts on the cluster, then merge their checksums and statistics into ``writer``."""
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
         plan = source.plan
-        if store.local_root is None and store.is_complete(plan.epoch):  # --force
-            # The parts would upload into the published epoch under its readers, and publishing would then
-            # drop what they uploaded from other nodes.
-            raise ExecutorError(
-                f"epoch {plan.epoch} is complete in {store.location}: --force with --executor ray on an object "
-                "store is not supported yet; rewrite it without --executor ray"
-            )
+        remote = store if isinstance(store, S3Store) else None
+        force = remote is not None and remote.is_complete(plan.epoch)  # staged, then uploaded (.staged)
         step = 1 if store.local_root is not None else _file_step(writer)
         wanted = self.parts or cluster_cpus()
         if isinstance(source.spread, SpreadRead):  # a part's rows must fit [source] memory
@@ -133,7 +139,8 @@ class RayExecutor:
         metadata = {}
         if store.local_root is None:
             metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
-        pending = set(todo)
+        kept, restarted = _kept(remote, writer, ranges, progress, fresh) if remote and not force else ([], None)
+        pending = set(todo) - {b for r in kept for b in r.owned}
         arrays = tuple(
             ArraySpec(name, np.dtype(spec[0]), tuple(spec[1])) for name, spec in writer.header["arrays"].items()
         )
@@ -144,12 +151,12 @@ class RayExecutor:
         for i, owned in enumerate(ranges):
             specs.append(PartSpec(
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
-                source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, run,
+                source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, force, run,
             ))  # fmt: skip
         track = tracker()
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         scans: list[ScanPart | None] = [None] * len(specs)
-        if isinstance(source.spread, SpreadRead):
+        if isinstance(source.spread, SpreadRead) and any(spec.batches for spec in specs):  # (else: all kept)
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
             run_part.options(**options).remote(spec, _part_keys(plan, spec), track, *_scan_args(scan)): spec  # type: ignore[attr-defined]
@@ -158,18 +165,31 @@ class RayExecutor:
         }
         try:
             results = await self._wait(refs, track, progress, run, len(specs))
+            if force:  # the published epoch removed only now; parts whose staging was lost are written again
+                again = upload_staged(remote, specs, results, writer.header, options)  # type: ignore[arg-type]
+                redo = {
+                    run_part.options(**options).remote(  # type: ignore[attr-defined]
+                        spec, _part_keys(plan, spec), track, *_scan_args(scans[spec.index])
+                    ): spec
+                    for spec in again
+                }
+                refs.update(redo)
+                results = [r for r in results if r.index not in {spec.index for spec in again}]
+                results += await self._wait(redo, track, None, run, len(specs))
             attempts = (await self._totals(track, run, len(specs)))[2] or [1] * len(specs)
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
             track.forget.remote(run)
-        for result in sorted(results, key=lambda r: r.index):
+        for result in sorted([*results, *kept], key=lambda r: r.index):
             writer.checksums[:, result.batches] = result.checksums
             writer.done[result.batches] = True
             if writer.stats is not None:
                 writer.stats.put(result.batches, result.figures)
-        files = tuple(f for r in results for f in r.files)
-        return Spread(len(specs), tuple(max(0, a - 1) for a in attempts), files)
+        files = tuple(f for r in [*results, *kept] for f in r.files)
+        retries = tuple(max(0, a - 1) for a in attempts)
+        earlier = tuple(dict.fromkeys(r.snapshot for r in kept))
+        return Spread(len(specs), retries, files, sum(len(r.owned) for r in kept), restarted, earlier)
 
     async def _wait(
         self, refs: dict[Any, PartSpec], track: Any, progress: Progress | None, run: str, parts: int
@@ -209,6 +229,28 @@ class RayExecutor:
             log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", line(e))
             lost_tracker()
             return 0, 0, []
+
+
+def _kept(
+    store: S3Store, writer: EpochWriter, ranges: list[range], progress: Progress | None, fresh: bool
+) -> tuple[list[PartRecord], str | None]:
+    """The parts an interrupted dump finished and recorded in the object store, kept; why others were not.
+
+    ``fresh`` (``--force``): none kept, and their records deleted: a rerun must not keep them either.
+    """
+    epoch, size, n_samples = writer.epoch, writer.header["batch_size"], writer.header.get("n_keys", 0)
+    kept, restarted = usable(store, epoch, writer.header, [] if fresh else ranges)
+    restarted = None if fresh else restarted
+    if restarted:
+        log.warning("epoch %d: an interrupted dump was started over: %s", epoch, restarted)
+    if kept:
+        batches = sum(len(r.owned) for r in kept)
+        log.info("epoch %d: resuming: %d of %d batches kept from the parts an interrupted dump recorded", epoch,
+                 batches, len(writer.done))  # fmt: skip
+        if progress:
+            samples = sum(min(n_samples, r.owned.stop * size) - r.owned.start * size for r in kept)
+            progress.advance(max(0, samples), 0)
+    return kept, restarted
 
 
 def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
+from pgprefetch.write.ray.records import PartRecord, put_record
 from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.mode import cut_source
 from pgprefetch.write.schedule import write_batches
@@ -57,6 +59,7 @@ class PartSpec:
     arrays: tuple[ArraySpec, ...]
     identity: dict[str, Any]
     metadata: dict[str, bytes]  # the epoch's zarr.json files, for an object store staged on another node
+    defer: bool = False  # object store, --force: stage only; the driver has the files uploaded (.staged)
     run: str = ""  # the epoch's counts in the driver's tracker
 
     def name(self) -> str:
@@ -74,6 +77,7 @@ class PartResult:
     figures: tuple[np.ndarray, dict[str, np.ndarray]]
     files: tuple[str, ...]
     node: str
+    node_id: str = ""  # the Ray node that staged the files (--force on an object store uploads them there)
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,10 @@ def run_part(
     Query mode fetches them under the snapshot; scan mode cuts them from the rows routed to it: ``pieces``
     (resolved by Ray before the task starts) and each sample's first row, ``starts`` (see :class:`ScanPart`).
     """
-    tracker.started.remote(spec.run, spec.index)  # sent before any work: a kill from here on is a retry
+    with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
+        # Received before any work, so a kill from here on counts as a retry. (Sent and not awaited, a call
+        # still queued for a tracker that was starting died with the part, and the retry went uncounted.)
+        ray.get(tracker.started.remote(spec.run, spec.index))
     return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces)))
 
 
@@ -133,7 +140,8 @@ async def _write_part(
     plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with _source(spec, plan, scan) as source:
-        bucket = Uploads(store, spec.epoch) if store.local_root is None else None  # type: ignore[arg-type]
+        remote = store.local_root is None and not spec.defer
+        bucket = Uploads(store, spec.epoch) if remote else None  # type: ignore[arg-type]
         with bucket or contextlib.nullcontext() as uploads:
             writer = EpochWriter(
                 store, spec.epoch, n_batches=plan.n_batches, batch_size=size, arrays=list(spec.arrays),
@@ -144,7 +152,18 @@ async def _write_part(
                 await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.run, spec.index))  # type: ignore[arg-type]
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
-    return PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node)
+    here = ray.get_runtime_context().get_node_id()
+    result = PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node, here)
+    if remote and spec.batches == tuple(spec.owned):  # every file is up: a rerun after the driver died keeps it
+        put_record(store, spec.epoch, record(spec, writer.header, result, partial))  # type: ignore[arg-type]
+    return result
+
+
+def record(spec: PartSpec, header: dict[str, Any], result: PartResult, partial: Path) -> PartRecord:
+    """The record of a finished part (:mod:`.records`); ``partial``: where its files are staged."""
+    files = {f: (partial / f).stat().st_size for f in result.files}
+    return PartRecord(spec.index, spec.owned, header, spec.snapshot, result.batches, result.checksums, result.figures,
+                      files)  # fmt: skip
 
 
 @contextlib.asynccontextmanager
