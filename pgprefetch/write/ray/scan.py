@@ -117,15 +117,14 @@ async def read_spread(
         for future in waiting:  # one reader failed: the others' blocks are not wanted
             future.cancel()
             ray.cancel(refs[futures[future]][0], force=True)
-    done = summaries
-    merged = await asyncio.to_thread(merge_keys, [s.keys for s in done])
+    merged = await asyncio.to_thread(merge_keys, [s.keys for s in summaries])
     if not merged.keys.shape[1]:
         raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
-    lengths = _lengths(shape, done)
+    lengths = _lengths(shape, summaries)
     sample_keys, starts = await asyncio.to_thread(cut, Table(keys=merged.keys), shape, cfg.samples)
     return SpreadRead(
         shape, [block for _, block in refs], merged, sample_keys, starts, lengths, snap.id, snap.server_version,
-        sum(s.nbytes for s in done),
+        sum(s.nbytes for s in summaries),
     )  # fmt: skip
 
 
