@@ -38,8 +38,10 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The Ray executor's overhead on this host, both modes (bench/scale.py; 1, 2, 4, 8 workers on a large host).
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.scale --workers 1,2 --samples 100000
 
 # The reader beside MosaicML Streaming and LitData on the same epoch (bench/peers.py, report in bench/PEERS.md),
 # in a venv of its own: Streaming pins numpy < 2.2, which .venv need not agree with. The peers and their runtime
@@ -66,7 +68,7 @@ bench-peers: $(PEERS_STAMP)
 
 # The fault suite at length: 200 faulted dumps (make test runs 20), and the 810k-row epoch killed three times, ten times.
 chaos: $(STAMP)
-	PGPREFETCH_CHAOS_RUNS=200 PGPREFETCH_CHAOS_LONG=1 $(BIN)/python -m pytest -q -s tests/test_chaos.py tests/test_ray.py
+	PGPREFETCH_CHAOS_RUNS=200 PGPREFETCH_CHAOS_LONG=1 $(BIN)/python -m pytest -q -s tests/test_chaos.py tests/test_ray.py tests/test_ray_scan.py
 
 # The soak (tests/soak, docs/soak.md): cron dumping ahead every second or two while two training ranks
 # read, faults on a schedule, a local store then an S3 one (moto); about 15 minutes. Prints each store's summary

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from click.testing import CliRunner
 
 import pgprefetch
 from pgprefetch.cli import cli
-from pgprefetch.errors import ExecutorError, SampleError
+from pgprefetch.errors import SampleError
 from pgprefetch.write.ray.driver import split
 
 from .helpers import chunk_bytes, dump, execute, s_config
@@ -64,7 +65,7 @@ def test_an_epoch_dumped_on_a_two_node_cluster_is_the_golden_epoch_byte_for_byte
     assert pgprefetch.verify(tmp_path / "store.zarr", 2) == []
 
 
-def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3(
+def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3_and_force_rewrites_them(
     ray_cluster: object, db: str, tmp_path: Path, s3: S3
 ) -> None:
     execute(db, *TABLE)
@@ -79,9 +80,200 @@ def test_compressed_epochs_on_ray_equal_the_single_process_locally_and_on_s3(
     objects = s3.objects(bucket, "ray/epoch-00000/")
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
     assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
-    with pytest.raises(ExecutorError, match="--force with --executor ray on an object store is not supported yet"):
-        pgprefetch.dump(remote_cfg, epochs=0, dsn=db, executor="ray", parts=2, ray_env=env, force=True)
-    assert s3.objects(bucket, "ray/epoch-00000/") == objects  # the published epoch untouched
+    # --force: the parts stage apart from the driver (as on other machines), their files go up from their nodes.
+    apart = {**env, "PGPREFETCH_STAGING": str(tmp_path / "parts-staging")}
+    (forced,) = pgprefetch.dump(remote_cfg, epochs=0, dsn=db, executor="ray", parts=2, ray_env=apart, force=True)
+    assert (forced.status, forced.parts) == ("written", 2)
+    again = s3.objects(bucket, "ray/epoch-00000/")
+    assert {k: v for k, v in again.items() if "/" in k} == chunk_bytes(Path(single.path))  # no part record left
+    ours = json.loads(again["zarr.json"])["attributes"]["pgprefetch"]
+    assert ours["snapshots"] != json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["snapshots"]
+    assert ours["stats"] == manifest(single.path)["stats"]
+
+
+def _last_modified(s3: S3, bucket: str, prefix: str) -> dict[str, Any]:
+    """When each object under ``prefix`` was last put, by key relative to it."""
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {
+        item["Key"].removeprefix(prefix): item["LastModified"] for page in pages for item in page.get("Contents", [])
+    }
+
+
+def _records(s3: S3, bucket: str, prefix: str) -> dict[int, Any]:
+    """The part records under an epoch's ``prefix``, by part."""
+    from pgprefetch.write.ray.records import PartRecord
+
+    found = [PartRecord.decode(v) for k, v in s3.objects(bucket, prefix).items() if k.startswith("_parts/")]
+    return {r.index: r for r in found if r is not None}
+
+
+def _fail_the_last_part(s_table: str, single: pgprefetch.DumpResult) -> int:
+    """A NULL in the epoch's last batch: the last of three parts (run once one of two CPUs is free) fails on it."""
+    late = int(zarr.open_group(str(single.path), mode="r")["keys"][-1, 0, 0])
+    execute(s_table, "ALTER TABLE s ALTER COLUMN v DROP NOT NULL", f"UPDATE s SET v = NULL WHERE id = {late}")
+    return late
+
+
+def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_without_uploading_them_again(
+    ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    bucket = s3.bucket()
+    config = s_config(tmp_path, store=f"s3://{bucket}/k", compression="zstd")  # a file per batch: parts of 10
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
+    late = _fail_the_last_part(s_table, single)
+    with pytest.raises(SampleError, match=str(late)):
+        on_ray(config, s_table, parts=3, ray_env=env)
+    records = _records(s3, bucket, "k/epoch-00000/")
+    assert records  # a part that finished recorded itself
+    assert 2 not in records  # the one that failed did not
+    kept = {f"epoch-00000/{f}" for r in records.values() for f in r.files}
+    before = _last_modified(s3, bucket, "k/")
+    execute(s_table, f"UPDATE s SET v = {late} * 0.5 WHERE id = {late}")  # the data fixed, the keys the same
+    time.sleep(1)  # an object's LastModified is to the second
+    elsewhere = {**env, "PGPREFETCH_STAGING": str(tmp_path / "new-nodes")}  # the nodes' staging is gone, too
+    result = on_ray(config, s_table, parts=3, ray_env=elsewhere)
+    assert result.resumed == sum(len(r.owned) for r in records.values())
+    assert result.restarted is None
+    after = _last_modified(s3, bucket, "k/")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}  # the kept parts' files: not put again
+    rerun = [k for k in after if k.startswith("epoch-00000/v/") and k not in kept]
+    assert rerun
+    assert all(after[k] > before.get(k, after[k] - timedelta(1)) for k in rerun)  # (which the others were)
+    objects = s3.objects(bucket, "k/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))  # records gone too
+    ours = json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]
+    assert ours["stats"] == manifest(single.path)["stats"]
+    assert ours["resumed_batches"] == result.resumed
+    assert len(ours["snapshots"]) == 2  # the kept parts' snapshot, and this run's
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
+    ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    # (make test checks the records' matching without a cluster: the next test)
+    bucket = s3.bucket()
+    config = s_config(tmp_path, store=f"s3://{bucket}/o", compression="zstd")
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    late = _fail_the_last_part(s_table, single)
+    with pytest.raises(SampleError):
+        on_ray(config, s_table, parts=3, ray_env=env)
+    earlier = _records(s3, bucket, "o/epoch-00000/")
+    assert earlier
+    with pytest.raises(SampleError, match=str(late)):  # --force: a fresh epoch, the earlier parts not kept
+        on_ray(config, s_table, parts=3, ray_env=env, force=True)
+    records = _records(s3, bucket, "o/epoch-00000/")
+    assert records
+    assert {r.snapshot for r in records.values()}.isdisjoint({r.snapshot for r in earlier.values()})
+    execute(s_table, f"DELETE FROM s WHERE id = {late}")  # other keys: every batch is another
+    result = on_ray(config, s_table, parts=3, ray_env=env)
+    assert (result.resumed, result.restarted) == (0, "the keys changed (480 keys then, 464 now)")
+    fresh = dump(s_config(tmp_path, name="fresh.toml", store="fresh.zarr", compression="zstd"), s_table)
+    objects = s3.objects(bucket, "o/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(fresh.path))
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_scan_epoch_on_s3_resumes_the_recorded_parts_and_force_rewrites_it(
+    ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    def scan(name: str, store: str) -> Path:
+        path = tmp_path / name
+        path.write_text('[samples]\ntable = "s"\nkey = ["id"]\n[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n'
+                        f'[batches]\nsize = 16\n[store]\npath = "{store}"\ncompression = "zstd"\n')  # fmt: skip
+        return path
+
+    bucket = s3.bucket()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    single = dump(scan("single.toml", "single.zarr"), s_table)
+    late = _fail_the_last_part(s_table, single)
+    config = scan("r.toml", f"s3://{bucket}/sc")
+    with pytest.raises(SampleError):
+        on_ray(config, s_table, parts=3, ray_env=env)
+    records = _records(s3, bucket, "sc/epoch-00000/")
+    assert records
+    execute(s_table, f"UPDATE s SET v = {late} * 0.5 WHERE id = {late}")
+    result = on_ray(config, s_table, parts=3, ray_env=env)
+    assert result.resumed == sum(len(r.owned) for r in records.values())
+    objects = s3.objects(bucket, "sc/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+    assert on_ray(config, s_table, parts=3, ray_env=env, force=True).status == "written"
+    objects = s3.objects(bucket, "sc/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+
+
+def test_a_part_record_is_kept_only_with_this_epoch_s_identity_and_range_and_all_its_files(s3: S3) -> None:
+    import numpy as np
+
+    from pgprefetch.store.open import open_store
+    from pgprefetch.write.ray.records import PartRecord, put_record, record_key, usable
+
+    store = open_store(f"s3://{s3.bucket()}/u")
+    store.create()
+    header = {"config_sha256": "c1", "n_keys": 64, "keys_sha256": "k1", "n_batches": 4, "batch_size": 16,
+              "compression": "zstd", "arrays": {"v": ["<f4", []]}}  # fmt: skip
+    ranges = [range(0, 2), range(2, 4)]
+    store.put("epoch-00000/v/c/0/0", b"ab")  # part 1's two files are up; part 2's only one
+    store.put("epoch-00000/v/c/2/0", b"cd")
+    rows = np.array([[[16, 0.5, np.nan, -1.0, 2.0]], [[16, 1.5, 3.0, 0.0, np.inf]]])
+
+    def put(index: int, owned: range, files: dict[str, int], **changed: Any) -> PartRecord:
+        batches = np.arange(owned.start, owned.stop)
+        record = PartRecord(index, owned, {**header, **changed}, "snap-1", batches, np.array([[7, 8]], dtype=np.uint32),
+                            (rows, {"v_length": np.array([3, 4])}), files)  # fmt: skip
+        put_record(store, 0, record)
+        return record
+
+    first = put(0, ranges[0], {"v/c/0/0": 2, "v/c/1/0": 2})
+    store.put("epoch-00000/v/c/1/0", b"ef")
+    put(1, ranges[1], {"v/c/2/0": 2, "v/c/3/0": 2})
+    kept, why = usable(store, 0, header, ranges)  # type: ignore[arg-type]
+    assert why == "a part's file is missing from the store (v/c/3/0)"
+    assert [r.index for r in kept] == [0]
+    (record,) = kept
+    assert (record.owned, record.header, record.snapshot, record.files) == (first.owned, header, "snap-1", first.files)
+    assert np.array_equal(record.checksums, first.checksums)
+    assert np.array_equal(record.figures[0], rows, equal_nan=True)  # the statistics partials, bit for bit
+    assert np.array_equal(record.figures[1]["v_length"], [3, 4])
+    assert store.read(record_key(0, 1)) is None  # a record not kept is deleted: its part runs again
+
+    assert usable(store, 0, header, [range(0, 1), range(1, 4)])[1] == "it was split into other parts (2 now)"
+    put(0, ranges[0], first.files, keys_sha256="k0")
+    assert usable(store, 0, header, ranges) == ([], "the keys changed (64 keys then, 64 now)")
+    put(0, ranges[0], first.files, config_sha256="c0")
+    assert usable(store, 0, header, ranges) == ([], "the config changed")
+    store.put(record_key(0, 0), b"cut short")
+    assert usable(store, 0, header, ranges) == ([], "a part's record is unreadable")
+    assert usable(store, 0, header, ranges) == ([], None)  # none left
+
+
+def test_under_force_a_part_whose_node_or_staged_files_were_lost_is_written_again_not_published_short(
+    ray_cluster: Any, s3: S3
+) -> None:
+    import numpy as np
+    import ray
+
+    from pgprefetch.store.open import open_store
+    from pgprefetch.write.ray.part import PartResult, PartSpec
+    from pgprefetch.write.ray.staged import upload_staged
+
+    store = open_store(f"s3://{s3.bucket()}/f")
+    store.create()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    specs = [PartSpec(i, 2, range(2 * i, 2 * i + 2), (2 * i, 2 * i + 1), None, 0, store.location, "snap", "",  # type: ignore[arg-type]
+                      None, None, (), {}, {}, True) for i in range(2)]  # type: ignore[arg-type]  # fmt: skip
+    figures = (np.zeros((2, 0, 5)), {})
+    here = ray.get_runtime_context().get_node_id()
+    gone = "ab" * 28  # a node no longer in the cluster
+    results = [
+        PartResult(0, np.arange(0, 2), np.zeros((1, 2), np.uint32), figures, ("v/c/0/0",), "127.0.0.1", here),
+        PartResult(1, np.arange(2, 4), np.zeros((1, 2), np.uint32), figures, ("v/c/2/0",), "127.0.0.1", gone),
+    ]
+    again = upload_staged(store, specs, results, {}, {"runtime_env": {"env_vars": env}})  # type: ignore[arg-type]
+    assert [(spec.index, spec.defer) for spec in again] == [(0, False), (1, False)]  # staging gone; node gone
+    assert open_store(store.location).sizes("epoch-00000") == {}  # nothing uploaded, no part recorded
 
 
 def test_a_null_met_by_a_part_is_the_single_process_error_and_nothing_is_published(
@@ -155,8 +347,8 @@ def test_parts_are_contiguous_and_on_an_object_store_end_where_every_array_s_fil
     assert split(7, 2, step=7) == [range(0, 7)]
 
 
-def _parts_running(cluster: Any) -> list[Any]:
-    """The worker processes of this session's cluster running a part now (never another test run's)."""
+def _parts_running(cluster: Any, task: str = "run_part") -> list[Any]:
+    """The worker processes of this session's cluster running ``task`` now (never another test run's)."""
     import psutil
 
     raylets = [
@@ -168,7 +360,7 @@ def _parts_running(cluster: Any) -> list[Any]:
     for pid in raylets:
         for child in psutil.Process(pid).children(recursive=True):
             try:
-                if " ".join(child.cmdline()).startswith("ray::run_part"):
+                if " ".join(child.cmdline()).startswith(f"ray::{task}"):
                     found.append(child)
             except psutil.Error:
                 continue
@@ -229,6 +421,51 @@ def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_ide
 
 
 @pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byte_identical(
+    ray_cluster: Any, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    bucket = s3.bucket()
+    config = s_config(tmp_path, slow=True, store=f"s3://{bucket}/d", compression="zstd")
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    workers = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
+    code = (
+        "import sys, json, pgprefetch\n"
+        "pgprefetch.dump(sys.argv[1], epochs=0, dsn=sys.argv[2], executor='ray', parts=3,"
+        " ray_env=json.loads(sys.argv[3]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.address,
+           "PGPREFETCH_LEASE_SECONDS": "3"}  # fmt: skip  # (its lease outlives it by that much)
+    driver = subprocess.Popen([sys.executable, "-c", code, str(config), s_table, json.dumps(workers)], cwd=tmp_path,
+                              env=env)  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not _records(s3, bucket, "d/epoch-00000/") and time.monotonic() < deadline:
+        time.sleep(0.1)  # a part finished: its files are up and recorded, the third part is yet to run
+    driver.kill()
+    driver.wait()
+    records = _records(s3, bucket, "d/epoch-00000/")
+    assert records
+    assert len(records) < 3
+    kept = {f"epoch-00000/{f}" for r in records.values() for f in r.files}
+    before = _last_modified(s3, bucket, "d/")
+    while _parts_running(ray_cluster) and time.monotonic() < deadline + 30:  # Ray stops a dead driver's tasks
+        time.sleep(0.1)
+    records = _records(s3, bucket, "d/epoch-00000/")  # (one may have finished meanwhile)
+    while True:  # until the dead driver's lease expires
+        result = on_ray(config, s_table, parts=3, ray_env=workers)
+        if result.status != "busy":
+            break
+        assert time.monotonic() < deadline + 60
+        time.sleep(0.5)
+    assert result.resumed == sum(len(r.owned) for r in records.values())
+    assert result.resumed > 0
+    after = _last_modified(s3, bucket, "d/")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}  # the finished parts' files: not put again
+    objects = s3.objects(bucket, "d/epoch-00000/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
+    assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
 def test_connections_lost_in_the_parts_are_retried_as_today_keeping_the_parts_batches(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
@@ -262,7 +499,6 @@ def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_n
     spec = PartSpec(0, 2, range(0, 4), (0, 1, 2, 3), None, 0, str(tmp_path / "elsewhere.zarr"), "", "",  # type: ignore[arg-type]
                     None, None, (), {}, {})  # type: ignore[arg-type]  # fmt: skip
     tracker = Tracker.remote()  # type: ignore[attr-defined]
-    ray.get(tracker.begin.remote(2))
     try:
         with pytest.raises(StoreError, match=r"part 1 of 2 \(batches 0-3\): node 127\.0\.0\.1 cannot see the partial"):
             ray.get(run_part.options(max_retries=0).remote(spec, np.empty((1, 0), dtype=np.int64), tracker))
@@ -311,3 +547,19 @@ def test_an_address_where_no_cluster_answers_is_a_one_line_error_not_a_wait(s_ta
         "start it with `ray start --head`, or unset RAY_ADDRESS to start one on this host"
     ]
     assert not (tmp_path / "store.zarr").exists() or not list((tmp_path / "store.zarr").glob("epoch-*"))
+
+
+def test_keys_beyond_memory_reach_the_parts_a_part_at_a_time_with_the_in_memory_bytes(
+    ray_cluster: object, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgprefetch.write.keyfile import OrderedKeys
+
+    from .test_spill import TINY, numbers_config
+
+    read: list[int] = []  # how many keys the driver takes from the ordered key file at once
+    columns = OrderedKeys.columns
+    monkeypatch.setattr(OrderedKeys, "columns", lambda self, a, b: read.append(b - a) or columns(self, a, b))
+    (spread,) = pgprefetch.dump(numbers_config(tmp_path / "r"), epochs=0, dsn=db, executor="ray", parts=4, memory=TINY)
+    whole = dump(numbers_config(tmp_path / "w"), db)
+    assert chunk_bytes(Path(spread.path)) == chunk_bytes(Path(whole.path))
+    assert max(read) == 50_000  # a part's keys (200,000 keys in 4 parts), never all of them

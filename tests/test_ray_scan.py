@@ -1,14 +1,19 @@
 """Scan mode on a real two-node Ray cluster: the table read once in ranges, routed to the parts, the same bytes.
 
 The cluster is the session's ``ray_cluster`` (tests/conftest.py). The single process's epochs are the
-reference: the golden digests, and dumps of the same config side by side.
+reference: the golden digests, and dumps of the same config side by side. The fault scenarios (a reader
+killed, connections lost mid-read, a node removed while the parts write) run under ``make chaos``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,38 +25,11 @@ from pgprefetch.write.scan.table import Table
 
 from .helpers import chunk_bytes, dump, execute
 from .s3server import S3
-from .test_golden import GOLDEN, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
-from .test_ray import manifest
+from .test_golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
+from .test_ray import LONG, _journal_lines, _parts_running, manifest
 
-# Every kind of field scan mode writes: a NULL mask, padded arrays, "auto" categories, a padded last batch.
-SCAN_ALL = """
-[samples]
-table = "g"
-key = ["id"]
-[fields.v]
-columns = ["v"]
-dtype = "float32"
-[fields.w]
-columns = ["w"]
-dtype = "float64"
-null = "nan"
-[fields.arr]
-columns = ["arr"]
-dtype = "int16"
-max_length = 4
-pad = -1
-[fields.word]
-columns = ["word"]
-dtype = "int8"
-categories = "auto"
-[fields.label]
-columns = ["label"]
-dtype = "int64"
-[batches]
-size = 32
-seed = 5
-drop_last = false
-"""
+# The golden query config's fields as a scan: a NULL mask, padded arrays, "auto" categories, a padded last batch.
+SCAN_ALL = '[samples]\ntable = "g"\nkey = ["id"]\n' + QUERY[QUERY.index("[fields.v]") :]
 # New versions of a third of the rows go to the table's end: each range read holds rows from all over the
 # key order, and a part's rows come from every block, as in a table that is written to.
 SCRAMBLE = "UPDATE g SET label = label WHERE id % 3 = 0"
@@ -164,7 +142,7 @@ def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_o
     column = object()
     blocks = [Table(keys=k, values={column: k[0] * 10}) for k in keys]  # type: ignore[dict-item]
     starts = np.array([40, 3, 17, 70], dtype=np.int64)
-    rows = rows_of(starts, 3)
+    rows = rows_of(starts, 3, 75)
     routed = route(rows, merged)
     pieces: list[Piece] = [cut_block(block, [wanted])[0] for block, wanted in zip(blocks, routed, strict=True)]
     table, places = join_pieces(pieces)
@@ -173,3 +151,83 @@ def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_o
     local = np.searchsorted(places, starts)
     for s, at in zip(starts, local, strict=True):  # a window's rows are consecutive in the part's table
         assert np.array_equal(table.values[column][at : at + 3], merged.keys[0][s : s + 3] * 10)  # type: ignore[index]
+
+
+def _big(db: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A table whose spread dump takes a few seconds (faults land mid-read or mid-write), and its two configs."""
+    columns = ", ".join(f"c{i} float8" for i in range(12))
+    values = ", ".join(f"i * {i + 1}.5" for i in range(12))
+    execute(
+        db,
+        f"CREATE TABLE big (id int PRIMARY KEY, {columns})",
+        f"INSERT INTO big SELECT i, {values} FROM generate_series(1, 400000) i",
+        "UPDATE big SET c0 = c0 WHERE id % 5 = 0",
+    )
+    body = '[samples]\ntable = "big"\nkey = ["id"]\n[fields.x]\ncolumns = ['
+    body += ", ".join(f'"c{i}"' for i in range(12)) + ']\ndtype = "float32"\n[batches]\nsize = 256\nseed = 9\n'
+    return (config(tmp_path, body, name="r.toml", store="ray.zarr"),
+            config(tmp_path, body, name="s.toml", store="single.zarr"))  # fmt: skip
+
+
+def _faulted(
+    db: str, tmp_path: Path, parts: int, when: Callable[[], object], fault: Callable[[], object]
+) -> tuple[Any, bytes]:
+    """Dump ``_big``'s table on Ray, doing ``fault`` once ``when`` holds; the result, and the single process's bytes."""
+    spread, single = _big(db, tmp_path)
+    expected = chunk_bytes(Path(dump(single, db).path))
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(
+        pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=parts)[0]
+    ))  # fmt: skip
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not when() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fault()
+    thread.join(240)
+    (result,) = results
+    return result, expected
+
+
+def _mid_read(cluster: Any) -> Callable[[], bool]:
+    """Whether a reader has been reading for a moment."""
+    seen: list[float] = []
+
+    def reading() -> bool:
+        if not seen and _parts_running(cluster, "read_block"):
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() > seen[0] + 0.3
+
+    return reading
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_unchanged(
+    ray_cluster: Any, db: str, tmp_path: Path
+) -> None:
+    kill = lambda: os.kill(_parts_running(ray_cluster, "read_block")[0].pid, 9)  # noqa: E731
+    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), kill)
+    assert chunk_bytes(Path(result.path)) == expected
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_same_bytes(
+    ray_cluster: Any, db: str, tmp_path: Path
+) -> None:
+    sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'"
+    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), lambda: execute(db, sql))
+    assert result.retries == 1
+    assert chunk_bytes(Path(result.path)) == expected
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def test_a_node_removed_while_the_parts_write_rebuilds_what_it_held_and_the_epoch_is_unchanged(
+    ray_cluster: Any, db: str, tmp_path: Path
+) -> None:
+    node = ray_cluster.add_node(num_cpus=1)  # a third node: it holds a block, pieces and a part
+    ray_cluster.wait_for_nodes()
+    writing = lambda: _journal_lines(tmp_path / "ray.zarr") >= 3  # noqa: E731  (the parts write: the read is over)
+    # Its block, its pieces and its part are lost: rebuilt from lineage, rerun.
+    result, expected = _faulted(db, tmp_path, 3, writing, lambda: ray_cluster.remove_node(node))
+    assert sum(result.part_retries) >= 1
+    assert chunk_bytes(Path(result.path)) == expected

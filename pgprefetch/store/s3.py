@@ -307,6 +307,15 @@ class S3Store(Store):
         shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
         upload_log(self.partial_path(epoch)).unlink(missing_ok=True)
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Every object under ``prefix`` (one listing), its key relative to the store, with its size."""
+        return {m["path"]: int(m["size"]) for m in self._list(prefix)}
+
+    def delete(self, keys: list[str]) -> None:
+        """Delete ``keys`` (absent ones too: S3 deletes are idempotent)."""
+        if keys:
+            self._delete(keys)
+
     def put(self, key: str, data: bytes) -> None:
         """Upload ``data`` to ``key`` in one request (the shards are about 64 MiB: no multipart)."""
         with self._errors(f"uploading {key}"):

@@ -26,6 +26,9 @@ class Spread:
     parts: int  # the epoch's parts (each a batch range, written by one task)
     retries: tuple[int, ...]  # per part: how many times its task was run again (a worker or node lost)
     elsewhere: tuple[str, ...] = ()  # files uploaded from other machines (object stores), relative to the epoch
+    kept: int = 0  # batches kept from parts an interrupted dump finished (recorded in an object store)
+    restarted: str | None = None  # why parts an interrupted dump recorded were not kept
+    snapshots: tuple[str, ...] = ()  # the snapshots the kept parts read
 
 
 class Executor(Protocol):
@@ -58,5 +61,9 @@ class Executor(Protocol):
         writer: EpochWriter,
         todo: list[int],
         progress: Progress | None,
+        fresh: bool = False,
     ) -> Spread:
-        """Write batches ``todo`` of ``source`` into ``writer``'s partial epoch; fill its checksums and stats."""
+        """Write batches ``todo`` of ``source`` into ``writer``'s partial epoch; fill its checksums and stats.
+
+        ``fresh``: keep nothing an earlier dump of the epoch left (``--force``), wherever the executor keeps it.
+        """

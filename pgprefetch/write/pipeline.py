@@ -308,12 +308,12 @@ async def _write_epoch(
         identity["categories"] = plan.categories
     stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
     owned = executor.driver_owns(store) if executor else None
-    fresh = fresh or bool(executor and executor.starts_over(store))
+    discard = fresh or bool(executor and executor.starts_over(store))  # (fresh: --force's first attempt)
     spread = None
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await finish_in_thread(
             EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-            compression=cfg.store.compression, identity=identity, fresh=fresh, uploader=uploader, stats=stats,
+            compression=cfg.store.compression, identity=identity, fresh=discard, uploader=uploader, stats=stats,
             owned=owned,
         )  # fmt: skip
         with writer:  # a failure keeps the partial epoch: the next dump resumes it
@@ -333,15 +333,18 @@ async def _write_epoch(
                 if executor is None:
                     await write_batches(source, writer, todo, size, progress)
                 else:
-                    spread = await executor.write(cfg, store, source, writer, todo, progress)
+                    spread = await executor.write(cfg, store, source, writer, todo, progress, fresh=fresh)
             finally:
                 if progress:
                     progress.close()
             total = source.epoch_bytes(size)
             manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
             manifest["stats"] = stats.result()
-            manifest["resumed_batches"] = writer.resumed
-            manifest["snapshots"] = writer.snapshots  # more than one when batches were kept from an earlier dump
+            resumed = writer.resumed + (spread.kept if spread else 0)
+            manifest["resumed_batches"] = resumed
+            # More than one when batches were kept from an earlier dump (its journal, or its parts' records).
+            earlier = [s for s in (spread.snapshots if spread else ()) if s not in writer.snapshots]
+            manifest["snapshots"] = [*earlier, *writer.snapshots]
             if spread is not None and executor is not None:
                 manifest.update(executor=executor.name, parts=spread.parts)
             path = await finish_in_thread(writer.publish, manifest, spread.elsewhere if spread else ())
@@ -352,8 +355,8 @@ async def _write_epoch(
         n_samples=plan.used,
         bytes=total,
         seconds=time.monotonic() - started,
-        resumed=writer.resumed,
-        restarted=writer.restarted,
+        resumed=resumed,
+        restarted=writer.restarted or (spread.restarted if spread else None),
         duplicates_dropped=plan.duplicates_dropped,
         last_dropped=plan.last_dropped,
         rows_read=source.rows_read,

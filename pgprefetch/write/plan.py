@@ -34,13 +34,35 @@ log = logging.getLogger("pgprefetch")
 
 
 @dataclass(frozen=True)
+class KeyWindow:
+    """A run of an epoch's ordered keys, indexed as the whole epoch's: what one part of a spread epoch gets.
+
+    Each part of an epoch spread over a cluster (:mod:`pgprefetch.write.ray`) is sent only the keys of its
+    own batches, so the driver never holds all the keys at once when they were ordered on disk.
+    """
+
+    keys: np.ndarray  # (n_slots, m): the keys of the epoch's samples first ... first + m - 1
+    first: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n_slots, first + m)``: as far as the epoch's key array reaches here."""
+        return self.keys.shape[0], self.first + self.keys.shape[1]
+
+    def columns(self, start: int, stop: int) -> np.ndarray:
+        """The keys of samples ``start ... stop - 1`` (within the window)."""
+        assert start >= self.first, "a part reads only its own keys"
+        return self.keys[:, start - self.first : stop - self.first]
+
+
+@dataclass(frozen=True)
 class EpochPlan:
     """An epoch's samples in order, and how to fetch and decode them."""
 
     epoch: int
     # (n_slots, n) int64 in the epoch's order, a slot per integer key column, two per uuid; or, for keys beyond
     # [source] memory, the same on disk
-    keys: np.ndarray | OrderedKeys
+    keys: np.ndarray | OrderedKeys | KeyWindow  # a KeyWindow: a spread epoch's part
     key_columns: KeyColumns
     n_keys: int  # what the keys query returned, repeated keys included
     duplicates_dropped: int
@@ -58,7 +80,7 @@ class EpochPlan:
 
     def batch_keys(self, batch: int, size: int, count: int = 1) -> np.ndarray:
         """The keys of ``count`` batches from ``batch`` on, ``(n_slots, <= count * size)``."""
-        if isinstance(self.keys, OrderedKeys):
+        if isinstance(self.keys, OrderedKeys | KeyWindow):
             return self.keys.columns(batch * size, (batch + count) * size)
         return self.keys[:, batch * size : (batch + count) * size]
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.decode.layout import UnknownCategoryError
 from pgprefetch.errors import ExecutorError, PgprefetchError
@@ -84,32 +86,62 @@ def cluster_cpus() -> int:
 
 @ray.remote(num_cpus=0)
 class Tracker:
-    """What the parts of an epoch report while they run: samples written per part, and their attempts.
+    """What the parts of an epoch (a *run*: a dump's epoch) report while they run: samples and attempts per part.
 
     A part run again (its worker killed) starts its count over, so the driver's progress never counts a
-    batch twice; its attempts beyond the first are its retries. One tracker serves a dump's epochs in
-    turn (:meth:`begin`): an actor is a process, seconds to start on a busy host.
+    batch twice; its attempts beyond the first are its retries. An actor is a process, a second or more to
+    start on a busy host, so one serves every dump of the driver's process (:func:`tracker`), started as early
+    as the dump can (a scan starts it while the table is read). A part waits for its ``started`` call to be
+    received before it works; its progress calls are not waited for (they reach it in the order it made them).
     """
 
     def __init__(self) -> None:
-        self.begin(0)
+        self.samples: dict[tuple[str, int], int] = {}
+        self.bytes: dict[tuple[str, int], int] = {}
+        self.attempts: dict[tuple[str, int], int] = {}
 
-    def begin(self, parts: int) -> None:
-        """A new epoch of ``parts`` parts."""
-        self.samples = [0] * parts
-        self.bytes = [0] * parts
-        self.attempts = [0] * parts
+    def started(self, run: str, part: int) -> None:
+        """Part ``part`` of ``run`` (re)starts."""
+        self.attempts[run, part] = self.attempts.get((run, part), 0) + 1
+        self.samples[run, part] = self.bytes[run, part] = 0
 
-    def started(self, part: int) -> None:
-        """Part ``part`` (re)starts."""
-        self.attempts[part] += 1
-        self.samples[part] = self.bytes[part] = 0
+    def advance(self, run: str, part: int, samples: int, nbytes: int) -> None:
+        """Part ``part`` of ``run`` wrote ``samples`` more samples, ``nbytes`` bytes."""
+        self.samples[run, part] = self.samples.get((run, part), 0) + samples
+        self.bytes[run, part] = self.bytes.get((run, part), 0) + nbytes
 
-    def advance(self, part: int, samples: int, nbytes: int) -> None:
-        """Part ``part`` wrote ``samples`` more samples, ``nbytes`` bytes."""
-        self.samples[part] += samples
-        self.bytes[part] += nbytes
+    def totals(self, run: str, parts: int) -> tuple[int, int, list[int]]:
+        """Samples and bytes of ``run`` written so far, and each of its ``parts`` parts' attempts."""
+        samples = sum(n for (r, _), n in self.samples.items() if r == run)
+        nbytes = sum(n for (r, _), n in self.bytes.items() if r == run)
+        return samples, nbytes, [self.attempts.get((run, p), 0) for p in range(parts)]
 
-    def totals(self) -> tuple[int, int, list[int]]:
-        """Samples and bytes written so far, and each part's attempts."""
-        return sum(self.samples), sum(self.bytes), list(self.attempts)
+    def forget(self, run: str) -> None:
+        """``run`` is over: drop its counts."""
+        for counts in (self.samples, self.bytes, self.attempts):
+            for key in [k for k in counts if k[0] == run]:
+                del counts[key]
+
+
+_tracker: tuple[str, Any] | None = None  # this process's: (the node and job it belongs to, its handle)
+
+
+def tracker() -> Any:
+    """This process's :class:`Tracker` on the cluster it joined, started on first use.
+
+    On the driver's node: losing another node must not lose the counts.
+    """
+    global _tracker
+    context = ray.get_runtime_context()
+    # A new ray.init is a new job (or a new cluster, whose first job has the same id): the old tracker is gone.
+    job = f"{context.get_node_id()}/{context.get_job_id()}"
+    if _tracker is None or _tracker[0] != job:
+        here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
+        _tracker = (job, Tracker.options(scheduling_strategy=here).remote())  # type: ignore[attr-defined]
+    return _tracker[1]
+
+
+def lost_tracker() -> None:
+    """The tracker was lost with its node: the next :func:`tracker` starts another."""
+    global _tracker
+    _tracker = None

@@ -10,12 +10,18 @@ then:
   will do: each batch is ``pwrite``-n at its own offset of a shard file the driver created. On an object
   store each part uploads whole files, so a boundary falls where every array's shard files do;
 - ``ray.put``-s the ordered keys once: every part reads them from its node's object store;
+- in scan mode, routes each part the rows its samples span from the blocks the readers keep
+  (:mod:`pgprefetch.write.ray.scan`; :meth:`RayExecutor.read_scan` read them, before the writer was opened);
 - runs a task per part (:func:`~pgprefetch.write.ray.part.run_part`), retried by Ray when its worker or node
   is lost (at most ``TASK_RETRIES`` times); the first part that fails for another reason (bad data, a lost
   database connection) stops the others, and its error is the epoch's: the same one line as the single
   process, or an ``ExecutorError`` that names the part;
 - shows one progress for the epoch, and merges each part's checksums and statistics in batch order, so
   the published epoch is byte for byte the single process's.
+
+On an object store a rerun keeps the parts an interrupted dump finished, from the records they left in the
+store (:mod:`.records`); ``--force`` over a published epoch has the parts stage their files and uploads
+them from their nodes once the old epoch is removed, as the single process's publication does (:mod:`.staged`).
 """
 
 from __future__ import annotations
@@ -24,24 +30,27 @@ import asyncio
 import dataclasses
 import logging
 import math
+import uuid
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.config.model import Config
-from pgprefetch.errors import ConfigError, ExecutorError
+from pgprefetch.errors import ConfigError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import ArraySpec, Store
+from pgprefetch.store.s3 import S3Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.keyfile import OrderedKeys
-from pgprefetch.write.plan import Vocabulary
-from pgprefetch.write.ray.cluster import Tracker, cluster_cpus, failure, join, line
+from pgprefetch.write.plan import EpochPlan, Vocabulary
+from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
+from pgprefetch.write.ray.records import PartRecord, usable
 from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
+from pgprefetch.write.ray.staged import upload_staged
 from pgprefetch.write.writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
@@ -60,7 +69,7 @@ class RayExecutor:
         self.address = address
         self.env = env
         self._started = False
-        self._tracker: Any = None
+        self._id = uuid.uuid4().hex[:12]  # this dump's runs in the tracker: f"{id}/{epoch}"
 
     def __enter__(self) -> RayExecutor:
         return self
@@ -70,9 +79,6 @@ class RayExecutor:
 
     def close(self) -> None:
         """Stop the cluster if this executor started it (a local one); a joined cluster stays."""
-        if self._tracker is not None and ray.is_initialized():
-            ray.kill(self._tracker)
-        self._tracker = None
         if self._started:
             ray.shutdown()
             self._started = False
@@ -86,6 +92,7 @@ class RayExecutor:
         """Read a scan config's table with reader tasks on the cluster, keeping its blocks there."""
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
+        tracker()  # started while the table is read
         return await read_spread(cfg, snap, self.parts or cluster_cpus(), progress, vocabulary)
 
     def scan_source(self, cfg: Config, read: object, epoch: int) -> BatchSource:
@@ -98,7 +105,10 @@ class RayExecutor:
         return None if store.local_root is not None else range(0)  # object store: parts create their files
 
     def starts_over(self, store: Store) -> bool:
-        """On an object store: its parts staged on other nodes cannot be verified by the driver."""
+        """On an object store: its parts staged on other nodes cannot be verified by the driver.
+
+        A rerun resumes there from the records finished parts left in the store instead (:mod:`.records`).
+        """
         return store.local_root is None  # parts stage on their own nodes: the driver cannot verify them
 
     async def write(
@@ -109,18 +119,14 @@ class RayExecutor:
         writer: EpochWriter,
         todo: list[int],
         progress: Progress | None,
+        fresh: bool = False,
     ) -> Spread:
         """Write ``todo`` in parts on the cluster, then merge their checksums and statistics into ``writer``."""
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
         plan = source.plan
-        if store.local_root is None and store.is_complete(plan.epoch):  # --force
-            # The parts would upload into the published epoch under its readers, and publishing would then
-            # drop what they uploaded from other nodes.
-            raise ExecutorError(
-                f"epoch {plan.epoch} is complete in {store.location}: --force with --executor ray on an object "
-                "store is not supported yet; rewrite it without --executor ray"
-            )
+        remote = store if isinstance(store, S3Store) else None
+        force = remote is not None and remote.is_complete(plan.epoch)  # staged, then uploaded (.staged)
         step = 1 if store.local_root is not None else _file_step(writer)
         wanted = self.parts or cluster_cpus()
         if isinstance(source.spread, SpreadRead):  # a part's rows must fit [source] memory
@@ -129,54 +135,65 @@ class RayExecutor:
         if self.parts and len(ranges) < self.parts:
             log.info("epoch %d: %d parts (shard files are not shared between parts on an object store)",
                      plan.epoch, len(ranges))  # fmt: skip
-        keys = plan.keys.columns(0, plan.used) if isinstance(plan.keys, OrderedKeys) else plan.keys
-        keys_ref = ray.put(np.ascontiguousarray(keys))
-        bare = dataclasses.replace(plan, keys=np.empty((keys.shape[0], 0), dtype=np.int64))
+        bare = dataclasses.replace(plan, keys=np.empty((plan.keys.shape[0], 0), dtype=np.int64))
         metadata = {}
         if store.local_root is None:
             metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
-        pending = set(todo)
+        kept, restarted = _kept(remote, writer, ranges, progress, fresh) if remote and not force else ([], None)
+        pending = set(todo) - {b for r in kept for b in r.owned}
         arrays = tuple(
             ArraySpec(name, np.dtype(spec[0]), tuple(spec[1])) for name, spec in writer.header["arrays"].items()
         )
         layout_keys = ("n_batches", "batch_size", "compression", "arrays")
         identity = {k: v for k, v in writer.header.items() if k not in layout_keys}
+        run = f"{self._id}/{plan.epoch}"  # the epoch's counts in the tracker
         specs = []
         for i, owned in enumerate(ranges):
             specs.append(PartSpec(
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
-                source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata,
+                source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, force, run,
             ))  # fmt: skip
-        if self._tracker is None:
-            # On the driver's node: losing another node must not lose the epoch's progress and attempts.
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-            self._tracker = Tracker.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
-        tracker = self._tracker
-        ray.get(tracker.begin.remote(len(specs)))
+        track = tracker()
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         scans: list[ScanPart | None] = [None] * len(specs)
-        if isinstance(source.spread, SpreadRead):
+        if isinstance(source.spread, SpreadRead) and any(spec.batches for spec in specs):  # (else: all kept)
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
-            run_part.options(**options).remote(spec, keys_ref, tracker, scan): spec  # type: ignore[attr-defined]
+            run_part.options(**options).remote(spec, _part_keys(plan, spec), track, *_scan_args(scan)): spec  # type: ignore[attr-defined]
             for spec, scan in zip(specs, scans, strict=True)
             if spec.batches
         }
         try:
-            results = await self._wait(refs, tracker, progress)
-            attempts = (await self._totals(tracker))[2] or [1] * len(specs)
+            results = await self._wait(refs, track, progress, run, len(specs))
+            if force:  # the published epoch removed only now; parts whose staging was lost are written again
+                again = upload_staged(remote, specs, results, writer.header, options)  # type: ignore[arg-type]
+                redo = {
+                    run_part.options(**options).remote(  # type: ignore[attr-defined]
+                        spec, _part_keys(plan, spec), track, *_scan_args(scans[spec.index])
+                    ): spec
+                    for spec in again
+                }
+                refs.update(redo)
+                results = [r for r in results if r.index not in {spec.index for spec in again}]
+                results += await self._wait(redo, track, None, run, len(specs))
+            attempts = (await self._totals(track, run, len(specs)))[2] or [1] * len(specs)
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
-        for result in sorted(results, key=lambda r: r.index):
+            track.forget.remote(run)
+        for result in sorted([*results, *kept], key=lambda r: r.index):
             writer.checksums[:, result.batches] = result.checksums
             writer.done[result.batches] = True
             if writer.stats is not None:
                 writer.stats.put(result.batches, result.figures)
-        files = tuple(f for r in results for f in r.files)
-        return Spread(len(specs), tuple(max(0, a - 1) for a in attempts), files)
+        files = tuple(f for r in [*results, *kept] for f in r.files)
+        retries = tuple(max(0, a - 1) for a in attempts)
+        earlier = tuple(dict.fromkeys(r.snapshot for r in kept))
+        return Spread(len(specs), retries, files, sum(len(r.owned) for r in kept), restarted, earlier)
 
-    async def _wait(self, refs: dict[Any, PartSpec], tracker: Any, progress: Progress | None) -> list[PartResult]:
+    async def _wait(
+        self, refs: dict[Any, PartSpec], track: Any, progress: Progress | None, run: str, parts: int
+    ) -> list[PartResult]:
         """Each part's result, progress shown meanwhile; the first failure stops the wait (see the module)."""
         futures = {asyncio.wrap_future(ref.future()): spec for ref, spec in refs.items()}
         waiting = set(futures)
@@ -192,7 +209,7 @@ class RayExecutor:
                     results.append(_result(future, spec))
                     log.info("epoch %d: %s done (%d of %d)", spec.epoch, spec.name(), len(results), len(futures))
                 if progress:
-                    samples, nbytes, _ = await self._totals(tracker)
+                    samples, nbytes, _ = await self._totals(track, run, parts)
                     if samples > shown:
                         # Some bytes always: samples counted with none are taken for batches an earlier run kept.
                         progress.advance(samples - shown, max(nbytes - shown_bytes, 1))
@@ -204,14 +221,36 @@ class RayExecutor:
                 future.cancel()
         return results
 
-    async def _totals(self, tracker: Any) -> tuple[int, int, list[int]]:
-        """The tracker's figures; none if it was lost with its node (the next epoch gets a new one)."""
+    async def _totals(self, track: Any, run: str, parts: int) -> tuple[int, int, list[int]]:
+        """The tracker's figures for ``run``; none if it was lost with its node (the next epoch gets a new one)."""
         try:
-            return await asyncio.wrap_future(tracker.totals.remote().future())  # type: ignore[no-any-return]
+            return await asyncio.wrap_future(track.totals.remote(run, parts).future())  # type: ignore[no-any-return]
         except ray.exceptions.RayError as e:
             log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", line(e))
-            self._tracker = None
+            lost_tracker()
             return 0, 0, []
+
+
+def _kept(
+    store: S3Store, writer: EpochWriter, ranges: list[range], progress: Progress | None, fresh: bool
+) -> tuple[list[PartRecord], str | None]:
+    """The parts an interrupted dump finished and recorded in the object store, kept; why others were not.
+
+    ``fresh`` (``--force``): none kept, and their records deleted: a rerun must not keep them either.
+    """
+    epoch, size, n_samples = writer.epoch, writer.header["batch_size"], writer.header.get("n_keys", 0)
+    kept, restarted = usable(store, epoch, writer.header, [] if fresh else ranges)
+    restarted = None if fresh else restarted
+    if restarted:
+        log.warning("epoch %d: an interrupted dump was started over: %s", epoch, restarted)
+    if kept:
+        batches = sum(len(r.owned) for r in kept)
+        log.info("epoch %d: resuming: %d of %d batches kept from the parts an interrupted dump recorded", epoch,
+                 batches, len(writer.done))  # fmt: skip
+        if progress:
+            samples = sum(min(n_samples, r.owned.stop * size) - r.owned.start * size for r in kept)
+            progress.advance(max(0, samples), 0)
+    return kept, restarted
 
 
 def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
@@ -220,6 +259,19 @@ def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
         return future.result()
     except ray.exceptions.RayError as e:
         raise failure(e, spec.name()) from None
+
+
+def _scan_args(scan: ScanPart | None) -> tuple[Any, ...]:
+    """A scan part's arguments after the tracker: its samples' starts, then each of its pieces (none in query mode)."""
+    return () if scan is None else (scan.starts, *scan.pieces)
+
+
+def _part_keys(plan: EpochPlan, spec: PartSpec) -> Any:
+    """The keys of a part's batches, put in the object store once (and read from disk a part at a time)."""
+    size = spec.cfg.batches.size
+    first, last = spec.owned.start * size, min(spec.owned.stop * size, plan.used)
+    keys = plan.keys.columns(first, last) if isinstance(plan.keys, OrderedKeys) else plan.keys[:, first:last]
+    return ray.put(np.ascontiguousarray(keys))
 
 
 def split(n_batches: int, parts: int, step: int = 1) -> list[range]:

@@ -1,8 +1,9 @@
 """One part of a spread epoch: a Ray task that writes a range of batches under the driver's snapshot.
 
-The task gets the plan and layout the driver made (without the keys), and the ordered keys themselves as a
-separate argument: they are ``ray.put`` once by the driver and read zero-copy from each node's object store,
-not shipped per task. It imports the snapshot on its own connections (``SET TRANSACTION SNAPSHOT``), then
+The task gets the plan and layout the driver made (without the keys), and the ordered keys of its own
+batches as a separate argument: ``ray.put`` once by the driver (a part at a time, from disk when the keys
+outgrew memory) and read zero-copy from the node's object store, not shipped with each retry. It imports
+the snapshot on its own connections (``SET TRANSACTION SNAPSHOT``), then
 runs the single-process dump's own scheduler and writer over its batches (:func:`~pgprefetch.write.query.served`,
 :func:`~pgprefetch.write.schedule.write_batches`, :class:`~pgprefetch.write.writer.EpochWriter` as a part,
 with a journal of its own), and returns each batch's checksums and statistics for the driver to publish.
@@ -15,6 +16,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,10 +30,11 @@ from pgprefetch.store.base import ArraySpec
 from pgprefetch.store.open import open_store
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.plan import EpochPlan
+from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
-from pgprefetch.write.scan.exchange import join_pieces
+from pgprefetch.write.ray.records import PartRecord, put_record
+from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.mode import cut_source
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.stats import EpochStats
@@ -56,6 +59,8 @@ class PartSpec:
     arrays: tuple[ArraySpec, ...]
     identity: dict[str, Any]
     metadata: dict[str, bytes]  # the epoch's zarr.json files, for an object store staged on another node
+    defer: bool = False  # object store, --force: stage only; the driver has the files uploaded (.staged)
+    run: str = ""  # the epoch's counts in the driver's tracker
 
     def name(self) -> str:
         """The part, in messages."""
@@ -72,38 +77,50 @@ class PartResult:
     figures: tuple[np.ndarray, dict[str, np.ndarray]]
     files: tuple[str, ...]
     node: str
+    node_id: str = ""  # the Ray node that staged the files (--force on an object store uploads them there)
 
 
 @dataclass(frozen=True)
 class ScanPart:
-    """A scan mode part's rows: a piece from each read block (object refs), and where its samples start."""
+    """A scan mode part's rows: a piece from each read block (object refs), and where its samples start.
+
+    The pieces go to :func:`run_part` as arguments of their own, so Ray starts the part only once they are
+    ready: a part waiting for them would hold a CPU the tasks that cut them need.
+    """
 
     pieces: tuple[Any, ...]  # ObjectRefs of :class:`~pgprefetch.write.scan.exchange.Piece`, one per block
     starts: np.ndarray  # per sample of the part's ``owned`` range, in epoch order: its first row's sorted place
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
-def run_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None = None) -> PartResult:
-    """The Ray task: write ``spec``'s batches (``keys``: the epoch's ordered keys, from the object store).
+def run_part(
+    spec: PartSpec, keys: np.ndarray, tracker: Any, starts: np.ndarray | None = None, *pieces: Piece
+) -> PartResult:
+    """The Ray task: write ``spec``'s batches (``keys``: those of its ``owned`` batches, from the object store).
 
-    Query mode fetches them under the snapshot; scan mode (``scan``) cuts them from the rows routed to it.
+    Query mode fetches them under the snapshot; scan mode cuts them from the rows routed to it: ``pieces``
+    (resolved by Ray before the task starts) and each sample's first row, ``starts`` (see :class:`ScanPart`).
     """
     with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
-        ray.get(tracker.started.remote(spec.index))  # counted before any work: a kill from here on is a retry
-    return asyncio.run(_write_part(spec, keys, tracker, scan))
+        # Received before any work, so a kill from here on counts as a retry. (Sent and not awaited, a call
+        # still queued for a tracker that was starting died with the part, and the retry went uncounted.)
+        ray.get(tracker.started.remote(spec.run, spec.index))
+    return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces)))
 
 
 class _Progress:
     """The scheduler's progress calls, sent on to the driver's tracker (without waiting for it)."""
 
-    def __init__(self, tracker: Any, part: int) -> None:
-        self.tracker, self.part = tracker, part
+    def __init__(self, tracker: Any, run: str, part: int) -> None:
+        self.tracker, self.run, self.part = tracker, run, part
 
     def advance(self, samples: int, nbytes: int) -> None:
-        self.tracker.advance.remote(self.part, samples, nbytes)
+        self.tracker.advance.remote(self.run, self.part, samples, nbytes)
 
 
-async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: ScanPart | None) -> PartResult:
+async def _write_part(
+    spec: PartSpec, keys: np.ndarray, tracker: Any, scan: tuple[np.ndarray, tuple[Piece, ...]] | None
+) -> PartResult:
     store = open_store(spec.location)
     partial = store.partial_path(spec.epoch)
     node = ray.util.get_node_ip_address()
@@ -120,10 +137,11 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: Scan
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
     cfg, size = spec.cfg, spec.cfg.batches.size
-    plan = dataclasses.replace(spec.plan, keys=keys)
+    plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with _source(spec, plan, scan) as source:
-        bucket = Uploads(store, spec.epoch) if store.local_root is None else None  # type: ignore[arg-type]
+        remote = store.local_root is None and not spec.defer
+        bucket = Uploads(store, spec.epoch) if remote else None  # type: ignore[arg-type]
         with bucket or contextlib.nullcontext() as uploads:
             writer = EpochWriter(
                 store, spec.epoch, n_batches=plan.n_batches, batch_size=size, arrays=list(spec.arrays),
@@ -131,23 +149,34 @@ async def _write_part(spec: PartSpec, keys: np.ndarray, tracker: Any, scan: Scan
                 owned=spec.owned, part=spec.index,
             )  # fmt: skip
             with writer:
-                await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.index))  # type: ignore[arg-type]
+                await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.run, spec.index))  # type: ignore[arg-type]
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
-    return PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node)
+    here = ray.get_runtime_context().get_node_id()
+    result = PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node, here)
+    if remote and spec.batches == tuple(spec.owned):  # every file is up: a rerun after the driver died keeps it
+        put_record(store, spec.epoch, record(spec, writer.header, result, partial))  # type: ignore[arg-type]
+    return result
+
+
+def record(spec: PartSpec, header: dict[str, Any], result: PartResult, partial: Path) -> PartRecord:
+    """The record of a finished part (:mod:`.records`); ``partial``: where its files are staged."""
+    files = {f: (partial / f).stat().st_size for f in result.files}
+    return PartRecord(spec.index, spec.owned, header, spec.snapshot, result.batches, result.checksums, result.figures,
+                      files)  # fmt: skip
 
 
 @contextlib.asynccontextmanager
-async def _source(spec: PartSpec, plan: EpochPlan, scan: ScanPart | None) -> AsyncIterator[BatchSource]:
+async def _source(
+    spec: PartSpec, plan: EpochPlan, scan: tuple[np.ndarray, tuple[Piece, ...]] | None
+) -> AsyncIterator[BatchSource]:
     """The part's batches: fetched on the snapshot (query mode), or cut from its pieces (scan mode)."""
     if scan is None:
         cfg = spec.cfg
         async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
             yield served(plan, spec.layout, reader, spec.snapshot, spec.server_version, cfg.batches.size)
         return
-    pieces = ray.get(list(scan.pieces))
-    table, rows = join_pieces(pieces)
-    del pieces
-    starts = np.searchsorted(rows, scan.starts)  # each sample's first row in the part's table
+    table, rows = join_pieces(list(scan[1]))
+    starts = np.searchsorted(rows, scan[0])  # each sample's first row in the part's table
     first = spec.owned.start * spec.cfg.batches.size
     yield cut_source(spec.cfg, plan, spec.layout, table, starts, spec.snapshot, spec.server_version, None, first)

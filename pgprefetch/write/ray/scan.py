@@ -2,10 +2,10 @@
 
 No process holds the whole table. Under the driver's exported snapshot:
 
-1. **Read.** Reader tasks COPY disjoint page ranges of the table (the single process's ranges, its decoder)
-   and each keeps its range, a *block*, in the object store (which spills to disk); only the block's keys
-   come back to the driver. There are at least as many ranges as parts, and more when the table's pages
-   exceed ``[source] memory`` per range, so that no reader holds more than the budget.
+1. **Read.** Reader tasks COPY disjoint page ranges of the table (the single process's ranges, its decoder,
+   ``[source] connections`` sub-ranges each) and each keeps its range, a *block*, in the object store (which
+   spills to disk); only the block's keys come back to the driver. There are at least as many readers as
+   parts, and more when the table's pages exceed ``[source] memory`` per reader, so that none holds more.
 2. **Cut.** The driver sorts the keys of all blocks and cuts the samples from them as the single process
    does (:mod:`pgprefetch.write.scan.exchange`), so the epoch's order is the same; the read is kept in the
    run's cache, and every epoch of a ``--epochs A-B`` run is cut from it without reading the table again.
@@ -70,10 +70,10 @@ class SpreadRead:
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES, num_returns=2)
-def read_block(cfg: Config, snapshot: str, shape: ScanShape, where: str) -> tuple[BlockSummary, Table]:
-    """The Ray task: COPY one range of the table on the snapshot; its keys for the driver, the rest to keep."""
-    one = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
-    table = asyncio.run(read_ranges(one, snapshot, shape, [where], budget=0, empty_ok=True))
+def read_block(cfg: Config, snapshot: str, shape: ScanShape, wheres: list[str]) -> tuple[BlockSummary, Table]:
+    """The Ray task: COPY a range of the table on the snapshot (a sub-range a connection); keys out, rows kept."""
+    mine = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=len(wheres)))
+    table = asyncio.run(read_ranges(mine, snapshot, shape, wheres, budget=0, empty_ok=True))
     widths = {c.name: v.shape[1] for c, v in table.values.items() if c.is_array}
     summary = BlockSummary(table.keys, table.nbytes, widths)
     return summary, dataclasses.replace(table, keys=np.empty((0, 0), dtype=np.int64))
@@ -94,8 +94,11 @@ async def read_spread(
     shape = await describe_scan(cfg, snap)
     categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column), vocabulary)
     shape = dataclasses.replace(shape, categories=categories)
-    wheres = await page_ranges(snap, shape, max(parts, await _ranges_for_memory(cfg, snap, shape)))
-    refs = [read_block.remote(cfg, snap.id, shape, where) for where in wheres]  # type: ignore[attr-defined]
+    readers = max(parts, await _ranges_for_memory(cfg, snap, shape))
+    per = cfg.source.connections  # each reader reads its range as the single process reads the table
+    wheres = await page_ranges(snap, shape, readers * per)
+    ranges = [wheres[i : i + per] for i in range(0, len(wheres), per)]
+    refs = [read_block.remote(cfg, snap.id, shape, mine) for mine in ranges]  # type: ignore[attr-defined]
     futures = {asyncio.wrap_future(summary.future()): i for i, (summary, _) in enumerate(refs)}
     summaries: list[BlockSummary] = [BlockSummary(np.empty((0, 0), np.int64), 0, {})] * len(refs)
     waiting = set(futures)
@@ -107,22 +110,21 @@ async def read_spread(
                 try:
                     summaries[i] = future.result()
                 except ray.exceptions.RayError as e:
-                    raise failure(e, f"the reader of range {i + 1} of {len(refs)} of {shape.relation}") from None
+                    raise failure(e, f"reader {i + 1} of {len(refs)} of {shape.relation}") from None
                 if progress:
                     progress.rows(summaries[i].keys.shape[1])
     finally:
         for future in waiting:  # one reader failed: the others' blocks are not wanted
             future.cancel()
             ray.cancel(refs[futures[future]][0], force=True)
-    done = summaries
-    merged = await asyncio.to_thread(merge_keys, [s.keys for s in done])
+    merged = await asyncio.to_thread(merge_keys, [s.keys for s in summaries])
     if not merged.keys.shape[1]:
         raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
-    lengths = _lengths(shape, done)
+    lengths = _lengths(shape, summaries)
     sample_keys, starts = await asyncio.to_thread(cut, Table(keys=merged.keys), shape, cfg.samples)
     return SpreadRead(
         shape, [block for _, block in refs], merged, sample_keys, starts, lengths, snap.id, snap.server_version,
-        sum(s.nbytes for s in done),
+        sum(s.nbytes for s in summaries),
     )  # fmt: skip
 
 
@@ -200,7 +202,7 @@ def exchange(
         starts = read.starts[plan.samples[first:last]]
         owned_starts.append(starts)
         todo = np.concatenate([starts[b * size - first : (b + 1) * size - first] for b in pending] or [starts[:0]])
-        wanted.append(route(rows_of(todo, window), read.merged))
+        wanted.append(route(rows_of(todo, window, read.merged.keys.shape[1]), read.merged))
     busy = [j for j, (_, pending) in enumerate(parts) if pending]
     pieces: list[list[Any]] = []
     for b, block in enumerate(read.blocks):

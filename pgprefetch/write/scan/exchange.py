@@ -58,11 +58,15 @@ def merge_keys(blocks: list[np.ndarray]) -> Merged:
     return Merged(merged, order, offsets)
 
 
-def rows_of(starts: np.ndarray, window: int) -> np.ndarray:
-    """The sorted rows that samples starting at ``starts`` span (``window`` rows each), each once."""
-    if window == 1:
-        return np.unique(starts)
-    return np.unique((starts[:, None] + np.arange(window, dtype=np.int64)).reshape(-1))
+def rows_of(starts: np.ndarray, window: int, n_rows: int) -> np.ndarray:
+    """The sorted rows of a table of ``n_rows`` that samples starting at ``starts`` span (``window`` each), once.
+
+    A mask over the table, not ``np.unique``: linear, where numpy 2's hashed unique took a second for 500k rows.
+    """
+    spanned = np.zeros(n_rows, dtype=bool)
+    for offset in range(window):
+        spanned[starts + offset] = True
+    return np.flatnonzero(spanned)
 
 
 def part_rows(samples: int, window: int, table_rows: int) -> int:
