@@ -36,6 +36,11 @@ def group_json(attributes: dict[str, Any] | None = None) -> bytes:
     return _dumps({"attributes": attributes or {}, "zarr_format": 3, "node_type": "group"})
 
 
+def group_attributes(folder: Path) -> dict[str, Any]:
+    """The attributes of the group in ``folder`` as they are (a publish replaces the manifest among them)."""
+    return json.loads((folder / ZARR_JSON).read_bytes()).get("attributes", {})  # type: ignore[no-any-return]
+
+
 def write_json(path: Path, data: bytes) -> None:
     """Write a metadata document: to a temporary name, renamed over ``path`` (a reader sees old or new)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

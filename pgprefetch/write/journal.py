@@ -24,6 +24,13 @@ def part_journals(journal: Path) -> list[Path]:
     return sorted(journal.parent.glob(f"{journal.name}.part-*")) if journal.parent.is_dir() else []
 
 
+def remove_journals(journal: Path) -> None:
+    """Delete ``journal`` and its parts' journals (the epoch was published, or discarded)."""
+    journal.unlink(missing_ok=True)
+    for part in part_journals(journal):
+        part.unlink(missing_ok=True)
+
+
 def read_journal(journal: Path, n_arrays: int) -> tuple[dict[str, Any], dict[int, list[int]], list[str]] | None:
     """The header, each batch's journaled checksums and the snapshots read, from ``journal`` and its parts.
 

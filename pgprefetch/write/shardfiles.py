@@ -100,3 +100,14 @@ def io_errors(where: Path) -> Iterator[None]:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             hint = "; free some space and run the dump again: it resumes where it stopped"
         raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None
+
+
+def remove_partial_chunks(folder: Path) -> None:
+    """Delete the temporary files of chunk writes a killed dump left in its partial epoch.
+
+    zarr writes each chunk to ``<chunk>.<uuid>.partial`` and renames it; killed in between, the file stays,
+    and publishing the folder would carry it into the epoch. The chunk itself is rewritten, its journal
+    line never having been written.
+    """
+    for leftover in folder.rglob("*.partial"):
+        leftover.unlink(missing_ok=True)

@@ -31,9 +31,16 @@ import numpy as np
 
 from pgprefetch.store.base import ArraySpec, Store, Uploader
 from pgprefetch.store.layout import ArrayLayout, checksum, read_batch_bytes
-from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_json, write_array, write_json
-from pgprefetch.write.journal import difference, part_journal, part_journals, read_journal
-from pgprefetch.write.shardfiles import OpenFiles, create_shard, io_errors, pwrite_all, shard_batches
+from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_attributes, group_json, write_array, write_json
+from pgprefetch.write.journal import difference, part_journal, read_journal, remove_journals
+from pgprefetch.write.shardfiles import (
+    OpenFiles,
+    create_shard,
+    io_errors,
+    pwrite_all,
+    remove_partial_chunks,
+    shard_batches,
+)
 from pgprefetch.write.stats import EpochStats
 
 if TYPE_CHECKING:
@@ -159,7 +166,7 @@ class EpochWriter:
                 self._create_array(a, n_batches, batch_size, compression)
         self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
         if previous is not None:
-            _remove_temporaries(self.path)
+            remove_partial_chunks(self.path)
             self._keep_verified(previous[1])
 
         self.resumed = int(self.done.sum())  # batches kept from a partial epoch a previous dump left
@@ -357,12 +364,10 @@ class EpochWriter:
                     np.array(list(longest.values()), dtype="<i4"),
                     [f"{LONGEST_ARRAY}_array", "batch"],
                 )
-            write_json(self.path / ZARR_JSON, group_json(_attributes(self.path) | {"pgprefetch": manifest}))
+            write_json(self.path / ZARR_JSON, group_json(group_attributes(self.path) | {"pgprefetch": manifest}))
             self._journal.close()
             final = self.store.publish(self.epoch, self.path, replace=self.replace, elsewhere=elsewhere)
-            self.journal_path.unlink(missing_ok=True)
-            for part in part_journals(self.journal_path):
-                part.unlink(missing_ok=True)
+            remove_journals(self.journal_path)
         return final
 
     def close(self) -> None:
@@ -381,14 +386,7 @@ class EpochWriter:
         if getattr(self, "_journal", None) is not None:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)
-        self.journal_path.unlink(missing_ok=True)
-        for part in part_journals(self.journal_path):
-            part.unlink(missing_ok=True)
-
-
-def _attributes(epoch: Path) -> dict[str, Any]:
-    """The attributes of the epoch's group as they are (the manifest replaces the one of a failed publish)."""
-    return json.loads((epoch / ZARR_JSON).read_bytes()).get("attributes", {})  # type: ignore[no-any-return]
+        remove_journals(self.journal_path)
 
 
 def _reopened(group: zarr.Group, name: str) -> zarr.Array:
@@ -397,14 +395,3 @@ def _reopened(group: zarr.Group, name: str) -> zarr.Array:
     (``write_empty_chunks`` is a setting of the opened array, not stored with it.)
     """
     return group[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
-
-
-def _remove_temporaries(folder: Path) -> None:
-    """Delete the temporary files of chunk writes a killed dump left in its partial epoch.
-
-    zarr writes each chunk to ``<chunk>.<uuid>.partial`` and renames it; killed in between, the file stays,
-    and publishing the folder would carry it into the epoch. The chunk itself is rewritten, its journal
-    line never having been written.
-    """
-    for leftover in folder.rglob("*.partial"):
-        leftover.unlink(missing_ok=True)
