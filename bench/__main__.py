@@ -118,7 +118,7 @@ async def load(
         version = await conn.fetchval("SELECT version()")
     finally:
         await conn.close()
-    os.sync()  # the load's dirty pages must not be flushed by the first dump's syncfs
+    os.sync()  # the load's dirty pages must not compete with the first dump's write-back
     return counts, version
 
 

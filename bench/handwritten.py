@@ -271,8 +271,8 @@ def render(results: list[JobResult], args: argparse.Namespace, wall_s: float) ->
         "ConnectorX partitions read at different moments); the table's data held within `[source] memory` (the "
         "scripts hold the whole table, its Arrow copy and numpy's; the keys cost pgprefetch about 260 bytes a row "
         "beyond it); CRC32C checksums and per-field statistics in the manifest; "
-        "`syncfs` before publishing; atomic publication (a reader never sees half an epoch); resume after a "
-        "crash; the epoch's order as a pure function of (seed, epoch, keys), the same as query mode's.",
+        "every file synced to disk before publishing; atomic publication (a reader never sees half an epoch); "
+        "resume after a crash; the epoch's order as a pure function of (seed, epoch, keys), the same as query mode's.",
     ]
     return "\n".join(lines) + "\n"
 

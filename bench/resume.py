@@ -11,8 +11,8 @@ holds k of the epoch's batches, then the same command again, which resumes; its 
 median of fresh dumps (``--force``) made before and after the cases, so that drift weighs on both. The
 kept fraction is the one the resume reports (``resumed_batches``), not the one aimed at. The dump's own
 reported seconds are the verdict's base (no interpreter start-up); wall seconds are given beside them.
-Before each timed dump the page cache is synced, untimed: the dump publishes with a ``syncfs``, which
-would otherwise also pay for writing back the killed dump's batches (the kernel does that within 30 s,
+Before each timed dump the page cache is synced, untimed: the dump syncs the epoch's files before it
+publishes, which would otherwise also pay for writing back the killed dump's batches (the kernel does that within 30 s,
 long before cron's next run).
 The resumed epoch's ``keys_sha256`` and every batch's checksums must equal the fresh dump's, or the
 case fails.
@@ -95,9 +95,9 @@ def _argv(config: Path, dsn: str, *extra: str) -> list[str]:
 
 
 def _run(argv: list[str]) -> tuple[dict, float]:
-    """Run a dump, its summary and wall seconds. The page cache is synced first, untimed: the dump publishes
-    with one ``syncfs``, which would otherwise also write back what ran before it (a killed dump's batches,
-    which cron's next run, a minute later, finds written back by the kernel long since)."""
+    """Run a dump, its summary and wall seconds. The page cache is synced first, untimed: the dump syncs the
+    epoch's files before it publishes, which would otherwise also write back what ran before it (a killed
+    dump's batches, which cron's next run, a minute later, finds written back by the kernel long since)."""
     os.sync()
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -191,11 +191,12 @@ def render(results: ResumeResults, *, revision: str = "") -> str:
         "batches, uncompressed), dumped by `pgprefetch dump` as a whole process. Each row: a dump killed "
         "(SIGKILL) once its journal held about k of the batches, then the same command again, which resumes; "
         f"k is the fraction it reports kept. The page cache is synced, untimed, before each timed dump (its "
-        "`syncfs` would otherwise also write back the killed dump's batches, which the kernel does within 30 s, "
-        f"long before cron's next run). *fresh*: the median of {len(results.fresh_dump_s)} `--force` dumps, "
-        "one before the cases and one after. Seconds are the dumps' own (no interpreter start-up); wall "
-        f"seconds beside them. Target: resume <= (1 - k) x fresh + {CONSTANT_S:g} s. Every resumed epoch's "
-        f"keys hash and batch checksums {'equal' if results.identical else 'DIFFER FROM'} the fresh dump's.",
+        "sync of the epoch's files would otherwise also write back the killed dump's batches, which the kernel "
+        f"does within 30 s, long before cron's next run). *fresh*: the median of {len(results.fresh_dump_s)} "
+        "`--force` dumps, one before the cases and one after. Seconds are the dumps' own (no interpreter "
+        f"start-up); wall seconds beside them. Target: resume <= (1 - k) x fresh + {CONSTANT_S:g} s. Every "
+        f"resumed epoch's keys hash and batch checksums {'equal' if results.identical else 'DIFFER FROM'} the "
+        "fresh dump's.",
         "",
         "| k kept | batches kept | resume s | wall s | (1 - k) x fresh + c | resume / fresh | target |",
         "|--:|--:|--:|--:|--:|--:|---|",

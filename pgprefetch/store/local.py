@@ -8,7 +8,6 @@ a partial epoch under the final name. Locks are ``flock``-s, which the kernel dr
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import shutil
@@ -26,6 +25,7 @@ from pgprefetch.store.base import (
     epochs_in,
 )
 from pgprefetch.store.consumers import consumer_record, positions, record_name
+from pgprefetch.store.durable import sync_dir, sync_tree
 from pgprefetch.store.flock import holder, holding
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 from pgprefetch.store.staging import folder_bytes, staged_epochs
@@ -211,7 +211,7 @@ class LocalStore(Store):
                         f.flush()
                         os.fsync(f.fileno())
                     os.replace(tmp, path)
-                    _fsync_dir(path.parent)
+                    sync_dir(path.parent)
                 except OSError as e:
                     tmp.unlink(missing_ok=True)
                     raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
@@ -231,41 +231,18 @@ class LocalStore(Store):
 def publish_epoch(partial: Path, final: Path) -> Path:
     """Make a fully written epoch visible under its final name, atomically.
 
-    One sync of the filesystem (not an fsync per chunk on the hot path), then a rename, then an fsync of
-    the parent folder so the rename itself is durable. An epoch already there (``--force``) is moved aside
-    first and removed after.
+    Every file and folder of the epoch made durable (:func:`sync_tree`: the dump's own files, not the
+    whole filesystem), then a rename, then an fsync of the parent folder so the rename itself is durable.
+    An epoch already there (``--force``) is moved aside first and removed after.
     """
-    _sync_filesystem(partial)
+    sync_tree(partial)
     old = None
     if final.exists():
         old = partial.with_name(partial.name + ".replaced")
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(partial, final)
-    _fsync_dir(final.parent)
+    sync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _sync_filesystem(path: Path) -> None:
-    """``syncfs`` the filesystem holding ``path`` (Linux); elsewhere fall back to a global ``sync``."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if libc.syncfs(fd) == 0:
-                return
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError):
-        pass
-    os.sync()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

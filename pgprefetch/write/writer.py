@@ -37,7 +37,6 @@ from pgprefetch.write.shardfiles import (
     OpenFiles,
     create_shard,
     io_errors,
-    pwrite_all,
     remove_partial_chunks,
     shard_batches,
 )
@@ -114,7 +113,7 @@ class EpochWriter:
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
         self.uploader = uploader
         self.replace = fresh  # --force: publishing replaces a complete epoch
-        self._files = OpenFiles()
+        self._files = OpenFiles(flush=uploader is None)
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
         self._zarr_arrays: dict[str, zarr.Array] | None = None  # compressed arrays, opened through zarr on first use
@@ -291,8 +290,7 @@ class EpochWriter:
                     number, slot = divmod(batch, layout.per_file)
                     run = min(first + count - batch, layout.per_file - slot, most)
                     lo = (batch - first) * size
-                    fd = self._files.get(layout, number)
-                    pwrite_all(fd, raw[lo : lo + run * size], slot * layout.batch_bytes)
+                    self._files.pwrite(layout, number, raw[lo : lo + run * size], slot * layout.batch_bytes)
                     batch += run
                 for i, chunk in enumerate(raw.reshape(count, -1)):
                     crcs[j, i] = checksum(chunk)
@@ -328,7 +326,8 @@ class EpochWriter:
 
     def finish_part(self) -> list[str]:
         """A part's end: every file it finished closed and uploaded; returns them, relative to the epoch."""
-        self._files.close_all()
+        with io_errors(self.path):
+            self._files.close_all()
         if self.uploader is not None:
             self.uploader.finish()
         self._journal.close()
@@ -352,10 +351,10 @@ class EpochWriter:
         longest = self.stats.longest() if self.stats is not None else {}
         if longest:
             manifest["longest"] = {"array": LONGEST_ARRAY, "arrays": list(longest)}
-        self._files.close_all()
         if self.uploader is not None:
             self.uploader.finish()  # every file sent before anything makes the epoch visible
         with io_errors(self.path):
+            self._files.close_all()  # and on a local store, written back to disk
             # Replaced if there (a publish that failed after this, an upload, is simply run again).
             write_array(self.path / CHECKSUMS_ARRAY, self.checksums, [f"{CHECKSUMS_ARRAY}_array", "batch"])
             if longest:
@@ -376,13 +375,13 @@ class EpochWriter:
         Never raises: it runs on the way out of a failure (a full disk may refuse the journal's last
         buffered line too), and a lost line only means a batch fetched again.
         """
-        self._files.close_all()
+        self._files.close_all(failed=True)
         with contextlib.suppress(OSError):
             self._journal.close()
 
     def discard(self) -> None:
         """Remove the partial epoch and its journal."""
-        self._files.close_all()
+        self._files.close_all(failed=True)
         if getattr(self, "_journal", None) is not None:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)
