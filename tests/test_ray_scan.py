@@ -142,7 +142,7 @@ def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_o
     column = object()
     blocks = [Table(keys=k, values={column: k[0] * 10}) for k in keys]  # type: ignore[dict-item]
     starts = np.array([40, 3, 17, 70], dtype=np.int64)
-    rows = rows_of(starts, 3, 75)
+    rows = rows_of(starts, 3)
     routed = route(rows, merged)
     pieces: list[Piece] = [cut_block(block, [wanted])[0] for block, wanted in zip(blocks, routed, strict=True)]
     table, places = join_pieces(pieces)
@@ -151,6 +151,20 @@ def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_o
     local = np.searchsorted(places, starts)
     for s, at in zip(starts, local, strict=True):  # a window's rows are consecutive in the part's table
         assert np.array_equal(table.values[column][at : at + 3], merged.keys[0][s : s + 3] * 10)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("window", [1, 3, 64])
+def test_the_rows_a_part_needs_are_each_row_its_samples_span_once_in_table_order(window: int) -> None:
+    rng = np.random.default_rng(window)
+    for n_rows, n_starts in ((1, 1), (200, 5), (5000, 300), (5000, 4000)):
+        if n_rows < window:
+            continue
+        starts = rng.integers(0, n_rows - window + 1, size=n_starts)  # repeats and overlaps included
+        spanned = np.zeros(n_rows, dtype=bool)
+        for offset in range(window):
+            spanned[starts + offset] = True
+        assert np.array_equal(rows_of(starts, window), np.flatnonzero(spanned))
+    assert rows_of(np.empty(0, dtype=np.int64), window).size == 0
 
 
 def _big(db: str, tmp_path: Path) -> tuple[Path, Path]:

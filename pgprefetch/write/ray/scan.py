@@ -202,7 +202,7 @@ def exchange(
         starts = read.starts[plan.samples[first:last]]
         owned_starts.append(starts)
         todo = np.concatenate([starts[b * size - first : (b + 1) * size - first] for b in pending] or [starts[:0]])
-        wanted.append(route(rows_of(todo, window, read.merged.keys.shape[1]), read.merged))
+        wanted.append(route(rows_of(todo, window), read.merged))
     busy = [j for j, (_, pending) in enumerate(parts) if pending]
     pieces: list[list[Any]] = []
     for b, block in enumerate(read.blocks):
