@@ -30,7 +30,6 @@ import numpy as np
 import ray
 
 from pgprefetch.config.model import Config, ScanConfig
-from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SourceError
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
@@ -39,7 +38,7 @@ from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
 from pgprefetch.write.ray.cluster import TASK_RETRIES, failure
 from pgprefetch.write.ray.part import ScanPart
 from pgprefetch.write.scan.exchange import Merged, Piece, cut_block, merge_keys, part_rows, route, rows_of
-from pgprefetch.write.scan.mode import plan_scan
+from pgprefetch.write.scan.mode import plan_scan, scan_layout
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_text
 from pgprefetch.write.scan.table import Table, cut, page_ranges, read_ranges
 
@@ -156,9 +155,7 @@ async def _ranges_for_memory(cfg: Config, snap: Snapshot, shape: ScanShape) -> i
 def spread_source(cfg: Config, read: SpreadRead, epoch: int) -> BatchSource:
     """Epoch ``epoch`` of a spread read: its plan and layout; its batches are cut by the parts."""
     plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
-    layout = BatchLayout.build(
-        cfg.fields, read.shape.columns, read.shape.by_field, read.lengths, cfg.samples.rows, plan.key_columns
-    )
+    layout = scan_layout(cfg, read.shape, read.lengths, plan)
     rows_read = read.merged.keys.shape[1] if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
     read.epochs_cut += 1
 

@@ -20,6 +20,7 @@ from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SourceError
 from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
@@ -28,6 +29,20 @@ from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
 from pgprefetch.write.scan.passes import Spool, key_passes, keys_only, spool_pass
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_text
 from pgprefetch.write.scan.table import Table, TableTooLarge, cut, gather, read_table
+
+
+def scan_layout(cfg: Config, shape: ScanShape, lengths: dict[Column, int], plan: EpochPlan) -> BatchLayout:
+    """The batch layout of a scanned table's epoch; ``lengths``: each array column's element count.
+
+    Built here for every way a scan reads (whole, in passes, spread over a cluster), so that their batches
+    cannot drift apart.
+    """
+    return BatchLayout.build(cfg.fields, shape.columns, shape.by_field, lengths, cfg.samples.rows, plan.key_columns)
+
+
+def array_lengths(table: Table) -> dict[Column, int]:
+    """The element count of each array column of a read table (every row has one length: the read checks it)."""
+    return {c: v.shape[1] for c, v in table.values.items() if c.is_array}
 
 
 def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int) -> EpochPlan:
@@ -180,10 +195,7 @@ async def multipass_source(
         rows_read += table.rows_read
         pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
         if layout is None:
-            lengths = {c: v.shape[1] for c, v in table.values.items() if c.is_array}
-            layout = BatchLayout.build(
-                cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
-            )
+            layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
             spool = Spool(spool_dir, layout, size, plan.n_batches, budget)
         assert spool is not None
         first_sample += await asyncio.to_thread(
@@ -216,10 +228,7 @@ async def spilled_source(
         pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
         cut_count += pass_keys.shape[1]
         if layout is None:
-            lengths = {c: v.shape[1] for c, v in table.values.items() if c.is_array}
-            layout = BatchLayout.build(
-                cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
-            )
+            layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
             # a group is held twice when loaded (its samples as spooled, then in place)
             spool = Spool(spool_dir, layout, cfg.batches.size, plan.n_batches, cfg.source.memory_bytes // 2)
         assert spool is not None
@@ -254,10 +263,7 @@ def _spooled(
 def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
     """The scan mode: epoch ``epoch`` cut from a table already in memory."""
     plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
-    lengths = {c: v.shape[1] for c, v in read.table.values.items() if c.is_array}
-    layout = BatchLayout.build(
-        cfg.fields, read.shape.columns, read.shape.by_field, lengths, cfg.samples.rows, plan.key_columns
-    )
+    layout = scan_layout(cfg, read.shape, array_lengths(read.table), plan)
     assert plan.samples is not None
     rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
     read.epochs_cut += 1
