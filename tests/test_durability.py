@@ -16,7 +16,6 @@ import pytest
 
 from pgprefetch.errors import StoreError
 from pgprefetch.store import durable, local
-from pgprefetch.write import shardfiles
 
 from .helpers import chunk_bytes, dump, s_config
 
@@ -41,8 +40,7 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path]]:
         calls.append(("dir", Path(path)))
         real_dir(path)
 
-    for module in (durable, shardfiles):
-        monkeypatch.setattr(module, "sync_data", sync_data)
+    monkeypatch.setattr(durable, "sync_data", sync_data)
     for module in (durable, local):
         monkeypatch.setattr(module, "sync_dir", sync_dir)
     return calls
@@ -62,7 +60,7 @@ def test_every_file_and_folder_of_an_epoch_is_synced_before_it_is_published(
     assert files <= before, sorted(files - before)
     assert folders <= before, sorted(folders - before)
     assert ("dir", final.parent) in synced  # the rename itself, after
-    # The shard files went to disk as they were finished, each once before the sweep at publication.
+    # The shard files went to disk as they were finished (the local store's write-back), then the sweep.
     shards = {p for _, p in files if p.parts[0] in ("v", "keys") and p.parts[1] == "c"}
     flushed = [path.relative_to(partial) for kind, path in synced if kind == "data" and path.is_relative_to(partial)]
     assert shards
@@ -74,10 +72,10 @@ def test_a_write_back_that_fails_stops_the_publication_and_the_next_dump_resumes
 ) -> None:
     cfg = s_config(tmp_path)
 
-    def failing(fd: int) -> None:  # what a disk says when it cannot write the data back
+    def failing(self: durable.WriteBack, path: Path) -> None:  # what a disk says when it cannot write back
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(shardfiles, "sync_data", failing)
+    monkeypatch.setattr(durable.WriteBack, "_write_back", failing)
     with pytest.raises(StoreError, match=r"^cannot write \S+/\.pgprefetch/partial/epoch-00000: Input/output error$"):
         dump(cfg, s_table)
     assert not (tmp_path / "store.zarr" / "epoch-00000").exists()

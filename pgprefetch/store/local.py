@@ -25,7 +25,7 @@ from pgprefetch.store.base import (
     epochs_in,
 )
 from pgprefetch.store.consumers import consumer_record, positions, record_name
-from pgprefetch.store.durable import sync_dir, sync_tree
+from pgprefetch.store.durable import WriteBack, sync_dir, sync_tree
 from pgprefetch.store.flock import holder, holding
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 from pgprefetch.store.staging import folder_bytes, staged_epochs
@@ -54,6 +54,10 @@ class LocalStore(Store):
 
     def epoch_location(self, epoch: int) -> Path:
         return self.epoch_path(epoch)
+
+    def uploader(self, epoch: int) -> WriteBack:
+        """Each finished file written back to disk while the dump goes on (publication then waits for little)."""
+        return WriteBack()
 
     def partial_path(self, epoch: int) -> Path:
         return self.meta / "partial" / epoch_name(epoch)

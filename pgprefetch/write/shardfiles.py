@@ -5,10 +5,6 @@ index. Every chunk has the same size, so the index is known before any batch is:
 writes it up front, and each batch is then ``pwrite``-n at its own offset, in any order, by
 :func:`pwrite_all` on a descriptor :class:`OpenFiles` keeps for the file until its last batch is in. A
 write that fails (a full disk) is one line, the same for every file a dump writes (:func:`io_errors`).
-
-A finished file is written back to disk at once, on a thread of its own (:class:`Flusher`), while the
-writers go on with the next files: the epoch's data is on disk soon after its last batch is, and the sync
-before publication (:func:`pgprefetch.store.durable.sync_tree`) finds almost nothing left to write.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import queue
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +21,6 @@ import google_crc32c
 import numpy as np
 
 from pgprefetch.errors import StoreError
-from pgprefetch.store.durable import sync_data
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
@@ -37,62 +31,17 @@ def shard_batches(chunk_bytes: int, n_batches: int) -> int:
     return max(1, min(n_batches, SHARD_BYTES // max(chunk_bytes, 1)))
 
 
-class Flusher:
-    """Flushes finished files to disk (``fdatasync``) on one thread, then closes them; :meth:`finish` waits.
-
-    Why: made durable only at publication, an epoch's data is written back *after* its last batch, all of
-    it, while the dump waits (0.8 s for the 458 MB of a 440k-window epoch here). Flushed file by file as
-    each is finished, the write-back runs beside the writers' work instead. The first failure (a full disk
-    found at write-back, an I/O error) is raised by :meth:`finish`, so it stops the publication; nothing
-    is swallowed.
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._error: OSError | None = None
-
-    def submit(self, fd: int) -> None:
-        """Flush and close ``fd`` (a file no one writes to any more) on the flusher's thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="pgprefetch-flush", daemon=True)
-            self._thread.start()
-        self._queue.put(fd)
-
-    def _run(self) -> None:
-        while (fd := self._queue.get()) is not None:
-            try:
-                if self._error is None:
-                    sync_data(fd)
-            except OSError as e:
-                self._error = e
-            finally:
-                os.close(fd)
-
-    def finish(self, wait: bool = True) -> None:
-        """Wait until every submitted file is flushed and closed; raise the first failure if ``wait``."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join()
-        error, self._error = self._error, None
-        if error is not None and wait:
-            raise error
-
-
 class OpenFiles:
     """The shard files being written, each opened once and closed when its last batch is in.
 
     An ``open`` and ``close`` per ``pwrite`` cost about as much as the write itself at 64 KiB. Two writer
     threads share the descriptors; a file is closed only once all its batches are written, so no thread
-    still writes to it. With ``flush`` (files that stay where they are written: a local store, not the
-    staging of an upload), a finished file goes to a :class:`Flusher` instead of being closed here.
+    still writes to it.
     """
 
-    def __init__(self, flush: bool = False) -> None:
+    def __init__(self) -> None:
         self._fds: dict[tuple[PurePath, int], int] = {}
         self._lock = threading.Lock()
-        self._flusher = Flusher() if flush else None
 
     def get(self, layout: ArrayLayout, number: int) -> int:
         """The descriptor of ``layout``'s file ``number``, opened for writing on first use."""
@@ -110,25 +59,16 @@ class OpenFiles:
         """Close ``layout``'s file ``number`` if it is open."""
         with self._lock:
             fd = self._fds.pop((layout.path, number), None)
-        if fd is None:
-            return
-        if self._flusher is not None:
-            self._flusher.submit(fd)
-        else:
+        if fd is not None:
             os.close(fd)
 
-    def close_all(self, failed: bool = False) -> None:
-        """Close every file still open and wait for the flushes; ``failed``: on the way out of a failure.
-
-        A flush that failed raises here (``OSError``), unless ``failed``: then nothing raises.
-        """
+    def close_all(self) -> None:
+        """Close every file still open (the end of a dump, or its failure)."""
         with self._lock:
             fds, self._fds = list(self._fds.values()), {}
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if self._flusher is not None:
-            self._flusher.finish(wait=not failed)
 
 
 def pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:

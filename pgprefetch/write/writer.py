@@ -68,7 +68,8 @@ class EpochWriter:
         identity: what makes a partial epoch resumable (config hash, key count and hash, ...): a journal
             whose header differs is discarded and the epoch starts over.
         fresh: discard any partial epoch instead of resuming it (``--force``: one snapshot for the epoch).
-        uploader: where each file goes as soon as it is final (object stores), while the dump goes on.
+        uploader: where each file goes as soon as it is final, while the dump goes on: up to an object store,
+            or back to a local disk (:class:`pgprefetch.store.durable.WriteBack`).
         owned: the batches whose shard files this writer creates (None: all of them).
         part: this writer is one part of an epoch spread over several processes (:mod:`pgprefetch.write.ray`):
             it writes into a partial epoch a driver created, journals into a journal of its own beside the
@@ -113,7 +114,7 @@ class EpochWriter:
         self.snapshots: list[str] = []  # the snapshots earlier dumps of this partial epoch read
         self.uploader = uploader
         self.replace = fresh  # --force: publishing replaces a complete epoch
-        self._files = OpenFiles(flush=uploader is None)
+        self._files = OpenFiles()
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
         self._zarr_arrays: dict[str, zarr.Array] | None = None  # compressed arrays, opened through zarr on first use
@@ -326,10 +327,10 @@ class EpochWriter:
 
     def finish_part(self) -> list[str]:
         """A part's end: every file it finished closed and uploaded; returns them, relative to the epoch."""
-        with io_errors(self.path):
-            self._files.close_all()
+        self._files.close_all()
         if self.uploader is not None:
-            self.uploader.finish()
+            with io_errors(self.path):
+                self.uploader.finish()
         self._journal.close()
         return sorted(
             self.layouts[name].file(number * self.layouts[name].per_file)[0].relative_to(self.path).as_posix()
@@ -351,10 +352,10 @@ class EpochWriter:
         longest = self.stats.longest() if self.stats is not None else {}
         if longest:
             manifest["longest"] = {"array": LONGEST_ARRAY, "arrays": list(longest)}
-        if self.uploader is not None:
-            self.uploader.finish()  # every file sent before anything makes the epoch visible
+        self._files.close_all()
         with io_errors(self.path):
-            self._files.close_all()  # and on a local store, written back to disk
+            if self.uploader is not None:
+                self.uploader.finish()  # every file sent (or written back to disk) before the epoch is visible
             # Replaced if there (a publish that failed after this, an upload, is simply run again).
             write_array(self.path / CHECKSUMS_ARRAY, self.checksums, [f"{CHECKSUMS_ARRAY}_array", "batch"])
             if longest:
@@ -375,13 +376,13 @@ class EpochWriter:
         Never raises: it runs on the way out of a failure (a full disk may refuse the journal's last
         buffered line too), and a lost line only means a batch fetched again.
         """
-        self._files.close_all(failed=True)
+        self._files.close_all()
         with contextlib.suppress(OSError):
             self._journal.close()
 
     def discard(self) -> None:
         """Remove the partial epoch and its journal."""
-        self._files.close_all(failed=True)
+        self._files.close_all()
         if getattr(self, "_journal", None) is not None:
             self._journal.close()
         shutil.rmtree(self.path, ignore_errors=True)

@@ -141,8 +141,12 @@ async def _write_part(
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with _source(spec, plan, scan) as source:
         remote = store.local_root is None and not spec.defer
-        bucket = Uploads(store, spec.epoch) if remote else None  # type: ignore[arg-type]
-        with bucket or contextlib.nullcontext() as uploads:
+        # Up to the object store (unless --force stages), or back to the shared disk, as each file is finished.
+        if store.local_root is not None:
+            sending: Any = store.uploader(spec.epoch)
+        else:
+            sending = Uploads(store, spec.epoch) if remote else contextlib.nullcontext()  # type: ignore[arg-type]
+        with sending as uploads:
             writer = EpochWriter(
                 store, spec.epoch, n_batches=plan.n_batches, batch_size=size, arrays=list(spec.arrays),
                 compression=cfg.store.compression, identity=spec.identity, uploader=uploads, stats=stats,
