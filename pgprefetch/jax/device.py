@@ -7,6 +7,11 @@ instead of copying it: batches that are read-only views of the reading core's pr
 the step with no copy at all, which is safe because those bytes never change. A *reused* buffer would
 change under a batch already handed over, so ``ArrayStream(buffers=n)`` is refused here.
 
+A global array needs every process's batches the same size, so a short batch is decided at open, from the
+manifests (:meth:`~pgprefetch.read.view.EpochView.short_batch`): refused before the first step, naming the
+fixes, or padded with ``pad_last=True`` (zeros after the real samples, ``batch["valid"]`` False over them).
+Finding out at the epoch's last batch would cost a whole epoch of steps first.
+
 The resume state is the stream's, as of the last batch handed to the consumer: the source runs
 ``prefetch`` batches ahead, so :meth:`DeviceBatches.state_dict` keeps each batch's position as it was read
 and gives the consumed one's.
@@ -22,7 +27,9 @@ import jax
 import numpy as np
 
 from pgprefetch.errors import ConfigError
+from pgprefetch.read.padding import VALID, pad_rows
 from pgprefetch.read.stream import ArrayStream
+from pgprefetch.read.view import EpochView
 
 Sharding = jax.sharding.Sharding
 
@@ -35,14 +42,20 @@ class DeviceBatches(Iterator[dict[str, jax.Array]]):
         batches: Iterable[Mapping[str, np.ndarray]],
         sharding: Sharding | Mapping[str, Sharding] | None,
         prefetch: int,
+        pad_last: bool = False,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+        if not isinstance(pad_last, bool):
+            raise ConfigError(f"pad_last must be True or False, got {pad_last!r}")
         self.sharding = sharding
         self.prefetch = prefetch
+        self.pad_last = pad_last
         self._source = batches
         self._stateful = callable(getattr(batches, "state_dict", None))
         _check_source(batches, sharding)
+        # pad_last: the rows every batch is padded to (the source's batch size; else the first batch's)
+        self._pad_to = _check_batch_sizes(batches, sharding, pad_last)
         self._state: dict[str, Any] | None = batches.state_dict() if self._stateful else None  # type: ignore[attr-defined]
         self._batches = iter(batches)
         self._pending: deque[tuple[dict[str, jax.Array], dict[str, Any] | None]] = deque()
@@ -68,6 +81,13 @@ class DeviceBatches(Iterator[dict[str, jax.Array]]):
             self._pending.append((self._put(host), state))
 
     def _put(self, host: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        if self.pad_last:
+            if self._pad_to is None:
+                self._pad_to = next(iter(host.values())).shape[0] if host else 0
+            try:
+                host = pad_rows(host, self._pad_to)
+            except ValueError as e:
+                raise ConfigError(f"pad_last: {e}") from None
         if self.sharding is None:
             return jax.device_put(dict(host))
         out = {}
@@ -78,8 +98,8 @@ class DeviceBatches(Iterator[dict[str, jax.Array]]):
             elif array.shape[0] != self._rows:
                 raise ConfigError(
                     f"a batch of {array.shape[0]} samples after batches of {self._rows}: a global array needs every "
-                    "process's batches the same size (dump with drop_last = true, or read with a batch_size that "
-                    "divides the epoch)"
+                    "process's batches the same size (dump with drop_last = true, read with a batch_size that "
+                    "divides the epoch, or pass pad_last=True)"
                 )
             out[name] = jax.make_array_from_process_local_data(sharding, array)
         return out
@@ -95,6 +115,8 @@ def device_batches(
     batches: Iterable[Mapping[str, np.ndarray]],
     sharding: Sharding | Mapping[str, Sharding] | None = None,
     prefetch: int = 2,
+    *,
+    pad_last: bool = False,
 ) -> DeviceBatches:
     """``batches`` on JAX devices, ``prefetch`` of them put ahead of the one being consumed.
 
@@ -105,8 +127,12 @@ def device_batches(
             name) makes each batch a global ``jax.Array`` from every process's batch
             (``jax.make_array_from_process_local_data``): each process passes its own rank's batches.
         prefetch: batches put on the devices ahead of the one the step runs on.
+        pad_last: pad a short batch (the last of an epoch dumped with ``drop_last = false``) with zeros to the
+            batch size, and give every batch ``"valid"``, bool ``(batch,)``, False over the padded rows (mask
+            the loss with it). Without it, a sharding over batches that end an epoch short is refused at
+            once, before the first batch is read.
     """
-    return DeviceBatches(batches, sharding, prefetch)
+    return DeviceBatches(batches, sharding, prefetch, pad_last)
 
 
 def _check_source(batches: Iterable[Any], sharding: object) -> None:
@@ -126,3 +152,34 @@ def _check_source(batches: Iterable[Any], sharding: object) -> None:
             f"the batches are split for {world} ranks but JAX runs {processes} processes: read with "
             "rank=jax.process_index(), world_size=jax.process_count()"
         )
+
+
+def _check_batch_sizes(batches: Iterable[Any], sharding: object, pad_last: bool) -> int | None:
+    """Refuse, before the first batch, a short batch a global array cannot take; the rows pad_last pads to.
+
+    An ``EpochArrays`` knows from its manifest whether some rank's last batch is short, an ``ArrayStream``
+    whether its epochs can end in one; for other iterables (a Grain loader) the size check stays per batch.
+    """
+    if isinstance(batches, EpochView):
+        short = batches.short_batch()
+        if short is not None and len(batches) * batches.world_size == 1:
+            short = None  # one batch in all: nothing to be the same size as
+        reason = None if short is None else f"epoch {batches.epoch} ends in a batch of {short} samples"
+        reason = reason and f"{reason} after batches of {batches.batch_size}"
+        size: int | None = batches.batch_size
+    elif isinstance(batches, ArrayStream):
+        reason = batches.short_batches(*batches.ranks())
+        size = batches.read_batch_size()
+    else:
+        return None
+    if pad_last:
+        if VALID in getattr(batches, "arrays", ()):  # a stream's batches are checked as they come (pad_rows)
+            raise ConfigError(f"pad_last adds an array named {VALID!r}, and the epoch has a field of that name")
+        return size
+    if sharding is not None and reason is not None:
+        raise ConfigError(
+            f"{reason}: a global array needs every process's batches the same size; pass pad_last=True (padded "
+            f"rows marked False in batch[{VALID!r}]), dump with drop_last = true, or read with a batch_size that "
+            "divides the epoch"
+        )
+    return size

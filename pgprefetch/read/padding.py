@@ -56,3 +56,33 @@ def trim(batch: Mapping[str, A], manifest: Mapping[str, Any]) -> dict[str, A]:
                 if part in batch:
                     out[part] = out[part][:, :rows]  # type: ignore[index]
     return out
+
+
+VALID = "valid"  # the array pad_rows adds: True over a batch's real samples, False over its padded rows
+
+
+def pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """``batch`` with every array zero-padded to ``rows`` samples, and ``batch["valid"]`` marking the real ones.
+
+    For readers that need every batch the same shape (a JAX global array, one compiled step): an epoch
+    dumped with ``drop_last = false`` ends in a short batch, which this pads as the store pads it on disk,
+    with zeros after the real samples. ``valid`` is bool ``(rows,)``, True over real samples: multiply the
+    per-sample loss by it. A full batch gets an all-True ``valid`` and no copy, so every batch has the same
+    arrays. Only a short batch is copied (once an epoch).
+    """
+    if VALID in batch:
+        raise ValueError(f"a batch with an array named {VALID!r} cannot be padded: pad_rows adds that mask")
+    real = next(iter(batch.values())).shape[0] if batch else rows
+    if real > rows:
+        raise ValueError(f"a batch of {real} samples is longer than the {rows} it is padded to")
+    valid = np.zeros(rows, dtype=bool)
+    valid[:real] = True
+    if real == rows:
+        return {**batch, VALID: valid}
+    out = {}
+    for name, array in batch.items():
+        padded = np.zeros((rows, *array.shape[1:]), dtype=array.dtype)
+        padded[:real] = array
+        out[name] = padded
+    out[VALID] = valid
+    return out

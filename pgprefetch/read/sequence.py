@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic
 
-from pgprefetch.errors import ConfigError, EpochNotFoundError, StoreError
+from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, StoreError
 from pgprefetch.read.padding import trim as trim_padding
 from pgprefetch.read.view import B, Batch, EpochView, positive
 from pgprefetch.store.open import open_store
@@ -125,8 +125,8 @@ class EpochSequence(Generic[B]):
             epoch, sample = epoch + 1, 0
         self._finished = not worker
 
-    def _open(self, epoch: int, sample: int, rank: int, world: int, *, record: bool) -> EpochView[B]:
-        """Epoch ``epoch`` from ``sample`` on, once it is published (up to ``timeout``)."""
+    def _open(self, epoch: int, sample: int, rank: int, world: int, *, record: bool, wait: bool = True) -> EpochView[B]:
+        """Epoch ``epoch`` from ``sample`` on, once it is published (up to ``timeout``; ``wait``: else at once)."""
         ds = self.reader(
             self.store,
             epoch,
@@ -134,7 +134,7 @@ class EpochSequence(Generic[B]):
             batch_size=self.batch_size,
             rank=rank,
             world_size=world,
-            wait=True,
+            wait=wait,
             timeout=self.timeout,
             consumer=None,
             trim=self.trim,
@@ -144,6 +144,45 @@ class EpochSequence(Generic[B]):
         if record and self.consumer is not None:
             ds.record_consumer(self.consumer)
         return ds
+
+    def short_batches(self, rank: int, world: int) -> str | None:
+        """What may end an epoch of this stream in a short batch, as a phrase; None if no epoch can.
+
+        Known before the first batch, from the manifests: the epoch at the position, if it is published,
+        ends in one on some rank; or a later epoch may, because the epochs are dumped with
+        ``drop_last = false`` (their sample counts follow the table) or read at a batch size that does not
+        divide the dump's. Readers that need every batch the same size (a JAX global array) go by it.
+        """
+        epoch, sample, _ = self._position()
+        try:
+            ds = self._open(epoch, sample, rank, world, record=False, wait=False)
+        except (EpochNotFoundError, EpochNotReadyError):  # not published yet: the stream waits for it when iterated
+            return None
+        short = ds.short_batch()
+        if short is not None:
+            return f"epoch {epoch} ends in a batch of {short} samples after batches of {ds.batch_size}"
+        if self.end is not None and epoch + 1 >= self.end:
+            return None
+        if not ds.manifest.get("drop_last", True):
+            return (
+                f"epoch {epoch} is dumped with drop_last = false: a later epoch whose samples are not a multiple "
+                f"of {ds.batch_size} ends in a short batch"
+            )
+        if ds.stored_batch_size % ds.batch_size:
+            return (
+                f"batches of {ds.batch_size} do not divide the dump's {ds.stored_batch_size}: "
+                "a later epoch may end in a short batch"
+            )
+        return None
+
+    def read_batch_size(self) -> int | None:
+        """The batch size the stream reads: as given, else the dump's, if the epoch at the position is published."""
+        if self.batch_size is not None:
+            return self.batch_size
+        try:
+            return self._stored_size(self._position()[0])
+        except (EpochNotFoundError, EpochNotReadyError):
+            return None
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of epoch ``epoch``, for frameworks that call this before each pass.

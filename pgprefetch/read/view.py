@@ -212,6 +212,16 @@ class EpochView(abc.ABC, Generic[B]):
         self._base, self._pos = sample, 0
         self._len = -(-(self.n_samples - sample) // self.batch_size) // self.world_size
 
+    def short_batch(self) -> int | None:
+        """The samples of the short batch that ends this view on some rank, or None when every batch is full.
+
+        Known at open, from the manifest's sample count: readers that need every batch the same size (a JAX
+        global array) refuse it, or pad it, before the first step rather than at the epoch's end. Only the
+        epoch's last global batch can be short, and a rank gets it only where the split does not drop it.
+        """
+        end = self._base + self._len * self.world_size * self.batch_size  # past the last sample handed out
+        return self.batch_size - (end - self.n_samples) if self._len and end > self.n_samples else None
+
     def global_batch(self, i: int) -> int:
         """The epoch-wide index of this rank's batch ``i``."""
         i = self._index(i)

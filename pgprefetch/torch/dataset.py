@@ -12,8 +12,7 @@ pinned buffers ahead of the step (:mod:`pgprefetch.torch.transfer`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
-from typing import Any
+from functools import cached_property, partial
 
 import torch
 import torch.utils.data
@@ -34,9 +33,13 @@ class EpochDataset(EpochView[torch.Tensor], torch.utils.data.Dataset[dict[str, t
     ``torch.distributed``'s when it is initialised, else 0 and 1.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._tensors = TensorRanges(self._ranges)
+    # No __init__ of its own: EpochView's is the signature `help(EpochDataset)` and `inspect.signature` show
+    # (a pass-through `__init__(*args, **kwargs)` hid every parameter).
+
+    @cached_property
+    def _tensors(self) -> TensorRanges:
+        """The core's sample ranges as tensors (made on first read, so the class keeps EpochView's __init__)."""
+        return TensorRanges(self._ranges)
 
     def default_ranks(self) -> tuple[int, int]:
         """``torch.distributed``'s rank and world size when it is initialised, else 0 and 1."""

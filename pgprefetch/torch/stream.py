@@ -44,10 +44,9 @@ class EpochStream(EpochSequence[torch.Tensor], torch.utils.data.IterableDataset[
     """
 
     reader = EpochDataset
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._worker_start: tuple[int, int, int | None, int | None] | None = None  # a worker's first position
+    # A worker's first position (set on its first pass). A class default, not an __init__ of this class's own:
+    # EpochSequence's __init__ is then the signature `help(EpochStream)` and `inspect.signature` show.
+    _worker_start: tuple[int, int, int | None, int | None] | None = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's batches from the position on, across epochs; a worker takes its share of them."""
