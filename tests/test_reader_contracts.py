@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
+import re
 import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +27,7 @@ import pgprefetch
 from pgprefetch import EpochArrays
 
 from .conftest import with_database
-from .helpers import dump, execute, write_config
+from .helpers import dump, execute, toml_value, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 486, 16  # 31 batches, the last of 6 samples
@@ -158,3 +161,66 @@ def test_each_public_reader_shows_its_real_parameters(name: str, parameters: lis
     assert shown[: len(parameters)] == parameters, shown  # not (*args, **kwargs)
     assert "args" not in shown
     assert "kwargs" not in shown
+
+
+# --- windows are rows, not time: the documented view gives time-regular windows -----------------------------
+def documented_view() -> str:
+    """The ``CREATE VIEW`` that docs/scan-mode.md gives for windows regular in time."""
+    text = (ROOT / "docs" / "scan-mode.md").read_text()
+    found = re.findall(r"```sql\n(.*?)```", text, flags=re.S)
+    views = [sql for sql in found if "generate_series" in sql and "LEFT JOIN" in sql]
+    assert len(views) == 1, "docs/scan-mode.md shows no generate_series + LEFT JOIN view for time-regular windows"
+    return textwrap.dedent(views[0])
+
+
+def windows_config(folder: Path, table: str) -> Path:
+    lines = [
+        "[samples]",
+        f"table = {toml_value(table)}",
+        'key = ["origin"]',
+        'order = "time_hour"',
+        "window = 24",
+        "[fields.temp]",
+        'columns = ["temp"]',
+        'dtype = "float32"',
+        'null = "nan"',
+        "[fields.at]",
+        'columns = ["at"]',
+        'dtype = "int64"',
+        "[batches]",
+        "size = 16",
+        "drop_last = false",
+        "[store]",
+        'path = "store.zarr"',
+    ]
+    (folder / "windows.toml").write_text("\n".join(lines) + "\n")
+    return folder / "windows.toml"
+
+
+def test_scan_windows_are_rows_and_the_documented_view_makes_them_regular_in_time(db: str, tmp_path: Path) -> None:
+    hours = 72
+    execute(
+        db,
+        "CREATE TABLE weather (origin int NOT NULL, time_hour timestamptz NOT NULL, temp real NOT NULL, humid real)",
+        f"""INSERT INTO weather SELECT o, timestamptz '2013-01-01 00:00+00' + h * interval '1 hour', o * 100 + h, 50
+            FROM generate_series(1, 3) o, generate_series(0, {hours - 1}) h
+            WHERE (o * 7 + h) % 17 <> 0 OR h IN (0, {hours - 1})""",  # missing every 17 hours (not the ends)
+        documented_view(),
+    )
+    spans = {}
+    for name, source in (("raw", "weather"), ("view", "weather_hourly")):
+        folder = tmp_path / name
+        folder.mkdir()
+        table = f"SELECT origin, time_hour, temp, extract(epoch FROM time_hour)::bigint AS at FROM {source}"
+        dump(windows_config(folder, table), db)
+        ep = EpochArrays(folder / "store.zarr", 0, consumer=None)
+        batches = list(ep)
+        spans[name] = {int(a[-1] - a[0]) for b in batches for a in b["at"]}
+        if name == "view":
+            assert sum(len(b["at"]) for b in batches) == 3 * (hours - 23)  # every hour of every origin starts one
+            temp = [float(t) for b in batches for t in b["temp"].ravel()]
+            masked = [bool(m) for b in batches for m in b["temp_null"].ravel()]
+            assert any(masked)
+            assert all(math.isnan(t) == m for t, m in zip(temp, masked, strict=True))  # the gaps, marked
+    assert max(spans["raw"]) > 23 * 3600  # 24 rows over a missing reading: more than 24 hours
+    assert spans["view"] == {23 * 3600}  # 24 rows are 24 hours, first to last
