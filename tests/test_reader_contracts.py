@@ -24,7 +24,7 @@ import grain
 import pytest
 
 import pgprefetch
-from pgprefetch import EpochArrays
+from pgprefetch import ArrayStream, EpochArrays
 
 from .conftest import with_database
 from .helpers import dump, execute, toml_value, write_config
@@ -100,6 +100,20 @@ def test_pad_last_pads_the_short_batch_with_zeros_and_marks_the_padded_rows(stor
         assert got[-1]["v"][LAST:] == [0] * (SIZE - LAST)  # zeros, as the store pads on disk
     assert {tuple(b["keys"]) for b in jax_result["stream_padded"]} == {(SIZE, 1)}  # the keys padded too
     assert jax_result["state"]["epoch"] == 1  # the whole epoch consumed: the next one is the position
+
+
+def test_a_stream_says_at_open_whether_an_epoch_can_end_short(store: Path) -> None:
+    """What device_batches goes by for an ArrayStream: the first epoch's last batch, then what later ones may do."""
+    short = ArrayStream(store, 0, None, consumer=None).short_batches(0, 1)
+    assert short == f"epoch 0 ends in a batch of {LAST} samples after batches of {SIZE}"
+    assert ArrayStream(store, 0, 1, batch_size=2, consumer=None).short_batches(0, 1) is None  # 243 full, no more
+    later = ArrayStream(store, 0, None, batch_size=2, consumer=None).short_batches(0, 1)
+    assert later == (
+        "epoch 0 is dumped with drop_last = false: a later epoch whose samples are not a multiple of 2 ends in a "
+        "short batch"
+    )
+    assert ArrayStream(store, 3, None, consumer=None).short_batches(0, 1) is None  # not published: no wait
+    assert EpochArrays(store, 0, rank=1, world_size=2, consumer=None).short_batch() is None  # 31 mod 2 dropped
 
 
 # --- #37.17: Grain's ShardOptions over an odd number of batches -------------------------------------------
