@@ -92,8 +92,12 @@ class Store(abc.ABC):
 
     # --- the store as a whole ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def create(self) -> None:
-        """Create the store (its root group) if needed; refuse a location that holds something else."""
+    def create(self, parents: bool = False) -> None:
+        """Create the store (its root group) if needed; refuse a location that holds something else.
+
+        ``parents``: a local store's missing parent folders are created too; without it they are an error
+        (a mistyped path). An object store has no folders: it ignores it.
+        """
 
     @abc.abstractmethod
     def exists(self) -> bool:
