@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import pgprefetch
 from pgprefetch.store.open import open_store
 
@@ -107,7 +109,8 @@ def test_new_and_consumer_are_refused_where_they_mean_nothing(s_table: str, tmp_
     cfg = s_config(tmp_path)
     base = ["dump", "--config", str(cfg), "--dsn", s_table]
     lonely = pgprefetch_process(*base, "--ahead", "1", "--new")
-    assert (lonely.returncode, lonely.stderr.strip()) == (2, "Error: --new needs --consumer NAME: the training run to register")
+    assert lonely.returncode == 2
+    assert lonely.stderr.strip() == "Error: --new needs --consumer NAME: the training run to register"
     unused = pgprefetch_process(*base, "--epoch", "0", "--consumer", "runA")
     assert unused.returncode == 2
     assert "--consumer needs --ahead K or --keep N" in unused.stderr
@@ -134,12 +137,8 @@ def test_a_store_of_another_config_is_refused_for_an_epoch_it_has_as_for_one_it_
     assert "holds epochs of another config" in ahead.stderr
     assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before  # nothing written
     # The API says the same; --force still writes there on purpose.
-    try:
+    with pytest.raises(pgprefetch.ConfigError, match="holds epochs of another config"):
         pgprefetch.dump(mine, 0, dsn=s_table, store=str(store))
-    except pgprefetch.ConfigError as e:
-        assert "holds epochs of another config" in str(e)
-    else:
-        raise AssertionError("dumped into another config's store")
     (forced,) = pgprefetch.dump(mine, 0, dsn=s_table, store=str(store), force=True)
     assert forced.status == "written"
 

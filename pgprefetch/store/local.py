@@ -121,7 +121,7 @@ class LocalStore(Store):
                     return
             shutil.rmtree(self.meta, ignore_errors=True)
         (self.path / "zarr.json").unlink(missing_ok=True)
-        for folder in self._made or [self.path]:  # deepest first
+        for folder in self._made:  # deepest first; a folder that was there before create() stays
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only if nothing else is there
 
