@@ -111,9 +111,10 @@ class LocalStore(Store):
         A partial epoch whose journal records no batch (the dump failed before its first one: a Ray cluster
         it could not join, a keys query that failed) is not work to resume, and would leave a store no dump
         was ever written to. One another dump holds the lock of is never touched. The parent folders
-        ``create(parents=True)`` made go too, if nothing else is in them.
+        ``create(parents=True)`` made go too, if nothing else is in them. A training run's record (one
+        waiting for the store's first epoch) keeps the store: it is in use.
         """
-        if self.epochs():
+        if self.epochs() or any((self.meta / "consumers").glob("*.json")):
             return
         with contextlib.ExitStack() as locks:
             for epoch in self.partial_epochs():
