@@ -111,7 +111,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def remove_if_unused(self) -> None:
-        """Remove a store that holds no epoch, complete or partial (one a failed first dump created)."""
+        """Remove a store a failed first dump created, if it holds no epoch and no batch of a partial one."""
 
     # --- epochs -------------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -142,7 +142,9 @@ async def dump_epoch(
     One dump writes an epoch at a time: if another holds the epoch's lock this returns ``status="busy"``
     at once. A partial epoch left by an interrupted dump is resumed when its keys are unchanged, and
     started over (``restarted`` says why) when they are not. On any failure, Ctrl-C included, the partial
-    epoch is kept for the next run and nothing is published.
+    epoch is kept for the next run and nothing is published; but a store this dump created, that holds
+    no batch yet (a Ray cluster it could not join, a wrong DSN), is removed again: a failed first dump
+    leaves nothing behind (:meth:`~pgprefetch.store.base.Store.remove_if_unused`).
 
     A connection lost mid-dump (a terminated backend, a server restart, a stalled route) is retried up to
     ``retries`` times (a number, or a :class:`~pgprefetch.pg.retry.RetryPolicy` with the waits) with backoff.
@@ -176,7 +178,7 @@ async def dump_epoch(
         return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache(), executor)
     except BaseException:
         if created:
-            store.remove_if_unused()  # a dump that wrote nothing leaves no trace (a bad config, a wrong DSN)
+            store.remove_if_unused()  # a dump that wrote no batch leaves no trace (a wrong DSN, RAY_ADDRESS)
         raise
 
 
