@@ -55,6 +55,8 @@ def test_a_mistyped_consumer_under_ahead_and_keep_is_refused_before_any_work(s_t
     cfg, store = trained_store(s_table, tmp_path)
     cron = ["dump", "--config", str(cfg), "--dsn", s_table, "--ahead", "2", "--keep", "1", "--consumer", "runB"]
     typo = pgprefetch_process(*cron)
+    assert epoch_folders(store) == ["epoch-00002", "epoch-00003"]  # epochs 0 and 1 not dumped again
+    assert partials(store) == []
     assert typo.returncode == 2, typo.stderr
     assert typo.stdout == ""
     line = typo.stderr.strip()
