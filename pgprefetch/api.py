@@ -47,6 +47,7 @@ def dump(
     executor: str = "process",
     parts: int | None = None,
     ray_env: dict[str, str] | None = None,
+    parents: bool = False,
     **overrides: Any,
 ) -> list[DumpResult]:
     """Dump ``epochs`` of a config (``pgprefetch dump``); in scan mode they are cut from one read.
@@ -55,6 +56,8 @@ def dump(
     ``RAY_ADDRESS``, a cluster this process joined, or one started here for the dump), byte-identical to
     the default, this process (``pip install 'pgprefetch[ray]'``). ``ray_env``: environment variables for
     the parts' workers (an object store's credentials, when the cluster's own are not the ones to use).
+    ``parents``: create a local store's missing parent folders too (``--parents``); by default only the
+    store's own folder is made, so that a mistyped path is an error, not a new store.
 
     Example::
 
@@ -63,13 +66,13 @@ def dump(
     cfg = build_config(spec, **overrides)
     wanted = [epochs] if isinstance(epochs, int) else list(epochs)
     if executor == "process":
-        return _run(dump_epochs(cfg, wanted, force=force, retries=retries))
+        return _run(dump_epochs(cfg, wanted, force=force, retries=retries, parents=parents))
     if executor != "ray":
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
     from pgprefetch.write.ray import ray_executor  # Ray only when asked for
 
     with ray_executor(parts, env=ray_env) as spread:  # type: ignore[attr-defined]
-        return _run(dump_epochs(cfg, wanted, force=force, retries=retries, executor=spread))
+        return _run(dump_epochs(cfg, wanted, force=force, retries=retries, executor=spread, parents=parents))
 
 
 def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:

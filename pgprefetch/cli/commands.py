@@ -96,7 +96,11 @@ def verify(config_path: Path | None, store: str | None, epoch: int, as_json: boo
 @click.option("--epoch", type=int, required=True, help="The epoch whose statistics to print.")
 @json_option('Print {"epoch", "stats": {field: {column: {count, mean, std, min, max}}}}.')
 def stats(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
-    """Per field and column: count, mean, std, min and max over an epoch's real values (padding excluded)."""
+    """Per field and column: count, mean, std, min and max over an epoch's real values (padding excluded).
+
+    std is the population standard deviation (NumPy's default, ddof=0); pandas' .std() and R's sd() give
+    the sample one (ddof=1), larger by sqrt(count / (count - 1)).
+    """
     manifest = named_store(config_path, store).manifest(epoch)
     figures = manifest.get("stats")
     if figures is None:
@@ -233,7 +237,8 @@ def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
         for path in configs:
             cfg = load_config(path, dsn=dsn)
             progress = BarProgress(enabled=sys.stderr.isatty())
-            (result,) = asyncio.run(dump_epochs(cfg, [0], force=True, progress=progress))
+            # parents: the demo configs' stores go to prefetch/, which a fresh clone does not have yet.
+            (result,) = asyncio.run(dump_epochs(cfg, [0], force=True, progress=progress, parents=True))
             click.echo(f"{path}: {summary(result)}")
             click.echo(json.dumps(result.to_json()))
 

@@ -37,8 +37,27 @@ RETRIES = 5
 @click.option(
     "--keep", type=click.IntRange(min=0), help="Then delete complete epochs more than N behind the consumers."
 )
-@click.option("--consumer", help="Go by this consumer's epoch for --ahead/--keep (default: all consumers).")
-@click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store; overrides [store] path.")
+@click.option(
+    "--consumer",
+    help="Go by this consumer's epoch for --ahead/--keep (default: all consumers); a name no run has recorded, "
+    "while others have, is refused as a typo.",
+)
+@click.option(
+    "--new",
+    "new_consumer",
+    is_flag=True,
+    help="--consumer names a training run that has not opened an epoch yet: register it (it starts at epoch 0).",
+)
+@click.option(
+    "--store",
+    metavar="FOLDER|s3://BUCKET/PREFIX",
+    help="The store, relative to the working folder; overrides [store] path (relative to the config file).",
+)
+@click.option(
+    "--parents",
+    is_flag=True,
+    help="Create the store's missing parent folders too (otherwise only the store's own folder is created).",
+)
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
 @click.option(
@@ -99,7 +118,9 @@ def dump(
     ahead: int | None,
     keep: int | None,
     consumer: str | None,
+    new_consumer: bool,
     store: str | None,
+    parents: bool,
     dsn: str | None,
     connections: int | None,
     memory: str | None,
@@ -119,22 +140,36 @@ def dump(
     Examples:
         pgprefetch dump --config configs/demo.toml --epoch 3
         pgprefetch dump --config configs/demo.toml --ahead 2 --keep 1 --quiet   # from cron
+        pgprefetch dump --config configs/demo.toml --ahead 2 --consumer run2 --new   # before run2 reads
         pgprefetch dump --config configs/demo.toml --epoch 3 --executor ray --parts 8
     """
     if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
         raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
     if parts is not None and executor != "ray":
         raise ConfigError("--parts needs --executor ray")
+    if consumer is not None and ahead is None and keep is None:
+        raise ConfigError("--consumer needs --ahead K or --keep N: it says whose epoch they go by")
+    if new_consumer and consumer is None:
+        raise ConfigError("--new needs --consumer NAME: the training run to register")
     from pgprefetch.config.load import load_config
-    from pgprefetch.store.maintenance import plan_ahead, prune
+    from pgprefetch.store.maintenance import ahead_window, check_consumer, prune, register_consumer
     from pgprefetch.store.open import open_store
-    from pgprefetch.write.pipeline import dump_epoch
+    from pgprefetch.write.pipeline import check_same_config, dump_epoch
     from pgprefetch.write.sources import ReadCache
 
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
     target = open_store(cfg.store.path)
+    # Everything that can refuse the run is decided here, before an epoch is dumped: another config's store,
+    # a mistyped consumer (both halves, --ahead and --keep, take the same name the same way).
+    if not force:
+        check_same_config(target, cfg)
+    if consumer is not None:
+        if new_consumer:
+            register_consumer(target, consumer)
+        check_consumer(target, consumer)
     if ahead is not None:
-        epochs = plan_ahead(target, ahead, consumer)
+        window = ahead_window(target, ahead, consumer)
+        epochs = [e for e in window if not target.is_complete(e)]
     else:
         epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
     log_to_stderr(quiet, log_format)
@@ -145,18 +180,24 @@ def dump(
     cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
     with _executor(executor, parts) as spread:
         for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
-            dumping = dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=spread)
+            dumping = dump_epoch(
+                cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=spread, parents=parents
+            )
             result = run(dumping)
             if as_json:
                 click.echo(json.dumps(result.to_json()))
             elif not quiet:
                 click.echo(summary(result))
+    if ahead is not None and not epochs and not quiet:
+        ready = list(window)
+        if as_json:
+            click.echo(json.dumps({"status": "nothing to do", "ready": ready}))
+        else:
+            click.echo(f"nothing to do: epochs {', '.join(map(str, ready))} ready")
     if keep is not None:
         pruned = prune(target, keep, consumer)
         if pruned.epochs and not quiet and not as_json:
             click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
-    elif ahead is not None and not epochs and not quiet and not as_json:
-        click.echo(f"nothing to do: the {ahead} epoch(s) ahead are complete")
 
 
 def _executor(name: str, parts: int | None) -> Any:

@@ -92,8 +92,12 @@ class Store(abc.ABC):
 
     # --- the store as a whole ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def create(self) -> None:
-        """Create the store (its root group) if needed; refuse a location that holds something else."""
+    def create(self, parents: bool = False) -> None:
+        """Create the store (its root group) if needed; refuse a location that holds something else.
+
+        ``parents``: a local store's missing parent folders are created too; without it they are an error
+        (a mistyped path). An object store has no folders: it ignores it.
+        """
 
     @abc.abstractmethod
     def exists(self) -> bool:
@@ -107,7 +111,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def remove_if_unused(self) -> None:
-        """Remove a store that holds no epoch, complete or partial (one a failed first dump created)."""
+        """Remove a store a failed first dump created, if it holds no epoch and no batch of a partial one."""
 
     # --- epochs -------------------------------------------------------------------------------------------
     @abc.abstractmethod

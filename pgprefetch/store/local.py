@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pgprefetch.errors import StoreError, StoreNotFoundError
+from pgprefetch.errors import ConfigError, StoreError, StoreNotFoundError
 from pgprefetch.store.base import (
     META_DIR,
     ROOT_ATTRIBUTES,
@@ -38,6 +38,7 @@ class LocalStore(Store):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser()
         self.location = str(self.path)
+        self._made: list[Path] = []  # the folders create() made (the store's, and parents asked for)
 
     @property
     def meta(self) -> Path:
@@ -68,14 +69,22 @@ class LocalStore(Store):
     def partial_epochs(self) -> list[int]:
         return staged_epochs(self.meta / "partial")
 
-    def create(self) -> None:
+    def create(self, parents: bool = False) -> None:
+        """The store's own folder, and its parents only if asked: a typo is refused, not made into a store."""
+        parent = self.path.absolute().parent
+        if not parents and not parent.is_dir():
+            raise ConfigError(
+                f"cannot create store {self.path}: its parent folder {parent} does not exist (a mistyped path?); "
+                "create it first, or pass --parents (parents=True) to create it with the store"
+            )
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"store path {self.path} is a file, not a folder")
         root = self.path / "zarr.json"
         if self.path.is_dir() and not root.exists() and any(p.name != META_DIR for p in self.path.iterdir()):
             raise StoreError(f"store path {self.path} is a non-empty folder that is not a pgprefetch store")
+        self._made = [p for p in (self.path, *self.path.absolute().parents) if not p.exists()]  # removed unused
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(parents=parents, exist_ok=True)
             if not root.exists():
                 write_json(root, group_json(ROOT_ATTRIBUTES))  # what zarr.open_group(attributes=...) writes
             self.meta.mkdir(exist_ok=True)
@@ -97,12 +106,37 @@ class LocalStore(Store):
         return self
 
     def remove_if_unused(self) -> None:
-        if self.epochs() or self.partial_epochs():
+        """Remove the store a failed first dump created, unless it holds work: an epoch, or a batch written.
+
+        A partial epoch whose journal records no batch (the dump failed before its first one: a Ray cluster
+        it could not join, a keys query that failed) is not work to resume, and would leave a store no dump
+        was ever written to. One another dump holds the lock of is never touched. The parent folders
+        ``create(parents=True)`` made go too, if nothing else is in them. A training run's record (one
+        waiting for the store's first epoch) keeps the store: it is in use.
+        """
+        if self.epochs() or any((self.meta / "consumers").glob("*.json")):
             return
-        shutil.rmtree(self.meta, ignore_errors=True)
+        with contextlib.ExitStack() as locks:
+            for epoch in self.partial_epochs():
+                if not locks.enter_context(self.writer_lock(epoch)) or self._holds_batches(epoch):
+                    return
+            shutil.rmtree(self.meta, ignore_errors=True)
         (self.path / "zarr.json").unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()  # only if nothing else is there
+        for folder in self._made:  # deepest first; a folder that was there before create() stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if nothing else is there
+
+    def _holds_batches(self, epoch: int) -> bool:
+        """Whether the partial epoch's journals (its own and its parts') record a batch written."""
+        journal = self.journal_path(epoch)
+        for path in (journal, *journal.parent.glob(f"{journal.name}.part-*")):
+            try:
+                lines = path.read_text(errors="replace").splitlines()[1:]
+            except OSError:
+                continue
+            if any(line.strip() and line[0] not in "#{" for line in lines):
+                return True
+        return False
 
     def epochs(self) -> list[int]:
         if not self.path.is_dir():

@@ -7,13 +7,14 @@ started and deletes complete epochs more than N behind. Nothing here talks to Po
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pgprefetch.errors import StoreError
+from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import Store, epoch_name
 from pgprefetch.store.consumers import run_of
 from pgprefetch.store.layout import checksum
@@ -120,15 +121,21 @@ def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict
 
 
 def plan_ahead(store: Store, ahead: int, consumer: str | None = None) -> list[int]:
-    """The epochs ``--ahead`` dumps: the ``ahead`` epochs after the newest started one, not yet complete.
+    """The epochs ``--ahead`` dumps: the ``ahead`` epochs after the newest started one, not yet complete."""
+    return [e for e in ahead_window(store, ahead, consumer) if not store.is_complete(e)]
 
-    "Started" means opened by a consumer (all consumers, or just ``consumer``); with none, epoch 0 on. A
-    named consumer that has opened nothing yet starts at epoch 0 too: cron is set up before the training
-    job's first run, and each side must be able to begin without the other.
+
+def ahead_window(store: Store, ahead: int, consumer: str | None = None) -> range:
+    """The ``ahead`` epochs after the newest one started, complete or not (what "nothing to do" names).
+
+    "Started" means opened by a consumer (all consumers, or just ``consumer``); with none at all, epoch 0
+    on: cron is set up before the training job's first run, and each side must be able to begin without
+    the other. A name no consumer has, while others exist, is refused as a typo (:func:`check_consumer`);
+    a new run registered by :func:`register_consumer` starts at epoch 0.
     """
-    started = _started(store, consumer, new_ok=True)
+    started = _started(store, consumer)
     first = max(started.values()) + 1 if started else 0
-    return [e for e in range(first, first + ahead) if not store.is_complete(e)]
+    return range(first, first + ahead)
 
 
 @dataclass(frozen=True)
@@ -230,22 +237,53 @@ def _listed(epochs: list[int]) -> str:
     return ", ".join(map(str, epochs))
 
 
-def _started(store: Store, consumer: str | None, *, new_ok: bool = False) -> dict[str, int]:
+def check_consumer(store: Store, consumer: str) -> None:
+    """Refuse (ConfigError, exit 2) a consumer name no training run has, where others exist: a typo.
+
+    ``dump --ahead --keep`` calls it before any work, so that a mistyped name neither dumps epochs from
+    0 for a run that does not exist nor fails only after them. With no consumer recorded at all nothing
+    can be a typo (cron set up before training's first run): that passes.
+    """
+    _started(store, consumer)
+
+
+def register_consumer(store: Store, consumer: str) -> bool:
+    """Record ``consumer`` as a run that has opened nothing yet (``dump --consumer NAME --new``); True if new.
+
+    Its record says epoch -1: ``--ahead`` by it dumps from epoch 0, and ``--keep`` (its own or all
+    consumers') deletes nothing it may read, until its first open replaces the record with a real one.
+    A name already recorded is left as it is; so is a store that does not exist yet (the dump creates it,
+    and with no consumer recorded nothing is taken for a typo).
+    """
+    if not store.exists() or any(run_of(name) == consumer for name in store.consumers()):
+        return False
+    store.record_consumer(consumer, NOT_STARTED)
+    return True
+
+
+NOT_STARTED = -1  # a registered consumer's epoch before its first open: epoch 0 is the next one
+
+
+def _started(store: Store, consumer: str | None) -> dict[str, int]:
     """The epoch each consumer's rank (or just ``consumer``'s ranks) opened last, by record.
 
     ``--ahead`` goes by the furthest of them, ``--keep`` by the slowest (:mod:`pgprefetch.store.consumers`).
-    A name no consumer has is an error when others exist (a typo would otherwise prune by nobody), unless
-    ``new_ok``: then, as when no consumer exists at all, it has started nothing.
+    A name no consumer has is an error when others exist (a typo would otherwise prune by nobody and dump
+    from epoch 0): exit 2, naming the closest recorded name. With no consumer at all it has started nothing.
     """
     records = store.consumers()
     if consumer is not None:
         mine = {name: epoch for name, epoch in records.items() if run_of(name) == consumer}
-        if not mine and (new_ok or not records):
+        if not mine and not records:
             return {}
         if not mine:
             runs = sorted({run_of(name) for name in records})
-            raise StoreError(
-                f"no consumer {consumer!r} has opened an epoch of {store.location} (consumers: {', '.join(runs)})"
+            close = difflib.get_close_matches(consumer, runs, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"no consumer {consumer!r} has opened an epoch of {store.location}: {hint}(consumers: "
+                f"{', '.join(runs)}); a new training run that has not read yet: register it with "
+                f"`dump --consumer {consumer} --new`"
             )
         records = mine
     return records

@@ -169,7 +169,7 @@ class S3Store(Store):
             raise StoreNotFoundError(f"no store at {self.location} (nothing there, or not a pgprefetch store)")
         return self
 
-    def create(self) -> None:
+    def create(self, parents: bool = False) -> None:
         if self.exists():
             return
         with self._errors("listing the store"):

@@ -110,6 +110,7 @@ async def dump_epochs(
     progress: Progress | None = None,
     retries: int | RetryPolicy = RETRIES,
     executor: Executor | None = None,
+    parents: bool = False,
 ) -> list[DumpResult]:
     """Dump several epochs in turn; see :func:`dump_epoch`.
 
@@ -118,7 +119,9 @@ async def dump_epochs(
     """
     cache = ReadCache()
     return [
-        await dump_epoch(cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=executor)
+        await dump_epoch(
+            cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=executor, parents=parents
+        )
         for e in epochs
     ]
 
@@ -132,13 +135,16 @@ async def dump_epoch(
     retries: int | RetryPolicy = RETRIES,
     cache: ReadCache | None = None,
     executor: Executor | None = None,
+    parents: bool = False,
 ) -> DumpResult:
     """Write epoch ``epoch`` of ``cfg`` to its store, unless it is already there (``force`` rewrites it).
 
     One dump writes an epoch at a time: if another holds the epoch's lock this returns ``status="busy"``
     at once. A partial epoch left by an interrupted dump is resumed when its keys are unchanged, and
     started over (``restarted`` says why) when they are not. On any failure, Ctrl-C included, the partial
-    epoch is kept for the next run and nothing is published.
+    epoch is kept for the next run and nothing is published; but a store this dump created, that holds
+    no batch yet (a Ray cluster it could not join, a wrong DSN), is removed again: a failed first dump
+    leaves nothing behind (:meth:`~pgprefetch.store.base.Store.remove_if_unused`).
 
     A connection lost mid-dump (a terminated backend, a server restart, a stalled route) is retried up to
     ``retries`` times (a number, or a :class:`~pgprefetch.pg.retry.RetryPolicy` with the waits) with backoff.
@@ -148,7 +154,8 @@ async def dump_epoch(
 
     ``cache`` carries a scan mode table read from one epoch to the next (see :func:`dump_epochs`).
     ``executor`` writes the batches elsewhere (``pgprefetch.write.ray``: a Ray cluster's workers); by
-    default this process does.
+    default this process does. A new local store's folder is created, not its parents, unless ``parents``:
+    a mistyped path is refused rather than made (with ``--ahead``, a fresh store dumped from epoch 0).
 
     Raises:
         ConfigError: the queries do not fit the config, or the store holds another config's epochs.
@@ -160,18 +167,18 @@ async def dump_epoch(
     if executor is not None:
         executor.check(cfg)
     store = open_store(cfg.store.path)
+    if not force:  # first: another config's epoch is not "already complete"
+        check_same_config(store, cfg, epoch)
     if store.is_complete(epoch) and not force:
         return _skipped(store, epoch)
-    if not force:
-        _check_same_config(store, cfg)
     created = not store.exists()
-    store.create()
+    store.create(parents=parents)
     try:
         policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
         return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache(), executor)
     except BaseException:
         if created:
-            store.remove_if_unused()  # a dump that wrote nothing leaves no trace (a bad config, a wrong DSN)
+            store.remove_if_unused()  # a dump that wrote no batch leaves no trace (a wrong DSN, RAY_ADDRESS)
         raise
 
 
@@ -241,16 +248,25 @@ def keys_folder(cfg: Config, store: Store, epoch: int) -> Path:
     return cfg.source.scratch / f"pgprefetch-{tag}-epoch-{epoch:05d}.keys"
 
 
-def _check_same_config(store: Store, cfg: Config) -> None:
-    """Refuse to add epochs of one config to a store holding another config's epochs."""
+def check_same_config(store: Store, cfg: Config, epoch: int | None = None) -> None:
+    """Refuse to add epochs of one config to a store holding another config's epochs, or to call them done.
+
+    ``epoch``, when complete, is judged by its own manifest: an epoch of another config with the same
+    number is not "already complete" for this one. Otherwise by the newest epoch (``--ahead`` asks before
+    planning, with no epoch).
+    """
     mine = cfg.sha256()
-    epochs = store.epochs()
-    if not epochs:
-        return
-    theirs = store.manifest(epochs[-1]).get("config_sha256")
+    if epoch is not None and store.is_complete(epoch):
+        against = epoch
+    else:
+        epochs = store.epochs()
+        if not epochs:
+            return
+        against = epochs[-1]
+    theirs = store.manifest(against).get("config_sha256")
     if theirs != mine:
         raise ConfigError(
-            f"{store.location} holds epochs of another config (epoch {epochs[-1]}: config sha256 {str(theirs)[:12]}, "
+            f"{store.location} holds epochs of another config (epoch {against}: config sha256 {str(theirs)[:12]}, "
             f"this config: {mine[:12]}); use another [store] path, or --force to write there anyway"
         )
 
