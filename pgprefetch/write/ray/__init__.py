@@ -8,8 +8,8 @@ epoch, and returns their checksums and statistics; the driver publishes (:mod:`.
 :mod:`.cluster`; on an object store :mod:`.records` and :mod:`.staged`). A scan config's table is read
 once by reader tasks, in page ranges, and each part gets the rows its samples span through an exchange in
 the object store (:mod:`.scan`). The tasks' arguments carry the DSN without its password (:mod:`.secret`);
-a cluster the dump starts listens on 127.0.0.1 only (:mod:`.cluster`). Only this package imports Ray: without it, asking for it is one line
-saying what to install.
+a cluster the dump starts listens on 127.0.0.1 only (:mod:`.cluster`). Only this package imports Ray:
+without it, asking for it is one line saying what to install.
 """
 
 from __future__ import annotations
