@@ -1,14 +1,18 @@
 """Joining a Ray cluster (or starting one on this host) for a dump, and the tracker parts report progress to.
 
 A dump that started the cluster stops it when it ends; one that joined a running cluster (``RAY_ADDRESS``,
-``ray job submit``, a notebook's ``ray.init``) leaves it as it was.
+``ray job submit``, a notebook's ``ray.init``) leaves it as it was. A cluster the dump starts listens on
+127.0.0.1 only (:func:`loopback`): by default Ray's GCS, raylets and workers listen on every interface.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -17,23 +21,76 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from pgprefetch.decode.layout import UnknownCategoryError
 from pgprefetch.errors import ExecutorError, PgprefetchError
 
-PROBE_SECONDS = 5.0  # how long the cluster's address may take to accept a connection
+PROBE_SECONDS = 5.0  # how long the cluster's address may take to accept a connection (and answer the GCS probe)
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's processes on this host bind to the loopback address
+AUTH_HINT = (
+    "set RAY_AUTH_MODE=token and give this process the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+    "~/.ray/auth_token; `ray get-auth-token` on its head prints it)"
+)
 TASK_RETRIES = 3  # reruns of a task whose worker or node was lost (Ray's max_retries); never forever
 
 
 def join(address: str | None) -> bool:
-    """Connect to the cluster at ``address`` (or ``RAY_ADDRESS``, or start one here); True if this started it."""
+    """Connect to the cluster at ``address`` (or ``RAY_ADDRESS``, or start one here); True if this started it.
+
+    A cluster started here is on 127.0.0.1 only; so is the connection to one at a loopback address (a
+    ``ray start --head --node-ip-address=127.0.0.1``), which Ray would otherwise redirect to this host's
+    outward address, where nothing listens.
+    """
     if ray.is_initialized():
         return False
-    _probe(address or os.environ.get("RAY_ADDRESS"))
+    target = address or os.environ.get("RAY_ADDRESS")
+    _probe(target)
+    local = not target or target == "local" or _is_loopback(target)
     try:
-        # The workers' output stays theirs: `--json` prints one object per epoch on stdout, nothing else.
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        with loopback() if local else contextlib.nullcontext():
+            # The workers' output stays theirs: `--json` prints one object per epoch on stdout, nothing else.
+            ray.init(
+                address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+                **({"_node_ip_address": "127.0.0.1"} if not target or target == "local" else {}),
+            )  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         where = address or "(RAY_ADDRESS, or a new local one)"
         raise ExecutorError(f"cannot join the Ray cluster {where}: {line}") from None
     return True
+
+
+@contextlib.contextmanager
+def loopback() -> Iterator[None]:
+    """Ray on this host's loopback address while the block starts (or connects to) a cluster.
+
+    Ray binds its GCS, raylet, object manager, agents and workers to every interface unless
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, its switch for "one machine, loopback only", which it reads when
+    ``ray`` is imported (for this process) and which the processes it starts inherit. It also turns
+    ``_node_ip_address="127.0.0.1"`` into the outward address unless that switch is off. So the block sets
+    both: the variable for the processes started in it, Ray's constant for this one; and restores them after,
+    so that a later ``ray.init`` of the same process (a notebook's) to a remote cluster is Ray's as usual.
+    """
+    from ray._private import ray_constants  # Ray's own switch, read at import: the one lever it offers
+
+    saved_env, saved_flag = os.environ.get(LOCAL_ONLY), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOCAL_ONLY] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(LOCAL_ONLY, None)
+        else:
+            os.environ[LOCAL_ONLY] = saved_env
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a cluster address names this host's loopback (``127.x``, ``::1``, ``localhost``)."""
+    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _probe(address: str | None) -> None:
@@ -56,6 +113,33 @@ def _probe(address: str | None) -> None:
             f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e}); start it with "
             "`ray start --head`, or unset RAY_ADDRESS to start one on this host"
         ) from None
+    if not address.startswith("ray://"):  # Ray Client goes through its own server, not the GCS
+        _probe_auth(address)
+
+
+def _probe_auth(address: str) -> None:
+    """Fail in a moment when the cluster wants a token this process does not send.
+
+    A cluster started with ``ray start`` (Ray 2.60 and later) has token authentication on; ``ray.init`` to an
+    explicit address sends a token only under ``RAY_AUTH_MODE=token``, and otherwise retries the refused GCS
+    for 20 seconds, printing ``InvalidAuthToken`` each second, before "cannot join". One GCS call, sent as
+    ``ray.init`` would send it, tells the two apart at once. Ray's private client: if this Ray has none, the
+    probe is skipped (``ray.init``'s own error still comes, later).
+    """
+    try:
+        from ray._raylet import AuthenticationMode, InnerGcsClient, get_authentication_mode
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # another Ray: no probe
+        return
+    try:
+        InnerGcsClient.standalone(address, None, int(PROBE_SECONDS * 1000))
+    except AuthenticationError:
+        sent = get_authentication_mode() == AuthenticationMode.TOKEN
+        what = "refused this process's token" if sent else "wants a token (token authentication) and got none"
+        hint = "check the token is the cluster's (`ray get-auth-token` on its head)" if sent else AUTH_HINT
+        raise ExecutorError(f"cannot join the Ray cluster at {address}: it {what}; {hint}") from None
+    except Exception:  # anything else is ray.init's to report, as before
+        return
 
 
 def failure(error: ray.exceptions.RayError, task: str) -> Exception:

@@ -50,6 +50,7 @@ from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
 from pgprefetch.write.ray.records import PartRecord, usable
 from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
+from pgprefetch.write.ray.secret import sealed
 from pgprefetch.write.ray.staged import upload_staged
 from pgprefetch.write.writer import EpochWriter
 
@@ -147,11 +148,13 @@ class RayExecutor:
         layout_keys = ("n_batches", "batch_size", "compression", "arrays")
         identity = {k: v for k, v in writer.header.items() if k not in layout_keys}
         run = f"{self._id}/{plan.epoch}"  # the epoch's counts in the tracker
+        sent, dsn = sealed(cfg)  # the parts' config names the server without the password
         specs = []
         for i, owned in enumerate(ranges):
             specs.append(PartSpec(
-                i, len(ranges), owned, tuple(b for b in owned if b in pending), cfg, plan.epoch, store.location,
+                i, len(ranges), owned, tuple(b for b in owned if b in pending), sent, plan.epoch, store.location,
                 source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, force, run,
+                dsn,
             ))  # fmt: skip
         track = tracker()
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}

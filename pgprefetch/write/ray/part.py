@@ -34,6 +34,7 @@ from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
 from pgprefetch.write.ray.records import PartRecord, put_record
+from pgprefetch.write.ray.secret import opened
 from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.mode import cut_source
 from pgprefetch.write.schedule import write_batches
@@ -61,6 +62,7 @@ class PartSpec:
     metadata: dict[str, bytes]  # the epoch's zarr.json files, for an object store staged on another node
     defer: bool = False  # object store, --force: stage only; the driver has the files uploaded (.staged)
     run: str = ""  # the epoch's counts in the driver's tracker
+    dsn: tuple[Any, ...] = ()  # ``cfg``'s DSN carries no password: the whole one is in the object store (.secret)
 
     def name(self) -> str:
         """The part, in messages."""
@@ -176,7 +178,7 @@ async def _source(
 ) -> AsyncIterator[BatchSource]:
     """The part's batches: fetched on the snapshot (query mode), or cut from its pieces (scan mode)."""
     if scan is None:
-        cfg = spec.cfg
+        cfg = opened(spec.cfg, spec.dsn)  # the password, in this process's memory only
         async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
             yield served(plan, spec.layout, reader, spec.snapshot, spec.server_version, cfg.batches.size)
         return

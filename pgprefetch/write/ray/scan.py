@@ -37,6 +37,7 @@ from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
 from pgprefetch.write.ray.cluster import TASK_RETRIES, failure
 from pgprefetch.write.ray.part import ScanPart
+from pgprefetch.write.ray.secret import opened, sealed
 from pgprefetch.write.scan.exchange import Merged, Piece, cut_block, merge_keys, part_rows, route, rows_of
 from pgprefetch.write.scan.mode import plan_scan, scan_layout
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_text
@@ -69,8 +70,14 @@ class SpreadRead:
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES, num_returns=2)
-def read_block(cfg: Config, snapshot: str, shape: ScanShape, wheres: list[str]) -> tuple[BlockSummary, Table]:
-    """The Ray task: COPY a range of the table on the snapshot (a sub-range a connection); keys out, rows kept."""
+def read_block(
+    cfg: Config, snapshot: str, shape: ScanShape, wheres: list[str], dsn: tuple[Any, ...] = ()
+) -> tuple[BlockSummary, Table]:
+    """The Ray task: COPY a range of the table on the snapshot (a sub-range a connection); keys out, rows kept.
+
+    ``cfg``'s DSN has no password; ``dsn`` is the whole one in the object store (:mod:`.secret`).
+    """
+    cfg = opened(cfg, dsn)
     mine = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=len(wheres)))
     table = asyncio.run(read_ranges(mine, snapshot, shape, wheres, budget=0, empty_ok=True))
     widths = {c.name: v.shape[1] for c, v in table.values.items() if c.is_array}
@@ -97,7 +104,8 @@ async def read_spread(
     per = cfg.source.connections  # each reader reads its range as the single process reads the table
     wheres = await page_ranges(snap, shape, readers * per)
     ranges = [wheres[i : i + per] for i in range(0, len(wheres), per)]
-    refs = [read_block.remote(cfg, snap.id, shape, mine) for mine in ranges]  # type: ignore[attr-defined]
+    sent, dsn = sealed(cfg)  # the readers' config names the server without the password
+    refs = [read_block.remote(sent, snap.id, shape, mine, dsn) for mine in ranges]  # type: ignore[attr-defined]
     futures = {asyncio.wrap_future(summary.future()): i for i, (summary, _) in enumerate(refs)}
     summaries: list[BlockSummary] = [BlockSummary(np.empty((0, 0), np.int64), 0, {})] * len(refs)
     waiting = set(futures)
