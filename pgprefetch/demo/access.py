@@ -9,7 +9,6 @@ all (``o+rx`` up to ``/``), and :func:`check_reachable` refuses instead, naming 
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 import stat
@@ -42,14 +41,17 @@ def check_socket_fits(pgdata: Path) -> None:
 
 
 def _ids(user: str) -> tuple[int, set[int]]:
-    """``user``'s uid and groups; an unknown user (not created yet) matches no owner and no group."""
+    """The uid and groups PostgreSQL will have: ``user``'s uid, and the groups of this (root) process.
+
+    The wheel starts initdb and pg_ctl with ``subprocess``'s ``user=``, which changes the uid only: the
+    server keeps root's group and supplementary groups, not ``user``'s. An unknown user (not created yet)
+    owns nothing.
+    """
     try:
-        entry = pwd.getpwnam(user)
+        uid = pwd.getpwnam(user).pw_uid
     except KeyError:
-        return -1, set()
-    groups = set(os.getgrouplist(user, entry.pw_gid))
-    groups.update(g.gr_gid for g in grp.getgrall() if user in g.gr_mem)
-    return entry.pw_uid, groups
+        uid = -1
+    return uid, {os.getegid(), *os.getgroups()}
 
 
 def _can_enter(folder: Path, uid: int, groups: set[int]) -> bool:
@@ -68,7 +70,7 @@ def check_reachable(path: Path, user: str) -> None:
         ConfigError: names the first folder ``user`` cannot enter, its mode, and what to do.
     """
     uid, groups = _ids(user)
-    for folder in Path(path).resolve().parents:
+    for folder in reversed(Path(path).resolve().parents):  # from / down: the first one that blocks
         if not _can_enter(folder, uid, groups):
             mode = stat.S_IMODE(folder.stat().st_mode)
             raise ConfigError(

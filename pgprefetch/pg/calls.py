@@ -132,10 +132,16 @@ def connect_reason(e: BaseException, dsn: str | None) -> str:
     that nothing listens there.
     """
     if isinstance(e, ValueError) and not isinstance(e, asyncpg.ClientConfigurationError):
-        return "the DSN cannot be parsed (percent-encode special characters in the password: / as %2F, # as %23, ? as %3F, @ as %40)"
+        return (
+            "the DSN cannot be parsed (percent-encode special characters in the password: "
+            "/ as %2F, # as %23, ? as %3F, @ as %40)"
+        )
     reason = scrub(str(e) or type(e).__name__, dsn).splitlines()[0]
     if isinstance(e, ConnectionRefusedError) or (isinstance(e, OSError) and e.errno == errno.ECONNREFUSED):
-        reason += " (nothing listens there: is the server up on that host and port? `pgprefetch server` prints the DSN of its embedded one)"
+        reason += (
+            " (nothing listens there: is the server up on that host and port? "
+            "`pgprefetch server` prints the DSN of its embedded one)"
+        )
     elif isinstance(e, FileNotFoundError):
         reason += " (no server socket there: is the server up? `pgprefetch server` prints the DSN of its embedded one)"
     return reason
