@@ -84,7 +84,7 @@ def test_a_data_folder_too_long_for_its_socket_is_refused(base: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip()
     assert "too long for the server's unix socket" in line
-    assert "give a --dir" in line
+    assert "use a --dir whose full path is" in line
     assert line.count("\n") == 0
     assert proc.stdout == ""  # no DSN: nothing was started
     assert not (long / "pg" / "postmaster.pid").exists()

@@ -39,8 +39,8 @@ def check_socket_fits(pgdata: Path) -> None:
         over = len(path) - MAX_SOCKET_PATH
         raise ConfigError(
             f"the data folder {pgdata} is too long for the server's unix socket ({len(path)} bytes, at most "
-            f"{MAX_SOCKET_PATH}): give a --dir {over} characters shorter (the socket stays in the data folder, "
-            "which only its owner can enter)"
+            f"{MAX_SOCKET_PATH}): use a --dir whose full path is {over} characters shorter (the socket stays in "
+            "the data folder, which only its owner can enter)"
         )
 
 
