@@ -34,6 +34,7 @@ def server() -> Iterator[str]:
     from pgprefetch.demo.server import embedded_server
 
     folder = Path(tempfile.mkdtemp(prefix="pgpf-bench-"))  # short: unix socket paths are capped near 107 bytes
+    folder.chmod(0o711)  # as root the server's system user must enter it; pgprefetch never widens folders
     try:
         with embedded_server(folder) as dsn:
             yield dsn

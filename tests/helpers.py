@@ -120,6 +120,7 @@ def own_server(prefix: str) -> Iterator[tuple[Path, str]]:
     from pgprefetch.demo.server import embedded_server
 
     folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder.chmod(0o711)  # as root the server's system user must enter it; pgprefetch never widens folders
     try:
         with embedded_server(folder) as dsn:
             yield folder, dsn

@@ -34,6 +34,7 @@ STOP_TIMEOUT_S = 15
 @pytest.fixture
 def folder() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="pgs-", dir="/tmp"))
+    path.chmod(0o711)  # as root the server's system user must enter it; pgprefetch never widens folders
     try:
         yield path
     finally:

