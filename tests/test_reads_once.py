@@ -108,3 +108,39 @@ def fetch_vocabulary(store: Path) -> dict[str, list[str]]:
     from pgprefetch.store.open import open_store
 
     return open_store(store).vocabulary()
+
+
+def _check(cfg: Path, dsn: str, *extra: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from pgprefetch.cli import cli
+
+    result = CliRunner().invoke(cli, ["check", "--config", str(cfg), "--dsn", dsn, *extra])
+    return result.exit_code, result.output
+
+
+def test_check_in_scan_mode_reads_the_keys_and_the_checked_batches_only(labelled: str, tmp_path: Path) -> None:
+    import json
+
+    cfg = _config(tmp_path, "scan")
+    code, out = _check(cfg, labelled, "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    # 600 rows' keys, the values of the two auto fields in one read, and 8 batches of 32 rows: not the table.
+    assert report["batches_checked"] == 8
+    assert report["rows_read"] == N + N + 8 * 32
+    code, out = _check(cfg, labelled)
+    assert (
+        "read: the key columns of every row and the checked batches' rows (1,456 table rows in all); "
+        "a dump reads the whole table"
+    ) in out.splitlines()
+
+
+def test_check_prints_only_what_it_measured(labelled: str, tmp_path: Path) -> None:
+    """Stopped by an error before the epoch was planned: no "keys: 0", "epoch: 0 samples" header."""
+    execute(labelled, "UPDATE t SET a = repeat('x', 2000) WHERE id = 9")
+    code, out = _check(_config(tmp_path, "scan"), labelled)
+    assert code == 1
+    lines = out.splitlines()
+    assert not [line for line in lines if line.startswith(("keys:", "epoch:", "checked "))], out
+    assert lines[0].startswith("error: [fields.a] categories: a value of the data is longer than 1024 bytes")
