@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import fetch
-from .helpers import dump, execute
+from .helpers import chunk_bytes, dump, execute
 
 N = 600
 
@@ -144,3 +144,28 @@ def test_check_prints_only_what_it_measured(labelled: str, tmp_path: Path) -> No
     lines = out.splitlines()
     assert not [line for line in lines if line.startswith(("keys:", "epoch:", "checked "))], out
     assert lines[0].startswith("error: [fields.a] categories: a value of the data is longer than 1024 bytes")
+
+
+def test_epochs_read_in_passes_code_like_a_whole_read(db: str, tmp_path: Path) -> None:
+    """The store knows the values, but the table outgrows memory: the passes still get the whole lists."""
+    execute(
+        db,
+        "CREATE TABLE t (id int PRIMARY KEY, a text NOT NULL, b text, x real NOT NULL)",
+        "INSERT INTO t SELECT i, 'a' || (i % 3), CASE WHEN i % 7 = 0 THEN NULL ELSE 'b' || (i % 5) END, i "
+        "FROM generate_series(1, 100000) i",
+    )
+    whole_cfg = _config(tmp_path, "scan")
+    (tmp_path / "small").mkdir()
+    small_cfg = tmp_path / "small" / "scan.toml"
+    small_cfg.write_text(whole_cfg.read_text().replace("connections = 2", 'connections = 2\nmemory = "1MiB"'))
+    for epoch in (0, 1):
+        dump(whole_cfg, db, epoch)
+        if epoch == 1:
+            execute(db, "UPDATE t SET b = 'late' WHERE id = 11")  # a value the store lacks, met in a pass
+        small = dump(small_cfg, db, epoch)
+        assert small.rows_read is not None
+        assert small.rows_read >= 2 * 100_000  # a keys pass, then data passes
+    assert fetch_vocabulary(tmp_path / "small" / "store.zarr")["b"][-1] == "late"
+    assert chunk_bytes(tmp_path / "store.zarr" / "epoch-00000") == chunk_bytes(
+        tmp_path / "small" / "store.zarr" / "epoch-00000"
+    )
