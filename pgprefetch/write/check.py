@@ -30,6 +30,7 @@ from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.manifest import field_entries
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
 from pgprefetch.write.scan.sampled import sampled_source
+from pgprefetch.write.scan.table import TableTooLarge
 from pgprefetch.write.sources import ReadCache, open_source
 
 SAMPLE_BATCHES = 8
@@ -126,19 +127,35 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
         cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
     async with Snapshot.open(cfg.source) as snap:
         try:
-            if cfg.mode == "scan":  # the keys of every row, the data of the checked batches only
-                source, chosen = await sampled_source(cfg, snap, epoch, _vocabulary(cfg), lambda n: spread(n, batches))
+            sampled = await _sampled(cfg, snap, epoch, batches)
+            if sampled is not None:  # scan mode: the keys of every row, the data of the checked batches only
+                source, chosen = sampled
                 await _sample(cfg, snap, source, chosen, report)
                 report.rows_read = source.rows_read
-            else:
-                async with open_source(cfg, epoch, snap, ReadCache(), spool=None, vocabulary=_vocabulary(cfg)) as qs:
-                    assert not isinstance(qs, EpochPlan)
-                    await _sample(cfg, snap, qs, spread(qs.plan.n_batches, batches), report)
+            else:  # query mode, or a scan whose keys outgrow [source] memory (ordered on disk)
+                async with open_source(cfg, epoch, snap, ReadCache(), spool=None, vocabulary=_vocabulary(cfg)) as got:
+                    if isinstance(got, EpochPlan):  # a table larger than [source] memory: its keys were read
+                        report.n_keys, report.n_samples, report.n_batches = got.n_keys, got.used, got.n_batches
+                        report.notes.append(
+                            "the keys do not fit [source] memory: checked them only (a dump reads the table in passes)"
+                        )
+                    else:
+                        await _sample(cfg, snap, got, spread(got.plan.n_batches, batches), report)
         except (SourceError, StoreError) as e:
             if isinstance(e, SourceError) and e.transient:
                 raise
             report.errors.append(str(e))
     return report
+
+
+async def _sampled(cfg: Config, snap: Snapshot, epoch: int, batches: int) -> tuple[BatchSource, list[int]] | None:
+    """Scan mode's check source (:func:`~pgprefetch.write.scan.sampled.sampled_source`), if its keys fit memory."""
+    if cfg.mode != "scan":
+        return None
+    try:
+        return await sampled_source(cfg, snap, epoch, _vocabulary(cfg), lambda n: spread(n, batches))
+    except TableTooLarge:
+        return None
 
 
 def _vocabulary(cfg: Config) -> Vocabulary:

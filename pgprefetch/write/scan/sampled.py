@@ -22,7 +22,7 @@ from pgprefetch.errors import SourceError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
+from pgprefetch.write.plan import Vocabulary, resolve_categories
 from pgprefetch.write.scan.mode import array_lengths, cut_source, plan_scan, scan_layout
 from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
@@ -35,11 +35,15 @@ async def sampled_source(
     epoch: int,
     vocabulary: Vocabulary | None,
     choose: Callable[[int], list[int]],
-) -> tuple[BatchSource | EpochPlan, list[int]]:
+) -> tuple[BatchSource, list[int]]:
     """The epoch's source for the batches ``choose(n_batches)`` only, and those batches.
 
     Any other batch is not to be produced. The source's ``rows_read`` counts every row the server read
     for it (the keys pass, the values of ``"auto"`` fields, the checked series).
+
+    Raises:
+        TableTooLarge: the keys alone outgrow ``[source] memory``: they are held here, so the caller checks
+            the epoch from keys ordered on disk instead.
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
@@ -51,7 +55,7 @@ async def sampled_source(
         return values
 
     shape = dataclasses.replace(shape, categories=await resolve_categories(cfg, distinct, vocabulary))
-    keys = await read_table(cfg, snap, keys_only(shape), budget=0)
+    keys = await read_table(cfg, snap, keys_only(shape))  # TableTooLarge: keys beyond memory (the caller's)
     sample_keys, _ = await asyncio.to_thread(cut, keys, shape, cfg.samples)
     plan = plan_scan(cfg, shape, sample_keys, epoch)
     chosen = choose(plan.n_batches)
