@@ -174,8 +174,9 @@ def prune_command(
 @click.option(
     "--batches", type=click.IntRange(min=1), default=SAMPLE_BATCHES, show_default=True, help="Batches to decode."
 )
+@click.option("--verbose", is_flag=True, help="Also list each checked batch's problems, one line each.")
 @json_option("Print one JSON object.")
-def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json: bool) -> None:
+def check(config_path: Path, dsn: str | None, epoch: int, batches: int, verbose: bool, as_json: bool) -> None:
     """Run everything a dump would decide against the database, on a sample of batches; write nothing.
 
     Exits 0 when a dump of this config would go through, 1 with the errors otherwise.
@@ -185,7 +186,7 @@ def check(config_path: Path, dsn: str | None, epoch: int, batches: int, as_json:
 
     cfg = load_config(config_path, dsn=dsn)
     report = asyncio.run(check_config(cfg, epoch, batches))
-    click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines()))
+    click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines(verbose)))
     if report.errors:
         raise fail(f"{config_path}: {len(report.errors)} problem(s) found", 1)
 

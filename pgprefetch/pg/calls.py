@@ -110,9 +110,13 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
     server_settings = {"application_name": "pgprefetch", "idle_in_transaction_session_timeout": "0", **settings}
     if source.statement_timeout_ms is not None:
         server_settings["statement_timeout"] = str(source.statement_timeout_ms)
+    # Pinned on every connection, over a role's, a database's or the DSN's own setting: with it off, a
+    # backslash in a string literal escapes the quote after it, and SQL text pgprefetch writes (identifiers,
+    # the snapshot id) must mean one thing. Values never become SQL text anyway (see scan.shape).
+    server_settings["standard_conforming_strings"] = "on"
     try:
         timeout = (source.io_timeout_ms or 60_000) / 1000
-        return await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=timeout)
+        conn = await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=timeout)
     except Exception as e:
         reason = connect_reason(e, source.dsn)
         # A restarting server refuses, or has no socket yet: transient (retried only once a dump got going).
@@ -121,6 +125,24 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
         # so it is retried even before the dump got going (a cron run starting an epoch during a restart).
         error.connected = isinstance(e, asyncpg.CannotConnectNowError)  # type: ignore[attr-defined]
         raise error from None
+    _require_standard_strings(conn, source)
+    return conn
+
+
+def _require_standard_strings(conn: asyncpg.Connection, source: SourceConfig) -> None:
+    """Refuse a server (or a pooler in front of one) that did not take ``standard_conforming_strings = on``.
+
+    The server reports the setting's value as the session starts (a ``ParameterStatus``); anything but
+    ``on`` means string literals would be read with backslash escapes, and pgprefetch does not talk to it.
+    """
+    value = getattr(conn.get_settings(), "standard_conforming_strings", None)
+    if value != "on":
+        conn.terminate()
+        raise SourceError(
+            f"{redact(source.dsn)}: the server did not take standard_conforming_strings = on (it says "
+            f"{value or 'nothing'}); pgprefetch needs it on every connection (a pooler that drops startup "
+            "settings is not supported)"
+        )
 
 
 def connect_reason(e: BaseException, dsn: str | None) -> str:

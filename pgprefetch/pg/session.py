@@ -29,7 +29,7 @@ from pgprefetch.errors import ConfigError, SampleError, SourceError
 from pgprefetch.keys import INTEGER_TYPES, TIME_TYPES, UUID_TYPE, KeyColumns
 from pgprefetch.pg.calls import T, Watchdog, bounded_call, close, connect
 from pgprefetch.pg.plans import IndexAdvice, index_advice
-from pgprefetch.pg.statement import Fetched, distinct_text_statement, sample_text_statement
+from pgprefetch.pg.statement import VOCABULARY_SETTING, Fetched, sample_text_statement
 
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
 _SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
@@ -122,27 +122,30 @@ class Snapshot:
     async def _run(self, call: Callable[[], Awaitable[T]], what: str) -> T:
         return await bounded_call(self.conn, call, what, self._timeout)
 
-    async def distinct_text(self, cfg: Config, column: str) -> list[str]:
-        """The distinct non-NULL values of ``column`` over every sample, as text, sorted by code point.
+    async def distinct_values(self, sql: str, what: str) -> tuple[dict[int, set[str]], int]:
+        """Run a :func:`~pgprefetch.pg.statement.distinct_values_statement`: each column's values, and the rows read.
 
-        For ``categories = "auto"``: computed in the epoch's snapshot over all keys (not the epoch's
-        ``fraction``), and sorted here rather than by the server's collation, so that the same data gives
+        Sorting is the caller's (by code point, not by the server's collation), so that the same data gives
         the same codes in every epoch and on every server.
         """
-        sql = distinct_text_statement(cfg.samples.keys, cfg.samples.query, cfg.samples.max_param, column)
-        rows = await self._run(
-            lambda: self.conn.fetch(sql, timeout=None), f"{_where(cfg)}categories of column {column}"
-        )
-        return sorted(r[0] for r in rows)
+        rows = await self._run(lambda: self.conn.fetch(sql, timeout=None), what)
+        values: dict[int, set[str]] = {}
+        read = 0
+        for i, value, count in rows:
+            if value is not None:
+                values.setdefault(i, set()).add(value)
+            if i == 0:
+                read += count
+        return values, read
 
     async def describe_sql(self, sql: str, what: str) -> dict[str, tuple[str, str]]:
         """The columns ``sql`` returns, name -> (type name, kind), as the server describes them."""
         stmt = await self._prepare(sql, what)
         return {a.name: (a.type.name, a.type.kind) for a in stmt.get_attributes()}
 
-    async def fetch(self, sql: str, what: str) -> list[asyncpg.Record]:
-        """Run a small query in the snapshot (statistics, bounds)."""
-        return await self._run(lambda: self.conn.fetch(sql), what)
+    async def fetch(self, sql: str, what: str, *args: object) -> list[asyncpg.Record]:
+        """Run a small query in the snapshot (statistics, bounds), ``args`` its bind parameters."""
+        return await self._run(lambda: self.conn.fetch(sql, *args), what)
 
     async def index_advice(self, sql: str, args: Sequence[object]) -> list[IndexAdvice]:
         """The tables ``sql`` would read whole per sample or per batch, from the server's plan of it for ``args``.
@@ -220,12 +223,15 @@ class BatchReader:
         params: Sequence[object] = (),
         *,
         row_wise: bool = False,
+        vocabularies: Sequence[Sequence[str]] = (),
     ) -> AsyncIterator[BatchReader]:
         """Open the workers concurrently; each begins its transaction and imports ``snapshot_id``.
 
         ``sql`` is the batch statement each prepares (None for workers that only COPY); ``params`` follow
         the key arrays as its bind parameters (the category lists). ``row_wise``: it returns a row per
-        sample (:func:`pgprefetch.pg.statement.row_wise`), not one row.
+        sample (:func:`pgprefetch.pg.statement.row_wise`), not one row. ``vocabularies``: the category
+        lists a COPY codes against (which cannot take bind parameters), bound into each worker's transaction
+        as settings that :func:`pgprefetch.pg.statement.vocabulary_sql` reads: values never become SQL text.
         """
         if not _SNAPSHOT_ID.match(snapshot_id):
             raise SourceError(f"refusing an invalid snapshot id {snapshot_id!r}")
@@ -242,6 +248,14 @@ class BatchReader:
             except SourceError as e:
                 # Also when the exporter died and took the snapshot with it: a retry takes a new one.
                 raise SourceError(str(e), transient=True, cause=e.cause or "connection lost") from None
+            for i, values in enumerate(vocabularies):
+                bound = (VOCABULARY_SETTING.format(i), list(values))
+                await bounded_call(
+                    conn,
+                    lambda bound=bound: conn.execute("SELECT set_config($1, $2::text[]::text, true)", *bound),
+                    "cannot set the category lists",
+                    timeout,
+                )
             if sql is None:
                 return conn, None
             return conn, await bounded_call(

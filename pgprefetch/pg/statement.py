@@ -21,6 +21,7 @@ from pgprefetch.sqltext import quote_ident, replace_params
 K = "_pgpf_k"  # aliases unlikely to collide with names in the user's query
 Q = "_pgpf_q"
 U = "_pgpf_u"
+V = "_pgpf_v"
 
 # What the batch statement returned: its one row of blobs, or for a row-wise statement each result column's
 # values over the rows (the rows transposed).
@@ -95,13 +96,46 @@ def _aggregates(c: Column, ref: str) -> list[str]:
     return out
 
 
-def distinct_text_statement(keys: str, query: str, n_params: int, column: str) -> str:
-    """``SELECT DISTINCT column::text`` over the samples of every key (``categories = "auto"``)."""
+VOCABULARY_SETTING = "pgprefetch.vocabulary_{}"  # a worker's category list i, set by BatchReader.open
+
+
+def vocabulary_sql(i: int) -> str:
+    """The category list ``i`` as a ``text[]`` a COPY can use: read from the worker's session, never pasted.
+
+    A COPY takes no bind parameters, so the list is bound where it can be (``set_config``, as
+    :meth:`~pgprefetch.pg.session.BatchReader.open` does on each worker) and read back here; a scalar
+    subquery is an InitPlan, so the text is parsed into an array once per COPY, not once a row.
+    """
+    return f"(SELECT current_setting('{VOCABULARY_SETTING.format(int(i))}')::text[])"
+
+
+def distinct_values_statement(source: str, refs: Sequence[str], cut: int) -> str:
+    """The distinct values of every column ``refs`` of ``source`` as text, in one read: ``(i, value, rows)``.
+
+    One statement for all of a config's ``categories = "auto"`` columns, so the relation is read once for
+    them all, not once a column; ``i`` is the column's place in ``refs``, ``value`` NULL for the NULLs and cut
+    to ``cut`` characters (a value past the limit is refused by the caller without its whole bytes sent),
+    ``rows`` how many rows hold it (their sum for one ``i`` is the rows read).
+    """
+    pairs = ", ".join(f"({i}, {ref}::text)" for i, ref in enumerate(refs))
+    return (
+        f"SELECT {V}.i, left({V}.v, {int(cut)}), count(*)::int8 FROM {source}\n"
+        f"CROSS JOIN LATERAL (VALUES {pairs}) AS {V}(i, v) GROUP BY {V}.i, {V}.v"
+    )
+
+
+def query_column(column: str) -> str:
+    """A column of the per-sample query in :func:`samples_rows`."""
+    return f"{Q}.{quote_ident(column)}"
+
+
+def samples_rows(keys: str, query: str, n_params: int) -> str:
+    """The rows of every sample of query mode: the keys query, then the per-sample query for each key."""
     names = ", ".join(f"k{i}" for i in range(1, n_params + 1))
-    source = f"({keys}) AS {K}({names})" if n_params else f"({keys}) AS {K}"
-    ref = f"{Q}.{quote_ident(column)}"
+    # On lines of their own: the keys query may end in a -- comment.
+    source = f"(\n{keys}\n) AS {K}({names})" if n_params else f"(\n{keys}\n) AS {K}"
     inner = replace_params(query, lambda i: f"{K}.k{i}")
-    return f"SELECT DISTINCT {ref}::text FROM {source}\nCROSS JOIN LATERAL (\n{inner}\n) AS {Q} WHERE {ref} IS NOT NULL"
+    return f"{source}\nCROSS JOIN LATERAL (\n{inner}\n) AS {Q}"
 
 
 def sample_text_statement(query: str, column: str) -> str:

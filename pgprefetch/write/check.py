@@ -4,13 +4,15 @@ Users iterate on a config before the first real dump. The check plans epoch 0 on
 the dump does (:func:`pgprefetch.write.query.plan_epoch`: the queries described, the keys read, shuffled and
 checked for repeats, the categories fixed, against the store's vocabulary when the store exists, which
 is read, not written), then fetches a sample of batches spread over the epoch and
-decodes them with every type, cast, NULL and range check of the dump. Problems are collected, one line
-each, rather than stopping at the first, so one run shows what to fix.
+decodes them with every type, cast, NULL and range check of the dump (scan mode: from a keys pass and the
+checked batches' rows, not the whole table). Problems are collected, one line each, rather than stopping at
+the first, so one run shows what to fix; a problem alike in several batches is one line over them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -27,6 +29,8 @@ from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.manifest import field_entries
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
+from pgprefetch.write.scan.sampled import sampled_source
+from pgprefetch.write.scan.table import TableTooLarge
 from pgprefetch.write.sources import ReadCache, open_source
 
 SAMPLE_BATCHES = 8
@@ -34,34 +38,46 @@ SAMPLE_BATCHES = 8
 
 @dataclass
 class CheckReport:
-    """What ``check`` found: the epoch's size and shapes, and one line per problem."""
+    """What ``check`` found: the epoch's size and shapes, and one line per problem.
 
-    n_keys: int = 0
+    A figure the check did not get to (an error stopped it first) is None, and not printed: "keys: 0"
+    would say the keys query returned nothing.
+    """
+
+    n_keys: int | None = None
     duplicates_dropped: int = 0
-    n_samples: int = 0
-    n_batches: int = 0
+    n_samples: int | None = None
+    n_batches: int | None = None
     batches_checked: int = 0
     fields: dict[str, dict[str, Any]] = field(default_factory=dict)
-    epoch_bytes: int = 0
+    epoch_bytes: int | None = None
     errors: list[str] = field(default_factory=list)
+    batch_errors: list[tuple[int, str]] = field(default_factory=list)  # (batch, problem): each checked batch's
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what would make the dump slow (a missing index)
     expected_seconds: float | None = None  # query mode: the dump's duration, from the checked batches' time
     expected_rate: float | None = None  # samples/s on the config's connections
     connections: int = 0
+    rows_read: int | None = None  # scan mode: the table rows the server read for the check
 
-    def lines(self) -> list[str]:
-        """The report as printed."""
+    def lines(self, verbose: bool = False) -> list[str]:
+        """The report as printed; ``verbose``: each checked batch's problems on lines of their own too."""
         dropped = f" ({self.duplicates_dropped:,} repeated, dropped)" if self.duplicates_dropped else ""
-        out = [
-            f"keys: {self.n_keys:,}{dropped}",
-            f"epoch: {self.n_samples:,} samples in {self.n_batches:,} batch{'es' if self.n_batches != 1 else ''}, "
-            f"about {show_size(self.epoch_bytes)} of arrays, uncompressed",
-        ]  # fmt: skip
+        out = [f"keys: {self.n_keys:,}{dropped}"] if self.n_keys is not None else []
+        if self.n_samples is not None and self.n_batches is not None:
+            size = f", about {show_size(self.epoch_bytes)} of arrays, uncompressed" if self.epoch_bytes else ""
+            batches = f"batch{'es' if self.n_batches != 1 else ''}"
+            out.append(f"epoch: {self.n_samples:,} samples in {self.n_batches:,} {batches}{size}")
         for name, f in self.fields.items():
             extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
             out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
-        out.append(f"checked {self.batches_checked} batch(es) with every type, cast and NULL check of the dump")
+        if self.batches_checked:
+            out.append(f"checked {self.batches_checked} batch(es) with every type, cast and NULL check of the dump")
+        if self.rows_read is not None:
+            out.append(
+                f"read: the key columns of every row and the checked batches' rows ({self.rows_read:,} table rows "
+                "in all); a dump reads the whole table"
+            )
         if self.expected_seconds is not None and self.expected_rate is not None:
             out.append(
                 f"expected: about {_duration(self.expected_seconds)} at {self.expected_rate:,.0f} samples/s on "
@@ -70,7 +86,25 @@ class CheckReport:
         out += [f"note: {n}" for n in self.notes]
         out += [f"warning: {w}" for w in self.warnings]
         out += [f"error: {e}" for e in self.errors]
+        if verbose:
+            out += [f"error in batch {b}: {e}" for b, e in self.batch_errors]
         return out
+
+    def summarize_batches(self) -> None:
+        """One error line per kind of problem over the checked batches (alike but for numbers), not per batch."""
+        groups: dict[str, list[tuple[int, str]]] = {}
+        for batch, problem in self.batch_errors:
+            groups.setdefault(re.sub(r"\d+", "#", problem), []).append((batch, problem))
+        for found in groups.values():
+            batch, problem = found[0]
+            if len(found) == 1:
+                self.errors.append(f"batch {batch}: {problem}")
+                continue
+            numbers = ", ".join(str(b) for b, _ in found)
+            self.errors.append(
+                f"{len(found)} of {self.batches_checked} checked batches ({numbers}), e.g. batch {batch}: {problem}"
+                " (--verbose: each batch's)"
+            )
 
     def to_json(self) -> dict[str, Any]:
         """The object ``check --json`` prints."""
@@ -80,8 +114,8 @@ class CheckReport:
 async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHES) -> CheckReport:
     """Plan ``epoch`` and decode up to ``batches`` of its batches, spread over it; write nothing.
 
-    In scan mode the table is read as a dump would read it (once); one larger than ``[source] memory`` is
-    checked on its keys only, with a note.
+    In scan mode the epoch is planned from a keys pass and only the checked batches' rows are read
+    (:mod:`pgprefetch.write.scan.sampled`): a check costs a fraction of the dump, whatever the table's size.
 
     Raises:
         SourceError: the database cannot be reached (the check cannot run at all).
@@ -93,19 +127,35 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
         cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
     async with Snapshot.open(cfg.source) as snap:
         try:
-            async with open_source(cfg, epoch, snap, ReadCache(), spool=None, vocabulary=_vocabulary(cfg)) as source:
-                if isinstance(source, EpochPlan):  # a table larger than [source] memory: its keys were read
-                    report.n_keys, report.n_samples, report.n_batches = source.n_keys, source.used, source.n_batches
-                    report.notes.append(
-                        "the table does not fit [source] memory: checked its keys only (a dump reads it in passes)"
-                    )
-                else:
-                    await _sample(cfg, snap, source, batches, report)
+            sampled = await _sampled(cfg, snap, epoch, batches)
+            if sampled is not None:  # scan mode: the keys of every row, the data of the checked batches only
+                source, chosen = sampled
+                await _sample(cfg, snap, source, chosen, report)
+                report.rows_read = source.rows_read
+            else:  # query mode, or a scan whose keys outgrow [source] memory (ordered on disk)
+                async with open_source(cfg, epoch, snap, ReadCache(), spool=None, vocabulary=_vocabulary(cfg)) as got:
+                    if isinstance(got, EpochPlan):  # a table larger than [source] memory: its keys were read
+                        report.n_keys, report.n_samples, report.n_batches = got.n_keys, got.used, got.n_batches
+                        report.notes.append(
+                            "the keys do not fit [source] memory: checked them only (a dump reads the table in passes)"
+                        )
+                    else:
+                        await _sample(cfg, snap, got, spread(got.plan.n_batches, batches), report)
         except (SourceError, StoreError) as e:
             if isinstance(e, SourceError) and e.transient:
                 raise
             report.errors.append(str(e))
     return report
+
+
+async def _sampled(cfg: Config, snap: Snapshot, epoch: int, batches: int) -> tuple[BatchSource, list[int]] | None:
+    """Scan mode's check source (:func:`~pgprefetch.write.scan.sampled.sampled_source`), if its keys fit memory."""
+    if cfg.mode != "scan":
+        return None
+    try:
+        return await sampled_source(cfg, snap, epoch, _vocabulary(cfg), lambda n: spread(n, batches))
+    except TableTooLarge:
+        return None
 
 
 def _vocabulary(cfg: Config) -> Vocabulary:
@@ -119,13 +169,17 @@ def _vocabulary(cfg: Config) -> Vocabulary:
     return Vocabulary(store if store.exists() else None)
 
 
-async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int, report: CheckReport) -> None:
-    """Produce batches spread over the epoch with every check of the dump, collecting the errors."""
+def spread(n_batches: int, count: int) -> list[int]:
+    """``count`` batches (at most all) spread evenly over an epoch of ``n_batches``, first and last included."""
+    return sorted({int(b) for b in np.linspace(0, n_batches - 1, min(count, n_batches))})
+
+
+async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, chosen: list[int], report: CheckReport) -> None:
+    """Produce the batches ``chosen`` with every check of the dump, collecting the errors."""
     plan, layout, size = source.plan, source.layout, cfg.batches.size
     report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
     report.n_samples, report.n_batches = plan.used, plan.n_batches
     report.warnings += source.warnings
-    chosen = sorted({int(b) for b in np.linspace(0, plan.n_batches - 1, min(batches, plan.n_batches))})
     buffers = layout.allocate(size)
     fetch_seconds = []
     for batch in chosen:
@@ -135,12 +189,13 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, batches: int
             fetch_seconds.append(time.perf_counter() - started)
             source.produce(batch, 1, fetched, buffers)
         except UnknownCategoryError as e:
-            report.errors.append(str(await name_unknown_category(cfg, snap, e)))
+            report.batch_errors.append((batch, str(await name_unknown_category(cfg, snap, e))))
         except SourceError as e:
             if e.transient:
                 raise
-            report.errors.append(f"batch {batch}: {e}")
+            report.batch_errors.append((batch, str(e)))
         report.batches_checked += 1
+    report.summarize_batches()
     if cfg.mode == "query" and fetch_seconds:  # the statement's time, spread over the dump's connections
         report.expected_rate = report.connections * size / max(statistics.median(fetch_seconds), 1e-6)
         report.expected_seconds = plan.used / report.expected_rate

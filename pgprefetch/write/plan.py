@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,31 +97,46 @@ class Vocabulary:
     record: bool = False
 
 
+MAX_CATEGORY_BYTES = 1024  # a category value's UTF-8 bytes: every reader and `ls` parses the vocabulary
+MAX_CATEGORIES = 65_536  # values in one field's list (uint16's codes), whatever wider dtype it has
+
+# The distinct values of each of the given columns (the ``categories = "auto"`` ones), found in one read.
+Distinct = Callable[[list[str]], Awaitable[dict[str, set[str]]]]
+
+
+def auto_columns(cfg: Config) -> list[str]:
+    """The columns of the ``categories = "auto"`` fields, each once, in field order."""
+    return list(dict.fromkeys(c for f in cfg.fields if f.categories == "auto" for c in f.columns))
+
+
 async def resolve_categories(
-    cfg: Config, distinct: Callable[[str], Awaitable[Iterable[str]]], vocabulary: Vocabulary | None = None
+    cfg: Config, distinct: Distinct | None, vocabulary: Vocabulary | None = None
 ) -> dict[str, list[str]]:
     """The category list each categorical field's codes index (code = position), the same in both modes.
 
     An explicit list in the config is the codes. For ``"auto"`` the codes must keep their meaning in every
     epoch of a store, or a model trained across epochs learns noise, so the list is the store's vocabulary
-    of the field (:meth:`~pgprefetch.store.base.Store.vocabulary`) followed by the values ``distinct(column)``
-    finds in this snapshot that it lacks, sorted by code point: a fresh store's first epoch is coded by
-    the sorted values, a value first seen later gets the next code, and a value no longer in the data
-    keeps its code. The extended vocabulary is recorded before any batch is written (the dump's
-    ``vocabulary.record``), so a resumed or ``--force`` dump of the epoch, and any later epoch, finds it.
+    of the field (:meth:`~pgprefetch.store.base.Store.vocabulary`) followed by the values ``distinct``
+    finds in this snapshot (for all the auto columns at once: one read) that it lacks, sorted by code point:
+    a fresh store's first epoch is coded by the sorted values, a value first seen later gets the next code,
+    and a value no longer in the data keeps its code. The extended vocabulary is recorded before any batch
+    is written (the dump's ``vocabulary.record``), so a resumed or ``--force`` dump of the epoch, and any
+    later epoch, finds it. ``distinct`` None: no new values (a scan that found every value in the store's
+    vocabulary, :func:`pgprefetch.write.scan.mode.read_scan`).
 
     Every list must fit the field's dtype whatever ``cast`` says: a code is an index, and a wrapped one
-    points at another category.
+    points at another category. A value is at most :data:`MAX_CATEGORY_BYTES` and a list at most
+    :data:`MAX_CATEGORIES` long: the vocabulary is parsed by every reader and every ``ls``.
 
     Raises:
-        SourceError: a field's list has more values than its dtype has codes (nothing is recorded then).
+        SourceError: a field's list has more values than its dtype has codes, or more than the limit, or a
+            value is too long (nothing is recorded then).
     """
-    found: dict[str, set[str]] = {}
-    for f in cfg.fields:
-        if f.categories == "auto":
-            found[f.name] = set()
-            for column in f.columns:
-                found[f.name].update(await distinct(column))
+    columns = auto_columns(cfg)
+    by_column = await distinct(columns) if columns and distinct is not None else {}
+    found: dict[str, set[str]] = {
+        f.name: set().union(*(by_column.get(c, set()) for c in f.columns)) for f in cfg.fields if f.categories == "auto"
+    }
     added: dict[str, tuple[int, list[str]]] = {}  # field -> (codes before, values appended), from the last grow
 
     def grow(recorded: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -130,6 +145,8 @@ async def resolve_categories(
             if f.name in found:
                 known = recorded.get(f.name, [])
                 new = sorted(found[f.name].difference(known))
+                for value in new:
+                    _check_length(f.name, value, "the data")
                 _check_fits(f.name, f.dtype, len(known), len(new))
                 out[f.name] = known + new
                 added[f.name] = (len(known), new)
@@ -153,20 +170,52 @@ async def resolve_categories(
         if f.name in auto:
             categories[f.name] = auto[f.name]
         elif f.categories is not None:
+            for value in f.categories:
+                _check_length(f.name, value, "the config")
             _check_fits(f.name, f.dtype, 0, len(f.categories))
             categories[f.name] = list(f.categories)
     return categories
+
+
+def known_vocabulary(cfg: Config, vocabulary: Vocabulary | None) -> dict[str, list[str]] | None:
+    """The store's vocabulary of every ``"auto"`` field, when the store has one for each (else None).
+
+    A scan codes its values against it while it reads (:func:`pgprefetch.write.scan.mode.read_scan`): if
+    the data holds no other value, the epoch's lists are known without a read of their own.
+    """
+    store = vocabulary.store if vocabulary is not None else None
+    names = [f.name for f in cfg.fields if f.categories == "auto"]
+    if store is None or not names:
+        return None
+    recorded = store.vocabulary()
+    return recorded if all(recorded.get(n) for n in names) else None
+
+
+def _check_length(name: str, value: str, source: str) -> None:
+    """Refuse a category value longer than :data:`MAX_CATEGORY_BYTES` (UTF-8), naming the field and the limit."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_CATEGORY_BYTES:
+        shown = value[:40] + "..."
+        raise SourceError(
+            f"[fields.{name}] categories: a value of {source} is longer than {MAX_CATEGORY_BYTES} bytes "
+            f"({shown!r}); categories are labels: use a uint8 field with max_length for long text"
+        )
 
 
 def _check_fits(name: str, dtype: str, recorded: int, new: int) -> None:
     """Refuse a category list of ``recorded + new`` values that the codes of ``dtype`` cannot all index."""
     codes = int(np.iinfo(dtype).max) + 1
     total = recorded + new
-    if total <= codes:
+    if total <= min(codes, MAX_CATEGORIES):
         return
     counted = f"{total} distinct values"
     if recorded:
         counted = f"{total} values ({recorded} in the store's vocabulary, {new} new)"
+    if total > MAX_CATEGORIES and codes >= MAX_CATEGORIES:
+        raise SourceError(
+            f"[fields.{name}] categories: {counted} are more than the limit of {MAX_CATEGORIES:,} values; "
+            "a column of that many values is an id, not a label: use it as a number"
+        )
     raise SourceError(
         f"[fields.{name}] categories: {counted} do not fit {dtype} (at most {codes} codes); use a wider integer dtype"
     )

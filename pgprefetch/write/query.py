@@ -29,10 +29,18 @@ from pgprefetch.decode.layout import BatchLayout, UnknownCategoryError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import plan_columns
 from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.pg.statement import Fetched, batch_statement, row_wise
+from pgprefetch.pg.statement import (
+    Fetched,
+    batch_statement,
+    distinct_values_statement,
+    query_column,
+    row_wise,
+    samples_rows,
+)
 from pgprefetch.write.batches import BatchSource, unit_batches
 from pgprefetch.write.keyfile import OrderedKeys
 from pgprefetch.write.plan import (
+    MAX_CATEGORY_BYTES,
     EpochPlan,
     Vocabulary,
     name_unknown_category,
@@ -122,7 +130,7 @@ async def plan_epoch(
     try:
         where = f"{cfg.file}: " if cfg.file else ""
         columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
-        categories = await resolve_categories(cfg, lambda column: snap.distinct_text(cfg, column), vocabulary)
+        categories = await resolve_categories(cfg, lambda columns: _distinct(cfg, snap, columns), vocabulary)
     except BaseException:
         if isinstance(order["keys"], OrderedKeys):
             order["keys"].close()
@@ -178,3 +186,16 @@ def layout_from(cfg: Config, plan: EpochPlan, first: Fetched) -> BatchLayout:
         row_truncate=getattr(s, "truncate", "error"),
         row_wise=plan.row_wise,
     )
+
+
+async def _distinct(cfg: Config, snap: Snapshot, columns: list[str]) -> dict[str, set[str]]:
+    """The distinct values of the ``"auto"`` columns over every sample (not the epoch's ``fraction``): one statement.
+
+    The keys query and the per-sample query for every key, run once for all the columns, not once a column.
+    """
+    samples = cfg.samples
+    source = samples_rows(samples.keys, samples.query, samples.max_param)
+    sql = distinct_values_statement(source, [query_column(c) for c in columns], MAX_CATEGORY_BYTES + 1)
+    where = f"{cfg.file}: " if cfg.file else ""
+    values, _ = await snap.distinct_values(sql, f"{where}categories of column(s) {', '.join(columns)}")
+    return {c: values.get(i, set()) for i, c in enumerate(columns)}

@@ -40,7 +40,7 @@ from pgprefetch.write.ray.part import ScanPart
 from pgprefetch.write.ray.secret import opened, sealed
 from pgprefetch.write.scan.exchange import Merged, Piece, cut_block, merge_keys, part_rows, route, rows_of
 from pgprefetch.write.scan.mode import plan_scan, scan_layout
-from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_text
+from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
 from pgprefetch.write.scan.table import Table, cut, page_ranges, read_ranges
 
 
@@ -98,7 +98,11 @@ async def read_spread(
     """Read ``cfg``'s table on ``snap`` with reader tasks, and cut its samples (see the module's docstring)."""
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
-    categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column), vocabulary)
+
+    async def distinct(columns: list[str]) -> dict[str, set[str]]:
+        return (await distinct_values(cfg, snap, shape, columns))[0]
+
+    categories = await resolve_categories(cfg, distinct, vocabulary)
     shape = dataclasses.replace(shape, categories=categories)
     readers = max(parts, await _ranges_for_memory(cfg, snap, shape))
     per = cfg.source.connections  # each reader reads its range as the single process reads the table
@@ -155,8 +159,8 @@ async def _ranges_for_memory(cfg: Config, snap: Snapshot, shape: ScanShape) -> i
     budget = cfg.source.memory_bytes
     if not shape.plain_table or not budget:
         return 1
-    sql = f"SELECT pg_relation_size('{shape.relation}'::regclass)"
-    size = int((await snap.fetch(sql, f"size of {shape.relation}"))[0][0])
+    sql = "SELECT pg_relation_size($1::text::regclass)"
+    size = int((await snap.fetch(sql, f"size of {shape.relation}", shape.relation))[0][0])
     return max(1, math.ceil(size / budget))
 
 

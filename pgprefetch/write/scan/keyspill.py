@@ -48,7 +48,7 @@ from pgprefetch.write.keyfile import OrderedKeys
 from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
 from pgprefetch.write.scan.passes import Spool, key_range
-from pgprefetch.write.scan.shape import ScanShape, copy_select
+from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
 from pgprefetch.write.scan.table import Table, cut, gather, page_ranges, sort_keys
 from pgprefetch.write.shardfiles import io_errors
 from pgprefetch.write.spill import MIN_KEYS, KeyCollector, KeyRuns
@@ -365,7 +365,7 @@ async def _stream(
 
     # Not first_error: a COPY cancelled while its rows stream can make asyncpg log a traceback (a result with
     # no waiter), so after a failure (a full disk) the others stop at their next chunk, from their own sink.
-    async with BatchReader.open(cfg.source, snap.id, None) as workers:
+    async with BatchReader.open(cfg.source, snap.id, None, vocabularies=vocabularies(shape)) as workers:
         await asyncio.gather(
             *(copy(workers, d, where) for d, where in zip(decoders, ranges, strict=True)), return_exceptions=True
         )

@@ -24,10 +24,10 @@ from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
-from pgprefetch.write.plan import EpochPlan, Vocabulary, order_keys, resolve_categories
+from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order_keys, resolve_categories
 from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
 from pgprefetch.write.scan.passes import Spool, key_passes, keys_only, spool_pass
-from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_text
+from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
 from pgprefetch.write.scan.table import Table, TableTooLarge, cut, gather, read_table
 
 
@@ -121,28 +121,68 @@ async def read_scan(
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
-    categories = await resolve_categories(cfg, lambda column: distinct_text(cfg, snap, shape, column), vocabulary)
+    counted = [0]  # rows the distinct values' read read
+
+    async def distinct(columns: list[str]) -> dict[str, set[str]]:
+        values, rows = await distinct_values(cfg, snap, shape, columns)
+        counted[0] += rows
+        return values
+
+    # The store's vocabulary has every "auto" field: code against it while reading, and read for the
+    # distinct values only if the data holds one it lacks. Otherwise, one read for them all first.
+    optimistic = known_vocabulary(cfg, vocabulary) is not None
+    categories = await resolve_categories(cfg, None if optimistic else distinct, vocabulary)
     shape = dataclasses.replace(shape, categories=categories)
     try:
         too_large = await _clearly_too_large(cfg, snap, shape)
         if too_large is not None:
             raise too_large
         table = await read_table(cfg, snap, shape, on_rows=on_rows)
+        if optimistic and _has_new_values(cfg, shape, table):  # a new value: its code is known only now
+            optimistic = False
+            counted[0] += table.rows_read  # the read given up: the server read those rows all the same
+            del table
+            heap.release()
+            categories = await resolve_categories(cfg, distinct, vocabulary)
+            shape = dataclasses.replace(shape, categories=categories)
+            table = await read_table(cfg, snap, shape, on_rows=on_rows)
         fits, per_row = True, 0.0
+        table.rows_read += counted[0]
     except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
         fits, per_row = False, e.bytes_per_row
         heap.release()
+        if optimistic:  # the data passes code what they read: the lists must be whole before them
+            categories = await resolve_categories(cfg, distinct, vocabulary)
+            shape = dataclasses.replace(shape, categories=categories)
+        already = e.rows + counted[0]
         if keys_dir is None:
             table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
         else:
             got = await keys_pass(cfg, snap, keys_only(shape), epoch, keys_dir, per_row, on_rows)
             if isinstance(got, SpilledKeys):
-                got.rows_read += e.rows
+                got.rows_read += already
                 return SpilledScan(shape, got, snap.id, snap.server_version, epoch)
             table = got
-        table.rows_read += e.rows
+        table.rows_read += already
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
     return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
+
+
+def _has_new_values(cfg: Config, shape: ScanShape, table: Table) -> bool:
+    """Whether a table read coded against the store's vocabulary holds a value of an ``"auto"`` field it lacks.
+
+    Such a value was sent as code -1, as a NULL is (which its mask tells apart).
+    """
+    for f in cfg.fields:
+        if f.categories != "auto":
+            continue
+        for c in shape.by_field[f.name]:
+            unknown = table.values[c] == -1
+            if c in table.masks:
+                unknown &= ~table.masks[c]
+            if unknown.any():
+                return True
+    return False
 
 
 # Skip the first read when the planner's row count puts the decoded table this far past memory. The read
@@ -164,8 +204,8 @@ async def _clearly_too_large(cfg: Config, snap: Snapshot, shape: ScanShape) -> T
         return None
     per_row = sum(w.itemsize for w in shape.key_wire) + (shape.order_wire.itemsize if shape.order_wire else 0)
     per_row += sum(c.wire.itemsize + (1 if c.nullable else 0) for c in shape.columns)
-    sql = f"SELECT reltuples::float8 FROM pg_class WHERE oid = '{shape.relation}'::regclass"
-    rows = float((await snap.fetch(sql, f"row estimate of {shape.relation}"))[0][0])
+    sql = "SELECT reltuples::float8 FROM pg_class WHERE oid = $1::text::regclass"
+    rows = float((await snap.fetch(sql, f"row estimate of {shape.relation}", shape.relation))[0][0])
     if rows <= 0 or rows * per_row <= ESTIMATE_MARGIN * budget:
         return None
     return TableTooLarge(float(per_row), 0)

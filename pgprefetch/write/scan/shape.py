@@ -8,7 +8,6 @@ value sent fixed-width and NOT NULL so that the client decodes rows as one struc
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +17,9 @@ from pgprefetch.errors import ConfigError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column, plan_columns
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.pg.statement import distinct_values_statement, vocabulary_sql
 from pgprefetch.sqltext import quote_ident
+from pgprefetch.write.plan import MAX_CATEGORY_BYTES
 
 KEY_TYPES = {"int2": ">i2", "int4": ">i4", "int8": ">i8"}
 
@@ -105,8 +106,8 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
         order_wire, offset = np.dtype(ORDER_TYPES[kind][0]), ORDER_TYPES[kind][1]
     not_null: frozenset[str] = frozenset()
     if plain:  # columns the table declares NOT NULL need no mask
-        sql = f"SELECT attname FROM pg_attribute WHERE attrelid = '{relation}'::regclass AND attnotnull AND attnum > 0"
-        not_null = frozenset(r[0] for r in await snap.fetch(sql, f"{where}[samples] table"))
+        sql = "SELECT attname FROM pg_attribute WHERE attrelid = $1::text::regclass AND attnotnull AND attnum > 0"
+        not_null = frozenset(r[0] for r in await snap.fetch(sql, f"{where}[samples] table", relation))
     columns, by_field = plan_columns(
         cfg.fields, returned, 0, where, all_nullable=True, not_null=not_null, pad_arrays=True
     )
@@ -123,20 +124,24 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
     )
 
 
-async def distinct_text(cfg: Config, snap: Snapshot, shape: ScanShape, column: str) -> list[str]:
-    """The distinct non-NULL values of ``column`` in the relation, as text (``categories = "auto"``)."""
+async def distinct_values(
+    cfg: Config, snap: Snapshot, shape: ScanShape, columns: list[str]
+) -> tuple[dict[str, set[str]], int]:
+    """The distinct values of ``columns`` in the relation, as text, in one read; and the rows it read.
+
+    For ``categories = "auto"`` where the store's vocabulary does not have them all already
+    (:func:`pgprefetch.write.scan.mode.read_scan`).
+    """
     where = f"{cfg.file}: " if cfg.file else ""
-    ref = quote_ident(column)
-    sql = f"SELECT DISTINCT {ref}::text FROM {shape.relation} WHERE {ref} IS NOT NULL"
-    return [r[0] for r in await snap.fetch(sql, f"{where}categories of column {column}")]
+    sql = distinct_values_statement(shape.relation, [quote_ident(c) for c in columns], MAX_CATEGORY_BYTES + 1)
+    values, rows = await snap.distinct_values(sql, f"{where}categories of column(s) {', '.join(columns)}")
+    return {c: values.get(i, set()) for i, c in enumerate(columns)}, rows
 
 
 def copy_select(shape: ScanShape, where: str = "") -> str:
     """The SELECT a range's COPY runs: key columns, order, then each column's value and NULL mask."""
     exprs = [quote_ident(k) for k in shape.key_names]
-    vocabularies = {
-        c: _text_array(shape.categories[f]) for f, cols in shape.by_field.items() for c in cols if f in shape.categories
-    }
+    vocabularies = {c: vocabulary_sql(i) for i, f in enumerate(coded_fields(shape)) for c in shape.by_field[f]}
     once = []  # text and bytea to cut: each row's bytes, computed once (the cut refers to them ten times)
     for j, c in enumerate(shape.columns):
         ref = quote_ident(c.name)
@@ -155,6 +160,16 @@ def copy_select(shape: ScanShape, where: str = "") -> str:
     return f"SELECT {', '.join(exprs)} FROM {relation}{where}"
 
 
-def _text_array(values: Sequence[str]) -> str:
-    """A text[] literal (COPY takes no bind parameters); quotes doubled, as standard_conforming_strings reads them."""
-    return "ARRAY[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]::text[]"
+def coded_fields(shape: ScanShape) -> list[str]:
+    """The fields whose columns the COPY codes against a category list, in the order of :func:`vocabularies`."""
+    return [f for f in shape.by_field if f in shape.categories]
+
+
+def vocabularies(shape: ScanShape) -> list[list[str]]:
+    """The category lists the COPY's workers bind (``BatchReader.open(vocabularies=...)``), in SQL's order.
+
+    List ``i`` is read by :func:`~pgprefetch.pg.statement.vocabulary_sql` ``(i)``: a COPY takes no bind
+    parameters, and a value pasted into its text would be SQL (a backslash in data, read with
+    ``standard_conforming_strings = off``, was).
+    """
+    return [shape.categories[f] for f in coded_fields(shape)]

@@ -38,7 +38,7 @@ from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.write.scan.copystream import Columns, CopyDecoder
-from pgprefetch.write.scan.shape import ScanShape, copy_select
+from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
 from pgprefetch.write.tasks import first_error
 
 
@@ -147,7 +147,7 @@ async def read_ranges(
 
         return take
 
-    async with BatchReader.open(cfg.source, snapshot, None) as workers:
+    async with BatchReader.open(cfg.source, snapshot, None, vocabularies=vocabularies(shape)) as workers:
         copies = [
             workers.copy(f"reading {shape.relation}", f"{copy_select(shape, where)}", sink(d))
             for d, where in zip(decoders, ranges, strict=True)
@@ -164,8 +164,8 @@ async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
     """
     if not shape.plain_table or n == 1 or int(snap.server_version.split(".")[0].split()[0]) < 14:
         return [""]  # before PostgreSQL 14 a ctid range is a filter on a full scan: one COPY reads less
-    sql = f"SELECT pg_relation_size('{shape.relation}'::regclass) / current_setting('block_size')::int8"
-    pages = int((await snap.fetch(sql, f"size of {shape.relation}"))[0][0])
+    sql = "SELECT pg_relation_size($1::text::regclass) / current_setting('block_size')::int8"
+    pages = int((await snap.fetch(sql, f"size of {shape.relation}", shape.relation))[0][0])
     n = max(1, min(n, pages))
     bounds = [round(i * pages / n) for i in range(1, n)]
     clauses = []
