@@ -30,6 +30,7 @@ from pgprefetch.keys import INTEGER_TYPES, TIME_TYPES, UUID_TYPE, KeyColumns
 from pgprefetch.pg.calls import T, Watchdog, bounded_call, close, connect
 from pgprefetch.pg.plans import IndexAdvice, index_advice
 from pgprefetch.pg.statement import Fetched, distinct_text_statement, sample_text_statement
+from pgprefetch.sqltext import find_params
 
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
 _SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
@@ -94,6 +95,14 @@ class Snapshot:
             raise ConfigError(
                 f"{where}[samples] query: uses ${cfg.samples.max_param} but keys returns "
                 f"{len(keys.names)} column(s) ({', '.join(keys.names)})"
+            )
+        used = find_params(cfg.samples.query)
+        unused = [i for i in range(1, cfg.samples.max_param) if i not in used]
+        if unused:  # PostgreSQL would say "could not determine data type of parameter $1"
+            i = unused[0]
+            raise ConfigError(
+                f"{where}[samples] query: the query does not use ${i} (key column {keys.names[i - 1]}); "
+                f"use ${i} in the query, or drop {keys.names[i - 1]} from [samples] keys and renumber the $n after it"
             )
         if keys.converted:  # the keys read as int8 slots (two per uuid, days or µs for times), converted by the server
             aliases = [f"_pgpf_k{i}" for i in range(len(keys.names))]  # the query's own names may repeat
