@@ -84,3 +84,52 @@ def test_a_repeated_timestamp_order_value_is_shown_as_a_timestamp(db: str, tmp_p
     assert code != 0
     assert "has two rows with time_hour = 2013-01-01 05:00:00:" in out, out
     assert "1356" not in out  # not microseconds
+
+
+def warnings_of(cfg: Path, dsn: str) -> list[str]:
+    code, out = run_cli("check", "--config", str(cfg), "--dsn", dsn)
+    assert code == 0, out
+    return [line for line in out.splitlines() if line.startswith("warning: ")]
+
+
+def test_a_small_indexed_table_the_planner_scans_whole_gets_no_index_advice(db: str, tmp_path: Path) -> None:
+    execute(
+        db,
+        "CREATE TABLE raybad (id int PRIMARY KEY, v real)",
+        "INSERT INTO raybad SELECT g, g FROM generate_series(1, 20000) g",
+        "ANALYZE raybad",
+    )
+    cfg = write_config(
+        tmp_path,
+        keys="SELECT id FROM raybad",
+        query="SELECT v FROM raybad WHERE id = $1",
+        fields={"v": (["v"], "float32")},
+        size=100,
+    )
+    assert warnings_of(cfg, db) == []
+
+
+def test_an_index_the_planner_does_not_use_is_named_with_analyze_not_advised_again(db: str, tmp_path: Path) -> None:
+    # One key holds nearly every row: from the statistics a key's rows are many, and the planner reads the
+    # table whole once a batch rather than through the index. Advising CREATE INDEX would be wrong.
+    execute(
+        db,
+        "CREATE TABLE skew (id int, v real)",
+        "INSERT INTO skew SELECT g, g FROM generate_series(1, 64) g",
+        "INSERT INTO skew SELECT 7, g FROM generate_series(1, 1000000) g",
+        "CREATE INDEX skew_id ON skew (id)",
+        "ANALYZE skew",
+    )
+    cfg = write_config(
+        tmp_path,
+        keys="SELECT id FROM skew WHERE id <> 7 GROUP BY id",
+        query="SELECT v FROM skew WHERE id = $1",
+        fields={"v": (["v"], "float32")},
+        size=16,
+    )
+    warnings = warnings_of(cfg, db)
+    assert len(warnings) == 1, warnings
+    assert "CREATE INDEX" not in warnings[0]
+    assert warnings[0].endswith(
+        "although index skew_id serves its WHERE: the planner's statistics may be out of date; run ANALYZE skew"
+    )
