@@ -83,7 +83,7 @@ def test_too_many_rows_names_the_key(table: str, tmp_path: Path) -> None:
     execute(table, "INSERT INTO w VALUES (5, 3, 5)")
     expect(
         SampleError,
-        "sample (id=5): returned 3 rows, expected 2 ([samples] rows)",
+        "sample (id=5): returned more than 2 rows, expected 2 ([samples] rows)",
         tmp_path,
         table,
         query="SELECT v FROM w WHERE id = $1 ORDER BY k",

@@ -116,7 +116,7 @@ def test_an_array_longer_than_max_length_stops_the_dump_naming_the_sample(seqs: 
     assert longest[1] > 16
     with pytest.raises(
         SampleError,
-        match=r"sample \(id=\d+\): field tokens, column tokens has \d+ elements, more than "
+        match=r"sample \(id=\d+\): field tokens, column tokens has more elements than "
         r'max_length 16; \[fields.tokens\] truncate = "right" or "left" keeps that many',
     ):
         dump(seqs_config(tmp_path, fields), seqs)
@@ -226,7 +226,7 @@ def test_more_rows_than_max_rows_stops_the_dump_naming_the_sample(seqs: str, tmp
     )
     with pytest.raises(
         SampleError,
-        match=r"sample \(uid=\d+\): returned (9|10|11|12) rows, more than max_rows 8; "
+        match=r"sample \(uid=\d+\): returned more rows than max_rows 8; "
         r'\[samples\] truncate = "right" or "left" keeps max_rows of them',
     ):
         dump(config, seqs)

@@ -57,17 +57,19 @@ def _rows_grouped(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.n
         try:
             keep, slots, d.n_rows = ragged.place_rows(counts, rows, layout.row_truncate)
         except wire.BadSample as e:
+            # (the statement stops a sample at max_rows + 1 rows: how many more it has is not known)
             raise layout.sample_error(
                 keys,
                 e.sample,
-                f"returned {counts[e.sample]} rows, more than max_rows {rows}; "
+                f"returned more rows than max_rows {rows}; "
                 '[samples] truncate = "right" or "left" keeps max_rows of them',
             ) from None
     else:
         wrong = np.flatnonzero(counts != rows)
         if wrong.size:
             bad = int(wrong[0])
-            raise layout.sample_error(keys, bad, f"returned {counts[bad]} rows, expected {rows} ([samples] rows)")
+            count = f"more than {rows}" if counts[bad] > rows else str(counts[bad])  # stopped at rows + 1
+            raise layout.sample_error(keys, bad, f"returned {count} rows, expected {rows} ([samples] rows)")
     ends = np.cumsum(counts)
 
     def per_row(blob: bytes | None, dtype: np.dtype) -> np.ndarray:  # one value per row, in order
@@ -115,6 +117,9 @@ def _one_row_each(layout: BatchLayout, ordinals: np.ndarray, keys: np.ndarray) -
     """
     n = keys.shape[1]
     counts = np.bincount(ordinals - 1, minlength=n)[:n] if ordinals.size else np.zeros(n, np.int64)
+    if ordinals.size > n:  # the statement stopped at n + 1 rows: a sample has more, and later ones may be unread
+        bad = int(np.flatnonzero(counts > 1)[0])
+        raise layout.sample_error(keys, bad, "returned more than 1 rows, expected 1 ([samples] rows)")
     wrong = np.flatnonzero(counts != 1)
     if wrong.size or ordinals.size != n:
         bad = int(wrong[0]) if wrong.size else 0
@@ -191,9 +196,10 @@ def _values(
     if f.max_length is None:
         return wire.array_rows(blob, lengths, col.wire, layout.array_length(col)), None
     hint = f'max_length {f.max_length}; [fields.{f.name}] truncate = "right" or "left" keeps that many'
+    exact = col.cut is None  # else the server cut the values (Column.cut_sql): their lengths are the cut's
     if col.is_bytes:
-        return ragged.byte_runs(blob, lengths, f.max_length, f.truncate, col.pg_type == "text", hint)
-    return ragged.arrays(blob, lengths, col.wire, f.max_length, f.truncate, hint)
+        return ragged.byte_runs(blob, lengths, f.max_length, f.truncate, col.pg_type == "text", hint, exact=exact)
+    return ragged.arrays(blob, lengths, col.wire, f.max_length, f.truncate, hint, exact=exact)
 
 
 def array_lengths(layout_columns: Sequence[Column], fetched: Fetched, row_wise: bool = False) -> dict[Column, int]:

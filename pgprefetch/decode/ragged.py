@@ -21,27 +21,39 @@ from pgprefetch.decode.wire import HEADER, BadSample, first_with_null
 EMPTY = 12  # array_send of an empty array: ndim 0, has-null flag, element type; no dimension
 
 
-def kept(lengths: np.ndarray, limit: int, truncate: str, what: str, hint: str) -> tuple[np.ndarray, np.ndarray]:
+def kept(
+    lengths: np.ndarray, limit: int, truncate: str, what: str, hint: str, *, exact: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """How many of each row's ``lengths`` values are kept, and the first kept one, under ``truncate``.
 
     ``right`` keeps the first ``limit``, ``left`` the last; ``error`` raises for the first longer row.
+    ``exact``: the lengths are the values' own; else the server cut the values (to ``limit + 1`` under
+    ``error``), and a longer one is said to be longer without a count that would be the cut's.
     """
     over = lengths > limit
     if truncate == "error" and over.any():
         bad = int(np.flatnonzero(over)[0])
-        raise BadSample(bad, f"has {int(lengths[bad])} {what}, more than {hint}")
+        told = f"has {int(lengths[bad])} {what}, more than {hint}" if exact else f"has more {what} than {hint}"
+        raise BadSample(bad, told)
     count = np.minimum(lengths, limit)
     first = lengths - count if truncate == "left" else np.zeros_like(lengths)
     return count, first
 
 
 def arrays(
-    blob: bytes | None, lengths: np.ndarray, wire: np.dtype, limit: int, truncate: str, hint: str
+    blob: bytes | None,
+    lengths: np.ndarray,
+    wire: np.dtype,
+    limit: int,
+    truncate: str,
+    hint: str,
+    *,
+    exact: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of an array column of any length: each row's ``array_send`` back to back -> ``(rows, limit)``.
 
     ``lengths`` holds each row's ``cardinality``. Returns the values (zero beyond each row's kept length,
-    wire dtype) and the kept lengths.
+    wire dtype) and the kept lengths. ``exact``: as for :func:`kept`.
     """
     lengths = lengths.astype(np.int64)
     step = 4 + wire.itemsize  # each element: its int32 length, then the value
@@ -56,7 +68,7 @@ def arrays(
         irregular = np.flatnonzero((ndim != (lengths > 0)) | (flags != 0))
         if irregular.size:
             raise BadSample(int(irregular[0]), "has a NULL element or more than one dimension")
-    count, first = kept(lengths, limit, truncate, "elements", hint)
+    count, first = kept(lengths, limit, truncate, "elements", hint, exact=exact)
     at = starts + HEADER + 4 + first * step  # each row's first kept value
     return _gather(data, at, count, step, wire, limit), count
 
@@ -111,10 +123,18 @@ def lengths_of_sized(data: bytes, sizes: np.ndarray, width: int) -> np.ndarray:
 
 
 def byte_runs(
-    blob: bytes | None, lengths: np.ndarray, limit: int, truncate: str, utf8: bool, hint: str
+    blob: bytes | None,
+    lengths: np.ndarray,
+    limit: int,
+    truncate: str,
+    utf8: bool,
+    hint: str,
+    *,
+    exact: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of text or bytea: their bytes back to back -> ``(rows, limit)`` uint8, and the kept lengths.
 
+    ``exact``: as for :func:`kept`.
     Text (``utf8``) is never cut inside a character: a cut that would split one moves back to its start.
     """
     lengths = lengths.astype(np.int64)
@@ -123,7 +143,7 @@ def byte_runs(
     data = blob or b""
     if len(data) != int(lengths.sum()):
         raise BadSample(0, "holds fewer bytes than its lengths say")
-    count, first = kept(lengths, limit, truncate, "bytes", hint)
+    count, first = kept(lengths, limit, truncate, "bytes", hint, exact=exact)
     raw = np.frombuffer(data, dtype=np.uint8)
     if utf8:
         cut = np.flatnonzero(count < lengths)

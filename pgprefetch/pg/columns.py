@@ -61,7 +61,8 @@ class Column:
     vocabulary: int | None = None  # categorical: the bind parameter ($n) holding the category list
     padded: int | None = None  # scan mode: an array or bytes of any length, sent cut and padded to this many
     ragged: bool = False  # query mode: an array of any length, its lengths read from its array_send headers
-    truncate: str = "error"  # with padded: which elements are kept (see length_sql for the length sent beside)
+    truncate: str = "error"  # with padded or cut: which elements are kept (see length_sql for the length sent beside)
+    cut: int | None = None  # query mode: a field's max_length, the server cuts the value to it (see _cut_sql)
 
     @classmethod
     def from_type(
@@ -123,14 +124,44 @@ class Column:
             vocabulary = categories or f"${self.vocabulary}::text[]"
             return f"coalesce(array_position({vocabulary}, {ref}::text) - 1, -1)::int4"
         if self.is_bytes:  # (scan mode pads the bytes of bytes_sql, computed once a row: see scan.copy_select)
-            return f"convert_to({ref}::text, 'UTF8')" if self.pg_type == "text" else ref
+            value = self._cut_sql(ref) if self.cut is not None else ref
+            return f"convert_to({value}::text, 'UTF8')" if self.pg_type == "text" else value
         if self.padded is not None:
             return self._padded_sql(ref)
+        if self.cut is not None:
+            ref = self._cut_sql(ref)
         cast = WIRE[self.pg_type][2]
         value = f"{ref}::{cast}[]" if cast and self.is_array else f"{ref}::{cast}" if cast else ref
         # The placeholder carries the type: coalesce(smallint, 0) would be an integer, 4 bytes on the wire.
         placeholder = f"{WIRE[self.pg_type][3]}::{cast or self.pg_type}"
         return f"coalesce({value}, {placeholder})" if self.nullable else value
+
+    def _cut_sql(self, ref: str) -> str:
+        """Query mode: the value of ``ref`` cut by the server, so that no more of it travels than is kept.
+
+        A 100 MB array or text cut to 16 elements must not reach the client whole (the memory of a dump is
+        then the values' size, not the batch's). What is sent still gives the client's cut
+        (:func:`ragged.arrays`, :func:`ragged.byte_runs`) exactly the bytes it keeps from the whole value:
+        ``right`` keeps the first ``cut`` elements, ``left`` the last ones. ``error`` sends one element
+        more, so that a longer value is still seen (its whole length is not sent: ``cardinality`` would
+        decompress a TOASTed array a second time). Text is cut by characters: the first ``cut + 1`` of them
+        hold at least the ``cut + 1`` bytes the client's UTF-8 cut looks at, the last ``cut`` at least the
+        ``cut`` bytes it keeps; ``substring`` of text or bytea reads only the start of a TOASTed value.
+        Arrays are sliced from index 1, as scan mode's (arrays built with another lower bound are cut by
+        their indexes).
+        """
+        n = self.cut
+        assert n is not None
+        more = n if self.truncate == "right" and self.pg_type != "text" else n + 1
+        if self.is_array:
+            if self.truncate == "left":
+                return f"({ref})[greatest(cardinality({ref}) - {n} + 1, 1):]"
+            return f"({ref})[1:{more}]"
+        if self.pg_type == "text":
+            return f"right({ref}::text, {n})" if self.truncate == "left" else f"substring({ref}::text for {more})"
+        if self.truncate == "left":
+            return f"substring({ref} from greatest(octet_length({ref}) - {n}, 0) + 1)"
+        return f"substring({ref} for {more})"
 
     def _padded_sql(self, ref: str) -> str:
         """An array of any length as exactly ``padded`` elements: cut (first or last ones), then zeros after.
@@ -267,8 +298,8 @@ def plan_columns(
             )
             if pad_arrays and f.max_length is not None and (column.is_array or column.is_bytes):
                 column = dataclasses.replace(column, padded=f.max_length, truncate=f.truncate)
-            elif f.max_length is not None and column.is_array:
-                column = dataclasses.replace(column, ragged=True)
+            elif f.max_length is not None and (column.is_array or column.is_bytes):
+                column = dataclasses.replace(column, ragged=column.is_array, cut=f.max_length, truncate=f.truncate)
             cols.append(column)
         by_field[f.name] = tuple(cols)
     return tuple(dict.fromkeys(c for cols in by_field.values() for c in cols)), by_field

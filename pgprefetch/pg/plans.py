@@ -28,7 +28,11 @@ _COLUMN_KEY = re.compile(_COLUMN + _OPS + _KEY)
 _KEY_COLUMN = re.compile(_KEY + _OPS + _COLUMN)
 _JOIN_CONDITIONS = ("Hash Cond", "Merge Cond", "Join Filter", "Filter")
 PER_BATCH_FACTOR = 10  # a scan reading this many rows per key of the batch reads the table, not the samples
-PER_BATCH_ROWS = 20_000  # ...and this many at least: reading a small table whole each batch costs little
+# A key's lookup through an index, as the planner costs it: the index's pages down to the leaf and the heap
+# page, about two random page reads (random_page_cost 4). A scan of the whole table once per batch is worth
+# an index only when it costs more than the batch's lookups would, twice over: a 20,000-row table read
+# whole for 100 keys costs about what 100 lookups do, and the planner is right to prefer it.
+LOOKUP_COST = 8.0
 PER_SAMPLE_COST = 100.0  # a scan per sample the planner costs this much (about 100 pages) is worth an index
 
 
@@ -41,11 +45,19 @@ class IndexAdvice:
     sorts: bool  # the query also sorts its rows for each sample
     per: str = "sample"  # "sample": a nested loop scans it for each key; "batch": a join reads it whole
     rows: int = 0  # the rows the planner expects the scan to read
+    regclass: str = ""  # the relation as SQL names it, quoted (where its indexes are looked up)
+    index: str = ""  # an existing index that leads with the first of ``columns``: the planner does not use it
 
     def line(self) -> str:
         """The one-line warning ``check`` prints and ``dump`` logs."""
         what = "scans and sorts" if self.sorts else "scans"
         size = f" (about {self.rows:,} rows)" if self.rows else ""
+        if self.index:  # never advise an index that exists: the planner's figures are what is off
+            return (
+                f"the per-sample query {what} all of {self.relation}{size} for each {self.per} although index "
+                f"{self.index} serves its WHERE: the planner's statistics may be out of date; run "
+                f"ANALYZE {self.relation}"
+            )
         fix = f"CREATE INDEX ON {self.relation} ({', '.join(self.columns)})" if self.columns else "an index"
         return (
             f"the per-sample query {what} all of {self.relation}{size} for each {self.per} (no index serves "
@@ -62,8 +74,10 @@ def index_advice(plan: list[dict[str, Any]] | dict[str, Any]) -> list[IndexAdvic
         per_sample = _inner_of_keys_loop(path)
         if per_sample and scan.get("Total Cost", PER_SAMPLE_COST) < PER_SAMPLE_COST:
             continue  # a small table: scanning it is about what an index lookup costs
-        if not per_sample and scan.get("Plan Rows", 0) < max(PER_BATCH_FACTOR * keys, PER_BATCH_ROWS):
-            continue
+        if not per_sample and (
+            scan.get("Plan Rows", 0) < PER_BATCH_FACTOR * keys or scan.get("Total Cost", 0) < 2 * keys * LOOKUP_COST
+        ):
+            continue  # read whole once a batch, it costs about what the batch's index lookups would
         if not per_sample and not any(_holds_keys(n) for n in path):
             continue  # not joined with the batch's keys (a small lookup table, a constant subquery)
         conditions = " AND ".join(n.get(c, "") for n in [*path, scan] for c in _JOIN_CONDITIONS)
@@ -72,12 +86,13 @@ def index_advice(plan: list[dict[str, Any]] | dict[str, Any]) -> list[IndexAdvic
         sort_keys = [_column(k) for n in (per_sample or []) for k in n.get("Sort Key", [])] if per_sample else []
         columns = [c for c, op in compared if op == "="] + [c for c, op in compared if op != "="]
         columns += [c for c in sort_keys if c]
-        relation = scan.get("Relation Name", "?")
+        name = scan.get("Relation Name", "?")
+        relation, regclass = name, quote_ident(name)
         if scan.get("Schema") not in (None, "public"):
-            relation = f"{quote_ident(scan['Schema'])}.{quote_ident(relation)}"
+            relation = regclass = f"{quote_ident(scan['Schema'])}.{quote_ident(name)}"
         advice = IndexAdvice(
             relation, tuple(dict.fromkeys(columns)), bool(sort_keys), "sample" if per_sample else "batch",
-            int(scan.get("Plan Rows", 0)) if not per_sample else 0,
+            int(scan.get("Plan Rows", 0)) if not per_sample else 0, regclass,
         )  # fmt: skip
         out.setdefault(relation, advice)
     return list(out.values())

@@ -14,6 +14,7 @@ Every database call goes through :func:`pgprefetch.pg.calls.bounded_call`, the b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import re
@@ -30,6 +31,7 @@ from pgprefetch.keys import INTEGER_TYPES, TIME_TYPES, UUID_TYPE, KeyColumns
 from pgprefetch.pg.calls import T, Watchdog, bounded_call, close, connect
 from pgprefetch.pg.plans import IndexAdvice, index_advice
 from pgprefetch.pg.statement import VOCABULARY_SETTING, Fetched, sample_text_statement
+from pgprefetch.sqltext import find_params, quote_ident
 
 KEYS_PREFETCH = 50_000  # rows per cursor round trip (asyncpg's default is 50)
 _SNAPSHOT_ID = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
@@ -95,6 +97,14 @@ class Snapshot:
                 f"{where}[samples] query: uses ${cfg.samples.max_param} but keys returns "
                 f"{len(keys.names)} column(s) ({', '.join(keys.names)})"
             )
+        used = find_params(cfg.samples.query)
+        unused = [i for i in range(1, cfg.samples.max_param) if i not in used]
+        if unused:  # PostgreSQL would say "could not determine data type of parameter $1"
+            i = unused[0]
+            raise ConfigError(
+                f"{where}[samples] query: the query does not use ${i} (key column {keys.names[i - 1]}); "
+                f"use ${i} in the query, or drop {keys.names[i - 1]} from [samples] keys and renumber the $n after it"
+            )
         if keys.converted:  # the keys read as int8 slots (two per uuid, days or µs for times), converted by the server
             aliases = [f"_pgpf_k{i}" for i in range(len(keys.names))]  # the query's own names may repeat
             slots = ", ".join(keys.slot_sql([f"_pgpf_q.{a}" for a in aliases]))
@@ -155,7 +165,24 @@ class Snapshot:
         text = await self._run(
             lambda: self.conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args), "planning the batch statement"
         )
-        return index_advice(json.loads(text))
+        return [await self._existing_index(a) for a in index_advice(json.loads(text))]
+
+    async def _existing_index(self, advice: IndexAdvice) -> IndexAdvice:
+        """``advice`` with the name of an index its table has on its first column, where one exists.
+
+        The planner may rightly prefer a scan (a small table), but where the scan costs and an index that
+        serves the WHERE exists, advising that index again would be wrong: its statistics are what is off.
+        """
+        if not advice.columns or not advice.regclass:
+            return advice
+        rows = await self._run(
+            lambda: self.conn.fetch(_INDEXES, advice.regclass), f"looking up the indexes of {advice.relation}"
+        )
+        first = advice.columns[0]
+        for name, leading in rows:
+            if first in (leading, quote_ident(leading)):
+                return dataclasses.replace(advice, index=name)
+        return advice
 
     async def sample_text(self, cfg: Config, key: Sequence[object], column: str) -> list[str | None]:
         """The values of ``column`` the per-sample query returns for ``key`` (column values), as text."""
@@ -313,6 +340,12 @@ class BatchReader:
         finally:
             self._idle.put_nowait((conn, stmt))
         return tuple(row)
+
+
+# Each index of a table (to_regclass: NULL, no rows, for a name that does not resolve) and its first column.
+_INDEXES = """SELECT i.indexrelid::regclass::text, a.attname::text
+FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+WHERE i.indrelid = to_regclass($1) AND i.indisvalid ORDER BY 1"""
 
 
 def _where(cfg: Config) -> str:

@@ -136,7 +136,14 @@ async def plan_epoch(
             order["keys"].close()
         raise
     variable = cfg.samples.max_rows is not None
-    sql = batch_statement(cfg.samples.query, shape.keys, columns, cfg.samples.rows, variable_rows=variable)
+    sql = batch_statement(
+        cfg.samples.query,
+        shape.keys,
+        columns,
+        cfg.samples.rows,
+        variable_rows=variable,
+        row_truncate=cfg.samples.truncate,
+    )
     rows_each = row_wise(columns, cfg.samples.rows, variable)
     order.pop("index", None)
     return EpochPlan(

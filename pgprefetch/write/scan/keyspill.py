@@ -49,7 +49,7 @@ from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
 from pgprefetch.write.scan.passes import Spool, key_range
 from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
-from pgprefetch.write.scan.table import Table, cut, gather, page_ranges, sort_keys
+from pgprefetch.write.scan.table import Table, cut, gather, longest_series, no_windows, page_ranges, sort_keys
 from pgprefetch.write.shardfiles import io_errors
 from pgprefetch.write.spill import MIN_KEYS, KeyCollector, KeyRuns
 
@@ -223,7 +223,7 @@ def _order(
     key_columns = KeyColumns(shape.key_names)
     if cfg.samples.window is None:  # the rows are the samples
         return order_spilled(cfg, runs, key_columns, epoch), runs.n, 0
-    seed, buckets = cfg.batches.seed, 0
+    seed, buckets, longest = cfg.batches.seed, 0, 0
     samples = KeyCollector(folder / "samples", runs.width, runs.budget, seed=seed, epoch=epoch, limit=limit)
     try:
         for keys, hashes in runs.buckets(limit):  # whole series, by their hash
@@ -235,6 +235,7 @@ def _order(
             bucket = Table(keys=np.ascontiguousarray(keys[:, order]))
             del keys, order
             cut_keys, _ = cut(bucket, shape, cfg.samples)
+            longest = max(longest, longest_series(bucket.keys))
             if cut_keys.shape[1]:
                 samples.add(np.ascontiguousarray(cut_keys))
         runs.discard()
@@ -243,6 +244,8 @@ def _order(
         samples.close()
         raise
     if isinstance(got, np.ndarray):  # the windows fit: ordered in memory, as a table's are
+        if not got.shape[1]:
+            raise no_windows(cfg.samples, longest)
         order_fields = order_keys(cfg, got, key_columns, epoch, in_place=True)
         order_fields.pop("index")
         return order_fields, got.shape[1], buckets

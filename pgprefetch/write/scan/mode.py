@@ -28,7 +28,15 @@ from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order
 from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
 from pgprefetch.write.scan.passes import Spool, key_passes, keys_only, spool_pass
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
-from pgprefetch.write.scan.table import Table, TableTooLarge, cut, gather, read_table
+from pgprefetch.write.scan.table import (
+    Table,
+    TableTooLarge,
+    cut,
+    gather,
+    longest_series,
+    no_windows,
+    read_table,
+)
 
 
 def scan_layout(cfg: Config, shape: ScanShape, lengths: dict[Column, int], plan: EpochPlan) -> BatchLayout:
@@ -165,6 +173,8 @@ async def read_scan(
             table = got
         table.rows_read += already
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
+    if not sample_keys.shape[1] and cfg.samples.window is not None:
+        raise no_windows(cfg.samples, longest_series(table.keys))
     return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
 
 

@@ -239,6 +239,28 @@ def _is_sorted(keys: np.ndarray) -> bool:
     return bool(ok.all())
 
 
+def longest_series(keys: np.ndarray) -> int:
+    """The rows of the longest series of sorted sample keys (``keys``: the series key slots, then the order)."""
+    n = keys.shape[1]
+    if not n:
+        return 0
+    change = np.flatnonzero(np.any(keys[:-1, 1:] != keys[:-1, :-1], axis=0)) + 1
+    return int(np.diff(np.concatenate([[0], change, [n]])).max())
+
+
+def no_windows(samples: ScanConfig, longest: int) -> SourceError:
+    """The error for a table no window fits in: the window, the longest series, the fix.
+
+    Scan mode has no keys query: "the keys query returned no rows" would send the user looking for one.
+    """
+    if not longest:
+        return SourceError(f"[samples] table {samples.table}: returned no rows; there is nothing to dump")
+    return SourceError(
+        f"[samples] window = {samples.window} is longer than every series (the longest has {longest} rows): "
+        f"no sample fits; set window to at most {longest}, or check the table's key column"
+    )
+
+
 def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray, np.ndarray]:
     """The samples of a sorted table: their keys ``(n_key_columns, n)`` and the row each starts at.
 
@@ -258,9 +280,10 @@ def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray
     same_order = np.flatnonzero(~change & (order[1:] == order[:-1]))
     if same_order.size:
         i = int(same_order[0])
+        shown = shape.key_columns.values(keys[:, i])[-1]  # a date or timestamp as one, not its days or µs
         raise SampleError(
             f"series ({KeyColumns(shape.key_names[:-1]).show(series[:, i])}) has two rows with "
-            f"{shape.key_names[-1]} = {int(order[i])}: a series' rows need distinct order values"
+            f"{shape.key_names[-1]} = {shown}: a series' rows need distinct order values"
         )
     first = np.concatenate([[0], np.flatnonzero(change) + 1]) if n else np.empty(0, np.int64)
     lengths = np.diff(np.concatenate([first, [n]]))
