@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import fetch
 from tests.helpers import dump as dump_in_process
 from tests.helpers import execute, read_arrays, write_config
 
@@ -165,3 +166,56 @@ def test_a_sample_with_too_many_rows_in_the_row_wise_statement_is_named(many: st
     assert code != 0
     assert "sample (id=7): returned more than 1 rows, expected 1 ([samples] rows)" in err, err
     assert seconds < 30
+
+
+@pytest.mark.parametrize("truncate", ["right", "left"])
+@pytest.mark.parametrize("mode", ["query", "scan"])
+def test_arrays_with_another_lower_bound_are_cut_to_their_own_first_or_last_elements(
+    db: str, tmp_path: Path, truncate: str, mode: str
+) -> None:
+    """An array's subscripts need not start at 1 (``'[0:5]={...}'``): the cut keeps its first (last) elements.
+
+    The server's slice must count from the array's own lower bound; ``[1:n]`` would drop element 0 of a
+    0-based array and return nothing of one that starts at 7. What each sample holds is compared with
+    what the database says its first (last) elements are, in both modes.
+    """
+    n = 3
+    execute(
+        db,
+        "CREATE TABLE arr (id int PRIMARY KEY, a real[] NOT NULL)",
+        "INSERT INTO arr VALUES (1, '[0:5]={10,11,12,13,14,15}'), (2, '[7:8]={20,21}'), (3, '{30,31,32,33}'),"
+        " (4, '[-2:2]={40,41,42,43,44}'), (5, '{}'), (6, '[4:4]={60}')",
+    )
+    opts = {"max_length": n, "truncate": truncate}
+    if mode == "query":
+        cfg = write_config(
+            tmp_path,
+            keys="SELECT id FROM arr",
+            query="SELECT a FROM arr WHERE id = $1",
+            fields={"a": (["a"], "float32", opts)},
+            size=6,
+            connections=1,
+        )
+    else:
+        cfg = tmp_path / "scan.toml"
+        cfg.write_text(
+            '[samples]\ntable = "arr"\nkey = ["id"]\n[fields.a]\ncolumns = ["a"]\ndtype = "float32"\n'
+            f'max_length = {n}\ntruncate = "{truncate}"\n[batches]\nsize = 6\nseed = 0\n'
+            '[store]\npath = "store.zarr"\n'
+        )
+    arrays = read_arrays(dump_in_process(cfg, db))
+    ids = arrays["keys"].reshape(-1)
+    got = arrays["a"].reshape(len(ids), n)
+    order = "DESC" if truncate == "left" else "ASC"
+    for sample, key in enumerate(ids):
+        rows = fetch_values(db, order, int(key), n)
+        expect = np.zeros(n, np.float32)
+        kept = rows[::-1] if truncate == "left" else rows
+        expect[: len(kept)] = kept
+        assert got[sample].tolist() == expect.tolist(), (mode, truncate, int(key))
+
+
+def fetch_values(dsn: str, order: str, key: int, n: int) -> list[float]:
+    """The first (ASC) or last (DESC) ``n`` elements of arr ``key``'s array, as the database orders them."""
+    sql = f"SELECT v FROM arr, unnest(a) WITH ORDINALITY AS u(v, i) WHERE id = $1 ORDER BY i {order} LIMIT $2"
+    return [float(r["v"]) for r in fetch(dsn, sql, key, n)]

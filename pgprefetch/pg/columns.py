@@ -147,16 +147,13 @@ class Column:
         decompress a TOASTed array a second time). Text is cut by characters: the first ``cut + 1`` of them
         hold at least the ``cut + 1`` bytes the client's UTF-8 cut looks at, the last ``cut`` at least the
         ``cut`` bytes it keeps; ``substring`` of text or bytea reads only the start of a TOASTed value.
-        Arrays are sliced from index 1, as scan mode's (arrays built with another lower bound are cut by
-        their indexes).
+        Arrays are sliced from their own lower bound (see :func:`_first_or_last`), as scan mode's.
         """
         n = self.cut
         assert n is not None
         more = n if self.truncate == "right" and self.pg_type != "text" else n + 1
         if self.is_array:
-            if self.truncate == "left":
-                return f"({ref})[greatest(cardinality({ref}) - {n} + 1, 1):]"
-            return f"({ref})[1:{more}]"
+            return _first_or_last(ref, ref, more if self.truncate != "left" else n, left=self.truncate == "left")
         if self.pg_type == "text":
             return f"right({ref}::text, {n})" if self.truncate == "left" else f"substring({ref}::text for {more})"
         if self.truncate == "left":
@@ -171,9 +168,7 @@ class Column:
         cast = WIRE[self.pg_type][2]
         value = f"{ref}::{cast}[]" if cast else ref
         n = self.padded
-        kept = (
-            f"({value})[greatest(cardinality({ref}) - {n} + 1, 1):]" if self.truncate == "left" else f"({value})[1:{n}]"
-        )
+        kept = _first_or_last(value, ref, n, left=self.truncate == "left")
         zero = f"0::{cast or self.pg_type}" if self.pg_type != "bool" else "false"
         return f"({kept} || array_fill({zero}, ARRAY[{n} - least(cardinality({ref}), {n})]))"
 
@@ -303,3 +298,17 @@ def plan_columns(
             cols.append(column)
         by_field[f.name] = tuple(cols)
     return tuple(dict.fromkeys(c for cols in by_field.values() for c in cols)), by_field
+
+
+def _first_or_last(value: str, ref: str, n: int, *, left: bool) -> str:
+    """The first (or, ``left``, the last) ``n`` elements of the array ``value`` (``ref`` before any cast).
+
+    Subscripts count from the array's own lower bound, which need not be 1 (``'[0:3]={1,2,3,4}'``, or
+    an array built by slicing): a slice ``[1:n]`` of such an array would drop or miss its first elements,
+    while the client's cut of a whole value (query mode's row-wise statement) takes the first ``n``. An
+    empty or NULL array has no lower bound; ``coalesce`` keeps it empty (a NULL bound would make it NULL).
+    """
+    lo = f"coalesce(array_lower({ref}, 1), 1)"
+    if left:
+        return f"({value})[greatest(coalesce(array_upper({ref}, 1), 0) - {n} + 1, {lo}):]"
+    return f"({value})[{lo}:{lo} + {n - 1}]"
