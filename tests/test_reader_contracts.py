@@ -159,7 +159,7 @@ STREAM_PARAMETERS = ["store", "start_epoch", "epochs", "batch_size", "fields", "
         ("EpochArrays", [*READER_PARAMETERS, "prefetch", "trim"]),
         ("EpochStream", [*STREAM_PARAMETERS, "trim", "buffers", "consumer", "timeout"]),
         ("ArrayStream", [*STREAM_PARAMETERS, "trim", "buffers", "consumer", "timeout"]),
-        ("dump", ["spec", "epochs", "force", "retries", "executor", "parts", "ray_env", "overrides"]),
+        ("dump", ["spec", "epochs", "force", "retries", "executor", "parts", "ray_env", "parents", "overrides"]),
         ("build_config", ["spec", "overrides"]),
         ("pgprefetch.jax.device_batches", ["batches", "sharding", "prefetch", "pad_last"]),
         ("pgprefetch.grain.EpochSource", ["store", "epoch", "fields", "batch_size", "keys", "trim", "wait"]),
