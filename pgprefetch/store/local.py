@@ -26,10 +26,10 @@ from pgprefetch.store.base import (
 )
 from pgprefetch.store.consumers import consumer_record, positions, record_name
 from pgprefetch.store.durable import WriteBack, sync_dir, sync_tree
-from pgprefetch.store.flock import holder, holding
+from pgprefetch.store.flock import holder, holding, open_lock
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 from pgprefetch.store.staging import folder_bytes, staged_epochs
-from pgprefetch.store.zarrjson import group_json, write_json
+from pgprefetch.store.zarrjson import group_json, replace_file, write_json
 
 
 class LocalStore(Store):
@@ -186,9 +186,7 @@ class LocalStore(Store):
         record = consumer_record(name, epoch, rank, world)
         folder = self.meta / "consumers"
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{record_name(name, rank)}.{os.getpid()}.tmp"
-        tmp.write_bytes(record)
-        os.replace(tmp, folder / f"{record_name(name, rank)}.json")
+        replace_file(folder / f"{record_name(name, rank)}.json", record)
 
     def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
         """Read, change and replace ``key`` under a blocking ``flock`` of its own (held for one small write).
@@ -200,7 +198,7 @@ class LocalStore(Store):
         lock = self.meta / "locks" / f"{path.name}.lock"
         try:
             lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_lock(lock)
         except OSError as e:
             raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
         try:
@@ -208,16 +206,10 @@ class LocalStore(Store):
             old = self.read(key)
             new = change(old)
             if new != old:
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                 try:
-                    with open(tmp, "wb") as f:
-                        f.write(new)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, path)
+                    replace_file(path, new, sync=True)
                     sync_dir(path.parent)
                 except OSError as e:
-                    tmp.unlink(missing_ok=True)
                     raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
             return new
         finally:

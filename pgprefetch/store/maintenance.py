@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgprefetch.errors import StoreError
-from pgprefetch.store.base import Store, epoch_name
+from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
 from pgprefetch.store.consumers import run_of
-from pgprefetch.store.layout import checksum
+from pgprefetch.store.layout import checksum, plain_name
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,13 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
     """Recompute every chunk's CRC32C; return one line per corrupt or missing chunk (empty: all good)."""
     manifest = store.manifest(epoch)
     recorded = _recorded_checksums(store, epoch, manifest.get("checksums", {}))
-    problems = []
+    where = f"{store.location}/{epoch_name(epoch)}"
+    for name in recorded:
+        plain_name(name, where)
+    # What a reader opens must be what the checksums cover: a manifest edited to name another array
+    # (or a file outside the store) would otherwise pass as clean.
+    problems = [f"{name}: the manifest names it but no checksum covers it" for name in _read_arrays(manifest, where)
+                if name not in recorded]  # fmt: skip
     for name, crcs in recorded.items():
         layout = store.array_layout(epoch, name)
         for batch, expected in enumerate(crcs):
@@ -101,6 +107,22 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
             elif checksum(data) != expected:
                 problems.append(f"{name} batch {batch}: checksum mismatch")
     return problems
+
+
+def _read_arrays(manifest: dict[str, Any], where: str) -> list[str]:
+    """The arrays a reader of the epoch opens (fields, NULL masks, lengths, ``n_rows``, keys), checked plain."""
+    fields = manifest.get("fields")
+    if not isinstance(fields, dict):
+        raise StoreError(f"{where}: the manifest lists no fields (a damaged store)")
+    names = [*fields, KEYS_ARRAY]
+    for entry in fields.values():
+        if not isinstance(entry, dict):
+            raise StoreError(f"{where}: a field's manifest entry is not an object (a damaged store)")
+        null = entry.get("null")
+        names += [n for n in (null.get("mask") if isinstance(null, dict) else None, entry.get("lengths")) if n]
+    if manifest.get("n_rows"):
+        names.append(manifest["n_rows"])
+    return [plain_name(name, where) for name in names]
 
 
 def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict[str, list[int]]:
