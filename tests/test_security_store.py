@@ -17,12 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from pgprefetch import EpochArrays, EpochDataset
+from pgprefetch.cli import cli
 from pgprefetch.errors import StoreError
+from pgprefetch.store.open import open_store
 
 from .conftest import with_database
-from .helpers import dump, execute, write_config
+from .helpers import dump, execute, s_config, write_config
+from .s3server import S3
 
 N, SIZE = 96, 16
 
@@ -185,3 +189,28 @@ def test_a_consumer_record_is_written_through_no_planted_temporary_link(pristine
     assert record.is_file()
     assert not record.is_symlink()
     assert json.loads(record.read_text())["epoch"] == 0
+
+
+# --- #36.12, #36.13: object stores ---------------------------------------------------------------------------
+def test_stores_whose_prefixes_differ_only_in_slash_or_double_underscore_stage_apart(
+    s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    first = open_store(f"s3://{bucket}/coll/a")
+    first.create()
+    other = f"s3://{bucket}/coll__a"
+    assert first.staging != open_store(other).staging
+    with first.writer_lock(0) as held:  # a dump of coll/a is writing epoch 0 ...
+        assert held
+        result = dump(s_config(tmp_path, store=other), s_table)  # ... and one of coll__a is not held up by it
+    assert result.status == "written"
+    assert open_store(other).epochs() == [0]
+
+
+def test_an_endpoint_url_with_a_password_is_shown_without_it(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://user:Endpoint-Secret-77@127.0.0.1:9")  # nothing listens there
+    result = CliRunner().invoke(cli, ["ls", "--store", "s3://bucket/x"])
+    assert result.exit_code == 1
+    assert "cannot reach the object store at http://127.0.0.1:9" in result.output
+    assert "Endpoint-Secret-77" not in result.output
+    assert "user" not in result.output
