@@ -21,7 +21,9 @@ from click.testing import CliRunner
 
 from pgprefetch import EpochArrays, EpochDataset
 from pgprefetch.cli import cli
-from pgprefetch.errors import StoreError
+from pgprefetch.errors import EpochNotFoundError, StoreError
+from pgprefetch.store.local import LocalStore
+from pgprefetch.store.maintenance import prune
 from pgprefetch.store.open import open_store
 
 from .conftest import with_database
@@ -214,3 +216,56 @@ def test_an_endpoint_url_with_a_password_is_shown_without_it(s3: S3, monkeypatch
     assert "cannot reach the object store at http://127.0.0.1:9" in result.output
     assert "Endpoint-Secret-77" not in result.output
     assert "user" not in result.output
+
+
+# --- I2: prune and links ---------------------------------------------------------------------------------------
+@pytest.fixture
+def linked(pristine: Path, tmp_path: Path) -> tuple[LocalStore, Path]:
+    """A store whose partial epoch 7 has its keys folder linked outside, with epoch 8's partial folder a link."""
+    store = tmp_path / "store.zarr"
+    shutil.copytree(pristine, store)
+    outside = tmp_path / "outside"
+    for name in ("keys7", "partial8", "trash"):
+        (outside / name).mkdir(parents=True)
+        (outside / name / "precious").write_text("precious")
+    partial = store / ".pgprefetch" / "partial"
+    (partial / "epoch-00007").mkdir(parents=True)
+    (partial / "epoch-00007.keys").symlink_to(outside / "keys7")
+    (partial / "epoch-00008").symlink_to(outside / "partial8")
+    (store / ".pgprefetch" / "trash").symlink_to(outside / "trash")
+    return LocalStore(store), outside
+
+
+def test_prune_removes_links_in_the_store_not_what_they_point_at_and_lists_each_epoch_once(
+    linked: tuple[LocalStore, Path],
+) -> None:
+    store, outside = linked
+    result = prune(store, keep=1, partials=True)
+    assert result.partials == [7, 8]
+    assert "deleted partial epochs 7, 8 (no dump is writing them)" in result.lines(1)
+    partial = store.meta / "partial"
+    assert not (partial / "epoch-00007.keys").is_symlink()  # reported deleted: it is gone
+    assert not (partial / "epoch-00007").exists()
+    assert not (partial / "epoch-00008").is_symlink()
+    for name in ("keys7", "partial8", "trash"):  # nothing outside moved or deleted
+        assert sorted(p.name for p in (outside / name).iterdir()) == ["precious"]
+    assert store.orphaned_keys() == []
+
+
+def test_prune_dry_run_names_one_epoch_in_the_singular(linked: tuple[LocalStore, Path]) -> None:
+    store, _ = linked
+    (store.meta / "partial" / "epoch-00008").unlink()
+    lines = prune(store, keep=1, partials=True, dry_run=True).lines(1)
+    assert lines[0] == "would delete partial epoch 7 (no dump is writing them)"
+    assert lines[1].startswith("kept epoch 0: no consumer has opened an epoch yet")
+
+
+# --- #37.13 -------------------------------------------------------------------------------------------------
+def test_a_reader_and_the_cli_say_the_same_when_there_is_no_store(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.zarr"
+    with pytest.raises(EpochNotFoundError) as caught:
+        EpochArrays(missing, 0, consumer=None)
+    result = CliRunner().invoke(cli, ["ls", "--store", str(missing)])
+    assert result.exit_code == 2
+    assert str(caught.value) == f"no store at {missing} (nothing there)"
+    assert result.output.strip() == f"Error: {caught.value}"

@@ -152,17 +152,23 @@ class LocalStore(Store):
     def remove_partial(self, epoch: int) -> None:
         self._remove(self.partial_path(epoch))
         self.journal_path(epoch).unlink(missing_ok=True)
-        shutil.rmtree(self.keys_path(epoch), ignore_errors=True)
+        _delete(self.keys_path(epoch))
         for old in (self.meta / "partial").glob("*.replaced"):  # epochs a --force dump moved aside and died
-            shutil.rmtree(old, ignore_errors=True)
+            _delete(old)
 
     def _remove(self, folder: Path) -> None:
+        if folder.is_symlink():  # a link someone put in the store: the link goes, never what it points at
+            folder.unlink()
+            return
         if not folder.exists():
             return
-        trash = self.meta / "trash" / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
-        trash.parent.mkdir(parents=True, exist_ok=True)
-        folder.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        trash = self.meta / "trash"
+        if trash.is_symlink() or (trash.exists() and not trash.is_dir()):
+            trash.unlink()  # a link planted there would carry the epoch off to wherever it points
+        trash.mkdir(parents=True, exist_ok=True)
+        aside = trash / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
+        folder.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
 
     def zarr_store(self) -> str:
         return str(self.path)
@@ -222,6 +228,18 @@ class LocalStore(Store):
             with contextlib.suppress(OSError):
                 records[path.stem] = path.read_bytes()
         return positions(records)
+
+
+def _delete(path: Path) -> None:
+    """Delete a folder of the store's own, or the link standing in its place (never what a link points at).
+
+    ``rmtree`` refuses a link (and ``ignore_errors`` would hide that), so a linked ``*.keys`` folder used to
+    stay while prune said it was deleted.
+    """
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def publish_epoch(partial: Path, final: Path) -> Path:

@@ -168,17 +168,17 @@ class PruneResult:
         verb = "would delete" if self.dry_run else "deleted"
         out = []
         if self.epochs:
-            out.append(f"{verb} epochs {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer)")
+            out.append(f"{verb} {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer)")
         if self.partials:
-            out.append(f"{verb} partial epochs {_listed(self.partials)} (no dump is writing them)")
+            out.append(f"{verb} partial {_listed(self.partials)} (no dump is writing them)")
         if self.kept_partials:
             out.append(
-                f"kept partial epochs {_listed(self.kept_partials)}: the next dump of each resumes it "
+                f"kept partial {_listed(self.kept_partials)}: the next dump of each resumes it "
                 "(delete them with --partials)"
             )
         if self.unread:
             out.append(
-                f"kept epochs {_listed(self.unread)}: no consumer has opened an epoch yet, and prune deletes only "
+                f"kept {_listed(self.unread)}: no consumer has opened an epoch yet, and prune deletes only "
                 "epochs behind what the training runs opened (EpochDataset and EpochStream record it)"
             )
         return out
@@ -235,6 +235,8 @@ def prune(
                     store.remove_partial(epoch)
                 dead.append(epoch)
     for epoch in store.orphaned_keys():  # nothing to resume there: removed as a dead partial epoch would be
+        if epoch in dead:
+            continue  # its partial epoch was just removed (listed once)
         try:
             age = now - store.keys_path(epoch).stat().st_mtime
         except OSError:
@@ -249,7 +251,8 @@ def prune(
 
 
 def _listed(epochs: list[int]) -> str:
-    return ", ".join(map(str, epochs))
+    """``epoch 4`` or ``epochs 4, 5``."""
+    return ("epoch " if len(epochs) == 1 else "epochs ") + ", ".join(map(str, epochs))
 
 
 def _started(store: Store, consumer: str | None, *, new_ok: bool = False) -> dict[str, int]:
