@@ -269,3 +269,42 @@ def test_a_reader_and_the_cli_say_the_same_when_there_is_no_store(tmp_path: Path
     assert result.exit_code == 2
     assert str(caught.value) == f"no store at {missing} (nothing there)"
     assert result.output.strip() == f"Error: {caught.value}"
+
+
+# --- #36.11: array metadata against the manifest -------------------------------------------------------------
+def edit_array(store: Path, name: str, edit: object) -> None:
+    path = store / "epoch-00000" / name / "zarr.json"
+    meta = json.loads(path.read_text())
+    edit(meta)  # type: ignore[operator]
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda s: edit_array(s, "score", lambda m: m.update(data_type="float64")),  # silently wrong values before
+        lambda s: edit_array(s, "v", lambda m: m.update(shape=[m["shape"][0], 10**9])),
+        lambda s: edit_array(s, "score_null", lambda m: m.update(data_type="|O")),
+        lambda s: edit_manifest(s, lambda m: m.update(batch_size=10**12)),
+        lambda s: edit_manifest(s, lambda m: m.update(batch_size=0)),
+        lambda s: edit_manifest(s, lambda m: m.update(n_samples=-5)),
+        lambda s: edit_manifest(s, lambda m: m["fields"]["v"].update(shape=[10**6])),
+    ],
+    ids=["dtype", "sample-dim", "object", "batch-size-huge", "batch-size-zero", "negative-samples", "field-shape"],
+)
+def test_array_metadata_that_disagrees_with_the_manifest_is_refused(hostile: tuple[Path, Path], tamper: object) -> None:
+    store, _ = hostile
+    tamper(store)  # type: ignore[operator]
+    readers_refuse(store)
+    result = verify(store)
+    assert result.returncode != 0, result.stdout
+    assert result.stderr.startswith("Error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_verify_refuses_a_checksums_table_larger_than_the_manifest_says(hostile: tuple[Path, Path]) -> None:
+    store, _ = hostile
+    edit_array(store, "_checksums", lambda m: m.update(shape=[m["shape"][0], 10**10]))
+    result = verify(store)
+    assert result.returncode == 1
+    assert "the checksums are" in result.stderr

@@ -15,6 +15,7 @@ from typing import Any
 
 from pgprefetch.errors import StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
+from pgprefetch.store.checks import check_layouts, manifest_int
 from pgprefetch.store.consumers import run_of
 from pgprefetch.store.layout import checksum, plain_name
 
@@ -87,10 +88,11 @@ def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
 def verify_epoch(store: Store, epoch: int) -> list[str]:
     """Recompute every chunk's CRC32C; return one line per corrupt or missing chunk (empty: all good)."""
     manifest = store.manifest(epoch)
-    recorded = _recorded_checksums(store, epoch, manifest.get("checksums", {}))
+    recorded = _recorded_checksums(store, epoch, manifest)
     where = f"{store.location}/{epoch_name(epoch)}"
     for name in recorded:
         plain_name(name, where)
+    check_layouts(manifest, {name: store.array_layout(epoch, name) for name in recorded}, where)
     # What a reader opens must be what the checksums cover: a manifest edited to name another array
     # (or a file outside the store) would otherwise pass as clean.
     problems = [f"{name}: the manifest names it but no checksum covers it" for name in _read_arrays(manifest, where)
@@ -125,8 +127,9 @@ def _read_arrays(manifest: dict[str, Any], where: str) -> list[str]:
     return [plain_name(name, where) for name in names]
 
 
-def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict[str, list[int]]:
+def _recorded_checksums(store: Store, epoch: int, manifest: dict[str, Any]) -> dict[str, list[int]]:
     """Each array's per-batch CRC32C: from the epoch's ``_checksums`` array, or an older epoch's manifest."""
+    entry = manifest.get("checksums", {})
     if "array" not in entry:
         if not entry.get("arrays"):
             raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
@@ -135,7 +138,14 @@ def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict
     import zarr  # here, not at the top: ls, prune and the dump's --keep never read an array
 
     try:
-        table = zarr.open_array(store.zarr_store(), path=path, mode="r")[:]
+        array = zarr.open_array(store.zarr_store(), path=path, mode="r")
+        n_batches = manifest_int(manifest, "n_batches", f"{store.location}/{epoch_name(epoch)}")
+        if array.shape != (len(entry["arrays"]), n_batches):  # read whole below: its size must be what it says
+            raise StoreError(
+                f"{store.location}/{path}: the checksums are {list(array.shape)}; the manifest says "
+                f"{len(entry['arrays'])} arrays of {n_batches} batches (a damaged store)"
+            )
+        table = array[:]
     except (OSError, ValueError, KeyError) as e:
         raise StoreError(f"cannot read the checksums of epoch {epoch} ({store.location}/{path}): {e}") from None
     return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}
