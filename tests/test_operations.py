@@ -208,19 +208,19 @@ def test_prune_removes_old_epochs_and_keeps_partials_unless_told(s_table: str, t
     EpochDataset(store, epoch=2)
     assert run_cli("prune", "--config", str(cfg), "--keep", "1") == (
         0,
-        "deleted epochs 0 (complete, more than 1 behind the slowest consumer)\n"
-        "kept partial epochs 7: the next dump of each resumes it (delete them with --partials)\n",
+        "deleted epoch 0 (complete, more than 1 behind the slowest consumer)\n"
+        "kept partial epoch 7: the next dump of each resumes it (delete them with --partials)\n",
     )
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00001", "epoch-00002"]
     assert partial.exists()
     assert run_cli("prune", "--config", str(cfg), "--keep", "1", "--partials-older-than", "1h") == (
         0,
-        "kept partial epochs 7: the next dump of each resumes it (delete them with --partials)\n",
+        "kept partial epoch 7: the next dump of each resumes it (delete them with --partials)\n",
     )
     old = time.time() - 2 * 3600
     os.utime(partial, (old, old))
     code, out = run_cli("prune", "--config", str(cfg), "--keep", "1", "--partials-older-than", "1h", "--dry-run")
-    assert (code, out) == (0, "would delete partial epochs 7 (no dump is writing them)\n")
+    assert (code, out) == (0, "would delete partial epoch 7 (no dump is writing them)\n")
     assert partial.exists()
     assert run_cli("prune", "--config", str(cfg), "--keep", "1", "--partials", "--quiet") == (0, "")
     assert not partial.exists()

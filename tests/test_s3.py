@@ -327,7 +327,7 @@ def test_a_store_url_is_normalised_the_same_way_everywhere() -> None:
     store = open_store("S3://bkt/runs//a/")
     assert isinstance(store, S3Store)
     assert (store.location, store.bucket, store.prefix) == ("s3://bkt/runs/a", "bkt", "runs/a")
-    assert store.staging.name == "runs__a"  # the dump's staging, whichever spelling named the store
+    assert store.staging.name.startswith("runs__a-")  # the dump's staging, whichever spelling named the store
     with pytest.raises(StoreError, match="unsupported store URL gs://"):
         open_store("gs://bkt/x")
 
@@ -358,7 +358,7 @@ def test_an_s3_dump_survives_terminated_database_connections_with_the_same_bytes
 
     bucket = s3.bucket()
     cfg = s_config(tmp_path, store=f"s3://{bucket}/pg", slow=True)
-    journal = tmp_path / "staging" / bucket / "pg" / "partial" / "epoch-00000.journal"
+    journal = open_store(f"s3://{bucket}/pg").partial_path(0).with_name("epoch-00000.journal")
     proc = subprocess.Popen(
         [*dump_argv(cfg, s_table), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -15,6 +15,7 @@ JAX, Grain) hand out batches of any size without caring how the dump cut them:
 from __future__ import annotations
 
 import ctypes
+import errno
 import math
 import os
 import threading
@@ -30,7 +31,7 @@ import zarr
 from pgprefetch.errors import StoreError
 from pgprefetch.read.mapping import FileRef, map_private
 from pgprefetch.store.base import Store, epoch_name
-from pgprefetch.store.layout import ArrayLayout
+from pgprefetch.store.layout import ArrayLayout, plain_name
 
 _PAGE = 4096
 _FILES_KEPT = 32  # shard files kept mapped (and open) per process, least recently used dropped
@@ -73,10 +74,16 @@ class SampleRanges:
         self.epoch = epoch
         root = backend.local_root
         self.remote = root is None
+        where = f"{backend.location}/{epoch_name(epoch)}"
+        names = tuple(plain_name(name, where) for name in names)
         if root is None:
             self.layouts = {name: backend.array_layout(epoch, name) for name in names}
         else:  # local: Paths, for mapping and preadv
             folder = root / epoch_name(epoch)
+            inside = folder.resolve()
+            for name in names:  # an array's folder is the dump's own, not a link to somewhere else
+                if (folder / name).resolve().parent != inside:
+                    raise StoreError(f"{folder / name}: the array's folder leads out of the epoch (a damaged store)")
             self.layouts = {name: ArrayLayout.read(folder / name) for name in names}
         self.bytes_fetched = 0  # object stores: bytes this process fetched
         # Local uncompressed arrays: samples per file, for the fast paths.
@@ -243,7 +250,12 @@ class SampleRanges:
 
     def _map(self, layout: ArrayLayout, number: int) -> MappedFile:
         path, _ = layout.file(number * layout.per_file)
-        fd = os.open(path, os.O_RDONLY)
+        try:  # a shard is a file the dump wrote, never a link (one planted to lead out of the store)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StoreError(f"{path}: a symbolic link where a shard file should be (a damaged store)") from None
+            raise
         try:
             stat = os.fstat(fd)
             size = stat.st_size

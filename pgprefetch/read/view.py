@@ -32,6 +32,7 @@ from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.keys import KeyColumns, KeyValue
 from pgprefetch.read.ranges import SampleRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
+from pgprefetch.store.checks import check_layouts
 from pgprefetch.store.open import open_store
 
 B = TypeVar("B")  # the array type of a batch: numpy.ndarray, torch.Tensor
@@ -102,6 +103,7 @@ class EpochView(abc.ABC, Generic[B]):
         self.batch_size = self.stored_batch_size if batch_size is None else positive("batch_size", batch_size)
         self.n_samples = int(self.manifest["n_samples"])
         self._ranges = SampleRanges(self._backend, epoch, (*self.arrays, KEYS_ARRAY))
+        check_layouts(self.manifest, self._ranges.layouts, f"{self._backend.location}/{epoch_name(epoch)}")
         self._seek(0)  # _base: the first sample of this view; _pos: local batches handed out by iteration
         if consumer is not None and not self.in_worker():
             self.record_consumer(consumer)

@@ -150,6 +150,10 @@ class Store(abc.ABC):
         if raw is None:
             if epoch in self.partial_epochs():
                 raise EpochNotReadyError(f"epoch {epoch} in {self.location} is still being written (or its dump died)")
+            try:  # no store at all: say so as the CLI does ("no store at ..."), not "epochs present: none"
+                self.require()
+            except StoreNotFoundError as e:
+                raise EpochNotFoundError(str(e)) from None  # still "not found": a reader may wait for it
             present = ", ".join(map(str, self.epochs())) or "none"
             raise EpochNotFoundError(f"epoch {epoch} is not in {self.location} (epochs present: {present})")
         try:

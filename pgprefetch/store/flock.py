@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ def holding(path: Path) -> Iterator[bool]:
     manager it does not.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = open_lock(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -37,11 +38,30 @@ def holding(path: Path) -> Iterator[bool]:
             yield False
             return
         with contextlib.suppress(OSError):  # who holds it is a courtesy; a full disk must not stop the dump
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+            os.ftruncate(fd, 0)  # a regular file: open_lock refuses anything else
+            os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
         yield True
     finally:
         os.close(fd)
+
+
+def open_lock(path: Path) -> int:
+    """Open (creating) the lock file ``path``, read-write; never through a link, never anything but a file.
+
+    A store's ``.pgprefetch`` is writable by every dump and reader of it: a link planted at a lock's name
+    must not make the dump truncate and overwrite the file it points at (``O_NOFOLLOW``: ELOOP), and a
+    FIFO or device there is refused before it is written (``O_NONBLOCK`` so opening a FIFO cannot hang).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link, not a lock file (planted?)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return fd
 
 
 def holder(path: Path) -> str:

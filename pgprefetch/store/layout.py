@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePath
@@ -26,6 +27,22 @@ _INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"nam
 INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64 per inner chunk
 INDEX_CRC = 4
 MISSING = 2**64 - 1  # shard index entry of an absent inner chunk
+SEPARATORS = ("/", ".")  # the only chunk key separators zarr defines
+_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a field's name ([fields.NAME]) and every array's
+
+
+def plain_name(name: object, where: str) -> str:
+    """``name`` if it is a plain array name (a field's, or one with a known suffix); StoreError otherwise.
+
+    An epoch's manifest names the arrays a reader opens, and a store may come from someone else (a shared
+    folder, a download): a name such as ``../../x`` or ``/home/u/.pgpass`` would make the reader feed files
+    from outside the store into batches.
+    """
+    if not isinstance(name, str) or not _PLAIN_NAME.match(name):
+        raise StoreError(
+            f"{where}: the manifest names an array {name!r}, not a plain name (a damaged or hostile store)"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,8 @@ class ArrayLayout:
         encoding = meta.get("chunk_key_encoding", {"name": "default"})
         default = encoding.get("name") == "default"
         separator = encoding.get("configuration", {}).get("separator", "/" if default else ".")
+        if separator not in SEPARATORS:  # a separator such as "/../../" would lead out of the array's folder
+            raise StoreError(f"{path}: chunk key separator {separator!r} is not one zarr defines (a damaged store)")
         codecs = meta["codecs"]
         per_file, sharded, raw = outer[0], False, codecs in _RAW
         if len(codecs) == 1 and codecs[0]["name"] == "sharding_indexed":

@@ -26,10 +26,10 @@ from pgprefetch.store.base import (
 )
 from pgprefetch.store.consumers import consumer_record, positions, record_name
 from pgprefetch.store.durable import WriteBack, sync_dir, sync_tree
-from pgprefetch.store.flock import holder, holding
+from pgprefetch.store.flock import holder, holding, open_lock
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 from pgprefetch.store.staging import folder_bytes, staged_epochs
-from pgprefetch.store.zarrjson import group_json, write_json
+from pgprefetch.store.zarrjson import group_json, replace_file, write_json
 
 
 class LocalStore(Store):
@@ -186,17 +186,23 @@ class LocalStore(Store):
     def remove_partial(self, epoch: int) -> None:
         self._remove(self.partial_path(epoch))
         self.journal_path(epoch).unlink(missing_ok=True)
-        shutil.rmtree(self.keys_path(epoch), ignore_errors=True)
+        _delete(self.keys_path(epoch))
         for old in (self.meta / "partial").glob("*.replaced"):  # epochs a --force dump moved aside and died
-            shutil.rmtree(old, ignore_errors=True)
+            _delete(old)
 
     def _remove(self, folder: Path) -> None:
+        if folder.is_symlink():  # a link someone put in the store: the link goes, never what it points at
+            folder.unlink()
+            return
         if not folder.exists():
             return
-        trash = self.meta / "trash" / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
-        trash.parent.mkdir(parents=True, exist_ok=True)
-        folder.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        trash = self.meta / "trash"
+        if trash.is_symlink() or (trash.exists() and not trash.is_dir()):
+            trash.unlink()  # a link planted there would carry the epoch off to wherever it points
+        trash.mkdir(parents=True, exist_ok=True)
+        aside = trash / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
+        folder.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
 
     def zarr_store(self) -> str:
         return str(self.path)
@@ -220,9 +226,7 @@ class LocalStore(Store):
         record = consumer_record(name, epoch, rank, world)
         folder = self.meta / "consumers"
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{record_name(name, rank)}.{os.getpid()}.tmp"
-        tmp.write_bytes(record)
-        os.replace(tmp, folder / f"{record_name(name, rank)}.json")
+        replace_file(folder / f"{record_name(name, rank)}.json", record)
 
     def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
         """Read, change and replace ``key`` under a blocking ``flock`` of its own (held for one small write).
@@ -234,7 +238,7 @@ class LocalStore(Store):
         lock = self.meta / "locks" / f"{path.name}.lock"
         try:
             lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_lock(lock)
         except OSError as e:
             raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
         try:
@@ -242,16 +246,10 @@ class LocalStore(Store):
             old = self.read(key)
             new = change(old)
             if new != old:
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                 try:
-                    with open(tmp, "wb") as f:
-                        f.write(new)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, path)
+                    replace_file(path, new, sync=True)
                     sync_dir(path.parent)
                 except OSError as e:
-                    tmp.unlink(missing_ok=True)
                     raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
             return new
         finally:
@@ -264,6 +262,18 @@ class LocalStore(Store):
             with contextlib.suppress(OSError):
                 records[path.stem] = path.read_bytes()
         return positions(records)
+
+
+def _delete(path: Path) -> None:
+    """Delete a folder of the store's own, or the link standing in its place (never what a link points at).
+
+    ``rmtree`` refuses a link (and ``ignore_errors`` would hide that), so a linked ``*.keys`` folder used to
+    stay while prune said it was deleted.
+    """
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def publish_epoch(partial: Path, final: Path) -> Path:

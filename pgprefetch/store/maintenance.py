@@ -15,9 +15,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgprefetch.errors import ConfigError, StoreError
-from pgprefetch.store.base import Store, epoch_name
+from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
+from pgprefetch.store.checks import check_layouts, manifest_int
 from pgprefetch.store.consumers import run_of
-from pgprefetch.store.layout import checksum
+from pgprefetch.store.layout import checksum, plain_name
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,15 @@ def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
 def verify_epoch(store: Store, epoch: int) -> list[str]:
     """Recompute every chunk's CRC32C; return one line per corrupt or missing chunk (empty: all good)."""
     manifest = store.manifest(epoch)
-    recorded = _recorded_checksums(store, epoch, manifest.get("checksums", {}))
-    problems = []
+    recorded = _recorded_checksums(store, epoch, manifest)
+    where = f"{store.location}/{epoch_name(epoch)}"
+    for name in recorded:
+        plain_name(name, where)
+    check_layouts(manifest, {name: store.array_layout(epoch, name) for name in recorded}, where)
+    # What a reader opens must be what the checksums cover: a manifest edited to name another array
+    # (or a file outside the store) would otherwise pass as clean.
+    problems = [f"{name}: the manifest names it but no checksum covers it" for name in _read_arrays(manifest, where)
+                if name not in recorded]  # fmt: skip
     for name, crcs in recorded.items():
         layout = store.array_layout(epoch, name)
         for batch, expected in enumerate(crcs):
@@ -104,8 +112,25 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
     return problems
 
 
-def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict[str, list[int]]:
+def _read_arrays(manifest: dict[str, Any], where: str) -> list[str]:
+    """The arrays a reader of the epoch opens (fields, NULL masks, lengths, ``n_rows``, keys), checked plain."""
+    fields = manifest.get("fields")
+    if not isinstance(fields, dict):
+        raise StoreError(f"{where}: the manifest lists no fields (a damaged store)")
+    names = [*fields, KEYS_ARRAY]
+    for entry in fields.values():
+        if not isinstance(entry, dict):
+            raise StoreError(f"{where}: a field's manifest entry is not an object (a damaged store)")
+        null = entry.get("null")
+        names += [n for n in (null.get("mask") if isinstance(null, dict) else None, entry.get("lengths")) if n]
+    if manifest.get("n_rows"):
+        names.append(manifest["n_rows"])
+    return [plain_name(name, where) for name in names]
+
+
+def _recorded_checksums(store: Store, epoch: int, manifest: dict[str, Any]) -> dict[str, list[int]]:
     """Each array's per-batch CRC32C: from the epoch's ``_checksums`` array, or an older epoch's manifest."""
+    entry = manifest.get("checksums", {})
     if "array" not in entry:
         if not entry.get("arrays"):
             raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
@@ -114,7 +139,14 @@ def _recorded_checksums(store: Store, epoch: int, entry: dict[str, Any]) -> dict
     import zarr  # here, not at the top: ls, prune and the dump's --keep never read an array
 
     try:
-        table = zarr.open_array(store.zarr_store(), path=path, mode="r")[:]
+        array = zarr.open_array(store.zarr_store(), path=path, mode="r")
+        n_batches = manifest_int(manifest, "n_batches", f"{store.location}/{epoch_name(epoch)}")
+        if array.shape != (len(entry["arrays"]), n_batches):  # read whole below: its size must be what it says
+            raise StoreError(
+                f"{store.location}/{path}: the checksums are {list(array.shape)}; the manifest says "
+                f"{len(entry['arrays'])} arrays of {n_batches} batches (a damaged store)"
+            )
+        table = array[:]
     except (OSError, ValueError, KeyError) as e:
         raise StoreError(f"cannot read the checksums of epoch {epoch} ({store.location}/{path}): {e}") from None
     return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}
@@ -153,17 +185,17 @@ class PruneResult:
         verb = "would delete" if self.dry_run else "deleted"
         out = []
         if self.epochs:
-            out.append(f"{verb} epochs {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer)")
+            out.append(f"{verb} {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer)")
         if self.partials:
-            out.append(f"{verb} partial epochs {_listed(self.partials)} (no dump is writing them)")
+            out.append(f"{verb} partial {_listed(self.partials)} (no dump is writing them)")
         if self.kept_partials:
             out.append(
-                f"kept partial epochs {_listed(self.kept_partials)}: the next dump of each resumes it "
+                f"kept partial {_listed(self.kept_partials)}: the next dump of each resumes it "
                 "(delete them with --partials)"
             )
         if self.unread:
             out.append(
-                f"kept epochs {_listed(self.unread)}: no consumer has opened an epoch yet, and prune deletes only "
+                f"kept {_listed(self.unread)}: no consumer has opened an epoch yet, and prune deletes only "
                 "epochs behind what the training runs opened (EpochDataset and EpochStream record it)"
             )
         return out
@@ -220,6 +252,8 @@ def prune(
                     store.remove_partial(epoch)
                 dead.append(epoch)
     for epoch in store.orphaned_keys():  # nothing to resume there: removed as a dead partial epoch would be
+        if epoch in dead:
+            continue  # its partial epoch was just removed (listed once)
         try:
             age = now - store.keys_path(epoch).stat().st_mtime
         except OSError:
@@ -234,7 +268,8 @@ def prune(
 
 
 def _listed(epochs: list[int]) -> str:
-    return ", ".join(map(str, epochs))
+    """``epoch 4`` or ``epochs 4, 5``."""
+    return ("epoch " if len(epochs) == 1 else "epochs ") + ", ".join(map(str, epochs))
 
 
 def check_consumer(store: Store, consumer: str) -> None:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -62,6 +63,23 @@ SWAP_ATTEMPTS = 20  # a store-level record changed by that many other dumps in a
 def _endpoint() -> str | None:
     env = os.environ
     return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
+
+
+def shown_endpoint(endpoint: str) -> str:
+    """``endpoint`` as a message may show it: without any ``user:secret@`` it carries."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@", r"\1", endpoint)
+
+
+def staging_name(location: str) -> str:
+    """The staging folder's name for the store at ``location`` (normalised): readable, and one per store.
+
+    The prefix with "/" spelt "__" alone would give ``s3://b/coll/a`` and ``s3://b/coll__a`` one folder,
+    and a dump of one would then be skipped as "another dump is writing it"; a hash of the whole location
+    tells them apart.
+    """
+    prefix = location.removeprefix("s3://").partition("/")[2]
+    digest = hashlib.sha256(location.encode()).hexdigest()[:12]
+    return f"{prefix.replace('/', '__') or '_'}-{digest}"
 
 
 class S3Store(Store):
@@ -126,7 +144,8 @@ class S3Store(Store):
                 "and AWS_SESSION_TOKEN"
             ) from None
         if re.search(r"error sending request|[Cc]onnection refused|dns error|timed out|Connect", text):
-            where = _endpoint() or "AWS"
+            endpoint = _endpoint()
+            where = shown_endpoint(endpoint) if endpoint else "AWS"
             detail = re.sub(r"^.*?(error sending request|Connection refused|dns error|timed out)", r"\1", reason)
             raise StoreError(
                 f"{self.location}: cannot reach the object store at {where} ({what}: {detail[:160]})"
@@ -238,7 +257,7 @@ class S3Store(Store):
     def staging(self) -> Path:
         """The local folder this store's epochs are written into before they are uploaded."""
         root = Path(os.environ.get("PGPREFETCH_STAGING") or Path.home() / ".cache" / "pgprefetch" / "staging")
-        return root / self.bucket / (self.prefix.replace("/", "__") or "_")
+        return root / self.bucket / staging_name(self.location)
 
     def partial_path(self, epoch: int) -> Path:
         return self.staging / "partial" / epoch_name(epoch)

@@ -13,10 +13,12 @@ files under ``c/`` joined by ``/``, little-endian ``bytes`` codec (no ``endian``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,9 +45,35 @@ def group_attributes(folder: Path) -> dict[str, Any]:
 
 def write_json(path: Path, data: bytes) -> None:
     """Write a metadata document: to a temporary name, renamed over ``path`` (a reader sees old or new)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    replace_file(path, data)
+
+
+def replace_file(path: Path, data: bytes, *, sync: bool = False) -> None:
+    """Put ``data`` at ``path`` atomically: a fresh temporary file in the same folder, renamed over it.
+
+    The temporary file is made by ``mkstemp`` (``O_CREAT | O_EXCL``, a random name): a predictable name
+    could be a link someone planted in a shared store's folder, and writing through it would overwrite
+    whatever it points at. ``sync``: fsync the file before the rename (the caller syncs the folder).
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a store's files follow the umask
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _bytes_codec(dtype: np.dtype) -> dict[str, Any]:

@@ -268,7 +268,7 @@ def _route(spilled: SpilledKeys, bounds: np.ndarray, group: int, n_key: int, bud
     folder = spilled.folder
     shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers: the files are appended to
     with io_errors(folder):
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, mode=0o700)  # the sample keys: for this user only
     width = keys.shape[0]
     step = max(MIN_KEYS, budget // (24 * (width + 1)))  # the keys, their records and the sort: within the budget
     for lo in range(0, used, step):

@@ -93,7 +93,7 @@ class Spool:
     def __init__(self, folder: Path, layout: BatchLayout, batch_size: int, n_batches: int, budget: int) -> None:
         self.folder = folder
         shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, mode=0o700)  # the sample keys: for this user only
         self.arrays = layout.arrays()
         self.size = batch_size
         sample_bytes = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in self.arrays)

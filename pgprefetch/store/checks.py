@@ -1,0 +1,54 @@
+"""An epoch's arrays checked against its manifest before a byte of a batch is read (#36.11).
+
+A reader sizes its buffers and views from each array's ``zarr.json`` and from the manifest's batch size.
+Both are files in the store, and a store may be damaged, or written by someone else: a dtype changed from
+``float32`` to ``float64`` would read silently wrong values, a huge shape or batch size would allocate
+GiBs, an object dtype would not be numbers at all. So every array must say what the manifest says:
+``(n_batches, batch_size, *field shape)`` and the field's dtype, a plain numeric dtype for the others.
+This is a consistency check, not a signature: someone who can rewrite the manifest too can still make
+the two agree (then the reader's mapping finds the files too short, or reads the values they hold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pgprefetch.errors import StoreError
+from pgprefetch.store.layout import ArrayLayout
+
+_NUMERIC = "biuf"  # bool, signed, unsigned, float: the kinds pgprefetch writes
+
+
+def manifest_int(manifest: Mapping[str, Any], key: str, where: str, *, least: int = 0) -> int:
+    """The manifest's integer ``key`` (``batch_size``, ``n_batches``, ``n_samples``), checked."""
+    value = manifest.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise StoreError(f"{where}: the manifest's {key} is {value!r}, not an integer >= {least} (a damaged store)")
+    return value
+
+
+def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout], where: str) -> None:
+    """Raise StoreError naming the first array whose metadata disagrees with the manifest."""
+    size = manifest_int(manifest, "batch_size", where, least=1)
+    n_batches = manifest_int(manifest, "n_batches", where)
+    n_samples = manifest_int(manifest, "n_samples", where)
+    if n_samples > n_batches * size:
+        raise StoreError(f"{where}: the manifest's n_samples {n_samples} exceeds its {n_batches} batches of {size}")
+    fields = manifest.get("fields")
+    if not isinstance(fields, dict):
+        raise StoreError(f"{where}: the manifest lists no fields (a damaged store)")
+    for name, layout in layouts.items():
+        if layout.dtype.kind not in _NUMERIC or layout.shape[:2] != (n_batches, size):
+            raise StoreError(
+                f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "
+                f"{n_batches} batches of {size} (a damaged store)"
+            )
+        entry = fields.get(name)
+        if isinstance(entry, dict):
+            want = (str(entry.get("dtype")), (n_batches, size, *entry.get("shape", ())))
+            if (str(layout.dtype), layout.shape) != want:
+                raise StoreError(
+                    f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "
+                    f"{want[0]} {list(want[1])} (a damaged store)"
+                )

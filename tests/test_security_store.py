@@ -1,0 +1,310 @@
+"""A hostile store, and links planted in a shared store's ``.pgprefetch`` (#36.4, #36.5, I3).
+
+Each test copies a real dumped epoch, tampers with it as someone who can write the store would, and runs
+the real readers (EpochArrays, EpochDataset), ``pgprefetch verify`` and dumps against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pgprefetch import EpochArrays, EpochDataset
+from pgprefetch.cli import cli
+from pgprefetch.errors import EpochNotFoundError, StoreError
+from pgprefetch.store.local import LocalStore
+from pgprefetch.store.maintenance import prune
+from pgprefetch.store.open import open_store
+
+from .conftest import with_database
+from .helpers import dump, execute, s_config, write_config
+from .s3server import S3
+
+N, SIZE = 96, 16
+
+
+@pytest.fixture(scope="module")
+def database(pg_dsn: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    execute(pg_dsn, f"CREATE DATABASE {name}")
+    dsn = with_database(pg_dsn, name)
+    execute(
+        dsn,
+        "CREATE TABLE r (id int PRIMARY KEY, v bigint NOT NULL, score real)",
+        f"INSERT INTO r SELECT i, i, CASE WHEN i % 5 = 0 THEN NULL ELSE i END FROM generate_series(1, {N}) i",
+    )
+    yield dsn
+    execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def config(folder: Path) -> Path:
+    fields = {"v": (["v"], "int64"), "score": (["score"], "float32", {"null": "nan"})}
+    return write_config(
+        folder, keys="SELECT id FROM r", query="SELECT v, score FROM r WHERE id = $1", fields=fields, size=SIZE
+    )
+
+
+@pytest.fixture(scope="module")
+def pristine(database: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("pristine")
+    dump(config(folder), database, epoch=0)
+    return folder / "store.zarr"
+
+
+@pytest.fixture
+def hostile(pristine: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the store to tamper with, and beside it an ``outside`` array holding other bytes."""
+    store = tmp_path / "store.zarr"
+    shutil.copytree(pristine, store)
+    outside = tmp_path / "outside" / "arr"
+    shutil.copytree(store / "epoch-00000" / "v", outside)
+    for shard in (p for p in outside.rglob("*") if p.is_file() and p.name != "zarr.json"):
+        data = bytearray(shard.read_bytes())
+        data[: N * 8] = np.full(N, 0x5EC12E7, dtype="<i8").tobytes()  # "secret" values a reader must never see
+        shard.write_bytes(bytes(data))
+    return store, outside
+
+
+def edit_manifest(store: Path, edit: object) -> None:
+    path = store / "epoch-00000" / "zarr.json"
+    doc = json.loads(path.read_text())
+    edit(doc["attributes"]["pgprefetch"])  # type: ignore[operator]
+    path.write_text(json.dumps(doc))
+
+
+def rename_field(manifest: dict, new: str) -> None:
+    manifest["fields"] = {new if k == "v" else k: e for k, e in manifest["fields"].items()}
+
+
+def verify(store: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "pgprefetch", "verify", "--store", str(store), "--epoch", "0"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def readers_refuse(store: Path) -> None:
+    """Both readers raise StoreError on ``store`` (before reading a byte of a batch)."""
+    with pytest.raises(StoreError):
+        list(EpochArrays(store, 0, consumer=None))
+    with pytest.raises(StoreError):
+        list(EpochDataset(store, 0, consumer=None))
+
+
+# --- #36.4: reading outside the store ------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["relative", "absolute"])
+def test_a_manifest_naming_an_array_outside_the_store_is_refused_by_readers_and_verify(
+    hostile: tuple[Path, Path], kind: str
+) -> None:
+    store, outside = hostile
+    name = "../../outside/arr" if kind == "relative" else str(outside)
+    edit_manifest(store, lambda m: rename_field(m, name))
+    readers_refuse(store)
+    result = verify(store)
+    assert result.returncode != 0, result.stdout
+    assert "not a plain name" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_null_mask_name_leading_out_of_the_store_is_refused(hostile: tuple[Path, Path]) -> None:
+    store, _ = hostile
+
+    def edit(m: dict) -> None:
+        m["fields"]["score"]["null"]["mask"] = "../../outside/arr"
+
+    edit_manifest(store, edit)
+    readers_refuse(store)
+    assert verify(store).returncode != 0
+
+
+def test_verify_flags_an_array_the_checksums_do_not_cover(hostile: tuple[Path, Path]) -> None:
+    """A plain name of an array the dump did not checksum (copied in by someone) is not "clean"."""
+    store, outside = hostile
+    shutil.copytree(outside, store / "epoch-00000" / "planted")
+    edit_manifest(store, lambda m: rename_field(m, "planted"))
+    result = verify(store)
+    assert result.returncode == 1
+    assert "planted: the manifest names it but no checksum covers it" in result.stdout
+
+
+def test_a_chunk_key_separator_leading_out_of_the_array_is_refused(hostile: tuple[Path, Path]) -> None:
+    store, _ = hostile
+    meta_path = store / "epoch-00000" / "v" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["chunk_key_encoding"] = {"name": "v2", "configuration": {"separator": "/../../../outside/"}}
+    meta_path.write_text(json.dumps(meta))
+    (store / "epoch-00000" / "v" / "0").mkdir()
+    readers_refuse(store)
+    result = verify(store)
+    assert result.returncode != 0
+    assert "separator" in result.stderr
+
+
+def test_an_array_folder_linked_out_of_the_epoch_or_a_linked_shard_is_refused(hostile: tuple[Path, Path]) -> None:
+    store, outside = hostile
+    array = store / "epoch-00000" / "v"
+    shard = next(p for p in array.rglob("*") if p.is_file() and p.name != "zarr.json")
+    shard.unlink()
+    shard.symlink_to(outside / shard.relative_to(array))  # a same-layout shard: its index checksum is good
+    with pytest.raises(StoreError, match="symbolic link"):
+        list(EpochArrays(store, 0, consumer=None))
+    shutil.rmtree(array)
+    array.symlink_to(outside)
+    with pytest.raises(StoreError, match="leads out of the epoch"):
+        EpochArrays(store, 0, consumer=None)
+
+
+# --- #36.5: writes through planted links ---------------------------------------------------------------------
+def test_a_lock_file_planted_as_a_link_is_not_written_through(database: str, pristine: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store.zarr"
+    shutil.copytree(pristine, store)
+    shutil.copy(pristine.parent / "test.toml", tmp_path / "test.toml")
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    locks = store / ".pgprefetch" / "locks"
+    (locks / "epoch-00001.lock").symlink_to(victim)
+    (locks / "categories.json.lock").unlink(missing_ok=True)
+    with pytest.raises(OSError, match="symbolic link"):
+        dump(tmp_path / "test.toml", database, epoch=1)
+    assert victim.read_text() == "precious"
+
+
+def test_a_consumer_record_is_written_through_no_planted_temporary_link(pristine: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store.zarr"
+    shutil.copytree(pristine, store)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    consumers = store / ".pgprefetch" / "consumers"
+    consumers.mkdir(parents=True, exist_ok=True)
+    (consumers / f".default.{os.getpid()}.tmp").symlink_to(victim)  # the name the record went through
+    EpochArrays(store, 0)
+    assert victim.read_text() == "precious"
+    record = consumers / "default.json"
+    assert record.is_file()
+    assert not record.is_symlink()
+    assert json.loads(record.read_text())["epoch"] == 0
+
+
+# --- #36.12, #36.13: object stores ---------------------------------------------------------------------------
+def test_stores_whose_prefixes_differ_only_in_slash_or_double_underscore_stage_apart(
+    s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    first = open_store(f"s3://{bucket}/coll/a")
+    first.create()
+    other = f"s3://{bucket}/coll__a"
+    assert first.staging != open_store(other).staging
+    with first.writer_lock(0) as held:  # a dump of coll/a is writing epoch 0 ...
+        assert held
+        result = dump(s_config(tmp_path, store=other), s_table)  # ... and one of coll__a is not held up by it
+    assert result.status == "written"
+    assert open_store(other).epochs() == [0]
+
+
+def test_an_endpoint_url_with_a_password_is_shown_without_it(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://user:Endpoint-Secret-77@127.0.0.1:9")  # nothing listens there
+    result = CliRunner().invoke(cli, ["ls", "--store", "s3://bucket/x"])
+    assert result.exit_code == 1
+    assert "cannot reach the object store at http://127.0.0.1:9" in result.output
+    assert "Endpoint-Secret-77" not in result.output
+    assert "user" not in result.output
+
+
+# --- I2: prune and links ---------------------------------------------------------------------------------------
+@pytest.fixture
+def linked(pristine: Path, tmp_path: Path) -> tuple[LocalStore, Path]:
+    """A store whose partial epoch 7 has its keys folder linked outside, with epoch 8's partial folder a link."""
+    store = tmp_path / "store.zarr"
+    shutil.copytree(pristine, store)
+    outside = tmp_path / "outside"
+    for name in ("keys7", "partial8", "trash"):
+        (outside / name).mkdir(parents=True)
+        (outside / name / "precious").write_text("precious")
+    partial = store / ".pgprefetch" / "partial"
+    (partial / "epoch-00007").mkdir(parents=True)
+    (partial / "epoch-00007.keys").symlink_to(outside / "keys7")
+    (partial / "epoch-00008").symlink_to(outside / "partial8")
+    (store / ".pgprefetch" / "trash").symlink_to(outside / "trash")
+    return LocalStore(store), outside
+
+
+def test_prune_removes_links_in_the_store_not_what_they_point_at_and_lists_each_epoch_once(
+    linked: tuple[LocalStore, Path],
+) -> None:
+    store, outside = linked
+    result = prune(store, keep=1, partials=True)
+    assert result.partials == [7, 8]
+    assert "deleted partial epochs 7, 8 (no dump is writing them)" in result.lines(1)
+    partial = store.meta / "partial"
+    assert not (partial / "epoch-00007.keys").is_symlink()  # reported deleted: it is gone
+    assert not (partial / "epoch-00007").exists()
+    assert not (partial / "epoch-00008").is_symlink()
+    for name in ("keys7", "partial8", "trash"):  # nothing outside moved or deleted
+        assert sorted(p.name for p in (outside / name).iterdir()) == ["precious"]
+    assert store.orphaned_keys() == []
+
+
+def test_prune_dry_run_names_one_epoch_in_the_singular(linked: tuple[LocalStore, Path]) -> None:
+    store, _ = linked
+    (store.meta / "partial" / "epoch-00008").unlink()
+    lines = prune(store, keep=1, partials=True, dry_run=True).lines(1)
+    assert lines[0] == "would delete partial epoch 7 (no dump is writing them)"
+    assert lines[1].startswith("kept epoch 0: no consumer has opened an epoch yet")
+
+
+# --- #37.13 -------------------------------------------------------------------------------------------------
+def test_a_reader_and_the_cli_say_the_same_when_there_is_no_store(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.zarr"
+    with pytest.raises(EpochNotFoundError) as caught:
+        EpochArrays(missing, 0, consumer=None)
+    result = CliRunner().invoke(cli, ["ls", "--store", str(missing)])
+    assert result.exit_code == 2
+    assert str(caught.value) == f"no store at {missing} (nothing there)"
+    assert result.output.strip() == f"Error: {caught.value}"
+
+
+# --- #36.11: array metadata against the manifest -------------------------------------------------------------
+def edit_array(store: Path, name: str, edit: object) -> None:
+    path = store / "epoch-00000" / name / "zarr.json"
+    meta = json.loads(path.read_text())
+    edit(meta)  # type: ignore[operator]
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda s: edit_array(s, "score", lambda m: m.update(data_type="float64")),  # silently wrong values before
+        lambda s: edit_array(s, "v", lambda m: m.update(shape=[m["shape"][0], 10**9])),
+        lambda s: edit_array(s, "score_null", lambda m: m.update(data_type="|O")),
+        lambda s: edit_manifest(s, lambda m: m.update(batch_size=10**12)),
+        lambda s: edit_manifest(s, lambda m: m.update(batch_size=0)),
+        lambda s: edit_manifest(s, lambda m: m.update(n_samples=-5)),
+        lambda s: edit_manifest(s, lambda m: m["fields"]["v"].update(shape=[10**6])),
+    ],
+    ids=["dtype", "sample-dim", "object", "batch-size-huge", "batch-size-zero", "negative-samples", "field-shape"],
+)
+def test_array_metadata_that_disagrees_with_the_manifest_is_refused(hostile: tuple[Path, Path], tamper: object) -> None:
+    store, _ = hostile
+    tamper(store)  # type: ignore[operator]
+    readers_refuse(store)
+    result = verify(store)
+    assert result.returncode != 0, result.stdout
+    assert result.stderr.startswith("Error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_verify_refuses_a_checksums_table_larger_than_the_manifest_says(hostile: tuple[Path, Path]) -> None:
+    store, _ = hostile
+    edit_array(store, "_checksums", lambda m: m.update(shape=[m["shape"][0], 10**10]))
+    result = verify(store)
+    assert result.returncode == 1
+    assert "the checksums are" in result.stderr
