@@ -366,3 +366,22 @@ def test_a_changed_array_metadata_object_in_an_s3_store_is_refused(s_table: str,
     result = CliRunner().invoke(cli, ["verify", "--store", location, "--epoch", "0"])
     assert result.exit_code == 1
     assert "epoch-00000/keys: the array's zarr.json is not the one" in result.output
+
+
+def test_an_epoch_published_by_the_ray_executor_records_the_same_metadata_hashes_and_opens(
+    ray_cluster: object, s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    import pgprefetch
+
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    location = f"s3://{s3.bucket()}/ray"
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
+    apart = {**env, "PGPREFETCH_STAGING": str(tmp_path / "parts-staging")}  # parts upload from their own nodes
+    (result,) = pgprefetch.dump(
+        s_config(tmp_path, store=location), epochs=0, dsn=s_table, executor="ray", parts=2, ray_env=apart
+    )
+    assert (result.status, result.executor) == ("written", "ray")
+    ours = open_store(location).manifest(0)["metadata_sha256"]
+    assert ours == LocalStore(Path(single.path).parent).manifest(0)["metadata_sha256"]
+    assert len(list(EpochArrays(location, 0, consumer=None))) > 0
+    assert pgprefetch.verify(location, 0) == []
