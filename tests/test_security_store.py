@@ -6,12 +6,18 @@ the real readers (EpochArrays, EpochDataset), ``pgprefetch verify`` and dumps ag
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -385,3 +391,67 @@ def test_an_epoch_published_by_the_ray_executor_records_the_same_metadata_hashes
     assert ours == LocalStore(Path(single.path).parent).manifest(0)["metadata_sha256"]
     assert len(list(EpochArrays(location, 0, consumer=None))) > 0
     assert pgprefetch.verify(location, 0) == []
+
+
+# --- I3: keys beyond [source] memory are ordered in a folder for this user only --------------------------------
+def _watch_modes(root: Path, stop: threading.Event, seen: dict[str, int]) -> None:
+    """Record the mode of every folder that appears under ``root`` until ``stop``, polling (the run is short)."""
+    while not stop.is_set():
+        for folder, _, _ in os.walk(root):
+            with contextlib.suppress(OSError):  # gone meanwhile: the run removes its scratch
+                seen.setdefault(folder, stat.S_IMODE(os.stat(folder).st_mode))
+        time.sleep(0.001)
+
+
+def _run_watched(root: Path, run: object) -> dict[str, int]:
+    """Run ``run()`` under umask 022, watching ``root``; the mode of each folder seen under it."""
+    seen: dict[str, int] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_modes, args=(root, stop, seen), daemon=True)
+    old = os.umask(0o022)
+    watcher.start()
+    try:
+        run()  # type: ignore[operator]
+    finally:
+        stop.set()
+        watcher.join()
+        os.umask(old)
+    return seen
+
+
+def test_keys_a_check_orders_on_disk_are_in_a_folder_only_their_user_can_read(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgprefetch import load_config
+    from pgprefetch.write.check import check_config
+
+    from .test_spill import numbers_config
+
+    scratch = tmp_path / "tmp"  # where `check` orders the keys: the temporary folder
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    cfg = load_config(numbers_config(tmp_path / "c"), dsn=db, memory="1MiB")
+    seen = _run_watched(scratch, lambda: asyncio.run(check_config(cfg)))
+    top = {folder: oct(mode) for folder, mode in seen.items() if Path(folder).parent == scratch}
+    assert top, "the keys were not ordered on disk"
+    assert set(top.values()) == {"0o700"}, top
+
+
+def test_keys_and_spool_of_a_scan_dump_beyond_memory_are_in_folders_only_their_user_can_read(
+    db: str, tmp_path: Path
+) -> None:
+    from .test_scan import scan_config
+    from .test_scan_spill import TINY, WINDOWS, load_tables
+
+    load_tables(db)
+    cfg = scan_config(tmp_path / "c", **WINDOWS, extra=TINY)
+    meta = tmp_path / "c" / "store.zarr" / ".pgprefetch"
+    seen = _run_watched(meta, lambda: dump(cfg, db))
+    private = {
+        folder: oct(mode)
+        for folder, mode in seen.items()
+        if ".keys" in folder or Path(folder).parent.name == "spool"
+    }
+    assert any(f.endswith(".keys") for f in private), sorted(seen)
+    assert any(Path(f).parent.name == "spool" for f in private), sorted(seen)
+    assert set(private.values()) == {"0o700"}, private
