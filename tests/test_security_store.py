@@ -448,9 +448,7 @@ def test_keys_and_spool_of_a_scan_dump_beyond_memory_are_in_folders_only_their_u
     meta = tmp_path / "c" / "store.zarr" / ".pgprefetch"
     seen = _run_watched(meta, lambda: dump(cfg, db))
     private = {
-        folder: oct(mode)
-        for folder, mode in seen.items()
-        if ".keys" in folder or Path(folder).parent.name == "spool"
+        folder: oct(mode) for folder, mode in seen.items() if ".keys" in folder or Path(folder).parent.name == "spool"
     }
     assert any(f.endswith(".keys") for f in private), sorted(seen)
     assert any(Path(f).parent.name == "spool" for f in private), sorted(seen)
