@@ -6,11 +6,18 @@ the real readers (EpochArrays, EpochDataset), ``pgprefetch verify`` and dumps ag
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,6 +279,14 @@ def test_a_reader_and_the_cli_say_the_same_when_there_is_no_store(tmp_path: Path
 
 
 # --- #36.11: array metadata against the manifest -------------------------------------------------------------
+@pytest.fixture
+def older(hostile: tuple[Path, Path]) -> Path:
+    """The copy as an older pgprefetch published it: no SHA-256 of the arrays' zarr.json in the manifest."""
+    store, _ = hostile
+    edit_manifest(store, lambda m: m.pop("metadata_sha256"))
+    return store
+
+
 def edit_array(store: Path, name: str, edit: object) -> None:
     path = store / "epoch-00000" / name / "zarr.json"
     meta = json.loads(path.read_text())
@@ -292,8 +307,8 @@ def edit_array(store: Path, name: str, edit: object) -> None:
     ],
     ids=["dtype", "sample-dim", "object", "batch-size-huge", "batch-size-zero", "negative-samples", "field-shape"],
 )
-def test_array_metadata_that_disagrees_with_the_manifest_is_refused(hostile: tuple[Path, Path], tamper: object) -> None:
-    store, _ = hostile
+def test_array_metadata_that_disagrees_with_the_manifest_is_refused(older: Path, tamper: object) -> None:
+    store = older  # no metadata hashes: the checks against the manifest alone must hold
     tamper(store)  # type: ignore[operator]
     readers_refuse(store)
     result = verify(store)
@@ -302,9 +317,139 @@ def test_array_metadata_that_disagrees_with_the_manifest_is_refused(hostile: tup
     assert "Traceback" not in result.stderr
 
 
-def test_verify_refuses_a_checksums_table_larger_than_the_manifest_says(hostile: tuple[Path, Path]) -> None:
-    store, _ = hostile
+def test_verify_refuses_a_checksums_table_larger_than_the_manifest_says(older: Path) -> None:
+    store = older
     edit_array(store, "_checksums", lambda m: m.update(shape=[m["shape"][0], 10**10]))
     result = verify(store)
     assert result.returncode == 1
     assert "the checksums are" in result.stderr
+
+
+def test_the_manifest_records_each_array_metadata_file_and_a_changed_one_is_refused_by_name(
+    hostile: tuple[Path, Path],
+) -> None:
+    store, _ = hostile
+    epoch = store / "epoch-00000"
+    recorded = json.loads((epoch / "zarr.json").read_text())["attributes"]["pgprefetch"]["metadata_sha256"]
+    arrays = sorted(p.parent.name for p in epoch.glob("*/zarr.json"))
+    assert sorted(recorded) == arrays  # every array of the epoch, _checksums included
+    assert all(recorded[a] == hashlib.sha256((epoch / a / "zarr.json").read_bytes()).hexdigest() for a in arrays)
+    # A change the checks against the manifest cannot see (same dtype and shape): the fill value.
+    edit_array(store, "score", lambda m: m.update(fill_value=7.0))
+    for reader in (EpochArrays, EpochDataset):
+        with pytest.raises(StoreError, match=r"epoch-00000/score: the array's zarr.json is not the one"):
+            list(reader(store, 0, consumer=None))
+    result = verify(store)
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: ")
+    assert "epoch-00000/score: the array's zarr.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_verify_refuses_a_changed_checksums_metadata_file_before_reading_it(hostile: tuple[Path, Path]) -> None:
+    store, _ = hostile
+    edit_array(store, "_checksums", lambda m: m.update(shape=[m["shape"][0], 10**10]))
+    result = verify(store)
+    assert result.returncode == 1
+    assert "epoch-00000/_checksums: the array's zarr.json is not the one the manifest records" in result.stderr
+
+
+def test_an_epoch_of_an_older_pgprefetch_without_metadata_hashes_still_opens_and_verifies(older: Path) -> None:
+    assert len(list(EpochArrays(older, 0, consumer=None))) == N // SIZE
+    result = verify(older)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_changed_array_metadata_object_in_an_s3_store_is_refused(s_table: str, s3: S3, tmp_path: Path) -> None:
+    location = f"s3://{s3.bucket()}/meta"
+    assert dump(s_config(tmp_path, store=location), s_table).status == "written"
+    bucket, key = location[5:].split("/")[0], "meta/epoch-00000/keys/zarr.json"
+    meta = json.loads(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    meta["attributes"] = {"changed": True}
+    s3.client().put_object(Bucket=bucket, Key=key, Body=json.dumps(meta).encode())
+    with pytest.raises(StoreError, match=r"epoch-00000/keys: the array's zarr.json is not the one"):
+        EpochArrays(location, 0, consumer=None)
+    result = CliRunner().invoke(cli, ["verify", "--store", location, "--epoch", "0"])
+    assert result.exit_code == 1
+    assert "epoch-00000/keys: the array's zarr.json is not the one" in result.output
+
+
+def test_an_epoch_published_by_the_ray_executor_records_the_same_metadata_hashes_and_opens(
+    ray_cluster: object, s_table: str, s3: S3, tmp_path: Path
+) -> None:
+    import pgprefetch
+
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    location = f"s3://{s3.bucket()}/ray"
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
+    apart = {**env, "PGPREFETCH_STAGING": str(tmp_path / "parts-staging")}  # parts upload from their own nodes
+    (result,) = pgprefetch.dump(
+        s_config(tmp_path, store=location), epochs=0, dsn=s_table, executor="ray", parts=2, ray_env=apart
+    )
+    assert (result.status, result.executor) == ("written", "ray")
+    ours = open_store(location).manifest(0)["metadata_sha256"]
+    assert ours == LocalStore(Path(single.path).parent).manifest(0)["metadata_sha256"]
+    assert len(list(EpochArrays(location, 0, consumer=None))) > 0
+    assert pgprefetch.verify(location, 0) == []
+
+
+# --- I3: keys beyond [source] memory are ordered in a folder for this user only --------------------------------
+def _watch_modes(root: Path, stop: threading.Event, seen: dict[str, int]) -> None:
+    """Record the mode of every folder that appears under ``root`` until ``stop``, polling (the run is short)."""
+    while not stop.is_set():
+        for folder, _, _ in os.walk(root):
+            with contextlib.suppress(OSError):  # gone meanwhile: the run removes its scratch
+                seen.setdefault(folder, stat.S_IMODE(os.stat(folder).st_mode))
+        time.sleep(0.001)
+
+
+def _run_watched(root: Path, run: object) -> dict[str, int]:
+    """Run ``run()`` under umask 022, watching ``root``; the mode of each folder seen under it."""
+    seen: dict[str, int] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_modes, args=(root, stop, seen), daemon=True)
+    old = os.umask(0o022)
+    watcher.start()
+    try:
+        run()  # type: ignore[operator]
+    finally:
+        stop.set()
+        watcher.join()
+        os.umask(old)
+    return seen
+
+
+def test_keys_a_check_orders_on_disk_are_in_a_folder_only_their_user_can_read(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgprefetch import load_config
+    from pgprefetch.write.check import check_config
+
+    from .test_spill import numbers_config
+
+    scratch = tmp_path / "tmp"  # where `check` orders the keys: the temporary folder
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    cfg = load_config(numbers_config(tmp_path / "c"), dsn=db, memory="1MiB")
+    seen = _run_watched(scratch, lambda: asyncio.run(check_config(cfg)))
+    top = {folder: oct(mode) for folder, mode in seen.items() if Path(folder).parent == scratch}
+    assert top, "the keys were not ordered on disk"
+    assert set(top.values()) == {"0o700"}, top
+
+
+def test_keys_and_spool_of_a_scan_dump_beyond_memory_are_in_folders_only_their_user_can_read(
+    db: str, tmp_path: Path
+) -> None:
+    from .test_scan import scan_config
+    from .test_scan_spill import TINY, WINDOWS, load_tables
+
+    load_tables(db)
+    cfg = scan_config(tmp_path / "c", **WINDOWS, extra=TINY)
+    meta = tmp_path / "c" / "store.zarr" / ".pgprefetch"
+    seen = _run_watched(meta, lambda: dump(cfg, db))
+    private = {
+        folder: oct(mode) for folder, mode in seen.items() if ".keys" in folder or Path(folder).parent.name == "spool"
+    }
+    assert any(f.endswith(".keys") for f in private), sorted(seen)
+    assert any(Path(f).parent.name == "spool" for f in private), sorted(seen)
+    assert set(private.values()) == {"0o700"}, private

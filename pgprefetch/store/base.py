@@ -211,7 +211,7 @@ class Store(abc.ABC):
         raw = self.read(f"{key}/zarr.json")
         if raw is None:
             raise StoreError(f"{self.location}/{key}: the array is missing (the epoch is damaged)")
-        return ArrayLayout.parse(json.loads(raw), PurePosixPath(key))
+        return ArrayLayout.from_bytes(raw, PurePosixPath(key))
 
     def batch_bytes(self, layout: ArrayLayout, batch: int) -> bytes | None:
         """The bytes of ``batch`` as stored (raw values, or the compressed chunk); None when missing.

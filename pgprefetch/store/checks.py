@@ -5,17 +5,21 @@ Both are files in the store, and a store may be damaged, or written by someone e
 ``float32`` to ``float64`` would read silently wrong values, a huge shape or batch size would allocate
 GiBs, an object dtype would not be numbers at all. So every array must say what the manifest says:
 ``(n_batches, batch_size, *field shape)`` and the field's dtype, a plain numeric dtype for the others.
+An epoch's manifest also records the SHA-256 of each array's ``zarr.json`` (``metadata_sha256``, written
+at publication): any change to an array's metadata (a codec, a fill value, a chunk grid, not only what
+the manifest describes) is refused by name. Epochs of an older pgprefetch have no such record and are
+checked as above only.
 This is a consistency check, not a signature: someone who can rewrite the manifest too can still make
 the two agree (then the reader's mapping finds the files too short, or reads the values they hold).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pgprefetch.errors import StoreError
-from pgprefetch.store.layout import ArrayLayout
+from pgprefetch.store.layout import ArrayLayout, metadata_sha256, plain_name
 
 _NUMERIC = "biuf"  # bool, signed, unsigned, float: the kinds pgprefetch writes
 
@@ -38,7 +42,13 @@ def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout
     fields = manifest.get("fields")
     if not isinstance(fields, dict):
         raise StoreError(f"{where}: the manifest lists no fields (a damaged store)")
+    digests = metadata_digests(manifest, where)
     for name, layout in layouts.items():
+        if digests is not None and digests.get(name) != layout.metadata_sha256:
+            raise StoreError(
+                f"{where}/{name}: the array's zarr.json is not the one the manifest records (its SHA-256 "
+                "differs; a damaged or altered store)"
+            )
         if layout.dtype.kind not in _NUMERIC or layout.shape[:2] != (n_batches, size):
             raise StoreError(
                 f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "
@@ -52,3 +62,31 @@ def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout
                     f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "
                     f"{want[0]} {list(want[1])} (a damaged store)"
                 )
+
+
+def metadata_digests(manifest: Mapping[str, Any], where: str) -> dict[str, str] | None:
+    """The manifest's SHA-256 of each array's ``zarr.json``; None for an epoch of an older pgprefetch."""
+    digests = manifest.get("metadata_sha256")
+    if digests is None:
+        return None
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise StoreError(f"{where}: the manifest's metadata_sha256 is not a table of digests (a damaged store)")
+    return digests
+
+
+def check_metadata_files(manifest: Mapping[str, Any], read: Callable[[str], Any], where: str) -> None:
+    """Raise StoreError naming the first array whose ``zarr.json`` is not the one the manifest records.
+
+    For ``verify``: every recorded array, ``_checksums`` included, before zarr opens it (a reader checks
+    the arrays it opens, in :func:`check_layouts`). ``read(name)``: the bytes of ``<name>/zarr.json`` in
+    the epoch, or None. An epoch of an older pgprefetch records none: nothing to compare.
+    """
+    for name, digest in (metadata_digests(manifest, where) or {}).items():
+        raw = read(plain_name(name, where))
+        if raw is None:
+            raise StoreError(f"{where}/{name}: the array is missing (the epoch is damaged)")
+        if metadata_sha256(raw) != digest:
+            raise StoreError(
+                f"{where}/{name}: the array's zarr.json is not the one the manifest records (its SHA-256 "
+                "differs; a damaged or altered store)"
+            )

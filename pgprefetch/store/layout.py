@@ -8,11 +8,12 @@ Anything this module does not recognise is read through zarr: correct first, fas
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path, PurePath
 from typing import Any
@@ -29,6 +30,11 @@ INDEX_CRC = 4
 MISSING = 2**64 - 1  # shard index entry of an absent inner chunk
 SEPARATORS = ("/", ".")  # the only chunk key separators zarr defines
 _PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a field's name ([fields.NAME]) and every array's
+
+
+def metadata_sha256(raw: bytes) -> str:
+    """The hex SHA-256 of an array's ``zarr.json`` bytes, as the manifest records it."""
+    return hashlib.sha256(raw).hexdigest()
 
 
 def plain_name(name: object, where: str) -> str:
@@ -57,11 +63,17 @@ class ArrayLayout:
     raw: bool  # False: the bytes need zarr's codecs (compression)
     separator: str
     prefix: str  # "c" for the default chunk key encoding, "" for v2
+    metadata_sha256: str = ""  # of the zarr.json it was read from, for the manifest's record (#36.11)
 
     @classmethod
     def read(cls, path: Path) -> ArrayLayout:
         """Parse ``path/zarr.json``."""
-        return cls.parse(json.loads((path / "zarr.json").read_text()), path)
+        return cls.from_bytes((path / "zarr.json").read_bytes(), path)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, path: PurePath) -> ArrayLayout:
+        """The layout of the ``zarr.json`` bytes ``raw``, with their SHA-256 (one read: hashed as parsed)."""
+        return replace(cls.parse(json.loads(raw), path), metadata_sha256=metadata_sha256(raw))
 
     @classmethod
     def parse(cls, meta: dict[str, Any], path: PurePath) -> ArrayLayout:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
-from pgprefetch.store.checks import check_layouts, manifest_int
+from pgprefetch.store.checks import check_layouts, check_metadata_files, manifest_int
 from pgprefetch.store.consumers import run_of
 from pgprefetch.store.layout import checksum, plain_name
 
@@ -89,8 +89,9 @@ def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
 def verify_epoch(store: Store, epoch: int) -> list[str]:
     """Recompute every chunk's CRC32C; return one line per corrupt or missing chunk (empty: all good)."""
     manifest = store.manifest(epoch)
-    recorded = _recorded_checksums(store, epoch, manifest)
     where = f"{store.location}/{epoch_name(epoch)}"
+    check_metadata_files(manifest, lambda name: store.read(f"{epoch_name(epoch)}/{name}/zarr.json"), where)
+    recorded = _recorded_checksums(store, epoch, manifest)
     for name in recorded:
         plain_name(name, where)
     check_layouts(manifest, {name: store.array_layout(epoch, name) for name in recorded}, where)

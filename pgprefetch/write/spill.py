@@ -88,7 +88,10 @@ class KeyRuns:
         self.started = started  # (monotonic) when the keys began to stream: the log gives the whole phase
         with io_errors(folder):
             shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers
-            folder.mkdir(parents=True, mode=0o700)  # the sample keys: for this user only
+            # The sample keys: for this user only. mkdir's mode is not given to the parents it makes, and a
+            # scan's keys go in <keys folder>/rows: a keys folder made here is private too (I3).
+            folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            folder.mkdir(mode=0o700)
             self._fd = os.open(folder / "runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def add(self, chunks: list[np.ndarray]) -> None:
