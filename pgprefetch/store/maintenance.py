@@ -8,7 +8,6 @@ started and deletes complete epochs more than N behind. Nothing here talks to Po
 from __future__ import annotations
 
 import difflib
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
 from pgprefetch.store.checks import check_layouts, manifest_int
 from pgprefetch.store.consumers import run_of
+from pgprefetch.store.journal import journaled, samples
 from pgprefetch.store.layout import checksum, plain_name
 
 
@@ -32,13 +32,17 @@ class EpochInfo:
     bytes: int
     created: str | None
     seconds: float | None
-    batches_written: int | None = None  # partial epochs: how far the dump got
+    # Partial epochs: how far the dump got, as a rerun resumes it (the batches its journals record, which
+    # a rerun keeps once their bytes check out; ``n_samples`` is then the samples of those batches), and
+    # the samples the whole epoch will hold.
+    batches_written: int | None = None
+    n_samples_total: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """The entry ``ls --json`` prints."""
         out = asdict(self)
         if self.state == "complete":
-            del out["batches_written"]
+            del out["batches_written"], out["n_samples_total"]
         return out
 
 
@@ -61,29 +65,22 @@ def list_epochs(store: Store) -> list[EpochInfo]:
     for epoch in store.partial_epochs():
         if store.is_complete(epoch):
             continue  # a --force rewrite in progress: the complete epoch is what readers get
-        header, written = _journal_summary(store, epoch)
+        header, written = journaled(store.journal_path(epoch)) or ({}, {})
         nbytes, mtime = store.partial_info(epoch)
         infos.append(
             EpochInfo(
                 epoch,
                 "partial",
                 header.get("n_batches"),
-                header.get("n_keys"),
+                samples(header, written),
                 nbytes,
                 datetime.fromtimestamp(mtime, UTC).isoformat(timespec="seconds"),
                 None,
-                written,
+                len(written),
+                header.get("n_keys"),
             )
         )
     return sorted(infos, key=lambda i: i.epoch)
-
-
-def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
-    try:
-        lines = store.journal_path(epoch).read_text().splitlines()
-        return json.loads(lines[0]), len({line.split()[0] for line in lines[1:] if line.strip() and line[0] != "#"})
-    except (OSError, ValueError, IndexError):
-        return {}, 0
 
 
 def verify_epoch(store: Store, epoch: int) -> list[str]:

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.store.base import epoch_name
+from pgprefetch.store.journal import difference
 from pgprefetch.store.s3 import S3Store
-from pgprefetch.write.journal import difference
 
 log = logging.getLogger("pgprefetch")
 FOLDER = "_parts"  # under the partial epoch's prefix; never part of a published epoch
