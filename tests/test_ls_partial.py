@@ -1,9 +1,10 @@
 """``pgprefetch ls`` on a partial epoch says what the rerun then keeps: its batches and their samples (#37).
 
-A partial epoch is made the way a user meets one: a dump stopped part-way by a NULL in the last batch
-(the rest written and journaled), once by the single process and once by the Ray executor, whose parts
-journal beside the epoch's own journal. The rerun (the NULL fixed) reports the batches it resumed; ``ls``
-before it must have said the same, and counted the samples of those batches, not the epoch's total.
+A partial epoch is made the way a user meets one: a dump stopped part-way by a NULL in a late batch (the
+rest written and journaled), once by the single process and twice by the Ray executor, whose parts journal
+beside the epoch's own journal on a local store and leave records in the bucket on S3. The rerun (the NULL
+fixed) reports the batches it resumed; ``ls`` before it must have said the same, and counted the samples
+of those batches, not the epoch's total.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pgprefetch
 from pgprefetch.errors import SampleError
 
 from .helpers import dump, execute, read_arrays, s_config
+from .s3server import S3
+from .test_ray import _fail_the_last_part
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE = 100  # 480 rows, drop_last = false: batches 0-3 of 100 samples and a short batch 4 of 80
@@ -80,3 +83,22 @@ def test_ls_of_a_failed_ray_dump_counts_the_batches_the_parts_journaled(
     assert (info.batches_written, info.n_batches) == (rerun.resumed, 30)
     assert info.n_samples == rerun.resumed * 16
     assert info.n_samples_total == 480
+
+
+def test_ls_of_a_failed_ray_dump_into_s3_counts_the_batches_the_parts_recorded(
+    ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
+) -> None:
+    bucket = s3.bucket()
+    store = f"s3://{bucket}/k"
+    config = s_config(tmp_path, store=store, compression="zstd")  # a file per batch: 30 batches, parts of 10
+    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
+    late = _fail_the_last_part(s_table, single)
+    with pytest.raises(SampleError):
+        pgprefetch.dump(config, epochs=0, dsn=s_table, executor="ray", parts=3, ray_env=env)
+    (info,) = pgprefetch.ls(store)
+    execute(s_table, f"UPDATE s SET v = {late} * 0.5 WHERE id = {late}")
+    (rerun,) = pgprefetch.dump(config, epochs=0, dsn=s_table, executor="ray", parts=3, ray_env=env)
+    assert rerun.resumed > 0
+    assert (info.state, info.batches_written, info.n_batches) == ("partial", rerun.resumed, 30)
+    assert (info.n_samples, info.n_samples_total) == (rerun.resumed * 16, 480)

@@ -17,7 +17,7 @@ from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
 from pgprefetch.store.checks import check_layouts, manifest_int
 from pgprefetch.store.consumers import run_of
-from pgprefetch.store.journal import journaled, samples
+from pgprefetch.store.journal import journaled, part_journals, samples
 from pgprefetch.store.layout import checksum, plain_name
 
 
@@ -65,7 +65,9 @@ def list_epochs(store: Store) -> list[EpochInfo]:
     for epoch in store.partial_epochs():
         if store.is_complete(epoch):
             continue  # a --force rewrite in progress: the complete epoch is what readers get
-        header, written = journaled(store.journal_path(epoch)) or ({}, {})
+        header, journal = journaled(store.journal_path(epoch)) or ({}, {})
+        recorded = _recorded(store, epoch, header)
+        written = set(journal) if recorded is None else recorded
         nbytes, mtime = store.partial_info(epoch)
         infos.append(
             EpochInfo(
@@ -81,6 +83,28 @@ def list_epochs(store: Store) -> list[EpochInfo]:
             )
         )
     return sorted(infos, key=lambda i: i.epoch)
+
+
+def _recorded(store: Store, epoch: int, header: dict[str, Any]) -> set[int] | None:
+    """The batches a rerun keeps of an epoch a ``--executor ray`` dump left in an object store; None: not one.
+
+    Those parts stage on their own nodes and leave a record in the bucket (:mod:`pgprefetch.store.records`);
+    a rerun keeps only what the records hold (it starts the staged partial epoch over, journals included),
+    judged as the rerun judges them (this epoch's header, every file there with its size), less the split
+    into parts, which only the rerun knows. Part journals on this machine or records in the bucket say a
+    Ray dump wrote it. Nothing is deleted.
+    """
+    if store.local_root is not None or not header:
+        return None
+    from pgprefetch.store.records import judged  # here: a local store's ls never loads the S3 client
+    from pgprefetch.store.s3 import S3Store
+
+    if not isinstance(store, S3Store):
+        return None
+    kept, dropped, _ = judged(store, epoch, header, None)
+    if not (kept or dropped or part_journals(store.journal_path(epoch))):
+        return None  # a single-process dump's partial epoch: its journal is what a rerun resumes
+    return {b for record in kept for b in record.owned}
 
 
 def verify_epoch(store: Store, epoch: int) -> list[str]:
