@@ -114,7 +114,10 @@ def test_ls_json_lists_complete_and_partial_epochs(s_table: str, tmp_path: Path)
     result = dump(cfg, s_table, epoch=0)
     partial = tmp_path / "store.zarr" / ".pgprefetch" / "partial"
     (partial / "epoch-00001").mkdir(parents=True)
-    (partial / "epoch-00001.journal").write_text(json.dumps({"n_batches": 30, "n_keys": 480}) + "\n0 1 2\n1 3 4\n")
+    (partial / "epoch-00001.journal").write_text(
+        json.dumps({"n_batches": 30, "n_keys": 480, "batch_size": 16, "arrays": {"a": ["<f4", []], "b": ["<f4", []]}})
+        + "\n0 1 2\n1 3 4\n"
+    )  # a batch line holds a checksum per array the header names
     code, out = run_cli("ls", "--config", str(cfg), "--json")
     assert code == 0
     epochs = json.loads(out)["epochs"]
@@ -126,6 +129,7 @@ def test_ls_json_lists_complete_and_partial_epochs(s_table: str, tmp_path: Path)
     assert complete["created"]
     assert complete["seconds"] > 0
     assert (epochs[1]["n_batches"], epochs[1]["batches_written"]) == (30, 2)
+    assert (epochs[1]["n_samples"], epochs[1]["n_samples_total"]) == (32, 480)  # the samples written
     code, out = run_cli("ls", "--store", str(tmp_path / "store.zarr"))
     assert out.splitlines()[1].split()[:3] == ["0", "complete", "30"]
 

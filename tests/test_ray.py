@@ -101,7 +101,7 @@ def _last_modified(s3: S3, bucket: str, prefix: str) -> dict[str, Any]:
 
 def _records(s3: S3, bucket: str, prefix: str) -> dict[int, Any]:
     """The part records under an epoch's ``prefix``, by part."""
-    from pgprefetch.write.ray.records import PartRecord
+    from pgprefetch.store.records import PartRecord
 
     found = [PartRecord.decode(v) for k, v in s3.objects(bucket, prefix).items() if k.startswith("_parts/")]
     return {r.index: r for r in found if r is not None}
@@ -208,7 +208,7 @@ def test_a_part_record_is_kept_only_with_this_epoch_s_identity_and_range_and_all
     import numpy as np
 
     from pgprefetch.store.open import open_store
-    from pgprefetch.write.ray.records import PartRecord, put_record, record_key, usable
+    from pgprefetch.store.records import PartRecord, put_record, record_key, usable
 
     store = open_store(f"s3://{s3.bucket()}/u")
     store.create()

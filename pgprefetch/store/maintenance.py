@@ -8,7 +8,6 @@ started and deletes complete epochs more than N behind. Nothing here talks to Po
 from __future__ import annotations
 
 import difflib
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
 from pgprefetch.store.checks import check_layouts, check_metadata_files, manifest_int
 from pgprefetch.store.consumers import run_of
+from pgprefetch.store.journal import journaled, part_journals, samples
 from pgprefetch.store.layout import checksum, plain_name
 
 
@@ -32,13 +32,17 @@ class EpochInfo:
     bytes: int
     created: str | None
     seconds: float | None
-    batches_written: int | None = None  # partial epochs: how far the dump got
+    # Partial epochs: how far the dump got, as a rerun resumes it (the batches its journals record, which
+    # a rerun keeps once their bytes check out; ``n_samples`` is then the samples of those batches), and
+    # the samples the whole epoch will hold.
+    batches_written: int | None = None
+    n_samples_total: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """The entry ``ls --json`` prints."""
         out = asdict(self)
         if self.state == "complete":
-            del out["batches_written"]
+            del out["batches_written"], out["n_samples_total"]
         return out
 
 
@@ -61,29 +65,46 @@ def list_epochs(store: Store) -> list[EpochInfo]:
     for epoch in store.partial_epochs():
         if store.is_complete(epoch):
             continue  # a --force rewrite in progress: the complete epoch is what readers get
-        header, written = _journal_summary(store, epoch)
+        header, journal = journaled(store.journal_path(epoch)) or ({}, {})
+        recorded = _recorded(store, epoch, header)
+        written = set(journal) if recorded is None else recorded
         nbytes, mtime = store.partial_info(epoch)
         infos.append(
             EpochInfo(
                 epoch,
                 "partial",
                 header.get("n_batches"),
-                header.get("n_keys"),
+                samples(header, written),
                 nbytes,
                 datetime.fromtimestamp(mtime, UTC).isoformat(timespec="seconds"),
                 None,
-                written,
+                len(written),
+                header.get("n_keys"),
             )
         )
     return sorted(infos, key=lambda i: i.epoch)
 
 
-def _journal_summary(store: Store, epoch: int) -> tuple[dict[str, object], int]:
-    try:
-        lines = store.journal_path(epoch).read_text().splitlines()
-        return json.loads(lines[0]), len({line.split()[0] for line in lines[1:] if line.strip() and line[0] != "#"})
-    except (OSError, ValueError, IndexError):
-        return {}, 0
+def _recorded(store: Store, epoch: int, header: dict[str, Any]) -> set[int] | None:
+    """The batches a rerun keeps of an epoch a ``--executor ray`` dump left in an object store; None: not one.
+
+    Those parts stage on their own nodes and leave a record in the bucket (:mod:`pgprefetch.store.records`);
+    a rerun keeps only what the records hold (it starts the staged partial epoch over, journals included),
+    judged as the rerun judges them (this epoch's header, every file there with its size), less the split
+    into parts, which only the rerun knows. Part journals on this machine or records in the bucket say a
+    Ray dump wrote it. Nothing is deleted.
+    """
+    if store.local_root is not None or not header:
+        return None
+    from pgprefetch.store.records import judged  # here: a local store's ls never loads the S3 client
+    from pgprefetch.store.s3 import S3Store
+
+    if not isinstance(store, S3Store):
+        return None
+    kept, dropped, _ = judged(store, epoch, header, None)
+    if not (kept or dropped or part_journals(store.journal_path(epoch))):
+        return None  # a single-process dump's partial epoch: its journal is what a rerun resumes
+    return {b for record in kept for b in record.owned}
 
 
 def verify_epoch(store: Store, epoch: int) -> list[str]:

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pgprefetch.store.base import ArraySpec, Store, Uploader
+from pgprefetch.store.journal import difference, kept, part_journal, read_journal, remove_journals
 from pgprefetch.store.layout import ArrayLayout, checksum, metadata_sha256, read_batch_bytes
 from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_attributes, group_json, write_array, write_json
-from pgprefetch.write.journal import difference, part_journal, read_journal, remove_journals
 from pgprefetch.write.shardfiles import (
     OpenFiles,
     create_shard,
@@ -231,7 +231,7 @@ class EpochWriter:
             return None
         header, done, snapshots = found
         self.snapshots += snapshots
-        return header, done
+        return header, kept(header, done)  # what ``ls`` counts of a partial epoch too
 
     def _keep_verified(self, journal: dict[int, list[int]]) -> None:
         """Keep the journal's batches whose bytes on disk still have their recorded checksums.

@@ -5,8 +5,8 @@
 snapshot, the epoch's lock and its writer. The epoch's batches are split into *parts* (batch ranges); each
 part is a Ray task that imports the snapshot, fetches, decodes and writes its batches into the partial
 epoch, and returns their checksums and statistics; the driver publishes (:mod:`.driver`, :mod:`.part`,
-:mod:`.cluster`; on an object store :mod:`.records` and :mod:`.staged`). A scan config's table is read
-once by reader tasks, in page ranges, and each part gets the rows its samples span through an exchange in
+:mod:`.cluster`; on an object store :mod:`pgprefetch.store.records` and :mod:`.staged`). A scan config's
+table is read once by reader tasks, in page ranges, and each part gets the rows its samples span through an exchange in
 the object store (:mod:`.scan`). The tasks' arguments carry the DSN without its password (:mod:`.secret`);
 a cluster the dump starts listens on 127.0.0.1 only (:mod:`.cluster`). Only this package imports Ray:
 without it, asking for it is one line saying what to install.

@@ -20,7 +20,7 @@ then:
   the published epoch is byte for byte the single process's.
 
 On an object store a rerun keeps the parts an interrupted dump finished, from the records they left in the
-store (:mod:`.records`); ``--force`` over a published epoch has the parts stage their files and uploads
+store (:mod:`pgprefetch.store.records`); ``--force`` over a published epoch has the parts stage their files and uploads
 them from their nodes once the old epoch is removed, as the single process's publication does (:mod:`.staged`).
 """
 
@@ -41,6 +41,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import ArraySpec, Store
+from pgprefetch.store.records import PartRecord, usable
 from pgprefetch.store.s3 import S3Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
@@ -48,7 +49,6 @@ from pgprefetch.write.keyfile import OrderedKeys
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
-from pgprefetch.write.ray.records import PartRecord, usable
 from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
 from pgprefetch.write.ray.secret import sealed
 from pgprefetch.write.ray.staged import upload_staged
@@ -108,7 +108,8 @@ class RayExecutor:
     def starts_over(self, store: Store) -> bool:
         """On an object store: its parts staged on other nodes cannot be verified by the driver.
 
-        A rerun resumes there from the records finished parts left in the store instead (:mod:`.records`).
+        A rerun resumes there from the records finished parts left in the store instead
+        (:mod:`pgprefetch.store.records`).
         """
         return store.local_root is None  # parts stage on their own nodes: the driver cannot verify them
 

@@ -28,12 +28,12 @@ from pgprefetch.errors import StoreError
 from pgprefetch.pg.session import BatchReader
 from pgprefetch.store.base import ArraySpec
 from pgprefetch.store.open import open_store
+from pgprefetch.store.records import PartRecord, put_record
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
-from pgprefetch.write.ray.records import PartRecord, put_record
 from pgprefetch.write.ray.secret import opened
 from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.mode import cut_source
@@ -166,7 +166,7 @@ async def _write_part(
 
 
 def record(spec: PartSpec, header: dict[str, Any], result: PartResult, partial: Path) -> PartRecord:
-    """The record of a finished part (:mod:`.records`); ``partial``: where its files are staged."""
+    """The record of a finished part (:mod:`pgprefetch.store.records`); ``partial``: where its files are staged."""
     files = {f: (partial / f).stat().st_size for f in result.files}
     return PartRecord(spec.index, spec.owned, header, spec.snapshot, result.batches, result.checksums, result.figures,
                       files)  # fmt: skip

@@ -7,7 +7,7 @@ the new manifest last. Spread over a cluster, each part stages its files on its 
 (``PartSpec.defer``) and reports its checksums and statistics; once every part has, :func:`upload_staged`
 removes the published epoch (manifest first, as the single process's publication does) and runs an upload
 task on each part's node, pinned there, which uploads that part's staged files and then records the part
-(:mod:`.records`): a driver killed from then on is resumed by the next run. So readers see the old epoch
+(:mod:`pgprefetch.store.records`): a driver killed from then on is resumed by the next run. So readers see the old epoch
 until the same moment as with the single process, and a failed rewrite never mixes old and new files.
 
 A part whose node was lost before its files went up (its staging with it) is written again; with the old
@@ -24,11 +24,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.errors import PgprefetchError
 from pgprefetch.store.open import open_store
+from pgprefetch.store.records import put_record
 from pgprefetch.store.s3 import S3Store
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.ray.cluster import TASK_RETRIES, failure
 from pgprefetch.write.ray.part import PartResult, PartSpec, record
-from pgprefetch.write.ray.records import put_record
 
 
 @ray.remote(num_cpus=0, max_retries=TASK_RETRIES)

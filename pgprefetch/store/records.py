@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.store.base import epoch_name
+from pgprefetch.store.journal import difference
 from pgprefetch.store.s3 import S3Store
-from pgprefetch.write.journal import difference
 
 log = logging.getLogger("pgprefetch")
 FOLDER = "_parts"  # under the partial epoch's prefix; never part of a published epoch
@@ -104,6 +104,19 @@ def usable(
     Kept: the record is readable, has ``header`` (this epoch's identity) and one of ``ranges`` (this
     split) at its own index, and every file it lists is in the store with its size. The others are deleted.
     """
+    kept, dropped, reason = judged(store, epoch, header, ranges)
+    store.delete(dropped)
+    return kept, reason
+
+
+def judged(
+    store: S3Store, epoch: int, header: dict[str, Any], ranges: list[range] | None
+) -> tuple[list[PartRecord], list[str], str | None]:
+    """The records :func:`usable` keeps, the keys of the others, and why; nothing deleted.
+
+    ``ranges`` None (``pgprefetch ls``, which knows no split): a record in any range is kept, as a rerun
+    split the same way keeps it.
+    """
     header = json.loads(json.dumps(header, sort_keys=True))  # as a record holds it
     prefix = epoch_name(epoch)
     objects = {key.removeprefix(f"{prefix}/"): size for key, size in store.sizes(prefix).items()}
@@ -121,19 +134,18 @@ def usable(
             continue
         dropped.append(f"{prefix}/{name}")
         reason = reason or why
-    store.delete(dropped)
-    return kept, reason
+    return kept, dropped, reason
 
 
 def _mismatch(
-    record: PartRecord | None, header: dict[str, Any], ranges: list[range], objects: dict[str, int]
+    record: PartRecord | None, header: dict[str, Any], ranges: list[range] | None, objects: dict[str, int]
 ) -> str | None:
     """Why ``record`` cannot be kept, in the words of a restarted epoch; None when it can."""
     if record is None:
         return "a part's record is unreadable"
     if record.header != header:
         return difference(record.header, header)
-    if record.index >= len(ranges) or ranges[record.index] != record.owned:
+    if ranges is not None and (record.index >= len(ranges) or ranges[record.index] != record.owned):
         return f"it was split into other parts ({len(ranges)} now)"
     if not np.array_equal(record.batches, np.arange(record.owned.start, record.owned.stop)):
         return "a part's record is incomplete"
@@ -143,4 +155,4 @@ def _mismatch(
     return None
 
 
-__all__ = ["FOLDER", "PartRecord", "put_record", "record_key", "usable"]
+__all__ = ["FOLDER", "PartRecord", "judged", "put_record", "record_key", "usable"]

@@ -5,11 +5,17 @@ hashes, sizes, arrays), then a line per batch written (``batch crc32c...``, one 
 ``#snapshot`` line per dump that wrote into it. An epoch spread over several processes
 (:mod:`pgprefetch.write.ray`) has a journal per part beside it (:func:`part_journal`), each opening with the
 same header; resuming reads them all (:func:`read_journal`).
+
+It lives with the store, below the dump, because two sides read it: the dump that resumes a partial
+epoch and ``pgprefetch ls``, which says how far one got. Both count the batches with :func:`kept`, so
+``ls`` shows what a rerun keeps (less any batch whose bytes on disk no longer match their checksum, which
+only the rerun reads them all to find out).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +67,48 @@ def read_journal(journal: Path, n_arrays: int) -> tuple[dict[str, Any], dict[int
         except ValueError:
             continue
     return header, done, snapshots
+
+
+def kept(header: dict[str, Any], done: dict[int, list[int]]) -> dict[int, list[int]]:
+    """The journaled batches a rerun under ``header`` checks and keeps: those inside the epoch."""
+    n_batches = header.get("n_batches")
+    if not isinstance(n_batches, int):
+        return {}
+    return {batch: crcs for batch, crcs in done.items() if 0 <= batch < n_batches}
+
+
+def journaled(journal: Path) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
+    """The header of ``journal`` and the batches it and its parts' journals record that a rerun keeps.
+
+    What ``ls`` reads of a partial epoch; None when there is no journal or no readable header.
+    """
+    arrays = _header_arrays(journal)
+    found = read_journal(journal, arrays) if arrays is not None else None
+    if found is None:
+        return None
+    header, done, _ = found
+    return header, kept(header, done)
+
+
+def _header_arrays(journal: Path) -> int | None:
+    """How many arrays the journal's header names (each batch line holds a checksum per array)."""
+    try:
+        with journal.open(errors="replace") as f:
+            arrays = json.loads(f.readline()).get("arrays")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return len(arrays) if isinstance(arrays, dict) else None
+
+
+def samples(header: dict[str, Any], batches: Iterable[int]) -> int:
+    """The samples ``batches`` of the epoch hold: ``batch_size`` each, less for a short last one.
+
+    The header's ``n_keys`` is the epoch's samples (the keys used: full batches only under ``drop_last``).
+    """
+    size, total = header.get("batch_size"), header.get("n_keys")
+    if not isinstance(size, int) or not isinstance(total, int):
+        return 0
+    return sum(max(0, min(total, (b + 1) * size) - b * size) for b in batches)
 
 
 def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
