@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,3 +148,53 @@ def chunk_bytes(epoch_path: Path) -> dict[str, bytes]:
         for p in sorted(epoch_path.rglob("*"))
         if p.is_file() and p.parent != epoch_path
     }
+
+
+@contextmanager
+def counting_store(
+    pg_dsn: str,
+    folder: Path,
+    *,
+    n: int,
+    size: int,
+    drop_last: bool = True,
+    epochs: tuple[int, ...] = (0,),
+    shard_batches: int | None = None,
+) -> Iterator[Path]:
+    """A store of ``epochs`` of ``s(id, v = id)``, ``n`` rows in batches of ``size``, from a database of its own.
+
+    The readers' tests (NumPy, JAX, Grain, the reader contracts) check which samples each step sees, so
+    ``v`` is the key itself. ``shard_batches`` makes shard files that small, so that reads cross them.
+    The database is dropped afterwards; the store stays in ``folder``.
+    """
+    import pytest
+
+    import pgprefetch.write.shardfiles
+
+    from .conftest import with_database
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    execute(pg_dsn, f"CREATE DATABASE {name}")
+    dsn = with_database(pg_dsn, name)
+    try:
+        execute(
+            dsn,
+            "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
+            f"INSERT INTO s SELECT i, i FROM generate_series(1, {n}) i",
+        )
+        config = write_config(
+            folder,
+            keys="SELECT id FROM s",
+            query="SELECT v FROM s WHERE id = $1",
+            fields={"v": (["v"], "int64")},
+            size=size,
+            drop_last=drop_last,
+        )
+        with pytest.MonkeyPatch.context() as mp:
+            if shard_batches is not None:
+                mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", shard_batches * size * 8)
+            for epoch in epochs:
+                dump(config, dsn, epoch=epoch)
+        yield folder / "store.zarr"
+    finally:
+        execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

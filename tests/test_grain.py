@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,13 +17,11 @@ import grain
 import numpy as np
 import pytest
 
-import pgprefetch.write.shardfiles
 from pgprefetch import EpochArrays
 from pgprefetch.errors import EpochNotFoundError
 from pgprefetch.grain import EpochSource
 
-from .conftest import with_database
-from .helpers import dump, execute, write_config
+from .helpers import counting_store
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 470, 16
@@ -32,30 +29,9 @@ N, SIZE = 470, 16
 
 @pytest.fixture(scope="module")
 def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    execute(pg_dsn, f"CREATE DATABASE {name}")
-    dsn = with_database(pg_dsn, name)
-    try:
-        execute(
-            dsn,
-            "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-            f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
-        )
-        folder = tmp_path_factory.mktemp("grain")
-        config = write_config(
-            folder,
-            keys="SELECT id FROM s",
-            query="SELECT v FROM s WHERE id = $1",
-            fields={"v": (["v"], "int64")},
-            size=SIZE,
-            drop_last=False,
-        )
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 4 * SIZE * 8)
-            dump(config, dsn, epoch=0)
-        yield folder / "store.zarr"
-    finally:
-        execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    folder = tmp_path_factory.mktemp("grain")
+    with counting_store(pg_dsn, folder, n=N, size=SIZE, drop_last=False, shard_batches=4) as store:
+        yield store
 
 
 def stored(store: Path, size: int = SIZE) -> list[list[int]]:

@@ -12,17 +12,14 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import pgprefetch.write.shardfiles
 from pgprefetch import EpochArrays
 
-from .conftest import with_database
-from .helpers import SEQUENCES, dump, execute, write_config
+from .helpers import SEQUENCES, counting_store, dump, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 470, 16  # 29 full batches an epoch (drop_last): every batch splits over two devices
@@ -30,27 +27,9 @@ N, SIZE = 470, 16  # 29 full batches an epoch (drop_last): every batch splits ov
 
 @pytest.fixture(scope="module")
 def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    execute(pg_dsn, f"CREATE DATABASE {name}")
-    dsn = with_database(pg_dsn, name)
-    try:
-        execute(
-            dsn,
-            "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-            f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
-        )
-        folder = tmp_path_factory.mktemp("jax")
-        fields = {"v": (["v"], "int64")}
-        config = write_config(
-            folder, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=fields, size=SIZE
-        )
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 4 * SIZE * 8)
-            for epoch in (0, 1):
-                dump(config, dsn, epoch=epoch)
-        yield folder / "store.zarr"
-    finally:
-        execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    folder = tmp_path_factory.mktemp("jax")
+    with counting_store(pg_dsn, folder, n=N, size=SIZE, epochs=(0, 1), shard_batches=4) as store:
+        yield store
 
 
 def env() -> dict[str, str]:

@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +25,7 @@ import pytest
 import pgprefetch
 from pgprefetch import ArrayStream, EpochArrays
 
-from .conftest import with_database
-from .helpers import dump, execute, toml_value, write_config
+from .helpers import counting_store, dump, execute, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 486, 16  # 31 batches, the last of 6 samples
@@ -36,28 +34,8 @@ LAST = N - (N // SIZE) * SIZE
 
 @pytest.fixture(scope="module")
 def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    execute(pg_dsn, f"CREATE DATABASE {name}")
-    dsn = with_database(pg_dsn, name)
-    try:
-        execute(
-            dsn,
-            "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-            f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
-        )
-        folder = tmp_path_factory.mktemp("contracts")
-        config = write_config(
-            folder,
-            keys="SELECT id FROM s",
-            query="SELECT v FROM s WHERE id = $1",
-            fields={"v": (["v"], "int64")},
-            size=SIZE,
-            drop_last=False,
-        )
-        dump(config, dsn, epoch=0)
-        yield folder / "store.zarr"
-    finally:
-        execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with counting_store(pg_dsn, tmp_path_factory.mktemp("contracts"), n=N, size=SIZE, drop_last=False) as store:
+        yield store
 
 
 def stored(store: Path) -> list[list[int]]:
