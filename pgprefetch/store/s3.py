@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -33,9 +32,7 @@ import obstore
 from obstore.exceptions import (
     AlreadyExistsError,
     BaseError,
-    PermissionDeniedError,
     PreconditionError,
-    UnauthenticatedError,
 )
 
 from pgprefetch.config.values import store_location
@@ -51,23 +48,13 @@ from pgprefetch.store.base import (
 from pgprefetch.store.consumers import consumer_record, positions, record_name
 from pgprefetch.store.flock import holding
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
+from pgprefetch.store.s3errors import configured_endpoint, s3_error
 from pgprefetch.store.staging import folder_bytes, staged_epochs
 from pgprefetch.store.uploads import Uploads, upload_log
 from pgprefetch.store.zarrjson import group_json
 
 _RUNTIME_PID: int | None = None  # the process whose obstore runtime is in use (see S3Store.client)
-_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 SWAP_ATTEMPTS = 20  # a store-level record changed by that many other dumps in a row: something is wrong
-
-
-def _endpoint() -> str | None:
-    env = os.environ
-    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
-
-
-def shown_endpoint(endpoint: str) -> str:
-    """``endpoint`` as a message may show it: without any ``user:secret@`` it carries."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@", r"\1", endpoint)
 
 
 def staging_name(location: str) -> str:
@@ -111,7 +98,7 @@ class S3Store(Store):
             )
         if self._client is None:
             _RUNTIME_PID = os.getpid()
-            endpoint = _endpoint()
+            endpoint = configured_endpoint()
             # Long enough to wait out seconds of throttling (503 SlowDown) or a restarting server, which a
             # training run must survive: each wait is drawn between 0.1 s and 3x the last (at most 8 s), so
             # 10 retries take about 10 s (3-35 s); 6 at base 2 took about 1 s, which the soak's throttling outlasted.
@@ -128,29 +115,7 @@ class S3Store(Store):
 
     # --- errors, mapped once --------------------------------------------------------------------------
     def _fail(self, e: Exception, what: str) -> NoReturn:
-        text = str(e)
-        for name in _SECRETS:
-            secret = os.environ.get(name)
-            if secret:
-                text = text.replace(secret, "***")
-        reason = text.splitlines()[0] if text else type(e).__name__
-        if "NoSuchBucket" in text:
-            raise StoreError(f"{self.location}: bucket {self.bucket!r} does not exist") from None
-        if isinstance(e, PermissionDeniedError | UnauthenticatedError) or re.search(
-            r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|403 Forbidden", text
-        ):
-            raise StoreError(
-                f"{self.location}: access denied ({what}); check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
-                "and AWS_SESSION_TOKEN"
-            ) from None
-        if re.search(r"error sending request|[Cc]onnection refused|dns error|timed out|Connect", text):
-            endpoint = _endpoint()
-            where = shown_endpoint(endpoint) if endpoint else "AWS"
-            detail = re.sub(r"^.*?(error sending request|Connection refused|dns error|timed out)", r"\1", reason)
-            raise StoreError(
-                f"{self.location}: cannot reach the object store at {where} ({what}: {detail[:160]})"
-            ) from None
-        raise StoreError(f"{self.location}: {what}: {reason}") from None
+        raise s3_error(e, what, self.location, self.bucket) from None
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
