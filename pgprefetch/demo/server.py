@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -43,12 +42,10 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from pgprefetch.demo.access import SERVER_USER, check_reachable, check_socket_fits, guard_wheel
+from pgprefetch.demo.handles import HANDLE_FILE, alive, prune_handles
 from pgprefetch.errors import PgprefetchError
 
 DEFAULT_DIR = Path(".pgprefetch")
-
-HANDLE_FILE = ".handle_pids.json"
-"""The wheel's list (JSON) of the pids of the processes using the server of a data folder."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """What :func:`run_server` stops on: Ctrl-C, and what ``kill``, systemd, Docker and CI runners send."""
@@ -85,54 +82,6 @@ def _wheel_lock(wheel: ModuleType) -> AbstractContextManager[Any]:
     """
     lock = getattr(wheel.PostgresServer, "_lock", None)
     return lock if lock is not None else contextlib.nullcontext()
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process; a zombie is not (a container's init may never reap it)."""
-    import psutil  # a dependency of the wheel
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
-
-
-def _prune_handles(pgdata: Path) -> list[int]:
-    """Drop the pids of dead processes from the wheel's handle file; return the pids that remain.
-
-    A pid counts as dead also when a process started after the file's last write holds it: a listed
-    process wrote the file after it started, so such a process is an unrelated one that reused the pid.
-    A file that is not a JSON list of ints (a torn write) is reset rather than left to break every start.
-    """
-    import psutil  # a dependency of the wheel
-
-    path = pgdata / HANDLE_FILE
-    try:
-        written = path.stat().st_mtime
-        pids = json.loads(path.read_text())
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError):
-        pids = None
-    if not isinstance(pids, list) or not all(isinstance(pid, int) for pid in pids):
-        path.write_text("[]")
-        return []
-    keep = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            # 2 s: psutil's start times come from the boot time in whole seconds
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= written + 2:
-                keep.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.AccessDenied:
-            keep.append(pid)
-    if keep != pids:
-        path.write_text(json.dumps(keep))
-    return keep
 
 
 def _recorded_pid(pgdata: Path) -> int | None:
@@ -217,7 +166,7 @@ def _processes_in(pgdata: Path) -> list[Any]:
 def _wait_gone(proc: Any, timeout: float) -> bool:
     """Wait until ``proc`` has exited (or is a zombie); return whether it has."""
     deadline = time.monotonic() + timeout
-    while proc.is_running() and _alive(proc.pid):
+    while proc.is_running() and alive(proc.pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
@@ -261,7 +210,7 @@ def _release(wheel: ModuleType, server: Any) -> None:
     pgdata = server.pgdata
     try:
         with _wheel_lock(wheel):
-            holders = [pid for pid in _prune_handles(pgdata) if pid != os.getpid()]
+            holders = [pid for pid in prune_handles(pgdata) if pid != os.getpid()]
             if not holders:
                 _stop(wheel, pgdata, server.system_user)
                 handles = pgdata / HANDLE_FILE
@@ -302,7 +251,7 @@ def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
             check_reachable(Path(binaries), SERVER_USER)
     if pgdata.exists():
         with _wheel_lock(wheel):
-            _prune_handles(pgdata)
+            prune_handles(pgdata)
             _clear_stale_lock(pgdata)
     try:
         server = wheel.get_server(pgdata, cleanup_mode="stop")
@@ -317,7 +266,7 @@ def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
             finally:
                 if server._count == 1:  # the outermost use in this process: the wheel's stop comes next
                     with _wheel_lock(wheel):
-                        _prune_handles(server.pgdata)
+                        prune_handles(server.pgdata)
     finally:
         if server._count <= 0:
             _release(wheel, server)
@@ -333,7 +282,7 @@ def _running_server(pgdata: Path) -> tuple[bool, list[int]]:
     if not pgdata.exists():
         return False, []
     with _wheel_lock(wheel):
-        owners = [pid for pid in _prune_handles(pgdata) if pid != os.getpid()]
+        owners = [pid for pid in prune_handles(pgdata) if pid != os.getpid()]
     return _postmaster(pgdata) is not None, owners
 
 
