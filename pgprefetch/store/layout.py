@@ -22,6 +22,7 @@ import google_crc32c
 import numpy as np
 
 from pgprefetch.errors import StoreError
+from pgprefetch.store.zarrjson import ZARR_JSON
 
 _RAW = ([{"name": "bytes", "configuration": {"endian": "little"}}], [{"name": "bytes"}])
 _INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
@@ -35,6 +36,14 @@ _PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a field's name ([fields
 def metadata_sha256(raw: bytes) -> str:
     """The hex SHA-256 of an array's ``zarr.json`` bytes, as the manifest records it."""
     return hashlib.sha256(raw).hexdigest()
+
+
+def metadata_record(epoch: Path, names: list[str]) -> dict[str, str]:
+    """The manifest's record of the epoch folder's arrays ``names``: each one's ``zarr.json`` SHA-256 (#36.11).
+
+    Written at publication, so that a reader notices an array's metadata changed afterwards.
+    """
+    return {name: metadata_sha256((epoch / name / ZARR_JSON).read_bytes()) for name in names}
 
 
 def plain_name(name: object, where: str) -> str:

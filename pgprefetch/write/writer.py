@@ -31,7 +31,7 @@ import numpy as np
 
 from pgprefetch.store.base import ArraySpec, Store, Uploader
 from pgprefetch.store.journal import difference, kept, part_journal, read_journal, remove_journals
-from pgprefetch.store.layout import ArrayLayout, checksum, metadata_sha256, read_batch_bytes
+from pgprefetch.store.layout import ArrayLayout, checksum, metadata_record, read_batch_bytes
 from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_attributes, group_json, write_array, write_json
 from pgprefetch.write.shardfiles import (
     OpenFiles,
@@ -364,11 +364,8 @@ class EpochWriter:
                     np.array(list(longest.values()), dtype="<i4"),
                     [f"{LONGEST_ARRAY}_array", "batch"],
                 )
-            # Every array's metadata, as published, so a reader notices one changed afterwards (#36.11).
             arrays = [*self.names, CHECKSUMS_ARRAY, *([LONGEST_ARRAY] if longest else [])]
-            manifest["metadata_sha256"] = {
-                name: metadata_sha256((self.path / name / ZARR_JSON).read_bytes()) for name in arrays
-            }
+            manifest["metadata_sha256"] = metadata_record(self.path, arrays)
             write_json(self.path / ZARR_JSON, group_json(group_attributes(self.path) | {"pgprefetch": manifest}))
             self._journal.close()
             final = self.store.publish(self.epoch, self.path, replace=self.replace, elsewhere=elsewhere)
