@@ -151,6 +151,24 @@ def chunk_bytes(epoch_path: Path) -> dict[str, bytes]:
 
 
 @contextmanager
+def own_database(pg_dsn: str, *statements: str) -> Iterator[str]:
+    """A database of a test module's own on the suite's server, set up by ``statements``; dropped afterwards.
+
+    For tables a module shares between its tests (the per-test ``db`` fixture makes one per test).
+    """
+    from .conftest import with_database
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    execute(pg_dsn, f"CREATE DATABASE {name}")
+    try:
+        dsn = with_database(pg_dsn, name)
+        execute(dsn, *statements)
+        yield dsn
+    finally:
+        execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextmanager
 def counting_store(
     pg_dsn: str,
     folder: Path,
@@ -171,17 +189,11 @@ def counting_store(
 
     import pgprefetch.write.shardfiles
 
-    from .conftest import with_database
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    execute(pg_dsn, f"CREATE DATABASE {name}")
-    dsn = with_database(pg_dsn, name)
-    try:
-        execute(
-            dsn,
-            "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-            f"INSERT INTO s SELECT i, i FROM generate_series(1, {n}) i",
-        )
+    table = (
+        "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
+        f"INSERT INTO s SELECT i, i FROM generate_series(1, {n}) i",
+    )
+    with own_database(pg_dsn, *table) as dsn:
         config = write_config(
             folder,
             keys="SELECT id FROM s",
@@ -196,5 +208,3 @@ def counting_store(
             for epoch in epochs:
                 dump(config, dsn, epoch=epoch)
         yield folder / "store.zarr"
-    finally:
-        execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -29,8 +29,8 @@ from pgprefetch.read.mapping import PrivateMapping
 from pgprefetch.read.padding import lengths_to_mask
 from pgprefetch.store.open import open_store
 
-from .conftest import fetch, with_database
-from .helpers import dump, execute, write_config
+from .conftest import fetch
+from .helpers import dump, own_database, write_config
 
 N, SIZE = 470, 16
 ROWS = 300
@@ -39,20 +39,16 @@ ROWS = 300
 # --- the stores ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def database(pg_dsn: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    execute(pg_dsn, f"CREATE DATABASE {name}")
-    dsn = with_database(pg_dsn, name)
-    execute(
-        dsn,
+    with own_database(
+        pg_dsn,
         "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
         f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
         "CREATE TABLE r (id int PRIMARY KEY, tokens int[] NOT NULL, score real, kind text NOT NULL)",
         "INSERT INTO r SELECT i, (SELECT array_agg(i * 10 + j) FROM generate_series(1, 1 + i % 7) j),"
         " CASE WHEN i % 5 = 0 THEN NULL ELSE i / 4.0 END, (ARRAY['ant', 'bee', 'cat'])[1 + i % 3]"
         f" FROM generate_series(1, {ROWS}) i",
-    )
-    yield dsn
-    execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    ) as dsn:
+        yield dsn
 
 
 def values_config(folder: Path) -> Path:

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,8 +32,7 @@ from pgprefetch.store.local import LocalStore
 from pgprefetch.store.maintenance import prune
 from pgprefetch.store.open import open_store
 
-from .conftest import with_database
-from .helpers import dump, execute, s_config, write_config
+from .helpers import dump, own_database, s_config, write_config
 from .s3server import S3
 
 N, SIZE = 96, 16
@@ -42,16 +40,12 @@ N, SIZE = 96, 16
 
 @pytest.fixture(scope="module")
 def database(pg_dsn: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    execute(pg_dsn, f"CREATE DATABASE {name}")
-    dsn = with_database(pg_dsn, name)
-    execute(
-        dsn,
+    with own_database(
+        pg_dsn,
         "CREATE TABLE r (id int PRIMARY KEY, v bigint NOT NULL, score real)",
         f"INSERT INTO r SELECT i, i, CASE WHEN i % 5 = 0 THEN NULL ELSE i END FROM generate_series(1, {N}) i",
-    )
-    yield dsn
-    execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    ) as dsn:
+        yield dsn
 
 
 def config(folder: Path) -> Path:

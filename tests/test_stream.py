@@ -22,8 +22,7 @@ from pgprefetch import EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotReadyError
 from pgprefetch.store.open import open_store
 
-from .conftest import with_database
-from .helpers import dump, execute, write_config
+from .helpers import dump, own_database, write_config
 
 N, SIZE = 470, 16
 pytestmark = [
@@ -47,16 +46,12 @@ def config_for(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def source(pg_dsn: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    execute(pg_dsn, f"CREATE DATABASE {name}")
-    dsn = with_database(pg_dsn, name)
-    execute(
-        dsn,
+    with own_database(
+        pg_dsn,
         "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
         f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
-    )
-    yield dsn
-    execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    ) as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")
