@@ -14,7 +14,7 @@ import numpy as np
 
 from pgprefetch.demo.data import load_rows, load_sequences, row_count, sequence_counts
 from pgprefetch.sqltext import replace_params
-from pgprefetch.write.shuffle import n_batches, shuffle_keys
+from pgprefetch.write.order.shuffle import n_batches, shuffle_keys
 
 CONNECTIONS = 8
 SEED = 0

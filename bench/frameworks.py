@@ -1,6 +1,6 @@
 """The FRAMEWORKS benchmark: the NumPy reader, EpochDataset before and after it, JAX and Grain (issue #26).
 
-Two epochs are written straight through :class:`pgprefetch.write.writer.EpochWriter` (no PostgreSQL), page
+Two epochs are written straight through :class:`pgprefetch.write.files.writer.EpochWriter` (no PostgreSQL), page
 cache warm: *large* batches (256 x 4096 float32, 4 MiB) and *small* ones (256 x 100, 100 KiB). Every
 variant touches every byte of every batch; where the read is not itself a copy, it copies each batch into
 one page-aligned buffer, on one thread (as ``preadv`` copies on one):

@@ -2,7 +2,7 @@
 
 Needs a CUDA GPU; without one it says so and exits (status 1) before writing anything. For each batch
 shape (default: 256 x 4096 float32 = 4 MiB batches, then 256 x 100 = 100 KiB), an epoch of ``--gb`` GiB
-is written in a temp folder with :class:`pgprefetch.write.writer.EpochWriter` (no PostgreSQL), read once
+is written in a temp folder with :class:`pgprefetch.write.files.writer.EpochWriter` (no PostgreSQL), read once
 untimed (page cache warm), then measured, each run a whole epoch, ``--passes`` rounds in turn, median:
 
 - *to_device*: ``for batch in ds.to_device("cuda", prefetch=2)``, a synchronize at the end.

@@ -2,7 +2,7 @@
 
 Target: opening an epoch of 10^5 batches takes at most twice the time of opening one of 100, and the same
 for ``ls``. Two epochs of batches of 10 samples (a float32 field of 16 values, an int64 label and the keys)
-are written through :class:`pgprefetch.write.writer.EpochWriter`, as a dump writes them (no PostgreSQL), each in
+are written through :class:`pgprefetch.write.files.writer.EpochWriter`, as a dump writes them (no PostgreSQL), each in
 a store of its own, with a manifest holding what the dump's holds. Then, in rounds that alternate the two
 sizes (so that drift weighs on both alike), after one untimed warm-up call of each:
 
@@ -111,7 +111,7 @@ def manifest(epoch: int, n_batches: int, seconds: float) -> dict:
 
 def build_epoch(store: Store, epoch: int, n_batches: int) -> float:
     """Write and publish an uncompressed epoch of ``n_batches`` batches of ``BATCH_SIZE``; return seconds."""
-    from pgprefetch.write.writer import EpochWriter
+    from pgprefetch.write.files.writer import EpochWriter
 
     started = time.perf_counter()
     store.create()

@@ -59,7 +59,8 @@ PASSES = 3
 DUMPS = 3  # dumps with statistics, and as many without
 # The dump with the statistics switched off (the A/B's B): the same CLI, EpochStats.add a no-op.
 NO_STATISTICS = (
-    "import pgprefetch.write.stats as s; s.EpochStats.add = lambda *a: None; from pgprefetch.cli import main; main()"
+    "import pgprefetch.write.files.stats as s; s.EpochStats.add = lambda *a: None; "
+    "from pgprefetch.cli import main; main()"
 )
 BEGIN = "<!-- ragged bench: begin -->"
 END = "<!-- ragged bench: end -->"
@@ -185,7 +186,7 @@ def database_on_its_own_core(dsn: str) -> Iterator[bool]:
 
 def stats_seconds(store: Path) -> float:
     """CPU seconds of the statistics over every stored batch, computed as the writer does."""
-    from pgprefetch.write.stats import EpochStats, FieldStats
+    from pgprefetch.write.files.stats import EpochStats, FieldStats
 
     group = zarr.open_group(store / "epoch-00000", mode="r")
     tokens, lengths = group["tokens"], group["tokens_length"]

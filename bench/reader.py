@@ -1,6 +1,6 @@
 """The READER benchmark: ``EpochDataset`` against a plain ``preadv`` of the same bytes, page cache warm.
 
-Two epochs are written straight through :class:`pgprefetch.write.writer.EpochWriter` (no PostgreSQL): *small*
+Two epochs are written straight through :class:`pgprefetch.write.files.writer.EpochWriter` (no PostgreSQL): *small*
 batches (256 x 100 float32, 100 KiB) and *large* ones (256 x 4096 float32, 4 MiB), about 1 GiB each. Per
 epoch, three variants read every batch of field ``x`` into a buffer allocated once:
 
@@ -43,7 +43,7 @@ from pgprefetch._version import __version__
 from pgprefetch.store.base import FORMAT_VERSION, ArraySpec, Store, epoch_name
 from pgprefetch.store.layout import ArrayLayout
 from pgprefetch.store.open import open_store
-from pgprefetch.write.writer import EpochWriter
+from pgprefetch.write.files.writer import EpochWriter
 
 from . import log
 from .report import ReaderRow

@@ -1,7 +1,7 @@
 """The STREAM benchmark: ``EpochStream`` against ``EpochDataset`` and a plain ``preadv`` (issue #12).
 
 ``EPOCHS`` epochs of small batches (256 x 100 float32, 100 KiB: the size where per-batch overhead shows)
-are written straight through :class:`pgprefetch.write.writer.EpochWriter` (no PostgreSQL), page cache warm. Each
+are written straight through :class:`pgprefetch.write.files.writer.EpochWriter` (no PostgreSQL), page cache warm. Each
 variant reads all of them, batch by batch, and copies every batch into one buffer allocated once (the
 stand-in for the copy to a GPU), except where the read itself is the copy:
 

@@ -187,7 +187,7 @@ def counting_store(
     """
     import pytest
 
-    import pgprefetch.write.shardfiles
+    import pgprefetch.write.files.shardfiles
 
     table = (
         "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
@@ -204,7 +204,7 @@ def counting_store(
         )
         with pytest.MonkeyPatch.context() as mp:
             if shard_batches is not None:
-                mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", shard_batches * size * 8)
+                mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", shard_batches * size * 8)
             for epoch in epochs:
                 dump(config, dsn, epoch=epoch)
         yield folder / "store.zarr"

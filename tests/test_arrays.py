@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-import pgprefetch.write.shardfiles
+import pgprefetch.write.files.shardfiles
 from pgprefetch import ArrayStream, EpochArrays, EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
 from pgprefetch.read.mapping import PrivateMapping
@@ -68,7 +68,7 @@ def store(database: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("values")
     config = values_config(folder)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
+        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
         for epoch in (0, 1, 2):
             dump(config, database, epoch=epoch)
     return folder / "store.zarr"

@@ -15,8 +15,8 @@ from pgprefetch.decode import wire
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.statement import batch_statement
+from pgprefetch.write.order.shuffle import shuffle_keys
 from pgprefetch.write.pipeline import dump_epoch
-from pgprefetch.write.shuffle import shuffle_keys
 
 from .conftest import fetch
 from .helpers import S_ROWS, SEQUENCES, chunk_bytes, dump, epoch_group, execute, read_arrays, s_config, write_config

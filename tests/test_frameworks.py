@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import pgprefetch.write.shardfiles
+import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset
 
 from .helpers import SEQUENCES, dump, write_config
@@ -29,7 +29,7 @@ def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("frameworks")
     config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 4 * SIZE * 64 * 2 * 4)
+        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 4 * SIZE * 64 * 2 * 4)
         for epoch in (0, 1):
             dump(config, demo_db, epoch=epoch)
     return folder / "store.zarr"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import pgprefetch.write.shardfiles
+import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset, EpochStream, load_config
 from pgprefetch.cli import cli
 from pgprefetch.errors import StoreError
@@ -183,7 +183,7 @@ def test_ls_of_an_existing_empty_store_lists_nothing_and_exits_0(tmp_path: Path)
 def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
     s_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 4 * SIZE * 4)  # 4 batches of v per shard file
+    monkeypatch.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 4 * SIZE * 4)  # 4 batches of v per shard file
     cfg = config(tmp_path)
     dump(cfg, s_table)
     assert run_cli("verify", "--config", str(cfg), "--epoch", "0") == (0, "epoch 0: every chunk matches its checksum\n")

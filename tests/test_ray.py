@@ -552,7 +552,7 @@ def test_an_address_where_no_cluster_answers_is_a_one_line_error_not_a_wait(s_ta
 def test_keys_beyond_memory_reach_the_parts_a_part_at_a_time_with_the_in_memory_bytes(
     ray_cluster: object, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgprefetch.write.keyfile import OrderedKeys
+    from pgprefetch.write.order.keyfile import OrderedKeys
 
     from .test_spill import TINY, numbers_config
 

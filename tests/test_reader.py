@@ -17,7 +17,7 @@ import zarr
 from torch.utils.data import DataLoader
 
 import pgprefetch
-import pgprefetch.write.shardfiles
+import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
 
@@ -32,7 +32,7 @@ def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("reader")
     config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
+        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
         for epoch in (0, 1):
             dump(config, demo_db, epoch=epoch)
     return folder / "store.zarr"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import pgprefetch.write.shuffle
-from pgprefetch.write.shuffle import _tied_runs, epoch_order, n_batches, shuffle_keys, subsample
+from pgprefetch.write.order import shuffle
+from pgprefetch.write.order.shuffle import _tied_runs, epoch_order, n_batches, shuffle_keys, subsample
 
 
 def keys_of(n: int, columns: int = 2) -> np.ndarray:
@@ -38,7 +38,7 @@ def test_order_does_not_depend_on_the_order_keys_arrive_in() -> None:
 
 
 def test_equal_hashes_are_ordered_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pgprefetch.write.shuffle, "key_hash", lambda keys, **_: np.zeros(keys.shape[1], np.uint64))
+    monkeypatch.setattr(shuffle, "key_hash", lambda keys, **_: np.zeros(keys.shape[1], np.uint64))
     k = np.array([[3, 1, 2, 1], [0, 9, 5, 4]], dtype=np.int64)
     assert k[:, epoch_order(k, seed=0, epoch=0)].T.tolist() == [[1, 4], [1, 9], [2, 5], [3, 0]]
 
@@ -50,10 +50,10 @@ def test_tied_runs_are_found_across_chunks() -> None:
 
 def test_hashes_tied_above_the_index_bits_still_come_out_by_whole_hash_then_key() -> None:
     k = np.ascontiguousarray(np.random.default_rng(3).integers(0, 500, size=(2, 5_000)))  # repeats too
-    h = pgprefetch.write.shuffle.key_hash(k, seed=4, epoch=5)
+    h = shuffle.key_hash(k, seed=4, epoch=5)
     expected = np.lexsort((k[1], k[0], h))
     for bits in (None, 58, 62):  # a 2- or 6-bit hash prefix: nearly every key ties with others
-        order, _ = pgprefetch.write.shuffle._sorted(k, 4, 5, index_bits=bits)
+        order, _ = shuffle._sorted(k, 4, 5, index_bits=bits)
         assert np.array_equal(k[:, order], k[:, expected])
         assert np.array_equal(h[order], h[expected])
 

@@ -29,11 +29,11 @@ from pgprefetch.errors import SampleError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.local import LocalStore
 from pgprefetch.store.maintenance import prune
-from pgprefetch.write import shuffle
 from pgprefetch.write.check import check_config
-from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.order import shuffle
+from pgprefetch.write.order.keyfile import OrderedKeys
+from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.query import plan_epoch
-from pgprefetch.write.spill import KeyRuns, collect_keys
 
 from .helpers import chunk_bytes, dump, execute, write_config
 from .test_operations import dump_argv, journal_lines, start_dump, wait_for

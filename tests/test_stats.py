@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pgprefetch.write.stats import _per_batch, _per_batch_columns
+from pgprefetch.write.files.stats import _per_batch, _per_batch_columns
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import pgprefetch.write.shardfiles
+import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotReadyError
 from pgprefetch.store.open import open_store
@@ -59,7 +59,7 @@ def store(source: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("stream")
     config = config_for(folder)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
+        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
         for epoch in (0, 1, 2):
             dump(config, source, epoch=epoch)
     return folder / "store.zarr"

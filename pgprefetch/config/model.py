@@ -50,7 +50,7 @@ class SourceConfig:
     by TCP keepalives, after hours. It must exceed the slowest batch statement."""
     memory_bytes: int = 512 << 20
     """What a dump holds at once. Query mode: the keys and the shuffle's temporaries; more keys are ordered on
-    disk (:mod:`pgprefetch.write.spill`). Scan mode: the table data; a larger table is read in range passes."""
+    disk (:mod:`pgprefetch.write.order.spill`). Scan mode: the table data; a larger table is read in range passes."""
     scratch: Path | None = None
     """The local folder keys beyond ``memory`` are ordered in (``dump --scratch``); None: beside the store's
     partial epoch. Each epoch's files are removed when it is published or the dump fails."""

@@ -11,7 +11,7 @@ Layout (plain Zarr v3; ``zarr.open_group(store)["epoch-00003"]["x"][7]`` is batc
     <store>/.pgprefetch/categories.json  the store's vocabulary of each ``categories = "auto"`` field
 
 An epoch is always written into a local folder first (:meth:`Store.partial_path`, with its journal): the
-writer (:mod:`pgprefetch.write.writer`) ``pwrite``-s batches there and resumes it after a crash. What differs is
+writer (:mod:`pgprefetch.write.files.writer`) ``pwrite``-s batches there and resumes it after a crash. What differs is
 how it becomes visible, and the backends own that: :class:`~pgprefetch.store.local.LocalStore` syncs and
 renames the folder into place; :class:`~pgprefetch.store.s3.S3Store` uploads its files (while the dump
 runs) and writes the epoch's ``zarr.json``, which holds the manifest, last, with a conditional create. In

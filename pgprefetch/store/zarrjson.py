@@ -1,7 +1,7 @@
 """The Zarr v3 metadata of an epoch (``zarr.json`` of its groups and arrays), written without zarr.
 
 Importing zarr costs a dump about 0.25-0.5 s of start-up (its codec registry, numcodecs, its async store
-layer), while an uncompressed epoch's chunk bytes are ours already (:mod:`pgprefetch.write.shardfiles`). So
+layer), while an uncompressed epoch's chunk bytes are ours already (:mod:`pgprefetch.write.files.shardfiles`). So
 the dump writes the metadata documents itself: the same JSON, byte for byte, as zarr 3 writes for the same
 arrays (``tests/test_zarrjson.py`` compares them, every dtype and compression), and the small uncompressed
 ``_checksums`` / ``_longest`` arrays with their chunk files. Compressed chunks still go through zarr's

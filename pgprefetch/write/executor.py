@@ -15,8 +15,8 @@ from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import Store
 from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.plan import Vocabulary
-from pgprefetch.write.writer import EpochWriter
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,13 @@ from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
+from pgprefetch.write.files.stats import EpochStats
+from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.manifest import epoch_manifest
 from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.sources import ReadCache, open_source
-from pgprefetch.write.stats import EpochStats
 from pgprefetch.write.tasks import finish_in_thread
-from pgprefetch.write.writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
 

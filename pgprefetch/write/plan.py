@@ -26,9 +26,9 @@ from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import Store
-from pgprefetch.write.keyfile import OrderedKeys
-from pgprefetch.write.shuffle import Repeats, n_batches, order_part
-from pgprefetch.write.spill import KeyRuns
+from pgprefetch.write.order.keyfile import OrderedKeys
+from pgprefetch.write.order.shuffle import Repeats, n_batches, order_part
+from pgprefetch.write.order.spill import KeyRuns
 
 log = logging.getLogger("pgprefetch")
 
@@ -255,7 +255,7 @@ def order_keys(
 def order_spilled(cfg: Config, runs: KeyRuns, key_columns: KeyColumns, epoch: int) -> dict[str, Any]:
     """:func:`order_keys` for keys that outgrew ``[source] memory``: the same order, into an ordered key file.
 
-    Returns the same fields but ``index``; ``keys`` is the :class:`~pgprefetch.write.keyfile.OrderedKeys`
+    Returns the same fields but ``index``; ``keys`` is the :class:`~pgprefetch.write.order.keyfile.OrderedKeys`
     (the caller closes it and removes its folder).
     """
     drop_last = cfg.batches.drop_last

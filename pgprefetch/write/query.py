@@ -2,7 +2,7 @@
 
 :func:`plan_epoch` does the database-side thinking: check the queries against the config, read and
 shuffle the keys (refusing or dropping repeated keys; in memory while they fit ``[source] memory``, on
-disk beyond it, :mod:`pgprefetch.write.spill`), fix the category lists, and build the batch statement.
+disk beyond it, :mod:`pgprefetch.write.order.spill`), fix the category lists, and build the batch statement.
 The field shapes are fixed later, by the first batch (:func:`layout_from`), because a per-sample query's
 array lengths are only known once it has run. :func:`query_source` then serves the epoch: ``fetch`` runs
 the batch statement on one of the worker connections (one round trip per unit), ``produce`` decodes its
@@ -38,7 +38,8 @@ from pgprefetch.pg.statement import (
     samples_rows,
 )
 from pgprefetch.write.batches import BatchSource, unit_batches
-from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.order.keyfile import OrderedKeys
+from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.plan import (
     MAX_CATEGORY_BYTES,
     EpochPlan,
@@ -48,7 +49,6 @@ from pgprefetch.write.plan import (
     order_spilled,
     resolve_categories,
 )
-from pgprefetch.write.spill import KeyRuns, collect_keys
 
 
 @asynccontextmanager
@@ -116,7 +116,7 @@ async def plan_epoch(
     """Describe the queries, read and order the keys, fix the categories and the statement.
 
     ``vocabulary``: the store whose category vocabularies ``"auto"`` fields extend (none: a fresh store).
-    ``scratch``: where keys beyond ``[source] memory`` are ordered on disk (:mod:`pgprefetch.write.spill`);
+    ``scratch``: where keys beyond ``[source] memory`` are ordered on disk (:mod:`pgprefetch.write.order.spill`);
     None keeps them in memory whatever their size. The caller removes it.
 
     Raises:

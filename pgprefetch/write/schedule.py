@@ -21,8 +21,8 @@ import numpy as np
 
 from pgprefetch.store.base import KEYS_ARRAY
 from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.tasks import first_error
-from pgprefetch.write.writer import EpochWriter
 
 UNIT_SECONDS = 0.05  # the fetch time units aim at
 

@@ -45,14 +45,14 @@ from pgprefetch.store.records import PartRecord, usable
 from pgprefetch.store.s3 import S3Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
-from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write.files.writer import EpochWriter
+from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
 from pgprefetch.write.ray.scan import SpreadRead, exchange, min_parts, read_spread, spread_source
 from pgprefetch.write.ray.secret import sealed
 from pgprefetch.write.ray.staged import upload_staged
-from pgprefetch.write.writer import EpochWriter
 
 log = logging.getLogger("pgprefetch")
 POLL_SECONDS = 0.5  # how often the driver asks the tracker for progress

@@ -5,7 +5,7 @@ batches as a separate argument: ``ray.put`` once by the driver (a part at a time
 outgrew memory) and read zero-copy from the node's object store, not shipped with each retry. It imports
 the snapshot on its own connections (``SET TRANSACTION SNAPSHOT``), then
 runs the single-process dump's own scheduler and writer over its batches (:func:`~pgprefetch.write.query.served`,
-:func:`~pgprefetch.write.schedule.write_batches`, :class:`~pgprefetch.write.writer.EpochWriter` as a part,
+:func:`~pgprefetch.write.schedule.write_batches`, :class:`~pgprefetch.write.files.writer.EpochWriter` as a part,
 with a journal of its own), and returns each batch's checksums and statistics for the driver to publish.
 """
 
@@ -31,6 +31,8 @@ from pgprefetch.store.open import open_store
 from pgprefetch.store.records import PartRecord, put_record
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.files.stats import EpochStats
+from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
@@ -38,8 +40,6 @@ from pgprefetch.write.ray.secret import opened
 from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.mode import cut_source
 from pgprefetch.write.schedule import write_batches
-from pgprefetch.write.stats import EpochStats
-from pgprefetch.write.writer import EpochWriter
 
 
 @dataclass(frozen=True)

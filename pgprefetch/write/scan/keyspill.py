@@ -4,7 +4,7 @@ A table larger than the budget is read in passes (:mod:`pgprefetch.write.scan.pa
 that reads only its key and order columns. Held in memory those cost 8 bytes a column a row, and their
 sort, cut and shuffle several times that (73 bytes a row for rows, about 100 a table row for windows), so
 a table whose keys outgrow the budget as well has them ordered on disk by the query mode's external sort
-(:mod:`pgprefetch.write.spill`), not a second one:
+(:mod:`pgprefetch.write.order.spill`), not a second one:
 
 1. **Rows.** Every row is a sample: the keys stream from the COPYs into the sort's runs and are ordered
    on disk as the query mode's keys are.
@@ -43,15 +43,16 @@ from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import PgprefetchError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.write import heap, shuffle
-from pgprefetch.write.keyfile import OrderedKeys
+from pgprefetch.write import heap
+from pgprefetch.write.files.shardfiles import io_errors
+from pgprefetch.write.order import shuffle
+from pgprefetch.write.order.keyfile import OrderedKeys
+from pgprefetch.write.order.spill import MIN_KEYS, KeyCollector, KeyRuns
 from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
 from pgprefetch.write.scan.passes import Spool, key_range
 from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
 from pgprefetch.write.scan.table import Table, cut, gather, longest_series, no_windows, page_ranges, sort_keys
-from pgprefetch.write.shardfiles import io_errors
-from pgprefetch.write.spill import MIN_KEYS, KeyCollector, KeyRuns
 
 log = logging.getLogger("pgprefetch")
 

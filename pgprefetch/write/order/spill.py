@@ -1,7 +1,7 @@
 """Keys beyond ``[source] memory``: the epoch's order computed on disk, the same order, the same bytes.
 
 The epoch's order is "by the splitmix hash of (seed, epoch, key), ties by key"
-(:mod:`pgprefetch.write.shuffle`). In memory that is one sort. A billion keys do not fit a dump host's
+(:mod:`pgprefetch.write.order.shuffle`). In memory that is one sort. A billion keys do not fit a dump host's
 budget (8 bytes a key column, more while sorting), so beyond the budget the sort is an external one:
 
 1. **Runs.** The keys stream from the cursor into memory, a budget's worth at a time; each such run is
@@ -10,9 +10,9 @@ budget (8 bytes a key column, more while sorting), so beyond the budget the sort
    equal ranges as the budget needs (a range that holds too many keys is halved). A bucket is one range:
    its part of every run, found by reading each run's sorted hashes forward from where the previous
    bucket stopped. Equal keys hash alike and ties are broken by key inside a range, so each bucket
-   sorted in memory (:func:`~pgprefetch.write.shuffle.order_part`: repeats, ``fraction``) gives the next
+   sorted in memory (:func:`~pgprefetch.write.order.shuffle.order_part`: repeats, ``fraction``) gives the next
    stretch of the epoch's order; the buckets are appended to the ordered key file
-   (:mod:`pgprefetch.write.keyfile`) in range order, and the spill file is deleted.
+   (:mod:`pgprefetch.write.order.keyfile`) in range order, and the spill file is deleted.
 
 Every key is written twice (spill, ordered file) and read twice: disk of about ``8 * (2 * slots + 1)``
 bytes a key at the peak, then ``8 * slots`` for the rest of the dump. While the keys fit the budget
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pgprefetch.write import shuffle
-from pgprefetch.write.keyfile import OrderedKeys, pread_into
-from pgprefetch.write.shardfiles import io_errors, pwrite_all
+from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
+from pgprefetch.write.order import shuffle
+from pgprefetch.write.order.keyfile import OrderedKeys, pread_into
 
 log = logging.getLogger("pgprefetch")
 
@@ -176,7 +176,7 @@ class KeyRuns:
     def order(self, *, fraction: float, quantum: int) -> tuple[OrderedKeys, shuffle.Repeats, int]:
         """Write the epoch's order into the ordered key file; return it, the repeats found and the buckets.
 
-        ``quantum``: see :class:`~pgprefetch.write.keyfile.OrderedKeys`. A repeated key is written once,
+        ``quantum``: see :class:`~pgprefetch.write.order.keyfile.OrderedKeys`. A repeated key is written once,
         and counted in the repeats: the caller refuses them or not.
         """
         cap = keys_in_budget(self.budget, self.width)

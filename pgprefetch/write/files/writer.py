@@ -3,7 +3,7 @@
 Uncompressed arrays are sharded: each shard file holds ``S`` consecutive batches (inner chunks of one batch
 each) followed by zarr's shard index. Every chunk has the same size, so the index is known up front: the
 files are created with their index, and each batch is ``pwrite``-n at its own offset, in any order, with
-no read-modify-write and nothing buffered (byte for byte what zarr writes; :mod:`pgprefetch.write.shardfiles`
+no read-modify-write and nothing buffered (byte for byte what zarr writes; :mod:`pgprefetch.write.files.shardfiles`
 creates the files and keeps their descriptors). Compressed chunks vary in
 size, so compressed arrays keep one file per batch and go through zarr's codecs. The metadata documents
 (``zarr.json``) are written by :mod:`pgprefetch.store.zarrjson`, so an uncompressed dump never imports zarr.
@@ -33,14 +33,14 @@ from pgprefetch.store.base import ArraySpec, Store, Uploader
 from pgprefetch.store.journal import difference, kept, part_journal, read_journal, remove_journals
 from pgprefetch.store.layout import ArrayLayout, checksum, metadata_record, read_batch_bytes
 from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_attributes, group_json, write_array, write_json
-from pgprefetch.write.shardfiles import (
+from pgprefetch.write.files.shardfiles import (
     OpenFiles,
     create_shard,
     io_errors,
     remove_partial_chunks,
     shard_batches,
 )
-from pgprefetch.write.stats import EpochStats
+from pgprefetch.write.files.stats import EpochStats
 
 if TYPE_CHECKING:
     import zarr

@@ -1,6 +1,6 @@
 """An epoch's keys in the epoch's order, on disk: written a bucket at a time, read back a unit at a time.
 
-When the keys outgrow ``[source] memory`` they are ordered on disk (:mod:`pgprefetch.write.spill`), and
+When the keys outgrow ``[source] memory`` they are ordered on disk (:mod:`pgprefetch.write.order.spill`), and
 the ordered list is this file rather than an array: key slot ``j`` of sample ``i`` is the int64 at
 ``(j * capacity + i) * 8``, one region per slot, so the keys of a run of samples are one contiguous range
 per slot. The batches read their keys with ``pread`` (:meth:`OrderedKeys.columns`), not through a memory
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pgprefetch.write.shardfiles import io_errors, pwrite_all
+from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
 
 READ_SAMPLES = 1 << 20  # keys hashed per read when the file is read back for its sha256
 
