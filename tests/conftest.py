@@ -142,6 +142,15 @@ def s3(s3_server: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3:
     return s3_server
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every Ray test runs on one xdist worker (``--dist loadgroup``): one Ray cluster on 2 cores, not one a worker."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()) or item.module.__name__.split(".")[-1].startswith(
+            ("test_ray", "test_security_ray")
+        ):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     """A real two-node Ray cluster (a raylet of one CPU each) on 127.0.0.1, joined by this process.
