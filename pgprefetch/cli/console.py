@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
@@ -24,6 +24,7 @@ from pgprefetch.cli.progress import JsonFormatter
 from pgprefetch.errors import PgprefetchError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])  # a click command function, under a decorator
 
 
 class Group(click.Group):
@@ -136,7 +137,7 @@ def tune_for_dumping() -> None:
 _JSON = threading.Event()  # the command was given --json: errors are JSON too
 
 
-def json_option(help_text: str) -> Any:
+def json_option(help_text: str) -> Callable[[F], F]:
     """``--json``, which also turns a failure into one JSON object on stdout."""
 
     def note(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
@@ -157,7 +158,7 @@ class _JsonFailure(click.ClickException):
 def fail(message: str, code: int) -> click.ClickException:
     """The click exception that prints ``message`` (as a line, or as JSON after ``--json``) and exits ``code``."""
     e = _JsonFailure(message) if _JSON.is_set() else click.ClickException(message)
-    e.exit_code = code
+    e.exit_code = code  # type: ignore[misc]  # click types it a ClassVar; main() exits with the instance's
     return e
 
 

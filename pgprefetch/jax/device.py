@@ -89,7 +89,8 @@ class DeviceBatches(Iterator[dict[str, jax.Array]]):
             except ValueError as e:
                 raise ConfigError(f"pad_last: {e}") from None
         if self.sharding is None:
-            return jax.device_put(dict(host))
+            placed: dict[str, jax.Array] = jax.device_put(dict(host))  # typed Any: it takes and gives pytrees
+            return placed
         out = {}
         for name, array in host.items():
             sharding = self.sharding if isinstance(self.sharding, Sharding) else self.sharding[name]

@@ -168,7 +168,8 @@ class EpochView(abc.ABC, Generic[B]):
     @property
     def stats(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per field and column: count, mean, std, min and max over the epoch's real values (no padding)."""
-        return self.manifest.get("stats", {})
+        stats: dict[str, dict[str, dict[str, Any]]] = self.manifest.get("stats", {})
+        return stats
 
     @property
     def longest(self) -> dict[str, np.ndarray]:
@@ -181,7 +182,7 @@ class EpochView(abc.ABC, Generic[B]):
         if not entry:
             return {}
         path = f"{epoch_name(self.epoch)}/{entry['array']}"
-        table = zarr.open_array(self._backend.zarr_store(), path=path, mode="r")[:]
+        table = np.asarray(zarr.open_array(self._backend.zarr_store(), path=path, mode="r")[:])
         return {name: table[i] for i, name in enumerate(entry["arrays"])}
 
     @property
@@ -289,8 +290,8 @@ class EpochView(abc.ABC, Generic[B]):
             ahead = iter(indices)
             try:
                 for _ in indices:
-                    while len(pending) < self.prefetch and (i := next(ahead, None)) is not None:
-                        pending.append(pool.submit(self.batch, i, keys=keys))
+                    while len(pending) < self.prefetch and (j := next(ahead, None)) is not None:
+                        pending.append(pool.submit(self.batch, j, keys=keys))
                     yield pending.popleft().result()
             finally:
                 for future in pending:

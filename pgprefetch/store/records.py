@@ -67,7 +67,7 @@ class PartRecord:
         out = io.BytesIO()
         np.savez(
             out, meta=np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8),
-            batches=self.batches, checksums=self.checksums, rows=rows, **arrays,
+            batches=self.batches, checksums=self.checksums, rows=rows, **arrays,  # type: ignore[arg-type]  # no allow_pickle in arrays
         )  # fmt: skip
         return out.getvalue()
 

@@ -248,7 +248,7 @@ def order_keys(
         ordered = np.ascontiguousarray(keys[:, index])
     digest = hashlib.sha256()
     for column in ordered:  # rows of a C-ordered array: hashed in place
-        digest.update(np.ascontiguousarray(column[: counts["used"]]))
+        digest.update(np.ascontiguousarray(column[: counts["used"]]).data)
     return {"keys": ordered, "index": index, **counts, "keys_sha256": digest.hexdigest()}
 
 
