@@ -71,7 +71,7 @@ def dump(
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
     from pgprefetch.write.ray import ray_executor  # Ray only when asked for
 
-    with ray_executor(parts, env=ray_env) as spread:  # type: ignore[attr-defined]
+    with ray_executor(parts, env=ray_env) as spread:
         return _run(dump_epochs(cfg, wanted, force=force, retries=retries, executor=spread, parents=parents))
 
 

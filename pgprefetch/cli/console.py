@@ -97,7 +97,9 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """
 
     async def stoppable() -> T:
-        _RUNNING.append((asyncio.get_running_loop(), asyncio.current_task()))  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine asyncio.run runs is a task
+        _RUNNING.append((asyncio.get_running_loop(), task))
         try:
             return await main
         finally:

@@ -30,12 +30,13 @@ import zarr
 from pgprefetch.config.load import load_config
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.keys import KeyColumns, KeyValue
+from pgprefetch.read.padding import Sliced
 from pgprefetch.read.ranges import SampleRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
 from pgprefetch.store.checks import check_layouts
 from pgprefetch.store.open import open_store
 
-B = TypeVar("B")  # the array type of a batch: numpy.ndarray, torch.Tensor
+B = TypeVar("B", bound=Sliced)  # the array type of a batch: numpy.ndarray, torch.Tensor
 Batch = dict[str, B]
 
 

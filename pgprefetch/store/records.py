@@ -129,8 +129,8 @@ def judged(
     for name, raw in zip(names, raws, strict=True):
         record = PartRecord.decode(raw) if raw is not None else None
         why = _mismatch(record, header, ranges, objects)
-        if why is None:
-            kept.append(record)  # type: ignore[arg-type]
+        if why is None and record is not None:  # (no reason: a record there)
+            kept.append(record)
             continue
         dropped.append(f"{prefix}/{name}")
         reason = reason or why

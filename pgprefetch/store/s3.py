@@ -292,7 +292,7 @@ class S3Store(Store):
             except AlreadyExistsError:
                 raise StoreError(f"{self.location}/{name} was published by another dump meanwhile") from None
         self.remove_partial_staging(epoch)
-        return self.epoch_location(epoch)  # type: ignore[return-value]
+        return str(self.epoch_location(epoch))  # a URL: only a local store's is a Path
 
     def remove_partial_staging(self, epoch: int) -> None:
         """Delete the local staging of an epoch that is published."""

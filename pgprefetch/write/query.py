@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -102,7 +102,8 @@ def served(
         return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
 
     def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
-        collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
+        # blobs: what fetch above returned (BatchSource hands it over untyped)
+        collate.decode(layout, cast("Fetched", blobs), plan.batch_keys(batch, size, count), buffers)
 
     unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
     return BatchSource(

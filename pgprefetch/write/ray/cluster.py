@@ -223,6 +223,7 @@ def tracker() -> Any:
     job = f"{context.get_node_id()}/{context.get_job_id()}"
     if _tracker is None or _tracker[0] != job:
         here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
+        # mypy drops what a class decorator returns: @ray.remote makes Tracker an ActorClass, with .options.
         _tracker = (job, Tracker.options(scheduling_strategy=here).remote())  # type: ignore[attr-defined]
     return _tracker[1]
 

@@ -168,8 +168,8 @@ class RayExecutor:
         }
         try:
             results = await self._wait(refs, track, progress, run, len(specs))
-            if force:  # the published epoch removed only now; parts whose staging was lost are written again
-                again = upload_staged(remote, specs, results, writer.header, options)  # type: ignore[arg-type]
+            if force and remote is not None:  # the published epoch removed only now; parts whose staging was lost
+                again = upload_staged(remote, specs, results, writer.header, options)  # are written again
                 redo = {
                     run_part.options(**options).remote(
                         spec, _part_keys(plan, spec), track, *_scan_args(scans[spec.index])
