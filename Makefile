@@ -80,4 +80,4 @@ soak: $(STAMP)
 	$(BIN)/python -m tests.soak --out soak-report $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) soak-report .pgprefetch prefetch .site .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) soak-report .pgprefetch prefetch .site .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -23,6 +23,10 @@ class PgprefetchError(Exception):
 
     exit_code: int = 1
 
+    def __init__(self, message: str) -> None:
+        """``message``: the one line a user reads (``str(e)``)."""
+        super().__init__(message)
+
 
 class ConfigError(PgprefetchError, ValueError):
     """A config file, a command-line option or the queries' shape is wrong: a usage error."""

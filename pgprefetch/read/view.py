@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 import zarr
@@ -197,9 +197,26 @@ class EpochView(abc.ABC, Generic[B]):
         return self._ranges.bytes_fetched
 
     @classmethod
-    def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> Any:
-        """Open epoch ``epoch`` of the store named by a config file."""
-        return cls(load_config(config).store.path, epoch, **kwargs)
+    def from_config(
+        cls,
+        config: str | os.PathLike[str],
+        epoch: int,
+        *,
+        fields: Sequence[str] | None = None,
+        batch_size: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        wait: bool = False,
+        timeout: float = 600.0,
+        consumer: str | None = "default",
+        prefetch: int = 4,
+        trim: bool = False,
+    ) -> Self:
+        """Open epoch ``epoch`` of the store named by a config file; the other arguments are the class's."""
+        return cls(
+            load_config(config).store.path, epoch, fields=fields, batch_size=batch_size, rank=rank,
+            world_size=world_size, wait=wait, timeout=timeout, consumer=consumer, prefetch=prefetch, trim=trim,
+        )  # fmt: skip
 
     # --- this rank's batches --------------------------------------------------------------------------
     @property

@@ -351,7 +351,7 @@ async def _stream(
     def sink(decoder: CopyDecoder) -> Callable[[bytes], Any]:
         async def fed(data: bytes) -> None:
             if failed:
-                raise _Stopped
+                raise _Stopped("another COPY of the keys pass failed")
             if decoder.feed(data):
                 await asyncio.to_thread(decoder.drain)
                 parts, decoder.parts = decoder.parts, []
