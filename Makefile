@@ -27,10 +27,12 @@ demo: $(STAMP)
 	$(BIN)/python examples/train.py --config configs/demo.toml --epochs 0 --steps 30
 
 # The import direction too (README.md, "Code map"): the contracts in pyproject.toml, run by import-linter.
+# And the types: mypy --strict over pgprefetch/ ([tool.mypy] in pyproject.toml; tests/ are typed loosely).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # The documentation site from docs/ (MkDocs); --strict: a broken link or page fails it. The suite builds it too.
 docs: $(STAMP)
@@ -83,4 +85,4 @@ soak: $(STAMP)
 	$(BIN)/python -m tests.soak --out soak-report $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) soak-report .pgprefetch prefetch .site .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) soak-report .pgprefetch prefetch .site .pytest_cache .ruff_cache .mypy_cache *.egg-info

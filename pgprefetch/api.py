@@ -26,16 +26,24 @@ T = TypeVar("T")
 ConfigLike = Config | dict[str, Any] | str | os.PathLike[str]
 
 
-def build_config(spec: ConfigLike, **overrides: Any) -> Config:
+def build_config(
+    spec: ConfigLike,
+    *,
+    dsn: str | None = None,
+    connections: int | None = None,
+    store: str | os.PathLike[str] | None = None,
+    memory: str | None = None,
+    scratch: str | os.PathLike[str] | None = None,
+) -> Config:
     """A validated :class:`Config` from a file path, a dict shaped like the TOML file, or a Config.
 
-    ``overrides`` are the command line's: ``dsn``, ``connections``, ``store``, ``memory``, ``scratch``.
+    The overrides are the command line's (``--dsn``, ``--connections``, ``--store``, ``--memory``,
+    ``--scratch``); None leaves the config's own.
     """
-    if isinstance(spec, Config):
-        return with_overrides(spec, **overrides)
-    if isinstance(spec, dict):
-        return with_overrides(parse_config(spec), **overrides)
-    return load_config(spec, **overrides)
+    if isinstance(spec, Config | dict):
+        cfg = spec if isinstance(spec, Config) else parse_config(spec)
+        return with_overrides(cfg, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
+    return load_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
 
 
 def dump(
@@ -48,7 +56,11 @@ def dump(
     parts: int | None = None,
     ray_env: dict[str, str] | None = None,
     parents: bool = False,
-    **overrides: Any,
+    dsn: str | None = None,
+    connections: int | None = None,
+    store: str | os.PathLike[str] | None = None,
+    memory: str | None = None,
+    scratch: str | os.PathLike[str] | None = None,
 ) -> list[DumpResult]:
     """Dump ``epochs`` of a config (``pgprefetch dump``); in scan mode they are cut from one read.
 
@@ -57,13 +69,14 @@ def dump(
     the default, this process (``pip install 'pgprefetch[ray]'``). ``ray_env``: environment variables for
     the parts' workers (an object store's credentials, when the cluster's own are not the ones to use).
     ``parents``: create a local store's missing parent folders too (``--parents``); by default only the
-    store's own folder is made, so that a mistyped path is an error, not a new store.
+    store's own folder is made, so that a mistyped path is an error, not a new store. ``dsn``,
+    ``connections``, ``store``, ``memory``, ``scratch``: the command line's overrides (:func:`build_config`).
 
     Example::
 
         pgprefetch.dump("configs/demo.toml", epochs=range(3), dsn="postgresql://...")
     """
-    cfg = build_config(spec, **overrides)
+    cfg = build_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
     wanted = [epochs] if isinstance(epochs, int) else list(epochs)
     if executor == "process":
         return _run(dump_epochs(cfg, wanted, force=force, retries=retries, parents=parents))
@@ -71,7 +84,7 @@ def dump(
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
     from pgprefetch.write.ray import ray_executor  # Ray only when asked for
 
-    with ray_executor(parts, env=ray_env) as spread:  # type: ignore[attr-defined]
+    with ray_executor(parts, env=ray_env) as spread:
         return _run(dump_epochs(cfg, wanted, force=force, retries=retries, executor=spread, parents=parents))
 
 
@@ -89,9 +102,29 @@ def verify(store: str | os.PathLike[str], epoch: int) -> list[str]:
     return verify_epoch(open_store(store).require(), epoch)
 
 
-def prune(store: str | os.PathLike[str], keep: int, **options: Any) -> PruneResult:
-    """Delete complete epochs more than ``keep`` behind the consumers (``pgprefetch prune``)."""
-    return prune_store(open_store(store).require(), keep, **options)
+def prune(
+    store: str | os.PathLike[str],
+    keep: int,
+    consumer: str | None = None,
+    *,
+    partials: bool = False,
+    partials_older_than: float | None = None,
+    dry_run: bool = False,
+) -> PruneResult:
+    """Delete complete epochs more than ``keep`` behind the consumers (``pgprefetch prune``).
+
+    ``consumer``: go by this consumer's epoch (default: the slowest consumer's). ``partials``: also delete
+    partial epochs no dump is writing; ``partials_older_than``: those last written more than this many
+    seconds ago. ``dry_run``: say what would be deleted; delete nothing.
+    """
+    return prune_store(
+        open_store(store).require(),
+        keep,
+        consumer,
+        partials=partials,
+        partials_older_than=partials_older_than,
+        dry_run=dry_run,
+    )
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

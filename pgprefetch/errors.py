@@ -23,6 +23,10 @@ class PgprefetchError(Exception):
 
     exit_code: int = 1
 
+    def __init__(self, message: str) -> None:
+        """``message``: the one line a user reads (``str(e)``)."""
+        super().__init__(message)
+
 
 class ConfigError(PgprefetchError, ValueError):
     """A config file, a command-line option or the queries' shape is wrong: a usage error."""
@@ -34,13 +38,15 @@ class SourceError(PgprefetchError):
     """PostgreSQL could not be reached, refused a statement, or returned data pgprefetch cannot use.
 
     ``transient`` marks a lost connection or a server going away: the dump retries those, counted under
-    ``cause`` (see :mod:`pgprefetch.pg.retry`).
+    ``cause`` (see :mod:`pgprefetch.pg.retry`). ``connected``: the server was there (the dump got a
+    snapshot, or the server answered that it is starting up), so a transient failure is retried.
     """
 
     def __init__(self, message: str, *, transient: bool = False, cause: str | None = None) -> None:
         super().__init__(message)
         self.transient = transient
         self.cause = cause
+        self.connected = False
 
 
 class SampleError(SourceError):

@@ -20,13 +20,17 @@ import datetime as dt
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import SupportsInt, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 INTEGER_TYPES = ("int2", "int4", "int8")
 UUID_TYPE = "uuid"
 TIME_TYPES = ("date", "timestamp", "timestamptz")  # one slot: days, or microseconds, since 1970-01-01
 _LOW = (1 << 64) - 1
+Slots: TypeAlias = Sequence[SupportsInt] | npt.NDArray[np.integer]
+"""One key's slots: a column of the ``keys`` array (int64), or a list of ints."""
 _EPOCH_DAY = dt.date(1970, 1, 1)
 _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -100,7 +104,7 @@ class KeyColumns:
             slot -= span
         raise IndexError(slot)
 
-    def values(self, slots: Sequence[int]) -> tuple[KeyValue, ...]:
+    def values(self, slots: Slots) -> tuple[KeyValue, ...]:
         """One key's column values from its slots: ints, ``uuid.UUID``, ``datetime.date`` and ``datetime.datetime``."""
         out: list[KeyValue] = []
         i = 0
@@ -119,7 +123,7 @@ class KeyColumns:
             i += 1
         return tuple(out)
 
-    def show(self, slots: Sequence[int]) -> str:
+    def show(self, slots: Slots) -> str:
         """A sample's key as messages show it: ``series_id=3, start_t=120`` or ``id=4f0c...``."""
         return ", ".join(f"{name}={value}" for name, value in zip(self.names, self.values(slots), strict=True))
 

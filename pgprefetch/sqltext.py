@@ -73,7 +73,7 @@ def _params(sql: str) -> list[tuple[int, int, int]]:
             else:
                 i += 1
         elif ident_start.match(c):
-            end = ident_rest.match(sql, i + 1).end()  # type: ignore[union-attr]
+            end = m.end() if (m := ident_rest.match(sql, i + 1)) else i + 1  # (it always matches: ``*``)
             escaped = sql[i:end] in ("E", "e") and sql.startswith("'", end)  # E'...': backslash escapes
             i = _string_end(sql, end, escapes=True) if escaped else end
         else:

@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
@@ -24,6 +24,7 @@ from pgprefetch.cli.progress import JsonFormatter
 from pgprefetch.errors import PgprefetchError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])  # a click command function, under a decorator
 
 
 class Group(click.Group):
@@ -96,7 +97,9 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """
 
     async def stoppable() -> T:
-        _RUNNING.append((asyncio.get_running_loop(), asyncio.current_task()))  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine asyncio.run runs is a task
+        _RUNNING.append((asyncio.get_running_loop(), task))
         try:
             return await main
         finally:
@@ -136,7 +139,7 @@ def tune_for_dumping() -> None:
 _JSON = threading.Event()  # the command was given --json: errors are JSON too
 
 
-def json_option(help_text: str) -> Any:
+def json_option(help_text: str) -> Callable[[F], F]:
     """``--json``, which also turns a failure into one JSON object on stdout."""
 
     def note(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
@@ -157,7 +160,7 @@ class _JsonFailure(click.ClickException):
 def fail(message: str, code: int) -> click.ClickException:
     """The click exception that prints ``message`` (as a line, or as JSON after ``--json``) and exits ``code``."""
     e = _JsonFailure(message) if _JSON.is_set() else click.ClickException(message)
-    e.exit_code = code
+    e.exit_code = code  # type: ignore[misc]  # click types it a ClassVar; main() exits with the instance's
     return e
 
 

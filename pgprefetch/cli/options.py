@@ -6,8 +6,9 @@ opened from them in one way (:func:`named_store`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -67,7 +68,10 @@ store_options = [
 ]
 
 
-def with_store_options(f: Any) -> Any:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_store_options(f: F) -> F:
     """Add --config and --store to a command."""
     for option in reversed(store_options):
         f = option(f)

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # imported when a bar is drawn: a dump under cron or with --json draws none
     from tqdm import tqdm
@@ -24,7 +24,7 @@ class BarProgress:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._bar: tqdm | None = None
+        self._bar: tqdm[NoReturn] | None = None  # counted by hand: no iterable
         self._bytes = 0
         self._started = 0.0
         self._parts = ""  # "parts 3/8" for a spread epoch; nothing for the single process
@@ -64,7 +64,7 @@ class BarProgress:
         if self._bar is not None:
             self._postfix(self._bar, refresh=True)
 
-    def _postfix(self, bar: tqdm, refresh: bool) -> None:
+    def _postfix(self, bar: tqdm[NoReturn], refresh: bool) -> None:
         """The bar's postfix: the write rate in bytes, and a spread epoch's parts done."""
         shown = [self._parts] if self._parts else []
         if self._bytes:
@@ -80,7 +80,7 @@ class BarProgress:
             self._bar = None
 
 
-def _bar(description: str, unit: str, total: int | None) -> tqdm:
+def _bar(description: str, unit: str, total: int | None) -> tqdm[NoReturn]:
     """A bar on stderr that the summary line replaces (``leave=False``)."""
     from tqdm import tqdm
 

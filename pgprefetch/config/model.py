@@ -166,6 +166,20 @@ class Config:
         """``query`` (a statement per batch) or ``scan`` (one read of a table per epoch)."""
         return "scan" if isinstance(self.samples, ScanConfig) else "query"
 
+    @property
+    def query_samples(self) -> SamplesConfig:
+        """``samples`` of a query-mode config, for the code that runs only in that mode."""
+        if not isinstance(self.samples, SamplesConfig):
+            raise TypeError("a scan-mode config has no per-sample query")
+        return self.samples
+
+    @property
+    def scan_samples(self) -> ScanConfig:
+        """``samples`` of a scan-mode config, for the code that runs only in that mode."""
+        if not isinstance(self.samples, ScanConfig):
+            raise TypeError("a query-mode config has no table to scan")
+        return self.samples
+
     def field(self, name: str) -> FieldConfig:
         """Return the field called ``name``."""
         for f in self.fields:

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -144,20 +144,20 @@ class _Parser:
                     self.fail(f"[samples] {key}", "only windows have it: set window too, or remove it")
         elif "order" not in samples:
             self.fail("[samples] order", "windows need the column that orders a series' rows")
-        key = samples["key"]
-        key = [key] if isinstance(key, str) else key
-        if not isinstance(key, list) or not key or not all(isinstance(k, str) and k for k in key):
-            self.fail("[samples] key", f"expected a column name or a non-empty list of them, got {show(key)}")
-        if len(set(key)) != len(key):
-            self.fail("[samples] key", f"a column is listed twice in {key}")
+        named = samples["key"]
+        columns = [named] if isinstance(named, str) else named
+        if not isinstance(columns, list) or not columns or not all(isinstance(k, str) and k for k in columns):
+            self.fail("[samples] key", f"expected a column name or a non-empty list of them, got {show(columns)}")
+        if len(set(columns)) != len(columns):
+            self.fail("[samples] key", f"a column is listed twice in {columns}")
         order = samples.get("order")
         if order is not None and (not isinstance(order, str) or not order):
             self.fail("[samples] order", f"expected a column name, got {show(order)}")
-        if order in key:
+        if order in columns:
             self.fail("[samples] order", f'"{order}" is a key column too')
         return ScanConfig(
             table=self.table(samples),
-            key=tuple(key),
+            key=tuple(columns),
             order=order,
             window=None if window is None else self.positive_int(samples, "samples", "window"),
             stride=self.positive_int(samples, "samples", "stride", default=1),
@@ -178,7 +178,7 @@ class _Parser:
     def prefix(self) -> str:
         return f"{self.file}: " if self.file else ""
 
-    def fail(self, where: str, message: str) -> None:
+    def fail(self, where: str, message: str) -> NoReturn:
         raise ConfigError(f"{self.prefix}{where}: {message}")
 
     def keys(
@@ -199,7 +199,7 @@ class _Parser:
         value = raw.get(name, {} if not required else None)
         if not isinstance(value, dict):
             self.fail(f"[{name}]", f"expected a table, got {_kind(value)}")
-        return value  # type: ignore[return-value]
+        return value
 
     def sql(self, table: dict[str, Any], section: str, key: str) -> str:
         value = table[key]
@@ -213,13 +213,13 @@ class _Parser:
         value = table.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(f"[{section}] {key}", f"expected an integer, got {_kind(value)}")
-        return value  # type: ignore[no-any-return]
+        return value
 
     def positive_int(self, table: dict[str, Any], section: str, key: str, default: int | None = None) -> int:
         value = table.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             self.fail(f"[{section}] {key}", f"expected a positive integer, got {show(value)}")
-        return value  # type: ignore[no-any-return]
+        return value
 
     def fraction(self, table: dict[str, Any], section: str, key: str) -> float:
         value = table.get(key, 1.0)
@@ -231,7 +231,7 @@ class _Parser:
         value = table.get(key, default)
         if not isinstance(value, bool):
             self.fail(f"[{section}] {key}", f"expected true or false, got {show(value)}")
-        return value  # type: ignore[no-any-return]
+        return value
 
     def optional_str(self, table: dict[str, Any], section: str, key: str) -> str | None:
         value = table.get(key)
@@ -243,7 +243,7 @@ class _Parser:
         value = table.get(key, default)
         if value not in choices:
             self.fail(f"[{section}] {key}", f"expected one of {', '.join(choices)}; got {show(value)}")
-        return value  # type: ignore[no-any-return]
+        return str(value)  # one of choices
 
     def location(self, table: dict[str, Any], section: str, key: str) -> Path | str:
         value = table[key]
@@ -259,7 +259,7 @@ class _Parser:
         value = self.location(table, section, key)
         if not isinstance(value, Path):
             self.fail(f"[{section}] {key}", f"expected a local folder, got {show(table[key])}")
-        return value  # type: ignore[return-value]
+        return value
 
     def duration(self, table: dict[str, Any], section: str, key: str) -> int | None:
         value = table.get(key)
@@ -343,7 +343,7 @@ class _Parser:
     def null_policy(self, spec: dict[str, Any], where: str, dtype: str) -> str | float:
         value = spec.get("null", "error")
         if value in ("error", "nan") and not (value == "nan" and dtype not in FLOAT_DTYPES):
-            return value  # type: ignore[no-any-return]
+            return str(value)  # "error" or "nan"
         if value == "nan":
             self.fail(f"{where} null", f'"nan" needs a float dtype ({", ".join(FLOAT_DTYPES)}), not {dtype}')
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -351,7 +351,7 @@ class _Parser:
         fits = _fits(value, dtype)
         if not fits:
             self.fail(f"{where} null", f"the fill value {show(value)} does not fit {dtype}")
-        return value  # type: ignore[no-any-return]
+        return value
 
     def categories(self, spec: dict[str, Any], where: str, dtype: str) -> tuple[str, ...] | str | None:
         value = spec.get("categories")

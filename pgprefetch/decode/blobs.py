@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -34,12 +35,13 @@ class Decoded:
 def decode_blobs(layout: BatchLayout, fetched: Fetched, keys: np.ndarray) -> Decoded:
     """The values of every column of a batch whose samples have ``keys``; errors name the sample."""
     decoded = Decoded()
+    # Which of Fetched's two shapes the statement returns is the layout's to say, not the type's.
     if layout.row_wise:
-        _rows_each(layout, fetched, keys, decoded)  # type: ignore[arg-type]
+        _rows_each(layout, cast("Sequence[Sequence[object]]", fetched), keys, decoded)
     elif layout.rows == 1 and not layout.variable_rows:
-        _rows_flat(layout, fetched, keys, decoded)  # type: ignore[arg-type]
+        _rows_flat(layout, cast("Sequence[bytes | None]", fetched), keys, decoded)
     else:
-        _rows_grouped(layout, fetched, keys, decoded)  # type: ignore[arg-type]
+        _rows_grouped(layout, cast("Sequence[bytes | None]", fetched), keys, decoded)
     return decoded
 
 
@@ -134,18 +136,19 @@ def _rows_each(layout: BatchLayout, columns: Sequence[Sequence[object]], keys: n
     order = _one_row_each(layout, ordinals, keys)
     i = 1
     for col in layout.columns:
-        sent: Sequence[bytes | None] = columns[i]  # type: ignore[assignment]
+        sent = cast("Sequence[bytes | None]", columns[i])  # a sent column: a binary value a sample
         try:
             kept = None
             if None in sent:  # a NULL the statement did not replace: the column has no NULL policy
                 nulls = sent.count(None)
                 raise wire.BadSample(sent.index(None), wire.null_message(nulls))
-            data = b"".join(sent)  # type: ignore[arg-type]
+            values = cast("Sequence[bytes]", sent)  # no NULL among them (above)
+            data = b"".join(values)
             if col.is_array:
-                sizes = np.fromiter(map(len, sent), np.int64, n)  # type: ignore[arg-type]
+                sizes = np.fromiter(map(len, values), np.int64, n)
                 v, kept = _values(layout, col, data, ragged.lengths_of_sized(data, sizes, col.wire.itemsize))
             elif col.is_bytes:
-                v, kept = _values(layout, col, data, np.fromiter(map(len, sent), np.int64, n))  # type: ignore[arg-type]
+                v, kept = _values(layout, col, data, np.fromiter(map(len, values), np.int64, n))
             else:
                 v = np.frombuffer(data, dtype=col.wire)
             if col.nullable:
@@ -208,9 +211,10 @@ def array_lengths(layout_columns: Sequence[Column], fetched: Fetched, row_wise: 
     i = 1
     for col in layout_columns:
         if col.is_array and row_wise:  # the header's dimension word; decoding checks the value, naming its sample
-            first = fetched[i][0] if fetched and fetched[i] else None  # type: ignore[index]
-            out[col] = int.from_bytes(first[12:16], "big") if first and len(first) > ragged.EMPTY else 0  # type: ignore[index]
+            column = cast("Sequence[bytes | None]", fetched[i]) if fetched else ()  # row-wise: a column a value
+            first = column[0] if column else None
+            out[col] = int.from_bytes(first[12:16], "big") if first and len(first) > ragged.EMPTY else 0
         elif col.is_array:
-            out[col] = wire.first_length(fetched[i + 1])  # type: ignore[arg-type]
+            out[col] = wire.first_length(cast("bytes | None", fetched[i + 1]))  # one row: a value a column
         i += col.n_sent if row_wise else col.n_blobs
     return out

@@ -93,12 +93,12 @@ def fill(
                     sample = int(np.flatnonzero(unknown)[0]) // per_sample
                     raise layout.unknown(keys, sample, f, col)
             if f.config.cast == "safe":
-                _check_fits(layout, v, f, col, keys, per_sample * f.array_length, pre=True)
+                _check_fits(layout, v, f, col, keys, per_sample * f.array_length)
             if block is None:
                 with np.errstate(over="ignore", invalid="ignore"):  # judged by the checks, not by a warning
                     np.copyto(target[:, j, :], v, casting="unsafe")
             if f.config.cast == "safe":
-                _check_fits(layout, v, f, col, keys, per_sample * f.array_length, pre=False, out=target[:, j, :])
+                _check_fits(layout, v, f, col, keys, per_sample * f.array_length, out=target[:, j, :])
             if mask is None:
                 if mask_out is not None:
                     mask_out[:, j, :] = False
@@ -128,7 +128,7 @@ def _pad(
     """Record a padded field's lengths (one for all its columns) and put ``pad`` where nothing is."""
     n = keys.shape[1]
     length = None
-    if f.config.max_length is not None:
+    if (length_array := f.config.length_array) is not None:  # (a field with max_length)
         length = _kept(layout, f, keys, lengths)
         for col in f.columns[1:]:
             differs = np.flatnonzero(lengths[col] != length)
@@ -140,7 +140,7 @@ def _pad(
                     f"field {f.name}: column {f.columns[0].name} has {length[row]} elements and {col.name} "
                     f"{lengths[col][row]}; the columns of a field share one length",
                 )
-        out[f.config.length_array][:n] = length.reshape(out[f.config.length_array][:n].shape)  # type: ignore[index]
+        out[length_array][:n] = length.reshape(out[length_array][:n].shape)
     # Padding arrives as zeros, cast to zero, unless an epoch offset moved it (dates, timestamps).
     if f.config.pad == 0 and not any(WIRE.get(c.pg_type, ("", 0))[1] for c in f.columns):
         return
@@ -209,10 +209,10 @@ def _check_fits(
     keys: np.ndarray,
     per_sample: int,
     *,
-    pre: bool,
     out: np.ndarray | None = None,
 ) -> None:
-    bad = misfit_before(v, f.dtype) if pre else misfit_after(v, out, f.dtype)  # type: ignore[arg-type]
+    """Raise for the first value of ``v`` that does not fit: before the cast, or after it into ``out``."""
+    bad = misfit_before(v, f.dtype) if out is None else misfit_after(v, out, f.dtype)
     if bad is None:
         return
     index, why = bad

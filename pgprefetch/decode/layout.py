@@ -131,9 +131,9 @@ class BatchLayout:
     def decode_hint(self, col: Column, e: wire.BadSample) -> str:
         """The decoding error, with the way to keep NULLs when that is what it is about."""
         owner = next((f for f in self.fields if col in f.columns), None)
-        whole = owner is not None and (not col.is_array or owner.config.max_length is not None)
-        keep = whole and str(e).startswith("is NULL")
-        return f"{e}{null_hint(owner.config, col)}" if keep else str(e)  # type: ignore[union-attr]
+        if owner is None or (col.is_array and owner.config.max_length is None) or not str(e).startswith("is NULL"):
+            return str(e)
+        return f"{e}{null_hint(owner.config, col)}"
 
     def column_label(self, col: Column) -> str:
         """``field <name>, `` for the fields reading ``col``: how an error names where it is."""

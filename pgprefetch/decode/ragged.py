@@ -177,7 +177,7 @@ def _gather(data: bytes, at: np.ndarray, count: np.ndarray, step: int, wire: np.
         slack = limit * step + 32  # the last rows' windows reach past the data (also from an empty last row)
         buf = data + bytes(slack)
         windows = np.ndarray((len(data) + 32, limit), dtype=wire, buffer=buf, strides=(1, step))
-        values = windows[at]
+        values: np.ndarray = windows[at]
         values[np.arange(limit, dtype=np.int32) >= count.astype(np.int32)[:, None]] = 0
         return values
     row = np.repeat(np.arange(rows), count)

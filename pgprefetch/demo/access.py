@@ -15,6 +15,7 @@ import stat
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from pgprefetch.errors import ConfigError
 
@@ -97,7 +98,7 @@ def guard_wheel(wheel: ModuleType) -> None:
       ``/`` (a checkout in a home folder opened the home folder). Here nothing is changed: each parent is
       checked, and a folder the server's user cannot enter is refused with a hint.
     """
-    module = sys.modules.get(f"{wheel.__name__}.postgres_server")
+    module: Any = sys.modules.get(f"{wheel.__name__}.postgres_server")  # Any: its functions are replaced below
     if module is None:
         return
     if hasattr(module, "find_suitable_socket_dir"):

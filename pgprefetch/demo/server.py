@@ -324,7 +324,7 @@ def run_server(
         with contextlib.suppress(BlockingIOError):
             os.write(write_end, b"x")
 
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     try:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, on_signal)

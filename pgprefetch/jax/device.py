@@ -20,7 +20,7 @@ and gives the consumed one's.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -52,11 +52,12 @@ class DeviceBatches(Iterator[dict[str, jax.Array]]):
         self.prefetch = prefetch
         self.pad_last = pad_last
         self._source = batches
-        self._stateful = callable(getattr(batches, "state_dict", None))
+        state_dict = getattr(batches, "state_dict", None)  # an ArrayStream's, or any resumable source's
+        self._state_dict: Callable[[], dict[str, Any]] | None = state_dict if callable(state_dict) else None
         _check_source(batches, sharding)
         # pad_last: the rows every batch is padded to (the source's batch size; else the first batch's)
         self._pad_to = _check_batch_sizes(batches, sharding, pad_last)
-        self._state: dict[str, Any] | None = batches.state_dict() if self._stateful else None  # type: ignore[attr-defined]
+        self._state = self._state_dict() if self._state_dict is not None else None
         self._batches = iter(batches)
         self._pending: deque[tuple[dict[str, jax.Array], dict[str, Any] | None]] = deque()
         self._rows: int | None = None  # with a sharding: the local batch size every batch must have
@@ -77,7 +78,7 @@ class DeviceBatches(Iterator[dict[str, jax.Array]]):
             if host is None:
                 self._done = True
                 return
-            state = self._source.state_dict() if self._stateful else None  # type: ignore[attr-defined]
+            state = self._state_dict() if self._state_dict is not None else None
             self._pending.append((self._put(host), state))
 
     def _put(self, host: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -89,7 +90,8 @@ class DeviceBatches(Iterator[dict[str, jax.Array]]):
             except ValueError as e:
                 raise ConfigError(f"pad_last: {e}") from None
         if self.sharding is None:
-            return jax.device_put(dict(host))
+            placed: dict[str, jax.Array] = jax.device_put(dict(host))  # typed Any: it takes and gives pytrees
+            return placed
         out = {}
         for name, array in host.items():
             sharding = self.sharding if isinstance(self.sharding, Sharding) else self.sharding[name]

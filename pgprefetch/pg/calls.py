@@ -123,7 +123,7 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
         error = SourceError(f"cannot connect to {redact(source.dsn)}: {reason}", transient=lost(e), cause=cause(e))
         # One that answers it is starting up or shutting down is there, and says to come back: the DSN is right,
         # so it is retried even before the dump got going (a cron run starting an epoch during a restart).
-        error.connected = isinstance(e, asyncpg.CannotConnectNowError)  # type: ignore[attr-defined]
+        error.connected = isinstance(e, asyncpg.CannotConnectNowError)
         raise error from None
     _require_standard_strings(conn, source)
     return conn

@@ -127,7 +127,7 @@ class Column:
             value = self._cut_sql(ref) if self.cut is not None else ref
             return f"convert_to({value}::text, 'UTF8')" if self.pg_type == "text" else value
         if self.padded is not None:
-            return self._padded_sql(ref)
+            return self._padded_sql(ref, self.padded)
         if self.cut is not None:
             ref = self._cut_sql(ref)
         cast = WIRE[self.pg_type][2]
@@ -160,14 +160,13 @@ class Column:
             return f"substring({ref} from greatest(octet_length({ref}) - {n}, 0) + 1)"
         return f"substring({ref} for {more})"
 
-    def _padded_sql(self, ref: str) -> str:
-        """An array of any length as exactly ``padded`` elements: cut (first or last ones), then zeros after.
+    def _padded_sql(self, ref: str, n: int) -> str:
+        """An array of any length as exactly ``n`` (``padded``) elements: cut (first or last ones), then zeros after.
 
         COPY rows of fixed width are what the scan decodes with numpy; ``cardinality`` travels beside.
         """
         cast = WIRE[self.pg_type][2]
         value = f"{ref}::{cast}[]" if cast else ref
-        n = self.padded
         kept = _first_or_last(value, ref, n, left=self.truncate == "left")
         zero = f"0::{cast or self.pg_type}" if self.pg_type != "bool" else "false"
         return f"({kept} || array_fill({zero}, ARRAY[{n} - least(cardinality({ref}), {n})]))"

@@ -86,7 +86,7 @@ class RetryPolicy:
 
     def wait(self, attempt: int) -> float:
         """Seconds to wait before try ``attempt + 1`` (``attempt`` counts from 0)."""
-        return min(self.max_wait, self.first_wait * 2**attempt) * random.uniform(0.5, 1.0)
+        return min(self.max_wait, self.first_wait * 2.0**attempt) * random.uniform(0.5, 1.0)
 
 
 def count(causes: dict[str, int], e: Any) -> dict[str, int]:

@@ -18,9 +18,10 @@ import dataclasses
 import itertools
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import asyncpg
 import numpy as np
@@ -64,9 +65,11 @@ class Snapshot:
             sql = "SELECT pg_export_snapshot(), current_setting('server_version')"
             begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
             await bounded_call(conn, lambda: conn.execute(begin), "cannot begin the snapshot", source.io_timeout_ms)
-            snapshot_id, version = await bounded_call(
+            exported = await bounded_call(
                 conn, lambda: conn.fetchrow(sql), "cannot export the snapshot", source.io_timeout_ms
             )
+            assert exported is not None  # a SELECT of two values without FROM: one row
+            snapshot_id, version = exported
             if not _SNAPSHOT_ID.match(snapshot_id):  # it is spliced into SET TRANSACTION SNAPSHOT
                 raise SourceError(f"the server exported an unexpected snapshot id {snapshot_id!r}")
             yield cls(conn, snapshot_id, version, source)
@@ -83,7 +86,7 @@ class Snapshot:
                 the query does not return, or a column type pgprefetch cannot put in a tensor.
         """
         where = _where(cfg)
-        stmt = await self._prepare(cfg.samples.keys, f"{where}[samples] keys")
+        stmt = await self._prepare(cfg.query_samples.keys, f"{where}[samples] keys")
         for a in stmt.get_attributes():
             if a.type.name not in (*INTEGER_TYPES, UUID_TYPE, *TIME_TYPES):
                 raise ConfigError(
@@ -92,13 +95,13 @@ class Snapshot:
                 )
         attributes = stmt.get_attributes()
         keys = KeyColumns.of_types([a.name for a in attributes], [a.type.name for a in attributes])
-        if cfg.samples.max_param > len(keys.names):
+        if cfg.query_samples.max_param > len(keys.names):
             raise ConfigError(
-                f"{where}[samples] query: uses ${cfg.samples.max_param} but keys returns "
+                f"{where}[samples] query: uses ${cfg.query_samples.max_param} but keys returns "
                 f"{len(keys.names)} column(s) ({', '.join(keys.names)})"
             )
-        used = find_params(cfg.samples.query)
-        unused = [i for i in range(1, cfg.samples.max_param) if i not in used]
+        used = find_params(cfg.query_samples.query)
+        unused = [i for i in range(1, cfg.query_samples.max_param) if i not in used]
         if unused:  # PostgreSQL would say "could not determine data type of parameter $1"
             i = unused[0]
             raise ConfigError(
@@ -109,10 +112,10 @@ class Snapshot:
             aliases = [f"_pgpf_k{i}" for i in range(len(keys.names))]  # the query's own names may repeat
             slots = ", ".join(keys.slot_sql([f"_pgpf_q.{a}" for a in aliases]))
             # On lines of their own: the keys query may end in a -- comment.
-            sql = f"SELECT {slots} FROM (\n{cfg.samples.keys}\n) AS _pgpf_q({', '.join(aliases)})"
+            sql = f"SELECT {slots} FROM (\n{cfg.query_samples.keys}\n) AS _pgpf_q({', '.join(aliases)})"
             stmt = await self._prepare(sql, f"{where}[samples] keys")
         self._keys = stmt
-        query = await self._prepare(cfg.samples.query, f"{where}[samples] query")
+        query = await self._prepare(cfg.query_samples.query, f"{where}[samples] query")
         returned = {a.name: (a.type.name, a.type.kind) for a in query.get_attributes()}
         return Shape(keys=keys, returned=returned)
 
@@ -186,8 +189,8 @@ class Snapshot:
 
     async def sample_text(self, cfg: Config, key: Sequence[object], column: str) -> list[str | None]:
         """The values of ``column`` the per-sample query returns for ``key`` (column values), as text."""
-        sql = sample_text_statement(cfg.samples.query, column)
-        rows = await self._run(lambda: self.conn.fetch(sql, *key[: cfg.samples.max_param]), "looking up a value")
+        sql = sample_text_statement(cfg.query_samples.query, column)
+        rows = await self._run(lambda: self.conn.fetch(sql, *key[: cfg.query_samples.max_param]), "looking up a value")
         return [r[0] for r in rows]
 
     async def read_keys(self, cfg: Config, keys: KeyColumns) -> np.ndarray:
@@ -197,7 +200,7 @@ class Snapshot:
             return np.empty((keys.width, 0), dtype=np.int64)
         return np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
 
-    async def key_chunks(self, cfg: Config, keys: KeyColumns) -> AsyncIterator[np.ndarray]:
+    async def key_chunks(self, cfg: Config, keys: KeyColumns) -> AsyncGenerator[np.ndarray, None]:
         """Stream the keys through a server-side cursor, a ``(n_slots, m)`` int64 array per round trip.
 
         A chunk at a time, so that the caller decides what to hold (keys beyond ``[source] memory`` go to
@@ -206,8 +209,9 @@ class Snapshot:
         where = f"{_where(cfg)}[samples] keys"
         k = keys.width
         seen = 0
-        assert self._keys is not None, "describe() prepares the keys statement first"
-        cursor = await self._run(lambda: self._keys.cursor(), where)
+        statement = self._keys
+        assert statement is not None, "describe() prepares the keys statement first"
+        cursor = await self._run(lambda: statement.cursor(), where)
         while records := await self._run(lambda: cursor.fetch(KEYS_PREFETCH), where):
             # chain() flattens the records in C: no per-row tuple or list, about 5x faster than np.array.
             try:
@@ -222,12 +226,16 @@ class Snapshot:
             yield np.ascontiguousarray(flat.reshape(-1, k).T)
 
 
+Worker = tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement | None]
+"""A worker's connection, and its batch statement (None for workers that only COPY)."""
+
+
 class BatchReader:
     """``connections`` worker connections on the exported snapshot, each with the batch statement prepared."""
 
     def __init__(
         self,
-        workers: list[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]],
+        workers: list[Worker],
         params: Sequence[object],
         timeout_ms: int,
         row_wise: bool = False,
@@ -235,7 +243,7 @@ class BatchReader:
         self._params = tuple(params)
         self._row_wise = row_wise
         self._timeout = timeout_ms
-        self._idle: asyncio.Queue[tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]] = asyncio.Queue()
+        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
         for w in workers:
             self._idle.put_nowait(w)
         self.size = len(workers)
@@ -265,7 +273,7 @@ class BatchReader:
         conns: list[asyncpg.Connection] = []
         timeout = source.io_timeout_ms
 
-        async def start() -> tuple[asyncpg.Connection, asyncpg.prepared_stmt.PreparedStatement]:
+        async def start() -> Worker:
             # Parallel plans would only compete with our own connections for the same cores.
             conn = await connect(source, max_parallel_workers_per_gather="0")
             conns.append(conn)
@@ -279,7 +287,7 @@ class BatchReader:
                 bound = (VOCABULARY_SETTING.format(i), list(values))
                 await bounded_call(
                     conn,
-                    lambda bound=bound: conn.execute("SELECT set_config($1, $2::text[]::text, true)", *bound),
+                    partial(conn.execute, "SELECT set_config($1, $2::text[]::text, true)", *bound),
                     "cannot set the category lists",
                     timeout,
                 )
@@ -333,12 +341,14 @@ class BatchReader:
         what = f"batch {batch}" if count == 1 else f"batches {batch}-{batch + count - 1}"
         args = (*(column.tolist() for column in keys), *self._params)
         try:
+            assert stmt is not None, "workers opened without a batch statement only COPY"
             if self._row_wise:
                 rows = await bounded_call(conn, lambda: stmt.fetch(*args), what, self._timeout)
                 return tuple(zip(*rows, strict=True))
             row = await bounded_call(conn, lambda: stmt.fetchrow(*args), what, self._timeout)
         finally:
             self._idle.put_nowait((conn, stmt))
+        assert row is not None  # the batch statement aggregates its samples: one row
         return tuple(row)
 
 

@@ -79,8 +79,8 @@ def batch_statement(
             selects += [c.send_sql(ref), *([f"{ref} IS NULL"] if c.nullable else [])]
         return f"SELECT {', '.join(selects)}\n{source}{inner_query}\n) AS {Q}\n{one_more}"
     if rows == 1 and not variable_rows:
-        names = [quote_ident(name) for name in dict.fromkeys(c.name for c in columns)]
-        joined = ", ".join([f"{K}.ord::int4 AS {ORD}", *(f"{Q}.{name}" for name in names)])
+        quoted = [quote_ident(name) for name in dict.fromkeys(c.name for c in columns)]
+        joined = ", ".join([f"{K}.ord::int4 AS {ORD}", *(f"{Q}.{name}" for name in quoted)])
         selects = [f"array_send(array_agg({L}.{ORD}))"]
         for c in columns:
             selects += _aggregates(c, f"{L}.{quote_ident(c.name)}")

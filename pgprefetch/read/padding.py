@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-A = TypeVar("A")  # a NumPy array or a torch tensor: anything sliced like one, with max()
+
+class Sliced(Protocol):
+    """What a batch's arrays are to the readers: sliced like a NumPy array (a torch tensor is too)."""
+
+    def __getitem__(self, index: Any, /) -> Any: ...
+
+
+A = TypeVar("A", bound=Sliced)  # a NumPy array or a torch tensor: anything sliced like one, with max()
 
 
 def lengths_to_mask(lengths: np.ndarray, max_len: int | None = None) -> np.ndarray:
@@ -50,11 +57,11 @@ def trim(batch: Mapping[str, A], manifest: Mapping[str, Any]) -> dict[str, A]:
         if lengths in batch:
             longest = _longest(batch[lengths])
             for part in parts:
-                out[part] = out[part][..., :longest]  # type: ignore[index]
+                out[part] = out[part][..., :longest]
         if rows is not None:
             for part in (*parts, lengths):
                 if part in batch:
-                    out[part] = out[part][:, :rows]  # type: ignore[index]
+                    out[part] = out[part][:, :rows]
     return out
 
 

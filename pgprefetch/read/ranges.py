@@ -93,7 +93,7 @@ class SampleRanges:
             if layout.raw and not self.remote
         }
         self._files: OrderedDict[tuple[str, int], MappedFile] = OrderedDict()
-        self._zarr: dict[str, zarr.Array] = {}  # compressed arrays, opened once per process
+        self._zarr: dict[str, zarr.Array[Any]] = {}  # compressed arrays, opened once per process
         self._buffers: dict[int, tuple[weakref.ref[np.ndarray], memoryview, int]] = {}  # see _remember
         self._pid = os.getpid()
         self._lock = threading.RLock()  # files are mapped, evicted and read under it (readers may be threads)
@@ -160,12 +160,12 @@ class SampleRanges:
                 view, sample_bytes = buffer[1], buffer[2]
                 n = (b - a) * sample_bytes
                 at = (a - number * per) * sample_bytes
-                part = view if n == len(view) else view[:n]
+                into = view if n == len(view) else view[:n]
                 with self._lock:  # the file's descriptor stays open while it is read
                     file = self._files.get((name, number))
                     if file is not None and file.samples is not None:
-                        if os.preadv(file.fd, [part], at) != n:  # short: 2 GiB a call, or a truncated file
-                            _pread(file.fd, part, at, self.layouts[name], number)
+                        if os.preadv(file.fd, [into], at) != n:  # short: 2 GiB a call, or a truncated file
+                            _pread(file.fd, into, at, self.layouts[name], number)
                         return
         layout = self.layouts[name]
         size = layout.batch_shape[0]
@@ -175,7 +175,7 @@ class SampleRanges:
         target = out[: b - a].reshape(-1).view(np.uint8)
         if not layout.raw:
             g0, g1 = a // size, (b - 1) // size
-            chunks = self._zarr_array(name)[g0 : g1 + 1]
+            chunks = np.asarray(self._zarr_array(name)[g0 : g1 + 1])
             flat = chunks.reshape(-1, *chunks.shape[2:])[a - g0 * size : b - g0 * size]
             target[:] = np.ascontiguousarray(flat).reshape(-1).view(np.uint8)
             return
@@ -299,7 +299,7 @@ class SampleRanges:
         with self._lock:
             self.bytes_fetched += raw.size
 
-    def _zarr_array(self, name: str) -> zarr.Array:
+    def _zarr_array(self, name: str) -> zarr.Array[Any]:
         if self._pid != os.getpid():  # a forked worker opens its own (an S3 client does not fork)
             self.forget()
         array = self._zarr.get(name)
@@ -358,7 +358,8 @@ def _slots(lo: int, hi: int, size: int) -> list[tuple[int, int, int]]:
 
 def _pread(fd: int, buffer: np.ndarray | memoryview, offset: int, layout: ArrayLayout, number: int) -> None:
     """Fill ``buffer`` from ``fd`` at ``offset``; ``preadv`` may read less than asked (2 GiB a call)."""
-    view = memoryview(buffer)
+    # memoryview(buffer): an ndarray is a Buffer from Python 3.12 on in numpy's stubs
+    view = buffer if isinstance(buffer, memoryview) else buffer.data
     if os.preadv(fd, [view], offset) == len(view):
         return
     while view:

@@ -115,7 +115,8 @@ class EpochSequence(Generic[B]):
                     if self.trim:
                         batch = trim_padding(batch, ds.manifest)
                 else:
-                    batch = next(fetched)  # type: ignore[arg-type]
+                    assert fetched is not None  # neither plain nor ring: the batches are fetched ahead
+                    batch = next(fetched)
                 # Whoever holds this batch has consumed everything before it: the position is after it.
                 if self._live is not ds:  # and from a worker's first batch on, its next is k batches away
                     self._live, self._offset = ds, (k - 1 if worker else None)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 import zarr
@@ -30,12 +30,13 @@ import zarr
 from pgprefetch.config.load import load_config
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.keys import KeyColumns, KeyValue
+from pgprefetch.read.padding import Sliced
 from pgprefetch.read.ranges import SampleRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
 from pgprefetch.store.checks import check_layouts
 from pgprefetch.store.open import open_store
 
-B = TypeVar("B")  # the array type of a batch: numpy.ndarray, torch.Tensor
+B = TypeVar("B", bound=Sliced)  # the array type of a batch: numpy.ndarray, torch.Tensor
 Batch = dict[str, B]
 
 
@@ -168,7 +169,8 @@ class EpochView(abc.ABC, Generic[B]):
     @property
     def stats(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per field and column: count, mean, std, min and max over the epoch's real values (no padding)."""
-        return self.manifest.get("stats", {})
+        stats: dict[str, dict[str, dict[str, Any]]] = self.manifest.get("stats", {})
+        return stats
 
     @property
     def longest(self) -> dict[str, np.ndarray]:
@@ -181,7 +183,7 @@ class EpochView(abc.ABC, Generic[B]):
         if not entry:
             return {}
         path = f"{epoch_name(self.epoch)}/{entry['array']}"
-        table = zarr.open_array(self._backend.zarr_store(), path=path, mode="r")[:]
+        table = np.asarray(zarr.open_array(self._backend.zarr_store(), path=path, mode="r")[:])
         return {name: table[i] for i, name in enumerate(entry["arrays"])}
 
     @property
@@ -195,9 +197,26 @@ class EpochView(abc.ABC, Generic[B]):
         return self._ranges.bytes_fetched
 
     @classmethod
-    def from_config(cls, config: str | os.PathLike[str], epoch: int, **kwargs: Any) -> Any:
-        """Open epoch ``epoch`` of the store named by a config file."""
-        return cls(load_config(config).store.path, epoch, **kwargs)
+    def from_config(
+        cls,
+        config: str | os.PathLike[str],
+        epoch: int,
+        *,
+        fields: Sequence[str] | None = None,
+        batch_size: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        wait: bool = False,
+        timeout: float = 600.0,
+        consumer: str | None = "default",
+        prefetch: int = 4,
+        trim: bool = False,
+    ) -> Self:
+        """Open epoch ``epoch`` of the store named by a config file; the other arguments are the class's."""
+        return cls(
+            load_config(config).store.path, epoch, fields=fields, batch_size=batch_size, rank=rank,
+            world_size=world_size, wait=wait, timeout=timeout, consumer=consumer, prefetch=prefetch, trim=trim,
+        )  # fmt: skip
 
     # --- this rank's batches --------------------------------------------------------------------------
     @property
@@ -289,8 +308,8 @@ class EpochView(abc.ABC, Generic[B]):
             ahead = iter(indices)
             try:
                 for _ in indices:
-                    while len(pending) < self.prefetch and (i := next(ahead, None)) is not None:
-                        pending.append(pool.submit(self.batch, i, keys=keys))
+                    while len(pending) < self.prefetch and (j := next(ahead, None)) is not None:
+                        pending.append(pool.submit(self.batch, j, keys=keys))
                     yield pending.popleft().result()
             finally:
                 for future in pending:

@@ -143,7 +143,7 @@ class ArrayLayout:
 
 def pread_into(path: Path, buffer: np.ndarray, offset: int) -> None:
     """Fill ``buffer`` from ``path`` at ``offset``; ``preadv`` may read less than asked (2 GiB a call)."""
-    view = memoryview(buffer)
+    view = buffer.data  # memoryview(buffer): numpy types ndarray a Buffer only from Python 3.12
     fd = os.open(path, os.O_RDONLY)
     try:
         while view:
@@ -187,4 +187,4 @@ def checksum(data: bytes | np.ndarray | None) -> int:
     if isinstance(data, np.ndarray):
         data = data.view()
         data.flags.writeable = False  # the C extension takes read-only buffers only
-    return google_crc32c.value(data)
+    return int(google_crc32c.value(data))

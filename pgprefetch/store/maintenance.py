@@ -156,9 +156,11 @@ def _recorded_checksums(store: Store, epoch: int, manifest: dict[str, Any]) -> d
     if "array" not in entry:
         if not entry.get("arrays"):
             raise StoreError(f"epoch {epoch} has no checksums in its manifest (written by an older pgprefetch)")
-        return entry["arrays"]  # type: ignore[no-any-return]
+        recorded: dict[str, list[int]] = entry["arrays"]  # an older epoch's manifest kept them itself
+        return recorded
     path = f"{epoch_name(epoch)}/{entry['array']}"
-    import zarr  # here, not at the top: ls, prune and the dump's --keep never read an array
+    import numpy as np  # here, not at the top: ls, prune and the dump's --keep never read an array
+    import zarr
 
     try:
         array = zarr.open_array(store.zarr_store(), path=path, mode="r")
@@ -168,7 +170,7 @@ def _recorded_checksums(store: Store, epoch: int, manifest: dict[str, Any]) -> d
                 f"{store.location}/{path}: the checksums are {list(array.shape)}; the manifest says "
                 f"{len(entry['arrays'])} arrays of {n_batches} batches (a damaged store)"
             )
-        table = array[:]
+        table = np.asarray(array[:])
     except (OSError, ValueError, KeyError) as e:
         raise StoreError(f"cannot read the checksums of epoch {epoch} ({store.location}/{path}): {e}") from None
     return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}

@@ -67,7 +67,7 @@ class PartRecord:
         out = io.BytesIO()
         np.savez(
             out, meta=np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8),
-            batches=self.batches, checksums=self.checksums, rows=rows, **arrays,
+            batches=self.batches, checksums=self.checksums, rows=rows, **arrays,  # type: ignore[arg-type]  # no allow_pickle in arrays
         )  # fmt: skip
         return out.getvalue()
 
@@ -129,8 +129,8 @@ def judged(
     for name, raw in zip(names, raws, strict=True):
         record = PartRecord.decode(raw) if raw is not None else None
         why = _mismatch(record, header, ranges, objects)
-        if why is None:
-            kept.append(record)  # type: ignore[arg-type]
+        if why is None and record is not None:  # (no reason: a record there)
+            kept.append(record)
             continue
         dropped.append(f"{prefix}/{name}")
         reason = reason or why

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import obstore
 from obstore.exceptions import (
@@ -52,6 +52,10 @@ from pgprefetch.store.s3errors import configured_endpoint, s3_error
 from pgprefetch.store.staging import folder_bytes, staged_epochs
 from pgprefetch.store.uploads import Uploads, upload_log
 from pgprefetch.store.zarrjson import group_json
+
+if TYPE_CHECKING:
+    from obstore import ObjectMeta
+    from obstore.store import BackoffConfig
 
 _RUNTIME_PID: int | None = None  # the process whose obstore runtime is in use (see S3Store.client)
 SWAP_ATTEMPTS = 20  # a store-level record changed by that many other dumps in a row: something is wrong
@@ -103,7 +107,11 @@ class S3Store(Store):
             # training run must survive: each wait is drawn between 0.1 s and 3x the last (at most 8 s), so
             # 10 retries take about 10 s (3-35 s); 6 at base 2 took about 1 s, which the soak's throttling outlasted.
             retries = int(os.environ.get("PGPREFETCH_S3_RETRIES", "10"))
-            backoff = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=8), "base": 3}
+            backoff: BackoffConfig = {
+                "init_backoff": timedelta(milliseconds=100),
+                "max_backoff": timedelta(seconds=8),
+                "base": 3,
+            }
             self._client = obstore.store.S3Store(
                 self.bucket,
                 prefix=self.prefix or None,
@@ -126,14 +134,14 @@ class S3Store(Store):
                 raise
             self._fail(e, what)
 
-    def _head(self, key: str) -> dict[str, Any] | None:
+    def _head(self, key: str) -> ObjectMeta | None:
         with self._errors(f"looking up {key}"):
             try:
-                return obstore.head(self.client, key)  # type: ignore[no-any-return]
+                return obstore.head(self.client, key)
             except NOT_FOUND:
                 return None
 
-    def _list(self, prefix: str) -> list[dict[str, Any]]:
+    def _list(self, prefix: str) -> list[ObjectMeta]:
         with self._errors(f"listing {prefix}"):
             return [meta for chunk in obstore.list(self.client, prefix) for meta in chunk]
 
@@ -284,7 +292,7 @@ class S3Store(Store):
             except AlreadyExistsError:
                 raise StoreError(f"{self.location}/{name} was published by another dump meanwhile") from None
         self.remove_partial_staging(epoch)
-        return self.epoch_location(epoch)  # type: ignore[return-value]
+        return str(self.epoch_location(epoch))  # a URL: only a local store's is a Path
 
     def remove_partial_staging(self, epoch: int) -> None:
         """Delete the local staging of an epoch that is published."""

@@ -40,7 +40,8 @@ def group_json(attributes: dict[str, Any] | None = None) -> bytes:
 
 def group_attributes(folder: Path) -> dict[str, Any]:
     """The attributes of the group in ``folder`` as they are (a publish replaces the manifest among them)."""
-    return json.loads((folder / ZARR_JSON).read_bytes()).get("attributes", {})  # type: ignore[no-any-return]
+    attributes: dict[str, Any] = json.loads((folder / ZARR_JSON).read_bytes()).get("attributes", {})
+    return attributes
 
 
 def write_json(path: Path, data: bytes) -> None:

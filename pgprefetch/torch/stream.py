@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -168,7 +169,7 @@ def _resharder() -> Any:
     iterates the stream itself, which is where this looks (a few frames up).
     """
     try:
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
     except ValueError:  # called from the bottom of a stack
         return None
     for _ in range(6):
@@ -183,7 +184,8 @@ def _resharder() -> Any:
 
 
 def _processes(wrapper: Any) -> int:
-    return int(getattr(wrapper, "num_processes", None) or getattr(getattr(wrapper, "state", None), "num_processes", 1))
+    processes: Any = getattr(wrapper, "num_processes", None)
+    return int(processes or getattr(getattr(wrapper, "state", None), "num_processes", 1))
 
 
 def _resharding_error(wrapper: Any) -> ConfigError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ import torch
 from pgprefetch.read.ranges import MappedFile, SampleRanges
 from pgprefetch.torch.workers import by_reference
 
-TORCH_DTYPES = {
+TORCH_DTYPES: dict[np.dtype[Any], torch.dtype] = {
     np.dtype(name): getattr(torch, name)
     for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
 }
@@ -76,8 +77,9 @@ class TensorRanges:
         nbytes = t.numel() * t.element_size()
         if not nbytes:
             return np.empty(tuple(t.shape), dtype=NUMPY_DTYPES[t.dtype])
-        raw = np.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), dtype=np.uint8)
-        host = raw.view(NUMPY_DTYPES[t.dtype]).reshape(t.shape)
+        at = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+        raw = np.frombuffer(at, dtype=np.uint8)  # type: ignore[call-overload]  # a ctypes array is a Buffer from 3.12 in typeshed
+        host: np.ndarray = raw.view(NUMPY_DTYPES[t.dtype]).reshape(t.shape)
         if len(self._hosts) >= _HOSTS_KEPT:
             self._hosts = {k: v for k, v in self._hosts.items() if v[0]() is not None}
         if len(self._hosts) < _HOSTS_KEPT:

@@ -81,7 +81,8 @@ def _reduce(t: MappedBatch) -> tuple[Any, tuple[Any, ...]]:
         # A slice or view of the mapped file (torch counts a file mapping as shared): torch would try to pass
         # the mapping's long-closed descriptor, and would send a whole shard for one slice. Its own bytes go.
         plain = plain.clone()
-    return reduce_tensor(plain)
+    reduced: tuple[Any, tuple[Any, ...]] = reduce_tensor(plain)  # torch leaves it unannotated
+    return reduced
 
 
 _mappings: OrderedDict[tuple[str, tuple[int, int], tuple[int, int]], torch.Tensor] = OrderedDict()

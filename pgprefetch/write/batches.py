@@ -70,7 +70,14 @@ class BatchSource:
         return self.plan.n_batches * size * (self.layout.sample_bytes + 8 * self.plan.key_columns.width)
 
 
-class Progress(Protocol):
+class Advances(Protocol):
+    """What writing the batches reports: each unit on disk (a spread epoch's parts send only that)."""
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        """A batch of ``samples`` samples, ``nbytes`` bytes, is on disk."""
+
+
+class Progress(Advances, Protocol):
     """What the dump reports while it runs (the CLI shows it as a progress bar)."""
 
     def reading(self, epoch: int) -> None:
@@ -81,9 +88,6 @@ class Progress(Protocol):
 
     def start(self, epoch: int, n_samples: int) -> None:
         """The epoch's size is known and fetching begins."""
-
-    def advance(self, samples: int, nbytes: int) -> None:
-        """A batch of ``samples`` samples, ``nbytes`` bytes, is on disk."""
 
     def parts(self, done: int, total: int) -> None:
         """A spread epoch (``--executor ray``): ``done`` of its ``total`` parts have finished (0 when it begins).

@@ -223,7 +223,7 @@ async def _dump_with_retries(
                     result, retries=attempt, retry_causes=causes, seconds=time.monotonic() - started
                 )
             except SourceError as e:
-                connected = connected or getattr(e, "connected", False)
+                connected = connected or e.connected
                 # Only once the dump got going: a server that refuses the very first connection is an error.
                 if not (e.transient and connected):
                     raise
@@ -300,7 +300,7 @@ async def _dump_locked(
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
             return await _write_epoch(cfg, store, epoch, source, progress, started, fresh, executor)
     except SourceError as e:
-        e.connected = connected or getattr(e, "connected", False)  # type: ignore[union-attr]
+        e.connected = connected or e.connected
         raise
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import Config
-from pgprefetch.decode.layout import null_hint
+from pgprefetch.decode.layout import UnknownCategoryError, null_hint
 from pgprefetch.errors import SampleError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
@@ -248,7 +248,7 @@ def order_keys(
         ordered = np.ascontiguousarray(keys[:, index])
     digest = hashlib.sha256()
     for column in ordered:  # rows of a C-ordered array: hashed in place
-        digest.update(np.ascontiguousarray(column[: counts["used"]]))
+        digest.update(np.ascontiguousarray(column[: counts["used"]]).data)
     return {"keys": ordered, "index": index, **counts, "keys_sha256": digest.hexdigest()}
 
 
@@ -316,9 +316,9 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
-async def name_unknown_category(cfg: Config, snap: Snapshot, e: SampleError) -> SampleError:
+async def name_unknown_category(cfg: Config, snap: Snapshot, e: UnknownCategoryError) -> SampleError:
     """The error for a value outside a field's category list, naming the value (looked up in the snapshot)."""
-    key, field, column = e.key, e.field, e.column  # type: ignore[attr-defined]
+    key, field, column = e.key, e.field, e.column
     try:
         values = await snap.sample_text(cfg, key, column)
     except Exception:  # the message without the value is still right

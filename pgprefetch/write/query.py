@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -102,7 +102,8 @@ def served(
         return await reader.fetch(batch, plan.batch_keys(batch, size, count), count)
 
     def produce(batch: int, count: int, blobs: object, buffers: dict[str, np.ndarray]) -> None:
-        collate.decode(layout, blobs, plan.batch_keys(batch, size, count), buffers)  # type: ignore[arg-type]
+        # blobs: what fetch above returned (BatchSource hands it over untyped)
+        collate.decode(layout, cast("Fetched", blobs), plan.batch_keys(batch, size, count), buffers)
 
     unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
     return BatchSource(
@@ -135,14 +136,14 @@ async def plan_epoch(
         if isinstance(order["keys"], OrderedKeys):
             order["keys"].close()
         raise
-    variable = cfg.samples.max_rows is not None
+    variable = cfg.query_samples.max_rows is not None
     sql = batch_statement(
-        cfg.samples.query,
+        cfg.query_samples.query,
         shape.keys,
         columns,
-        cfg.samples.rows,
+        cfg.query_samples.rows,
         variable_rows=variable,
-        row_truncate=cfg.samples.truncate,
+        row_truncate=cfg.query_samples.truncate,
     )
     rows_each = row_wise(columns, cfg.samples.rows, variable)
     order.pop("index", None)
@@ -200,7 +201,7 @@ async def _distinct(cfg: Config, snap: Snapshot, columns: list[str]) -> dict[str
 
     The keys query and the per-sample query for every key, run once for all the columns, not once a column.
     """
-    samples = cfg.samples
+    samples = cfg.query_samples
     source = samples_rows(samples.keys, samples.query, samples.max_param)
     sql = distinct_values_statement(source, [query_column(c) for c in columns], MAX_CATEGORY_BYTES + 1)
     where = f"{cfg.file}: " if cfg.file else ""

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pgprefetch.store.base import KEYS_ARRAY
-from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.batches import Advances, BatchSource
 from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.tasks import first_error
 
@@ -62,7 +62,7 @@ class Units:
 
 
 async def write_batches(
-    source: BatchSource, writer: EpochWriter, batches: list[int], size: int, progress: Progress | None
+    source: BatchSource, writer: EpochWriter, batches: list[int], size: int, progress: Advances | None
 ) -> int:
     """Fetch, produce and write ``batches`` a unit at a time, ``source.concurrency`` units in flight."""
     total = 0

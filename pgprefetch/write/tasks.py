@@ -8,11 +8,11 @@ is cancelled (:func:`finish_in_thread`), so nothing outlives the epoch's lock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 
-async def first_error(coros: list[Awaitable[None]]) -> None:
+async def first_error(coros: Iterable[Awaitable[None]]) -> None:
     """Run ``coros`` concurrently; on the first failure cancel the rest and raise it (no ExceptionGroup)."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
@@ -22,8 +22,8 @@ async def first_error(coros: list[Awaitable[None]]) -> None:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     for t in done:
-        if not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
+        if not t.cancelled() and (error := t.exception()) is not None:
+            raise error
 
 
 async def finish_in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -73,7 +73,7 @@ class OpenFiles:
 
 def pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
     """Write all of ``data`` at ``offset``: ``pwrite`` may write less (2 GiB at most a call, or a full disk)."""
-    view = memoryview(data.reshape(-1).view(np.uint8))
+    view = data.reshape(-1).view(np.uint8).data  # memoryview(...): typed a Buffer only from Python 3.12
     while view:
         written = os.pwrite(fd, view, offset)
         if written == 0:

@@ -25,7 +25,7 @@ import shutil
 import threading
 from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class EpochWriter:
         self._files = OpenFiles()
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
-        self._zarr_arrays: dict[str, zarr.Array] | None = None  # compressed arrays, opened through zarr on first use
+        self._zarr_arrays: dict[str, zarr.Array[Any]] | None = None  # compressed arrays, opened on first use
         with io_errors(self.path):
             if part is None:
                 self._open(arrays, fresh)
@@ -214,7 +214,7 @@ class EpochWriter:
             self._create_files(ArrayLayout.read(folder))
 
     @property
-    def arrays(self) -> dict[str, zarr.Array]:
+    def arrays(self) -> dict[str, zarr.Array[Any]]:
         """The epoch's arrays opened through zarr, for compressed chunks: the only part of a dump that imports it."""
         if self._zarr_arrays is None:
             import zarr
@@ -257,7 +257,7 @@ class EpochWriter:
         """Batch ``batch`` of array ``name`` from its stored bytes (decoded by zarr when compressed)."""
         layout = self.layouts[name]
         if not layout.raw or stored is None:
-            return self.arrays[name][batch]
+            return np.asarray(self.arrays[name][batch])
         return np.frombuffer(stored, dtype=layout.dtype.newbyteorder("<")).reshape(layout.batch_shape)
 
     def write_batch(self, batch: int, arrays: dict[str, np.ndarray]) -> int:
@@ -305,8 +305,9 @@ class EpochWriter:
             self._journal.flush()
             self.done[first : first + count] = True
             finished = self._finished_files(first, count)
-        for path in finished if self.uploader is not None else []:
-            self.uploader.submit(path)  # type: ignore[union-attr]
+        if self.uploader is not None:
+            for path in finished:
+                self.uploader.submit(path)
         return written
 
     def _finished_files(self, first: int, count: int) -> list[Path]:
@@ -391,9 +392,9 @@ class EpochWriter:
         remove_journals(self.journal_path)
 
 
-def _reopened(group: zarr.Group, name: str) -> zarr.Array:
+def _reopened(group: zarr.Group, name: str) -> zarr.Array[Any]:
     """An array of a partial epoch opened again: a chunk for every batch, zeros included, as when created.
 
     (``write_empty_chunks`` is a setting of the opened array, not stored with it.)
     """
-    return group[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
+    return cast("zarr.Array[Any]", group[name]).with_config({"write_empty_chunks": True})  # created as arrays

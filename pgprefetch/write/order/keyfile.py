@@ -27,7 +27,7 @@ READ_SAMPLES = 1 << 20  # keys hashed per read when the file is read back for it
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> None:
     """Fill the contiguous ``out`` with the file's bytes from ``offset`` (``pread`` may return less)."""
-    view = memoryview(out.reshape(-1).view(np.uint8))
+    view = out.reshape(-1).view(np.uint8).data  # memoryview(...): typed a Buffer only from Python 3.12
     while view:
         got = os.preadv(fd, [view], offset)
         if got == 0:
@@ -87,7 +87,7 @@ class OrderedKeys:
         for lo in range(start, end, READ_SAMPLES):
             part = buffer[: min(READ_SAMPLES, end - lo)]
             pread_into(self._fd, part, (slot * self.capacity + lo) * 8)
-            self._digest.update(part)
+            self._digest.update(part.data)
 
     def columns(self, start: int, end: int) -> np.ndarray:
         """The keys of samples ``start`` to ``end`` (cut at the last one), ``(width, m)`` int64."""

@@ -39,7 +39,7 @@ def _salt(seed: int, epoch: int, stream: int) -> np.uint64:
     state = np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
     for part in (epoch, stream):
         state = _mix(state + _GOLDEN) ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF)
-    return _mix(state)[0]
+    return np.uint64(_mix(state)[0])
 
 
 def key_hash(keys: np.ndarray, *, seed: int, epoch: int, stream: int = _ORDER_STREAM) -> np.ndarray:

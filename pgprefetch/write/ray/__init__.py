@@ -14,12 +14,19 @@ without it, asking for it is one line saying what to install.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pgprefetch.errors import ExecutorError
+
+if TYPE_CHECKING:
+    from pgprefetch.write.ray.driver import RayExecutor
 
 INSTALL = "pip install 'pgprefetch[ray]'"
 
 
-def ray_executor(parts: int | None = None, address: str | None = None, env: dict[str, str] | None = None) -> object:
+def ray_executor(
+    parts: int | None = None, address: str | None = None, env: dict[str, str] | None = None
+) -> RayExecutor:
     """A :class:`~pgprefetch.write.ray.driver.RayExecutor` (``parts``: the epoch's parts; default: the cluster's CPUs).
 
     ``address``: the cluster (default ``RAY_ADDRESS``, else a cluster started on this host for the dump).

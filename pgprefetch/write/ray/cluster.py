@@ -42,12 +42,13 @@ def join(address: str | None) -> bool:
     target = address or os.environ.get("RAY_ADDRESS")
     _probe(target)
     local = not target or target == "local" or _is_loopback(target)
+    private: dict[str, Any] = {"_node_ip_address": "127.0.0.1"} if not target or target == "local" else {}
     try:
         with loopback() if local else contextlib.nullcontext():
             # The workers' output stays theirs: `--json` prints one object per epoch on stdout, nothing else.
             ray.init(
                 address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-                **({"_node_ip_address": "127.0.0.1"} if not target or target == "local" else {}),
+                **private,
             )  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -127,7 +128,8 @@ def _probe_auth(address: str) -> None:
     probe is skipped (``ray.init``'s own error still comes, later).
     """
     try:
-        from ray._raylet import AuthenticationMode, InnerGcsClient, get_authentication_mode
+        # Ray's private GCS client, which its _raylet.pyi leaves out.
+        from ray._raylet import AuthenticationMode, InnerGcsClient, get_authentication_mode  # type: ignore[attr-defined]
         from ray.exceptions import AuthenticationError
     except ImportError:  # another Ray: no probe
         return
@@ -221,6 +223,7 @@ def tracker() -> Any:
     job = f"{context.get_node_id()}/{context.get_job_id()}"
     if _tracker is None or _tracker[0] != job:
         here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
+        # mypy drops what a class decorator returns: @ray.remote makes Tracker an ActorClass, with .options.
         _tracker = (job, Tracker.options(scheduling_strategy=here).remote())  # type: ignore[attr-defined]
     return _tracker[1]
 

@@ -46,7 +46,6 @@ from pgprefetch.store.s3 import S3Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.files.writer import EpochWriter
-from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
@@ -163,16 +162,16 @@ class RayExecutor:
         if isinstance(source.spread, SpreadRead) and any(spec.batches for spec in specs):  # (else: all kept)
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
         refs = {
-            run_part.options(**options).remote(spec, _part_keys(plan, spec), track, *_scan_args(scan)): spec  # type: ignore[attr-defined]
+            run_part.options(**options).remote(spec, _part_keys(plan, spec), track, *_scan_args(scan)): spec
             for spec, scan in zip(specs, scans, strict=True)
             if spec.batches
         }
         try:
             results = await self._wait(refs, track, progress, run, len(specs))
-            if force:  # the published epoch removed only now; parts whose staging was lost are written again
-                again = upload_staged(remote, specs, results, writer.header, options)  # type: ignore[arg-type]
+            if force and remote is not None:  # the published epoch removed only now; parts whose staging was lost
+                again = upload_staged(remote, specs, results, writer.header, options)  # are written again
                 redo = {
-                    run_part.options(**options).remote(  # type: ignore[attr-defined]
+                    run_part.options(**options).remote(
                         spec, _part_keys(plan, spec), track, *_scan_args(scans[spec.index])
                     ): spec
                     for spec in again
@@ -185,12 +184,13 @@ class RayExecutor:
             for ref in refs:
                 ray.cancel(ref, force=True)
             track.forget.remote(run)
-        for result in sorted([*results, *kept], key=lambda r: r.index):
+        finished: list[PartResult | PartRecord] = [*results, *kept]
+        for result in sorted(finished, key=lambda r: r.index):
             writer.checksums[:, result.batches] = result.checksums
             writer.done[result.batches] = True
             if writer.stats is not None:
                 writer.stats.put(result.batches, result.figures)
-        files = tuple(f for r in [*results, *kept] for f in r.files)
+        files = tuple(f for r in finished for f in r.files)
         retries = tuple(max(0, a - 1) for a in attempts)
         earlier = tuple(dict.fromkeys(r.snapshot for r in kept))
         return Spread(len(specs), retries, files, sum(len(r.owned) for r in kept), restarted, earlier)
@@ -228,7 +228,8 @@ class RayExecutor:
     async def _totals(self, track: Any, run: str, parts: int) -> tuple[int, int, list[int]]:
         """The tracker's figures for ``run``; none if it was lost with its node (the next epoch gets a new one)."""
         try:
-            return await asyncio.wrap_future(track.totals.remote(run, parts).future())  # type: ignore[no-any-return]
+            totals: tuple[int, int, list[int]] = await asyncio.wrap_future(track.totals.remote(run, parts).future())
+            return totals
         except ray.exceptions.RayError as e:
             log.warning("the progress tracker was lost (%s); the epoch goes on without its figures", line(e))
             lost_tracker()
@@ -274,7 +275,7 @@ def _part_keys(plan: EpochPlan, spec: PartSpec) -> Any:
     """The keys of a part's batches, put in the object store once (and read from disk a part at a time)."""
     size = spec.cfg.batches.size
     first, last = spec.owned.start * size, min(spec.owned.stop * size, plan.used)
-    keys = plan.keys.columns(first, last) if isinstance(plan.keys, OrderedKeys) else plan.keys[:, first:last]
+    keys = plan.keys[:, first:last] if isinstance(plan.keys, np.ndarray) else plan.keys.columns(first, last)
     return ray.put(np.ascontiguousarray(keys))
 
 

@@ -29,6 +29,7 @@ from pgprefetch.pg.session import BatchReader
 from pgprefetch.store.base import ArraySpec
 from pgprefetch.store.open import open_store
 from pgprefetch.store.records import PartRecord, put_record
+from pgprefetch.store.s3 import S3Store
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.files.stats import EpochStats
@@ -142,12 +143,12 @@ async def _write_part(
     plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with _source(spec, plan, scan) as source:
-        remote = store.local_root is None and not spec.defer
+        bucket = store if isinstance(store, S3Store) and not spec.defer else None  # (open_store: S3Store or local)
         # Up to the object store (unless --force stages), or back to the shared disk, as each file is finished.
         if store.local_root is not None:
             sending: Any = store.uploader(spec.epoch)
         else:
-            sending = Uploads(store, spec.epoch) if remote else contextlib.nullcontext()  # type: ignore[arg-type]
+            sending = Uploads(bucket, spec.epoch) if bucket is not None else contextlib.nullcontext()
         with sending as uploads:
             writer = EpochWriter(
                 store, spec.epoch, n_batches=plan.n_batches, batch_size=size, arrays=list(spec.arrays),
@@ -155,13 +156,14 @@ async def _write_part(
                 owned=spec.owned, part=spec.index,
             )  # fmt: skip
             with writer:
-                await write_batches(source, writer, list(spec.batches), size, _Progress(tracker, spec.run, spec.index))  # type: ignore[arg-type]
+                progress = _Progress(tracker, spec.run, spec.index)
+                await write_batches(source, writer, list(spec.batches), size, progress)
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
     here = ray.get_runtime_context().get_node_id()
     result = PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node, here)
-    if remote and spec.batches == tuple(spec.owned):  # every file is up: a rerun after the driver died keeps it
-        put_record(store, spec.epoch, record(spec, writer.header, result, partial))  # type: ignore[arg-type]
+    if bucket is not None and spec.batches == tuple(spec.owned):  # all files up: a rerun after the driver died keeps it
+        put_record(bucket, spec.epoch, record(spec, writer.header, result, partial))
     return result
 
 

@@ -109,7 +109,7 @@ async def read_spread(
     wheres = await page_ranges(snap, shape, readers * per)
     ranges = [wheres[i : i + per] for i in range(0, len(wheres), per)]
     sent, dsn = sealed(cfg)  # the readers' config names the server without the password
-    refs = [read_block.remote(sent, snap.id, shape, mine, dsn) for mine in ranges]  # type: ignore[attr-defined]
+    refs = [read_block.remote(sent, snap.id, shape, mine, dsn) for mine in ranges]
     futures = {asyncio.wrap_future(summary.future()): i for i, (summary, _) in enumerate(refs)}
     summaries: list[BlockSummary] = [BlockSummary(np.empty((0, 0), np.int64), 0, {})] * len(refs)
     waiting = set(futures)
@@ -216,8 +216,8 @@ def exchange(
     pieces: list[list[Any]] = []
     for b, block in enumerate(read.blocks):
         routed = [wanted[j][b] for j in busy]
-        refs = split_block.options(num_returns=len(busy)).remote(block, routed)  # type: ignore[attr-defined]
-        pieces.append(refs if len(busy) > 1 else [refs])
+        refs = split_block.options(num_returns=len(busy)).remote(block, routed)
+        pieces.append(refs if isinstance(refs, list) else [refs])  # a list of refs for more than one return
     out: list[ScanPart | None] = [None] * len(parts)
     for k, j in enumerate(busy):
         out[j] = ScanPart(tuple(pieces[b][k] for b in range(len(read.blocks))), owned_starts[j])

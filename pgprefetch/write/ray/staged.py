@@ -59,7 +59,7 @@ def upload_staged(
     for result in results:
         spec = specs[result.index]
         there = NodeAffinitySchedulingStrategy(result.node_id, soft=False)
-        refs[upload_part.options(scheduling_strategy=there, **options).remote(spec, header, result)] = spec  # type: ignore[attr-defined]
+        refs[upload_part.options(scheduling_strategy=there, **options).remote(spec, header, result)] = spec
     again = []
     for ref, spec in refs.items():
         try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,13 @@ DRAIN_BYTES = 8 << 20  # decode a range's stream every 8 MiB, not all at its end
 # A chunk of rows, column by column: "k0".. keys and order, "c0".. values, "m0".. masks; "b3": columns c3..c(3+w-1)
 # (a run of one scalar wire type) as one row-major (n, w) block, in place of their "c" entries.
 Columns = dict[str, np.ndarray]
+
+
+def _structure(row: np.dtype) -> tuple[tuple[str, ...], Any]:
+    """A row record's field names and fields: set, since the record is a structured dtype (``_row_dtype``)."""
+    assert row.names is not None
+    assert row.fields is not None
+    return row.names, row.fields
 
 
 @dataclass(frozen=True)
@@ -163,12 +170,12 @@ class CopyDecoder:
         are contiguous, so joining them into the table's columns is a plain copy.
         """
         assert self.row is not None
-        out = {}
-        in_blocks = set()
+        out: Columns = {}
+        in_blocks: set[str] = set()
         for j, run in self._blocks:
             out[f"b{j}"] = run.view(rows).astype(run.dtype.newbyteorder("="))  # one pass: swapped, row-major
             in_blocks.update(f"c{i}" for i in range(j, j + run.count))
-        for name in self.row.names[2::2]:
+        for name in _structure(self.row)[0][2::2]:
             if name in in_blocks:
                 continue
             source = rows[name]
@@ -178,7 +185,7 @@ class CopyDecoder:
 
     def _row_dtype(self, data: bytes) -> np.dtype:
         """The record of one row, with each array column's length taken from the first row."""
-        fields: list[tuple[str, object]] = [("n", ">i2")]
+        fields: list[tuple[Any, ...]] = [("n", ">i2")]
         pos = 2
         wires = [*self.shape.key_wire, *([self.shape.order_wire] if self.shape.order_wire is not None else [])]
         for i, w in enumerate(wires):
@@ -209,18 +216,18 @@ class CopyDecoder:
 
     def _plan_runs(self, row: np.dtype) -> None:
         """The runs of scalar columns to decode as blocks, and the runs of words :meth:`_check` compares."""
-        names = row.names
-        columns = [(j, row.fields[n]) for j, n in enumerate(names) if n[0] == "c" and row.fields[n][0].shape == ()]
-        columns = [(int(names[j][1:]), off, dt) for j, (dt, off) in columns if dt.names is None]
+        names, described = _structure(row)
+        scalars = [(j, described[n]) for j, n in enumerate(names) if n[0] == "c" and described[n][0].shape == ()]
+        columns = [(int(names[j][1:]), f[1], f[0]) for j, f in scalars if f[0].names is None]
         for run in _runs([(off, dt) for _, off, dt in columns]):
             j, offset, dtype = columns[run[0]]
             if len(run) > 1 and all(columns[i][0] == j + k for k, i in enumerate(run)):  # c{j}, c{j+1}, ... in order
                 step = columns[run[1]][1] - offset
                 self._blocks.append((j, _Strided(offset, len(run), step, dtype)))
         # Each word as the stream holds it (big-endian), read as a native integer: compared with no byte swap.
-        words = [(0, np.dtype(">i2"), (len(names) - 1) // 2)]
+        words: list[tuple[int, np.dtype, int]] = [(0, np.dtype(">i2"), (len(names) - 1) // 2)]
         for length, value in zip(names[1::2], names[2::2], strict=True):
-            words.append((row.fields[length][1], np.dtype(">i4"), row.fields[value][0].itemsize))
+            words.append((described[length][1], np.dtype(">i4"), described[value][0].itemsize))
         native = [(off, dt.newbyteorder("="), int(np.array(v, dt).view(dt.newbyteorder("=")))) for off, dt, v in words]
         for run in _runs([(off, (dt, value)) for off, dt, value in native]):
             (offset, dtype, expected), count = native[run[0]], len(run)
@@ -236,20 +243,20 @@ class CopyDecoder:
         assert self.row is not None
         if not rows.size or not any(np.any(run.view(rows) != expected) for run, expected in self._words):
             return
-        names = self.row.names
-        bad = rows["n"] != (len(names) - 1) // 2
+        names, described = _structure(self.row)
+        bad: np.ndarray = rows["n"] != (len(names) - 1) // 2
         for length, value in zip(names[1::2], names[2::2], strict=True):
-            bad |= rows[length] != self.row.fields[value][0].itemsize
+            bad |= rows[length] != described[value][0].itemsize
         if bad.any():
             raise self._irregular(self._culprit(rows[int(np.flatnonzero(bad)[0]) :].tobytes()))
 
     def _culprit(self, data: bytes) -> str | None:
         """The field (``k0``, ``c1``, ...) where the row at the start of ``data`` leaves the fixed layout."""
         assert self.row is not None
-        names, pos = self.row.names, 2
+        (names, described), pos = _structure(self.row), 2
         for value in names[2::2]:
             size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
-            if size != self.row.fields[value][0].itemsize:
+            if size != described[value][0].itemsize:
                 return value
             pos += 4 + size
         return None

@@ -142,7 +142,8 @@ def ranks(sorted_keys: np.ndarray, keys: np.ndarray, *, equal: bool = True) -> n
     """
     n = sorted_keys.shape[1]
     if sorted_keys.shape[0] == 1:
-        return np.searchsorted(sorted_keys[0], keys[0], side="right" if equal else "left").astype(np.int64)
+        found: np.ndarray = np.searchsorted(sorted_keys[0], keys[0], side="right" if equal else "left")
+        return found.astype(np.int64)
     if not n:
         return np.zeros(keys.shape[1], np.int64)
     both = np.concatenate([sorted_keys, keys], axis=1)
@@ -222,7 +223,7 @@ def _order(
     The buckets are those of series cut into windows (0 for rows).
     """
     key_columns = KeyColumns(shape.key_names)
-    if cfg.samples.window is None:  # the rows are the samples
+    if cfg.scan_samples.window is None:  # the rows are the samples
         return order_spilled(cfg, runs, key_columns, epoch), runs.n, 0
     seed, buckets, longest = cfg.batches.seed, 0, 0
     samples = KeyCollector(folder / "samples", runs.width, runs.budget, seed=seed, epoch=epoch, limit=limit)
@@ -235,7 +236,7 @@ def _order(
             del hashes
             bucket = Table(keys=np.ascontiguousarray(keys[:, order]))
             del keys, order
-            cut_keys, _ = cut(bucket, shape, cfg.samples)
+            cut_keys, _ = cut(bucket, shape, cfg.scan_samples)
             longest = max(longest, longest_series(bucket.keys))
             if cut_keys.shape[1]:
                 samples.add(np.ascontiguousarray(cut_keys))
@@ -246,7 +247,7 @@ def _order(
         raise
     if isinstance(got, np.ndarray):  # the windows fit: ordered in memory, as a table's are
         if not got.shape[1]:
-            raise no_windows(cfg.samples, longest)
+            raise no_windows(cfg.scan_samples, longest)
         order_fields = order_keys(cfg, got, key_columns, epoch, in_place=True)
         order_fields.pop("index")
         return order_fields, got.shape[1], buckets
@@ -350,7 +351,7 @@ async def _stream(
     def sink(decoder: CopyDecoder) -> Callable[[bytes], Any]:
         async def fed(data: bytes) -> None:
             if failed:
-                raise _Stopped
+                raise _Stopped("another COPY of the keys pass failed")
             if decoder.feed(data):
                 await asyncio.to_thread(decoder.drain)
                 parts, decoder.parts = decoder.parts, []

@@ -243,7 +243,7 @@ async def multipass_source(
     for wheres in passes:
         table = await read_table(cfg, snap, read.shape, wheres, budget=0, on_rows=on_rows)
         rows_read += table.rows_read
-        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
+        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
         if layout is None:
             layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
             spool = Spool(spool_dir, layout, size, plan.n_batches, budget)
@@ -275,7 +275,7 @@ async def spilled_source(
     for p, wheres in enumerate(read.keys.passes):
         table = await read_table(cfg, snap, read.shape, wheres, budget=0, on_rows=on_rows)
         rows_read += table.rows_read
-        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.samples)
+        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
         cut_count += pass_keys.shape[1]
         if layout is None:
             layout = scan_layout(cfg, read.shape, array_lengths(table), plan)

@@ -159,7 +159,7 @@ def spool_pass(
     ``pass_keys`` must be the global samples ``first_sample ...`` (checked: the same snapshot cuts the
     same samples); ``position`` maps each global sample to its place in the epoch (-1: not in it).
     """
-    m = pass_keys.shape[1]
+    m: int = pass_keys.shape[1]
     expected = sample_keys[:, first_sample : first_sample + m]
     if expected.shape != pass_keys.shape or not np.array_equal(expected, pass_keys):
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")

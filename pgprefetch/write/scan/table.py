@@ -336,8 +336,11 @@ def _rows(column: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
     A scalar column's windows are rows of a strided view (a copy of contiguous runs, about three times
     faster than an index per row); array columns take an index per row.
     """
+    windows: np.ndarray
     if window == 1:
-        return column[starts]
-    if column.ndim == 1:
-        return np.lib.stride_tricks.sliding_window_view(column, window)[starts].reshape(-1)
-    return column[(starts[:, None] + np.arange(window)).reshape(-1)]
+        windows = column[starts]
+    elif column.ndim == 1:
+        windows = np.lib.stride_tricks.sliding_window_view(column, window)[starts].reshape(-1)
+    else:
+        windows = column[(starts[:, None] + np.arange(window)).reshape(-1)]
+    return windows
