@@ -22,15 +22,16 @@ import numpy as np
 import pytest
 import torch
 
-import pgprefetch.write.files.shardfiles
 from pgprefetch import ArrayStream, EpochArrays, EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
 from pgprefetch.read.mapping import PrivateMapping
 from pgprefetch.read.padding import lengths_to_mask
 from pgprefetch.store.open import open_store
 
-from .conftest import fetch
-from .helpers import dump, own_database, write_config
+from .harness.configs import write_config
+from .harness.db import fetch, own_database
+from .harness.dumps import dump
+from .harness.epochs import counting_config, counting_table, dump_counting
 
 N, SIZE = 470, 16
 ROWS = 300
@@ -41,8 +42,7 @@ ROWS = 300
 def database(pg_dsn: str) -> Iterator[str]:
     with own_database(
         pg_dsn,
-        "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-        f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
+        *counting_table(N),
         "CREATE TABLE r (id int PRIMARY KEY, tokens int[] NOT NULL, score real, kind text NOT NULL)",
         "INSERT INTO r SELECT i, (SELECT array_agg(i * 10 + j) FROM generate_series(1, 1 + i % 7) j),"
         " CASE WHEN i % 5 = 0 THEN NULL ELSE i / 4.0 END, (ARRAY['ant', 'bee', 'cat'])[1 + i % 3]"
@@ -52,26 +52,14 @@ def database(pg_dsn: str) -> Iterator[str]:
 
 
 def values_config(folder: Path) -> Path:
-    fields = {"v": (["v"], "int64")}
-    return write_config(
-        folder,
-        keys="SELECT id FROM s",
-        query="SELECT v FROM s WHERE id = $1",
-        fields=fields,
-        size=SIZE,
-        drop_last=False,
-    )
+    return counting_config(folder, size=SIZE, drop_last=False)
 
 
 @pytest.fixture(scope="module")
 def store(database: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("values")
-    config = values_config(folder)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
-        for epoch in (0, 1, 2):
-            dump(config, database, epoch=epoch)
-    return folder / "store.zarr"
+    return dump_counting(
+        database, tmp_path_factory.mktemp("values"), size=SIZE, drop_last=False, epochs=(0, 1, 2), shard_batches=2
+    )
 
 
 @pytest.fixture(scope="module")

@@ -25,10 +25,10 @@ from pgprefetch.errors import ConfigError, SourceError, StoreError
 from pgprefetch.store.base import VOCABULARY
 from pgprefetch.store.open import open_store
 
-from .conftest import fetch
-from .helpers import chunk_bytes, dump, execute, toml_value
-from .s3server import S3
-from .test_operations import journal_lines, start_dump, wait_for
+from .harness.configs import toml_value
+from .harness.db import execute, fetch
+from .harness.dumps import chunk_bytes, dump, journal_lines, start_dump, wait_for
+from .harness.s3 import S3
 
 ISLANDS = ["Biscoe", "Dream", "Torgersen"]
 MODES = ["query", "scan"]

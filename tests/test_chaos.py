@@ -31,8 +31,10 @@ from pgprefetch import DumpResult, dump_epoch, load_config
 from pgprefetch.errors import PgprefetchError
 from pgprefetch.pg.retry import RetryPolicy
 
-from .faults import FreezableProxy, kill_every_connection, restart_server, server_address
-from .helpers import chunk_bytes, execute, own_server, write_config
+from .harness.configs import write_config
+from .harness.db import execute, own_server
+from .harness.dumps import chunk_bytes
+from .harness.faults import FreezableProxy, kill_every_connection, restart_server, server_address
 
 RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "10"))
 SEED = int(os.environ.get("PGPREFETCH_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 30))))

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 from pgprefetch.cli import cli
 from pgprefetch.errors import ConfigError, SampleError, SourceError
 
-from .conftest import fetch
-from .helpers import dump, execute, write_config
+from .harness.configs import write_config
+from .harness.db import execute, fetch
+from .harness.dumps import dump
 
 ONE_COLUMN = {"v": (["v"], "float32")}
 

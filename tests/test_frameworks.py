@@ -17,7 +17,9 @@ import pytest
 import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset
 
-from .helpers import SEQUENCES, dump, write_config
+from .harness.configs import SEQUENCES, write_config
+from .harness.dumps import dump
+from .harness.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32
@@ -83,7 +85,7 @@ def test_torchdata_example_resumes_in_a_fresh_process_with_as_many_workers_or_mo
 def test_accelerate_without_prepare_splits_once_and_prepare_is_refused(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", 2)
-    run(*launcher, ROOT / "tests" / "accelerate_ranks.py", store, out)
+    run(*launcher, SCRIPTS / "accelerate_ranks.py", store, out)
     result = json.loads(out.read_text())
     assert result["world"] == 2
     for rank, keys in enumerate(result["keys"]):
@@ -95,7 +97,7 @@ def test_accelerate_without_prepare_splits_once_and_prepare_is_refused(store: Pa
 
 def test_accelerate_prepare_on_one_process_yields_the_stream_as_it_is(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    run(ROOT / "tests" / "accelerate_ranks.py", store, out)
+    run(SCRIPTS / "accelerate_ranks.py", store, out)
     result = json.loads(out.read_text())
     assert result["world"] == 1
     unprepared, prepared = result["keys"]

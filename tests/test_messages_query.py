@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from pgprefetch.cli import cli
 
-from .helpers import execute, toml_value, write_config
+from .harness.configs import toml_value, write_config
+from .harness.db import execute
 
 
 def run_cli(*args: str) -> tuple[int, str]:

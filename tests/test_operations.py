@@ -21,56 +21,17 @@ from pgprefetch.errors import StoreError
 from pgprefetch.store.layout import ArrayLayout
 from pgprefetch.write.pipeline import dump_epoch
 
-from .helpers import S_ROWS, chunk_bytes, dump, execute, s_config
+from .harness.configs import operations_config as config
+from .harness.configs import s_config
+from .harness.db import S_ROWS, execute
+from .harness.dumps import chunk_bytes, dump, dump_argv, journal_lines, start_dump, wait_for
 
 SIZE = 16  # 30 batches
-
-
-def config(folder: Path, *, slow: bool = False, name: str = "c.toml", store: str = "store.zarr") -> Path:
-    """The config these tests share: ``s``, 2 connections."""
-    return s_config(folder, slow=slow, name=name, store=store)
 
 
 def run_cli(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, list(args))
     return result.exit_code, result.output
-
-
-def dump_argv(cfg: Path, dsn: str, epoch: int = 0, *extra: str) -> list[str]:
-    """``pgprefetch dump`` of one epoch as its own process."""
-    return [
-        sys.executable,
-        "-m",
-        "pgprefetch",
-        "dump",
-        "--config",
-        str(cfg),
-        "--epoch",
-        str(epoch),
-        "--dsn",
-        dsn,
-        *extra,
-    ]
-
-
-def start_dump(cfg: Path, dsn: str, epoch: int = 0, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        dump_argv(cfg, dsn, epoch, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-def journal_lines(store: Path, epoch: int = 0) -> int:
-    path = store / ".pgprefetch" / "partial" / f"epoch-{epoch:05d}.journal"
-    if not path.exists():
-        return -1
-    return sum(1 for line in path.read_text().splitlines()[1:] if not line.startswith("#"))
-
-
-def wait_for(condition: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_ahead_and_keep_follow_the_recorded_consumer(s_table: str, tmp_path: Path) -> None:

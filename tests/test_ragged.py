@@ -15,8 +15,9 @@ import pytest
 
 from pgprefetch.errors import ConfigError, SampleError
 
-from .conftest import fetch
-from .helpers import chunk_bytes, dump, execute, read_arrays, write_config
+from .harness.configs import write_config
+from .harness.db import execute, fetch
+from .harness.dumps import chunk_bytes, dump, read_arrays
 
 N = 300
 TEXTS = [
@@ -386,7 +387,7 @@ def test_a_resumed_dump_of_padded_fields_has_the_bytes_and_figures_of_a_clean_on
     import json
     import signal
 
-    from .test_operations import journal_lines, start_dump, wait_for
+    from .harness.dumps import journal_lines, start_dump, wait_for
 
     cfg = stats_config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,10 +22,12 @@ from pgprefetch.errors import SampleError, SourceError
 from pgprefetch.write.scan.exchange import Piece, cut_block, join_pieces, merge_keys, route, rows_of
 from pgprefetch.write.scan.table import Table
 
-from .helpers import chunk_bytes, dump, execute
-from .s3server import S3
-from .test_golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
-from .test_ray import LONG, _journal_lines, _parts_running, manifest
+from .harness.db import execute
+from .harness.dumps import chunk_bytes, dump
+from .harness.faults import kill_every_connection
+from .harness.golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
+from .harness.raycluster import LONG, fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
+from .harness.s3 import S3
 
 # The golden query config's fields as a scan: a NULL mask, padded arrays, "auto" categories, a padded last batch.
 SCAN_ALL = '[samples]\ntable = "g"\nkey = ["id"]\n' + QUERY[QUERY.index("[fields.v]") :]
@@ -189,17 +190,7 @@ def _faulted(
     """Dump ``_big``'s table on Ray, doing ``fault`` once ``when`` holds; the result, and the single process's bytes."""
     spread, single = _big(db, tmp_path)
     expected = chunk_bytes(Path(dump(single, db).path))
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(
-        pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=parts)[0]
-    ))  # fmt: skip
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not when() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    fault()
-    thread.join(240)
-    (result,) = results
+    result = fault_mid_dump(lambda: on_ray(spread, db, parts=parts), when, fault, join=240, step=0.02)
     return result, expected
 
 
@@ -208,7 +199,7 @@ def _mid_read(cluster: Any) -> Callable[[], bool]:
     seen: list[float] = []
 
     def reading() -> bool:
-        if not seen and _parts_running(cluster, "read_block"):
+        if not seen and parts_running(cluster, "read_block"):
             seen.append(time.monotonic())
         return bool(seen) and time.monotonic() > seen[0] + 0.3
 
@@ -219,7 +210,7 @@ def _mid_read(cluster: Any) -> Callable[[], bool]:
 def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
-    kill = lambda: os.kill(_parts_running(ray_cluster, "read_block")[0].pid, 9)  # noqa: E731
+    kill = lambda: os.kill(parts_running(ray_cluster, "read_block")[0].pid, 9)  # noqa: E731
     result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), kill)
     assert chunk_bytes(Path(result.path)) == expected
 
@@ -228,8 +219,7 @@ def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_u
 def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_same_bytes(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
-    sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'"
-    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), lambda: execute(db, sql))
+    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), lambda: kill_every_connection(db))
     assert result.retries == 1
     assert chunk_bytes(Path(result.path)) == expected
 
@@ -240,7 +230,7 @@ def test_a_node_removed_while_the_parts_write_rebuilds_what_it_held_and_the_epoc
 ) -> None:
     node = ray_cluster.add_node(num_cpus=1)  # a third node: it holds a block, pieces and a part
     ray_cluster.wait_for_nodes()
-    writing = lambda: _journal_lines(tmp_path / "ray.zarr") >= 3  # noqa: E731  (the parts write: the read is over)
+    writing = lambda: part_journal_lines(tmp_path / "ray.zarr") >= 3  # noqa: E731  (the parts write: the read is over)
     # Its block, its pieces and its part are lost: rebuilt from lineage, rerun.
     result, expected = _faulted(db, tmp_path, 3, writing, lambda: ray_cluster.remove_node(node))
     assert sum(result.part_retries) >= 1

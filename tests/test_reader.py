@@ -21,7 +21,9 @@ import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
 
-from .helpers import SEQUENCES, dump, execute, write_config
+from .harness.configs import SEQUENCES, write_config
+from .harness.db import execute
+from .harness.dumps import dump
 
 SIZE = 100
 

@@ -24,13 +24,11 @@ from pgprefetch.errors import SourceError
 from pgprefetch.pg.retry import lost
 from pgprefetch.pg.session import BatchReader
 
-from .faults import FreezableProxy, restart_server, server_address
-from .helpers import chunk_bytes, dump, execute, own_server, s_config
-from .test_operations import config, dump_argv, journal_lines, start_dump, wait_for
-
-
-def terminate_dump_connections(dsn: str) -> None:
-    execute(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+from .harness.configs import operations_config as config
+from .harness.configs import s_config
+from .harness.db import execute, own_server
+from .harness.dumps import chunk_bytes, dump, dump_argv, journal_lines, start_dump, wait_for
+from .harness.faults import FreezableProxy, kill_every_connection, restart_server, server_address
 
 
 def test_terminated_connections_are_retried_and_the_epoch_completes(s_table: str, tmp_path: Path) -> None:
@@ -38,7 +36,7 @@ def test_terminated_connections_are_retried_and_the_epoch_completes(s_table: str
     store = tmp_path / "store.zarr"
     proc = start_dump(cfg, s_table, 0, "--json")
     wait_for(lambda: journal_lines(store) >= 3)
-    terminate_dump_connections(s_table)
+    kill_every_connection(s_table)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     summary = json.loads(out)
@@ -53,7 +51,7 @@ def test_retries_exhausted_is_one_line_exit_1_and_nothing_published(s_table: str
     store = tmp_path / "store.zarr"
     proc = start_dump(cfg, s_table, 0, "--retries", "0")
     wait_for(lambda: journal_lines(store) >= 2)
-    terminate_dump_connections(s_table)
+    kill_every_connection(s_table)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert re.fullmatch(r"Error: batch \d+: lost the connection: .+ \(gave up after 0 retries\)\n", err), err
@@ -316,8 +314,6 @@ def test_a_statement_on_a_connection_already_closed_is_a_lost_connection(s_table
     import numpy as np
 
     from pgprefetch.pg.session import Snapshot
-
-    from .faults import kill_every_connection
 
     async def run() -> SourceError:
         source = SourceConfig(dsn=s_table, connections=1)

@@ -29,11 +29,12 @@ from pgprefetch.write.scan.keyspill import SeriesSample, ranks
 from pgprefetch.write.scan.mode import SpilledScan, read_scan
 from pgprefetch.write.scan.table import Table
 
-from .helpers import chunk_bytes, dump, execute
-from .test_operations import dump_argv, start_dump, wait_for
-from .test_scan import scan_config
+from .harness.configs import scan_config
+from .harness.db import execute
+from .harness.dumps import chunk_bytes, dump, dump_argv, start_dump, wait_for
+from .harness.spill import TINY_SOURCE as TINY
+from .harness.spill import WINDOWS, load_tables
 
-TINY = 'memory = "1MiB"'
 SERIES_LINE = re.compile(
     r"epoch \d+: the keys of ([\d,]+) rows outgrew \[source\] memory: ([\d,]+) samples ordered on disk "
     r"\((\d+) runs, (\d+) buckets of series\), (\d+) data passes"
@@ -41,22 +42,7 @@ SERIES_LINE = re.compile(
 ORDERED_LINE = re.compile(
     r"([\d,]+) keys outgrew \[source\] memory \(.+\): ordered on disk in (\d+) runs and (\d+) buckets"
 )
-WINDOWS = {"table": "big", "key": ["series_id"], "order": "t", "window": 16, "stride": 3}
 ROWS = {"table": "flat", "key": "id", "fields": {"v": (["v"], "float32"), "w": (["w"], "int64")}}
-
-
-def load_tables(db: str, series: int = 400, rows: int = 200_000) -> None:
-    """``big``: ``series`` series of 300-316 rows, random heap order; ``flat``: ``rows`` rows keyed by id."""
-    execute(
-        db,
-        "CREATE TABLE big (series_id int, t int, f0 real NOT NULL, f1 float8 NOT NULL, label int NOT NULL)",
-        f"""INSERT INTO big SELECT s, t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
-            FROM generate_series(1, {series}) s, generate_series(1, 300 + s % 17) t ORDER BY random()""",
-        "CREATE INDEX ON big (series_id, t)",
-        "CREATE TABLE flat (id bigint NOT NULL, v real NOT NULL, w bigint NOT NULL)",
-        f"INSERT INTO flat SELECT i * 7, i * 0.25, i % 1000 FROM generate_series(1, {rows}) i ORDER BY random()",
-        "CREATE INDEX ON flat (id)",
-    )
 
 
 @pytest.fixture

@@ -35,10 +35,11 @@ from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.query import plan_epoch
 
-from .helpers import chunk_bytes, dump, execute, write_config
-from .test_operations import dump_argv, journal_lines, start_dump, wait_for
+from .harness.db import execute
+from .harness.dumps import chunk_bytes, dump, dump_argv, journal_lines, start_dump, wait_for
+from .harness.spill import KINDS, numbers_config
+from .harness.spill import TINY_MEMORY as TINY
 
-TINY = "1MiB"  # the least: buckets of 26,214 keys, runs of one 50,000-key cursor chunk
 SPILL = re.compile(
     r"epoch \d+: ([\d,]+) keys outgrew \[source\] memory \(.+\): ordered on disk in (\d+) runs and (\d+) buckets"
 )
@@ -146,29 +147,6 @@ def test_prune_partials_removes_keys_a_dump_killed_while_ordering_them_left(tmp_
 
 
 # ---- dumps through PostgreSQL -------------------------------------------------------------------------------------
-
-KINDS = {
-    "int": ("SELECT i FROM generate_series(1, {n}) i", "SELECT $1 % 1000 AS v"),
-    "two columns": (
-        "SELECT i / 1000 AS a, i % 1000 AS b FROM generate_series(1, {n}) i",
-        "SELECT $1::int8 * 1000 + $2 AS v",
-    ),
-    "uuid": ("SELECT md5(i::text)::uuid AS u FROM generate_series(1, {n}) i", "SELECT length($1::text) AS v"),
-}
-
-
-def numbers_config(folder: Path, kind: str = "int", n: int = 200_000, **overrides: object) -> Path:
-    keys, query = KINDS[kind]
-    settings: dict[str, object] = {
-        "keys": keys.format(n=n),
-        "query": query,
-        "fields": {"v": (["v"], "int64")},
-        "size": 1000,
-        "connections": 2,
-        "seed": 11,
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    return write_config(folder, **{**settings, **overrides})  # type: ignore[arg-type]
 
 
 def spill_line(caplog: pytest.LogCaptureFixture) -> tuple[int, int, int]:

@@ -17,12 +17,13 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotReadyError
 from pgprefetch.store.open import open_store
 
-from .helpers import dump, own_database, write_config
+from .harness.db import own_database
+from .harness.dumps import dump
+from .harness.epochs import counting_config, counting_table, dump_counting
 
 N, SIZE = 470, 16
 pytestmark = [
@@ -33,36 +34,20 @@ pytestmark = [
 
 
 def config_for(folder: Path) -> Path:
-    fields = {"v": (["v"], "int64")}
-    return write_config(
-        folder,
-        keys="SELECT id FROM s",
-        query="SELECT v FROM s WHERE id = $1",
-        fields=fields,
-        size=SIZE,
-        drop_last=False,
-    )
+    return counting_config(folder, size=SIZE, drop_last=False)
 
 
 @pytest.fixture(scope="module")
 def source(pg_dsn: str) -> Iterator[str]:
-    with own_database(
-        pg_dsn,
-        "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-        f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
-    ) as dsn:
+    with own_database(pg_dsn, *counting_table(N)) as dsn:
         yield dsn
 
 
 @pytest.fixture(scope="module")
 def store(source: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("stream")
-    config = config_for(folder)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
-        for epoch in (0, 1, 2):
-            dump(config, source, epoch=epoch)
-    return folder / "store.zarr"
+    return dump_counting(
+        source, tmp_path_factory.mktemp("stream"), size=SIZE, drop_last=False, epochs=(0, 1, 2), shard_batches=2
+    )
 
 
 def order(store: Path, epoch: int) -> np.ndarray:

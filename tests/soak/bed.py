@@ -19,9 +19,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..faults import FreezableProxy, server_address
-from ..helpers import execute, own_server
-from ..s3server import S3, s3_server_process, throttling_proxy
+from ..harness.db import execute, own_server
+from ..harness.faults import FreezableProxy, server_address
+from ..harness.s3 import S3, s3_server_process, throttling_proxy
 
 ROWS = 2048  # samples an epoch: 32 batches of 64, 16 a rank
 BATCH = 64

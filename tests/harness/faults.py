@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from .helpers import execute
+from .db import execute
 
 
 def kill_every_connection(dsn: str) -> None:

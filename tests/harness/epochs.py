@@ -1,0 +1,89 @@
+"""Small epochs for the readers' tests: ``s(id, v = id)``, so that a batch's values are its sample keys.
+
+The readers' tests (NumPy, torch, JAX, Grain, the reader contracts) check which samples each step sees;
+with ``v`` the key itself, what a reader returns says where it came from. ``shard_batches`` makes shard
+files that small, so that reads cross them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import pgprefetch.write.files.shardfiles
+
+from .configs import write_config
+from .db import own_database
+from .dumps import dump
+
+
+def counting_table(n: int) -> tuple[str, str]:
+    """``s(id, v = id)`` of ``n`` rows."""
+    return (
+        "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
+        f"INSERT INTO s SELECT i, i FROM generate_series(1, {n}) i",
+    )
+
+
+def counting_config(folder: Path, *, size: int, drop_last: bool = True) -> Path:
+    """One sample a row of ``s``, the field ``v`` (the key)."""
+    return write_config(
+        folder,
+        keys="SELECT id FROM s",
+        query="SELECT v FROM s WHERE id = $1",
+        fields={"v": (["v"], "int64")},
+        size=size,
+        drop_last=drop_last,
+    )
+
+
+def dump_counting(
+    dsn: str,
+    folder: Path,
+    *,
+    size: int,
+    drop_last: bool = True,
+    epochs: tuple[int, ...] = (0,),
+    shard_batches: int | None = None,
+) -> Path:
+    """Dump ``epochs`` of ``s`` (see :func:`counting_table`) into ``folder``'s store; return the store."""
+    config = counting_config(folder, size=size, drop_last=drop_last)
+    with pytest.MonkeyPatch.context() as mp:
+        if shard_batches is not None:
+            mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", shard_batches * size * 8)
+        for epoch in epochs:
+            dump(config, dsn, epoch=epoch)
+    return folder / "store.zarr"
+
+
+@contextmanager
+def counting_store(
+    pg_dsn: str,
+    folder: Path,
+    *,
+    n: int,
+    size: int,
+    drop_last: bool = True,
+    epochs: tuple[int, ...] = (0,),
+    shard_batches: int | None = None,
+) -> Iterator[Path]:
+    """A store of ``epochs`` of ``s(id, v = id)``, ``n`` rows in batches of ``size``, from a database of its own.
+
+    The database is dropped afterwards; the store stays in ``folder``.
+    """
+    with own_database(pg_dsn, *counting_table(n)) as dsn:
+        yield dump_counting(dsn, folder, size=size, drop_last=drop_last, epochs=epochs, shard_batches=shard_batches)
+
+
+def counting_store_fixture(name: str, **settings: object) -> Callable[..., Iterator[Path]]:
+    """A module's ``store`` fixture: :func:`counting_store` with ``settings``, in a temp folder named ``name``."""
+
+    @pytest.fixture(scope="module")
+    def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+        with counting_store(pg_dsn, tmp_path_factory.mktemp(name), **settings) as path:  # type: ignore[arg-type]
+            yield path
+
+    return store
