@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from .harness.dumps import chunk_bytes, dump
 from .harness.faults import kill_every_connection
 from .harness.golden import GOLDEN, TABLE, digest, golden_config
 from .harness.raycluster import (
-    LONG,
+    CHAOS_ONLY,
     fail_the_last_part,
     fault_mid_dump,
     manifest,
@@ -39,6 +40,7 @@ from .harness.raycluster import (
     part_journal_lines,
     parts_running,
     parts_writing,
+    single_process,
 )
 from .harness.s3 import S3
 from .harness.spill import TINY_MEMORY, numbers_config
@@ -108,7 +110,7 @@ def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_without_uploading_
 ) -> None:
     bucket = s3.bucket()
     config = s_config(tmp_path, store=f"s3://{bucket}/k", compression="zstd")  # a file per batch: parts of 10
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    single = single_process(tmp_path, s_table, compression="zstd")
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
     late = fail_the_last_part(s_table, single)
     with pytest.raises(SampleError, match=str(late)):
@@ -137,14 +139,14 @@ def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_without_uploading_
     assert len(ours["snapshots"]) == 2  # the kept parts' snapshot, and this run's
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
     # (make test checks the records' matching without a cluster: the next test)
     bucket = s3.bucket()
     config = s_config(tmp_path, store=f"s3://{bucket}/o", compression="zstd")
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    single = single_process(tmp_path, s_table, compression="zstd")
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
     late = fail_the_last_part(s_table, single)
     with pytest.raises(SampleError):
@@ -164,7 +166,7 @@ def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(fresh.path))
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_scan_epoch_on_s3_resumes_the_recorded_parts_and_force_rewrites_it(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
@@ -336,27 +338,43 @@ def test_parts_are_contiguous_and_on_an_object_store_end_where_every_array_s_fil
     assert split(7, 2, step=7) == [range(0, 7)]
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+def struck_mid_dump(
+    s_table: str,
+    tmp_path: Path,
+    when: Callable[[Path], object],
+    fault: Callable[[], object],
+    *,
+    parts: int = 2,
+    join: float = 120,
+) -> pgprefetch.DumpResult:
+    """A slow dump of ``s`` on Ray, struck by ``fault`` once ``when(store)``; its bytes the single process's."""
+    config = s_config(tmp_path, slow=True)
+    single = single_process(tmp_path, s_table)
+    store = tmp_path / "store.zarr"
+    result = fault_mid_dump(lambda: on_ray(config, s_table, parts=parts), lambda: when(store), fault, join=join)
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+    return result
+
+
+@CHAOS_ONLY
 def test_a_worker_killed_with_kill_9_mid_part_is_retried_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
-    config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
-    result = fault_mid_dump(
-        lambda: on_ray(config, s_table, parts=2),
-        lambda: part_journal_lines(tmp_path / "store.zarr") >= 2,  # mid-part: some batches written, most not
+    result = struck_mid_dump(
+        s_table,
+        tmp_path,
+        lambda store: part_journal_lines(store) >= 2,  # mid-part: some batches written, most not
         lambda: os.kill(parts_running(ray_cluster)[0].pid, 9),
     )
     assert sum(result.part_retries) == 1
-    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_identical(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
     config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    single = single_process(tmp_path, s_table)
     code = "import sys; from pgprefetch.cli import cli; cli(sys.argv[1:])"
     argv = ["dump", "--config", str(config), "--dsn", s_table, "--epoch", "0", "--executor", "ray", "--parts", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.address}
@@ -375,13 +393,13 @@ def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_ide
     assert not list(journals.rglob("*.journal*"))
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byte_identical(
     ray_cluster: Any, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
     bucket = s3.bucket()
     config = s_config(tmp_path, slow=True, store=f"s3://{bucket}/d", compression="zstd")
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    single = single_process(tmp_path, s_table, compression="zstd")
     workers = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
     code = (
         "import sys, json, pgprefetch\n"
@@ -420,20 +438,15 @@ def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byt
     assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_connections_lost_in_the_parts_are_retried_as_today_keeping_the_parts_batches(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
-    config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
-    result = fault_mid_dump(
-        lambda: on_ray(config, s_table, parts=2),
-        lambda: part_journal_lines(tmp_path / "store.zarr") >= 4,
-        lambda: kill_every_connection(s_table),
+    result = struck_mid_dump(
+        s_table, tmp_path, lambda store: part_journal_lines(store) >= 4, lambda: kill_every_connection(s_table)
     )
     assert result.retries == 1  # a new snapshot, the keys unchanged: the parts' batches kept
     assert result.resumed >= 4
-    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
 
 
 def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_node(
@@ -457,22 +470,21 @@ def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_n
         ray.kill(tracker)
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_node_removed_mid_epoch_has_its_part_rerun_elsewhere_and_the_epoch_is_unchanged(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
-    config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
     node = ray_cluster.add_node(num_cpus=1)  # a third node, not the one this process (the driver) is attached to
     ray_cluster.wait_for_nodes()
-    result = fault_mid_dump(
-        lambda: on_ray(config, s_table, parts=3),
-        lambda: parts_writing(tmp_path / "store.zarr") >= 3,  # every part has written a batch: the new node's too
+    result = struck_mid_dump(
+        s_table,
+        tmp_path,
+        lambda store: parts_writing(store) >= 3,  # every part has written a batch: the new node's too
         lambda: ray_cluster.remove_node(node),  # its raylet and workers gone: its part runs again on another node
+        parts=3,
         join=180,
     )
     assert sum(result.part_retries) >= 1
-    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
 
 
 def test_an_address_where_no_cluster_answers_is_a_one_line_error_not_a_wait(s_table: str, tmp_path: Path) -> None:

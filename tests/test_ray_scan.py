@@ -26,7 +26,7 @@ from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
 from .harness.faults import kill_every_connection
 from .harness.golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
-from .harness.raycluster import LONG, fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
+from .harness.raycluster import CHAOS_ONLY, fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
 from .harness.s3 import S3
 
 # The golden query config's fields as a scan: a NULL mask, padded arrays, "auto" categories, a padded last batch.
@@ -206,7 +206,7 @@ def _mid_read(cluster: Any) -> Callable[[], bool]:
     return reading
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
@@ -215,7 +215,7 @@ def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_u
     assert chunk_bytes(Path(result.path)) == expected
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_same_bytes(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
@@ -224,7 +224,7 @@ def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_sa
     assert chunk_bytes(Path(result.path)) == expected
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_node_removed_while_the_parts_write_rebuilds_what_it_held_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:

@@ -35,6 +35,7 @@ from pgprefetch.store.open import open_store
 from .harness.configs import s_config, write_config
 from .harness.db import own_database
 from .harness.dumps import dump
+from .harness.raycluster import single_process
 from .harness.s3 import S3
 
 N, SIZE = 96, 16
@@ -375,7 +376,7 @@ def test_an_epoch_published_by_the_ray_executor_records_the_same_metadata_hashes
 ) -> None:
     import pgprefetch
 
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    single = single_process(tmp_path, s_table)
     location = f"s3://{s3.bucket()}/ray"
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
     apart = {**env, "PGPREFETCH_STAGING": str(tmp_path / "parts-staging")}  # parts upload from their own nodes

@@ -17,11 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zarr
 
 import pgprefetch
 
+from .configs import s_config
 from .db import execute
+from .dumps import dump
 
 LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
 
@@ -122,3 +125,12 @@ def fault_mid_dump(
     thread.join(join)
     (result,) = results
     return result
+
+
+# The long fault scenarios: `make chaos` runs them, a plain `make test` skips them.
+CHAOS_ONLY = pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+
+
+def single_process(folder: Path, s_table: str, **settings: Any) -> pgprefetch.DumpResult:
+    """The single process's epoch 0 of ``s`` (``single.zarr``): the bytes a spread dump must equal."""
+    return dump(s_config(folder, name="single.toml", store="single.zarr", **settings), s_table)
