@@ -31,7 +31,7 @@ from pgprefetch.store.open import open_store
 from .harness.configs import write_config
 from .harness.db import fetch, own_database
 from .harness.dumps import dump
-from .harness.epochs import counting_config, counting_table, dump_counting
+from .harness.epochs import counting_config, counting_table, dump_counting, swap_shard_chunks
 
 N, SIZE = 470, 16
 ROWS = 300
@@ -193,17 +193,8 @@ def test_read_into_fills_the_callers_writable_buffers(store: Path) -> None:
 
 
 def test_a_shard_whose_chunks_are_out_of_order_reads_the_same(store: Path, tmp_path: Path) -> None:
-    import google_crc32c
-
     copy = tmp_path / "store.zarr"
-    shutil.copytree(store, copy)
-    shard = copy / "epoch-00002" / "v" / "c" / "0" / "0"
-    data = shard.read_bytes()
-    chunk, index_bytes = SIZE * 8, 2 * 16 + 4
-    index = np.frombuffer(data[-index_bytes:-4], dtype="<u8").reshape(2, 2).copy()
-    index[:, 0] = [chunk, 0]  # the same chunks, swapped
-    raw = index.tobytes()
-    shard.write_bytes(data[chunk : 2 * chunk] + data[:chunk] + raw + google_crc32c.value(raw).to_bytes(4, "little"))
+    swap_shard_chunks(store, copy, SIZE * 8)
     for size in (SIZE, 4, 20):
         ep = EpochArrays(copy, 2, batch_size=size, consumer=None)
         assert values(ep) == expected(store, range(2, 3), size)

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset
 
-from .harness.configs import SEQUENCES, write_config
-from .harness.dumps import dump
+from .harness.epochs import sequences_store
 from .harness.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,13 +26,7 @@ SIZE = 32
 @pytest.fixture(scope="module")
 def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Epochs 0 and 1 of the demo sequences in batches of 32, 4 batches per shard file."""
-    folder = tmp_path_factory.mktemp("frameworks")
-    config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 4 * SIZE * 64 * 2 * 4)
-        for epoch in (0, 1):
-            dump(config, demo_db, epoch=epoch)
-    return folder / "store.zarr"
+    return sequences_store(demo_db, tmp_path_factory.mktemp("frameworks"), size=SIZE, shard_batches=4)
 
 
 def rank_keys(store: Path, epochs: range, rank: int = 0, world: int = 1) -> list[list[int]]:

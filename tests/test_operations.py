@@ -24,7 +24,16 @@ from pgprefetch.write.pipeline import dump_epoch
 from .harness.configs import operations_config as config
 from .harness.configs import s_config
 from .harness.db import S_ROWS, execute
-from .harness.dumps import chunk_bytes, dump, dump_argv, journal_lines, start_dump, wait_for
+from .harness.dumps import (
+    chunk_bytes,
+    dump,
+    dump_argv,
+    journal_lines,
+    kill_9_after,
+    kill_9_mid_dump,
+    start_dump,
+    wait_for,
+)
 
 SIZE = 16  # 30 batches
 
@@ -249,13 +258,10 @@ def test_two_dumps_of_one_epoch_never_write_together(s_table: str, tmp_path: Pat
 def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(s_table: str, tmp_path: Path, kill_after: int) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
-    if kill_after == 0:
-        wait_for(lambda: (store / ".pgprefetch" / "locks" / "epoch-00000.lock").exists())
+    if kill_after == 0:  # before its first batch: it holds the epoch's lock
+        kill_9_mid_dump(cfg, s_table, lambda: (store / ".pgprefetch" / "locks" / "epoch-00000.lock").exists())
     else:
-        wait_for(lambda: journal_lines(store) >= kill_after)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+        kill_9_after(cfg, s_table, store, kill_after)
     assert not (store / "epoch-00000").exists()  # nothing published
     resumed = dump(cfg, s_table)
     if kill_after > 1:
@@ -268,10 +274,7 @@ def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(s_table: str, t
 def test_changed_keys_after_a_crash_restart_the_epoch(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
-    wait_for(lambda: journal_lines(store) >= 3)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_after(cfg, s_table, store)
     execute(s_table, f"INSERT INTO s SELECT i, i * 0.5 FROM generate_series({S_ROWS + 1}, {S_ROWS + 16}) i")
     result = dump(cfg, s_table)
     assert result.restarted == f"the keys changed ({S_ROWS} keys then, {S_ROWS + 16} now)"
@@ -353,10 +356,7 @@ def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, 
     store = tmp_path / "store.zarr"
 
     def crash(epoch: int) -> None:
-        victim = start_dump(cfg, s_table, epoch=epoch)
-        wait_for(lambda: journal_lines(store, epoch) >= 3)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
+        kill_9_after(cfg, s_table, store, epoch=epoch)
 
     crash(0)
     resumed = dump(cfg, s_table)
@@ -409,10 +409,7 @@ def test_resume_refetches_exactly_the_damaged_batches_and_equals_a_clean_dump(
     query = "SELECT v, pg_sleep(pace.seconds) FROM s, pace WHERE id = $1"
     cfg = s_config(tmp_path, query=query, compression=compression)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
-    wait_for(lambda: journal_lines(store) >= 8)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_after(cfg, s_table, store, 8)
     assert not (store / "epoch-00000").exists()
     intact = damage_partial_epoch(store)
     execute(s_table, "UPDATE pace SET seconds = 0")

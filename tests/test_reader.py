@@ -24,6 +24,7 @@ from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyErro
 from .harness.configs import SEQUENCES, write_config
 from .harness.db import execute
 from .harness.dumps import dump
+from .harness.epochs import sequences_store
 
 SIZE = 100
 
@@ -31,13 +32,7 @@ SIZE = 100
 @pytest.fixture(scope="module")
 def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Epochs 0 and 1 of the demo sequences, batch size 100 with a short last batch, 3 batches per shard."""
-    folder = tmp_path_factory.mktemp("reader")
-    config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
-        for epoch in (0, 1):
-            dump(config, demo_db, epoch=epoch)
-    return folder / "store.zarr"
+    return sequences_store(demo_db, tmp_path_factory.mktemp("reader"), size=SIZE, shard_batches=3)
 
 
 def zarr_batch(store: Path, epoch: int, name: str, g: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from pgprefetch.write.scan.table import Table
 
 from .harness.configs import scan_config
 from .harness.db import execute
-from .harness.dumps import chunk_bytes, dump, dump_argv, start_dump, wait_for
+from .harness.dumps import chunk_bytes, dump, dump_argv, kill_9_mid_dump
 from .harness.spill import TINY_SOURCE as TINY
 from .harness.spill import WINDOWS, load_tables
 
@@ -201,10 +201,7 @@ def test_kill_9_while_keys_are_on_disk_then_rerun_gives_the_clean_bytes(tables: 
     cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
     store = tmp_path / "a" / "store.zarr"
     keys = store / ".pgprefetch" / "partial" / "epoch-00000.keys"
-    victim = start_dump(cfg, tables)
-    wait_for(lambda: (keys / "passes").exists())
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_mid_dump(cfg, tables, lambda: (keys / "passes").exists())
     assert not (store / "epoch-00000").exists()
     rerun = dump(cfg, tables)
     clean = dump(scan_config(tmp_path / "b", **WINDOWS), tables)

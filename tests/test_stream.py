@@ -23,7 +23,7 @@ from pgprefetch.store.open import open_store
 
 from .harness.db import own_database
 from .harness.dumps import dump
-from .harness.epochs import counting_config, counting_table, dump_counting
+from .harness.epochs import counting_config, counting_table, dump_counting, swap_shard_chunks
 
 N, SIZE = 470, 16
 pytestmark = [
@@ -271,20 +271,9 @@ def test_stateful_dataloader_state_resumes_on_another_world_size(store: Path) ->
 
 def test_a_shard_whose_chunks_are_out_of_order_reads_the_same(store: Path, tmp_path: Path) -> None:
     """zarr itself may write a shard's chunks in any order; its index says where each one is."""
-    import shutil
-
-    import google_crc32c
-
     copy = tmp_path / "store.zarr"
-    shutil.copytree(store, copy)
-    shard = copy / "epoch-00002" / "v" / "c" / "0" / "0"
-    data = shard.read_bytes()
-    chunk, index_bytes = SIZE * 8, 2 * 16 + 4
-    index = np.frombuffer(data[-index_bytes:-4], dtype="<u8").reshape(2, 2).copy()
-    assert index[:, 0].tolist() == [0, chunk]  # back to back, as pgprefetch writes them
-    index[:, 0] = [chunk, 0]  # the same chunks, swapped
-    raw = index.tobytes()
-    shard.write_bytes(data[chunk : 2 * chunk] + data[:chunk] + raw + google_crc32c.value(raw).to_bytes(4, "little"))
+    chunk = SIZE * 8
+    assert swap_shard_chunks(store, copy, chunk) == [0, chunk]  # back to back, as pgprefetch writes them
     for size in (SIZE, 4, 20):
         ds = EpochDataset(copy, 2, batch_size=size, consumer=None)
         assert values(list(ds)) == expected(store, range(2, 3), size)

@@ -7,6 +7,7 @@ what only a process shows: signals, ``kill -9``, exit codes, another writer on t
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -81,3 +82,16 @@ def wait_for(condition: Callable[[], object], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.02)
+
+
+def kill_9_mid_dump(cfg: Path, dsn: str, when: Callable[[], object], epoch: int = 0) -> None:
+    """Start a dump of ``epoch`` as its own process and ``kill -9`` it once ``when`` holds (a crash mid-epoch)."""
+    victim = start_dump(cfg, dsn, epoch)
+    wait_for(when)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+
+
+def kill_9_after(cfg: Path, dsn: str, store: Path, batches: int = 3, epoch: int = 0) -> None:
+    """:func:`kill_9_mid_dump` once the dump of ``epoch`` has journaled ``batches`` batches."""
+    kill_9_mid_dump(cfg, dsn, lambda: journal_lines(store, epoch) >= batches, epoch)

@@ -15,7 +15,7 @@ import pytest
 
 import pgprefetch.write.files.shardfiles
 
-from .configs import write_config
+from .configs import SEQUENCES, write_config
 from .db import own_database
 from .dumps import dump
 
@@ -40,6 +40,15 @@ def counting_config(folder: Path, *, size: int, drop_last: bool = True) -> Path:
     )
 
 
+def dump_with_shards(config: Path, dsn: str, epochs: tuple[int, ...], shard_bytes: int | None = None) -> None:
+    """Dump ``epochs`` of ``config``; ``shard_bytes`` makes shard files that small, so that reads cross them."""
+    with pytest.MonkeyPatch.context() as mp:
+        if shard_bytes is not None:
+            mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", shard_bytes)
+        for epoch in epochs:
+            dump(config, dsn, epoch=epoch)
+
+
 def dump_counting(
     dsn: str,
     folder: Path,
@@ -51,12 +60,38 @@ def dump_counting(
 ) -> Path:
     """Dump ``epochs`` of ``s`` (see :func:`counting_table`) into ``folder``'s store; return the store."""
     config = counting_config(folder, size=size, drop_last=drop_last)
-    with pytest.MonkeyPatch.context() as mp:
-        if shard_batches is not None:
-            mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", shard_batches * size * 8)
-        for epoch in epochs:
-            dump(config, dsn, epoch=epoch)
+    dump_with_shards(config, dsn, epochs, None if shard_batches is None else shard_batches * size * 8)
     return folder / "store.zarr"
+
+
+def sequences_store(demo_db: str, folder: Path, *, size: int, shard_batches: int) -> Path:
+    """Epochs 0 and 1 of the demo's sequences (``SEQUENCES``) in batches of ``size``, a short last one kept."""
+    config = write_config(folder, **{**SEQUENCES, "size": size, "drop_last": False})  # type: ignore[arg-type]
+    dump_with_shards(config, demo_db, (0, 1), shard_batches * size * 64 * 2 * 4)  # x: 64 rows of 2 float32
+    return folder / "store.zarr"
+
+
+def swap_shard_chunks(store: Path, copy: Path, chunk: int) -> list[int]:
+    """``store`` copied to ``copy``, the two chunks of epoch 2's first ``v`` shard swapped and its index to match.
+
+    zarr itself may write a shard's chunks in any order; its index says where each one is, and the readers
+    must follow it. Returns the chunks' offsets as they were (pgprefetch writes them back to back).
+    """
+    import shutil
+
+    import google_crc32c
+    import numpy as np
+
+    shutil.copytree(store, copy)
+    shard = copy / "epoch-00002" / "v" / "c" / "0" / "0"
+    data = shard.read_bytes()
+    index_bytes = 2 * 16 + 4
+    index = np.frombuffer(data[-index_bytes:-4], dtype="<u8").reshape(2, 2).copy()
+    before = index[:, 0].tolist()
+    index[:, 0] = [chunk, 0]  # the same chunks, swapped
+    raw = index.tobytes()
+    shard.write_bytes(data[chunk : 2 * chunk] + data[:chunk] + raw + google_crc32c.value(raw).to_bytes(4, "little"))
+    return before
 
 
 @contextmanager
