@@ -12,8 +12,6 @@ import asyncio
 import json
 import logging
 import re
-import resource
-import signal
 import subprocess
 import tracemalloc
 from pathlib import Path
@@ -31,7 +29,7 @@ from pgprefetch.write.scan.table import Table
 
 from .harness.configs import scan_config
 from .harness.db import execute
-from .harness.dumps import chunk_bytes, dump, dump_argv, kill_9_mid_dump
+from .harness.dumps import RESUME_HINT, chunk_bytes, dump, dump_argv, dump_on_a_full_disk, kill_9_mid_dump
 from .harness.spill import TINY_SOURCE as TINY
 from .harness.spill import WINDOWS, load_tables
 
@@ -213,18 +211,13 @@ def test_scratch_takes_the_keys_and_a_full_one_is_one_line_with_nothing_publishe
     cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
     store = tmp_path / "a" / "store.zarr"
     scratch = tmp_path / "scratch"
-
-    def small_files() -> None:  # like a full disk: writes past 256 KiB fail (EFBIG); the keys take ~2 MB
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
-
     argv = [*dump_argv(cfg, tables), "--scratch", str(scratch)]
-    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=small_files, timeout=120, check=False)
+    proc = dump_on_a_full_disk(argv, 256 << 10, timeout=120)  # writes past 256 KiB fail; the keys take ~2 MB
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert re.fullmatch(
         rf"Error: cannot write {re.escape(str(scratch))}/pgprefetch-[0-9a-f]{{12}}-epoch-00000\.keys/rows: "
-        r"File too large; free some space and run the dump again: it resumes where it stopped",
+        rf"File too large; {RESUME_HINT}",
         proc.stderr.splitlines()[-1],
     ), proc.stderr
     assert not (store / "epoch-00000").exists()

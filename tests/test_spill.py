@@ -13,9 +13,7 @@ import json
 import logging
 import os
 import re
-import resource
 import signal
-import subprocess
 import tempfile
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -36,7 +34,16 @@ from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.query import plan_epoch
 
 from .harness.db import execute
-from .harness.dumps import chunk_bytes, dump, dump_argv, journal_lines, start_dump, wait_for
+from .harness.dumps import (
+    RESUME_HINT,
+    chunk_bytes,
+    dump,
+    dump_argv,
+    dump_on_a_full_disk,
+    journal_lines,
+    start_dump,
+    wait_for,
+)
 from .harness.spill import KINDS, numbers_config
 from .harness.spill import TINY_MEMORY as TINY
 
@@ -241,18 +248,11 @@ def test_a_full_disk_while_ordering_keys_is_one_line_and_nothing_is_published(db
     cfg = numbers_config(tmp_path, n=120_000, extra_source=f'memory = "{TINY}"')
     store = tmp_path / "store.zarr"
     dump(cfg, db, epoch=1)  # the store exists: a failed dump leaves it, and must leave no keys behind
-
-    def small_files() -> None:  # like a full disk: writes past 256 KiB fail (EFBIG); the spill is ~2 MB
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
-
-    proc = subprocess.run(
-        dump_argv(cfg, db), capture_output=True, text=True, preexec_fn=small_files, timeout=60, check=False
-    )
+    proc = dump_on_a_full_disk(dump_argv(cfg, db), 256 << 10)  # writes past 256 KiB fail; the spill is ~2 MB
     assert proc.returncode == 1
     assert re.fullmatch(
         rf"Error: cannot write {re.escape(str(store))}/\.pgprefetch/partial/epoch-00000\.keys: File too large; "
-        r"free some space and run the dump again: it resumes where it stopped\n",
+        rf"{RESUME_HINT}\n",
         proc.stderr,
     ), proc.stderr
     assert not (store / "epoch-00000").exists()

@@ -7,6 +7,7 @@ what only a process shows: signals, ``kill -9``, exit codes, another writer on t
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 import subprocess
 import sys
@@ -95,3 +96,21 @@ def kill_9_mid_dump(cfg: Path, dsn: str, when: Callable[[], object], epoch: int 
 def kill_9_after(cfg: Path, dsn: str, store: Path, batches: int = 3, epoch: int = 0) -> None:
     """:func:`kill_9_mid_dump` once the dump of ``epoch`` has journaled ``batches`` batches."""
     kill_9_mid_dump(cfg, dsn, lambda: journal_lines(store, epoch) >= batches, epoch)
+
+
+def dump_on_a_full_disk(argv: list[str], limit: int, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (a dump) with its files capped at ``limit`` bytes: writes past it fail, as on a full disk.
+
+    ``RLIMIT_FSIZE`` makes a write past the cap fail with EFBIG ("File too large") instead of killing the
+    process with SIGXFSZ, which is ignored for it.
+    """
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run(argv, capture_output=True, text=True, preexec_fn=small_files, timeout=timeout, check=False)
+
+
+# What a dump that could not write says after its error, on any store.
+RESUME_HINT = "free some space and run the dump again: it resumes where it stopped"
