@@ -8,9 +8,7 @@ sample's value is its key, compared with EpochDataset byte for byte.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import subprocess
 import sys
 import threading
@@ -23,7 +21,7 @@ import pytest
 import torch
 
 from pgprefetch import ArrayStream, EpochArrays, EpochDataset, EpochStream
-from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
+from pgprefetch.errors import ConfigError, EpochNotFoundError, FormatVersionError
 from pgprefetch.read.mapping import PrivateMapping
 from pgprefetch.read.padding import lengths_to_mask
 from pgprefetch.store.open import open_store
@@ -31,7 +29,14 @@ from pgprefetch.store.open import open_store
 from .harness.configs import write_config
 from .harness.db import fetch, own_database
 from .harness.dumps import dump
-from .harness.epochs import counting_config, counting_table, dump_counting, swap_shard_chunks
+from .harness.epochs import (
+    assert_a_partial_epoch_is_not_read,
+    claim_format_version,
+    counting_config,
+    counting_table,
+    dump_counting,
+    swap_shard_chunks,
+)
 
 N, SIZE = 470, 16
 ROWS = 300
@@ -295,17 +300,8 @@ def test_errors_are_epoch_datasets(store: Path, tmp_path: Path, reader: type) ->
         reader(store, epoch=9)
     assert str(missing.value) == f"epoch 9 is not in {store} (epochs present: 0, 1, 2)"
     copy = tmp_path / "s.zarr"
-    shutil.copytree(store, copy)
-    (copy / ".pgprefetch" / "partial" / "epoch-00004").mkdir(parents=True)
-    with pytest.raises(EpochNotReadyError) as partial:
-        reader(copy, epoch=4)
-    assert str(partial.value) == f"epoch 4 in {copy} is still being written (or its dump died)"
-    with pytest.raises(EpochNotReadyError, match=r"gave up waiting after 0.2 s$"):
-        reader(copy, epoch=4, wait=True, timeout=0.2)
-    meta = copy / "epoch-00000" / "zarr.json"
-    doc = json.loads(meta.read_text())
-    doc["attributes"]["pgprefetch"]["format_version"] = 99
-    meta.write_text(json.dumps(doc))
+    assert_a_partial_epoch_is_not_read(reader, store, copy, 0.2)
+    claim_format_version(copy / "epoch-00000", 99)
     with pytest.raises(FormatVersionError) as newer:
         reader(copy, epoch=0)
     assert str(newer.value) == f"{copy / 'epoch-00000'} has format version 99; this pgprefetch reads version 1"

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from pgprefetch.cli import cli
 from pgprefetch.errors import ConfigError, SampleError, SourceError
 
-from .harness.configs import write_config
+from .harness.configs import v_config, write_config
 from .harness.db import execute, fetch
 from .harness.dumps import dump
 
@@ -204,9 +204,7 @@ def test_a_dump_that_fails_says_one_line_and_publishes_no_epoch(
 
 def test_null_error_counts_the_nulls_of_the_batch(table: str, tmp_path: Path) -> None:
     execute(table, "UPDATE s SET v = NULL WHERE id IN (7, 9, 12)")
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=64
-    )
+    path = v_config(tmp_path, "s", size=64)
     with pytest.raises(
         SampleError, match=r"^sample \(id=(7|9|12)\): field v, column v is NULL \(3 NULLs in this batch\)"
     ):
@@ -225,13 +223,7 @@ def test_data_modifying_keys_query_fails_and_changes_nothing(table: str, tmp_pat
 
 
 def test_data_modifying_query_fails_and_changes_nothing(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path,
-        keys="SELECT id FROM s",
-        fields=ONE_COLUMN,
-        size=16,
-        query="WITH u AS (UPDATE s SET v = -1 WHERE id = $1 RETURNING v) SELECT v FROM u",
-    )
+    path = v_config(tmp_path, "s", query="WITH u AS (UPDATE s SET v = -1 WHERE id = $1 RETURNING v) SELECT v FROM u")
     with pytest.raises(SourceError):
         dump(path, table)
     assert fetch(table, "SELECT count(*) FROM s WHERE v = -1")[0][0] == 0
@@ -259,18 +251,14 @@ def test_store_path_that_is_a_file(table: str, tmp_path: Path) -> None:
 
 
 def test_a_dump_that_fails_on_its_config_leaves_no_store(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT nope FROM s WHERE id = $1", fields=ONE_COLUMN, size=16
-    )
+    path = v_config(tmp_path, "s", query="SELECT nope FROM s WHERE id = $1")
     result = CliRunner().invoke(cli, ["dump", "--config", str(path), "--epoch", "0", "--dsn", table])
     assert result.exit_code == 2
     assert not (tmp_path / "store.zarr").exists()
 
 
 def test_json_of_a_skipped_epoch_reports_its_real_counts(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=16
-    )
+    path = v_config(tmp_path, "s")
     argv = ["dump", "--config", str(path), "--epoch", "0", "--dsn", table, "--json"]
     first = json.loads(CliRunner().invoke(cli, argv).output)
     second = json.loads(CliRunner().invoke(cli, argv).output)
@@ -279,8 +267,6 @@ def test_json_of_a_skipped_epoch_reports_its_real_counts(table: str, tmp_path: P
 
 
 def test_summary_counts_one_batch_in_the_singular(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=64
-    )
+    path = v_config(tmp_path, "s", size=64)
     out = CliRunner().invoke(cli, ["dump", "--config", str(path), "--epoch", "0", "--dsn", table]).output
     assert out.startswith("epoch 0: 1 batch, 64 samples, ")

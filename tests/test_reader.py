@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyErro
 from .harness.configs import SEQUENCES, write_config
 from .harness.db import execute
 from .harness.dumps import dump
-from .harness.epochs import sequences_store
+from .harness.epochs import assert_a_partial_epoch_is_not_read, claim_format_version, sequences_store
 
 SIZE = 100
 
@@ -226,14 +225,7 @@ def test_missing_epoch_lists_the_epochs_present(store: Path) -> None:
 
 
 def test_epoch_being_written_is_not_read(store: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "s.zarr"
-    shutil.copytree(store, copy)
-    (copy / ".pgprefetch" / "partial" / "epoch-00004").mkdir(parents=True)
-    with pytest.raises(EpochNotReadyError) as e:
-        EpochDataset(copy, epoch=4)
-    assert str(e.value) == f"epoch 4 in {copy} is still being written (or its dump died)"
-    with pytest.raises(EpochNotReadyError, match=r"gave up waiting after 0.3 s$"):
-        EpochDataset(copy, epoch=4, wait=True, timeout=0.3)
+    assert_a_partial_epoch_is_not_read(EpochDataset, store, tmp_path / "s.zarr", 0.3)
 
 
 def test_wait_blocks_until_the_epoch_is_published(store: Path, tmp_path: Path) -> None:
@@ -251,10 +243,7 @@ def test_wait_blocks_until_the_epoch_is_published(store: Path, tmp_path: Path) -
 def test_unknown_format_version_is_refused(store: Path, tmp_path: Path) -> None:
     copy = tmp_path / "s.zarr"
     shutil.copytree(store, copy)
-    meta = copy / "epoch-00000" / "zarr.json"
-    doc = json.loads(meta.read_text())
-    doc["attributes"]["pgprefetch"]["format_version"] = 99
-    meta.write_text(json.dumps(doc))
+    claim_format_version(copy / "epoch-00000", 99)
     with pytest.raises(FormatVersionError) as e:
         EpochDataset(copy, epoch=0)
     assert str(e.value) == f"{copy / 'epoch-00000'} has format version 99; this pgprefetch reads version 1"

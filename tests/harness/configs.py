@@ -105,3 +105,17 @@ def scan_config(folder: Path, name: str = "scan.toml", **samples: Any) -> Path:
     (folder / name).parent.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text("\n".join(lines) + "\n")
     return folder / name
+
+
+def v_config(
+    folder: Path, table: str, *, size: int = 16, keys: str | None = None, query: str | None = None, **settings: Any
+) -> Path:
+    """One sample an ``id`` of ``table``, its column ``v`` the float32 field ``v``: the least config over a table."""
+    return write_config(
+        folder,
+        keys=keys or f"SELECT id FROM {table}",
+        query=query or f"SELECT v FROM {table} WHERE id = $1",
+        fields={"v": (["v"], "float32")},
+        size=size,
+        **settings,
+    )

@@ -122,3 +122,31 @@ def counting_store_fixture(name: str, **settings: object) -> Callable[..., Itera
             yield path
 
     return store
+
+
+def assert_a_partial_epoch_is_not_read(reader: Callable[..., object], store: Path, copy: Path, timeout: float) -> None:
+    """``reader`` (EpochArrays, EpochDataset) refuses epoch 4 of ``copy``, a copy of ``store`` where it is partial.
+
+    At once without ``wait``; after ``timeout`` seconds with it, saying it gave up.
+    """
+    import shutil
+
+    from pgprefetch.errors import EpochNotReadyError
+
+    shutil.copytree(store, copy)
+    (copy / ".pgprefetch" / "partial" / "epoch-00004").mkdir(parents=True)
+    with pytest.raises(EpochNotReadyError) as partial:
+        reader(copy, epoch=4)
+    assert str(partial.value) == f"epoch 4 in {copy} is still being written (or its dump died)"
+    with pytest.raises(EpochNotReadyError, match=rf"gave up waiting after {timeout} s$"):
+        reader(copy, epoch=4, wait=True, timeout=timeout)
+
+
+def claim_format_version(epoch: Path, version: int) -> None:
+    """Rewrite ``epoch``'s manifest to claim format ``version``, as a newer pgprefetch would have written it."""
+    import json
+
+    meta = epoch / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["pgprefetch"]["format_version"] = version
+    meta.write_text(json.dumps(doc))
