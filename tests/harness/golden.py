@@ -100,9 +100,16 @@ def digest(epoch_path: Path) -> str:
 
 
 def golden_config(
-    folder: Path, body: str = QUERY, *, store: str = "store.zarr", compression: str = "none", name: str = "g.toml"
+    folder: Path,
+    body: str = QUERY,
+    *,
+    store: str = "store.zarr",
+    compression: str = "none",
+    name: str = "g.toml",
+    source: str = "",
 ) -> Path:
-    """A golden config (``body``: QUERY, SCAN_ROWS or SCAN_WINDOWS) with its ``[source]`` and ``[store]``."""
+    """A golden config (``body``: QUERY, SCAN_ROWS or SCAN_WINDOWS) with its ``[source]`` (``source`` lines added)."""
     config = folder / name
-    config.write_text(f'[source]\nconnections = 2\n[store]\npath = "{store}"\ncompression = "{compression}"\n{body}')
+    lines = "[source]\nconnections = 2\n" + (f"{source}\n" if source else "")
+    config.write_text(f'{lines}[store]\npath = "{store}"\ncompression = "{compression}"\n{body}')
     return config
