@@ -29,10 +29,9 @@ from pgprefetch.write.ray.driver import split
 from .harness.configs import s_config
 from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
-from .harness.faults import kill_every_connection
+from .harness.faults import CHAOS_ONLY, kill_every_connection
 from .harness.golden import GOLDEN, TABLE, digest, golden_config
 from .harness.raycluster import (
-    CHAOS_ONLY,
     fail_the_last_part,
     fault_mid_dump,
     manifest,

@@ -24,9 +24,9 @@ from pgprefetch.write.scan.table import Table
 
 from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
-from .harness.faults import kill_every_connection
+from .harness.faults import CHAOS_ONLY, kill_every_connection
 from .harness.golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest, golden_config
-from .harness.raycluster import CHAOS_ONLY, fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
+from .harness.raycluster import fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
 from .harness.s3 import S3
 
 # The golden query config's fields as a scan: a NULL mask, padded arrays, "auto" categories, a padded last batch.

@@ -15,11 +15,11 @@ Which module holds what:
   purpose (``swap_shard_chunks``, ``claim_format_version``, ``assert_a_partial_epoch_is_not_read``)
 - ``golden``: the golden epochs' table, configs and pinned digests (``GOLDEN``, ``digest``, ``golden_config``)
 - ``spill``: keys beyond ``[source] memory``: ``TINY_MEMORY``, ``numbers_config``, ``load_tables``
-- ``faults``: killed connections, a restarted server, a freezable TCP route
+- ``faults``: killed connections, a restarted server, a freezable TCP route; ``CHAOS_ONLY`` (the long scenarios)
 - ``s3``: moto's S3 server, in this process (``s3_server``) or its own (``moto_process``), a throttling
   proxy, ``environment`` (AWS variables set, then restored)
 - ``raycluster``: the two-node Ray cluster, its parts' processes and journals, ``fault_mid_dump`` (a
-  fault struck mid-dump), ``single_process`` (the bytes to equal), ``CHAOS_ONLY``
+  fault struck mid-dump), ``single_process`` (the bytes to equal)
 - ``servers``: ``pgprefetch server`` as a process, and what is left of its PostgreSQL (``cleanup``)
 - ``scripts/``: the scripts tests run as processes by path (JAX, Grain, accelerate)
 

@@ -1,7 +1,7 @@
 """Ray for the tests: the session's two-node cluster on 127.0.0.1, its parts' processes and journals, faults.
 
 The long fault scenarios (a worker killed with ``kill -9`` mid-part, the driver killed and the epoch
-resumed, a node removed) run under ``make chaos`` (``PGPREFETCH_CHAOS_LONG=1``); :func:`fault_mid_dump`
+resumed, a node removed) run under ``make chaos`` (``faults.CHAOS_ONLY``); :func:`fault_mid_dump`
 is their common shape: a dump on Ray in a thread, a fault struck once it is under way.
 """
 
@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 import zarr
 
 import pgprefetch
@@ -25,8 +24,6 @@ import pgprefetch
 from .configs import s_config
 from .db import execute
 from .dumps import dump
-
-LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
 
 
 @contextmanager
@@ -125,10 +122,6 @@ def fault_mid_dump(
     thread.join(join)
     (result,) = results
     return result
-
-
-# The long fault scenarios: `make chaos` runs them, a plain `make test` skips them.
-CHAOS_ONLY = pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
 
 
 def single_process(folder: Path, s_table: str, **settings: Any) -> pgprefetch.DumpResult:
