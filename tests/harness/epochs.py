@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,30 +96,21 @@ def swap_shard_chunks(store: Path, copy: Path, chunk: int) -> list[int]:
 
 
 @contextmanager
-def counting_store(
-    pg_dsn: str,
-    folder: Path,
-    *,
-    n: int,
-    size: int,
-    drop_last: bool = True,
-    epochs: tuple[int, ...] = (0,),
-    shard_batches: int | None = None,
-) -> Iterator[Path]:
-    """A store of ``epochs`` of ``s(id, v = id)``, ``n`` rows in batches of ``size``, from a database of its own.
+def counting_store(pg_dsn: str, folder: Path, *, n: int, **settings: Any) -> Iterator[Path]:
+    """A store of ``s(id, v = id)``, ``n`` rows, from a database of its own; ``settings`` as :func:`dump_counting`'s.
 
     The database is dropped afterwards; the store stays in ``folder``.
     """
     with own_database(pg_dsn, *counting_table(n)) as dsn:
-        yield dump_counting(dsn, folder, size=size, drop_last=drop_last, epochs=epochs, shard_batches=shard_batches)
+        yield dump_counting(dsn, folder, **settings)
 
 
-def counting_store_fixture(name: str, **settings: object) -> Callable[..., Iterator[Path]]:
+def counting_store_fixture(name: str, **settings: Any) -> Callable[..., Iterator[Path]]:
     """A module's ``store`` fixture: :func:`counting_store` with ``settings``, in a temp folder named ``name``."""
 
     @pytest.fixture(scope="module")
     def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-        with counting_store(pg_dsn, tmp_path_factory.mktemp(name), **settings) as path:  # type: ignore[arg-type]
+        with counting_store(pg_dsn, tmp_path_factory.mktemp(name), **settings) as path:
             yield path
 
     return store
