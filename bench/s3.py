@@ -34,8 +34,6 @@ import platform
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -48,7 +46,9 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from . import dumprun, log, stop_child
+from tests.harness.s3 import environment, moto_process
+
+from . import dumprun, log
 from .datasets import CONNECTIONS, WINDOWS, Dataset
 
 SAMPLES = 48_000  # windows: 187 batches of 256; x and y 23.4 MiB each, one shard file each; 49 MB in all
@@ -70,18 +70,6 @@ END = "<!-- s3 bench: end -->"
 LOCAL_DUMP, S3_DUMP, UPLOAD = "local dump", "S3 dump", "plain upload"
 READER, PLAIN = "EpochDataset", "plain GETs"
 
-# moto's threaded server, in a process of its own: prints its port, stops when its stdin closes.
-_SERVER = (
-    "import logging, sys\n"
-    "from moto.server import ThreadedMotoServer\n"
-    "logging.getLogger('werkzeug').setLevel(logging.ERROR)\n"
-    "server = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False)\n"
-    "server.start()\n"
-    "print('PORT', server.get_host_and_port()[1], flush=True)\n"
-    "sys.stdin.read()\n"
-    "server.stop()\n"
-)
-
 
 @dataclass(frozen=True)
 class Moto:
@@ -100,43 +88,15 @@ class Moto:
 
 @contextlib.contextmanager
 def moto_server() -> Iterator[Moto]:
-    p = subprocess.Popen(
-        [sys.executable, "-c", _SERVER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tempfile.gettempdir(),
-    )
-    try:
-        assert p.stdout is not None
-        line = p.stdout.readline().split()
-        if len(line) != 2 or line[0] != "PORT":
-            raise RuntimeError(f"moto's server did not start (said {line!r})")
-        endpoint = f"http://127.0.0.1:{line[1]}"
+    """moto in a process of its own (the tests' harness starts it), and the bench's credentials for it."""
+    with moto_process() as (pid, endpoint):
         env = {
             "AWS_ACCESS_KEY_ID": "AKIABENCHPGPREFETCH",
             "AWS_SECRET_ACCESS_KEY": "bench-secret",
             "AWS_REGION": "us-east-1",
             "AWS_ENDPOINT_URL": endpoint,
         }
-        yield Moto(p.pid, endpoint, env)
-    finally:
-        stop_child(p, timeout=10)
-
-
-@contextlib.contextmanager
-def environ(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``values`` set, restored afterwards (obstore and pgprefetch read the AWS variables)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        yield Moto(pid, endpoint, env)
 
 
 def client(prefix: str | None = None) -> Any:
@@ -367,7 +327,7 @@ def run(dsn: str, *, samples: int = SAMPLES, rounds: int = ROUNDS, quick: bool =
     ds = dataset()
     workdir = Path(tempfile.mkdtemp(prefix="pgpf-bench-s3-"))
     try:
-        with moto_server() as moto, environ(moto.env):
+        with moto_server() as moto, environment(moto.env):
             boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
             env = {**os.environ, "PGPREFETCH_STAGING": str(workdir / "staging")}
             bucket = client()

@@ -10,7 +10,8 @@ import pytest
 import pgprefetch
 from pgprefetch.errors import ConfigError
 
-from .helpers import chunk_bytes, dump, s_config
+from .harness.configs import s_config
+from .harness.dumps import chunk_bytes, dump
 
 
 def s_dict(store: Path) -> dict[str, object]:
@@ -109,7 +110,7 @@ def test_xarray_and_dask_open_an_epoch(demo_db: str, tmp_path: Path) -> None:
     import xarray
     import zarr
 
-    from .helpers import SEQUENCES, write_config
+    from .harness.configs import SEQUENCES, write_config
 
     result = dump(write_config(tmp_path, **SEQUENCES), demo_db)  # x (64, 2), y (64,), keys (2,) per sample
     epoch = xarray.open_zarr(result.path.parent, group=result.path.name, consolidated=False)

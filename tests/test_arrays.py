@@ -8,9 +8,7 @@ sample's value is its key, compared with EpochDataset byte for byte.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import subprocess
 import sys
 import threading
@@ -22,15 +20,23 @@ import numpy as np
 import pytest
 import torch
 
-import pgprefetch.write.files.shardfiles
 from pgprefetch import ArrayStream, EpochArrays, EpochDataset, EpochStream
-from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError
+from pgprefetch.errors import ConfigError, EpochNotFoundError, FormatVersionError
 from pgprefetch.read.mapping import PrivateMapping
 from pgprefetch.read.padding import lengths_to_mask
 from pgprefetch.store.open import open_store
 
-from .conftest import fetch
-from .helpers import dump, own_database, write_config
+from .harness.configs import write_config
+from .harness.db import fetch, own_database
+from .harness.dumps import dump
+from .harness.epochs import (
+    assert_a_partial_epoch_is_not_read,
+    claim_format_version,
+    counting_config,
+    counting_table,
+    dump_counting,
+    swap_shard_chunks,
+)
 
 N, SIZE = 470, 16
 ROWS = 300
@@ -41,8 +47,7 @@ ROWS = 300
 def database(pg_dsn: str) -> Iterator[str]:
     with own_database(
         pg_dsn,
-        "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-        f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
+        *counting_table(N),
         "CREATE TABLE r (id int PRIMARY KEY, tokens int[] NOT NULL, score real, kind text NOT NULL)",
         "INSERT INTO r SELECT i, (SELECT array_agg(i * 10 + j) FROM generate_series(1, 1 + i % 7) j),"
         " CASE WHEN i % 5 = 0 THEN NULL ELSE i / 4.0 END, (ARRAY['ant', 'bee', 'cat'])[1 + i % 3]"
@@ -52,26 +57,14 @@ def database(pg_dsn: str) -> Iterator[str]:
 
 
 def values_config(folder: Path) -> Path:
-    fields = {"v": (["v"], "int64")}
-    return write_config(
-        folder,
-        keys="SELECT id FROM s",
-        query="SELECT v FROM s WHERE id = $1",
-        fields=fields,
-        size=SIZE,
-        drop_last=False,
-    )
+    return counting_config(folder, size=SIZE, drop_last=False)
 
 
 @pytest.fixture(scope="module")
 def store(database: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("values")
-    config = values_config(folder)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
-        for epoch in (0, 1, 2):
-            dump(config, database, epoch=epoch)
-    return folder / "store.zarr"
+    return dump_counting(
+        database, tmp_path_factory.mktemp("values"), size=SIZE, drop_last=False, epochs=(0, 1, 2), shard_batches=2
+    )
 
 
 @pytest.fixture(scope="module")
@@ -205,17 +198,8 @@ def test_read_into_fills_the_callers_writable_buffers(store: Path) -> None:
 
 
 def test_a_shard_whose_chunks_are_out_of_order_reads_the_same(store: Path, tmp_path: Path) -> None:
-    import google_crc32c
-
     copy = tmp_path / "store.zarr"
-    shutil.copytree(store, copy)
-    shard = copy / "epoch-00002" / "v" / "c" / "0" / "0"
-    data = shard.read_bytes()
-    chunk, index_bytes = SIZE * 8, 2 * 16 + 4
-    index = np.frombuffer(data[-index_bytes:-4], dtype="<u8").reshape(2, 2).copy()
-    index[:, 0] = [chunk, 0]  # the same chunks, swapped
-    raw = index.tobytes()
-    shard.write_bytes(data[chunk : 2 * chunk] + data[:chunk] + raw + google_crc32c.value(raw).to_bytes(4, "little"))
+    swap_shard_chunks(store, copy, SIZE * 8)
     for size in (SIZE, 4, 20):
         ep = EpochArrays(copy, 2, batch_size=size, consumer=None)
         assert values(ep) == expected(store, range(2, 3), size)
@@ -316,17 +300,8 @@ def test_errors_are_epoch_datasets(store: Path, tmp_path: Path, reader: type) ->
         reader(store, epoch=9)
     assert str(missing.value) == f"epoch 9 is not in {store} (epochs present: 0, 1, 2)"
     copy = tmp_path / "s.zarr"
-    shutil.copytree(store, copy)
-    (copy / ".pgprefetch" / "partial" / "epoch-00004").mkdir(parents=True)
-    with pytest.raises(EpochNotReadyError) as partial:
-        reader(copy, epoch=4)
-    assert str(partial.value) == f"epoch 4 in {copy} is still being written (or its dump died)"
-    with pytest.raises(EpochNotReadyError, match=r"gave up waiting after 0.2 s$"):
-        reader(copy, epoch=4, wait=True, timeout=0.2)
-    meta = copy / "epoch-00000" / "zarr.json"
-    doc = json.loads(meta.read_text())
-    doc["attributes"]["pgprefetch"]["format_version"] = 99
-    meta.write_text(json.dumps(doc))
+    assert_a_partial_epoch_is_not_read(reader, store, copy, 0.2)
+    claim_format_version(copy / "epoch-00000", 99)
     with pytest.raises(FormatVersionError) as newer:
         reader(copy, epoch=0)
     assert str(newer.value) == f"{copy / 'epoch-00000'} has format version 99; this pgprefetch reads version 1"

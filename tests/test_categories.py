@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +24,10 @@ from pgprefetch.errors import ConfigError, SourceError, StoreError
 from pgprefetch.store.base import VOCABULARY
 from pgprefetch.store.open import open_store
 
-from .conftest import fetch
-from .helpers import chunk_bytes, dump, execute, toml_value
-from .s3server import S3
-from .test_operations import journal_lines, start_dump, wait_for
+from .harness.configs import toml_value
+from .harness.db import execute, fetch
+from .harness.dumps import chunk_bytes, dump, kill_9_after
+from .harness.s3 import S3
 
 ISLANDS = ["Biscoe", "Dream", "Torgersen"]
 MODES = ["query", "scan"]
@@ -278,10 +277,7 @@ def test_a_stream_over_epochs_coded_differently_refuses_to_name_one_vocabulary(p
 def kill_mid_dump(cfg: Path, dsn: str, store: Path, epoch: int, after: int = 3) -> None:
     """Start a slow dump of ``epoch`` in its own process and ``kill -9`` it once ``after`` batches are journaled."""
     execute(dsn, "UPDATE pace SET seconds = 0.02")
-    victim = start_dump(cfg, dsn, epoch)
-    wait_for(lambda: journal_lines(store, epoch) >= after)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_after(cfg, dsn, store, batches=after, epoch=epoch)
     execute(dsn, "UPDATE pace SET seconds = 0")
     assert not (store / f"epoch-{epoch:05d}").exists()
 

@@ -31,12 +31,13 @@ from pgprefetch import DumpResult, dump_epoch, load_config
 from pgprefetch.errors import PgprefetchError
 from pgprefetch.pg.retry import RetryPolicy
 
-from .faults import FreezableProxy, kill_every_connection, restart_server, server_address
-from .helpers import chunk_bytes, execute, own_server, write_config
+from .harness.configs import write_config
+from .harness.db import execute, own_server
+from .harness.dumps import chunk_bytes
+from .harness.faults import CHAOS_ONLY, FreezableProxy, kill_every_connection, restart_server, server_address
 
 RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "10"))
 SEED = int(os.environ.get("PGPREFETCH_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 30))))
-LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
 ROWS = 3840  # 120 batches of 32; each sample sleeps 1 ms, so a dump with 4 connections takes about 1 s
 KINDS = ("plain", "ragged", "max_rows")  # the query configs, a round of the scenarios each
 FAST_RETRY = RetryPolicy(retries=10, first_wait=0.05, max_wait=0.4)
@@ -234,7 +235,7 @@ def test_faulted_dumps_publish_the_clean_bytes_or_nothing(bed: Bed) -> None:
         assert {"terminated", "stalled"} <= set(retried), retried
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_an_810k_row_epoch_survives_three_kills_of_every_connection_ten_times(tmp_path: Path) -> None:
     from pgprefetch.demo.data import load_demo_data
 

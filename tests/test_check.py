@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from pgprefetch.cli import cli
 
-from .helpers import execute, s_config, write_config
+from .harness.configs import s_config, write_config
+from .harness.db import execute
 
 
 def check(cfg: Path, dsn: str, *extra: str) -> tuple[int, str]:

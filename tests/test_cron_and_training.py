@@ -17,8 +17,10 @@ from pgprefetch.errors import EpochNotFoundError
 from pgprefetch.store.maintenance import prune
 from pgprefetch.store.open import open_store
 
-from .helpers import S_ROWS, dump, s_config
-from .s3server import S3
+from .harness.configs import s_config
+from .harness.db import S_ROWS
+from .harness.dumps import dump
+from .harness.s3 import S3
 
 SIZE = 16
 PER_EPOCH = S_ROWS // SIZE  # 30 batches
@@ -193,7 +195,7 @@ def test_a_reader_rides_out_seconds_of_s3_throttling(
     retries, about 1.5 s, and a reader under the same fault ended with a StoreError, which ends training: a
     ranged GET refused 7 times in a row. Ten retries at base 3 wait about 10 s; here one GET is refused
     7 times, then served."""
-    from .s3server import throttling_proxy
+    from .harness.s3 import throttling_proxy
 
     url = f"s3://{s3.bucket()}/slow"
     dump(s_config(tmp_path, store=url), s_table)

@@ -21,7 +21,8 @@ import pytest
 import pgprefetch
 from pgprefetch.store.open import open_store
 
-from .helpers import dump, s_config
+from .harness.configs import s_config
+from .harness.dumps import dump
 
 
 def pgprefetch_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .helpers import chunk_bytes, execute
+from .harness.db import execute
+from .harness.dumps import chunk_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -18,8 +18,9 @@ from pgprefetch.pg.statement import batch_statement
 from pgprefetch.write.order.shuffle import shuffle_keys
 from pgprefetch.write.pipeline import dump_epoch
 
-from .conftest import fetch
-from .helpers import S_ROWS, SEQUENCES, chunk_bytes, dump, epoch_group, execute, read_arrays, s_config, write_config
+from .harness.configs import SEQUENCES, s_config, write_config
+from .harness.db import S_ROWS, execute, fetch
+from .harness.dumps import chunk_bytes, dump, epoch_group, read_arrays
 
 
 @pytest.fixture

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 from pgprefetch.cli import cli
 from pgprefetch.errors import ConfigError, SampleError, SourceError
 
-from .conftest import fetch
-from .helpers import dump, execute, write_config
+from .harness.configs import v_config, write_config
+from .harness.db import execute, fetch
+from .harness.dumps import dump
 
 ONE_COLUMN = {"v": (["v"], "float32")}
 
@@ -45,185 +46,169 @@ def expect(error: type[Exception], message: str, tmp_path: Path, dsn: str, epoch
     assert not (tmp_path / "store.zarr" / f"epoch-{epoch:05d}").exists()
 
 
-def test_null_value_names_the_key_field_and_column(table: str, tmp_path: Path) -> None:
-    execute(table, "UPDATE s SET v = NULL WHERE id = 7")
-    expect(
+NULL_HINT = 'set [fields.v] null = "nan" or a fill value to keep NULLs'
+W = {"query": "SELECT v FROM w WHERE id = $1 ORDER BY k", "rows": 2}  # two rows a sample, from w
+E = {"query": "SELECT e FROM s WHERE id = $1", "fields": {"e": (["e"], "float32")}}  # the real[3] column
+
+# (id, statements run first, the error, its one line, the config's settings beside expect's): every way
+# a dump fails on what the database holds or says, before any epoch is published.
+ONE_LINE = [
+    pytest.param(
+        ("UPDATE s SET v = NULL WHERE id = 7",),
         SampleError,
-        'sample (id=7): field v, column v is NULL (1 NULL in this batch); set [fields.v] null = "nan" '
-        "or a fill value to keep NULLs",
-        tmp_path,
-        table,
-    )
+        f"sample (id=7): field v, column v is NULL (1 NULL in this batch); {NULL_HINT}",
+        {},
+        id="null_value_names_the_key_field_and_column",
+    ),
+    pytest.param(
+        ("DELETE FROM w WHERE id = 9 AND k = 2",),
+        SampleError,
+        "sample (id=9): returned 1 rows, expected 2 ([samples] rows)",
+        W,
+        id="too_few_rows_names_the_key",
+    ),
+    pytest.param(
+        ("INSERT INTO w VALUES (5, 3, 5)",),
+        SampleError,
+        "sample (id=5): returned more than 2 rows, expected 2 ([samples] rows)",
+        W,
+        id="too_many_rows_names_the_key",
+    ),
+    pytest.param(
+        (),
+        SampleError,
+        "sample (id=3): returned 0 rows, expected 1 ([samples] rows)",
+        {"query": "SELECT v FROM s WHERE id = $1 AND id <> 3"},
+        id="sample_without_rows_names_the_key",
+    ),
+    pytest.param(
+        ("UPDATE s SET e = ARRAY[1, 2] WHERE id = 11",),
+        SampleError,
+        "sample (id=11): field e, column e has 2 elements, expected 3 (as in the first sample)",
+        E,
+        id="array_of_the_wrong_length_names_the_key",
+    ),
+    pytest.param(
+        ("UPDATE s SET e = NULL WHERE id = 12",),
+        SampleError,
+        "sample (id=12): field e, column e is NULL (1 NULL in this batch)",
+        E,
+        id="null_array_names_the_key",
+    ),
+    pytest.param(
+        (),
+        SampleError,
+        'keys query returned a NULL in key column "id" (row 65)',
+        {"keys": "SELECT id FROM s UNION ALL SELECT NULL ORDER BY 1 NULLS LAST"},
+        id="null_key_is_refused",
+    ),
+    pytest.param(
+        (),
+        ConfigError,
+        '{file}: [samples] keys: key column "name" is text; '
+        "keys must be integer (smallint, integer, bigint), uuid, date, timestamp or timestamptz columns",
+        {"keys": "SELECT name FROM s"},
+        id="non_integer_key_column_is_a_config_error",
+    ),
+    pytest.param(
+        (),
+        ConfigError,
+        "{file}: [samples] query: uses $2 but keys returns 1 column(s) (id)",
+        {"query": "SELECT v FROM s WHERE id = $1 AND id > $2"},
+        id="parameter_beyond_the_key_columns_is_a_config_error",
+    ),
+    pytest.param(
+        (),
+        ConfigError,
+        '{file}: [fields.v] columns: the query returns no column "w" (it returns v)',
+        {"fields": {"v": (["w"], "float32")}},
+        id="field_column_the_query_does_not_return",
+    ),
+    pytest.param(
+        (),
+        ConfigError,
+        '{file}: [fields.v] columns: column "name" is text; text and bytea go to a uint8 field with max_length '
+        "(as bytes, UTF-8 for text), or set categories for text labels",
+        {"query": "SELECT name FROM s WHERE id = $1", "fields": {"v": (["name"], "float32")}},
+        id="unsupported_column_type",
+    ),
+    pytest.param(
+        (),
+        ConfigError,
+        '{file}: [samples] keys: syntax error at or near "s"',
+        {"keys": "SELECT id FORM s"},
+        id="syntax_error_in_keys",
+    ),
+    pytest.param(
+        (),
+        ConfigError,
+        '{file}: [samples] query: syntax error at or near "id"',
+        {"query": "SELECT v FROM s WHER id = $1"},
+        id="syntax_error_in_query",
+    ),
+    pytest.param(
+        (),
+        ConfigError,
+        '{file}: [samples] query: relation "nope" does not exist',
+        {"query": "SELECT v FROM nope WHERE id = $1"},
+        id="missing_table",
+    ),
+    pytest.param(
+        (),
+        SourceError,
+        "the keys query returned no rows: there is nothing to dump",
+        {"keys": "SELECT id FROM s WHERE false"},
+        id="no_keys_at_all",
+    ),
+    pytest.param(
+        (),
+        SourceError,
+        "64 samples make no full batch of 100: lower [batches] size or set drop_last = false",
+        {"size": 100},
+        id="fewer_keys_than_one_batch_with_drop_last",
+    ),
+    pytest.param((), ConfigError, "epoch must be 0 or more, got -1", {"epoch": -1}, id="negative_epoch"),
+    pytest.param(
+        ("UPDATE w SET v = NULL WHERE id = 21 AND k = 2",),
+        SampleError,
+        f"sample (id=21): field v, column v is NULL (1 NULL in this batch); {NULL_HINT}",
+        W,
+        id="null_value_in_a_multi_row_sample_names_the_key",
+    ),
+    pytest.param(
+        (
+            "CREATE TABLE a AS SELECT id, k, ARRAY[k, k, k]::real[] AS e FROM w",
+            "UPDATE a SET e = ARRAY[1]::real[] WHERE id = 30 AND k = 2",
+        ),
+        SampleError,
+        "sample (id=30): field e, column e has 1 elements, expected 3 (as in the first sample)",
+        {**E, "query": "SELECT e FROM a WHERE id = $1 ORDER BY k", "rows": 2},
+        id="wrong_array_length_in_a_multi_row_sample_names_the_key",
+    ),
+]
+
+
+@pytest.mark.parametrize(("statements", "error", "message", "config"), ONE_LINE)
+def test_a_dump_that_fails_says_one_line_and_publishes_no_epoch(
+    table: str,
+    tmp_path: Path,
+    statements: tuple[str, ...],
+    error: type[Exception],
+    message: str,
+    config: dict[str, object],
+) -> None:
+    if statements:
+        execute(table, *statements)
+    expect(error, message, tmp_path, table, **config)
 
 
 def test_null_error_counts_the_nulls_of_the_batch(table: str, tmp_path: Path) -> None:
     execute(table, "UPDATE s SET v = NULL WHERE id IN (7, 9, 12)")
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=64
-    )
+    path = v_config(tmp_path, "s", size=64)
     with pytest.raises(
         SampleError, match=r"^sample \(id=(7|9|12)\): field v, column v is NULL \(3 NULLs in this batch\)"
     ):
         dump(path, table)
-
-
-def test_too_few_rows_names_the_key(table: str, tmp_path: Path) -> None:
-    execute(table, "DELETE FROM w WHERE id = 9 AND k = 2")
-    expect(
-        SampleError,
-        "sample (id=9): returned 1 rows, expected 2 ([samples] rows)",
-        tmp_path,
-        table,
-        query="SELECT v FROM w WHERE id = $1 ORDER BY k",
-        rows=2,
-    )
-
-
-def test_too_many_rows_names_the_key(table: str, tmp_path: Path) -> None:
-    execute(table, "INSERT INTO w VALUES (5, 3, 5)")
-    expect(
-        SampleError,
-        "sample (id=5): returned more than 2 rows, expected 2 ([samples] rows)",
-        tmp_path,
-        table,
-        query="SELECT v FROM w WHERE id = $1 ORDER BY k",
-        rows=2,
-    )
-
-
-def test_sample_without_rows_names_the_key(table: str, tmp_path: Path) -> None:
-    expect(
-        SampleError,
-        "sample (id=3): returned 0 rows, expected 1 ([samples] rows)",
-        tmp_path,
-        table,
-        query="SELECT v FROM s WHERE id = $1 AND id <> 3",
-    )
-
-
-def test_array_of_the_wrong_length_names_the_key(table: str, tmp_path: Path) -> None:
-    execute(table, "UPDATE s SET e = ARRAY[1, 2] WHERE id = 11")
-    expect(
-        SampleError,
-        "sample (id=11): field e, column e has 2 elements, expected 3 (as in the first sample)",
-        tmp_path,
-        table,
-        query="SELECT e FROM s WHERE id = $1",
-        fields={"e": (["e"], "float32")},
-    )
-
-
-def test_null_array_names_the_key(table: str, tmp_path: Path) -> None:
-    execute(table, "UPDATE s SET e = NULL WHERE id = 12")
-    expect(
-        SampleError,
-        "sample (id=12): field e, column e is NULL (1 NULL in this batch)",
-        tmp_path,
-        table,
-        query="SELECT e FROM s WHERE id = $1",
-        fields={"e": (["e"], "float32")},
-    )
-
-
-def test_null_key_is_refused(table: str, tmp_path: Path) -> None:
-    expect(
-        SampleError,
-        'keys query returned a NULL in key column "id" (row 65)',
-        tmp_path,
-        table,
-        keys="SELECT id FROM s UNION ALL SELECT NULL ORDER BY 1 NULLS LAST",
-    )
-
-
-def test_non_integer_key_column_is_a_config_error(table: str, tmp_path: Path) -> None:
-    expect(
-        ConfigError,
-        '{file}: [samples] keys: key column "name" is text; '
-        "keys must be integer (smallint, integer, bigint), uuid, date, timestamp or timestamptz columns",
-        tmp_path,
-        table,
-        keys="SELECT name FROM s",
-    )
-
-
-def test_parameter_beyond_the_key_columns_is_a_config_error(table: str, tmp_path: Path) -> None:
-    expect(
-        ConfigError,
-        "{file}: [samples] query: uses $2 but keys returns 1 column(s) (id)",
-        tmp_path,
-        table,
-        query="SELECT v FROM s WHERE id = $1 AND id > $2",
-    )
-
-
-def test_field_column_the_query_does_not_return(table: str, tmp_path: Path) -> None:
-    expect(
-        ConfigError,
-        '{file}: [fields.v] columns: the query returns no column "w" (it returns v)',
-        tmp_path,
-        table,
-        fields={"v": (["w"], "float32")},
-    )
-
-
-def test_unsupported_column_type(table: str, tmp_path: Path) -> None:
-    expect(
-        ConfigError,
-        '{file}: [fields.v] columns: column "name" is text; text and bytea go to a uint8 field with max_length '
-        "(as bytes, UTF-8 for text), or set categories for text labels",
-        tmp_path,
-        table,
-        query="SELECT name FROM s WHERE id = $1",
-        fields={"v": (["name"], "float32")},
-    )
-
-
-def test_syntax_error_in_keys(table: str, tmp_path: Path) -> None:
-    expect(ConfigError, '{file}: [samples] keys: syntax error at or near "s"', tmp_path, table, keys="SELECT id FORM s")
-
-
-def test_syntax_error_in_query(table: str, tmp_path: Path) -> None:
-    expect(
-        ConfigError,
-        '{file}: [samples] query: syntax error at or near "id"',
-        tmp_path,
-        table,
-        query="SELECT v FROM s WHER id = $1",
-    )
-
-
-def test_missing_table(table: str, tmp_path: Path) -> None:
-    expect(
-        ConfigError,
-        '{file}: [samples] query: relation "nope" does not exist',
-        tmp_path,
-        table,
-        query="SELECT v FROM nope WHERE id = $1",
-    )
-
-
-def test_no_keys_at_all(table: str, tmp_path: Path) -> None:
-    expect(
-        SourceError,
-        "the keys query returned no rows: there is nothing to dump",
-        tmp_path,
-        table,
-        keys="SELECT id FROM s WHERE false",
-    )
-
-
-def test_fewer_keys_than_one_batch_with_drop_last(table: str, tmp_path: Path) -> None:
-    expect(
-        SourceError,
-        "64 samples make no full batch of 100: lower [batches] size or set drop_last = false",
-        tmp_path,
-        table,
-        size=100,
-    )
-
-
-def test_negative_epoch(table: str, tmp_path: Path) -> None:
-    expect(ConfigError, "epoch must be 0 or more, got -1", tmp_path, table, epoch=-1)
 
 
 def test_data_modifying_keys_query_fails_and_changes_nothing(table: str, tmp_path: Path) -> None:
@@ -238,13 +223,7 @@ def test_data_modifying_keys_query_fails_and_changes_nothing(table: str, tmp_pat
 
 
 def test_data_modifying_query_fails_and_changes_nothing(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path,
-        keys="SELECT id FROM s",
-        fields=ONE_COLUMN,
-        size=16,
-        query="WITH u AS (UPDATE s SET v = -1 WHERE id = $1 RETURNING v) SELECT v FROM u",
-    )
+    path = v_config(tmp_path, "s", query="WITH u AS (UPDATE s SET v = -1 WHERE id = $1 RETURNING v) SELECT v FROM u")
     with pytest.raises(SourceError):
         dump(path, table)
     assert fetch(table, "SELECT count(*) FROM s WHERE v = -1")[0][0] == 0
@@ -271,49 +250,15 @@ def test_store_path_that_is_a_file(table: str, tmp_path: Path) -> None:
     )
 
 
-def test_null_value_in_a_multi_row_sample_names_the_key(table: str, tmp_path: Path) -> None:
-    execute(table, "UPDATE w SET v = NULL WHERE id = 21 AND k = 2")
-    expect(
-        SampleError,
-        'sample (id=21): field v, column v is NULL (1 NULL in this batch); set [fields.v] null = "nan" '
-        "or a fill value to keep NULLs",
-        tmp_path,
-        table,
-        query="SELECT v FROM w WHERE id = $1 ORDER BY k",
-        rows=2,
-    )
-
-
-def test_wrong_array_length_in_a_multi_row_sample_names_the_key(table: str, tmp_path: Path) -> None:
-    execute(
-        table,
-        "CREATE TABLE a AS SELECT id, k, ARRAY[k, k, k]::real[] AS e FROM w",
-        "UPDATE a SET e = ARRAY[1]::real[] WHERE id = 30 AND k = 2",
-    )
-    expect(
-        SampleError,
-        "sample (id=30): field e, column e has 1 elements, expected 3 (as in the first sample)",
-        tmp_path,
-        table,
-        query="SELECT e FROM a WHERE id = $1 ORDER BY k",
-        rows=2,
-        fields={"e": (["e"], "float32")},
-    )
-
-
 def test_a_dump_that_fails_on_its_config_leaves_no_store(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT nope FROM s WHERE id = $1", fields=ONE_COLUMN, size=16
-    )
+    path = v_config(tmp_path, "s", query="SELECT nope FROM s WHERE id = $1")
     result = CliRunner().invoke(cli, ["dump", "--config", str(path), "--epoch", "0", "--dsn", table])
     assert result.exit_code == 2
     assert not (tmp_path / "store.zarr").exists()
 
 
 def test_json_of_a_skipped_epoch_reports_its_real_counts(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=16
-    )
+    path = v_config(tmp_path, "s")
     argv = ["dump", "--config", str(path), "--epoch", "0", "--dsn", table, "--json"]
     first = json.loads(CliRunner().invoke(cli, argv).output)
     second = json.loads(CliRunner().invoke(cli, argv).output)
@@ -322,8 +267,6 @@ def test_json_of_a_skipped_epoch_reports_its_real_counts(table: str, tmp_path: P
 
 
 def test_summary_counts_one_batch_in_the_singular(table: str, tmp_path: Path) -> None:
-    path = write_config(
-        tmp_path, keys="SELECT id FROM s", query="SELECT v FROM s WHERE id = $1", fields=ONE_COLUMN, size=64
-    )
+    path = v_config(tmp_path, "s", size=64)
     out = CliRunner().invoke(cli, ["dump", "--config", str(path), "--epoch", "0", "--dsn", table]).output
     assert out.startswith("epoch 0: 1 batch, 64 samples, ")

@@ -17,7 +17,8 @@ import pytest
 from pgprefetch.errors import StoreError
 from pgprefetch.store import durable, local
 
-from .helpers import chunk_bytes, dump, s_config
+from .harness.configs import s_config
+from .harness.dumps import chunk_bytes, dump
 
 
 def _path_of(fd: int) -> Path:

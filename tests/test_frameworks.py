@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset
 
-from .helpers import SEQUENCES, dump, write_config
+from .harness.epochs import sequences_store
+from .harness.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32
@@ -26,13 +26,7 @@ SIZE = 32
 @pytest.fixture(scope="module")
 def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Epochs 0 and 1 of the demo sequences in batches of 32, 4 batches per shard file."""
-    folder = tmp_path_factory.mktemp("frameworks")
-    config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 4 * SIZE * 64 * 2 * 4)
-        for epoch in (0, 1):
-            dump(config, demo_db, epoch=epoch)
-    return folder / "store.zarr"
+    return sequences_store(demo_db, tmp_path_factory.mktemp("frameworks"), size=SIZE, shard_batches=4)
 
 
 def rank_keys(store: Path, epochs: range, rank: int = 0, world: int = 1) -> list[list[int]]:
@@ -83,7 +77,7 @@ def test_torchdata_example_resumes_in_a_fresh_process_with_as_many_workers_or_mo
 def test_accelerate_without_prepare_splits_once_and_prepare_is_refused(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", 2)
-    run(*launcher, ROOT / "tests" / "accelerate_ranks.py", store, out)
+    run(*launcher, SCRIPTS / "accelerate_ranks.py", store, out)
     result = json.loads(out.read_text())
     assert result["world"] == 2
     for rank, keys in enumerate(result["keys"]):
@@ -95,7 +89,7 @@ def test_accelerate_without_prepare_splits_once_and_prepare_is_refused(store: Pa
 
 def test_accelerate_prepare_on_one_process_yields_the_stream_as_it_is(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    run(ROOT / "tests" / "accelerate_ranks.py", store, out)
+    run(SCRIPTS / "accelerate_ranks.py", store, out)
     result = json.loads(out.read_text())
     assert result["world"] == 1
     unprepared, prepared = result["keys"]

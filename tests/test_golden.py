@@ -1,112 +1,23 @@
 """Golden epochs: the bytes a config dumps are pinned, so that a change of the code's plan cannot change them.
 
-The digests below were taken from the code as it stood before the package was split into subpackages
-(#24) and must not move: a store written before an upgrade and one written after hold the same epochs.
-The table is built from integer arithmetic only (every value exact in float), so any PostgreSQL server
-generates the same rows. A digest covers every chunk file of the epoch (the fields, the keys, the chunk
-checksums, the padded lengths), by relative path; the manifest is left out (it records times and the
-snapshot).
+The digests (tests/harness/golden.py, with the table and configs; the Ray tests meet them too) were taken
+from the code as it stood before the package was split into subpackages (#24) and must not move: a store
+written before an upgrade and one written after hold the same epochs.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 
-from .helpers import chunk_bytes, dump, execute
-
-TABLE = (
-    "CREATE TABLE g (id int PRIMARY KEY, series int, t int, v real, w float8, arr int4[], word text, label int)",
-    "INSERT INTO g SELECT i, i / 40, i % 40, (i % 13) * 0.25, CASE WHEN i % 11 = 0 THEN NULL ELSE i / 8.0 END,"
-    " array_fill(i % 5, ARRAY[1 + i % 4]), (ARRAY['ant', 'bee', 'cat'])[1 + i % 3], i % 7"
-    " FROM generate_series(1, 800) i",
-)
-
-QUERY = """
-[samples]
-keys = "SELECT id FROM g"
-query = "SELECT v, w, arr, word, label FROM g WHERE id = $1"
-[fields.v]
-columns = ["v"]
-dtype = "float32"
-[fields.w]
-columns = ["w"]
-dtype = "float64"
-null = "nan"
-[fields.arr]
-columns = ["arr"]
-dtype = "int16"
-max_length = 4
-pad = -1
-[fields.word]
-columns = ["word"]
-dtype = "int8"
-categories = "auto"
-[fields.label]
-columns = ["label"]
-dtype = "int64"
-[batches]
-size = 32
-seed = 7
-drop_last = false
-"""
-
-SCAN_ROWS = """
-[samples]
-table = "g"
-key = ["id"]
-[fields.v]
-columns = ["v"]
-dtype = "float32"
-[fields.word]
-columns = ["word"]
-dtype = "int16"
-categories = ["cat", "bee", "ant"]
-[fields.label]
-columns = ["label"]
-dtype = "int32"
-[batches]
-size = 50
-seed = 3
-drop_last = true
-"""
-
-SCAN_WINDOWS = """
-[samples]
-table = "g"
-key = ["series"]
-order = "t"
-window = 8
-stride = 4
-[fields.x]
-columns = ["v", "label"]
-dtype = "float32"
-[batches]
-size = 16
-seed = 11
-drop_last = false
-"""
-
-GOLDEN = {
-    "query": "9d189e58fef9afeca9fe565c92b3cb0b344574827d7ffc92549fc4b93cad91db",
-    "scan_rows": "edf610751c728d1e07ed6d1eee525a2b0a14f6e86eca98052cac06e74dc37b09",
-    "scan_windows": "332061867088d3165a831d3b33817ace049200288445d117c5cd13c64a4b28c2",
-}
-
-
-def digest(epoch_path: Path) -> str:
-    h = hashlib.sha256()
-    for name, data in chunk_bytes(epoch_path).items():
-        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    return h.hexdigest()
+from .harness.db import execute
+from .harness.dumps import dump
+from .harness.golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest, golden_config
 
 
 @pytest.mark.parametrize(("name", "body"), [("query", QUERY), ("scan_rows", SCAN_ROWS), ("scan_windows", SCAN_WINDOWS)])
 def test_an_epoch_is_byte_identical_to_the_golden_one(db: str, tmp_path: Path, name: str, body: str) -> None:
     execute(db, *TABLE)
-    config = tmp_path / f"{name}.toml"
-    config.write_text(f'[source]\nconnections = 2\n[store]\npath = "store.zarr"\n{body}')
-    result = dump(config, db, epoch=2)
+    result = dump(golden_config(tmp_path, body, name=f"{name}.toml"), db, epoch=2)
     assert digest(Path(result.path)) == GOLDEN[name]

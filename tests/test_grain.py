@@ -2,7 +2,7 @@
 
 The store holds ``s(id, v = id)`` (470 samples, stored batches of 16 with a short last one): a sample's value
 is its key, so a batch names its samples. Loaders with worker processes run as plain scripts
-(``tests/grain_checks.py``), as users run them.
+(``tests/harness/scripts/grain_checks.py``), as users run them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import grain
@@ -21,17 +20,14 @@ from pgprefetch import EpochArrays
 from pgprefetch.errors import EpochNotFoundError
 from pgprefetch.grain import EpochSource
 
-from .helpers import counting_store
+from .harness.epochs import counting_store_fixture
+from .harness.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 470, 16
 
 
-@pytest.fixture(scope="module")
-def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("grain")
-    with counting_store(pg_dsn, folder, n=N, size=SIZE, drop_last=False, shard_batches=4) as store:
-        yield store
+store = counting_store_fixture("grain", n=N, size=SIZE, drop_last=False, shard_batches=4)
 
 
 def stored(store: Path, size: int = SIZE) -> list[list[int]]:
@@ -46,7 +42,7 @@ def loader(source: EpochSource, workers: int = 0, shard: grain.sharding.ShardOpt
 
 
 def script(*args: object) -> list[list[int]]:
-    cmd = [sys.executable, str(ROOT / "tests" / "grain_checks.py"), *map(str, args)]
+    cmd = [sys.executable, str(SCRIPTS / "grain_checks.py"), *map(str, args)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])["got"]

@@ -1,7 +1,7 @@
 """`pgprefetch.jax.device_batches` on the CPU with two devices, and across two processes.
 
 JAX reads ``XLA_FLAGS`` once, when it is imported, so each check runs in a process of its own
-(``tests/jax_checks.py``) with two host devices forced; two processes meet through ``jax.distributed``
+(``tests/harness/scripts/jax_checks.py``) with two host devices forced; two processes meet through ``jax.distributed``
 on 127.0.0.1. The store holds ``s(id, v = id)``: a sample's value is its key, so a batch names its samples.
 """
 
@@ -12,24 +12,22 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pgprefetch import EpochArrays
 
-from .helpers import SEQUENCES, counting_store, dump, write_config
+from .harness.configs import SEQUENCES, write_config
+from .harness.dumps import dump
+from .harness.epochs import counting_store_fixture
+from .harness.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 470, 16  # 29 full batches an epoch (drop_last): every batch splits over two devices
 
 
-@pytest.fixture(scope="module")
-def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("jax")
-    with counting_store(pg_dsn, folder, n=N, size=SIZE, epochs=(0, 1), shard_batches=4) as store:
-        yield store
+store = counting_store_fixture("jax", n=N, size=SIZE, epochs=(0, 1), shard_batches=4)
 
 
 def env() -> dict[str, str]:
@@ -39,7 +37,7 @@ def env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def one_process(store: Path) -> dict:
     """Every single-process check, run in one process with two CPU devices: they share its start-up."""
-    cmd = [sys.executable, str(ROOT / "tests" / "jax_checks.py"), "all", str(store)]
+    cmd = [sys.executable, str(SCRIPTS / "jax_checks.py"), "all", str(store)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
@@ -93,7 +91,7 @@ def free_port() -> int:
 
 def test_two_processes_through_jax_distributed_each_contribute_their_ranks_batches(store: Path) -> None:
     port = str(free_port())
-    cmd = [sys.executable, str(ROOT / "tests" / "jax_checks.py"), "distributed", str(store)]
+    cmd = [sys.executable, str(SCRIPTS / "jax_checks.py"), "distributed", str(store)]
     procs = [
         subprocess.Popen([*cmd, str(p), port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
         for p in range(2)

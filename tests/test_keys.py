@@ -12,8 +12,9 @@ import pytest
 from pgprefetch import EpochDataset, KeyColumns, uuid_bytes, uuid_slots
 from pgprefetch.errors import SampleError
 
-from .conftest import fetch
-from .helpers import chunk_bytes, dump, execute, read_arrays, write_config
+from .harness.configs import write_config
+from .harness.db import execute, fetch
+from .harness.dumps import chunk_bytes, dump, read_arrays
 
 N = 300
 

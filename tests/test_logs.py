@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import s_config
-from .test_operations import dump_argv, journal_lines, start_dump, wait_for
+from .harness.configs import s_config
+from .harness.dumps import dump_argv, journal_lines, start_dump, wait_for
 
 
 def test_a_piped_dump_logs_its_progress(s_table: str, tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_checksums_live_in_an_array_and_the_manifest_stays_small(s_table: str, t
 
     import zarr
 
-    from .helpers import dump
+    from .harness.dumps import dump
 
     result = dump(s_config(tmp_path, size=1), s_table)  # 480 batches
     assert (result.path / "zarr.json").stat().st_size < 8192

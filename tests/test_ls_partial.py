@@ -20,9 +20,11 @@ import pytest
 import pgprefetch
 from pgprefetch.errors import SampleError
 
-from .helpers import dump, execute, read_arrays, s_config
-from .s3server import S3
-from .test_ray import _fail_the_last_part
+from .harness.configs import s_config
+from .harness.db import execute
+from .harness.dumps import dump, read_arrays
+from .harness.raycluster import fail_the_last_part, single_process
+from .harness.s3 import S3
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE = 100  # 480 rows, drop_last = false: batches 0-3 of 100 samples and a short batch 4 of 80
@@ -91,9 +93,9 @@ def test_ls_of_a_failed_ray_dump_into_s3_counts_the_batches_the_parts_recorded(
     bucket = s3.bucket()
     store = f"s3://{bucket}/k"
     config = s_config(tmp_path, store=store, compression="zstd")  # a file per batch: 30 batches, parts of 10
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    single = single_process(tmp_path, s_table, compression="zstd")
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
-    late = _fail_the_last_part(s_table, single)
+    late = fail_the_last_part(s_table, single)
     with pytest.raises(SampleError):
         pgprefetch.dump(config, epochs=0, dsn=s_table, executor="ray", parts=3, ray_env=env)
     (info,) = pgprefetch.ls(store)

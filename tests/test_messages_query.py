@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from pgprefetch.cli import cli
 
-from .helpers import execute, toml_value, write_config
+from .harness.configs import toml_value, v_config
+from .harness.db import execute
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -29,13 +30,7 @@ def test_a_key_column_the_query_does_not_use_is_named_with_the_fix(db: str, tmp_
         "CREATE TABLE obs (fdate date, id int, v real)",
         "INSERT INTO obs SELECT date '2024-01-01' + g % 3, g, g FROM generate_series(1, 64) g",
     )
-    cfg = write_config(
-        tmp_path,
-        keys="SELECT fdate, id FROM obs",
-        query="SELECT v FROM obs WHERE id = $2",
-        fields={"v": (["v"], "float32")},
-        size=16,
-    )
+    cfg = v_config(tmp_path, "obs", keys="SELECT fdate, id FROM obs", query="SELECT v FROM obs WHERE id = $2")
     for command in ("dump", "check"):
         argv = [command, "--config", str(cfg), "--dsn", db, *(["--epoch", "0"] if command == "dump" else [])]
         code, out = run_cli(*argv)
@@ -99,13 +94,7 @@ def test_a_small_indexed_table_the_planner_scans_whole_gets_no_index_advice(db: 
         "INSERT INTO raybad SELECT g, g FROM generate_series(1, 20000) g",
         "ANALYZE raybad",
     )
-    cfg = write_config(
-        tmp_path,
-        keys="SELECT id FROM raybad",
-        query="SELECT v FROM raybad WHERE id = $1",
-        fields={"v": (["v"], "float32")},
-        size=100,
-    )
+    cfg = v_config(tmp_path, "raybad", size=100)
     assert warnings_of(cfg, db) == []
 
 
@@ -120,13 +109,7 @@ def test_an_index_the_planner_does_not_use_is_named_with_analyze_not_advised_aga
         "CREATE INDEX skew_id ON skew (id)",
         "ANALYZE skew",
     )
-    cfg = write_config(
-        tmp_path,
-        keys="SELECT id FROM skew WHERE id <> 7 GROUP BY id",
-        query="SELECT v FROM skew WHERE id = $1",
-        fields={"v": (["v"], "float32")},
-        size=16,
-    )
+    cfg = v_config(tmp_path, "skew", keys="SELECT id FROM skew WHERE id <> 7 GROUP BY id")
     warnings = warnings_of(cfg, db)
     assert len(warnings) == 1, warnings
     assert "CREATE INDEX" not in warnings[0]

@@ -21,56 +21,26 @@ from pgprefetch.errors import StoreError
 from pgprefetch.store.layout import ArrayLayout
 from pgprefetch.write.pipeline import dump_epoch
 
-from .helpers import S_ROWS, chunk_bytes, dump, execute, s_config
+from .harness.configs import operations_config as config
+from .harness.configs import s_config
+from .harness.db import S_ROWS, execute
+from .harness.dumps import (
+    chunk_bytes,
+    dump,
+    dump_argv,
+    journal_lines,
+    kill_9_after,
+    kill_9_mid_dump,
+    start_dump,
+    wait_for,
+)
 
 SIZE = 16  # 30 batches
-
-
-def config(folder: Path, *, slow: bool = False, name: str = "c.toml", store: str = "store.zarr") -> Path:
-    """The config these tests share: ``s``, 2 connections."""
-    return s_config(folder, slow=slow, name=name, store=store)
 
 
 def run_cli(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, list(args))
     return result.exit_code, result.output
-
-
-def dump_argv(cfg: Path, dsn: str, epoch: int = 0, *extra: str) -> list[str]:
-    """``pgprefetch dump`` of one epoch as its own process."""
-    return [
-        sys.executable,
-        "-m",
-        "pgprefetch",
-        "dump",
-        "--config",
-        str(cfg),
-        "--epoch",
-        str(epoch),
-        "--dsn",
-        dsn,
-        *extra,
-    ]
-
-
-def start_dump(cfg: Path, dsn: str, epoch: int = 0, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        dump_argv(cfg, dsn, epoch, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-def journal_lines(store: Path, epoch: int = 0) -> int:
-    path = store / ".pgprefetch" / "partial" / f"epoch-{epoch:05d}.journal"
-    if not path.exists():
-        return -1
-    return sum(1 for line in path.read_text().splitlines()[1:] if not line.startswith("#"))
-
-
-def wait_for(condition: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_ahead_and_keep_follow_the_recorded_consumer(s_table: str, tmp_path: Path) -> None:
@@ -288,13 +258,10 @@ def test_two_dumps_of_one_epoch_never_write_together(s_table: str, tmp_path: Pat
 def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(s_table: str, tmp_path: Path, kill_after: int) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
-    if kill_after == 0:
-        wait_for(lambda: (store / ".pgprefetch" / "locks" / "epoch-00000.lock").exists())
+    if kill_after == 0:  # before its first batch: it holds the epoch's lock
+        kill_9_mid_dump(cfg, s_table, lambda: (store / ".pgprefetch" / "locks" / "epoch-00000.lock").exists())
     else:
-        wait_for(lambda: journal_lines(store) >= kill_after)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+        kill_9_after(cfg, s_table, store, kill_after)
     assert not (store / "epoch-00000").exists()  # nothing published
     resumed = dump(cfg, s_table)
     if kill_after > 1:
@@ -307,10 +274,7 @@ def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_dump(s_table: str, t
 def test_changed_keys_after_a_crash_restart_the_epoch(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
-    wait_for(lambda: journal_lines(store) >= 3)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_after(cfg, s_table, store)
     execute(s_table, f"INSERT INTO s SELECT i, i * 0.5 FROM generate_series({S_ROWS + 1}, {S_ROWS + 16}) i")
     result = dump(cfg, s_table)
     assert result.restarted == f"the keys changed ({S_ROWS} keys then, {S_ROWS + 16} now)"
@@ -392,10 +356,7 @@ def test_resumed_epoch_lists_both_snapshots_and_force_starts_over(s_table: str, 
     store = tmp_path / "store.zarr"
 
     def crash(epoch: int) -> None:
-        victim = start_dump(cfg, s_table, epoch=epoch)
-        wait_for(lambda: journal_lines(store, epoch) >= 3)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
+        kill_9_after(cfg, s_table, store, epoch=epoch)
 
     crash(0)
     resumed = dump(cfg, s_table)
@@ -448,10 +409,7 @@ def test_resume_refetches_exactly_the_damaged_batches_and_equals_a_clean_dump(
     query = "SELECT v, pg_sleep(pace.seconds) FROM s, pace WHERE id = $1"
     cfg = s_config(tmp_path, query=query, compression=compression)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, s_table)
-    wait_for(lambda: journal_lines(store) >= 8)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_after(cfg, s_table, store, 8)
     assert not (store / "epoch-00000").exists()
     intact = damage_partial_epoch(store)
     execute(s_table, "UPDATE pace SET seconds = 0")

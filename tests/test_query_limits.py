@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import fetch
-from tests.helpers import dump as dump_in_process
-from tests.helpers import execute, read_arrays, write_config
+from tests.harness.configs import write_config
+from tests.harness.db import execute, fetch
+from tests.harness.dumps import dump as dump_in_process
+from tests.harness.dumps import read_arrays
 
 MIB = 1 << 20
 BIG = 20 * MIB  # each big value: 20 MB (5M real elements, 20M bytes of text and bytea)

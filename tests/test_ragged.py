@@ -15,8 +15,9 @@ import pytest
 
 from pgprefetch.errors import ConfigError, SampleError
 
-from .conftest import fetch
-from .helpers import chunk_bytes, dump, execute, read_arrays, write_config
+from .harness.configs import write_config
+from .harness.db import execute, fetch
+from .harness.dumps import chunk_bytes, dump, kill_9_after, read_arrays
 
 N = 300
 TEXTS = [
@@ -384,16 +385,10 @@ def test_trimmed_batches_are_views_cut_to_the_longest_sample(seqs: str, tmp_path
 
 def test_a_resumed_dump_of_padded_fields_has_the_bytes_and_figures_of_a_clean_one(seqs: str, tmp_path: Path) -> None:
     import json
-    import signal
-
-    from .test_operations import journal_lines, start_dump, wait_for
 
     cfg = stats_config(tmp_path, slow=True)
     store = tmp_path / "store.zarr"
-    victim = start_dump(cfg, seqs)
-    wait_for(lambda: journal_lines(store) >= 3)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_after(cfg, seqs, store)
     resumed = dump(cfg, seqs)
     assert resumed.resumed >= 2
     clean = dump(stats_config(tmp_path, name="clean.toml", store="clean.zarr"), seqs)

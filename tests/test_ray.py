@@ -12,14 +12,13 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zarr
 from click.testing import CliRunner
 
 import pgprefetch
@@ -27,27 +26,25 @@ from pgprefetch.cli import cli
 from pgprefetch.errors import SampleError
 from pgprefetch.write.ray.driver import split
 
-from .helpers import chunk_bytes, dump, execute, s_config
-from .s3server import S3
-from .test_golden import GOLDEN, QUERY, TABLE, digest
+from .harness.configs import s_config
+from .harness.db import execute
+from .harness.dumps import chunk_bytes, dump
+from .harness.faults import CHAOS_ONLY, kill_every_connection
+from .harness.golden import GOLDEN, TABLE, digest, golden_config
+from .harness.raycluster import (
+    fail_the_last_part,
+    fault_mid_dump,
+    manifest,
+    on_ray,
+    part_journal_lines,
+    parts_running,
+    parts_writing,
+    single_process,
+)
+from .harness.s3 import S3
+from .harness.spill import TINY_MEMORY, numbers_config
 
-LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def golden_config(folder: Path, *, store: str = "store.zarr", compression: str = "none", name: str = "g.toml") -> Path:
-    config = folder / name
-    config.write_text(f'[source]\nconnections = 2\n[store]\npath = "{store}"\ncompression = "{compression}"\n{QUERY}')
-    return config
-
-
-def manifest(path: Path | str) -> dict[str, Any]:
-    return dict(zarr.open_group(str(path), mode="r").attrs["pgprefetch"])
-
-
-def on_ray(config: Path, dsn: str, epoch: int = 0, parts: int = 2, **kwargs: Any) -> pgprefetch.DumpResult:
-    (result,) = pgprefetch.dump(config, epochs=epoch, dsn=dsn, executor="ray", parts=parts, **kwargs)
-    return result
 
 
 def test_an_epoch_dumped_on_a_two_node_cluster_is_the_golden_epoch_byte_for_byte(
@@ -107,21 +104,14 @@ def _records(s3: S3, bucket: str, prefix: str) -> dict[int, Any]:
     return {r.index: r for r in found if r is not None}
 
 
-def _fail_the_last_part(s_table: str, single: pgprefetch.DumpResult) -> int:
-    """A NULL in the epoch's last batch: the last of three parts (run once one of two CPUs is free) fails on it."""
-    late = int(zarr.open_group(str(single.path), mode="r")["keys"][-1, 0, 0])
-    execute(s_table, "ALTER TABLE s ALTER COLUMN v DROP NOT NULL", f"UPDATE s SET v = NULL WHERE id = {late}")
-    return late
-
-
 def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_without_uploading_them_again(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
     bucket = s3.bucket()
     config = s_config(tmp_path, store=f"s3://{bucket}/k", compression="zstd")  # a file per batch: parts of 10
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    single = single_process(tmp_path, s_table, compression="zstd")
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
-    late = _fail_the_last_part(s_table, single)
+    late = fail_the_last_part(s_table, single)
     with pytest.raises(SampleError, match=str(late)):
         on_ray(config, s_table, parts=3, ray_env=env)
     records = _records(s3, bucket, "k/epoch-00000/")
@@ -148,16 +138,16 @@ def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_without_uploading_
     assert len(ours["snapshots"]) == 2  # the kept parts' snapshot, and this run's
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
     # (make test checks the records' matching without a cluster: the next test)
     bucket = s3.bucket()
     config = s_config(tmp_path, store=f"s3://{bucket}/o", compression="zstd")
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    single = single_process(tmp_path, s_table, compression="zstd")
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
-    late = _fail_the_last_part(s_table, single)
+    late = fail_the_last_part(s_table, single)
     with pytest.raises(SampleError):
         on_ray(config, s_table, parts=3, ray_env=env)
     earlier = _records(s3, bucket, "o/epoch-00000/")
@@ -175,7 +165,7 @@ def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(fresh.path))
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_scan_epoch_on_s3_resumes_the_recorded_parts_and_force_rewrites_it(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
@@ -188,7 +178,7 @@ def test_a_scan_epoch_on_s3_resumes_the_recorded_parts_and_force_rewrites_it(
     bucket = s3.bucket()
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
     single = dump(scan("single.toml", "single.zarr"), s_table)
-    late = _fail_the_last_part(s_table, single)
+    late = fail_the_last_part(s_table, single)
     config = scan("r.toml", f"s3://{bucket}/sc")
     with pytest.raises(SampleError):
         on_ray(config, s_table, parts=3, ray_env=env)
@@ -347,72 +337,54 @@ def test_parts_are_contiguous_and_on_an_object_store_end_where_every_array_s_fil
     assert split(7, 2, step=7) == [range(0, 7)]
 
 
-def _parts_running(cluster: Any, task: str = "run_part") -> list[Any]:
-    """The worker processes of this session's cluster running ``task`` now (never another test run's)."""
-    import psutil
-
-    raylets = [
-        info.process.pid
-        for node in [cluster.head_node, *cluster.worker_nodes]
-        for info in node.all_processes.get("raylet", [])
-    ]
-    found = []
-    for pid in raylets:
-        for child in psutil.Process(pid).children(recursive=True):
-            try:
-                if " ".join(child.cmdline()).startswith(f"ray::{task}"):
-                    found.append(child)
-            except psutil.Error:
-                continue
-    return found
+def struck_mid_dump(
+    s_table: str,
+    tmp_path: Path,
+    when: Callable[[Path], object],
+    fault: Callable[[], object],
+    *,
+    parts: int = 2,
+    join: float = 120,
+) -> pgprefetch.DumpResult:
+    """A slow dump of ``s`` on Ray, struck by ``fault`` once ``when(store)``; its bytes the single process's."""
+    config = s_config(tmp_path, slow=True)
+    single = single_process(tmp_path, s_table)
+    store = tmp_path / "store.zarr"
+    result = fault_mid_dump(lambda: on_ray(config, s_table, parts=parts), lambda: when(store), fault, join=join)
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
+    return result
 
 
-def _journal_lines(store: Path) -> int:
-    """Batches the parts have journaled so far."""
-    return sum(len(p.read_text().splitlines()) - 1 for p in store.rglob("*.journal.part-*"))
-
-
-def _writing(store: Path) -> int:
-    """Parts that have journaled a batch so far."""
-    return sum(len(p.read_text().splitlines()) > 1 for p in store.rglob("*.journal.part-*"))
-
-
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_worker_killed_with_kill_9_mid_part_is_retried_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
-    config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=2)))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while _journal_lines(tmp_path / "store.zarr") < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)  # mid-part: some batches written, most not
-    os.kill(_parts_running(ray_cluster)[0].pid, 9)
-    thread.join(120)
-    (result,) = results
+    result = struck_mid_dump(
+        s_table,
+        tmp_path,
+        lambda store: part_journal_lines(store) >= 2,  # mid-part: some batches written, most not
+        lambda: os.kill(parts_running(ray_cluster)[0].pid, 9),
+    )
     assert sum(result.part_retries) == 1
-    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_identical(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
     config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    single = single_process(tmp_path, s_table)
     code = "import sys; from pgprefetch.cli import cli; cli(sys.argv[1:])"
     argv = ["dump", "--config", str(config), "--dsn", s_table, "--epoch", "0", "--executor", "ray", "--parts", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.address}
     driver = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env)
     journals = tmp_path / "store.zarr"
     deadline = time.monotonic() + 60
-    while _journal_lines(journals) < 6 and time.monotonic() < deadline:
+    while part_journal_lines(journals) < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
     driver.kill()
     driver.wait()
-    while _parts_running(ray_cluster) and time.monotonic() < deadline + 30:  # Ray stops a dead driver's tasks
+    while parts_running(ray_cluster) and time.monotonic() < deadline + 30:  # Ray stops a dead driver's tasks
         time.sleep(0.1)
     result = on_ray(config, s_table, parts=2)
     assert result.resumed >= 4
@@ -420,13 +392,13 @@ def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_ide
     assert not list(journals.rglob("*.journal*"))
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byte_identical(
     ray_cluster: Any, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
     bucket = s3.bucket()
     config = s_config(tmp_path, slow=True, store=f"s3://{bucket}/d", compression="zstd")
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr", compression="zstd"), s_table)
+    single = single_process(tmp_path, s_table, compression="zstd")
     workers = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}
     code = (
         "import sys, json, pgprefetch\n"
@@ -447,7 +419,7 @@ def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byt
     assert len(records) < 3
     kept = {f"epoch-00000/{f}" for r in records.values() for f in r.files}
     before = _last_modified(s3, bucket, "d/")
-    while _parts_running(ray_cluster) and time.monotonic() < deadline + 30:  # Ray stops a dead driver's tasks
+    while parts_running(ray_cluster) and time.monotonic() < deadline + 30:  # Ray stops a dead driver's tasks
         time.sleep(0.1)
     records = _records(s3, bucket, "d/epoch-00000/")  # (one may have finished meanwhile)
     while True:  # until the dead driver's lease expires
@@ -465,24 +437,15 @@ def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byt
     assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_connections_lost_in_the_parts_are_retried_as_today_keeping_the_parts_batches(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
-    config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=2)))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while _journal_lines(tmp_path / "store.zarr") < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    execute(s_table, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
-    thread.join(120)
-    (result,) = results
+    result = struck_mid_dump(
+        s_table, tmp_path, lambda store: part_journal_lines(store) >= 4, lambda: kill_every_connection(s_table)
+    )
     assert result.retries == 1  # a new snapshot, the keys unchanged: the parts' batches kept
     assert result.resumed >= 4
-    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
 
 
 def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_node(
@@ -506,25 +469,21 @@ def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_n
         ray.kill(tracker)
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_node_removed_mid_epoch_has_its_part_rerun_elsewhere_and_the_epoch_is_unchanged(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
-    config = s_config(tmp_path, slow=True)
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
     node = ray_cluster.add_node(num_cpus=1)  # a third node, not the one this process (the driver) is attached to
     ray_cluster.wait_for_nodes()
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(on_ray(config, s_table, parts=3)))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while _writing(tmp_path / "store.zarr") < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)  # every part has written a batch: the new node's too (its worker started, then)
-    ray_cluster.remove_node(node)  # its raylet and workers gone: its part runs again on another node
-    thread.join(180)
-    (result,) = results
+    result = struck_mid_dump(
+        s_table,
+        tmp_path,
+        lambda store: parts_writing(store) >= 3,  # every part has written a batch: the new node's too
+        lambda: ray_cluster.remove_node(node),  # its raylet and workers gone: its part runs again on another node
+        parts=3,
+        join=180,
+    )
     assert sum(result.part_retries) >= 1
-    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
 
 
 def test_an_address_where_no_cluster_answers_is_a_one_line_error_not_a_wait(s_table: str, tmp_path: Path) -> None:
@@ -554,12 +513,10 @@ def test_keys_beyond_memory_reach_the_parts_a_part_at_a_time_with_the_in_memory_
 ) -> None:
     from pgprefetch.write.order.keyfile import OrderedKeys
 
-    from .test_spill import TINY, numbers_config
-
     read: list[int] = []  # how many keys the driver takes from the ordered key file at once
     columns = OrderedKeys.columns
     monkeypatch.setattr(OrderedKeys, "columns", lambda self, a, b: read.append(b - a) or columns(self, a, b))
-    (spread,) = pgprefetch.dump(numbers_config(tmp_path / "r"), epochs=0, dsn=db, executor="ray", parts=4, memory=TINY)
+    spread = on_ray(numbers_config(tmp_path / "r"), db, parts=4, memory=TINY_MEMORY)
     whole = dump(numbers_config(tmp_path / "w"), db)
     assert chunk_bytes(Path(spread.path)) == chunk_bytes(Path(whole.path))
     assert max(read) == 50_000  # a part's keys (200,000 keys in 4 parts), never all of them

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,10 +22,12 @@ from pgprefetch.errors import SampleError, SourceError
 from pgprefetch.write.scan.exchange import Piece, cut_block, join_pieces, merge_keys, route, rows_of
 from pgprefetch.write.scan.table import Table
 
-from .helpers import chunk_bytes, dump, execute
-from .s3server import S3
-from .test_golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest
-from .test_ray import LONG, _journal_lines, _parts_running, manifest
+from .harness.db import execute
+from .harness.dumps import chunk_bytes, dump
+from .harness.faults import CHAOS_ONLY, kill_every_connection
+from .harness.golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest, golden_config
+from .harness.raycluster import fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
+from .harness.s3 import S3
 
 # The golden query config's fields as a scan: a NULL mask, padded arrays, "auto" categories, a padded last batch.
 SCAN_ALL = '[samples]\ntable = "g"\nkey = ["id"]\n' + QUERY[QUERY.index("[fields.v]") :]
@@ -35,23 +36,15 @@ SCAN_ALL = '[samples]\ntable = "g"\nkey = ["id"]\n' + QUERY[QUERY.index("[fields
 SCRAMBLE = "UPDATE g SET label = label WHERE id % 3 = 0"
 
 
-def config(folder: Path, body: str, *, name: str, store: str, source: str = "", compression: str = "none") -> Path:
-    path = folder / name
-    path.write_text(
-        f'[source]\nconnections = 2\n{source}\n[store]\npath = "{store}"\ncompression = "{compression}"\n{body}'
-    )
-    return path
-
-
 @pytest.mark.parametrize(("golden", "body"), [("scan_rows", SCAN_ROWS), ("scan_windows", SCAN_WINDOWS)])
 def test_scan_epochs_spread_over_ray_are_the_golden_epochs_byte_for_byte(
     ray_cluster: object, db: str, tmp_path: Path, golden: str, body: str
 ) -> None:
     execute(db, *TABLE, SCRAMBLE)
-    spread = config(tmp_path, body, name="r.toml", store="ray.zarr")
+    spread = golden_config(tmp_path, body, name="r.toml", store="ray.zarr")
     (result,) = pgprefetch.dump(spread, epochs=2, dsn=db, executor="ray", parts=3)
     assert digest(Path(result.path)) == GOLDEN[golden]  # every array, keys, _checksums and _longest
-    single = dump(config(tmp_path, body, name="s.toml", store="single.zarr"), db, epoch=2)
+    single = dump(golden_config(tmp_path, body, name="s.toml", store="single.zarr"), db, epoch=2)
     ours, theirs = manifest(result.path), manifest(single.path)
     assert ours["stats"] == theirs["stats"]
     assert (ours["executor"], ours["parts"], result.rows_read, single.rows_read) == ("ray", 3, 800, 800)
@@ -68,9 +61,9 @@ def test_memory_bounds_what_each_reader_and_part_holds_with_the_same_bytes(
     )
     body = '[samples]\ntable = "wide"\nkey = ["id"]\n[fields.x]\ncolumns = ["a", "b", "c", "d", "e", "f"]\n'
     body += 'dtype = "float32"\n[batches]\nsize = 500\nseed = 1\n'
-    spread = config(tmp_path, body, name="r.toml", store="ray.zarr", source='memory = "1MiB"')
+    spread = golden_config(tmp_path, body, name="r.toml", store="ray.zarr", source='memory = "1MiB"')
     (result,) = pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=2)
-    single = dump(config(tmp_path, body, name="s.toml", store="single.zarr"), db)
+    single = dump(golden_config(tmp_path, body, name="s.toml", store="single.zarr"), db)
     assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
     # 2.3 MB of decoded rows: a part holds its pieces and their join, so 2 x 2.3 MB / 1 MiB -> 8 parts
     assert result.parts == 8
@@ -80,15 +73,15 @@ def test_a_spread_scan_of_every_field_kind_equals_the_single_process_compressed_
     ray_cluster: object, db: str, tmp_path: Path, s3: S3
 ) -> None:
     execute(db, *TABLE, SCRAMBLE)
-    single = dump(config(tmp_path, SCAN_ALL, name="s.toml", store="single.zarr", compression="zstd"), db)
-    local = config(tmp_path, SCAN_ALL, name="l.toml", store="ray.zarr", compression="zstd")
+    single = dump(golden_config(tmp_path, SCAN_ALL, name="s.toml", store="single.zarr", compression="zstd"), db)
+    local = golden_config(tmp_path, SCAN_ALL, name="l.toml", store="ray.zarr", compression="zstd")
     (spread,) = pgprefetch.dump(local, epochs=0, dsn=db, executor="ray", parts=3)
     assert chunk_bytes(Path(spread.path)) == chunk_bytes(Path(single.path))
     assert manifest(spread.path)["stats"] == manifest(single.path)["stats"]
     assert manifest(spread.path)["longest"] == manifest(single.path)["longest"]
     bucket = s3.bucket()
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
-    remote = config(tmp_path, SCAN_ALL, name="r.toml", store=f"s3://{bucket}/scan", compression="zstd")
+    remote = golden_config(tmp_path, SCAN_ALL, name="r.toml", store=f"s3://{bucket}/scan", compression="zstd")
     pgprefetch.dump(remote, epochs=0, dsn=db, executor="ray", parts=2, ray_env=env)
     objects = s3.objects(bucket, "scan/epoch-00000/")
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(single.path))
@@ -99,12 +92,12 @@ def test_epochs_of_one_spread_run_are_cut_from_one_read_of_the_table(
     ray_cluster: object, db: str, tmp_path: Path
 ) -> None:
     execute(db, *TABLE)
-    spread = config(tmp_path, SCAN_WINDOWS, name="r.toml", store="ray.zarr")
+    spread = golden_config(tmp_path, SCAN_WINDOWS, name="r.toml", store="ray.zarr")
     results = pgprefetch.dump(spread, epochs=range(3), dsn=db, executor="ray", parts=2)
     assert [r.rows_read for r in results] == [800, 0, 0]
     assert len({manifest(r.path)["snapshot"] for r in results}) == 1  # one snapshot serves the run
     singles = pgprefetch.dump(
-        config(tmp_path, SCAN_WINDOWS, name="s.toml", store="single.zarr"), epochs=range(3), dsn=db
+        golden_config(tmp_path, SCAN_WINDOWS, name="s.toml", store="single.zarr"), epochs=range(3), dsn=db
     )
     for ours, theirs in zip(results, singles, strict=True):
         assert chunk_bytes(Path(ours.path)) == chunk_bytes(Path(theirs.path))
@@ -114,7 +107,7 @@ def test_bad_data_met_on_the_cluster_is_the_single_process_error_and_nothing_is_
     ray_cluster: object, db: str, tmp_path: Path
 ) -> None:
     execute(db, *TABLE, "UPDATE g SET v = NULL WHERE id = 377")  # a NULL where the field takes none
-    spread, single = (config(tmp_path, SCAN_ROWS, name=f"{n}.toml", store=f"{n}.zarr") for n in ("r", "s"))
+    spread, single = (golden_config(tmp_path, SCAN_ROWS, name=f"{n}.toml", store=f"{n}.zarr") for n in ("r", "s"))
     with pytest.raises(SampleError) as theirs:
         dump(single, db)
     with pytest.raises(SampleError) as ours:
@@ -124,9 +117,9 @@ def test_bad_data_met_on_the_cluster_is_the_single_process_error_and_nothing_is_
     assert [e.state for e in pgprefetch.ls(tmp_path / "r.zarr")] == ["partial"]  # kept for a rerun, not published
     execute(db, "UPDATE g SET t = 1 WHERE id = 42")  # two rows of one series at one order value: a reader's sort
     with pytest.raises(SampleError) as theirs:
-        dump(config(tmp_path, SCAN_WINDOWS, name="sw.toml", store="sw.zarr"), db)
+        dump(golden_config(tmp_path, SCAN_WINDOWS, name="sw.toml", store="sw.zarr"), db)
     with pytest.raises(SampleError) as ours:
-        pgprefetch.dump(config(tmp_path, SCAN_WINDOWS, name="rw.toml", store="rw.zarr"), epochs=0, dsn=db,
+        pgprefetch.dump(golden_config(tmp_path, SCAN_WINDOWS, name="rw.toml", store="rw.zarr"), epochs=0, dsn=db,
                         executor="ray", parts=2)  # fmt: skip
     assert str(ours.value) == str(theirs.value)
     execute(db, "TRUNCATE g")
@@ -179,8 +172,8 @@ def _big(db: str, tmp_path: Path) -> tuple[Path, Path]:
     )
     body = '[samples]\ntable = "big"\nkey = ["id"]\n[fields.x]\ncolumns = ['
     body += ", ".join(f'"c{i}"' for i in range(12)) + ']\ndtype = "float32"\n[batches]\nsize = 256\nseed = 9\n'
-    return (config(tmp_path, body, name="r.toml", store="ray.zarr"),
-            config(tmp_path, body, name="s.toml", store="single.zarr"))  # fmt: skip
+    return (golden_config(tmp_path, body, name="r.toml", store="ray.zarr"),
+            golden_config(tmp_path, body, name="s.toml", store="single.zarr"))  # fmt: skip
 
 
 def _faulted(
@@ -189,17 +182,7 @@ def _faulted(
     """Dump ``_big``'s table on Ray, doing ``fault`` once ``when`` holds; the result, and the single process's bytes."""
     spread, single = _big(db, tmp_path)
     expected = chunk_bytes(Path(dump(single, db).path))
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(
-        pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=parts)[0]
-    ))  # fmt: skip
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not when() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    fault()
-    thread.join(240)
-    (result,) = results
+    result = fault_mid_dump(lambda: on_ray(spread, db, parts=parts), when, fault, join=240, step=0.02)
     return result, expected
 
 
@@ -208,39 +191,38 @@ def _mid_read(cluster: Any) -> Callable[[], bool]:
     seen: list[float] = []
 
     def reading() -> bool:
-        if not seen and _parts_running(cluster, "read_block"):
+        if not seen and parts_running(cluster, "read_block"):
             seen.append(time.monotonic())
         return bool(seen) and time.monotonic() > seen[0] + 0.3
 
     return reading
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
-    kill = lambda: os.kill(_parts_running(ray_cluster, "read_block")[0].pid, 9)  # noqa: E731
+    kill = lambda: os.kill(parts_running(ray_cluster, "read_block")[0].pid, 9)  # noqa: E731
     result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), kill)
     assert chunk_bytes(Path(result.path)) == expected
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_same_bytes(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
-    sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'"
-    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), lambda: execute(db, sql))
+    result, expected = _faulted(db, tmp_path, 2, _mid_read(ray_cluster), lambda: kill_every_connection(db))
     assert result.retries == 1
     assert chunk_bytes(Path(result.path)) == expected
 
 
-@pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+@CHAOS_ONLY
 def test_a_node_removed_while_the_parts_write_rebuilds_what_it_held_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
     node = ray_cluster.add_node(num_cpus=1)  # a third node: it holds a block, pieces and a part
     ray_cluster.wait_for_nodes()
-    writing = lambda: _journal_lines(tmp_path / "ray.zarr") >= 3  # noqa: E731  (the parts write: the read is over)
+    writing = lambda: part_journal_lines(tmp_path / "ray.zarr") >= 3  # noqa: E731  (the parts write: the read is over)
     # Its block, its pieces and its part are lost: rebuilt from lineage, rerun.
     result, expected = _faulted(db, tmp_path, 3, writing, lambda: ray_cluster.remove_node(node))
     assert sum(result.part_retries) >= 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,10 @@ import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError
 
-from .helpers import SEQUENCES, dump, execute, write_config
+from .harness.configs import SEQUENCES, write_config
+from .harness.db import execute
+from .harness.dumps import dump
+from .harness.epochs import assert_a_partial_epoch_is_not_read, claim_format_version, sequences_store
 
 SIZE = 100
 
@@ -29,13 +31,7 @@ SIZE = 100
 @pytest.fixture(scope="module")
 def store(demo_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Epochs 0 and 1 of the demo sequences, batch size 100 with a short last batch, 3 batches per shard."""
-    folder = tmp_path_factory.mktemp("reader")
-    config = write_config(folder, **{**SEQUENCES, "size": SIZE, "drop_last": False})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 3 * SIZE * 64 * 2 * 4)
-        for epoch in (0, 1):
-            dump(config, demo_db, epoch=epoch)
-    return folder / "store.zarr"
+    return sequences_store(demo_db, tmp_path_factory.mktemp("reader"), size=SIZE, shard_batches=3)
 
 
 def zarr_batch(store: Path, epoch: int, name: str, g: int) -> np.ndarray:
@@ -229,14 +225,7 @@ def test_missing_epoch_lists_the_epochs_present(store: Path) -> None:
 
 
 def test_epoch_being_written_is_not_read(store: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "s.zarr"
-    shutil.copytree(store, copy)
-    (copy / ".pgprefetch" / "partial" / "epoch-00004").mkdir(parents=True)
-    with pytest.raises(EpochNotReadyError) as e:
-        EpochDataset(copy, epoch=4)
-    assert str(e.value) == f"epoch 4 in {copy} is still being written (or its dump died)"
-    with pytest.raises(EpochNotReadyError, match=r"gave up waiting after 0.3 s$"):
-        EpochDataset(copy, epoch=4, wait=True, timeout=0.3)
+    assert_a_partial_epoch_is_not_read(EpochDataset, store, tmp_path / "s.zarr", 0.3)
 
 
 def test_wait_blocks_until_the_epoch_is_published(store: Path, tmp_path: Path) -> None:
@@ -254,10 +243,7 @@ def test_wait_blocks_until_the_epoch_is_published(store: Path, tmp_path: Path) -
 def test_unknown_format_version_is_refused(store: Path, tmp_path: Path) -> None:
     copy = tmp_path / "s.zarr"
     shutil.copytree(store, copy)
-    meta = copy / "epoch-00000" / "zarr.json"
-    doc = json.loads(meta.read_text())
-    doc["attributes"]["pgprefetch"]["format_version"] = 99
-    meta.write_text(json.dumps(doc))
+    claim_format_version(copy / "epoch-00000", 99)
     with pytest.raises(FormatVersionError) as e:
         EpochDataset(copy, epoch=0)
     assert str(e.value) == f"{copy / 'epoch-00000'} has format version 99; this pgprefetch reads version 1"

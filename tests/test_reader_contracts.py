@@ -3,7 +3,7 @@
 The store holds ``s(id, v = id)``: 486 samples in stored batches of 16 with ``drop_last = false``, so 31
 batches, the last of 6 samples (an odd count, as #37.17 needs). A sample's value is its key, so a batch
 names its samples. The JAX checks run in a process of their own with two CPU devices forced
-(``tests/reader_contract_checks.py``), as ``tests/test_jax.py`` does.
+(``tests/harness/scripts/reader_contract_checks.py``), as ``tests/test_jax.py`` does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import grain
@@ -25,17 +24,18 @@ import pytest
 import pgprefetch
 from pgprefetch import ArrayStream, EpochArrays
 
-from .helpers import counting_store, dump, execute, toml_value
+from .harness.configs import toml_value
+from .harness.db import execute
+from .harness.dumps import dump
+from .harness.epochs import counting_store_fixture
+from .harness.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SIZE = 486, 16  # 31 batches, the last of 6 samples
 LAST = N - (N // SIZE) * SIZE
 
 
-@pytest.fixture(scope="module")
-def store(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with counting_store(pg_dsn, tmp_path_factory.mktemp("contracts"), n=N, size=SIZE, drop_last=False) as store:
-        yield store
+store = counting_store_fixture("contracts", n=N, size=SIZE, drop_last=False)
 
 
 def stored(store: Path) -> list[list[int]]:
@@ -46,7 +46,7 @@ def stored(store: Path) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def jax_result(store: Path) -> dict:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    cmd = [sys.executable, str(ROOT / "tests" / "reader_contract_checks.py"), str(store)]
+    cmd = [sys.executable, str(SCRIPTS / "reader_contract_checks.py"), str(store)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])

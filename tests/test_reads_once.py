@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fetch
-from .helpers import chunk_bytes, dump, execute
+from .harness.db import execute, fetch
+from .harness.dumps import chunk_bytes, dump
 
 N = 600
 

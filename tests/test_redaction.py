@@ -17,7 +17,7 @@ import pytest
 
 from pgprefetch import build_config
 
-from .helpers import write_config
+from .harness.configs import write_config
 
 ONE_COLUMN = {"v": (["v"], "float32")}
 PIECES = ("Alpha1", "Bravo2")

@@ -6,8 +6,6 @@ import asyncio
 import json
 import os
 import re
-import resource
-import signal
 import stat
 import subprocess
 import time
@@ -24,13 +22,20 @@ from pgprefetch.errors import SourceError
 from pgprefetch.pg.retry import lost
 from pgprefetch.pg.session import BatchReader
 
-from .faults import FreezableProxy, restart_server, server_address
-from .helpers import chunk_bytes, dump, execute, own_server, s_config
-from .test_operations import config, dump_argv, journal_lines, start_dump, wait_for
-
-
-def terminate_dump_connections(dsn: str) -> None:
-    execute(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+from .harness.configs import operations_config as config
+from .harness.configs import s_config
+from .harness.db import execute, own_server
+from .harness.dumps import (
+    RESUME_HINT,
+    chunk_bytes,
+    dump,
+    dump_argv,
+    dump_on_a_full_disk,
+    journal_lines,
+    start_dump,
+    wait_for,
+)
+from .harness.faults import FreezableProxy, kill_every_connection, restart_server, server_address
 
 
 def test_terminated_connections_are_retried_and_the_epoch_completes(s_table: str, tmp_path: Path) -> None:
@@ -38,7 +43,7 @@ def test_terminated_connections_are_retried_and_the_epoch_completes(s_table: str
     store = tmp_path / "store.zarr"
     proc = start_dump(cfg, s_table, 0, "--json")
     wait_for(lambda: journal_lines(store) >= 3)
-    terminate_dump_connections(s_table)
+    kill_every_connection(s_table)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     summary = json.loads(out)
@@ -53,7 +58,7 @@ def test_retries_exhausted_is_one_line_exit_1_and_nothing_published(s_table: str
     store = tmp_path / "store.zarr"
     proc = start_dump(cfg, s_table, 0, "--retries", "0")
     wait_for(lambda: journal_lines(store) >= 2)
-    terminate_dump_connections(s_table)
+    kill_every_connection(s_table)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert re.fullmatch(r"Error: batch \d+: lost the connection: .+ \(gave up after 0 retries\)\n", err), err
@@ -72,18 +77,11 @@ def test_statement_timeout_names_the_batch(s_table: str, tmp_path: Path) -> None
 def test_write_failure_is_one_line_and_the_dump_resumes_after(s_table: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     store = tmp_path / "store.zarr"
-
-    def small_files() -> None:  # like a full disk: writes past 1 KiB fail (EFBIG) instead of killing us
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
-
-    proc = subprocess.run(
-        dump_argv(cfg, s_table), capture_output=True, text=True, preexec_fn=small_files, timeout=60, check=False
-    )
+    proc = dump_on_a_full_disk(dump_argv(cfg, s_table), 1024)  # writes past 1 KiB fail (EFBIG)
     assert proc.returncode == 1
     assert re.fullmatch(
         rf"Error: cannot write {re.escape(str(store))}/\.pgprefetch/partial/epoch-00000: File too large; "
-        r"free some space and run the dump again: it resumes where it stopped\n",
+        rf"{RESUME_HINT}\n",
         proc.stderr,
     ), proc.stderr
     assert not (store / "epoch-00000").exists()
@@ -117,8 +115,7 @@ def test_full_disk_is_one_line_nothing_published_and_the_dump_resumes(
     full = subprocess.run(dump_argv(cfg, s_table), capture_output=True, text=True, timeout=60, check=False)
     assert full.returncode == 1
     assert re.fullmatch(
-        r"Error: cannot write \S+: No space left on device; free some space and run the dump again: "
-        r"it resumes where it stopped\n",
+        rf"Error: cannot write \S+: No space left on device; {RESUME_HINT}\n",
         full.stderr,
     ), full.stderr
     assert not (small_disk / "store.zarr" / "epoch-00000").exists()
@@ -316,8 +313,6 @@ def test_a_statement_on_a_connection_already_closed_is_a_lost_connection(s_table
     import numpy as np
 
     from pgprefetch.pg.session import Snapshot
-
-    from .faults import kill_every_connection
 
     async def run() -> SourceError:
         source = SourceConfig(dsn=s_table, connections=1)

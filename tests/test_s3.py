@@ -21,9 +21,9 @@ from pgprefetch.store.lease import Lease
 from pgprefetch.store.open import open_store
 from pgprefetch.store.s3 import S3Store
 
-from .helpers import chunk_bytes, dump, s_config
-from .s3server import S3, SECRET, throttling_proxy
-from .test_operations import dump_argv, wait_for
+from .harness.configs import s_config
+from .harness.dumps import chunk_bytes, dump, dump_argv, wait_for
+from .harness.s3 import S3, SECRET, throttling_proxy
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -354,7 +354,7 @@ def test_wait_opens_an_s3_epoch_once_a_dump_publishes_it(s_table: str, s3: S3, t
 def test_an_s3_dump_survives_terminated_database_connections_with_the_same_bytes(
     s_table: str, s3: S3, tmp_path: Path
 ) -> None:
-    from .test_reliability import terminate_dump_connections
+    from .harness.faults import kill_every_connection
 
     bucket = s3.bucket()
     cfg = s_config(tmp_path, store=f"s3://{bucket}/pg", slow=True)
@@ -363,7 +363,7 @@ def test_an_s3_dump_survives_terminated_database_connections_with_the_same_bytes
         [*dump_argv(cfg, s_table), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) >= 5)
-    terminate_dump_connections(s_table)
+    kill_every_connection(s_table)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert json.loads(out)["retries"] == 1

@@ -21,8 +21,9 @@ from pgprefetch.cli import cli
 from pgprefetch.errors import ConfigError, SampleError
 from pgprefetch.write.scan.table import _is_sorted
 
-from .conftest import fetch
-from .helpers import chunk_bytes, dump, execute, read_arrays, toml_value
+from .harness.configs import scan_config
+from .harness.db import execute, fetch
+from .harness.dumps import chunk_bytes, dump, read_arrays
 
 SERIES = 40  # series of 1..120 rows (some shorter than a window)
 
@@ -44,22 +45,6 @@ def ticks(db: str) -> str:
            FROM generate_series(1, 700) i ORDER BY random()""",
     )
     return db
-
-
-def scan_config(folder: Path, name: str = "scan.toml", **samples: Any) -> Path:
-    fields = samples.pop("fields", {"x": (["f0", "f1"], "float32"), "y": (["label"], "int64")})
-    extra = samples.pop("extra", "")
-    size = samples.pop("size", 32)
-    compression = samples.pop("compression", "none")
-    lines = ["[source]", "connections = 3", extra, "[samples]"]
-    lines += [f"{k} = {toml_value(v)}" for k, v in samples.items()]
-    lines += ["[batches]", f"size = {size}", "seed = 5", "drop_last = false", "[store]", 'path = "store.zarr"']
-    lines += [f'compression = "{compression}"']
-    for fname, (columns, dtype) in fields.items():
-        lines += [f"[fields.{fname}]", f"columns = {json.dumps(columns)}", f"dtype = {toml_value(dtype)}"]
-    (folder / name).parent.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text("\n".join(lines) + "\n")
-    return folder / name
 
 
 def twin_config(folder: Path, window: int, stride: int, fraction: float = 1.0, order: str = "t") -> Path:
@@ -401,7 +386,7 @@ def test_a_connection_terminated_mid_scan_is_retried(ticks: str, tmp_path: Path)
     from pgprefetch import dump_epoch, load_config
     from pgprefetch.pg.retry import RetryPolicy
 
-    from .faults import kill_every_connection
+    from .harness.faults import kill_every_connection
 
     cfg = scan_config(tmp_path / "a", table=SLOW, key=["series_id"], order="t", window=8)
     killer = threading.Timer(0.6, kill_every_connection, args=(ticks,))
@@ -420,7 +405,7 @@ def test_a_connection_terminated_mid_scan_is_retried(ticks: str, tmp_path: Path)
 def test_kill_9_mid_scan_then_rerun_gives_the_clean_bytes(ticks: str, tmp_path: Path, moment: str) -> None:
     import time
 
-    from .test_operations import dump_argv, journal_lines, wait_for
+    from .harness.dumps import dump_argv, journal_lines, wait_for
 
     table = SLOW if moment == "reading" else "ticks"
     # Writing: batches of two samples, compressed: milliseconds each through zarr, so the dump is still

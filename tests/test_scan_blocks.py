@@ -22,7 +22,8 @@ from pgprefetch.errors import SampleError
 from pgprefetch.write.scan.copystream import CopyDecoder
 from pgprefetch.write.scan.table import _assemble, _block_rows, _rows
 
-from .helpers import chunk_bytes, dump, execute
+from .harness.db import execute
+from .harness.dumps import chunk_bytes, dump
 
 COLUMNS = "a, b, c, n, p, q, r, label"
 FIELDS: dict[str, tuple[list[str], str, dict[str, Any]]] = {

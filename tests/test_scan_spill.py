@@ -12,8 +12,6 @@ import asyncio
 import json
 import logging
 import re
-import resource
-import signal
 import subprocess
 import tracemalloc
 from pathlib import Path
@@ -29,11 +27,12 @@ from pgprefetch.write.scan.keyspill import SeriesSample, ranks
 from pgprefetch.write.scan.mode import SpilledScan, read_scan
 from pgprefetch.write.scan.table import Table
 
-from .helpers import chunk_bytes, dump, execute
-from .test_operations import dump_argv, start_dump, wait_for
-from .test_scan import scan_config
+from .harness.configs import scan_config
+from .harness.db import execute
+from .harness.dumps import RESUME_HINT, chunk_bytes, dump, dump_argv, dump_on_a_full_disk, kill_9_mid_dump
+from .harness.spill import TINY_SOURCE as TINY
+from .harness.spill import WINDOWS, load_tables
 
-TINY = 'memory = "1MiB"'
 SERIES_LINE = re.compile(
     r"epoch \d+: the keys of ([\d,]+) rows outgrew \[source\] memory: ([\d,]+) samples ordered on disk "
     r"\((\d+) runs, (\d+) buckets of series\), (\d+) data passes"
@@ -41,22 +40,7 @@ SERIES_LINE = re.compile(
 ORDERED_LINE = re.compile(
     r"([\d,]+) keys outgrew \[source\] memory \(.+\): ordered on disk in (\d+) runs and (\d+) buckets"
 )
-WINDOWS = {"table": "big", "key": ["series_id"], "order": "t", "window": 16, "stride": 3}
 ROWS = {"table": "flat", "key": "id", "fields": {"v": (["v"], "float32"), "w": (["w"], "int64")}}
-
-
-def load_tables(db: str, series: int = 400, rows: int = 200_000) -> None:
-    """``big``: ``series`` series of 300-316 rows, random heap order; ``flat``: ``rows`` rows keyed by id."""
-    execute(
-        db,
-        "CREATE TABLE big (series_id int, t int, f0 real NOT NULL, f1 float8 NOT NULL, label int NOT NULL)",
-        f"""INSERT INTO big SELECT s, t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
-            FROM generate_series(1, {series}) s, generate_series(1, 300 + s % 17) t ORDER BY random()""",
-        "CREATE INDEX ON big (series_id, t)",
-        "CREATE TABLE flat (id bigint NOT NULL, v real NOT NULL, w bigint NOT NULL)",
-        f"INSERT INTO flat SELECT i * 7, i * 0.25, i % 1000 FROM generate_series(1, {rows}) i ORDER BY random()",
-        "CREATE INDEX ON flat (id)",
-    )
 
 
 @pytest.fixture
@@ -215,10 +199,7 @@ def test_kill_9_while_keys_are_on_disk_then_rerun_gives_the_clean_bytes(tables: 
     cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
     store = tmp_path / "a" / "store.zarr"
     keys = store / ".pgprefetch" / "partial" / "epoch-00000.keys"
-    victim = start_dump(cfg, tables)
-    wait_for(lambda: (keys / "passes").exists())
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    kill_9_mid_dump(cfg, tables, lambda: (keys / "passes").exists())
     assert not (store / "epoch-00000").exists()
     rerun = dump(cfg, tables)
     clean = dump(scan_config(tmp_path / "b", **WINDOWS), tables)
@@ -230,18 +211,13 @@ def test_scratch_takes_the_keys_and_a_full_one_is_one_line_with_nothing_publishe
     cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
     store = tmp_path / "a" / "store.zarr"
     scratch = tmp_path / "scratch"
-
-    def small_files() -> None:  # like a full disk: writes past 256 KiB fail (EFBIG); the keys take ~2 MB
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
-
     argv = [*dump_argv(cfg, tables), "--scratch", str(scratch)]
-    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=small_files, timeout=120, check=False)
+    proc = dump_on_a_full_disk(argv, 256 << 10, timeout=120)  # writes past 256 KiB fail; the keys take ~2 MB
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert re.fullmatch(
         rf"Error: cannot write {re.escape(str(scratch))}/pgprefetch-[0-9a-f]{{12}}-epoch-00000\.keys/rows: "
-        r"File too large; free some space and run the dump again: it resumes where it stopped",
+        rf"File too large; {RESUME_HINT}",
         proc.stderr.splitlines()[-1],
     ), proc.stderr
     assert not (store / "epoch-00000").exists()

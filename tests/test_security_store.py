@@ -32,8 +32,11 @@ from pgprefetch.store.local import LocalStore
 from pgprefetch.store.maintenance import prune
 from pgprefetch.store.open import open_store
 
-from .helpers import dump, own_database, s_config, write_config
-from .s3server import S3
+from .harness.configs import s_config, write_config
+from .harness.db import own_database
+from .harness.dumps import dump
+from .harness.raycluster import single_process
+from .harness.s3 import S3
 
 N, SIZE = 96, 16
 
@@ -373,7 +376,7 @@ def test_an_epoch_published_by_the_ray_executor_records_the_same_metadata_hashes
 ) -> None:
     import pgprefetch
 
-    single = dump(s_config(tmp_path, name="single.toml", store="single.zarr"), s_table)
+    single = single_process(tmp_path, s_table)
     location = f"s3://{s3.bucket()}/ray"
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
     apart = {**env, "PGPREFETCH_STAGING": str(tmp_path / "parts-staging")}  # parts upload from their own nodes
@@ -419,7 +422,7 @@ def test_keys_a_check_orders_on_disk_are_in_a_folder_only_their_user_can_read(
     from pgprefetch import load_config
     from pgprefetch.write.check import check_config
 
-    from .test_spill import numbers_config
+    from .harness.spill import numbers_config
 
     scratch = tmp_path / "tmp"  # where `check` orders the keys: the temporary folder
     scratch.mkdir()
@@ -434,8 +437,9 @@ def test_keys_a_check_orders_on_disk_are_in_a_folder_only_their_user_can_read(
 def test_keys_and_spool_of_a_scan_dump_beyond_memory_are_in_folders_only_their_user_can_read(
     db: str, tmp_path: Path
 ) -> None:
-    from .test_scan import scan_config
-    from .test_scan_spill import TINY, WINDOWS, load_tables
+    from .harness.configs import scan_config
+    from .harness.spill import TINY_SOURCE as TINY
+    from .harness.spill import WINDOWS, load_tables
 
     load_tables(db)
     cfg = scan_config(tmp_path / "c", **WINDOWS, extra=TINY)

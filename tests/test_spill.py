@@ -13,9 +13,7 @@ import json
 import logging
 import os
 import re
-import resource
 import signal
-import subprocess
 import tempfile
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -35,10 +33,20 @@ from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.query import plan_epoch
 
-from .helpers import chunk_bytes, dump, execute, write_config
-from .test_operations import dump_argv, journal_lines, start_dump, wait_for
+from .harness.db import execute
+from .harness.dumps import (
+    RESUME_HINT,
+    chunk_bytes,
+    dump,
+    dump_argv,
+    dump_on_a_full_disk,
+    journal_lines,
+    start_dump,
+    wait_for,
+)
+from .harness.spill import KINDS, numbers_config
+from .harness.spill import TINY_MEMORY as TINY
 
-TINY = "1MiB"  # the least: buckets of 26,214 keys, runs of one 50,000-key cursor chunk
 SPILL = re.compile(
     r"epoch \d+: ([\d,]+) keys outgrew \[source\] memory \(.+\): ordered on disk in (\d+) runs and (\d+) buckets"
 )
@@ -147,29 +155,6 @@ def test_prune_partials_removes_keys_a_dump_killed_while_ordering_them_left(tmp_
 
 # ---- dumps through PostgreSQL -------------------------------------------------------------------------------------
 
-KINDS = {
-    "int": ("SELECT i FROM generate_series(1, {n}) i", "SELECT $1 % 1000 AS v"),
-    "two columns": (
-        "SELECT i / 1000 AS a, i % 1000 AS b FROM generate_series(1, {n}) i",
-        "SELECT $1::int8 * 1000 + $2 AS v",
-    ),
-    "uuid": ("SELECT md5(i::text)::uuid AS u FROM generate_series(1, {n}) i", "SELECT length($1::text) AS v"),
-}
-
-
-def numbers_config(folder: Path, kind: str = "int", n: int = 200_000, **overrides: object) -> Path:
-    keys, query = KINDS[kind]
-    settings: dict[str, object] = {
-        "keys": keys.format(n=n),
-        "query": query,
-        "fields": {"v": (["v"], "int64")},
-        "size": 1000,
-        "connections": 2,
-        "seed": 11,
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    return write_config(folder, **{**settings, **overrides})  # type: ignore[arg-type]
-
 
 def spill_line(caplog: pytest.LogCaptureFixture) -> tuple[int, int, int]:
     """(keys, runs, buckets) of the dump's "ordered on disk" line."""
@@ -263,18 +248,11 @@ def test_a_full_disk_while_ordering_keys_is_one_line_and_nothing_is_published(db
     cfg = numbers_config(tmp_path, n=120_000, extra_source=f'memory = "{TINY}"')
     store = tmp_path / "store.zarr"
     dump(cfg, db, epoch=1)  # the store exists: a failed dump leaves it, and must leave no keys behind
-
-    def small_files() -> None:  # like a full disk: writes past 256 KiB fail (EFBIG); the spill is ~2 MB
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
-
-    proc = subprocess.run(
-        dump_argv(cfg, db), capture_output=True, text=True, preexec_fn=small_files, timeout=60, check=False
-    )
+    proc = dump_on_a_full_disk(dump_argv(cfg, db), 256 << 10)  # writes past 256 KiB fail; the spill is ~2 MB
     assert proc.returncode == 1
     assert re.fullmatch(
         rf"Error: cannot write {re.escape(str(store))}/\.pgprefetch/partial/epoch-00000\.keys: File too large; "
-        r"free some space and run the dump again: it resumes where it stopped\n",
+        rf"{RESUME_HINT}\n",
         proc.stderr,
     ), proc.stderr
     assert not (store / "epoch-00000").exists()

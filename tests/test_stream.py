@@ -17,12 +17,13 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import pgprefetch.write.files.shardfiles
 from pgprefetch import EpochDataset, EpochStream
 from pgprefetch.errors import ConfigError, EpochNotReadyError
 from pgprefetch.store.open import open_store
 
-from .helpers import dump, own_database, write_config
+from .harness.db import own_database
+from .harness.dumps import dump
+from .harness.epochs import counting_config, counting_table, dump_counting, swap_shard_chunks
 
 N, SIZE = 470, 16
 pytestmark = [
@@ -33,36 +34,20 @@ pytestmark = [
 
 
 def config_for(folder: Path) -> Path:
-    fields = {"v": (["v"], "int64")}
-    return write_config(
-        folder,
-        keys="SELECT id FROM s",
-        query="SELECT v FROM s WHERE id = $1",
-        fields=fields,
-        size=SIZE,
-        drop_last=False,
-    )
+    return counting_config(folder, size=SIZE, drop_last=False)
 
 
 @pytest.fixture(scope="module")
 def source(pg_dsn: str) -> Iterator[str]:
-    with own_database(
-        pg_dsn,
-        "CREATE TABLE s (id int PRIMARY KEY, v bigint NOT NULL)",
-        f"INSERT INTO s SELECT i, i FROM generate_series(1, {N}) i",
-    ) as dsn:
+    with own_database(pg_dsn, *counting_table(N)) as dsn:
         yield dsn
 
 
 @pytest.fixture(scope="module")
 def store(source: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("stream")
-    config = config_for(folder)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pgprefetch.write.files.shardfiles, "SHARD_BYTES", 2 * SIZE * 8)
-        for epoch in (0, 1, 2):
-            dump(config, source, epoch=epoch)
-    return folder / "store.zarr"
+    return dump_counting(
+        source, tmp_path_factory.mktemp("stream"), size=SIZE, drop_last=False, epochs=(0, 1, 2), shard_batches=2
+    )
 
 
 def order(store: Path, epoch: int) -> np.ndarray:
@@ -286,20 +271,9 @@ def test_stateful_dataloader_state_resumes_on_another_world_size(store: Path) ->
 
 def test_a_shard_whose_chunks_are_out_of_order_reads_the_same(store: Path, tmp_path: Path) -> None:
     """zarr itself may write a shard's chunks in any order; its index says where each one is."""
-    import shutil
-
-    import google_crc32c
-
     copy = tmp_path / "store.zarr"
-    shutil.copytree(store, copy)
-    shard = copy / "epoch-00002" / "v" / "c" / "0" / "0"
-    data = shard.read_bytes()
-    chunk, index_bytes = SIZE * 8, 2 * 16 + 4
-    index = np.frombuffer(data[-index_bytes:-4], dtype="<u8").reshape(2, 2).copy()
-    assert index[:, 0].tolist() == [0, chunk]  # back to back, as pgprefetch writes them
-    index[:, 0] = [chunk, 0]  # the same chunks, swapped
-    raw = index.tobytes()
-    shard.write_bytes(data[chunk : 2 * chunk] + data[:chunk] + raw + google_crc32c.value(raw).to_bytes(4, "little"))
+    chunk = SIZE * 8
+    assert swap_shard_chunks(store, copy, chunk) == [0, chunk]  # back to back, as pgprefetch writes them
     for size in (SIZE, 4, 20):
         ds = EpochDataset(copy, 2, batch_size=size, consumer=None)
         assert values(list(ds)) == expected(store, range(2, 3), size)

@@ -11,8 +11,9 @@ import numpy as np
 from bench.datasets import ROWS
 from pgprefetch import load_config
 
-from .conftest import fetch
-from .helpers import dump, execute, read_arrays, write_config
+from .harness.configs import write_config
+from .harness.db import execute, fetch
+from .harness.dumps import dump, read_arrays
 
 N = 48
 

@@ -13,8 +13,9 @@ from pgprefetch.write.batches import local_unit_batches, unit_batches
 from pgprefetch.write.pipeline import dump_epoch
 from pgprefetch.write.schedule import UNIT_SECONDS, Units
 
-from .conftest import fetch
-from .helpers import S_ROWS, chunk_bytes, dump, read_arrays, s_config
+from .harness.configs import s_config
+from .harness.db import S_ROWS, fetch
+from .harness.dumps import chunk_bytes, dump, read_arrays
 
 
 def drain(units: Units, seconds: float) -> list[tuple[int, int]]:

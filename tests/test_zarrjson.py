@@ -15,7 +15,7 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from pgprefetch.config.model import DTYPES
 from pgprefetch.store.zarrjson import array_json, group_json, guess_chunks, write_array
 
-from .helpers import s_config
+from .harness.configs import s_config
 
 ZARR_COMPRESSORS: dict[str, Any] = {
     "none": None,

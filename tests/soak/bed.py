@@ -1,9 +1,9 @@
 """The soak's world: a PostgreSQL of its own behind the chaos bed's proxy, a table, a config, and a store.
 
-The server is the soak's own (:func:`tests.helpers.own_server`) because the soak restarts it. Every process
+The server is the soak's own (:func:`tests.harness.db.own_server`) because the soak restarts it. Every process
 the soak starts (cron's dumps, the training ranks, a prune by hand) reaches the database through the
-:class:`~tests.faults.FreezableProxy`, so a freeze strikes them as a dropped route would; the faults
-themselves go to the server directly. An S3 store is moto's server (:mod:`tests.s3server`), reached by those
+:class:`~tests.harness.faults.FreezableProxy`, so a freeze strikes them as a dropped route would; the faults
+themselves go to the server directly. An S3 store is moto's server (:mod:`tests.harness.s3`), reached by those
 processes through a proxy that refuses requests while a fault says so; the soak's own checks go to moto
 directly.
 """
@@ -19,9 +19,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..faults import FreezableProxy, server_address
-from ..helpers import execute, own_server
-from ..s3server import S3, s3_server_process, throttling_proxy
+from ..harness.db import execute, own_server
+from ..harness.faults import FreezableProxy, server_address
+from ..harness.s3 import S3, s3_server_process, throttling_proxy
 
 ROWS = 2048  # samples an epoch: 32 batches of 64, 16 a rank
 BATCH = 64

@@ -27,7 +27,7 @@ from pgprefetch import EpochDataset, dump_epoch, load_config
 from pgprefetch.store.consumers import run_of
 from pgprefetch.store.open import open_store
 
-from ..helpers import execute
+from ..harness.db import execute
 from .bed import REPO, Bed
 
 MEMORY_GROWTH_KIB = 16 << 10  # a rank's heap may move by this much between its early and late epochs

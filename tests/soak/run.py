@@ -8,16 +8,14 @@ next minute's run has gone by.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..harness.s3 import environment
 from . import deploy
 from .bed import BATCH, ROWS, Bed, soak_bed
 from .check import check_end_state, check_memory, check_reads, memory, stuck_ranks
@@ -27,21 +25,6 @@ from .schedule import Faults, draw, kinds
 from .timeline import Timeline
 from .training import Training, saved_steps
 from .watch import CONSUMER, Watcher
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """This process's environment with ``values`` set (the soak's own view of an S3 store), restored after."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def option(args: list[str], flag: str) -> int:

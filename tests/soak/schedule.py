@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..faults import kill_every_connection, restart_server
+from ..harness.faults import kill_every_connection, restart_server
 from . import deploy
 from .bed import LEASE_SECONDS, Bed, python
 from .cron import Cron, DumpRun

@@ -86,18 +86,26 @@ _SERVER = (
 
 
 @contextmanager
-def s3_server_process() -> Iterator[S3]:
-    """The same server in a process of its own, for a harness whose own threads must not wait on moto's GIL."""
+def moto_process() -> Iterator[tuple[int, str]]:
+    """moto's server in a process of its own: its pid and endpoint; stopped (stdin closed, then killed) after.
+
+    For a harness whose own threads must not wait on moto's GIL (the soak), or that measures moto's CPU
+    apart from its own (the S3 bench).
+    """
     import subprocess
     import sys
+    import tempfile
 
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=tempfile.gettempdir(),
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         said = proc.stdout.readline().split()
         if len(said) != 2 or said[0] != "PORT":
             raise RuntimeError(f"moto's server did not start (it said {said!r})")
-        yield _running(f"http://127.0.0.1:{said[1]}")
+        yield proc.pid, f"http://127.0.0.1:{said[1]}"
     finally:
         proc.stdin.close()  # type: ignore[union-attr]
         try:
@@ -105,6 +113,30 @@ def s3_server_process() -> Iterator[S3]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def s3_server_process() -> Iterator[S3]:
+    """The same server as :func:`s3_server`, in a process of its own (:func:`moto_process`)."""
+    with moto_process() as (_, endpoint):
+        yield _running(endpoint)
+
+
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set (obstore and pgprefetch read AWS_*), restored after."""
+    import os
+
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 _ERRORS = {

@@ -16,7 +16,13 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from .helpers import execute
+import pytest
+
+from .db import execute
+
+# The long fault scenarios: `make chaos` runs them (PGPREFETCH_CHAOS_LONG=1), a plain `make test` skips them.
+LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
+CHAOS_ONLY = pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
 
 
 def kill_every_connection(dsn: str) -> None:
