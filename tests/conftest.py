@@ -21,6 +21,7 @@ import pytest
 
 from pgprefetch.demo.data import load_demo_data
 
+from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
 from .s3server import S3
 from .s3server import s3_server as s3_server_running
 
