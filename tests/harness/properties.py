@@ -36,7 +36,7 @@ epochs = st.integers(0, int(INT64.max))
 
 @st.composite
 def key_arrays(
-    draw: st.DrawFn, widths: tuple[int, ...] = (1, 2), max_keys: int = 200, repeats: bool = True
+    draw: st.DrawFn, widths: tuple[int, ...] = (1, 2), max_keys: int = 200, repeats: bool = True, min_keys: int = 0
 ) -> np.ndarray:
     """Keys as the dump holds them: ``(width, n)`` int64, column-major; with ``repeats``, some keys twice or more.
 
@@ -44,7 +44,7 @@ def key_arrays(
     repeat may land far from its first copy (in another run, another bucket).
     """
     width = draw(st.sampled_from(widths))
-    distinct = draw(st.lists(st.tuples(*[values] * width), max_size=max_keys, unique=True))
+    distinct = draw(st.lists(st.tuples(*[values] * width), min_size=min_keys, max_size=max_keys, unique=True))
     keys = list(distinct)
     if repeats and distinct:
         copies = draw(st.lists(st.sampled_from(distinct), max_size=max_keys // 4))
