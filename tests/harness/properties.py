@@ -25,6 +25,9 @@ settings.register_profile("ci", derandomize=True, max_examples=40, deadline=None
 settings.register_profile("dev", max_examples=400, deadline=None, database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# For a property whose every example writes a real store (zarr, files): a quarter of the profile's examples.
+costly = settings(max_examples=max(5, settings.default.max_examples // 4))
+
 INT64 = np.iinfo(np.int64)
 EXTREMES = (0, -1, 1, int(INT64.min), int(INT64.min) + 1, int(INT64.max) - 1, int(INT64.max))
 # A key value: anything an int8 column holds, drawn often from the edges and from a few small values (repeats).
@@ -56,3 +59,27 @@ def key_arrays(
 def distinct_count(keys: np.ndarray) -> int:
     """How many different keys (columns) ``keys`` holds: the oracle for repeats found."""
     return int(np.unique(keys, axis=1).shape[1]) if keys.shape[1] else 0
+
+
+def same_json(a: object, b: object) -> bool:
+    """Whether two JSON values are the same, NaN equal to NaN and a bool never equal to a number."""
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)  # type: ignore[attr-defined]
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+    return a == b
+
+
+# Any text: every script, emoji, control characters and lone surrogates (escaped by json, as zarr writes them).
+texts = st.text(st.characters(exclude_categories=()), max_size=12)
+# JSON-able attributes as a manifest holds them: numbers of any size, NaN and the infinities, nested lists and maps.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    max_leaves=20,
+)
+attributes = st.dictionaries(texts, json_values, max_size=5)
