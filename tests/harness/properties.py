@@ -21,8 +21,8 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
-settings.register_profile("ci", derandomize=True, max_examples=40, deadline=None, database=None, print_blob=True)
-settings.register_profile("dev", max_examples=400, deadline=None, database=None, print_blob=True)
+settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None, database=None, print_blob=True)
+settings.register_profile("dev", max_examples=500, deadline=None, database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # For a property whose every example writes a real store (zarr, files): a quarter of the profile's examples.
