@@ -73,7 +73,6 @@ def test_a_group_s_metadata_is_what_zarr_writes(tmp_path: Path, attributes: dict
     assert group_json(attributes) == (tmp_path / "g" / "zarr.json").read_bytes()
 
 
-@costly
 @given(attrs=attributes)
 def test_any_group_attributes_are_written_as_zarr_writes_them_and_read_back(attrs: dict[str, Any]) -> None:
     """Unicode of every kind (lone surrogates too), NaN and the infinities, integers of any size, nesting."""

@@ -15,6 +15,7 @@ tests/conftest.py imports this module once, which registers and loads the profil
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -77,8 +78,9 @@ def same_json(a: object, b: object) -> bool:
 # Any text: every script, emoji, control characters and lone surrogates (escaped by json, as zarr writes them).
 texts = st.text(st.characters(exclude_categories=()), max_size=12)
 # JSON-able attributes as a manifest holds them: numbers of any size, NaN and the infinities, nested lists and maps.
+special_floats = st.sampled_from([math.nan, math.inf, -math.inf, -0.0])  # drawn often, not left to chance
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | texts,
+    st.none() | st.booleans() | st.integers() | special_floats | st.floats() | texts,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
     max_leaves=20,
 )
