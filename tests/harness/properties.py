@@ -31,7 +31,7 @@ costly = settings(max_examples=max(5, settings.default.max_examples // 4))
 
 INT64 = np.iinfo(np.int64)
 EXTREMES = (0, -1, 1, int(INT64.min), int(INT64.min) + 1, int(INT64.max) - 1, int(INT64.max))
-# A key value: anything an int8 column holds, drawn often from the edges and from a few small values (repeats).
+# A key value: anything a bigint (int8) column holds, drawn often from the edges and from a few small values (repeats).
 values = st.one_of(st.sampled_from(EXTREMES), st.integers(-3, 3), st.integers(int(INT64.min), int(INT64.max)))
 # The seeds a config holds (a TOML integer: int64) and the epochs a dump is asked for (0 and up).
 seeds = st.integers(int(INT64.min), int(INT64.max))
