@@ -1,8 +1,9 @@
 """Keys beyond ``[source] memory``: ordered on disk (runs, then hash-range buckets), the same order, the same bytes.
 
-The unit tests compare the external sort with the in-memory one on arrays (ties forced by a low-entropy
-hash); the others dump through PostgreSQL under a small ``--memory`` and compare, byte for byte, with an
-in-memory dump of the same keys. ``test_two_million_keys_...`` is the scale test (marked ``scale``).
+The unit tests compare the external sort with the in-memory one on arrays Hypothesis draws (a few hundred
+keys in several runs and buckets; ties forced by a low-entropy hash); the others dump through PostgreSQL
+under a small ``--memory`` and compare, byte for byte, with an in-memory dump of the same keys.
+``test_two_million_keys_...`` is the scale test (marked ``scale``).
 """
 
 from __future__ import annotations
