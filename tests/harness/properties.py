@@ -27,7 +27,7 @@ settings.register_profile("dev", max_examples=500, deadline=None, database=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # For a property whose every example writes a real store (zarr, files): a quarter of the profile's examples.
-costly = settings(max_examples=max(5, settings.default.max_examples // 4))
+costly = settings(max_examples=max(5, settings().max_examples // 4))
 
 INT64 = np.iinfo(np.int64)
 EXTREMES = (0, -1, 1, int(INT64.min), int(INT64.min) + 1, int(INT64.max) - 1, int(INT64.max))
@@ -64,14 +64,14 @@ def distinct_count(keys: np.ndarray) -> int:
 
 def same_json(a: object, b: object) -> bool:
     """Whether two JSON values are the same, NaN equal to NaN and a bool never equal to a number."""
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     if type(a) is not type(b):
         return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)  # type: ignore[attr-defined]
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
