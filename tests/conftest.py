@@ -16,6 +16,7 @@ import pytest
 
 from pgprefetch.demo.data import load_demo_data
 
+from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
 from .harness.db import S_TABLE, execute, own_database, own_server
 from .harness.s3 import S3
 from .harness.s3 import s3_server as s3_server_running

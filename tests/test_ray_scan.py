@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import pgprefetch
 from pgprefetch.errors import SampleError, SourceError
@@ -26,6 +29,7 @@ from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
 from .harness.faults import CHAOS_ONLY, kill_every_connection
 from .harness.golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest, golden_config
+from .harness.properties import key_arrays
 from .harness.raycluster import fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
 from .harness.s3 import S3
 
@@ -127,36 +131,69 @@ def test_bad_data_met_on_the_cluster_is_the_single_process_error_and_nothing_is_
         pgprefetch.dump(spread, epochs=0, dsn=db, executor="ray", parts=2)
 
 
-def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_order() -> None:
-    rng = np.random.default_rng(0)
-    keys = [np.sort(rng.choice(1000, size=n, replace=False)).reshape(1, -1) for n in (30, 0, 45)]
-    merged = merge_keys([k.astype(np.int64) for k in keys])
-    assert np.array_equal(merged.keys[0], np.sort(np.concatenate([k[0] for k in keys])))
-    column = object()
-    blocks = [Table(keys=k, values={column: k[0] * 10}) for k in keys]  # type: ignore[dict-item]
-    starts = np.array([40, 3, 17, 70], dtype=np.int64)
-    rows = rows_of(starts, 3)
+@st.composite
+def _blocks(draw: st.DrawFn) -> list[np.ndarray]:
+    """The key columns of a few read blocks, each sorted in itself; a block may be empty, keys may repeat across."""
+    width = draw(st.sampled_from([1, 2]))
+    out = []
+    for keys in draw(st.lists(key_arrays(widths=(width,), max_keys=40, repeats=False), min_size=1, max_size=4)):
+        out.append(np.ascontiguousarray(keys[:, np.lexsort(keys[::-1])]) if keys.shape[1] else keys)
+    return out
+
+
+@given(blocks=_blocks(), data=st.data())
+def test_a_part_joins_its_pieces_into_the_rows_its_samples_span_in_the_table_s_order(
+    blocks: list[np.ndarray], data: st.DataObject
+) -> None:
+    n = sum(k.shape[1] for k in blocks)
+    window = data.draw(st.integers(1, max(1, min(n, 8))), label="window")
+    assume(n >= window)
+    merged = merge_keys(blocks)
+    concatenated = np.concatenate(blocks, axis=1)
+    assert np.array_equal(merged.keys, concatenated[:, np.lexsort(concatenated[::-1])])
+    assert np.array_equal(merged.keys, concatenated[:, merged.order])
+    column, ids = object(), object()
+    tables = []
+    for b, k in enumerate(blocks):  # each row's value: its first key slot * 10; and which row it is
+        first = int(merged.offsets[b])
+        table = Table(keys=k, values={column: k[0] * 10, ids: np.arange(first, first + k.shape[1])})  # type: ignore[dict-item]
+        if data.draw(st.booleans(), label=f"block {b} has NULLs"):
+            table.masks[column] = data.draw(hnp.arrays(np.bool_, k.shape[1]), label=f"block {b}'s NULLs")  # type: ignore[index]
+        tables.append(table)
+    starts = np.array(
+        data.draw(st.lists(st.integers(0, n - window), min_size=1, max_size=12), label="starts"), dtype=np.int64
+    )
+    rows = rows_of(starts, window)
     routed = route(rows, merged)
-    pieces: list[Piece] = [cut_block(block, [wanted])[0] for block, wanted in zip(blocks, routed, strict=True)]
+    pieces: list[Piece] = [cut_block(block, [wanted])[0] for block, wanted in zip(tables, routed, strict=True)]
     table, places = join_pieces(pieces)
     assert np.array_equal(places, rows)
+    assert np.array_equal(table.values[ids], merged.order[rows])  # type: ignore[index]
     assert np.array_equal(table.values[column], merged.keys[0][rows] * 10)  # type: ignore[index]
+    # A block without NULLs in a column sends no mask for it: joined with one that has NULLs, its rows are not NULL.
+    every = np.concatenate([t.masks.get(column, np.zeros(t.keys.shape[1], bool)) for t in tables])  # type: ignore[call-overload]
+    joined = table.masks.get(column, np.zeros(rows.size, bool))  # type: ignore[call-overload]
+    assert np.array_equal(joined, every[merged.order[rows]])
+    if not any(column in t.masks for t in tables):
+        assert column not in table.masks  # (as the single process keeps none for a table without NULLs)
     local = np.searchsorted(places, starts)
     for s, at in zip(starts, local, strict=True):  # a window's rows are consecutive in the part's table
-        assert np.array_equal(table.values[column][at : at + 3], merged.keys[0][s : s + 3] * 10)  # type: ignore[index]
+        assert np.array_equal(table.values[column][at : at + window], merged.keys[0][s : s + window] * 10)  # type: ignore[index]
 
 
 @pytest.mark.parametrize("window", [1, 3, 64])
-def test_the_rows_a_part_needs_are_each_row_its_samples_span_once_in_table_order(window: int) -> None:
-    rng = np.random.default_rng(window)
-    for n_rows, n_starts in ((1, 1), (200, 5), (5000, 300), (5000, 4000)):
-        if n_rows < window:
-            continue
-        starts = rng.integers(0, n_rows - window + 1, size=n_starts)  # repeats and overlaps included
-        spanned = np.zeros(n_rows, dtype=bool)
-        for offset in range(window):
-            spanned[starts + offset] = True
-        assert np.array_equal(rows_of(starts, window), np.flatnonzero(spanned))
+@given(data=st.data())
+def test_the_rows_a_part_needs_are_each_row_its_samples_span_once_in_table_order(
+    window: int, data: st.DataObject
+) -> None:
+    n_rows = data.draw(st.integers(window, window + 5000), label="rows")
+    starts = data.draw(
+        hnp.arrays(np.int64, st.integers(0, 400), elements=st.integers(0, n_rows - window)), label="starts"
+    )
+    spanned = np.zeros(n_rows, dtype=bool)  # repeats and overlaps included
+    for offset in range(window):
+        spanned[starts + offset] = True
+    assert np.array_equal(rows_of(starts, window), np.flatnonzero(spanned))
     assert rows_of(np.empty(0, dtype=np.int64), window).size == 0
 
 

@@ -13,6 +13,9 @@ import asyncpg
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from bench import mixed
 from bench.scan import scan_config as bench_scan_config
@@ -24,6 +27,7 @@ from pgprefetch.write.scan.table import _is_sorted
 from .harness.configs import scan_config
 from .harness.db import execute, fetch
 from .harness.dumps import chunk_bytes, dump, read_arrays
+from .harness.properties import EXTREMES
 
 SERIES = 40  # series of 1..120 rows (some shorter than a window)
 
@@ -176,14 +180,19 @@ def test_a_table_stored_in_key_order_gives_the_bytes_of_one_in_random_order(tick
     assert chunk_bytes(ordered.path) == chunk_bytes(shuffled.path)
 
 
-def test_key_order_is_recognised_exactly_as_lexsort_orders() -> None:
-    rng = np.random.default_rng(0)
-    for _ in range(500):
-        keys = rng.integers(0, 3, size=(int(rng.integers(1, 4)), int(rng.integers(0, 9))))
-        if rng.random() < 0.5:
-            keys = keys[:, np.lexsort(keys[::-1])]
-        expected = np.array_equal(np.lexsort(keys[::-1]), np.arange(keys.shape[1])) or keys.shape[1] < 2
-        assert _is_sorted(keys) == expected, keys.tolist()
+@given(
+    keys=hnp.arrays(
+        np.int64,
+        st.tuples(st.integers(1, 3), st.integers(0, 8)),
+        elements=st.integers(0, 2) | st.sampled_from(EXTREMES),
+    ),
+    sort=st.booleans(),
+)
+def test_key_order_is_recognised_exactly_as_lexsort_orders(keys: np.ndarray, sort: bool) -> None:
+    if sort:
+        keys = keys[:, np.lexsort(keys[::-1])]
+    expected = np.array_equal(np.lexsort(keys[::-1]), np.arange(keys.shape[1])) or keys.shape[1] < 2
+    assert _is_sorted(keys) == expected, keys.tolist()
 
 
 def test_a_select_as_table_and_a_multi_column_key(ticks: str, tmp_path: Path) -> None:

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from pgprefetch import dump_epochs, load_config
 from pgprefetch.errors import SampleError
@@ -30,6 +33,7 @@ from pgprefetch.write.scan.table import Table
 from .harness.configs import scan_config
 from .harness.db import execute
 from .harness.dumps import RESUME_HINT, chunk_bytes, dump, dump_argv, dump_on_a_full_disk, kill_9_mid_dump
+from .harness.properties import EXTREMES
 from .harness.spill import TINY_SOURCE as TINY
 from .harness.spill import WINDOWS, load_tables
 
@@ -62,16 +66,16 @@ def manifest(path: Path) -> dict[str, object]:
 # ---- the pieces ------------------------------------------------------------------------------------------------
 
 
-def test_ranks_count_the_sorted_keys_at_or_below_each_key_lexicographically() -> None:
-    rng = np.random.default_rng(1)
-    for width in (1, 2, 3):
-        table = rng.integers(0, 4, size=(width, 300))
-        table = table[:, np.lexsort(table[::-1])]
-        keys = rng.integers(-1, 5, size=(width, 200))
-        as_tuples = [tuple(c) for c in table.T]
-        for equal in (True, False):
-            expected = [sum((t <= tuple(k)) if equal else (t < tuple(k)) for t in as_tuples) for k in keys.T]
-            assert ranks(table, keys, equal=equal).tolist() == expected
+@given(data=st.data(), width=st.integers(1, 3))
+def test_ranks_count_the_sorted_keys_at_or_below_each_key_lexicographically(data: st.DataObject, width: int) -> None:
+    values = st.integers(-1, 4) | st.sampled_from(EXTREMES)  # few values: many keys equal, in every slot
+    table = data.draw(hnp.arrays(np.int64, (width, data.draw(st.integers(0, 300))), elements=values), label="table")
+    table = table[:, np.lexsort(table[::-1])]
+    keys = data.draw(hnp.arrays(np.int64, (width, data.draw(st.integers(0, 200))), elements=values), label="keys")
+    as_tuples = [tuple(c) for c in table.T]
+    for equal in (True, False):
+        expected = [sum((t <= tuple(k)) if equal else (t < tuple(k)) for t in as_tuples) for k in keys.T]
+        assert ranks(table, keys, equal=equal).tolist() == expected
 
 
 def test_the_series_sample_cuts_ranges_of_about_the_rows_asked_and_none_empty() -> None:

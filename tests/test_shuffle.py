@@ -4,37 +4,54 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from pgprefetch.write.order import shuffle
 from pgprefetch.write.order.shuffle import _tied_runs, epoch_order, n_batches, shuffle_keys, subsample
 
+from .harness.properties import epochs, key_arrays, seeds
 
-def keys_of(n: int, columns: int = 2) -> np.ndarray:
-    rng = np.random.default_rng(1)
+
+def keys_of(n: int, columns: int = 2, rng_seed: int = 1) -> np.ndarray:
+    """``n`` keys of ``columns`` int64 slots, spread over 2**41 values each (a repeat is about never drawn)."""
+    rng = np.random.default_rng(rng_seed)
     return np.ascontiguousarray(rng.integers(-(2**40), 2**40, size=(columns, n)))
 
 
-def test_order_is_a_permutation() -> None:
-    order = epoch_order(keys_of(10_000), seed=0, epoch=0)
-    assert sorted(order.tolist()) == list(range(10_000))
+@given(keys=key_arrays(), seed=seeds, epoch=epochs)
+def test_order_is_a_permutation(keys: np.ndarray, seed: int, epoch: int) -> None:
+    order = epoch_order(keys, seed=seed, epoch=epoch)
+    assert sorted(order.tolist()) == list(range(keys.shape[1]))
 
 
-def test_same_seed_and_epoch_give_the_same_order() -> None:
-    k = keys_of(5_000)
-    assert np.array_equal(shuffle_keys(k.copy(), seed=7, epoch=3), shuffle_keys(k.copy(), seed=7, epoch=3))
+@given(keys=key_arrays(repeats=False), seed=seeds, epoch=epochs)
+def test_same_seed_and_epoch_give_the_same_order(keys: np.ndarray, seed: int, epoch: int) -> None:
+    once = shuffle_keys(keys.copy(), seed=seed, epoch=epoch)
+    assert np.array_equal(once, shuffle_keys(keys.copy(), seed=seed, epoch=epoch))
+    assert np.array_equal(np.unique(once, axis=1), np.unique(keys, axis=1))  # the same keys, each once
 
 
-def test_another_epoch_or_seed_gives_another_order() -> None:
-    k = keys_of(5_000)
-    base = shuffle_keys(k.copy(), seed=7, epoch=3)
-    assert (shuffle_keys(k.copy(), seed=7, epoch=4) != base).any(axis=0).mean() > 0.99
-    assert (shuffle_keys(k.copy(), seed=8, epoch=3) != base).any(axis=0).mean() > 0.99
+@given(seed=seeds, epoch=epochs, other_seed=seeds, other_epoch=epochs, rng_seed=st.integers(0, 2**32 - 1))
+def test_another_epoch_or_seed_gives_another_order(
+    seed: int, epoch: int, other_seed: int, other_epoch: int, rng_seed: int
+) -> None:
+    assume(other_seed != seed and other_epoch != epoch)
+    k = keys_of(5_000, rng_seed=rng_seed)  # enough keys that two orders agree on about one place in 5,000
+    base = shuffle_keys(k.copy(), seed=seed, epoch=epoch)
+    assert (shuffle_keys(k.copy(), seed=seed, epoch=other_epoch) != base).any(axis=0).mean() > 0.99
+    assert (shuffle_keys(k.copy(), seed=other_seed, epoch=epoch) != base).any(axis=0).mean() > 0.99
 
 
-def test_order_does_not_depend_on_the_order_keys_arrive_in() -> None:
-    k = keys_of(5_000)
-    reversed_keys = np.ascontiguousarray(k[:, ::-1])
-    assert np.array_equal(shuffle_keys(k.copy(), seed=1, epoch=2), shuffle_keys(reversed_keys, seed=1, epoch=2))
+@given(data=st.data(), keys=key_arrays(), seed=seeds, epoch=epochs)
+def test_order_does_not_depend_on_the_order_keys_arrive_in(
+    data: st.DataObject, keys: np.ndarray, seed: int, epoch: int
+) -> None:
+    arrived = np.ascontiguousarray(keys[:, data.draw(st.permutations(range(keys.shape[1])))])
+    expected = keys[:, epoch_order(keys, seed=seed, epoch=epoch)]
+    assert np.array_equal(arrived[:, epoch_order(arrived, seed=seed, epoch=epoch)], expected)
+    dropped = shuffle_keys(keys.copy(), seed=seed, epoch=epoch, duplicates="drop")  # repeats dropped alike too
+    assert np.array_equal(dropped, shuffle_keys(arrived, seed=seed, epoch=epoch, duplicates="drop"))
 
 
 def test_equal_hashes_are_ordered_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,23 +65,47 @@ def test_tied_runs_are_found_across_chunks() -> None:
     assert _tied_runs(packed, np.uint64(4), chunk=2) == [(0, 2), (2, 5)]
 
 
-def test_hashes_tied_above_the_index_bits_still_come_out_by_whole_hash_then_key() -> None:
-    k = np.ascontiguousarray(np.random.default_rng(3).integers(0, 500, size=(2, 5_000)))  # repeats too
-    h = shuffle.key_hash(k, seed=4, epoch=5)
-    expected = np.lexsort((k[1], k[0], h))
-    for bits in (None, 58, 62):  # a 2- or 6-bit hash prefix: nearly every key ties with others
-        order, _ = shuffle._sorted(k, 4, 5, index_bits=bits)
-        assert np.array_equal(k[:, order], k[:, expected])
+@given(keys=key_arrays(widths=(1, 2, 3), min_keys=2), seed=seeds, epoch=epochs, bits=st.integers(48, 63))
+def test_hashes_tied_above_the_index_bits_still_come_out_by_whole_hash_then_key(
+    keys: np.ndarray, seed: int, epoch: int, bits: int
+) -> None:
+    h = shuffle.key_hash(keys, seed=seed, epoch=epoch)
+    expected = np.lexsort((*keys[::-1], h))
+    for index_bits in (None, 58, 62, bits):  # a 2- or 6-bit hash prefix: nearly every key ties with others
+        order, _ = shuffle._sorted(keys, seed, epoch, index_bits=index_bits)  # (fewer bits than n needs: as None)
+        assert np.array_equal(keys[:, order], keys[:, expected])
         assert np.array_equal(h[order], h[expected])
 
 
-def test_subsample_is_deterministic_uniform_and_new_each_epoch() -> None:
-    k = keys_of(100_000)
-    a, again, other = (subsample(k, seed=0, epoch=e, fraction=0.25) for e in (0, 0, 1))
+@given(
+    seed=seeds,
+    epoch=epochs,
+    fraction=st.one_of(st.just(0.25), st.floats(0.05, 0.95)),
+    rng_seed=st.integers(0, 2**32 - 1),
+)
+def test_subsample_is_deterministic_uniform_and_new_each_epoch(
+    seed: int, epoch: int, fraction: float, rng_seed: int
+) -> None:
+    k = keys_of(100_000, rng_seed=rng_seed)
+    a, again, other = (subsample(k, seed=seed, epoch=e, fraction=fraction) for e in (epoch, epoch, epoch + 1))
     assert np.array_equal(a, again)
-    assert 0.24 < a.shape[1] / 100_000 < 0.26
+    assert abs(a.shape[1] / 100_000 - fraction) < 0.01  # 6 standard deviations or more
     assert not np.array_equal(a, other)
-    assert subsample(k, seed=0, epoch=0, fraction=1.0) is k
+    assert subsample(k, seed=seed, epoch=epoch, fraction=1.0) is k
+
+
+@given(keys=key_arrays(repeats=False), seed=seeds, epoch=epochs, fraction=st.floats(0.0, 1.0))
+def test_the_order_of_a_subsample_is_the_whole_order_restricted_to_it(
+    keys: np.ndarray, seed: int, epoch: int, fraction: float
+) -> None:
+    kept = subsample(keys, seed=seed, epoch=epoch, fraction=fraction)
+    assert kept.shape[0] == keys.shape[0]
+    assert kept.flags.c_contiguous
+    whole = shuffle_keys(keys.copy(), seed=seed, epoch=epoch)
+    chosen = {tuple(c) for c in kept.T}
+    restricted = np.array([c for c in whole.T if tuple(c) in chosen], dtype=np.int64).reshape(-1, keys.shape[0]).T
+    assert np.array_equal(shuffle_keys(keys.copy(), seed=seed, epoch=epoch, fraction=fraction), restricted)
+    assert np.array_equal(shuffle_keys(kept.copy(), seed=seed, epoch=epoch), restricted)  # the subset alone
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """Keys beyond ``[source] memory``: ordered on disk (runs, then hash-range buckets), the same order, the same bytes.
 
-The unit tests compare the external sort with the in-memory one on arrays (ties forced by a low-entropy
-hash); the others dump through PostgreSQL under a small ``--memory`` and compare, byte for byte, with an
-in-memory dump of the same keys. ``test_two_million_keys_...`` is the scale test (marked ``scale``).
+The unit tests compare the external sort with the in-memory one on arrays Hypothesis draws (a few hundred
+keys in several runs and buckets; ties forced by a low-entropy hash); the others dump through PostgreSQL
+under a small ``--memory`` and compare, byte for byte, with an in-memory dump of the same keys.
+``test_two_million_keys_...`` is the scale test (marked ``scale``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from pgprefetch import dump_epochs, load_config
 from pgprefetch.errors import SampleError
@@ -28,7 +32,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.local import LocalStore
 from pgprefetch.store.maintenance import prune
 from pgprefetch.write.check import check_config
-from pgprefetch.write.order import shuffle
+from pgprefetch.write.order import shuffle, spill
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.query import plan_epoch
@@ -44,6 +48,7 @@ from .harness.dumps import (
     start_dump,
     wait_for,
 )
+from .harness.properties import distinct_count, epochs, key_arrays, seeds, values
 from .harness.spill import KINDS, numbers_config
 from .harness.spill import TINY_MEMORY as TINY
 
@@ -78,56 +83,131 @@ def in_memory_order(keys: np.ndarray, **kw: object) -> tuple[np.ndarray, shuffle
     return keys[:, index], repeats
 
 
+def _spilled(
+    keys: np.ndarray, held: int, chunk: int, *, seed: int, epoch: int, fraction: float
+) -> tuple[np.ndarray, shuffle.Repeats, int, int]:
+    """``keys`` collected ``chunk`` at a time under a budget of ``held`` keys, ordered on disk.
+
+    The order, the repeats found, the buckets and the runs. ``spill.MIN_KEYS`` (4096: no budget gives
+    smaller runs or buckets) is lowered to 1 meanwhile, so a few hundred keys make several runs and buckets.
+    """
+    width = keys.shape[0]
+    with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as scratch:
+        mp.setattr(spill, "MIN_KEYS", 1)
+        folder = Path(scratch) / "k"
+        chunks = _chunks(keys, step=chunk)
+        runs = asyncio.run(
+            collect_keys(chunks, width, held * spill.bytes_per_key(width), folder, seed=seed, epoch=epoch)
+        )
+        if isinstance(runs, np.ndarray):  # they fit: the in-memory path, the keys as they came
+            assert keys.shape[1] <= max(held, chunk)  # (one chunk beyond the budget is held whole)
+            assert np.array_equal(runs, keys)
+            index, repeats = shuffle.order_part(keys, seed=seed, epoch=epoch, fraction=fraction)
+            return keys[:, index], repeats, 0, 0
+        assert keys.shape[1] > max(held, chunk), "the keys fitted the budget, yet were spilled"
+        n_runs = len(runs.runs)
+        assert all(r.count <= max(held, chunk) for r in runs.runs)
+        ordered, repeats, buckets = runs.order(fraction=fraction, quantum=1)
+        try:
+            assert not (folder / "runs").exists()  # the spill file goes once the order is written
+            return ordered.columns(0, ordered.n), repeats, buckets, n_runs
+        finally:
+            ordered.close()
+
+
+def _least_buckets(keys: np.ndarray, held: int, seed: int, epoch: int) -> int:
+    """The fewest buckets ``keys`` can take: each holds ``held`` keys at most, or all the keys of one hash value."""
+    if not keys.shape[1]:
+        return 0
+    crowd = int(np.unique(shuffle.key_hash(keys, seed=seed, epoch=epoch), return_counts=True)[1].max())
+    return -(-keys.shape[1] // max(held, crowd))
+
+
+def _check_repeats(repeats: shuffle.Repeats, expected: shuffle.Repeats, keys: np.ndarray) -> None:
+    assert repeats.count == expected.count == keys.shape[1] - distinct_count(keys)
+    assert np.array_equal(repeats.examples, expected.examples)
+
+
+spill_cases = {"seed": seeds, "epoch": epochs}
+
+
+def _budget(data: st.DataObject, n: int) -> tuple[int, int]:
+    """Keys a run and a bucket hold, and keys a cursor chunk brings: mostly several runs and buckets of ``n``."""
+    held = data.draw(st.integers(2, max(2, n // 2)) | st.integers(2, n + 2), label="held")
+    return held, data.draw(st.integers(1, max(1, n // 3)), label="chunk")
+
+
 @pytest.mark.parametrize(("columns", "fraction"), [(1, 1.0), (2, 0.3), (3, 1.0)])
-def test_the_external_sort_gives_the_in_memory_order(tmp_path: Path, columns: int, fraction: float) -> None:
-    rng = np.random.default_rng(columns)
-    keys = rng.integers(-(2**62), 2**62, size=(columns, 300_000))
-    keys[:, 295_000:] = keys[:, :5_000]  # repeats, in other runs than their first copies
-    keys = np.ascontiguousarray(keys)
-    got, repeats, buckets = spilled_order(keys, tmp_path / "k", 1 << 20, fraction=fraction)
-    expected, expected_repeats = in_memory_order(keys, fraction=fraction)
-    assert buckets >= 8
+@given(data=st.data(), **spill_cases)
+def test_the_external_sort_gives_the_in_memory_order(
+    columns: int, fraction: float, data: st.DataObject, seed: int, epoch: int
+) -> None:
+    keys = data.draw(key_arrays(widths=(columns,), max_keys=300, min_keys=8), label="keys")  # repeats across runs
+    held, chunk = _budget(data, keys.shape[1])
+    got, repeats, buckets, runs = _spilled(keys, held, chunk, seed=seed, epoch=epoch, fraction=fraction)
+    expected, expected_repeats = in_memory_order(keys, seed=seed, epoch=epoch, fraction=fraction)
+    if runs:
+        assert buckets >= _least_buckets(keys, held, seed, epoch)
+        assert runs >= -(-keys.shape[1] // max(held, chunk))
+    event(f"{min(runs, 5)} runs, {min(buckets, 8)} buckets (capped at 5 and 8)")
     assert np.array_equal(got, expected)
-    assert repeats.count == expected_repeats.count == 5_000
-    assert np.array_equal(repeats.examples, expected_repeats.examples)
+    _check_repeats(repeats, expected_repeats, keys)
 
 
 @pytest.mark.parametrize("where", ["bottom", "top"])
+@given(data=st.data(), few=st.integers(1, 7), **spill_cases)
 def test_ties_and_crowded_hash_ranges_still_give_the_in_memory_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+    where: str, data: st.DataObject, few: int, seed: int, epoch: int
 ) -> None:
-    """Seven hash values for 200,000 keys: every bucket is a tie broken by key, ranges halved down to one value."""
+    """``few`` hash values for all the keys: every bucket is a tie broken by key, ranges halved down to one value."""
     real = shuffle.key_hash
 
     def crowded(keys: np.ndarray, *, seed: int, epoch: int, stream: int = shuffle._ORDER_STREAM) -> np.ndarray:
         if stream != shuffle._ORDER_STREAM:
             return real(keys, seed=seed, epoch=epoch, stream=stream)
-        few = (keys[0] % 7).astype(np.uint64)
-        return few if where == "bottom" else np.uint64(2**64 - 1) - few
+        values = (keys[0] % few).astype(np.uint64)
+        return values if where == "bottom" else np.uint64(2**64 - 1) - values
 
-    monkeypatch.setattr(shuffle, "key_hash", crowded)
-    keys = np.ascontiguousarray(np.random.default_rng(9).integers(0, 10**6, size=(2, 200_000)))
-    got, repeats, _ = spilled_order(keys, tmp_path / "k", 1 << 20, fraction=0.5)
-    expected, expected_repeats = in_memory_order(keys, fraction=0.5)
+    keys = data.draw(key_arrays(widths=(2,), max_keys=300, min_keys=8), label="keys")
+    held, chunk = _budget(data, keys.shape[1])
+    with pytest.MonkeyPatch.context() as mp:  # (not the monkeypatch fixture: it would span every example)
+        mp.setattr(shuffle, "key_hash", crowded)
+        got, repeats, buckets, runs = _spilled(keys, held, chunk, seed=seed, epoch=epoch, fraction=0.5)
+        expected, expected_repeats = in_memory_order(keys, seed=seed, epoch=epoch, fraction=0.5)
+        if runs:
+            assert buckets >= _least_buckets(keys, held, seed, epoch)
+        event(f"{min(runs, 5)} runs, {min(buckets, 8)} buckets (capped at 5 and 8)")
     assert np.array_equal(got, expected)
-    assert repeats.count == expected_repeats.count
-    assert np.array_equal(repeats.examples, expected_repeats.examples)
+    _check_repeats(repeats, expected_repeats, keys)
 
 
 @pytest.mark.parametrize("quantum", [1, 1000])
-def test_the_ordered_file_hashes_like_the_in_memory_keys(tmp_path: Path, quantum: int) -> None:
-    keys = np.ascontiguousarray(np.random.default_rng(2).integers(-(2**40), 2**40, size=(2, 10_500)))
-    out = OrderedKeys(tmp_path / "ordered", 2, 12_000, quantum)
-    for lo in range(0, keys.shape[1], 3_000):  # appended a bucket at a time, hashed as it grows
-        out.append(keys[:, lo : lo + 3_000])
-    used = keys.shape[1] // quantum * quantum
-    digest = hashlib.sha256()
-    for column in keys:
-        digest.update(np.ascontiguousarray(column[:used]))
-    assert out.finish(used) == digest.hexdigest()
-    assert np.array_equal(out.columns(2_999, 3_005), keys[:, 2_999:3_005])
-    assert out.columns(10_400, 11_000).shape == (2, 100)
-    out.close()
+@given(data=st.data(), width=st.integers(1, 3), spare=st.integers(0, 100))
+def test_the_ordered_file_hashes_like_the_in_memory_keys(
+    quantum: int, data: st.DataObject, width: int, spare: int
+) -> None:
+    n = data.draw(st.integers(0, 3 * quantum + 300), label="n")
+    keys = data.draw(hnp.arrays(np.int64, (width, n), elements=values), label="keys")
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=8), label="cuts"))
+    with tempfile.TemporaryDirectory() as scratch:
+        out = OrderedKeys(Path(scratch) / "ordered", width, n + spare, quantum)
+        try:
+            for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):  # appended a bucket at a time, hashed as it grows
+                if data.draw(st.booleans(), label="through an order"):
+                    out.append(keys[:, lo:hi][:, ::-1], np.arange(hi - lo)[::-1].copy())
+                else:
+                    out.append(keys[:, lo:hi])
+            used = data.draw(st.sampled_from([n // quantum * quantum, n]), label="used")
+            digest = hashlib.sha256()
+            for column in keys:
+                digest.update(np.ascontiguousarray(column[:used]))
+            assert out.finish(used) == digest.hexdigest()
+            start = data.draw(st.integers(0, n), label="start")
+            end = data.draw(st.integers(start, n + 50), label="end")
+            assert np.array_equal(out.columns(start, end), keys[:, start:end])  # cut at the last sample
+            assert out.columns(start, end).shape == (width, min(end, n) - start)
+        finally:
+            out.close()
 
 
 def test_removing_a_partial_epoch_removes_its_keys(tmp_path: Path) -> None:
