@@ -34,7 +34,7 @@ from pgprefetch.pg.retry import RetryPolicy
 from .harness.configs import write_config
 from .harness.db import execute, own_server
 from .harness.dumps import chunk_bytes
-from .harness.faults import CHAOS_ONLY, FreezableProxy, kill_every_connection, restart_server, server_address
+from .harness.faults import FreezableProxy, kill_every_connection, restart_server, server_address
 
 RUNS = int(os.environ.get("PGPREFETCH_CHAOS_RUNS", "10"))
 SEED = int(os.environ.get("PGPREFETCH_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 30))))
@@ -235,7 +235,7 @@ def test_faulted_dumps_publish_the_clean_bytes_or_nothing(bed: Bed) -> None:
         assert {"terminated", "stalled"} <= set(retried), retried
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_an_810k_row_epoch_survives_three_kills_of_every_connection_ten_times(tmp_path: Path) -> None:
     from pgprefetch.demo.data import load_demo_data
 

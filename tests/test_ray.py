@@ -2,7 +2,7 @@
 
 The cluster is the session's ``ray_cluster`` (tests/conftest.py). The long fault scenarios (a worker killed
 with ``kill -9`` mid-part, the driver killed and the epoch resumed) run under ``make chaos``
-(``PGPREFETCH_CHAOS_LONG=1``).
+(the mark ``chaos``: ``make test`` leaves them out).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pgprefetch.write.ray.driver import split
 from .harness.configs import s_config
 from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
-from .harness.faults import CHAOS_ONLY, kill_every_connection
+from .harness.faults import kill_every_connection
 from .harness.golden import GOLDEN, TABLE, digest, golden_config
 from .harness.raycluster import (
     fail_the_last_part,
@@ -138,7 +138,7 @@ def test_a_rerun_on_s3_keeps_the_parts_a_failed_dump_recorded_without_uploading_
     assert len(ours["snapshots"]) == 2  # the kept parts' snapshot, and this run's
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
@@ -165,7 +165,7 @@ def test_part_records_of_other_keys_or_before_a_force_are_not_reused(
     assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(Path(fresh.path))
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_a_scan_epoch_on_s3_resumes_the_recorded_parts_and_force_rewrites_it(
     ray_cluster: object, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
@@ -355,7 +355,7 @@ def struck_mid_dump(
     return result
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_a_worker_killed_with_kill_9_mid_part_is_retried_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
@@ -368,7 +368,7 @@ def test_a_worker_killed_with_kill_9_mid_part_is_retried_by_ray_and_the_epoch_is
     assert sum(result.part_retries) == 1
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_identical(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
@@ -392,7 +392,7 @@ def test_a_driver_killed_with_kill_9_is_resumed_from_the_parts_journals_byte_ide
     assert not list(journals.rglob("*.journal*"))
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byte_identical(
     ray_cluster: Any, s_table: str, tmp_path: Path, s3: S3
 ) -> None:
@@ -437,7 +437,7 @@ def test_a_driver_killed_with_kill_9_on_s3_is_resumed_from_the_parts_records_byt
     assert json.loads(objects["zarr.json"])["attributes"]["pgprefetch"]["stats"] == manifest(single.path)["stats"]
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_connections_lost_in_the_parts_are_retried_as_today_keeping_the_parts_batches(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:
@@ -469,7 +469,7 @@ def test_a_part_on_a_node_that_cannot_see_a_local_store_is_one_line_naming_the_n
         ray.kill(tracker)
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_a_node_removed_mid_epoch_has_its_part_rerun_elsewhere_and_the_epoch_is_unchanged(
     ray_cluster: Any, s_table: str, tmp_path: Path
 ) -> None:

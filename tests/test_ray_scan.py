@@ -27,7 +27,7 @@ from pgprefetch.write.scan.table import Table
 
 from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
-from .harness.faults import CHAOS_ONLY, kill_every_connection
+from .harness.faults import kill_every_connection
 from .harness.golden import GOLDEN, QUERY, SCAN_ROWS, SCAN_WINDOWS, TABLE, digest, golden_config
 from .harness.properties import key_arrays
 from .harness.raycluster import fault_mid_dump, manifest, on_ray, part_journal_lines, parts_running
@@ -235,7 +235,7 @@ def _mid_read(cluster: Any) -> Callable[[], bool]:
     return reading
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
@@ -244,7 +244,7 @@ def test_a_reader_killed_with_kill_9_mid_read_is_rerun_by_ray_and_the_epoch_is_u
     assert chunk_bytes(Path(result.path)) == expected
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_same_bytes(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:
@@ -253,7 +253,7 @@ def test_connections_lost_mid_read_retry_the_epoch_on_a_new_snapshot_with_the_sa
     assert chunk_bytes(Path(result.path)) == expected
 
 
-@CHAOS_ONLY
+@pytest.mark.chaos
 def test_a_node_removed_while_the_parts_write_rebuilds_what_it_held_and_the_epoch_is_unchanged(
     ray_cluster: Any, db: str, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from .harness.db import execute, fetch
 from .harness.dumps import chunk_bytes, dump
+from .harness.faults import DUMP_BACKENDS
 
 N = 600
 
@@ -65,9 +66,9 @@ def _config(folder: Path, mode: str) -> Path:
 
 
 def _seq_read(dsn: str, table: str = "t") -> int:
-    """The rows sequential scans of ``table`` have read, once every pgprefetch backend has gone (and flushed)."""
+    """The rows sequential scans of ``table`` have read, once every pgprefetch backend of its database has gone."""
     deadline = time.monotonic() + 20
-    while fetch(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")[0][0]:
+    while fetch(dsn, DUMP_BACKENDS.format(what="count(*)"))[0][0]:
         assert time.monotonic() < deadline, "pgprefetch's connections did not go"
         time.sleep(0.05)
     time.sleep(0.3)  # a backend flushes its counts as it exits

@@ -37,7 +37,6 @@ from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.query import plan_epoch
 
-from .harness.db import execute
 from .harness.dumps import (
     RESUME_HINT,
     chunk_bytes,
@@ -48,6 +47,7 @@ from .harness.dumps import (
     start_dump,
     wait_for,
 )
+from .harness.faults import kill_every_connection
 from .harness.properties import distinct_count, epochs, key_arrays, seeds, values
 from .harness.spill import KINDS, numbers_config
 from .harness.spill import TINY_MEMORY as TINY
@@ -347,7 +347,7 @@ def test_a_connection_lost_while_keys_stream_to_disk_is_retried(db: str, tmp_pat
     store = tmp_path / "store.zarr"
     proc = start_dump(cfg, db, 0, "--json")
     wait_for(lambda: (store / ".pgprefetch" / "partial" / "epoch-00000.keys" / "runs").exists())
-    execute(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+    kill_every_connection(db)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert json.loads(out)["retries"] == 1

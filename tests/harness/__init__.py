@@ -15,12 +15,15 @@ Which module holds what:
   purpose (``swap_shard_chunks``, ``claim_format_version``, ``assert_a_partial_epoch_is_not_read``)
 - ``golden``: the golden epochs' table, configs and pinned digests (``GOLDEN``, ``digest``, ``golden_config``)
 - ``spill``: keys beyond ``[source] memory``: ``TINY_MEMORY``, ``numbers_config``, ``load_tables``
-- ``faults``: killed connections, a restarted server, a freezable TCP route; ``CHAOS_ONLY`` (the long scenarios)
+- ``faults``: killed connections, a restarted server, a freezable TCP route (the long scenarios are
+  marked ``chaos``: ``make chaos`` runs them, ``make test`` leaves them out)
 - ``s3``: moto's S3 server, in this process (``s3_server``) or its own (``moto_process``), a throttling
   proxy, ``environment`` (AWS variables set, then restored)
 - ``raycluster``: the two-node Ray cluster, its parts' processes and journals, ``fault_mid_dump`` (a
   fault struck mid-dump), ``single_process`` (the bytes to equal)
 - ``servers``: ``pgprefetch server`` as a process, and what is left of its PostgreSQL (``cleanup``)
+- ``properties``: the Hypothesis profiles (``ci`` by default: derandomized, a fixed size; ``dev`` by
+  ``HYPOTHESIS_PROFILE=dev``) and the strategies the property tests share (``key_arrays``, seeds, epochs, JSON)
 - ``scripts/``: the scripts tests run as processes by path (JAX, Grain, accelerate)
 
 tests/conftest.py holds only the fixtures (thin, over these); tests/test_harness_rules.py keeps test

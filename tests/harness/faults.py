@@ -16,18 +16,20 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-import pytest
-
 from .db import execute
 
-# The long fault scenarios: `make chaos` runs them (PGPREFETCH_CHAOS_LONG=1), a plain `make test` skips them.
-LONG = os.environ.get("PGPREFETCH_CHAOS_LONG") == "1"
-CHAOS_ONLY = pytest.mark.skipif(not LONG, reason="make chaos runs it (PGPREFETCH_CHAOS_LONG=1)")
+# pgprefetch's backends on the database a DSN names (a test's own): ``what`` is selected over them.
+DUMP_BACKENDS = (
+    "SELECT {what} FROM pg_stat_activity WHERE application_name = 'pgprefetch' AND datname = current_database()"
+)
 
 
 def kill_every_connection(dsn: str) -> None:
-    """End every backend pgprefetch has open on the server (its connections say application_name=pgprefetch)."""
-    execute(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgprefetch'")
+    """End every backend pgprefetch has open on ``dsn``'s database (its connections say application_name=pgprefetch).
+
+    Only that database's: under pytest-xdist, with ``PGPREFETCH_TEST_DSN``, other workers' dumps share the server.
+    """
+    execute(dsn, DUMP_BACKENDS.format(what="pg_terminate_backend(pid)"))
 
 
 def restart_server(pgdata: Path) -> None:

@@ -1,7 +1,7 @@
 """Ray for the tests: the session's two-node cluster on 127.0.0.1, its parts' processes and journals, faults.
 
 The long fault scenarios (a worker killed with ``kill -9`` mid-part, the driver killed and the epoch
-resumed, a node removed) run under ``make chaos`` (``faults.CHAOS_ONLY``); :func:`fault_mid_dump`
+resumed, a node removed) run under ``make chaos`` (marked ``chaos``); :func:`fault_mid_dump`
 is their common shape: a dump on Ray in a thread, a fault struck once it is under way.
 """
 
