@@ -244,7 +244,11 @@ def test_server_restart_mid_dump_is_survived(tmp_path: Path) -> None:
         restart_server(folder / "pg")
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
-        assert "survived 1 lost connection(s)" in out
+        # The restart ends the dump's connections; while the server starts again a reconnection may find it
+        # unavailable too (a loaded machine): each is counted, and the dump survives them all.
+        lost = re.search(r"survived (\d+) lost connection\(s\)", out)
+        assert lost, out
+        assert int(lost[1]) >= 1, out
         clean = dump(config(tmp_path, name="clean.toml", store="clean.zarr", slow=True), dsn)
         assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
 
@@ -258,13 +262,15 @@ def test_a_frozen_route_is_detected_within_io_timeout_and_retried(s_table: str, 
         wait_for(lambda: journal_lines(store) >= 3)
         frozen = proxy.freeze()
         started = time.monotonic()
-        wait_for(lambda: proxy.frozen() == 0 or time.monotonic() - started > 5)  # the dump dropped them
+        wait_for(lambda: proxy.frozen() == 0 or time.monotonic() - started > 10)  # the dump dropped them
         detected = time.monotonic() - started
         out, err = proc.communicate(timeout=120)
     finally:
         proxy.close()
     assert frozen >= 2
-    assert detected < 3.0  # io_timeout is 1 s
+    # io_timeout is 1 s; without it a frozen route hangs for as long as TCP's retransmissions (minutes). The
+    # slack is the suite's: it runs over every core (make test), and a loaded 2-core machine took 3.0 s.
+    assert detected < 5.0
     assert proc.returncode == 0, err
     summary = json.loads(out)
     assert summary["retry_causes"] == {"stalled": 1}
