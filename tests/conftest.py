@@ -17,7 +17,8 @@ import pytest
 from pgprefetch.demo.data import load_demo_data
 
 from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
-from .harness.db import S_TABLE, execute, own_database, own_server
+from .harness.db import S_TABLE, TICKS_TABLES, execute, own_database, own_server
+from .harness.ragged import seqs_table
 from .harness.s3 import S3
 from .harness.s3 import s3_server as s3_server_running
 
@@ -70,6 +71,22 @@ def s_table(db: str) -> str:
     return db
 
 
+@pytest.fixture
+def ticks(db: str) -> str:
+    """``ticks(series_id, part, t, ts, day, f0, f1, label)``: series of varying length, rows in random heap order.
+
+    Beside it ``items(id, emb, price, day)``, 700 rows: the scan tests' tables (tests/harness/db.py).
+    """
+    execute(db, *TICKS_TABLES)
+    return db
+
+
+@pytest.fixture
+def seqs(db: str) -> str:
+    """``seqs`` (arrays, text and bytea of any length) and ``events`` (1..12 rows a user): tests/harness/ragged.py."""
+    return seqs_table(db)
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3]:
     """moto's S3 server on 127.0.0.1 for the session (see tests/harness/s3.py)."""
@@ -84,6 +101,12 @@ def s3(s3_server: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3:
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PGPREFETCH_STAGING", str(tmp_path / "staging"))
     return s3_server
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    """Where a config test writes its file (tests/test_config.py, tests/test_config_messages.py)."""
+    return tmp_path / "pgprefetch.toml"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
