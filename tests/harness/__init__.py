@@ -10,8 +10,8 @@ Which module holds what:
   ``v_config`` (one float field over any table), ``scan_config`` (scan mode), ``SEQUENCES`` (the demo's)
 - ``loading``: the config loader's own tests: ``VALID`` (data), ``changed`` one key (or ``DELETE``), ``write``,
   ``load``, ``error`` (the one-line message of a refused file)
-- ``dumps``: dumps in this process (``dump``, ``read_arrays``, ``chunk_bytes``) and as processes of their
-  own (``dump_argv``, ``start_dump``, ``journal_lines``, ``wait_for``, ``kill_9_mid_dump``,
+- ``dumps``: dumps in this process (``dump``, ``read_arrays``, ``chunk_bytes``; the CLI's ``run_cli``) and as
+  processes of their own (``dump_argv``, ``start_dump``, ``journal_lines``, ``wait_for``, ``kill_9_mid_dump``,
   ``kill_9_after``, ``dump_on_a_full_disk`` and its ``RESUME_HINT``)
 - ``epochs``: small epochs for the readers: ``s(id, v = id)`` (``counting_table``, ``counting_store``,
   the module fixture ``counting_store_fixture``), the demo's ``sequences_store``, and stores made odd on
