@@ -18,6 +18,7 @@ from pgprefetch.demo.data import load_demo_data
 
 from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
 from .harness.db import S_TABLE, TICKS_TABLES, execute, own_database, own_server
+from .harness.hostile import R_TABLE, pristine_store
 from .harness.ragged import seqs_table
 from .harness.s3 import S3
 from .harness.s3 import s3_server as s3_server_running
@@ -85,6 +86,22 @@ def ticks(db: str) -> str:
 def seqs(db: str) -> str:
     """``seqs`` (arrays, text and bytea of any length) and ``events`` (1..12 rows a user): tests/harness/ragged.py."""
     return seqs_table(db)
+
+
+@pytest.fixture(scope="module")
+def database(pg_dsn: str) -> Iterator[str]:
+    """A database of a module's own holding ``r(id, v, score)``, the hostile-store tests' (tests/harness/hostile.py).
+
+    (tests/test_arrays.py has a ``database`` of its own, which it sees instead.)
+    """
+    with own_database(pg_dsn, *R_TABLE) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def pristine(database: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding epoch 0 of ``r``, dumped once a module; tests copy it before they tamper with it."""
+    return pristine_store(database, tmp_path_factory.mktemp("pristine"))
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,8 @@ Which module holds what:
   proxy, ``environment`` (AWS variables set, then restored)
 - ``raycluster``: the two-node Ray cluster, its parts' processes and journals, ``fault_mid_dump`` (a
   fault struck mid-dump), ``single_process`` (the bytes to equal)
+- ``hostile``: the epoch the hostile-store tests copy and tamper with: ``r(id, v, score)`` (``R_TABLE``, ``N``,
+  ``SIZE``; the module fixtures ``database`` and ``pristine``), ``r_config``, ``pristine_store``
 - ``servers``: ``pgprefetch server`` as a process, and what is left of its PostgreSQL (``cleanup``)
 - ``properties``: the Hypothesis profiles (``ci`` by default: derandomized, a fixed size; ``dev`` by
   ``HYPOTHESIS_PROFILE=dev``) and the strategies the property tests share (``key_arrays``, seeds, epochs, JSON)
