@@ -23,7 +23,8 @@ Which module holds what:
 - ``faults``: killed connections, a restarted server, a freezable TCP route (the long scenarios are
   marked ``chaos``: ``make chaos`` runs them, ``make test`` leaves them out)
 - ``s3``: moto's S3 server, in this process (``s3_server``) or its own (``moto_process``), a throttling
-  proxy, ``environment`` (AWS variables set, then restored)
+  proxy, ``environment`` (AWS variables set, then restored), ``epoch_objects`` (an epoch's objects, named as
+  ``chunk_bytes`` names a local epoch's files)
 - ``raycluster``: the two-node Ray cluster, its parts' processes and journals, ``fault_mid_dump`` (a
   fault struck mid-dump), ``single_process`` (the bytes to equal)
 - ``hostile``: the epoch the hostile-store tests copy and tamper with: ``r(id, v, score)`` (``R_TABLE``, ``N``,
