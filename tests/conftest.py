@@ -4,6 +4,8 @@
 the session starts the embedded PostgreSQL 18 in a temporary folder. If the first connection fails the
 run stops at once with the reason (and the server's log), not with hundreds of failures. The fixtures are
 thin: what they set up is the harness's (tests/harness), which tests import; they never import this file.
+Beside the servers, the tables and files that the test files of one subject share live here (``ticks``,
+``seqs``, the hostile-store ``database`` and ``pristine``, the config tests' ``cfg``).
 """
 
 from __future__ import annotations
