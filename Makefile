@@ -76,7 +76,8 @@ bench-peers: $(PEERS_STAMP)
 # test leaves out: the 810k-row epoch killed three times, ten times; Ray's killed workers and nodes; 2M keys beyond memory.
 chaos: $(STAMP)
 	PGPREFETCH_CHAOS_RUNS=200 $(BIN)/python -m pytest -q -s -m 'not soak' \
-	    tests/test_chaos.py tests/test_ray.py tests/test_ray_scan.py tests/test_spill.py tests/test_scan_spill.py
+	    tests/test_chaos.py tests/test_ray.py tests/test_ray_faults.py tests/test_ray_scan.py \
+	    tests/test_spill.py tests/test_scan_spill.py
 
 # The soak (tests/soak, docs/soak.md): cron dumping ahead every second or two while two training ranks
 # read, faults on a schedule, a local store then an S3 one (moto); about 15 minutes. Prints each store's summary

@@ -4,6 +4,8 @@
 the session starts the embedded PostgreSQL 18 in a temporary folder. If the first connection fails the
 run stops at once with the reason (and the server's log), not with hundreds of failures. The fixtures are
 thin: what they set up is the harness's (tests/harness), which tests import; they never import this file.
+Beside the servers, the tables and files that the test files of one subject share live here (``ticks``,
+``seqs``, the hostile-store ``hostile_db`` and ``hostile_store``, the config tests' ``cfg``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import pytest
 from pgprefetch.demo.data import load_demo_data
 
 from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
-from .harness.db import S_TABLE, execute, own_database, own_server
+from .harness.db import S_TABLE, TICKS_TABLES, execute, own_database, own_server
+from .harness.hostile import R_TABLE, pristine_store
+from .harness.ragged import seqs_table
 from .harness.s3 import S3
 from .harness.s3 import s3_server as s3_server_running
 
@@ -70,6 +74,35 @@ def s_table(db: str) -> str:
     return db
 
 
+@pytest.fixture
+def ticks(db: str) -> str:
+    """``ticks(series_id, part, t, ts, day, f0, f1, label)``: series of varying length, rows in random heap order.
+
+    Beside it ``items(id, emb, price, day)``, 700 rows: the scan tests' tables (tests/harness/db.py).
+    """
+    execute(db, *TICKS_TABLES)
+    return db
+
+
+@pytest.fixture
+def seqs(db: str) -> str:
+    """``seqs`` (arrays, text and bytea of any length) and ``events`` (1..12 rows a user): tests/harness/ragged.py."""
+    return seqs_table(db)
+
+
+@pytest.fixture(scope="module")
+def hostile_db(pg_dsn: str) -> Iterator[str]:
+    """A database of a module's own holding ``r(id, v, score)``, the hostile-store tests' (tests/harness/hostile.py)."""
+    with own_database(pg_dsn, *R_TABLE) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def hostile_store(hostile_db: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding epoch 0 of ``r``, dumped once a module; tests copy it before they tamper with it."""
+    return pristine_store(hostile_db, tmp_path_factory.mktemp("pristine"))
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3]:
     """moto's S3 server on 127.0.0.1 for the session (see tests/harness/s3.py)."""
@@ -84,6 +117,12 @@ def s3(s3_server: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3:
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PGPREFETCH_STAGING", str(tmp_path / "staging"))
     return s3_server
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    """Where a config test writes its file (tests/test_config.py, tests/test_config_messages.py)."""
+    return tmp_path / "pgprefetch.toml"
 
 
 def _on_ray(item: pytest.Item) -> bool:

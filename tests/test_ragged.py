@@ -1,81 +1,24 @@
 """Variable-length data: arrays of any length, text and bytea as bytes, samples of 1..max_rows rows.
 
-Every sample is compared with what the database holds, its lengths included.
+Every sample is compared with what the database holds, its lengths included (the ``seqs`` fixture's tables,
+tests/harness/ragged.py); a value that does not fit, a NULL and a config that cannot hold the data stop the
+dump naming the sample or the key. Scan mode's twins are tests/test_ragged_scan.py's; the statistics, the
+trimming readers and a resumed dump of padded fields tests/test_ragged_stats.py's.
 """
 
 from __future__ import annotations
 
-import random
-import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from pgprefetch.errors import ConfigError, SampleError
 
 from .harness.configs import write_config
 from .harness.db import execute, fetch
-from .harness.dumps import chunk_bytes, dump, kill_9_after, read_arrays
-
-N = 300
-TEXTS = [
-    "",
-    "a",
-    "plain ascii text",
-    "héllo wörld",
-    "日本語のテキスト",
-    "emoji 🎉🎊🎈 party",
-    "Привет мир",
-    "مرحبا بالعالم",
-]
-
-
-@pytest.fixture
-def seqs(db: str) -> str:
-    """``seqs``: int[] tokens of 0..40 elements (some empty), text titles in several scripts, bytea blobs."""
-    rng = random.Random(7)
-    rows = []
-    for i in range(1, N + 1):
-        n = rng.choice([0, 1, 5, 16, 17, 40, rng.randrange(41)])
-        tokens = [rng.randrange(-1000, 1000) for _ in range(n)]
-        title = rng.choice(TEXTS) * rng.randrange(1, 3)
-        blob = bytes(rng.randrange(256) for _ in range(rng.randrange(12)))
-        rows.append(f"({i}, ARRAY{tokens}::int[], {_literal(title)}, '\\x{blob.hex()}'::bytea)")
-    execute(
-        db,
-        "CREATE TABLE seqs (id int PRIMARY KEY, tokens int[] NOT NULL, title text NOT NULL, blob bytea NOT NULL)",
-        f"INSERT INTO seqs VALUES {', '.join(rows)}",
-        "CREATE TABLE events (uid int, t int, v real NOT NULL, PRIMARY KEY (uid, t))",
-        # user u has 1 + (u % 12) events: 1 to 12 of them
-        "INSERT INTO events SELECT u, t, u * 100 + t FROM generate_series(1, 120) u, generate_series(1, 1 + u % 12) t",
-    )
-    return db
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def seqs_config(folder: Path, fields: dict[str, tuple[Any, ...]], **kwargs: Any) -> Path:
-    query = "SELECT * FROM seqs WHERE id = $1"
-    kwargs = {"drop_last": False, **kwargs}
-    return write_config(folder, keys="SELECT id FROM seqs", query=query, fields=fields, size=32, **kwargs)
-
-
-def by_key(arrays: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
-    """Each stored sample's arrays by its key (the last batch's padding samples left out)."""
-    keys = arrays["keys"].reshape(-1, arrays["keys"].shape[-1])[:, 0]
-    out = {}
-    for i, k in enumerate(keys.tolist()):
-        if k:
-            out[k] = {name: a.reshape(-1, *a.shape[2:])[i] for name, a in arrays.items() if name != "keys"}
-    return out
-
-
-def database(dsn: str, sql: str) -> dict[int, Any]:
-    return {r[0]: r[1] for r in fetch(dsn, sql)}
+from .harness.dumps import dump, read_arrays
+from .harness.ragged import by_key, database, seqs_config
 
 
 @pytest.mark.parametrize("truncate", ["right", "left"])
@@ -264,33 +207,6 @@ def test_a_null_text_or_array_is_an_error_naming_the_sample(seqs: str, tmp_path:
         dump(seqs_config(tmp_path, fields), seqs)
 
 
-@pytest.mark.parametrize("mode", ["query", "scan"])
-@pytest.mark.parametrize(("column", "empty"), [("title", "''"), ("tokens", "'{}'")])
-def test_a_null_text_or_array_names_the_fix_that_works_and_the_fix_dumps(
-    seqs: str, tmp_path: Path, mode: str, column: str, empty: str
-) -> None:
-    """A null policy cannot fill a whole value: the error says to select it as empty, and doing so works."""
-    execute(
-        seqs, f"ALTER TABLE seqs ALTER COLUMN {column} DROP NOT NULL", f"UPDATE seqs SET {column} = NULL WHERE id = 9"
-    )
-    dtype = "uint8" if column == "title" else "int32"
-    field = f'[fields.f]\ncolumns = ["{column}"]\ndtype = "{dtype}"\nmax_length = 64\ntruncate = "right"\n'
-    scan, twin = scan_twin_configs(tmp_path, "right", 0, field)
-    advice = f"select coalesce({column}, {empty}) AS {column} in the query"
-    with pytest.raises(SampleError, match=re.escape(advice)):
-        dump(scan if mode == "scan" else twin, seqs)
-    fixed = f"SELECT id, coalesce({column}, {empty}) AS {column} FROM seqs"
-    if mode == "scan":
-        scan.write_text(scan.read_text().replace('table = "seqs"', f'table = "{fixed}"'))
-    else:
-        twin.write_text(
-            twin.read_text().replace("SELECT tokens, title, blob FROM seqs WHERE id = $1", f"{fixed} WHERE id = $1")
-        )
-    got = by_key(read_arrays(dump(scan if mode == "scan" else twin, seqs)))
-    assert got[9]["f_length"] == 0
-    assert (got[9]["f"] == 0).all()
-
-
 @pytest.mark.parametrize(
     ("fields", "extra", "message"),
     [
@@ -318,251 +234,6 @@ def test_a_null_text_or_array_names_the_fix_that_works_and_the_fix_dumps(
 def test_variable_length_config_errors(seqs: str, tmp_path: Path, fields: dict, extra: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         dump(seqs_config(tmp_path, fields, extra_samples=extra, rows=None if extra else 1), seqs)
-
-
-# --- statistics, the reader, resume --------------------------------------------------------------------------
-def stats_config(folder: Path, name: str = "test.toml", store: str = "store.zarr", slow: bool = False) -> Path:
-    query = (
-        "SELECT tokens, CASE WHEN id % 7 = 0 THEN NULL ELSE id * 0.25 END AS score, id, -id AS neg"
-        + (", pg_sleep(0.02)" if slow else "")
-        + " FROM seqs WHERE id = $1"
-    )
-    fields = {
-        "tokens": (["tokens"], "int32", {"max_length": 24, "truncate": "right", "pad": 99}),
-        "score": (["score"], "float64", {"null": 123.0}),
-        "pair": (["id", "neg"], "int64"),
-    }
-    return write_config(
-        folder, keys="SELECT id FROM seqs", query=query, fields=fields, size=32, drop_last=False,
-        name=name, store=store, connections=2,
-    )  # fmt: skip
-
-
-def test_statistics_count_only_real_values_and_match_numpy(seqs: str, tmp_path: Path) -> None:
-    from pgprefetch import EpochDataset
-
-    dump(stats_config(tmp_path), seqs)
-    stats = EpochDataset(tmp_path / "store.zarr", 0, consumer=None).stats
-    tokens = [t for r in fetch(seqs, "SELECT tokens FROM seqs") for t in r[0][:24]]  # padding excluded
-    scores = [r[0] * 0.25 for r in fetch(seqs, "SELECT id FROM seqs WHERE id % 7 <> 0")]  # NULLs excluded
-    ids = [r[0] for r in fetch(seqs, "SELECT id FROM seqs")]
-    for got, values in (
-        (stats["tokens"]["tokens"], tokens),
-        (stats["score"]["score"], scores),
-        (stats["pair"]["id"], ids),
-    ):
-        x = np.array(values, dtype=np.float64)
-        assert got["count"] == x.size
-        assert got["mean"] == pytest.approx(x.mean(), rel=1e-9)
-        assert got["std"] == pytest.approx(x.std(), rel=1e-9)
-        assert (got["min"], got["max"]) == (x.min(), x.max())
-    assert set(stats) == {"tokens", "score", "pair"}
-
-
-def test_trimmed_batches_are_views_cut_to_the_longest_sample(seqs: str, tmp_path: Path) -> None:
-    import torch
-
-    from pgprefetch import EpochDataset, lengths_to_mask
-
-    fields = {"tokens": (["tokens"], "int32", {"max_length": 40})}
-    dump(seqs_config(tmp_path, fields), seqs)
-    full = EpochDataset(tmp_path / "store.zarr", 0, consumer=None, batch_size=4)
-    cut = EpochDataset(tmp_path / "store.zarr", 0, consumer=None, batch_size=4, trim=True)
-    widths = set()
-    for i in range(len(full)):
-        a, b = full[i], cut[i]
-        longest = int(a["tokens_length"].max())
-        widths.add(longest)
-        assert b["tokens"].shape == (a["tokens"].shape[0], longest)
-        assert b["tokens"].stride() == (40, 1)  # a view of the stored rows of 40: nothing copied
-        assert torch.equal(b["tokens"], a["tokens"][:, :longest])
-        mask = lengths_to_mask(b["tokens_length"])
-        assert mask.shape == b["tokens"].shape
-        assert torch.equal(mask.sum(dim=1), b["tokens_length"].long())
-        assert (b["tokens"][~mask] == 0).all()
-    assert len(widths) > 1
-
-
-def test_a_resumed_dump_of_padded_fields_has_the_bytes_and_figures_of_a_clean_one(seqs: str, tmp_path: Path) -> None:
-    import json
-
-    cfg = stats_config(tmp_path, slow=True)
-    store = tmp_path / "store.zarr"
-    kill_9_after(cfg, seqs, store)
-    resumed = dump(cfg, seqs)
-    assert resumed.resumed >= 2
-    clean = dump(stats_config(tmp_path, name="clean.toml", store="clean.zarr"), seqs)
-    assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
-
-    def stats(path: Path) -> dict:
-        return json.loads((path / "zarr.json").read_text())["attributes"]["pgprefetch"]["stats"]
-
-    assert stats(resumed.path) == stats(clean.path)
-
-
-def test_stats_command_prints_the_figures_of_an_epoch(seqs: str, tmp_path: Path) -> None:
-    import json
-
-    from click.testing import CliRunner
-
-    from pgprefetch.cli import cli
-
-    dump(stats_config(tmp_path), seqs)
-    store = str(tmp_path / "store.zarr")
-    result = CliRunner().invoke(cli, ["stats", "--store", store, "--epoch", "0", "--json"])
-    assert result.exit_code == 0, result.output
-    figures = json.loads(result.output)
-    assert figures["epoch"] == 0
-    assert figures["stats"]["pair"]["neg"]["max"] == -1
-    table = CliRunner().invoke(cli, ["stats", "--config", str(tmp_path / "test.toml"), "--epoch", "0"])
-    assert table.exit_code == 0
-    lines = table.output.splitlines()
-    assert lines[0].split() == ["field", "column", "count", "mean", "std", "min", "max"]
-    assert lines[1].split()[:3] == ["tokens", "tokens", f"{figures['stats']['tokens']['tokens']['count']:,}"]
-    missing = CliRunner().invoke(cli, ["stats", "--store", store, "--epoch", "5"])
-    assert missing.exit_code == 1
-    assert missing.output.startswith("Error: epoch 5 is not in")
-
-
-def test_the_stream_trims_too_also_from_reused_buffers(seqs: str, tmp_path: Path) -> None:
-    from pgprefetch import EpochDataset, EpochStream
-
-    fields = {"tokens": (["tokens"], "int32", {"max_length": 40})}
-    dump(seqs_config(tmp_path, fields), seqs)
-    store = tmp_path / "store.zarr"
-    want = [b["tokens"].tolist() for b in EpochDataset(store, 0, consumer=None, batch_size=4, trim=True)]
-    for buffers in (0, 2):
-        stream = EpochStream(store, 0, 1, batch_size=4, trim=True, buffers=buffers, consumer=None)
-        assert [b["tokens"].tolist() for b in stream] == want
-
-
-# --- scan mode -------------------------------------------------------------------------------------------------
-def scan_twin_configs(folder: Path, truncate: str, pad: int, fields: str = "") -> tuple[Path, Path]:
-    """A rows scan of ``seqs`` with a padded tokens field (or ``fields``), and its query-mode twin (same samples,
-    same order)."""
-    tokens = '[fields.tokens]\ncolumns = ["tokens"]\ndtype = "int32"\nmax_length = 16\n'
-    field = fields or tokens + f'pad = {pad}\ntruncate = "{truncate}"\n'
-    tail = '[batches]\nsize = 32\nseed = 5\ndrop_last = false\n[store]\npath = "store.zarr"\n'
-    (folder / "scan").mkdir(parents=True)
-    (folder / "twin").mkdir(parents=True)
-    scan = folder / "scan" / "c.toml"
-    scan.write_text('[samples]\ntable = "seqs"\nkey = "id"\n' + tail + field)
-    twin = folder / "twin" / "c.toml"
-    twin.write_text(
-        '[samples]\nkeys = "SELECT id FROM seqs"\nquery = "SELECT tokens, title, blob FROM seqs WHERE id = $1"\n'
-        + tail
-        + field
-    )
-    return scan, twin
-
-
-@pytest.mark.parametrize(("truncate", "pad"), [("right", 0), ("left", -5)])
-def test_scan_mode_pads_arrays_byte_identical_to_the_query_mode(
-    seqs: str, tmp_path: Path, truncate: str, pad: int
-) -> None:
-    scan, twin = scan_twin_configs(tmp_path, truncate, pad)
-    from_scan, from_query = dump(scan, seqs), dump(twin, seqs)
-    assert from_scan.n_samples == from_query.n_samples == N
-    assert chunk_bytes(from_scan.path) == chunk_bytes(from_query.path)
-    stored = by_key(read_arrays(from_scan))
-    for key, tokens in database(seqs, "SELECT id, tokens FROM seqs").items():
-        kept = tokens[:16] if truncate == "right" else tokens[-16:] if tokens else []
-        assert stored[key]["tokens_length"] == len(kept)
-        assert stored[key]["tokens"].tolist() == kept + [pad] * (16 - len(kept))
-
-
-def test_scan_mode_stops_at_an_array_longer_than_max_length(seqs: str, tmp_path: Path) -> None:
-    scan, _ = scan_twin_configs(tmp_path, "error", 0)
-    with pytest.raises(
-        SampleError,
-        match=r"sample \(id=\d+\): field tokens, column tokens has \d+ elements, more than "
-        "max_length 16",
-    ):
-        dump(scan, seqs)
-
-
-@pytest.mark.parametrize("truncate", ["right", "left"])
-def test_scan_mode_stores_text_and_bytea_byte_identical_to_the_query_mode(
-    seqs: str, tmp_path: Path, truncate: str
-) -> None:
-    # 1..4-byte characters around every cut position: max_length 7 lands inside most of them
-    execute(seqs, "UPDATE seqs SET title = repeat('aé日🎉', 1 + id % 3) WHERE id % 5 = 0")
-    fields = (
-        f'[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 7\npad = 32\ntruncate = "{truncate}"\n'
-        f'[fields.blob]\ncolumns = ["blob"]\ndtype = "uint8"\nmax_length = 5\ntruncate = "{truncate}"\n'
-    )
-    scan, twin = scan_twin_configs(tmp_path, truncate, 0, fields)
-    from_scan, from_query = dump(scan, seqs), dump(twin, seqs)
-    assert chunk_bytes(from_scan.path) == chunk_bytes(from_query.path)
-    stored = by_key(read_arrays(from_scan))
-    for key, title, blob in fetch(seqs, "SELECT id, title, blob FROM seqs"):
-        text = stored[key]["title"][: stored[key]["title_length"]].tobytes().decode("utf-8")
-        assert text == (_fit(title, 7) if truncate == "right" else _fit(title[::-1], 7)[::-1])
-        assert (stored[key]["title"][stored[key]["title_length"] :] == 32).all()
-        kept = blob[:5] if truncate == "right" else blob[-5:]
-        assert stored[key]["blob_length"] == len(kept)
-        assert stored[key]["blob"].tobytes() == kept + bytes(5 - len(kept))
-    assert any(len(t.encode()) > 7 for _, t in fetch(seqs, "SELECT id, title FROM seqs"))
-
-
-def test_text_cut_to_nothing_from_the_left_is_empty_in_both_modes(seqs: str, tmp_path: Path) -> None:
-    # max_length 1 keeps the last character only when it is one byte; the others are cut to nothing
-    execute(seqs, "UPDATE seqs SET title = (ARRAY['aé', 'é', '日', 'xa', ''])[1 + id % 5]")
-    fields = '[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 1\ntruncate = "left"\n'
-    scan, twin = scan_twin_configs(tmp_path, "left", 0, fields)
-    from_scan, from_query = dump(scan, seqs), dump(twin, seqs)
-    assert chunk_bytes(from_scan.path) == chunk_bytes(from_query.path)
-    stored = by_key(read_arrays(from_query))
-    for key, title in fetch(seqs, "SELECT id, title FROM seqs"):
-        kept = b"a" if title == "xa" else b""
-        assert stored[key]["title"][: stored[key]["title_length"]].tobytes() == kept
-
-
-def _fit(text: str, limit: int) -> str:
-    """The longest prefix of ``text`` whose UTF-8 fits ``limit`` bytes."""
-    while len(text.encode()) > limit:
-        text = text[:-1]
-    return text
-
-
-def test_scan_mode_stops_at_text_longer_than_max_length_and_at_a_null(seqs: str, tmp_path: Path) -> None:
-    fields = '[fields.title]\ncolumns = ["title"]\ndtype = "uint8"\nmax_length = 8\n'
-    scan, _ = scan_twin_configs(tmp_path, "error", 0, fields)
-    with pytest.raises(SampleError, match=r"sample \(id=\d+\): field title, column title has \d+ bytes, more than"):
-        dump(scan, seqs)
-    execute(
-        seqs,
-        "UPDATE seqs SET title = left(title, 2)",
-        "ALTER TABLE seqs ALTER COLUMN title DROP NOT NULL",
-        "UPDATE seqs SET title = NULL WHERE id = 9",
-    )
-    with pytest.raises(SampleError, match='a row has a NULL in column "title"'):
-        dump(scan, seqs)
-
-
-def test_scan_windows_of_rows_whose_arrays_vary(seqs: str, tmp_path: Path) -> None:
-    execute(
-        seqs, "ALTER TABLE events ADD COLUMN a int[]", "UPDATE events SET a = array(SELECT generate_series(1, t % 4))"
-    )
-    config = tmp_path / "c.toml"
-    config.write_text(
-        '[samples]\ntable = "events"\nkey = "uid"\norder = "t"\nwindow = 3\n'
-        '[batches]\nsize = 16\ndrop_last = false\n[store]\npath = "s.zarr"\n'
-        '[fields.a]\ncolumns = ["a"]\ndtype = "int16"\nmax_length = 2\ntruncate = "left"\n'
-    )
-    arrays = read_arrays(dump(config, seqs))
-    keys = arrays["keys"].reshape(-1, 2)
-    a, lengths = arrays["a"].reshape(-1, 3, 2), arrays["a_length"].reshape(-1, 3)
-    seen = 0
-    for i, (uid, t0) in enumerate(keys.tolist()):
-        if not uid:
-            continue
-        seen += 1
-        for r, t in enumerate(range(t0, t0 + 3)):
-            kept = list(range(1, t % 4 + 1))[-2:]
-            assert lengths[i, r] == len(kept)
-            assert a[i, r, : len(kept)].tolist() == kept
-    assert seen == sum(max(0, 1 + u % 12 - 2) for u in range(1, 121))
 
 
 @pytest.mark.parametrize("rows", ["flat", "max_rows"])

@@ -1,11 +1,16 @@
-"""Scan mode: one read of the table per epoch, samples cut on the client, byte-identical to the query mode."""
+"""Scan mode: one read of the table per epoch, samples cut on the client, byte-identical to the query mode.
+
+Over the ``ticks`` fixture's tables (tests/harness/db.py): windows and rows against their query-mode twins,
+any row order, date and timestamp keys, several epochs from one read, ``check``. What a scan refuses (one
+line naming the series, key or column) is tests/test_scan_errors.py's; what it survives (a killed
+connection or process, a table larger than memory) tests/test_scan_faults.py's.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,34 +26,12 @@ from bench import mixed
 from bench.scan import scan_config as bench_scan_config
 from pgprefetch import EpochArrays
 from pgprefetch.cli import cli
-from pgprefetch.errors import ConfigError, SampleError
 from pgprefetch.write.scan.table import _is_sorted
 
 from .harness.configs import scan_config
 from .harness.db import execute, fetch
 from .harness.dumps import chunk_bytes, dump, read_arrays
 from .harness.properties import EXTREMES
-
-SERIES = 40  # series of 1..120 rows (some shorter than a window)
-
-
-@pytest.fixture
-def ticks(db: str) -> str:
-    """``ticks(series_id, part, t, ts, day, f0, f1, label)``: series of varying length, rows in random heap order."""
-    execute(
-        db,
-        """CREATE TABLE ticks (series_id int, part int, t int, ts timestamptz, day date,
-           f0 real NOT NULL, f1 float8 NOT NULL, label smallint NOT NULL)""",
-        f"""INSERT INTO ticks
-           SELECT s, s % 3, t, timestamptz '2024-01-01 00:00:00+00' + t * interval '1 minute' + s * interval '1 s',
-                  date '2024-01-01' + t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
-           FROM generate_series(1, {SERIES}) s, generate_series(1, (s * 37) % 120 + 1) t
-           ORDER BY random()""",
-        "CREATE TABLE items (id bigint PRIMARY KEY, emb real[] NOT NULL, price numeric NOT NULL, day date NOT NULL)",
-        """INSERT INTO items SELECT i, ARRAY[i, -i, i / 2.0, 1], i * 1.25, date '2020-01-01' + i
-           FROM generate_series(1, 700) i ORDER BY random()""",
-    )
-    return db
 
 
 def twin_config(folder: Path, window: int, stride: int, fraction: float = 1.0, order: str = "t") -> Path:
@@ -293,194 +276,6 @@ def read_arrays_of(store: Path, epoch: int) -> dict[str, np.ndarray]:
     return {name: g[name][:] for name in g.array_keys() if not name.startswith("_")}  # data, not bookkeeping
 
 
-def test_two_rows_of_a_series_with_one_order_value_name_the_series(ticks: str, tmp_path: Path) -> None:
-    execute(
-        ticks,
-        "INSERT INTO ticks SELECT series_id, part, t, ts, day, f0, f1, label FROM ticks WHERE series_id = 7 AND t = 3",
-    )
-    cfg = scan_config(tmp_path, table="ticks", key=["series_id"], order="t", window=4)
-    with pytest.raises(SampleError) as e:
-        dump(cfg, ticks)
-    assert str(e.value) == "series (series_id=7) has two rows with t = 3: a series' rows need distinct order values"
-
-
-def test_a_repeated_row_key_is_named(ticks: str, tmp_path: Path) -> None:
-    execute(ticks, "ALTER TABLE items DROP CONSTRAINT items_pkey", "INSERT INTO items SELECT * FROM items WHERE id = 9")
-    with pytest.raises(SampleError, match=r"^\[samples\] table returned 1 repeated key\(s\), e.g. \(id=9\)"):
-        dump(scan_config(tmp_path, table="items", key="id", fields={"p": (["price"], "float32")}), ticks)
-
-
-def test_a_null_in_a_sample_row_is_named_and_outside_every_sample_ignored(ticks: str, tmp_path: Path) -> None:
-    execute(ticks, "ALTER TABLE ticks ALTER COLUMN f0 DROP NOT NULL")
-    execute(ticks, "UPDATE ticks SET f0 = NULL WHERE series_id = 2 AND t = 7")  # windows of 5 every 10: unused
-    windows = {"table": "ticks", "key": ["series_id"], "order": "t", "window": 5, "stride": 10, "size": 1000}
-    dump(scan_config(tmp_path / "a", **windows), ticks)  # no sample holds the NULL: no error, as in the query mode
-    execute(ticks, "UPDATE ticks SET f0 = NULL WHERE series_id = 3 AND t = 1")
-    with pytest.raises(SampleError) as e:
-        dump(scan_config(tmp_path / "b", **windows), ticks)
-    assert str(e.value) == (
-        'sample (series_id=3, t=1): field x, column f0 is NULL (1 NULL in this batch); set [fields.x] null = "nan" '
-        "or a fill value to keep NULLs"
-    )
-
-
-@pytest.mark.parametrize(
-    ("samples", "message"),
-    [
-        (
-            {"table": "ticks", "keys": "SELECT 1", "key": "series_id"},
-            '[samples]: give either "keys" and "query" (query mode) or "table" (scan mode), not both',
-        ),
-        (
-            {"table": "ticks", "key": "series_id", "window": 4},
-            "[samples] order: windows need the column that orders a series' rows",
-        ),
-        (
-            {"table": "ticks", "key": "series_id", "stride": 2},
-            "[samples] stride: only windows have it: set window too, or remove it",
-        ),
-        (
-            {"table": "ticks; DROP TABLE x", "key": "series_id"},
-            '[samples] table: expected a table or view name (schema.name), or a SELECT; got "ticks; DROP TABLE x"',
-        ),
-        (
-            {"table": "ticks", "key": "series_id", "order": "series_id", "window": 2},
-            '[samples] order: "series_id" is a key column too',
-        ),
-    ],
-)
-def test_scan_config_errors_are_one_line(tmp_path: Path, samples: dict[str, Any], message: str) -> None:
-    cfg = scan_config(tmp_path, **samples)
-    with pytest.raises(ConfigError) as e:
-        dump(cfg, "postgresql://unused")
-    assert str(e.value) == f"{cfg}: {message}"
-
-
-@pytest.mark.parametrize(
-    ("samples", "message"),
-    [
-        (
-            {"table": "ticks", "key": "f0"},
-            '[samples] key: column "f0" is float4; scan mode keys must be integer columns (smallint, integer, bigint)',
-        ),
-        (
-            {"table": "ticks", "key": "series_id", "order": "f1", "window": 2},
-            '[samples] order: column "f1" is float8; expected an integer, date, timestamp or timestamptz column',
-        ),
-        (
-            {"table": "ticks", "key": "nope"},
-            '[samples] table: no column "nope" (it has series_id, part, t, ts, day, f0, f1, label)',
-        ),
-        ({"table": "nope", "key": "id"}, '[samples] table: relation "nope" does not exist'),
-    ],
-)
-def test_scan_errors_found_by_the_server_are_one_line(
-    ticks: str, tmp_path: Path, samples: dict[str, Any], message: str
-) -> None:
-    cfg = scan_config(tmp_path, **samples)
-    with pytest.raises(ConfigError) as e:
-        dump(cfg, ticks)
-    assert str(e.value) == f"{cfg}: {message}"
-    assert not (tmp_path / "store.zarr").exists()
-
-
-SLOW = "SELECT series_id, t, f0, f1, label, pg_sleep(0.0005) AS pause FROM ticks"  # a COPY of about 1.2 s
-
-
-def test_a_connection_terminated_mid_scan_is_retried(ticks: str, tmp_path: Path) -> None:
-    import asyncio
-    import threading
-    import time
-
-    from pgprefetch import dump_epoch, load_config
-    from pgprefetch.pg.retry import RetryPolicy
-
-    from .harness.faults import kill_every_connection
-
-    cfg = scan_config(tmp_path / "a", table=SLOW, key=["series_id"], order="t", window=8)
-    killer = threading.Timer(0.6, kill_every_connection, args=(ticks,))
-    killer.start()
-    started = time.monotonic()
-    result = asyncio.run(dump_epoch(load_config(cfg, dsn=ticks), 0, retries=RetryPolicy(first_wait=0.1)))
-    killer.join()
-    assert time.monotonic() - started > 0.6
-    assert result.retries == 1
-    assert result.retry_causes == {"terminated": 1}
-    clean = dump(scan_config(tmp_path / "b", table="ticks", key=["series_id"], order="t", window=8), ticks)
-    assert chunk_bytes(result.path) == chunk_bytes(clean.path)
-
-
-@pytest.mark.parametrize("moment", ["reading", "writing"])
-def test_kill_9_mid_scan_then_rerun_gives_the_clean_bytes(ticks: str, tmp_path: Path, moment: str) -> None:
-    import time
-
-    from .harness.dumps import dump_argv, journal_lines, wait_for
-
-    table = SLOW if moment == "reading" else "ticks"
-    # Writing: batches of two samples, compressed: milliseconds each through zarr, so the dump is still
-    # writing when it is killed (uncompressed, units of up to 512 such batches would write it all at once).
-    settings = {"key": ["series_id"], "order": "t", "window": 2, "size": 1 if moment == "reading" else 2}
-    settings["compression"] = "none" if moment == "reading" else "zstd"
-    cfg = scan_config(tmp_path / "a", table=table, **settings)
-    store = tmp_path / "a" / "store.zarr"
-    proc = subprocess.Popen(dump_argv(cfg, ticks), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if moment == "reading":
-        time.sleep(1.5)  # started, connected, in the middle of the COPY
-    else:
-        wait_for(lambda: journal_lines(store) >= 20)
-    proc.kill()
-    proc.communicate()
-    assert not (store / "epoch-00000").exists()
-    rerun = subprocess.run([*dump_argv(cfg, ticks), "--json"], capture_output=True, text=True, timeout=120, check=False)
-    assert rerun.returncode == 0, rerun.stderr
-    summary = json.loads(rerun.stdout)
-    assert (summary.get("resumed_batches", 0) > 0) == (moment == "writing")
-    clean = dump(scan_config(tmp_path / "b", table="ticks", **settings), ticks)
-    assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
-
-
-@pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_a_table_larger_than_memory_is_read_in_passes_and_gives_the_same_bytes(
-    db: str, tmp_path: Path, compression: str
-) -> None:
-    execute(
-        db,
-        "CREATE TABLE big (series_id int, t int, f0 real NOT NULL, f1 float8 NOT NULL, label int NOT NULL)",
-        """INSERT INTO big SELECT s, t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
-           FROM generate_series(1, 200) s, generate_series(1, 300 + s % 17) t ORDER BY random()""",
-        "CREATE INDEX ON big (series_id, t)",
-    )  # about 63,000 rows: 3.3 MB as COPY sends them
-    windows = {"table": "big", "key": ["series_id"], "order": "t", "window": 16, "stride": 3, "fraction": 0.8}
-    whole = dump(scan_config(tmp_path / "whole", **windows), db)
-    small = scan_config(tmp_path / "small", **windows, extra='memory = "1MiB"', compression=compression)
-    passes = dump(small, db)
-    assert passes.rows_read is not None
-    # The keys pass, then the data passes (an index serves them); more when the first read outgrew memory
-    # before the passes began (a table ANALYZE has not counted yet).
-    assert passes.rows_read >= 2 * whole.rows_read
-    assert not (tmp_path / "small" / "store.zarr" / ".pgprefetch" / "spool" / "epoch-00000").exists()
-    got = read_arrays(passes)
-    for name, array in read_arrays(whole).items():
-        np.testing.assert_array_equal(got[name], array)
-
-
-def test_a_table_analyze_counted_past_memory_goes_straight_to_the_passes(db: str, tmp_path: Path) -> None:
-    execute(
-        db,
-        "CREATE TABLE wide (id int8 PRIMARY KEY, a real NOT NULL, b real NOT NULL, label int NOT NULL)",
-        "INSERT INTO wide SELECT i, i * 0.5, i % 13, i % 7 FROM generate_series(1, 200000) i ORDER BY random()",
-        "ANALYZE wide",
-    )  # 200,000 rows of 20 decoded bytes: 4 MB against 1 MiB of memory
-    rows = {"table": "wide", "key": ["id"], "fields": {"x": (["a", "b"], "float32"), "y": (["label"], "int64")}}
-    whole = dump(scan_config(tmp_path / "whole", **rows), db)
-    passes = dump(scan_config(tmp_path / "small", **rows, extra='memory = "1MiB"'), db)
-    # The keys pass and the data passes only: no first read given up when it outgrew memory.
-    assert passes.rows_read == 2 * whole.rows_read == 400_000
-    got = read_arrays(passes)
-    for name, array in read_arrays(whole).items():
-        np.testing.assert_array_equal(got[name], array)
-
-
 def test_check_runs_a_scan_config_without_writing(ticks: str, tmp_path: Path) -> None:
     cfg = scan_config(tmp_path, table="ticks", key=["series_id"], order="t", window=8, stride=4)
     result = CliRunner().invoke(cli, ["check", "--config", str(cfg), "--dsn", ticks, "--json"])
@@ -495,17 +290,3 @@ def test_check_runs_a_scan_config_without_writing(ticks: str, tmp_path: Path) ->
     assert result.exit_code == 1
     assert result.output.count("column f1 is NULL") == 1  # one line over the two batches alike
     assert "error: 2 of 2 checked batches (0, 16), e.g. batch 0: " in result.output
-
-
-def test_a_null_key_and_an_irregular_array_are_named(ticks: str, tmp_path: Path) -> None:
-    execute(ticks, "INSERT INTO ticks (series_id, t, f0, f1, label) VALUES (NULL, 1, 0, 0, 0)")
-    with pytest.raises(SampleError) as e:
-        dump(scan_config(tmp_path / "a", table="ticks", key=["series_id"], order="t", window=4), ticks)
-    assert str(e.value) == '[samples] table: a row has a NULL in column "series_id"'
-    execute(ticks, "UPDATE items SET emb = ARRAY[1, 2] WHERE id = 350")
-    with pytest.raises(SampleError) as e:
-        dump(scan_config(tmp_path / "b", table="items", key="id", fields={"emb": (["emb"], "float32")}), ticks)
-    assert str(e.value) == (
-        "[samples] table: a row's emb is a NULL array, holds a NULL or has another length than the first row's "
-        "(scan mode needs every row's arrays to have one length)"
-    )

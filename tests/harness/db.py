@@ -22,6 +22,19 @@ S_TABLE = (
     "CREATE TABLE s (id int PRIMARY KEY, v real NOT NULL)",
     "INSERT INTO s SELECT i, i * 0.5 FROM generate_series(1, 480) i",
 )
+SERIES = 40  # series of 1..120 rows (some shorter than a window) in ``ticks``, the ``ticks`` fixture's scan table
+TICKS_TABLES = (
+    """CREATE TABLE ticks (series_id int, part int, t int, ts timestamptz, day date,
+           f0 real NOT NULL, f1 float8 NOT NULL, label smallint NOT NULL)""",
+    f"""INSERT INTO ticks
+           SELECT s, s % 3, t, timestamptz '2024-01-01 00:00:00+00' + t * interval '1 minute' + s * interval '1 s',
+                  date '2024-01-01' + t, s + t * 0.5, s * 1000 + t / 3.0, (s * 7 + t) % 5
+           FROM generate_series(1, {SERIES}) s, generate_series(1, (s * 37) % 120 + 1) t
+           ORDER BY random()""",
+    "CREATE TABLE items (id bigint PRIMARY KEY, emb real[] NOT NULL, price numeric NOT NULL, day date NOT NULL)",
+    """INSERT INTO items SELECT i, ARRAY[i, -i, i / 2.0, 1], i * 1.25, date '2020-01-01' + i
+           FROM generate_series(1, 700) i ORDER BY random()""",
+)
 
 
 def with_database(dsn: str, name: str) -> str:

@@ -1,7 +1,8 @@
 """Dumps, in this process or as processes of their own, and what they leave: arrays, chunk files, journals.
 
 A dump in process (:func:`dump`) is for comparing bytes; one as its own process (:func:`start_dump`) is for
-what only a process shows: signals, ``kill -9``, exit codes, another writer on the same epoch.
+what only a process shows: signals, ``kill -9``, exit codes, another writer on the same epoch. The CLI in
+this process (:func:`run_cli`) is for what a command prints.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 
 import numpy as np
 import zarr
+from click.testing import CliRunner
 
 from pgprefetch import DumpResult, dump_epoch, load_config
+from pgprefetch.cli import cli
 
 
 def dump(config: Path, dsn: str, epoch: int = 0, **kwargs: Any) -> DumpResult:
@@ -27,6 +30,12 @@ def dump(config: Path, dsn: str, epoch: int = 0, **kwargs: Any) -> DumpResult:
     force = kwargs.pop("force", False)
     cfg = load_config(config, dsn=dsn, **kwargs)
     return asyncio.run(dump_epoch(cfg, epoch, force=force))
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    """``pgprefetch ARGS`` run in this process (click's runner): its exit code and what it printed."""
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
 
 
 def epoch_group(result: DumpResult) -> zarr.Group:

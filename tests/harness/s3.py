@@ -47,6 +47,12 @@ class S3:
         return out
 
 
+def epoch_objects(s3: S3, bucket: str, prefix: str, epoch: int = 0) -> dict[str, bytes]:
+    """The objects of an epoch, as ``chunk_bytes`` names a local epoch's files (its group zarr.json left out)."""
+    objects = s3.objects(bucket, f"{prefix}/epoch-{epoch:05d}/")
+    return {key: body for key, body in objects.items() if "/" in key}
+
+
 @contextmanager
 def s3_server() -> Iterator[S3]:
     from moto.server import ThreadedMotoServer
