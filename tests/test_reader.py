@@ -119,6 +119,8 @@ def test_dataloader_workers_say_once_that_the_main_process_is_the_fast_path(stor
     assert "num_workers=0" in done.stderr
 
 
+# _rebuild is what a DataLoader worker runs: it says once that workers are the slow path (tested above).
+@pytest.mark.filterwarnings("ignore:pgprefetch. batches are already shuffled:UserWarning")
 def test_a_batch_whose_file_was_replaced_is_an_error_not_other_bytes(store: Path, tmp_path: Path) -> None:
     from pgprefetch.torch.workers import FileRef, _rebuild
 
