@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from pgprefetch.demo.data import load_demo_data
-from pgprefetch.errors import PgprefetchError
 
 from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
 from .harness.db import S_TABLE, TICKS_TABLES, execute, own_database, own_server
@@ -38,16 +37,9 @@ def pg_dsn() -> Iterator[str]:
         _check(env, log=None)
         yield env
         return
-    try:
-        server = own_server("pgpf-")  # short: unix socket paths are capped near 107 bytes
-        folder, dsn = server.__enter__()
-    except PgprefetchError as e:  # e.g. as root, a clone under a folder the server's user cannot enter
-        pytest.exit(f"cannot start the test PostgreSQL: {e}", returncode=3)
-    try:
+    with own_server("pgpf-") as (folder, dsn):  # short: unix socket paths are capped near 107 bytes
         _check(dsn, log=folder / "pg" / "log")
         yield dsn
-    finally:
-        server.__exit__(None, None, None)
 
 
 def _check(dsn: str, log: Path | None) -> None:
