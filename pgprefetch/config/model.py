@@ -28,6 +28,8 @@ N_ROWS = "n_rows"  # with [samples] max_rows, an int32 array of each sample's re
 TRUNCATES = ("error", "right", "left")
 # Arrays of every epoch: each batch's keys, every chunk's CRC32C, each batch's longest sample (padded fields)
 RESERVED_FIELDS = ("keys", "_checksums", "_longest")
+SOURCE_ARRAY = "source"  # a mixed epoch's int8 array: each sample's source, as its code (position in [samples])
+MIX_VERSION = 1  # the plan of mixed epochs (pass orders, apportionment): a change of it is a new version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +104,34 @@ class ScanConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MixSource:
+    """One source of a mixed epoch (``[samples.NAME]``): its own samples, and its weight over the epochs."""
+
+    name: str
+    samples: SamplesConfig | ScanConfig
+    weights: tuple[tuple[int, int | float], ...] = ((0, 1),)
+    """``(from epoch, weight)``, ascending, the first from epoch 0: a plain ``weight = 3`` is ``((0, 3),)``."""
+
+    def weight(self, epoch: int) -> int | float:
+        """The weight in force at ``epoch``: that of the last step of the schedule at or before it."""
+        return next(w for start, w in reversed(self.weights) if start <= epoch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixConfig:
+    """Several sources in one epoch, in proportion to their weights (:mod:`pgprefetch.write.mix`)."""
+
+    sources: tuple[MixSource, ...]
+    samples: int | None = None
+    """Samples per epoch in all; None: the epoch in which the source with the fewest samples per unit of
+    weight takes one pass (whole batches)."""
+
+    def source(self, name: str) -> MixSource:
+        """The source called ``name``."""
+        return next(s for s in self.sources if s.name == name)
+
+
+@dataclass(frozen=True, kw_only=True)
 class FieldConfig:
     """One tensor of the batch, built from one or more result columns."""
 
@@ -155,11 +185,22 @@ class Config:
 
     source: SourceConfig
     samples: SamplesConfig | ScanConfig
+    """The one source's samples; of a mixed config, its first source's (each source's: :meth:`for_source`)."""
     fields: tuple[FieldConfig, ...]
     batches: BatchesConfig
     store: StoreConfig
     file: Path | None = None
     """The file it came from, for messages; None when built in code."""
+    mix: MixConfig | None = None
+    """Several sources mixed into each epoch (``[samples.NAME]`` tables); None: the one ``[samples]``."""
+
+    def for_source(self, name: str) -> Config:
+        """The single-source config of a mixed config's source ``name``: its samples, the shared rest.
+
+        Each source is read, ordered and decoded by the machinery of its own mode with this config.
+        """
+        assert self.mix is not None
+        return dataclasses.replace(self, samples=self.mix.source(name).samples, mix=None)
 
     @property
     def mode(self) -> str:
@@ -191,11 +232,28 @@ class Config:
         """The settings that decide an epoch's bytes, as plain JSON data.
 
         Connection settings and the store path are left out: they change where and how fast, not what.
+        A mixed config's weights and ``[mix] samples`` are left out too: they may be edited between epochs,
+        and each epoch records the weights it used and where it left each source (:mod:`pgprefetch.write.mix`).
         """
+        if self.mix is not None:
+            return {
+                "mix": {
+                    "version": MIX_VERSION,
+                    "sources": [
+                        {"name": s.name, "mode": "query" if isinstance(s.samples, SamplesConfig) else "scan"}
+                        | _without_defaults(s.samples, _OPTIONAL if isinstance(s.samples, SamplesConfig) else ())
+                        for s in self.mix.sources
+                    ],
+                },
+                **self._shared_content(),
+            }
         return {
-            "samples": _without_defaults(
-                self.samples, ("duplicates", "max_rows", "truncate") if self.mode == "query" else ()
-            ),
+            "samples": _without_defaults(self.samples, _OPTIONAL if self.mode == "query" else ()),
+            **self._shared_content(),
+        }
+
+    def _shared_content(self) -> dict[str, Any]:
+        return {
             "fields": [
                 _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate"))
                 | {"columns": list(f.columns)}
@@ -209,6 +267,9 @@ class Config:
         """Hash of :meth:`content`, recorded in every epoch to tell which config wrote it."""
         text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+_OPTIONAL = ("duplicates", "max_rows", "truncate")  # query mode's [samples] settings added after its format
 
 
 def _without_defaults(obj: Any, optional: tuple[str, ...]) -> dict[str, Any]:

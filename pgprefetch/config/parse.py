@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from pgprefetch.config.mix import check_fields, is_mixed, parse_mix
 from pgprefetch.config.model import (
     CASTS,
     COMPRESSIONS,
@@ -44,7 +45,7 @@ _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     """Validate a config already parsed from TOML (see :func:`load_config`)."""
     p = _Parser(file)
-    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source",))
+    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix"))
     source = p.section(raw, "source", required=False)
     samples = p.section(raw, "samples")
     batches = p.section(raw, "batches")
@@ -59,9 +60,19 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
     p.keys(store, "store", required=("path",), optional=("compression",))
 
-    samples_cfg = p.samples(samples)
     fields_cfg = p.fields(fields)
-    p.variable_lengths(samples_cfg, fields_cfg)
+    mix = None
+    if is_mixed(samples):
+        mix = parse_mix(p, samples, p.section(raw, "mix", required=False))
+        check_fields(p, fields_cfg)
+        for s in mix.sources:
+            p.variable_lengths(s.samples, fields_cfg)
+        samples_cfg = mix.sources[0].samples
+    else:
+        if "mix" in raw:
+            p.fail("[mix]", "mixes [samples.NAME] sources: put each source in a [samples.NAME] table")
+        samples_cfg = p.samples(samples)
+        p.variable_lengths(samples_cfg, fields_cfg)
     return Config(
         source=SourceConfig(
             dsn=p.optional_str(source, "source", "dsn"),
@@ -78,6 +89,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             seed=p.integer(batches, "batches", "seed", default=0),
             drop_last=p.boolean(batches, "batches", "drop_last", default=True),
         ),
+        mix=mix,
         store=StoreConfig(
             path=p.location(store, "store", "path"),
             compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
@@ -111,67 +123,69 @@ class _Parser:
     def __init__(self, file: Path | None) -> None:
         self.file = file
 
-    def samples(self, samples: dict[str, Any]) -> SamplesConfig | ScanConfig:
+    def samples(self, samples: dict[str, Any], section: str = "samples") -> SamplesConfig | ScanConfig:
         """``[samples]``: either ``keys`` + ``query`` (query mode) or ``table`` (scan mode), never both."""
         if "table" in samples and ("keys" in samples or "query" in samples):
-            self.fail("[samples]", 'give either "keys" and "query" (query mode) or "table" (scan mode), not both')
+            self.fail(f"[{section}]", 'give either "keys" and "query" (query mode) or "table" (scan mode), not both')
         if "table" not in samples:
             optional = ("rows", "fraction", "duplicates", "max_rows", "truncate")
-            self.keys(samples, "samples", required=("keys", "query"), optional=optional)
+            self.keys(samples, section, required=("keys", "query"), optional=optional)
             if "max_rows" in samples and "rows" in samples:
-                self.fail("[samples] max_rows", "give rows (each sample has that many) or max_rows (1 to that many)")
+                self.fail(f"[{section}] max_rows", "give rows (each sample has that many) or max_rows (1 to that many)")
             if "truncate" in samples and "max_rows" not in samples:
-                self.fail("[samples] truncate", "only max_rows has it: set max_rows too, or remove it")
-            max_rows = self.positive_int(samples, "samples", "max_rows") if "max_rows" in samples else None
+                self.fail(f"[{section}] truncate", "only max_rows has it: set max_rows too, or remove it")
+            max_rows = self.positive_int(samples, section, "max_rows") if "max_rows" in samples else None
             query = SamplesConfig(
-                keys=self.sql(samples, "samples", "keys"),
-                query=self.sql(samples, "samples", "query"),
-                rows=max_rows or self.positive_int(samples, "samples", "rows", default=1),
-                fraction=self.fraction(samples, "samples", "fraction"),
-                duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
+                keys=self.sql(samples, section, "keys"),
+                query=self.sql(samples, section, "query"),
+                rows=max_rows or self.positive_int(samples, section, "rows", default=1),
+                fraction=self.fraction(samples, section, "fraction"),
+                duplicates=self.choice(samples, section, "duplicates", DUPLICATES, default="error"),
                 max_rows=max_rows,
-                truncate=self.choice(samples, "samples", "truncate", TRUNCATES, default="error"),
+                truncate=self.choice(samples, section, "truncate", TRUNCATES, default="error"),
             )
             if 0 in find_params(query.query):
-                self.fail("[samples] query", "parameters are numbered from $1 (the first key column); found $0")
+                self.fail(f"[{section}] query", "parameters are numbered from $1 (the first key column); found $0")
             return query
         optional = ("order", "window", "stride", "fraction", "duplicates")
-        self.keys(samples, "samples", required=("table", "key"), optional=optional)
+        self.keys(samples, section, required=("table", "key"), optional=optional)
         window = samples.get("window")
         if window is None:
             for key in ("order", "stride"):
                 if key in samples:
-                    self.fail(f"[samples] {key}", "only windows have it: set window too, or remove it")
+                    self.fail(f"[{section}] {key}", "only windows have it: set window too, or remove it")
         elif "order" not in samples:
-            self.fail("[samples] order", "windows need the column that orders a series' rows")
+            self.fail(f"[{section}] order", "windows need the column that orders a series' rows")
         named = samples["key"]
         columns = [named] if isinstance(named, str) else named
         if not isinstance(columns, list) or not columns or not all(isinstance(k, str) and k for k in columns):
-            self.fail("[samples] key", f"expected a column name or a non-empty list of them, got {show(columns)}")
+            self.fail(f"[{section}] key", f"expected a column name or a non-empty list of them, got {show(columns)}")
         if len(set(columns)) != len(columns):
-            self.fail("[samples] key", f"a column is listed twice in {columns}")
+            self.fail(f"[{section}] key", f"a column is listed twice in {columns}")
         order = samples.get("order")
         if order is not None and (not isinstance(order, str) or not order):
-            self.fail("[samples] order", f"expected a column name, got {show(order)}")
+            self.fail(f"[{section}] order", f"expected a column name, got {show(order)}")
         if order in columns:
-            self.fail("[samples] order", f'"{order}" is a key column too')
+            self.fail(f"[{section}] order", f'"{order}" is a key column too')
         return ScanConfig(
-            table=self.table(samples),
+            table=self.table(samples, section),
             key=tuple(columns),
             order=order,
-            window=None if window is None else self.positive_int(samples, "samples", "window"),
-            stride=self.positive_int(samples, "samples", "stride", default=1),
-            fraction=self.fraction(samples, "samples", "fraction"),
-            duplicates=self.choice(samples, "samples", "duplicates", DUPLICATES, default="error"),
+            window=None if window is None else self.positive_int(samples, section, "window"),
+            stride=self.positive_int(samples, section, "stride", default=1),
+            fraction=self.fraction(samples, section, "fraction"),
+            duplicates=self.choice(samples, section, "duplicates", DUPLICATES, default="error"),
         )
 
-    def table(self, samples: dict[str, Any]) -> str:
+    def table(self, samples: dict[str, Any], section: str = "samples") -> str:
         value = samples["table"]
         if not isinstance(value, str) or not strip_statement(value):
-            self.fail("[samples] table", f"expected a table or view name, or a SELECT, got {_kind(value)}")
+            self.fail(f"[{section}] table", f"expected a table or view name, or a SELECT, got {_kind(value)}")
         text = strip_statement(value)
         if not (_TABLE_NAME.fullmatch(text) or re.match(r"(?is)^\s*(select|with|values)\b", text)):
-            self.fail("[samples] table", f"expected a table or view name (schema.name), or a SELECT; got {show(text)}")
+            self.fail(
+                f"[{section}] table", f"expected a table or view name (schema.name), or a SELECT; got {show(text)}"
+            )
         return text
 
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -64,10 +64,22 @@ class BatchSource:
     unit: int = 1  # the most consecutive batches fetched and produced together (buffers hold that many)
     warnings: tuple[str, ...] = ()  # what planning found that will cost the dump dearly (a missing index)
     spread: object | None = None  # an executor's read, on its cluster, that the batches are cut from there
+    extra_arrays: tuple[tuple[str, np.dtype, tuple[int, ...]], ...] = ()  # filled by produce beside the layout's
+    records: dict[str, Any] | None = None  # what the manifest records beyond the plan (a mixed epoch's sources)
+
+    @property
+    def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        """Every array ``produce`` fills: the layout's, then the extra ones (a mixed epoch's ``source``)."""
+        return [*self.layout.arrays(), *self.extra_arrays]
+
+    def allocate(self, n: int) -> dict[str, np.ndarray]:
+        """Zeroed buffers of :attr:`arrays` for ``n`` samples."""
+        return {name: np.zeros((n, *shape), dtype=dtype) for name, dtype, shape in self.arrays}
 
     def epoch_bytes(self, size: int) -> int:
         """The bytes of the epoch's arrays, keys included, uncompressed: what the dump writes, what check says."""
-        return self.plan.n_batches * size * (self.layout.sample_bytes + 8 * self.plan.key_columns.width)
+        extra = sum(d.itemsize * int(np.prod(s)) for _, d, s in self.extra_arrays)
+        return self.plan.n_batches * size * (self.layout.sample_bytes + extra + 8 * self.plan.key_columns.width)
 
 
 class Advances(Protocol):

@@ -42,6 +42,13 @@ def field_entries(source: BatchSource) -> dict[str, dict[str, Any]]:
     return fields
 
 
+def _samples(cfg: Config) -> dict[str, Any]:
+    """The ``[samples]`` settings: the one source's, or a mixed config's, by source."""
+    if cfg.mix is None:
+        return dataclasses.asdict(cfg.samples)
+    return {s.name: dataclasses.asdict(s.samples) for s in cfg.mix.sources}
+
+
 def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float) -> dict[str, Any]:
     """The epoch's manifest: everything a reader, an auditor or a resumed dump needs to know."""
     plan, layout = source.plan, source.layout
@@ -57,8 +64,8 @@ def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float)
         "drop_last": cfg.batches.drop_last,
         "n_keys": plan.n_keys,
         "duplicates_dropped": plan.duplicates_dropped,
-        "fraction": cfg.samples.fraction,
-        "rows": cfg.samples.rows,
+        "fraction": cfg.samples.fraction if cfg.mix is None else 1.0,
+        "rows": cfg.samples.rows if cfg.mix is None else layout.rows,
         **(
             {"max_rows": layout.rows, "n_rows": N_ROWS, "truncate_rows": layout.row_truncate}
             if layout.variable_rows
@@ -69,13 +76,14 @@ def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float)
         "keys_sha256": plan.keys_sha256,
         "compression": cfg.store.compression,
         "config_sha256": cfg.sha256(),
-        "config": dataclasses.asdict(cfg.samples),
-        "mode": cfg.mode,
+        "config": _samples(cfg),
+        "mode": cfg.mode if cfg.mix is None else "mix",
         "snapshot": source.snapshot,
         "server_version": source.server_version,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(elapsed, 3),
         "bytes": total,
         **({"rows_read": source.rows_read} if source.rows_read is not None else {}),
+        **(source.records or {}),
         "complete": True,
     }

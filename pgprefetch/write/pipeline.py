@@ -317,7 +317,7 @@ async def _write_epoch(
     """Write every batch of ``source`` not yet on disk (resuming a partial epoch), then publish."""
     size = cfg.batches.size
     plan = source.plan
-    specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.layout.arrays()]
+    specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.arrays]
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
     identity: dict[str, Any] = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
     if plan.categories:  # batches coded with other lists are not resumed (the store's vocabulary grew meanwhile)

@@ -28,7 +28,7 @@ from pgprefetch.decode.blobs import array_lengths
 from pgprefetch.decode.layout import BatchLayout, UnknownCategoryError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import plan_columns
-from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.pg.session import BatchReader, Shape, Snapshot
 from pgprefetch.pg.statement import (
     Fetched,
     batch_statement,
@@ -129,35 +129,45 @@ async def plan_epoch(
     shape = await snap.describe(cfg)
     order = await _read_and_order(cfg, snap, shape.keys, epoch, scratch)
     try:
-        where = f"{cfg.file}: " if cfg.file else ""
-        columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
-        categories = await resolve_categories(cfg, lambda columns: _distinct(cfg, snap, columns), vocabulary)
+        statement = await query_statement(cfg, snap, shape, vocabulary)
     except BaseException:
         if isinstance(order["keys"], OrderedKeys):
             order["keys"].close()
         raise
-    variable = cfg.query_samples.max_rows is not None
-    sql = batch_statement(
-        cfg.query_samples.query,
-        shape.keys,
-        columns,
-        cfg.query_samples.rows,
-        variable_rows=variable,
-        row_truncate=cfg.query_samples.truncate,
-    )
-    rows_each = row_wise(columns, cfg.samples.rows, variable)
     order.pop("index", None)
-    return EpochPlan(
-        epoch=epoch,
-        key_columns=shape.keys,
-        **order,
-        columns=columns,
-        by_field=by_field,
-        categories=categories,
-        sql=sql,
-        params=tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
-        row_wise=rows_each,
+    return EpochPlan(epoch=epoch, key_columns=shape.keys, **order, **statement)
+
+
+async def query_statement(
+    cfg: Config,
+    snap: Snapshot,
+    shape: Shape,
+    vocabulary: Vocabulary | None,
+    categories: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """The batch statement of a described query-mode config, with its columns and category lists.
+
+    Returns the :class:`EpochPlan` fields ``columns``, ``by_field``, ``categories``, ``sql``, ``params`` and
+    ``row_wise``. ``categories``: the lists to bind (a mixed epoch's, over all its sources); None resolves
+    them for this config (:func:`~pgprefetch.write.plan.resolve_categories`).
+    """
+    where = f"{cfg.file}: " if cfg.file else ""
+    columns, by_field = plan_columns(cfg.fields, shape.returned, shape.keys.width, where)
+    if categories is None:
+        categories = await resolve_categories(cfg, lambda columns: _distinct(cfg, snap, columns), vocabulary)
+    samples = cfg.query_samples
+    variable = samples.max_rows is not None
+    sql = batch_statement(
+        samples.query, shape.keys, columns, samples.rows, variable_rows=variable, row_truncate=samples.truncate
     )
+    return {
+        "columns": columns,
+        "by_field": by_field,
+        "categories": categories,
+        "sql": sql,
+        "params": tuple(categories[f.name] for f in cfg.fields if f.categories is not None),
+        "row_wise": row_wise(columns, samples.rows, variable),
+    }
 
 
 async def _read_and_order(

@@ -85,7 +85,7 @@ async def write_batches(
 
         async def worker() -> None:
             nonlocal total
-            buffers = source.layout.allocate(size * source.unit)
+            buffers = source.allocate(size * source.unit)
             buffers[KEYS_ARRAY] = np.zeros((size * source.unit, keys.shape[0]), dtype=np.int64)
             while unit := todo.next():
                 first, count = unit

@@ -25,6 +25,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
+from pgprefetch.write.mix.source import mixed_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import query_source
 from pgprefetch.write.scan.mode import (
@@ -47,7 +48,7 @@ class ReadCache:
 
     def covers(self, cfg: Config) -> bool:
         """Whether an epoch of ``cfg`` can be cut from what is cached (no snapshot needed)."""
-        return cfg.mode == "scan" and (self.read is not None or self.spread is not None)
+        return cfg.mix is None and cfg.mode == "scan" and (self.read is not None or self.spread is not None)
 
 
 @asynccontextmanager
@@ -72,6 +73,11 @@ async def open_source(
     memory`` are ordered (either mode; a temporary folder if None; removed afterwards either way).
     ``executor``: a scan is read and cut on its cluster (:meth:`~pgprefetch.write.executor.Executor.read_scan`).
     """
+    if cfg.mix is not None:  # every source read on this epoch's snapshot (a scan source's table too)
+        assert snap is not None, "a mixed epoch is read on its own snapshot"
+        async with mixed_source(cfg, snap, epoch, vocabulary) as mixed:
+            yield mixed
+        return
     if cfg.mode == "scan" and executor is not None:
         if cache.spread is None:
             assert snap is not None, "a snapshot is needed unless the table read is cached"

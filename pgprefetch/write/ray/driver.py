@@ -84,7 +84,12 @@ class RayExecutor:
             self._started = False
 
     def check(self, cfg: Config) -> None:
-        """Every config is spread: query mode by batch ranges, scan mode through the exchange (:mod:`.scan`)."""
+        """Every single-source config is spread: query mode by batch ranges, scan mode through the exchange.
+
+        A mixed epoch is not (yet): its units draw on every source at once, which the parts do not hold.
+        """
+        if cfg.mix is not None:
+            raise ConfigError("--executor ray does not dump mixed epochs ([samples.NAME] sources) yet: dump them here")
 
     async def read_scan(
         self, cfg: Config, snap: Snapshot, progress: Progress | None, vocabulary: Vocabulary | None

@@ -1,0 +1,173 @@
+"""Each source's own passes: an order per pass given by a keyed hash, and positions that survive change.
+
+Pass p of a source visits its chosen keys in ascending order of ``(h_p(key), key)``, h_p a 64-bit hash
+keyed by the seed, the source's name and p: a fresh order each pass, the same in every process, and a
+pure function of each key alone. So a position ("pass p, every key up to this one taken") does not
+depend on where the other keys are: a row inserted between epochs is taken later in this pass if its hash
+comes after the position, and is otherwise seen in the next pass; a row deleted is simply not there. No key
+is taken twice in a pass, whatever the weights or the table's changes, and every key is taken once per
+pass when the keys stay the same.
+
+``fraction`` chooses a subset once, by another hash of each key: the same keys in every pass, so that a
+pass is a pass over the chosen ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from pgprefetch.errors import SampleError
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _salt(seed: int, name: str, what: str, n: int = 0) -> np.uint64:
+    digest = hashlib.sha256(f"pgprefetch-mix/{seed}/{name}/{what}/{n}".encode()).digest()
+    return np.uint64(int.from_bytes(digest[:8], "little"))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, in place on a uint64 array: every input bit moves every output bit."""
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def key_hash(keys: np.ndarray, salt: np.uint64) -> np.ndarray:
+    """A 64-bit hash of each key (a column of ``keys``, int64 slots), keyed by ``salt``."""
+    with np.errstate(over="ignore"):
+        h = np.full(keys.shape[1], salt, dtype=np.uint64)
+        for slot in keys:
+            h ^= slot.view(np.uint64)
+            _mix(h)
+            h += salt
+        return _mix(h)
+
+
+def slot_hash(seed: int, name: str, epoch: int, first: int, n: int) -> np.ndarray:
+    """A hash per slot ``first ... first + n - 1`` of an epoch: the order of the samples within each batch."""
+    slots = np.arange(first, first + n, dtype=np.int64)[None, :]
+    return key_hash(slots, _salt(seed, name, "batch", epoch))
+
+
+def _lex_order(keys: np.ndarray, primary: np.ndarray | None = None) -> np.ndarray:
+    """The order of ``keys`` by ``(primary, slot 0, slot 1, ...)``."""
+    columns = [*keys[::-1]] + ([primary] if primary is not None else [])
+    return np.lexsort(columns)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A source's keys as its passes walk them: repeats dropped and ``fraction`` applied, in key order."""
+
+    keys: np.ndarray  # (n_slots, m) int64, ascending (slot 0 first)
+    index: np.ndarray  # (m,) each one's column in the keys as read (scan mode: its sample)
+    n_keys: int  # keys as read, repeats included
+    repeats: int
+
+    @property
+    def m(self) -> int:
+        """How many keys a pass walks."""
+        return int(self.keys.shape[1])
+
+
+def choose(keys: np.ndarray, *, seed: int, name: str, fraction: float, drop: bool, where: str) -> Chosen:
+    """The keys a source's passes walk, from the keys it returned.
+
+    Raises:
+        SampleError: a key came twice and repeats are not dropped.
+    """
+    order = _lex_order(keys)
+    ordered = keys[:, order]
+    if ordered.shape[1] > 1:
+        same = np.all(ordered[:, 1:] == ordered[:, :-1], axis=0)
+        repeats = int(same.sum())
+    else:
+        same, repeats = np.zeros(0, dtype=bool), 0
+    if repeats and not drop:
+        example = ordered[:, 1:][:, same][:, 0].tolist()
+        raise SampleError(
+            f"{where} returned {repeats} repeated key(s), e.g. {tuple(example)}: each sample must come once per "
+            'pass; fix its keys, or set duplicates = "drop" to keep one of each'
+        )
+    if repeats:
+        keep = np.concatenate([[True], ~same])
+        order, ordered = order[keep], ordered[:, keep]
+    if fraction < 1.0:
+        h = key_hash(ordered, _salt(seed, name, "fraction"))
+        keep = (h >> np.uint64(11)) < np.uint64(int(fraction * (1 << 53)))
+        order, ordered = order[keep], ordered[:, keep]
+    return Chosen(np.ascontiguousarray(ordered), order, int(keys.shape[1]), repeats)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a source stands: in pass ``pass_``, its first ``index`` keys (of the pass order) taken."""
+
+    pass_: int
+    index: int
+
+
+class Passes:
+    """The pass orders of one source's chosen keys, computed as they are needed."""
+
+    def __init__(self, chosen: Chosen, *, seed: int, name: str) -> None:
+        self.chosen, self.seed, self.name = chosen, seed, name
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def order(self, p: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pass ``p``: the chosen keys' columns in its order, and their hashes in that order."""
+        if p not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.clear()
+            h = key_hash(self.chosen.keys, _salt(self.seed, self.name, "pass", p))
+            order = _lex_order(self.chosen.keys, h)
+            self._orders[p] = (order, h[order])
+        return self._orders[p]
+
+    def locate(self, p: int, after: tuple[int, list[int]] | None) -> Position:
+        """The position of "pass ``p``, every key up to ``after`` (its hash and slots) taken", in these keys."""
+        if after is None:
+            return Position(p, 0)
+        order, hashes = self.order(p)
+        h = np.uint64(after[0])
+        index = int(np.searchsorted(hashes, h, side="left"))
+        stop = int(np.searchsorted(hashes, h, side="right"))
+        key = after[1]
+        for i in range(index, stop):  # the same hash: by the key's slots (rare)
+            if self.chosen.keys[:, order[i]].tolist() <= key:
+                index = i + 1
+        return Position(p, index)
+
+    def advance(self, at: Position, n: int) -> Position:
+        """The position ``n`` keys on, counting whole passes without computing their orders."""
+        m = self.chosen.m
+        index = min(at.index, m) + n
+        return Position(at.pass_ + index // m, index % m)
+
+    def take(self, at: Position, n: int) -> tuple[np.ndarray, Position]:
+        """The next ``n`` keys from ``at`` (columns of ``chosen.keys``, in order) and the position after them."""
+        m = self.chosen.m
+        out, got = np.empty(n, dtype=np.int64), 0
+        p, index = at.pass_, min(at.index, m)
+        while got < n:
+            if index == m:
+                p, index = p + 1, 0
+            order, _ = self.order(p)
+            step = min(n - got, m - index)
+            out[got : got + step] = order[index : index + step]
+            got, index = got + step, index + step
+        return out, Position(p, index)
+
+    def after(self, at: Position) -> tuple[int, list[int]] | None:
+        """What a record says of ``at``: the hash and slots of the last key taken in its pass (None: none)."""
+        if at.index == 0:
+            return None
+        order, hashes = self.order(at.pass_)
+        return int(hashes[at.index - 1]), self.chosen.keys[:, order[at.index - 1]].tolist()

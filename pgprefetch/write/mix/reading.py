@@ -1,0 +1,133 @@
+"""Each source of a mixed epoch read on the epoch's snapshot by its own mode's machinery.
+
+A query-mode source is described and its keys read (:meth:`~pgprefetch.pg.session.Snapshot.read_keys`);
+a scan-mode source's table is read and cut (:func:`~pgprefetch.write.scan.mode.read_scan`). Each is read
+with the config of its own (:meth:`~pgprefetch.config.model.Config.for_source`), the memory budget shared
+out among the sources, and any error it raises is prefixed with the source's table: ``[samples.web]: ...``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import Config, SamplesConfig
+from pgprefetch.errors import ConfigError, PgprefetchError, SourceError
+from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.session import Shape, Snapshot
+from pgprefetch.write.mix.passes import Chosen, Passes, choose
+from pgprefetch.write.plan import Vocabulary
+from pgprefetch.write.scan.mode import ScanRead, read_scan
+
+
+@dataclass
+class SourceRead:
+    """One source as read for an epoch: its keys as its passes walk them, and what serves its samples."""
+
+    name: str
+    code: int  # its position in [samples]: the value of its samples in the ``source`` array
+    cfg: Config  # its own single-source config
+    key_columns: KeyColumns
+    chosen: Chosen
+    passes: Passes
+    shape: Shape | None = None  # query mode
+    scan: ScanRead | None = None  # scan mode
+
+    @property
+    def where(self) -> str:
+        """How messages name it."""
+        return f"[samples.{self.name}]"
+
+
+@asynccontextmanager
+async def prefixed(name: str) -> AsyncIterator[None]:
+    """Prefix an error raised while planning or serving source ``name`` with its table."""
+    try:
+        yield
+    except PgprefetchError as e:
+        if str(e).startswith("[samples.") or f"[samples.{name}]" in str(e):
+            raise
+        message = f"[samples.{name}]: {e}"
+        copy = type(e).__new__(type(e))
+        copy.__dict__.update(e.__dict__)
+        copy.args = (message,)
+        raise copy from None
+
+
+def source_config(cfg: Config, name: str, n_sources: int, query_sources: int) -> Config:
+    """Source ``name``'s own config: its samples, and its share of the memory budget and connections."""
+    own = cfg.for_source(name)
+    source = dataclasses.replace(
+        cfg.source,
+        memory_bytes=cfg.source.memory_bytes // n_sources,
+        connections=max(1, -(-cfg.source.connections // max(1, query_sources))),
+    )
+    return dataclasses.replace(own, source=source)
+
+
+async def read_source(
+    cfg: Config, name: str, code: int, snap: Snapshot, vocabulary: Vocabulary | None, epoch: int, counts: dict[str, Any]
+) -> SourceRead:
+    """Read source ``name`` (its own config ``cfg``) on ``snap``: its keys, or its table cut into samples.
+
+    ``counts`` hears the table rows a scan read (``rows_read``).
+
+    Raises:
+        SourceError: it returned no keys, or its table does not fit its share of ``[source] memory``.
+        SampleError: a key came twice and repeats are not dropped.
+    """
+    where = f"[samples.{name}]"
+    shape, scan = None, None
+    if isinstance(cfg.samples, SamplesConfig):
+        shape = await snap.describe(cfg)
+        keys, key_columns = await snap.read_keys(cfg, shape.keys), shape.keys
+    else:
+        read = await read_scan(cfg, snap, None, vocabulary, epoch=epoch, keys_dir=None)
+        if not isinstance(read, ScanRead) or not read.fits:
+            raise SourceError(
+                f"{where} table: does not fit its share of [source] memory ({cfg.source.memory_bytes >> 20} MiB, "
+                "the budget divided among the sources); a mixed epoch's scan sources are read whole: raise it"
+            )
+        scan, keys, key_columns = read, read.sample_keys, read.shape.key_columns
+        counts["rows_read"] = counts.get("rows_read", 0) + read.table.rows_read
+    samples = cfg.samples
+    drop = samples.duplicates == "drop"
+    chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
+    if chosen.m == 0:
+        what = "no keys" if not chosen.n_keys else f"{chosen.n_keys} keys of which fraction chose none"
+        raise SourceError(f"{where} returned {what}: a source needs samples (weight = 0 leaves it out)")
+    passes = Passes(chosen, seed=cfg.batches.seed, name=name)
+    return SourceRead(name, code, cfg, key_columns, chosen, passes, shape=shape, scan=scan)
+
+
+def widest(sources: list[SourceRead]) -> KeyColumns:
+    """The key columns of the source with the most slots: the ``keys`` array is as wide as that."""
+    return max((s.key_columns for s in sources), key=lambda k: k.width)
+
+
+def check_same_arrays(named: list[tuple[str, list[tuple[str, np.dtype, tuple[int, ...]]]]]) -> None:
+    """Refuse sources whose samples would not fit one batch: every array the same name, dtype and shape.
+
+    Raises:
+        ConfigError: naming the source and the array that differs.
+    """
+    first, expected = named[0]
+    for name, arrays in named[1:]:
+        theirs = {a: (d, s) for a, d, s in arrays}
+        for array, dtype, shape in expected:
+            if array not in theirs:
+                raise ConfigError(f"[samples.{name}]: gives no array {array!r}, which [samples.{first}] gives")
+            if theirs[array] != (dtype, shape):
+                got = theirs[array]
+                raise ConfigError(
+                    f"[samples.{name}]: field array {array!r} is {got[0]} {got[1]} per sample, [samples.{first}]'s "
+                    f"{dtype} {shape}: every source must give each field the same dtype and shape"
+                )
+        extra = sorted(set(theirs) - {a for a, _, _ in expected})
+        if extra:
+            raise ConfigError(f"[samples.{name}]: gives an array {extra[0]!r} that [samples.{first}] does not")

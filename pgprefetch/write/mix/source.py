@@ -1,0 +1,359 @@
+"""A mixed epoch's batch source: the plan of every slot, then each unit filled from every source.
+
+Planning (:func:`mixed_source`): each source is read (:mod:`.reading`), placed at its start
+(:mod:`.positions`), and takes its quota from there (:mod:`.passes`); the apportionment
+(:mod:`.apportion`) says how many samples of each source each batch holds. Within a batch the sources'
+samples are shuffled by a hash of the slot, so that they interleave. The slots' source codes and their
+places in their source's run are held for the epoch (9 bytes a sample), as are the keys.
+
+Serving: a unit's ``fetch`` runs one statement per query-mode source with samples in it (concurrently,
+each source on its own connections); ``produce`` decodes each source's run of samples into buffers of its
+own and scatters them into the unit's slots, then fills the ``source`` array. The writer sees an ordinary
+:class:`~pgprefetch.write.batches.BatchSource`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import numpy as np
+
+from pgprefetch.config.model import MIX_VERSION, SOURCE_ARRAY, Config
+from pgprefetch.decode import collate
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.pg.statement import Fetched
+from pgprefetch.write.batches import BatchSource, local_unit_batches, unit_batches
+from pgprefetch.write.mix.apportion import shares
+from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_record, needed, starts, weights_at
+from pgprefetch.write.mix.reading import SourceRead, check_same_arrays, prefixed, read_source, source_config, widest
+from pgprefetch.write.plan import EpochPlan, Vocabulary
+from pgprefetch.write.query import layout_from, query_statement
+from pgprefetch.write.scan.mode import array_lengths, scan_layout
+from pgprefetch.write.scan.table import gather
+
+
+@dataclasses.dataclass
+class _Served:
+    """One source as the epoch's units draw on it: its run of samples and how to decode them."""
+
+    read: SourceRead
+    layout: BatchLayout
+    keys: np.ndarray  # (its slots, its samples): the keys it gives the epoch, in the order it gives them
+    starts: np.ndarray | None  # scan mode: the row each of them starts at
+    reader: BatchReader | None  # query mode: the workers running its batch statement
+
+
+def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each slot's source code and its place in that source's run, batch by batch, shuffled within batches."""
+    n = int(per_batch.sum())
+    n_sources = per_batch.shape[1]
+    codes = np.repeat(np.tile(np.arange(n_sources, dtype=np.int8), per_batch.shape[0]), per_batch.ravel())
+    index = np.empty(n, dtype=np.int64)
+    for s in range(n_sources):
+        mask = codes == s
+        index[mask] = np.arange(int(mask.sum()), dtype=np.int64)
+    from pgprefetch.write.mix.passes import slot_hash
+
+    h = slot_hash(seed, "", epoch, 0, n)
+    full = n // size
+    order = np.empty(n, dtype=np.int64)
+    blocks = h[: full * size].reshape(full, size)
+    order[: full * size] = (np.argsort(blocks, axis=1, kind="stable") + np.arange(full)[:, None] * size).ravel()
+    order[full * size :] = np.argsort(h[full * size :], kind="stable") + full * size
+    return codes[order], index[order]
+
+
+@asynccontextmanager
+async def mixed_source(
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None
+) -> AsyncIterator[BatchSource]:
+    """The batch source of mixed epoch ``epoch`` on ``snap`` (see the module's docstring).
+
+    ``vocabulary``: the store the ``"auto"`` categories extend, whose records of earlier epochs say where
+    each source stands (:mod:`.positions`); None: a fresh store's.
+    """
+    assert cfg.mix is not None
+    store = vocabulary.store if vocabulary is not None else None
+    where = f"{store.location}/epoch {epoch}" if store is not None else f"epoch {epoch}"
+    record = find_record(cfg, store, epoch)
+    names = needed(cfg, epoch, record)
+    queries = sum(1 for s in cfg.mix.sources if s.name in names and hasattr(s.samples, "query"))
+    counts: dict[str, Any] = {}
+    reads: list[SourceRead] = []
+    for code, s in enumerate(cfg.mix.sources):
+        if s.name in names:
+            async with prefixed(s.name):
+                own = source_config(cfg, s.name, len(names), queries)
+                reads.append(await read_source(own, s.name, code, snap, vocabulary, epoch, counts))
+    passes = {r.name: r.passes for r in reads}
+    begun = starts(cfg, epoch, passes, record, where)
+    sizes = {r.name: r.chosen.m for r in reads}
+    n = epoch_samples(cfg, epoch, sizes)
+    size = cfg.batches.size
+    weights = weights_at(cfg, epoch)
+    per_batch = apportionment(weights).per_batch(n, size)
+    quota = per_batch.sum(axis=0)
+    codes, index = _slots(per_batch, cfg.batches.seed, epoch, size)
+    categories = await _categories(cfg, reads, snap, vocabulary)
+    async with contextlib.AsyncExitStack() as stack:
+        served: dict[int, _Served] = {}
+        ends = {}
+        for r in reads:
+            taken, ends[r.name] = r.passes.take(begun.positions[r.name], int(quota[r.code]))
+            async with prefixed(r.name):
+                served[r.code] = await _serve(r, taken, snap, categories, stack)
+        check_same_arrays([(s.read.name, s.layout.arrays()) for s in served.values()])
+        plan = _plan(cfg, epoch, reads, served, codes, index, categories)
+        record_out = _record(cfg, epoch, reads, begun, ends, quota, weights, n, record)
+        yield _batch_source(cfg, plan, served, codes, index, per_batch, snap, counts, record_out)
+
+
+async def _categories(
+    cfg: Config, reads: list[SourceRead], snap: Snapshot, vocabulary: Vocabulary | None
+) -> dict[str, list[str]]:
+    """Each categorical field's list over every source: the longest of theirs (each extends the store's)."""
+    from pgprefetch.write.query import query_statement as statement
+
+    lists: dict[str, list[str]] = {}
+    for r in reads:
+        async with prefixed(r.name):
+            if r.scan is not None:
+                found = r.scan.shape.categories
+            else:
+                assert r.shape is not None
+                found = (await statement(r.cfg, snap, r.shape, vocabulary))["categories"]
+        for name, values in found.items():
+            if len(values) > len(lists.get(name, [])):
+                lists[name] = values
+    return lists
+
+
+async def _serve(
+    r: SourceRead, taken: np.ndarray, snap: Snapshot, categories: dict[str, list[str]], stack: contextlib.AsyncExitStack
+) -> _Served:
+    """Source ``r`` ready to give the samples ``taken`` (columns of its chosen keys): layout and reader."""
+    keys = np.ascontiguousarray(r.chosen.keys[:, taken])
+    plan = _source_plan(r, keys)
+    if r.scan is not None:
+        layout = scan_layout(r.cfg, r.scan.shape, array_lengths(r.scan.table), plan)
+        return _Served(r, layout, keys, r.scan.starts[r.chosen.index[taken]], None)
+    assert r.shape is not None
+    statement = await query_statement(r.cfg, snap, r.shape, None, categories)
+    plan = dataclasses.replace(plan, **statement)
+    opened = BatchReader.open(r.cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise)
+    reader = await stack.enter_async_context(opened)
+    # The first sample's array lengths fix the shapes; one that gives this epoch nothing uses any key of its own.
+    first = keys[:, :1] if keys.shape[1] else r.chosen.keys[:, :1]
+    layout = layout_from(r.cfg, plan, await reader.fetch(0, first))
+    return _Served(r, layout, keys, None, reader)
+
+
+def _source_plan(r: SourceRead, keys: np.ndarray) -> EpochPlan:
+    """A plan of the source's run alone, for the layout builders of its mode."""
+    n = keys.shape[1]
+    shape = r.scan.shape if r.scan is not None else None
+    return EpochPlan(
+        epoch=0,
+        keys=keys,
+        key_columns=r.key_columns,
+        n_keys=n,
+        duplicates_dropped=0,
+        used=n,
+        n_batches=n,
+        keys_sha256="",
+        columns=shape.columns if shape else (),
+        by_field=shape.by_field if shape else {},
+        categories=shape.categories if shape else {},
+        sql="",
+        params=(),
+    )
+
+
+def _plan(
+    cfg: Config,
+    epoch: int,
+    reads: list[SourceRead],
+    served: dict[int, _Served],
+    codes: np.ndarray,
+    index: np.ndarray,
+    categories: dict[str, list[str]],
+) -> EpochPlan:
+    """The mixed epoch's plan: every slot's key (zero slots past a narrower source's), and their hash."""
+    key_columns = widest(reads)
+    keys = np.zeros((key_columns.width, codes.size), dtype=np.int64)
+    for code, s in served.items():
+        mask = codes == code
+        keys[: s.keys.shape[0], mask] = s.keys[:, index[mask]]
+    digest = hashlib.sha256(b"pgprefetch-mix")
+    digest.update(np.ascontiguousarray(codes).data)
+    for column in keys:
+        digest.update(np.ascontiguousarray(column).data)
+    size = cfg.batches.size
+    first = next(iter(served.values()))
+    return EpochPlan(
+        epoch=epoch,
+        keys=keys,
+        key_columns=key_columns,
+        n_keys=sum(r.chosen.n_keys for r in reads),
+        duplicates_dropped=sum(r.chosen.repeats for r in reads),
+        used=int(codes.size),
+        n_batches=-(-codes.size // size),
+        keys_sha256=digest.hexdigest(),
+        columns=first.layout.columns,
+        by_field={f.name: f.columns for f in first.layout.fields},
+        categories=categories,
+        sql="",
+        params=(),
+    )
+
+
+def _record(
+    cfg: Config,
+    epoch: int,
+    reads: list[SourceRead],
+    begun: Any,
+    ends: dict[str, Any],
+    quota: np.ndarray,
+    weights: tuple[Any, ...],
+    n: int,
+    record: tuple[int, dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """What the manifest records of the mix: per source its counts, weight, share and positions.
+
+    A source not read (weight 0 here and in every epoch counted) keeps the position of the record
+    continued, so that a later epoch that gives it weight again continues it there.
+    """
+    assert cfg.mix is not None
+    by_name = {r.name: r for r in reads}
+    earlier = {e.get("name"): e for e in (record[1].get("sources", []) if record else []) if isinstance(e, dict)}
+    exact = shares(weights)
+    out = []
+    for code, s in enumerate(cfg.mix.sources):
+        entry: dict[str, Any] = {
+            "name": s.name,
+            "code": code,
+            "mode": "query" if hasattr(s.samples, "query") else "scan",
+            "weight": weights[code],
+            "share": float(exact[code]),
+            "samples": int(quota[code]),
+        }
+        r = by_name.get(s.name)
+        if r is None:
+            end = earlier.get(s.name, {}).get("end", {"pass": 0, "index": 0, "after": None})
+            entry.update(start=end, end=end)
+        else:
+            at, to = begun.positions[s.name], ends[s.name]
+            after = r.passes.after(to)
+            entry.update(
+                n_keys=r.chosen.n_keys,
+                keys=r.chosen.m,
+                duplicates_dropped=r.chosen.repeats,
+                passes=round(int(quota[code]) / r.chosen.m, 6),
+                start={"pass": at.pass_, "index": at.index},
+                end={
+                    "pass": to.pass_,
+                    "index": to.index,
+                    "after": None if after is None else [str(after[0]), after[1]],
+                },
+                **r.key_columns.manifest(),
+            )
+        out.append(entry)
+    return {
+        "version": MIX_VERSION,
+        "samples": n,
+        "continues": begun.record,  # the epoch whose record this one continues (None: counted from 0)
+        "counted": begun.counted,  # epochs counted in between (none written, or none recorded)
+        "sources": out,
+    }
+
+
+def _batch_source(
+    cfg: Config,
+    plan: EpochPlan,
+    served: dict[int, _Served],
+    codes: np.ndarray,
+    index: np.ndarray,
+    per_batch: np.ndarray,
+    snap: Snapshot,
+    counts: dict[str, Any],
+    record: dict[str, Any],
+) -> BatchSource:
+    """The writer's view of the mixed epoch: units fetched from every source, scattered into their slots."""
+    size = cfg.batches.size
+    # each source's samples before batch b: its run [before[b], before[b + count]) fills batches b...
+    before = np.vstack([np.zeros((1, per_batch.shape[1]), dtype=np.int64), np.cumsum(per_batch, axis=0)])
+    local = threading.local()  # each writer thread's buffers of each source
+    queries = [s for s in served.values() if s.reader is not None]
+    first = next(iter(served.values()))
+
+    def runs(batch: int, count: int) -> list[tuple[_Served, int, int]]:
+        last = min(batch + count, per_batch.shape[0])
+        return [(s, int(before[batch, c]), int(before[last, c])) for c, s in served.items()]
+
+    async def fetch(batch: int, count: int) -> object:
+        wanted = [(s, lo, hi) for s, lo, hi in runs(batch, count) if s.reader is not None and hi > lo]
+        got = await asyncio.gather(*(_fetch(s, batch, lo, hi, count) for s, lo, hi in wanted))
+        return {s.read.code: f for (s, _, _), f in zip(wanted, got, strict=True)}
+
+    def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
+        blobs = cast("dict[int, Fetched]", fetched)
+        a, b = batch * size, min((batch + count) * size, codes.size)
+        unit_codes, unit_index = codes[a:b], index[a:b]
+        for s, lo, hi in runs(batch, count):
+            if hi == lo:
+                continue
+            scratch = _scratch(local, s, count * size)
+            keys = s.keys[:, lo:hi]
+            if s.reader is not None:
+                collate.decode(s.layout, blobs[s.read.code], keys, scratch)
+            else:
+                assert s.read.scan is not None
+                assert s.starts is not None
+                gather(s.read.scan.table, s.layout, s.starts[lo:hi], keys, scratch)
+            at = np.flatnonzero(unit_codes == s.read.code)
+            taken = unit_index[at] - lo
+            for name, array in scratch.items():
+                buffers[name][at] = array[taken]
+        buffers[SOURCE_ARRAY][: b - a] = unit_codes
+
+    if queries:
+        unit = min(unit_batches(size, first.layout.sample_bytes), plan.n_batches)
+        concurrency, threads = min(s.reader.size for s in queries if s.reader), 1
+    else:
+        unit = min(local_unit_batches(size, first.layout.sample_bytes), plan.n_batches)
+        concurrency = threads = 2 if cfg.store.compression == "none" else 1
+    layout = dataclasses.replace(first.layout, keys=plan.key_columns)
+    rows = counts.get("rows_read")
+    return BatchSource(
+        plan, layout, snap.id, snap.server_version, rows, fetch, produce, concurrency, threads, unit,
+        extra_arrays=((SOURCE_ARRAY, np.dtype(np.int8), ()),), records={"sources": [s.name for s in _all(cfg)],
+        "source_array": SOURCE_ARRAY, "mix": record},
+    )  # fmt: skip
+
+
+async def _fetch(s: _Served, batch: int, lo: int, hi: int, count: int) -> Fetched:
+    """Source ``s``'s samples ``lo ... hi - 1`` of the unit from ``batch``, in one statement."""
+    assert s.reader is not None
+    return await s.reader.fetch(batch, s.keys[:, lo:hi], count)
+
+
+def _all(cfg: Config) -> list[Any]:
+    assert cfg.mix is not None
+    return list(cfg.mix.sources)
+
+
+def _scratch(local: threading.local, s: _Served, n: int) -> dict[str, np.ndarray]:
+    """This thread's buffers for ``n`` samples of source ``s`` (grown when a unit is larger)."""
+    held: dict[int, dict[str, np.ndarray]] = local.__dict__.setdefault("buffers", {})
+    buffers = held.get(s.read.code)
+    if buffers is None or next(iter(buffers.values())).shape[0] < n:
+        buffers = held[s.read.code] = s.layout.allocate(n)
+    return buffers
