@@ -67,6 +67,7 @@ def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
         click.echo(
             f"{i.epoch:>5}  {i.state:<8} {batches:>9} {i.n_samples or 0:>11,} {show_size(i.bytes):>10}"
             f"  {i.created or '-':<25} {seconds:>8}"
+            + ("  " + ", ".join(f"{name} {n:,}" for name, n in i.sources.items()) if i.sources else "")
         )
 
 

@@ -35,6 +35,8 @@ def summary(r: DumpResult) -> str:
     if r.status == "busy":
         return f"epoch {r.epoch}: another dump is writing it ({r.holder}); skipped"
     notes = ""
+    if r.sources:
+        notes += " (" + ", ".join(f"{name} {n:,}" for name, n in r.sources.items()) + ")"
     if r.duplicates_dropped:
         notes += f" ({r.duplicates_dropped:,} repeated keys dropped)"
     if r.last_dropped:

@@ -21,6 +21,8 @@ from typing import Any, Generic
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, StoreError
 from pgprefetch.read.padding import trim as trim_padding
 from pgprefetch.read.view import B, Batch, EpochView, positive
+from pgprefetch.store.base import epoch_name
+from pgprefetch.store.checks import manifest_sources
 from pgprefetch.store.open import open_store
 
 
@@ -265,6 +267,19 @@ class EpochSequence(Generic[B]):
             epoch, sample, left = epoch + 1, 0, left - n
 
     # --- what the epochs hold ------------------------------------------------------------------------------
+    @property
+    def sources(self) -> list[str]:
+        """A mixed store's sources in code order (``batch["source"]`` indexes it); empty for one source.
+
+        Every epoch of a store has the same sources (they are part of its config), so the stream's first
+        epoch tells; with none published yet it waits for it (``timeout``).
+        """
+        backend = open_store(self.store)
+        epochs = [e for e in backend.epochs() if e >= self.start_epoch and (self.end is None or e < self.end)]
+        epoch = epochs[0] if epochs else self.start_epoch
+        manifest = backend.wait_manifest(epoch, None if epochs else self.timeout)
+        return manifest_sources(manifest, f"{backend.location}/{epoch_name(epoch)}")
+
     @property
     def categories(self) -> dict[str, list[str]]:
         """The category list of each categorical field that decodes every published epoch of the stream.

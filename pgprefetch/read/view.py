@@ -28,12 +28,13 @@ import numpy as np
 import zarr
 
 from pgprefetch.config.load import load_config
+from pgprefetch.config.model import SOURCE_ARRAY
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.keys import KeyColumns, KeyValue
 from pgprefetch.read.padding import Sliced
 from pgprefetch.read.ranges import SampleRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
-from pgprefetch.store.checks import check_layouts
+from pgprefetch.store.checks import check_layouts, manifest_sources
 from pgprefetch.store.open import open_store
 
 B = TypeVar("B", bound=Sliced)  # the array type of a batch: numpy.ndarray, torch.Tensor
@@ -95,6 +96,8 @@ class EpochView(abc.ABC, Generic[B]):
         self.arrays = (*self.fields, *(m for m in masks if m), *(n for n in lengths if n))
         if "n_rows" in self.manifest:
             self.arrays += (self.manifest["n_rows"],)
+        if self.sources:  # a mixed epoch: each sample's source code, named by ``sources``
+            self.arrays += (SOURCE_ARRAY,)
         self.trim = trim
         default = self.default_ranks()
         self.rank, self.world_size = check_ranks(
@@ -159,6 +162,14 @@ class EpochView(abc.ABC, Generic[B]):
         later epoch decodes this one too (see :attr:`pgprefetch.EpochStream.categories`).
         """
         return {name: f["categories"] for name, f in self.manifest["fields"].items() if "categories" in f}
+
+    @property
+    def sources(self) -> list[str]:
+        """A mixed epoch's sources, in code order: ``batch["source"] == i`` marks samples of ``sources[i]``.
+
+        Empty for an epoch of one source (which has no ``source`` array).
+        """
+        return manifest_sources(self.manifest, f"{self._backend.location}/{epoch_name(self.epoch)}")
 
     @property
     def key_columns(self) -> KeyColumns:

@@ -32,6 +32,18 @@ def manifest_int(manifest: Mapping[str, Any], key: str, where: str, *, least: in
     return value
 
 
+def manifest_sources(manifest: Mapping[str, Any], where: str) -> list[str]:
+    """A mixed epoch's source names in code order (empty for one source), checked: the store may be anyone's."""
+    names = manifest.get("sources")
+    if names is None:
+        return []
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise StoreError(f"{where}: the manifest's sources are not a list of source names (a damaged store)")
+    if len(names) > 127 or len(set(names)) != len(names):
+        raise StoreError(f"{where}: the manifest names {len(names)} sources, some twice or too many (a damaged store)")
+    return list(names)
+
+
 def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout], where: str) -> None:
     """Raise StoreError naming the first array whose metadata disagrees with the manifest."""
     size = manifest_int(manifest, "batch_size", where, least=1)

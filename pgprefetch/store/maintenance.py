@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pgprefetch.config.model import SOURCE_ARRAY
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
 from pgprefetch.store.checks import check_layouts, check_metadata_files, manifest_int
@@ -37,13 +38,30 @@ class EpochInfo:
     # the samples the whole epoch will hold.
     batches_written: int | None = None
     n_samples_total: int | None = None
+    sources: dict[str, int] | None = None  # a mixed epoch: each source's samples in it
 
     def to_json(self) -> dict[str, object]:
         """The entry ``ls --json`` prints."""
         out = asdict(self)
         if self.state == "complete":
             del out["batches_written"], out["n_samples_total"]
+        if self.sources is None:
+            del out["sources"]
         return out
+
+
+def source_counts(manifest: dict[str, Any]) -> dict[str, int] | None:
+    """A mixed epoch's samples per source, from its manifest's mix record (None: not mixed, or unreadable)."""
+    record = manifest.get("mix")
+    entries = record.get("sources") if isinstance(record, dict) else None
+    if not isinstance(entries, list):
+        return None
+    counts = {}
+    for e in entries:
+        if not (isinstance(e, dict) and isinstance(e.get("name"), str) and type(e.get("samples")) is int):
+            return None
+        counts[e["name"]] = e["samples"]
+    return counts
 
 
 def list_epochs(store: Store) -> list[EpochInfo]:
@@ -60,6 +78,7 @@ def list_epochs(store: Store) -> list[EpochInfo]:
                 store.epoch_bytes(epoch),
                 m.get("created"),
                 m.get("seconds"),
+                sources=source_counts(m),
             )
         )
     for epoch in store.partial_epochs():
@@ -147,6 +166,8 @@ def _read_arrays(manifest: dict[str, Any], where: str) -> list[str]:
         names += [n for n in (null.get("mask") if isinstance(null, dict) else None, entry.get("lengths")) if n]
     if manifest.get("n_rows"):
         names.append(manifest["n_rows"])
+    if manifest.get("sources") is not None:
+        names.append(SOURCE_ARRAY)
     return [plain_name(name, where) for name in names]
 
 

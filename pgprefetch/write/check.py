@@ -59,6 +59,7 @@ class CheckReport:
     expected_rate: float | None = None  # samples/s on the config's connections
     connections: int = 0
     rows_read: int | None = None  # scan mode: the table rows the server read for the check
+    sources: list[dict[str, Any]] = field(default_factory=list)  # a mixed epoch's: each source's figures
 
     def lines(self, verbose: bool = False) -> list[str]:
         """The report as printed; ``verbose``: each checked batch's problems on lines of their own too."""
@@ -68,6 +69,8 @@ class CheckReport:
             size = f", about {show_size(self.epoch_bytes)} of arrays, uncompressed" if self.epoch_bytes else ""
             batches = f"batch{'es' if self.n_batches != 1 else ''}"
             out.append(f"epoch: {self.n_samples:,} samples in {self.n_batches:,} {batches}{size}")
+        for s in self.sources:
+            out.append(source_line(s))
         for name, f in self.fields.items():
             extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
             out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
@@ -123,7 +126,7 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
             there too, before any batch), raised as it is so that ``check`` says and exits what ``dump`` does.
     """
     report = CheckReport(connections=cfg.source.connections)
-    if cfg.mode == "query":  # a few batches, fetched one at a time: one connection
+    if cfg.mode == "query" and cfg.mix is None:  # a few batches, fetched one at a time: one connection
         cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
     async with Snapshot.open(cfg.source) as snap:
         try:
@@ -150,7 +153,7 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
 
 async def _sampled(cfg: Config, snap: Snapshot, epoch: int, batches: int) -> tuple[BatchSource, list[int]] | None:
     """Scan mode's check source (:func:`~pgprefetch.write.scan.sampled.sampled_source`), if its keys fit memory."""
-    if cfg.mode != "scan":
+    if cfg.mode != "scan" or cfg.mix is not None:
         return None
     try:
         return await sampled_source(cfg, snap, epoch, _vocabulary(cfg), lambda n: spread(n, batches))
@@ -161,9 +164,10 @@ async def _sampled(cfg: Config, snap: Snapshot, epoch: int, batches: int) -> tup
 def _vocabulary(cfg: Config) -> Vocabulary:
     """The config's store, read for its category vocabularies (never written): the lists a dump would plan.
 
-    A config without ``categories = "auto"`` does not look at the store at all.
+    A config without ``categories = "auto"`` does not look at the store at all, unless it mixes sources:
+    the store's records say where each source stands (:mod:`pgprefetch.write.mix.positions`).
     """
-    if not any(f.categories == "auto" for f in cfg.fields):
+    if not any(f.categories == "auto" for f in cfg.fields) and cfg.mix is None:
         return Vocabulary()
     store = open_store(cfg.store.path)
     return Vocabulary(store if store.exists() else None)
@@ -176,11 +180,13 @@ def spread(n_batches: int, count: int) -> list[int]:
 
 async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, chosen: list[int], report: CheckReport) -> None:
     """Produce the batches ``chosen`` with every check of the dump, collecting the errors."""
-    plan, layout, size = source.plan, source.layout, cfg.batches.size
+    plan, size = source.plan, cfg.batches.size
     report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
     report.n_samples, report.n_batches = plan.used, plan.n_batches
     report.warnings += source.warnings
-    buffers = layout.allocate(size)
+    buffers = source.allocate(size)
+    if source.records and "mix" in source.records:
+        report.sources = source.records["mix"]["sources"]
     fetch_seconds = []
     for batch in chosen:
         try:
@@ -207,6 +213,18 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, chosen: list
         if "categories" in entry:
             shown["categories"] = entry["categories"]
         report.fields[name] = shown
+
+
+def source_line(s: dict[str, Any]) -> str:
+    """One line of a mixed epoch's source: its keys, share, samples this epoch, passes and where it starts."""
+    if "keys" not in s:
+        return f"source {s['name']}: weight {s['weight']}, not read (weight 0 here and in the epochs before)"
+    start = s["start"]
+    return (
+        f"source {s['name']} ({s['mode']}): {s['keys']:,} keys, weight {s['weight']} ({s['share']:.1%}): "
+        f"{s['samples']:,} samples this epoch ({s['passes']:.2f} passes), from pass {start['pass']} at "
+        f"{start['index']:,}"
+    )
 
 
 def _duration(seconds: float) -> str:

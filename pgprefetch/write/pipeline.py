@@ -27,6 +27,7 @@ from pgprefetch.errors import ConfigError, SourceError
 from pgprefetch.pg.retry import RetryPolicy, count
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
+from pgprefetch.store.maintenance import source_counts
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
@@ -63,6 +64,7 @@ class DumpResult:
     executor: str | None = None  # "ray": the batches were written by a cluster's workers
     parts: int = 0  # the epoch's parts, with an executor
     part_retries: tuple[int, ...] = ()  # per part: its task's reruns (a worker or node lost)
+    sources: dict[str, int] | None = None  # a mixed epoch: each source's samples (skipped: from the manifest)
 
     @property
     def samples_per_s(self) -> float:
@@ -94,6 +96,8 @@ class DumpResult:
             out["last_dropped"] = self.last_dropped
         if self.rows_read is not None:
             out["rows_read"] = self.rows_read
+        if self.sources is not None:
+            out["sources"] = self.sources
         if self.executor:
             out.update(executor=self.executor, parts=self.parts, part_retries=list(self.part_retries))
         return out
@@ -192,6 +196,7 @@ def _skipped(store: Store, epoch: int) -> DumpResult:
         n_batches=m["n_batches"],
         n_samples=m["n_samples"],
         bytes=m.get("bytes", 0),
+        sources=source_counts(m),
     )
 
 
@@ -379,4 +384,5 @@ async def _write_epoch(
         executor=executor.name if executor else None,
         parts=spread.parts if spread else 0,
         part_retries=spread.retries if spread else (),
+        sources=source_counts(manifest),
     )

@@ -78,7 +78,8 @@ async def read_source(
     ``counts`` hears the table rows a scan read (``rows_read``).
 
     Raises:
-        SourceError: it returned no keys, or its table does not fit its share of ``[source] memory``.
+        ConfigError: it returned no keys (a source of weight > 0 must give samples).
+        SourceError: its table does not fit its share of ``[source] memory``.
         SampleError: a key came twice and repeats are not dropped.
     """
     where = f"[samples.{name}]"
@@ -100,7 +101,7 @@ async def read_source(
     chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
     if chosen.m == 0:
         what = "no keys" if not chosen.n_keys else f"{chosen.n_keys} keys of which fraction chose none"
-        raise SourceError(f"{where} returned {what}: a source needs samples (weight = 0 leaves it out)")
+        raise ConfigError(f"{where} returned {what}: a source needs samples (weight = 0 leaves it out)")
     passes = Passes(chosen, seed=cfg.batches.seed, name=name)
     return SourceRead(name, code, cfg, key_columns, chosen, passes, shape=shape, scan=scan)
 
