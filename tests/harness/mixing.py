@@ -51,7 +51,41 @@ def mix_config(
         lines += ["[mix]", f"samples = {samples}"]
     for field, (columns, dtype) in (fields or FIELDS).items():
         lines += [f"[fields.{field}]", f"columns = {toml_value(columns)}", f"dtype = {toml_value(dtype)}"]
-    lines += ["[batches]", f"size = {size}", f"seed = {seed}", "[store]", f"path = {toml_value(store)}", extra]
+    lines += ["[batches]", f"size = {size}", f"seed = {seed}", extra, "[store]", f"path = {toml_value(store)}"]
     path = folder / name
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def by_source(arrays: dict[str, Any]) -> tuple[Any, Any]:
+    """Each sample's source number (1 web, 2 code_docs) and id, read from its ``a`` column (``x[..., 0]``)."""
+    a = arrays["x"][..., 0].astype("int64")
+    return a // 1_000_000, a % 1_000_000
+
+
+def source_runs(arrays_by_epoch: list[dict[str, Any]], code: int) -> list[list[int]]:
+    """Source ``code``'s keys batch by batch over the epochs in order: the order its passes took them in.
+
+    Within a batch the samples are shuffled, so a batch's keys are sorted: the tests judge passes at batch
+    boundaries, where the order taken and the order stored agree.
+    """
+    runs = []
+    for arrays in arrays_by_epoch:
+        for b in range(arrays["source"].shape[0]):
+            mine = arrays["source"][b] == code
+            runs.append(sorted(arrays["keys"][b, mine, 0].tolist()))
+    return runs
+
+
+def assert_passes(runs: list[list[int]], keys: set[int]) -> int:
+    """After every batch, no key of ``keys`` was taken twice more than another: each pass before the next.
+
+    Returns the passes completed.
+    """
+    counts = dict.fromkeys(keys, 0)
+    for i, run in enumerate(runs):
+        for k in run:
+            counts[k] += 1
+        spread = max(counts.values()) - min(counts.values())
+        assert spread <= 1, f"after batch {i}: a key taken {max(counts.values())} times, another {min(counts.values())}"
+    return min(counts.values())

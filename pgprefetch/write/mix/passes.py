@@ -163,6 +163,8 @@ class Passes:
             step = min(n - got, m - index)
             out[got : got + step] = order[index : index + step]
             got, index = got + step, index + step
+        if index == m:  # a pass taken to its end: the next one begins (as :meth:`advance` counts it)
+            p, index = p + 1, 0
         return out, Position(p, index)
 
     def after(self, at: Position) -> tuple[int, list[int]] | None:
