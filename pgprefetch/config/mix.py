@@ -31,6 +31,8 @@ class _Parser(Protocol):
 _SOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_SOURCES = 127  # each sample's source is an int8 code
 _OWN_KEYS = ("weight",)  # what a source table has beyond a lone [samples]'s keys
+_QUERY_KEYS = ("keys", "query", "rows", "fraction", "duplicates", "max_rows", "truncate")
+_SCAN_KEYS = ("table", "key", "order", "window", "stride", "fraction", "duplicates")
 
 
 def is_mixed(samples: dict[str, Any]) -> bool:
@@ -50,6 +52,8 @@ def parse_mix(p: _Parser, samples: dict[str, Any], mix: dict[str, Any]) -> MixCo
             p.fail(f"[{section}]", "a source name must be letters, digits and underscores, not starting with a digit")
         if "dsn" in table:
             p.fail(f"[{section}] dsn", "every source is read from [source] dsn, on the epoch's one snapshot")
+        mode = _SCAN_KEYS if "table" in table else _QUERY_KEYS
+        p.keys(table, section, optional=(*mode, *_OWN_KEYS))  # a misspelt weight is "did you mean weight"
         own = {k: table[k] for k in _OWN_KEYS if k in table}
         rest = {k: v for k, v in table.items() if k not in _OWN_KEYS}
         sources.append(MixSource(name=name, samples=p.samples(rest, section), weights=_weights(p, own, section)))
