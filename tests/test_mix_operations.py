@@ -151,3 +151,17 @@ def test_the_torch_readers_hand_out_the_source_like_any_field(mix_db: str, tmp_p
     halves = [EpochDataset(store, 1, rank=r, world_size=2, consumer=None) for r in (0, 1)]
     together = np.concatenate([np.stack([h[i]["source"].numpy() for i in range(len(h))]) for h in halves])
     assert sorted(together.ravel().tolist()) == sorted(read_arrays(dump(config, mix_db, 1))["source"].ravel().tolist())
+
+
+def test_the_documented_penguins_mix_runs_with_its_schedule(db: str, tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    execute(db, (root / "configs" / "penguins.sql").read_text())
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "penguins_mix.toml"
+    config.write_text((root / "configs" / "penguins_mix.toml").read_text())
+    (tmp_path / "prefetch").mkdir()
+    first, later = dump(config, db, 0), dump(config, db, 5)
+    assert (first.sources, later.sources) == ({"dream": 128, "others": 128}, {"dream": 85, "others": 171})
+    dream = (read_arrays(later)["source"] == 0).sum(axis=1)
+    assert set(dream.tolist()) <= {10, 11}  # a third of 32 in every batch, and 85 in all
+    assert np.abs(np.cumsum(dream) - np.arange(1, 9) * 32 / 3).max() < 1

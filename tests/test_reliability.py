@@ -66,8 +66,10 @@ def test_retries_exhausted_is_one_line_exit_1_and_nothing_published(s_table: str
 
 
 def test_statement_timeout_names_the_batch(s_table: str, tmp_path: Path) -> None:
+    # 1 s: preparing the statement on a loaded machine (4 workers on 2 cores) once took over 200 ms; a batch
+    # of 16 samples of 0.1 s each takes 1.6 s
     cfg = s_config(
-        tmp_path, query="SELECT v, pg_sleep(0.05) FROM s WHERE id = $1", extra_source='statement_timeout = "200ms"'
+        tmp_path, query="SELECT v, pg_sleep(0.1) FROM s WHERE id = $1", extra_source='statement_timeout = "1s"'
     )
     with pytest.raises(SourceError) as e:
         dump(cfg, s_table)

@@ -32,6 +32,7 @@ from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import Fetched
 from pgprefetch.write.batches import BatchSource, local_unit_batches, unit_batches
 from pgprefetch.write.mix.apportion import shares
+from pgprefetch.write.mix.passes import slot_hash
 from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_record, needed, starts, weights_at
 from pgprefetch.write.mix.reading import SourceRead, check_same_arrays, prefixed, read_source, source_config, widest
 from pgprefetch.write.plan import EpochPlan, Vocabulary
@@ -60,8 +61,6 @@ def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.
     for s in range(n_sources):
         mask = codes == s
         index[mask] = np.arange(int(mask.sum()), dtype=np.int64)
-    from pgprefetch.write.mix.passes import slot_hash
-
     h = slot_hash(seed, "", epoch, 0, n)
     full = n // size
     order = np.empty(n, dtype=np.int64)
@@ -120,8 +119,6 @@ async def _categories(
     cfg: Config, reads: list[SourceRead], snap: Snapshot, vocabulary: Vocabulary | None
 ) -> dict[str, list[str]]:
     """Each categorical field's list over every source: the longest of theirs (each extends the store's)."""
-    from pgprefetch.write.query import query_statement as statement
-
     lists: dict[str, list[str]] = {}
     for r in reads:
         async with prefixed(r.name):
@@ -129,7 +126,7 @@ async def _categories(
                 found = r.scan.shape.categories
             else:
                 assert r.shape is not None
-                found = (await statement(r.cfg, snap, r.shape, vocabulary))["categories"]
+                found = (await query_statement(r.cfg, snap, r.shape, vocabulary))["categories"]
         for name, values in found.items():
             if len(values) > len(lists.get(name, [])):
                 lists[name] = values
