@@ -29,13 +29,14 @@ UNIT_SAMPLES = 1024  # the most samples a unit of small batches holds
 UNIT_BYTES = 4 << 20  # the most batch buffer bytes a unit of several batches holds
 
 
-def unit_batches(size: int, sample_bytes: int = 1) -> int:
+def unit_batches(size: int, sample_bytes: int = 1, statements: int = 1) -> int:
     """The most consecutive batches in one fetched unit: about ``UNIT_SAMPLES`` samples of ``size`` a batch.
 
     Large samples cap it at ``UNIT_BYTES`` of buffers (each worker holds a unit's); a unit is one batch at
-    least, whatever its size.
+    least, whatever its size. A unit fetched with several ``statements`` (a mixed epoch: one per query
+    source) may hold that many times the samples, so that each statement still carries about as many.
     """
-    return max(1, min(UNIT_SAMPLES // size, UNIT_BYTES // max(1, size * sample_bytes)))
+    return max(1, min(UNIT_SAMPLES * statements // size, UNIT_BYTES // max(1, size * sample_bytes)))
 
 
 def local_unit_batches(size: int, sample_bytes: int) -> int:

@@ -32,7 +32,7 @@ from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import Fetched
 from pgprefetch.write.batches import BatchSource, local_unit_batches, unit_batches
 from pgprefetch.write.mix.apportion import shares
-from pgprefetch.write.mix.passes import slot_hash
+from pgprefetch.write.mix.passes import by_hash, slot_hash
 from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_record, needed, starts, weights_at
 from pgprefetch.write.mix.reading import SourceRead, check_same_arrays, prefixed, read_source, source_config, widest
 from pgprefetch.write.plan import EpochPlan, Vocabulary
@@ -56,17 +56,18 @@ def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.
     """Each slot's source code and its place in that source's run, batch by batch, shuffled within batches."""
     n = int(per_batch.sum())
     n_sources = per_batch.shape[1]
-    codes = np.repeat(np.tile(np.arange(n_sources, dtype=np.int8), per_batch.shape[0]), per_batch.ravel())
-    index = np.empty(n, dtype=np.int64)
-    for s in range(n_sources):
-        mask = codes == s
-        index[mask] = np.arange(int(mask.sum()), dtype=np.int64)
+    runs = per_batch.ravel()  # (batch, source) runs, batch-major: each a source's samples of a batch
+    codes = np.repeat(np.tile(np.arange(n_sources, dtype=np.int8), per_batch.shape[0]), runs)
+    # a sample's place in its source's run of the epoch: its place in the batches' concatenation, less
+    # where its (batch, source) run starts there, plus the source's samples in the batches before
+    before = (np.cumsum(per_batch, axis=0) - per_batch).ravel()
+    index = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(runs) - runs - before, runs)
     h = slot_hash(seed, "", epoch, 0, n)
     full = n // size
     order = np.empty(n, dtype=np.int64)
     blocks = h[: full * size].reshape(full, size)
-    order[: full * size] = (np.argsort(blocks, axis=1, kind="stable") + np.arange(full)[:, None] * size).ravel()
-    order[full * size :] = np.argsort(h[full * size :], kind="stable") + full * size
+    order[: full * size] = (by_hash(blocks) + np.arange(full)[:, None] * size).ravel()
+    order[full * size :] = by_hash(h[full * size :]) + full * size
     return codes[order], index[order]
 
 
@@ -185,10 +186,14 @@ def _plan(
 ) -> EpochPlan:
     """The mixed epoch's plan: every slot's key (zero slots past a narrower source's), and their hash."""
     key_columns = widest(reads)
-    keys = np.zeros((key_columns.width, codes.size), dtype=np.int64)
-    for code, s in served.items():
-        mask = codes == code
-        keys[: s.keys.shape[0], mask] = s.keys[:, index[mask]]
+    # every source's run side by side (a narrower key zero-padded), then one gather by each slot's place in it
+    runs = np.zeros((key_columns.width, sum(s.keys.shape[1] for s in served.values())), dtype=np.int64)
+    offset = np.zeros(max(served) + 1, dtype=np.int64)
+    at = 0
+    for code, s in sorted(served.items()):
+        runs[: s.keys.shape[0], at : at + s.keys.shape[1]] = s.keys
+        offset[code], at = at, at + s.keys.shape[1]
+    keys = runs[:, offset[codes] + index]
     digest = hashlib.sha256(b"pgprefetch-mix")
     digest.update(np.ascontiguousarray(codes).data)
     for column in keys:
@@ -316,13 +321,14 @@ def _batch_source(
                 assert s.starts is not None
                 gather(s.read.scan.table, s.layout, s.starts[lo:hi], keys, scratch)
             at = np.flatnonzero(unit_codes == s.read.code)
-            taken = unit_index[at] - lo
+            slot = np.empty(hi - lo, dtype=np.int64)  # the slot of each of its samples, in the order decoded
+            slot[unit_index[at] - lo] = at
             for name, array in scratch.items():
-                buffers[name][at] = array[taken]
+                buffers[name][slot] = array[: hi - lo]  # one scatter, straight from the decoded buffer
         buffers[SOURCE_ARRAY][: b - a] = unit_codes
 
     if queries:
-        unit = min(unit_batches(size, first.layout.sample_bytes), plan.n_batches)
+        unit = min(unit_batches(size, first.layout.sample_bytes, len(queries)), plan.n_batches)
         concurrency, threads = min(s.reader.size for s in queries if s.reader), 1
     else:
         unit = min(local_unit_batches(size, first.layout.sample_bytes), plan.n_batches)
