@@ -17,6 +17,24 @@ from typing import Any
 from pgprefetch.sqltext import find_params
 
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+
+# PostgreSQL's own names of a column type, as a user copying them from \d would type them: the dtype that
+# holds the type exactly. Closeness of spelling would suggest "int8" for "int" and "float64" for "float4".
+POSTGRES_DTYPES = {
+    "smallint": "int16",
+    "int2": "int16",
+    "int": "int32",
+    "integer": "int32",
+    "int4": "int32",
+    "bigint": "int64",
+    "real": "float32",
+    "float4": "float32",
+    "float": "float64",
+    "double": "float64",
+    "double precision": "float64",
+    "float8": "float64",
+    "boolean": "bool",
+}
 INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 COMPRESSIONS = ("none", "zstd", "lz4")

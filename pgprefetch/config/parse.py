@@ -24,6 +24,7 @@ from pgprefetch.config.model import (
     FLOAT_DTYPES,
     INTEGER_DTYPES,
     N_ROWS,
+    POSTGRES_DTYPES,
     RESERVED_FIELDS,
     TRUNCATES,
     BatchesConfig,
@@ -96,25 +97,6 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
         ),
         file=file,
     )
-
-
-# PostgreSQL's own names of a column type, as a user copying them from \d would type them: the dtype that
-# holds the type exactly. Closeness of spelling would suggest "int8" for "int" and "float64" for "float4".
-POSTGRES_DTYPES = {
-    "smallint": "int16",
-    "int2": "int16",
-    "int": "int32",
-    "integer": "int32",
-    "int4": "int32",
-    "bigint": "int64",
-    "real": "float32",
-    "float4": "float32",
-    "float": "float64",
-    "double": "float64",
-    "double precision": "float64",
-    "float8": "float64",
-    "boolean": "bool",
-}
 
 
 class _Parser:

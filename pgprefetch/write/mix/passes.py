@@ -20,23 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgprefetch.errors import SampleError
-
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+from pgprefetch.write.order.shuffle import finalise
 
 
 def _salt(seed: int, name: str, what: str, n: int = 0) -> np.uint64:
     digest = hashlib.sha256(f"pgprefetch-mix/{seed}/{name}/{what}/{n}".encode()).digest()
     return np.uint64(int.from_bytes(digest[:8], "little"))
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, in place on a uint64 array: every input bit moves every output bit."""
-    x ^= x >> np.uint64(30)
-    x *= _M1
-    x ^= x >> np.uint64(27)
-    x *= _M2
-    x ^= x >> np.uint64(31)
-    return x
 
 
 def key_hash(keys: np.ndarray, salt: np.uint64) -> np.ndarray:
@@ -45,9 +34,9 @@ def key_hash(keys: np.ndarray, salt: np.uint64) -> np.ndarray:
         h = np.full(keys.shape[1], salt, dtype=np.uint64)
         for slot in keys:
             h ^= slot.view(np.uint64)
-            _mix(h)
+            finalise(h)
             h += salt
-        return _mix(h)
+        return finalise(h)
 
 
 def slot_hash(seed: int, name: str, epoch: int, first: int, n: int) -> np.ndarray:

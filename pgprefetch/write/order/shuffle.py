@@ -25,7 +25,7 @@ _ORDER_STREAM = 0x6F72646572  # "order"
 _SAMPLE_STREAM = 0x73616D706C65  # "sample"
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def finalise(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, in place: a bijection on uint64 with full avalanche."""
     x ^= x >> np.uint64(30)
     x *= _M1
@@ -38,8 +38,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def _salt(seed: int, epoch: int, stream: int) -> np.uint64:
     state = np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
     for part in (epoch, stream):
-        state = _mix(state + _GOLDEN) ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF)
-    return np.uint64(_mix(state)[0])
+        state = finalise(state + _GOLDEN) ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF)
+    return np.uint64(finalise(state)[0])
 
 
 def key_hash(keys: np.ndarray, *, seed: int, epoch: int, stream: int = _ORDER_STREAM) -> np.ndarray:
@@ -49,7 +49,7 @@ def key_hash(keys: np.ndarray, *, seed: int, epoch: int, stream: int = _ORDER_ST
         for column in keys:
             h ^= column.view(np.uint64)
             h += _GOLDEN
-            _mix(h)
+            finalise(h)
     return h
 
 
