@@ -20,7 +20,7 @@ import pytest
 
 from pgprefetch.errors import SampleError
 from pgprefetch.write.scan.copystream import CopyDecoder
-from pgprefetch.write.scan.table import _assemble, _block_rows, _rows
+from pgprefetch.write.scan.table import _block_rows, _rows, assemble
 
 from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
@@ -149,7 +149,7 @@ def test_a_block_s_rows_are_gathered_as_its_columns_would_be(window: int) -> Non
     rows = [_row(k, [k + 0.5 * j for j in range(5)]) for k in range(60)]
     decoder = CopyDecoder(_shape(5))
     decoder.feed(_stream(rows))
-    table = _assemble(_shape(5), decoder.finish())
+    table = assemble(_shape(5), decoder.finish())
     ((block, columns),) = table.blocks()
     assert [i for _, i in columns] == list(range(5))
     starts = np.array([7, 0, 56 - window + 1, 31])

@@ -181,7 +181,8 @@ def test_the_keys_pass_is_held_within_memory_and_in_memory_when_the_keys_fit(db:
         "INSERT INTO wide SELECT i, array_fill(i::real, ARRAY[32]) FROM generate_series(1, 20000) i ORDER BY random()",
     )
     wide = {"table": "wide", "key": "id", "fields": {"emb": (["emb"], "float32")}}
-    fits = load_config(scan_config(tmp_path / "fits", **wide, extra='memory = "2MiB"'), dsn=db)
+    # 8 MiB: the process's budget, of which the writer and the heap take about half (pgprefetch.write.budget)
+    fits = load_config(scan_config(tmp_path / "fits", **wide, extra='memory = "8MiB"'), dsn=db)
     read, _ = asyncio.run(_traced_read(fits, tmp_path / "keys-fits"))
     assert not isinstance(read, SpilledScan)
     assert not read.fits  # read in passes, its keys held as before: nothing went to disk

@@ -63,8 +63,8 @@ RETRIES = 5
 @click.option(
     "--memory",
     metavar="SIZE",
-    help='What the dump holds at once, e.g. "2GiB": the keys (beyond it, ordered on disk) and a scan\'s table data; '
-    "overrides [source].",
+    help="The dump's memory, e.g. \"2GiB\": its peak stays within the interpreter's floor + SIZE + 32 MiB (keys "
+    "beyond it are ordered on disk, a table beyond it read in passes); overrides [source].",
 )
 @click.option(
     "--scratch",
@@ -154,10 +154,12 @@ def dump(
     from pgprefetch.config.load import load_config
     from pgprefetch.store.maintenance import ahead_window, check_consumer, prune, register_consumer
     from pgprefetch.store.open import open_store
+    from pgprefetch.write import heap
     from pgprefetch.write.pipeline import check_same_config, dump_epoch
     from pgprefetch.write.sources import ReadCache
 
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
+    heap.fit(cfg.source.memory_bytes)  # the heap's kept memory is the budget's too (pgprefetch.write.budget)
     target = open_store(cfg.store.path)
     # Everything that can refuse the run is decided here, before an epoch is dumped: another config's store,
     # a mistyped consumer (both halves, --ahead and --keep, take the same name the same way).

@@ -21,12 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.write.budget import UNIT_BYTES, unit_bytes
 from pgprefetch.write.plan import EpochPlan
 
 UNIT_SAMPLES = 1024  # the most samples a unit of small batches holds
-
-
-UNIT_BYTES = 4 << 20  # the most batch buffer bytes a unit of several batches holds
 
 
 def unit_batches(size: int, sample_bytes: int = 1, statements: int = 1) -> int:
@@ -39,14 +37,17 @@ def unit_batches(size: int, sample_bytes: int = 1, statements: int = 1) -> int:
     return max(1, min(UNIT_SAMPLES * statements // size, UNIT_BYTES // max(1, size * sample_bytes)))
 
 
-def local_unit_batches(size: int, sample_bytes: int) -> int:
+def local_unit_batches(size: int, sample_bytes: int, budget: int | None = None) -> int:
     """The most batches in one unit of a source with nothing to fetch (scan mode): about ``UNIT_BYTES``.
+
+    Under a ``budget`` (``[source] memory``) the unit's bytes are its share (:func:`~.budget.unit_bytes`).
 
     Each unit is handed from the event loop to a writer thread and back, and the loop waits for the GIL
     to take it back. With nothing to fetch that hand-off was the write's limit: at 1,000 samples of 92
     bytes a unit the writer threads were busy 40% of the time.
     """
-    return max(1, UNIT_BYTES // max(1, size * sample_bytes))
+    most = UNIT_BYTES if budget is None else unit_bytes(budget)
+    return max(1, most // max(1, size * sample_bytes))
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
 from pgprefetch.store.maintenance import source_counts
 from pgprefetch.store.open import open_store
+from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
 from pgprefetch.write.files.stats import EpochStats
@@ -65,6 +66,7 @@ class DumpResult:
     parts: int = 0  # the epoch's parts, with an executor
     part_retries: tuple[int, ...] = ()  # per part: its task's reruns (a worker or node lost)
     sources: dict[str, int] | None = None  # a mixed epoch: each source's samples (skipped: from the manifest)
+    peak_rss: int = 0  # this process's peak resident memory so far, bytes (the budget's promise: docs/operations.md)
 
     @property
     def samples_per_s(self) -> float:
@@ -100,6 +102,8 @@ class DumpResult:
             out["sources"] = self.sources
         if self.executor:
             out.update(executor=self.executor, parts=self.parts, part_retries=list(self.part_retries))
+        if self.peak_rss:
+            out["peak_rss"] = self.peak_rss
         return out
 
 
@@ -385,4 +389,5 @@ async def _write_epoch(
         parts=spread.parts if spread else 0,
         part_retries=spread.retries if spread else (),
         sources=source_counts(manifest),
+        peak_rss=heap.peak_rss(),
     )

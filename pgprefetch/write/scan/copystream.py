@@ -76,9 +76,14 @@ class CopyDecoder:
     """Turns one range's COPY stream into column arrays, a chunk of rows at a time (fixed-size rows)."""
 
     def __init__(
-        self, shape: ScanShape, on_rows: Callable[[int], None] | None = None, drain_bytes: int | None = None
+        self,
+        shape: ScanShape,
+        on_rows: Callable[[int], None] | None = None,
+        drain_bytes: int | None = None,
+        route: Callable[[Columns], None] | None = None,
     ) -> None:
         self.shape = shape
+        self.route = route  # each decoded chunk handed on (to a pass's files), not kept in ``parts``
         self.drain_bytes = drain_bytes  # None: DRAIN_BYTES; the keys pass drains sooner, within its budget
         self.on_rows = on_rows
         self.chunks: list[bytes] = []  # the stream's bytes not decoded yet, as they came
@@ -150,8 +155,13 @@ class CopyDecoder:
         if n:
             rows = np.frombuffer(buf, dtype=self.row, count=n, offset=start)  # a view: compacted, then let go
             self._check(rows)
-            self.parts.append(self._columns(rows))
-            self.decoded_bytes += sum(v.nbytes for v in self.parts[-1].values())
+            columns = self._columns(rows)
+            if self.route is not None:
+                self.route(columns)
+            else:
+                self.parts.append(columns)
+                self.decoded_bytes += sum(v.nbytes for v in columns.values())
+            del columns
             self.rows += n
             if self.on_rows:
                 self.on_rows(n)

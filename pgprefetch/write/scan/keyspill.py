@@ -27,7 +27,6 @@ and ``8 * (width + 1)`` a used sample for the pass files, in the epoch's keys fo
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import shutil
 import threading
@@ -44,22 +43,20 @@ from pgprefetch.errors import PgprefetchError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.write import heap
+from pgprefetch.write.budget import Account
 from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.order import shuffle
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import MIN_KEYS, KeyCollector, KeyRuns
 from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
-from pgprefetch.write.scan.passes import Spool, key_range
+from pgprefetch.write.scan.passes import Spool, spool_samples
 from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
-from pgprefetch.write.scan.table import Table, cut, gather, longest_series, no_windows, page_ranges, sort_keys
+from pgprefetch.write.scan.table import Table, cut, longest_series, no_windows, page_ranges, sort_keys
 
 log = logging.getLogger("pgprefetch")
 
 BOUNDARY_SAMPLE = 1 << 16  # series keys sampled for the passes' ranges
-# A data pass holds its rows about four times at its peak: the COPY's decoded chunks, the joined columns,
-# their sorted copy and the samples gathered from them; a pass of a budget's rows peaked at 5x the budget.
-PASS_COPIES = 4
 MIN_DRAIN = 64 << 10  # the least of a COPY's stream decoded at once
 
 
@@ -80,10 +77,16 @@ class SpilledKeys:
     """A keys pass ordered on disk: the epoch's order, and the data passes that fill it."""
 
     order: dict[str, Any]  # :func:`~pgprefetch.write.plan.order_keys`'s fields, ``keys`` on disk or in memory
-    passes: list[list[str]]  # per data pass, a WHERE clause per connection
+    bounds: np.ndarray  # (n_key, L) sorted series keys, each the first of a key range
+    group: int  # consecutive key ranges a data pass: pass ``ranks(bounds, key) // group``
     folder: Path  # the passes' files: <pass>.keys, (place in the epoch, key slots) int64 per used sample
     samples: int  # the samples the keys pass cut: the data passes must cut as many
     rows_read: int
+
+    @property
+    def passes(self) -> int:
+        """The data passes (:class:`~pgprefetch.write.scan.partition.Partition` routes the rows alike)."""
+        return self.bounds.shape[1] // self.group + 1
 
     def wanted(self, p: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Pass ``p``'s used samples: their places in the epoch and their keys ``(width, m)``."""
@@ -171,7 +174,9 @@ async def keys_pass(
     ``folder`` (made only if the keys spill) takes the sorts' and passes' files; the caller removes it.
     ``table_bytes_per_row``: a whole row's size, which sizes the data passes.
     """
-    budget, seed = cfg.source.memory_bytes, cfg.batches.seed
+    account = Account.for_scan(cfg.source.memory_bytes)
+    # Half the data's share: the keys held (or a run of them) leave the other half to the data passes.
+    budget, seed = account.data // 2, cfg.batches.seed
     n_key, width = shape.n_key, len(shape.key_names)
     limit = budget // bytes_per_row(width)
     rows = KeyCollector(folder / "rows", width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
@@ -193,7 +198,7 @@ async def keys_pass(
         keys, _ = await asyncio.to_thread(sort_keys, got)
         return Table(keys=keys, rows_read=n_rows, nbytes=keys.nbytes)
     connections = cfg.source.connections
-    rows_per_pass = max(1, int(budget / (PASS_COPIES * max(table_bytes_per_row, 1.0))))
+    rows_per_pass = account.pass_rows(table_bytes_per_row, 2 * account.spool_group_bytes())
     bounds = sample.bounds(max(1, rows_per_pass // connections))
     heap.release()
     try:
@@ -201,11 +206,11 @@ async def keys_pass(
     finally:
         got.close()
     heap.release()
-    spilled = SpilledKeys(order, pass_wheres(shape, bounds, connections), folder / "passes", cut_count, n_rows)
+    spilled = SpilledKeys(order, bounds, connections, folder / "passes", cut_count, n_rows)
     log.info(
         "epoch %d: the keys of %s rows outgrew [source] memory: %s samples ordered on disk (%d runs, %d buckets"
         " of series), %d data passes",
-        epoch, f"{n_rows:,}", f"{cut_count:,}", len(got.runs), buckets, len(spilled.passes),
+        epoch, f"{n_rows:,}", f"{cut_count:,}", len(got.runs), buckets, spilled.passes,
     )  # fmt: skip
     try:
         await asyncio.to_thread(_route, spilled, bounds, connections, n_key, budget)
@@ -257,13 +262,6 @@ def _order(
         got.close()
 
 
-def pass_wheres(shape: ScanShape, bounds: np.ndarray, group: int) -> list[list[str]]:
-    """The data passes: the ranges between ``bounds``, ``group`` consecutive ranges (one a connection) a pass."""
-    edges: list[tuple[int, ...] | None] = [None, *(tuple(int(v) for v in b) for b in bounds.T), None]
-    ranges = [key_range(shape, lo, hi) for lo, hi in itertools.pairwise(edges)]
-    return [ranges[i : i + group] for i in range(0, len(ranges), group)]
-
-
 def _route(spilled: SpilledKeys, bounds: np.ndarray, group: int, n_key: int, budget: int) -> None:
     """Append each used sample's place in the epoch and key to its pass's file, in the epoch's order."""
     keys, used = spilled.order["keys"], spilled.order["used"]
@@ -296,8 +294,9 @@ def spool_wanted(
     pass_starts: np.ndarray,
     positions: np.ndarray,
     wanted: np.ndarray,
+    chunk: int,
 ) -> None:
-    """Cast and spool a data pass's samples the epoch uses: ``wanted`` keys, bound for ``positions``.
+    """Cast and spool a data pass's samples the epoch uses: ``wanted`` keys, for ``positions``, ``chunk`` at a time.
 
     ``pass_keys`` (the samples the pass cut, in key order) must hold every wanted key: the same snapshot
     cuts the same samples. A key cut twice (a repeated key, dropped) is taken once, its first row as it came.
@@ -309,9 +308,7 @@ def spool_wanted(
         pass_keys[:, np.minimum(at, pass_keys.shape[1] - 1)], wanted
     ):
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    out = layout.allocate(at.size)
-    gather(table, layout, pass_starts[at], wanted, out)
-    spool.add(positions, out)
+    spool_samples(spool, layout, table, pass_starts[at], wanted, positions, chunk)
 
 
 async def _stream(

@@ -24,9 +24,11 @@ from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
+from pgprefetch.write.budget import Account, plan_bytes
 from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order_keys, resolve_categories
 from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
-from pgprefetch.write.scan.passes import Spool, key_passes, keys_only, spool_pass
+from pgprefetch.write.scan.partition import Partition, partition_table, pass_table
+from pgprefetch.write.scan.passes import Spool, keys_only, pass_bounds, spool_pass
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
 from pgprefetch.write.scan.table import (
     Table,
@@ -216,7 +218,11 @@ async def _clearly_too_large(cfg: Config, snap: Snapshot, shape: ScanShape) -> T
     per_row += sum(c.wire.itemsize + (1 if c.nullable else 0) for c in shape.columns)
     sql = "SELECT reltuples::float8 FROM pg_class WHERE oid = $1::text::regclass"
     rows = float((await snap.fetch(sql, f"row estimate of {shape.relation}", shape.relation))[0][0])
-    if rows <= 0 or rows * per_row <= ESTIMATE_MARGIN * budget:
+    if rows <= 0:
+        return None
+    n = int(rows / ESTIMATE_MARGIN)
+    stride = cfg.scan_samples.stride if cfg.scan_samples.window is not None else 1
+    if Account.for_scan(budget).fits_in_memory(n, per_row, -(-n // stride), len(shape.key_names)):
         return None
     return TableTooLarge(float(per_row), 0)
 
@@ -230,29 +236,50 @@ async def multipass_source(
     on_rows: Callable[[int], None] | None = None,
 ) -> BatchSource:
     """The scan mode for a table larger than ``[source] memory``: data passes over key ranges into a spool."""
-    size, budget = cfg.batches.size, cfg.source.memory_bytes
+    account = Account.for_scan(cfg.source.memory_bytes)
     plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
     assert plan.samples is not None
     position = np.full(read.sample_keys.shape[1], -1, dtype=np.int64)  # each cut sample's place in the epoch
     position[plan.samples[: plan.used]] = np.arange(plan.used, dtype=np.int64)
-    rows_per_pass = max(1, int(budget / max(read.bytes_per_row, 1.0)))
-    passes = key_passes(read.table, read.shape, rows_per_pass, cfg.source.connections)
+    # Held through the passes: the keys read, the samples' keys, their plan and places, a spool group twice.
+    samples, width = read.sample_keys.shape[1], read.sample_keys.shape[0]
+    held = read.table.keys.nbytes + plan_bytes(samples, width) + 2 * account.spool_group_bytes()
+    bounds = pass_bounds(read.table, read.shape, account.pass_rows(read.bytes_per_row, held))
+    partition = Partition(spool_dir / "rows", bounds, 1, read.shape.n_key)
     spool: Spool | None = None
     layout: BatchLayout | None = None
-    first_sample, rows_read = 0, read.table.rows_read
-    for wheres in passes:
-        table = await read_table(cfg, snap, read.shape, wheres, budget=0, on_rows=on_rows)
-        rows_read += table.rows_read
-        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
-        if layout is None:
-            layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
-            spool = Spool(spool_dir, layout, size, plan.n_batches, budget)
-        assert spool is not None
-        first_sample += await asyncio.to_thread(
-            spool_pass, spool, layout, table, pass_keys, pass_starts, read.sample_keys, first_sample, position
-        )
-        del table
+    first_sample = 0
+    try:
+        rows_read = read.table.rows_read + await partition_table(cfg, snap, read.shape, partition, on_rows)
         heap.release()
+        for p in range(partition.passes):
+            table = await asyncio.to_thread(pass_table, read.shape, partition, p)
+            pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
+            if layout is None:
+                layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
+                spool = Spool(
+                    spool_dir / "batches", layout, cfg.batches.size, plan.n_batches, account.spool_group_bytes()
+                )
+            assert spool is not None
+            chunk = account.gather_samples(layout.sample_bytes)
+            first_sample += await asyncio.to_thread(
+                spool_pass,
+                spool,
+                layout,
+                table,
+                pass_keys,
+                pass_starts,
+                read.sample_keys,
+                first_sample,
+                position,
+                chunk,
+            )
+            del table, pass_keys, pass_starts
+            heap.release()
+    finally:
+        partition.remove()
+    if first_sample != samples:
+        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
     assert layout is not None
     assert spool is not None
     return _spooled(cfg, plan, layout, spool, snap, rows_read)
@@ -269,23 +296,35 @@ async def spilled_source(
     """:func:`multipass_source` for keys ordered on disk: each data pass spools the samples routed to it."""
     plan = read.plan(cfg, epoch)
     width = plan.key_columns.width
+    account = Account.for_scan(cfg.source.memory_bytes)
+    partition = Partition(spool_dir / "rows", read.keys.bounds, read.keys.group, read.shape.n_key)
     spool: Spool | None = None
     layout: BatchLayout | None = None
-    cut_count, rows_read = 0, read.keys.rows_read
-    for p, wheres in enumerate(read.keys.passes):
-        table = await read_table(cfg, snap, read.shape, wheres, budget=0, on_rows=on_rows)
-        rows_read += table.rows_read
-        pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
-        cut_count += pass_keys.shape[1]
-        if layout is None:
-            layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
-            # a group is held twice when loaded (its samples as spooled, then in place)
-            spool = Spool(spool_dir, layout, cfg.batches.size, plan.n_batches, cfg.source.memory_bytes // 2)
-        assert spool is not None
-        positions, wanted = read.keys.wanted(p, width)
-        await asyncio.to_thread(spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, wanted)
-        del table, pass_keys, pass_starts
+    cut_count = 0
+    try:
+        rows_read = read.keys.rows_read + await partition_table(cfg, snap, read.shape, partition, on_rows)
         heap.release()
+        for p in range(partition.passes):
+            table = await asyncio.to_thread(pass_table, read.shape, partition, p)
+            pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
+            cut_count += pass_keys.shape[1]
+            positions, wanted = read.keys.wanted(p, width)
+            if not table.keys.shape[1] and not wanted.shape[1]:
+                continue
+            if layout is None:
+                layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
+                spool = Spool(
+                    spool_dir / "batches", layout, cfg.batches.size, plan.n_batches, account.spool_group_bytes()
+                )
+            assert spool is not None
+            chunk = account.gather_samples(layout.sample_bytes)
+            await asyncio.to_thread(
+                spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, wanted, chunk
+            )
+            del table, pass_keys, pass_starts
+            heap.release()
+    finally:
+        partition.remove()
     if cut_count != read.keys.samples:
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
     assert layout is not None
@@ -306,7 +345,7 @@ def _spooled(
         for i in range(count):
             spool.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
 
-    unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
+    unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)
 
 
@@ -350,5 +389,5 @@ def cut_source(
     # Two threads: one gathers a batch while the other's pwrite (which releases the GIL) writes the last.
     # Compressed chunks go through zarr, which is left to one thread.
     threads = 2 if cfg.store.compression == "none" else 1
-    unit = min(local_unit_batches(size, layout.sample_bytes), plan.n_batches)
+    unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
     return BatchSource(plan, layout, snapshot, server_version, rows_read, fetch, produce, threads, threads, unit)

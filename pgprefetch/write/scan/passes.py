@@ -9,18 +9,19 @@ passes, each holding at most the budget of table data:
    the passes' ranges come from a sample of them (:func:`~pgprefetch.write.scan.keyspill.pass_wheres`,
    not :func:`key_passes`).
 2. **Data passes.** The sorted series are cut into consecutive key ranges of about ``memory`` bytes of
-   rows each (a series is never split, so a window never straddles two passes), and each pass COPYs its
-   range, split again over the ``connections``. A pass cuts its samples exactly as the keys pass did (the
-   same snapshot), casts and checks them (:func:`~pgprefetch.decode.collate.fill`), and appends each
-   sample to the spool file of the group of batches it belongs to.
+   rows each (a series is never split, so a window never straddles two passes). The table is read once
+   more, whole, and its rows are split by key range into a file set per pass on local disk
+   (:mod:`pgprefetch.write.scan.partition`). A pass loads its rows, cuts its samples exactly as the keys
+   pass did (the same snapshot), casts and checks them (:func:`~pgprefetch.decode.collate.fill`), and
+   appends each sample to the spool file of the group of batches it belongs to.
 3. **Writing.** The writer asks for batches in order; the spool hands them out a group at a time: one
    group (about ``memory`` bytes of batches) is read back, its samples put in place, and its batches
    produced. Spooling is sequential I/O (an external distribution sort): it costs about the epoch's size
    in temporary disk, next to the store, removed when the epoch is published.
 
-Reading a key range of a table needs an index on the key to be cheap; without one each pass scans the
-table (the rows read are reported). Several epochs are read again from the start: only a table that
-fits is kept across ``--epochs``.
+The server reads the table twice (the keys, then every column), whatever its indexes; the client writes
+and reads the decoded table once on local disk. Several epochs are read again from the start: only a
+table that fits is kept across ``--epochs``.
 """
 
 from __future__ import annotations
@@ -33,53 +34,28 @@ import numpy as np
 
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SourceError
-from pgprefetch.sqltext import quote_ident
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.table import Table, gather
 
 
-def key_passes(keys: Table, shape: ScanShape, rows_per_pass: int, connections: int) -> list[list[str]]:
-    """``WHERE`` clauses: for each pass, one per connection, over consecutive key ranges of whole series.
+def pass_bounds(keys: Table, shape: ScanShape, rows_per_pass: int) -> np.ndarray:
+    """The first series key of each data pass but the first, ``(n_key, passes - 1)``, from the sorted keys table.
 
-    ``keys`` is the sorted keys table; a series (the rows sharing the key columns) is never split.
+    The passes are consecutive key ranges of whole series, about ``rows_per_pass`` rows each (a series is
+    never split; one larger than a pass is a pass of its own). :class:`~.partition.Partition` routes the rows.
     """
     series = keys.keys[: shape.n_key]
     n = series.shape[1]
     change = np.concatenate([[True], np.any(series[:, 1:] != series[:, :-1], axis=0)]) if n else np.zeros(0, bool)
     firsts = np.flatnonzero(change)  # the first row of each series
-    passes: list[list[str]] = []
+    starts: list[int] = []
     start = 0
     while start < firsts.size:
-        row0 = firsts[start]
-        end = int(np.searchsorted(firsts, row0 + rows_per_pass, side="right"))
-        end = max(end, start + 1)  # a series larger than a pass is a pass of its own
-        rows = (firsts[end] if end < firsts.size else n) - row0
-        per = max(1, -(-int(rows) // connections))
-        parts, s = [], start
-        while s < end:
-            e = int(np.searchsorted(firsts, firsts[s] + per, side="left"))
-            e = min(max(e, s + 1), end)
-            lo = tuple(int(v) for v in series[:, firsts[s]])
-            hi = tuple(int(v) for v in series[:, firsts[e]]) if e < firsts.size else None
-            parts.append(key_range(shape, lo, hi))
-            s = e
-        passes.append(parts)
-        start = end
-    return passes
-
-
-def key_range(shape: ScanShape, lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> str:
-    """``WHERE (k1, k2) >= (lo) AND (k1, k2) < (hi)``: a row comparison, which a btree index on the key serves.
-
-    A missing bound leaves that side open ("" for neither).
-    """
-    cols = ", ".join(quote_ident(k) for k in shape.key_names[: shape.n_key])
-    parts = []
-    if lo is not None:
-        parts.append(f"({cols}) >= ({', '.join(map(str, lo))})")
-    if hi is not None:
-        parts.append(f"({cols}) < ({', '.join(map(str, hi))})")
-    return " WHERE " + " AND ".join(parts) if parts else ""
+        end = int(np.searchsorted(firsts, firsts[start] + rows_per_pass, side="right"))
+        start = max(end, start + 1)
+        if start < firsts.size:
+            starts.append(int(firsts[start]))
+    return np.ascontiguousarray(series[:, starts])
 
 
 def keys_only(shape: ScanShape) -> ScanShape:
@@ -153,8 +129,9 @@ def spool_pass(
     sample_keys: np.ndarray,
     first_sample: int,
     position: np.ndarray,
+    chunk: int,
 ) -> int:
-    """Cast one pass's samples and spool those the epoch uses; return the pass's sample count.
+    """Cast one pass's samples and spool those the epoch uses, ``chunk`` at a time; return the pass's sample count.
 
     ``pass_keys`` must be the global samples ``first_sample ...`` (checked: the same snapshot cuts the
     same samples); ``position`` maps each global sample to its place in the epoch (-1: not in it).
@@ -165,8 +142,27 @@ def spool_pass(
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
     where = position[first_sample : first_sample + m]
     used = np.flatnonzero(where >= 0)
-    if used.size:
-        out = layout.allocate(used.size)
-        gather(table, layout, pass_starts[used], pass_keys[:, used], out)
-        spool.add(where[used], out)
+    spool_samples(spool, layout, table, pass_starts[used], pass_keys[:, used], where[used], chunk)
     return m
+
+
+def spool_samples(
+    spool: Spool,
+    layout: BatchLayout,
+    table: Table,
+    starts: np.ndarray,
+    keys: np.ndarray,
+    positions: np.ndarray,
+    chunk: int,
+) -> None:
+    """Gather, cast and spool the samples starting at rows ``starts``, ``chunk`` samples at a time.
+
+    A pass's samples gathered at once were a copy of the pass's rows (48 times them for stride-1 windows of
+    48 rows), outside any budget; gathered a chunk at a time, the gather holds one chunk.
+    """
+    for lo in range(0, starts.size, max(1, chunk)):
+        hi = min(starts.size, lo + chunk)
+        out = layout.allocate(hi - lo)  # fresh zeros: a padded array's tail is zero (collate.fill relies on it)
+        gather(table, layout, starts[lo:hi], keys[:, lo:hi], out)
+        spool.add(positions[lo:hi], out)
+        del out

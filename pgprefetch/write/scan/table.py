@@ -37,7 +37,8 @@ from pgprefetch.errors import PgprefetchError, SampleError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.write.scan.copystream import Columns, CopyDecoder
+from pgprefetch.write.budget import Account
+from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
 from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
 from pgprefetch.write.tasks import first_error
 
@@ -110,8 +111,17 @@ async def read_table(
         SourceError: the database failed (transient when a connection was lost).
     """
     ranges = wheres if wheres is not None else await page_ranges(snap, shape, cfg.source.connections)
-    limit = cfg.source.memory_bytes if budget is None else budget
-    return await read_ranges(cfg, snap.id, shape, ranges, budget=limit, on_rows=on_rows)
+    if budget is None:  # the whole read and the epoch cut from it, within the scan's account
+        account = Account.for_scan(cfg.source.memory_bytes)
+        stride = cfg.scan_samples.stride if cfg.scan_samples.window is not None else 1
+        width = len(shape.key_names)
+
+        def over(rows: int, held: int) -> bool:
+            per_row = held / rows if rows else float(held)
+            return not account.fits_in_memory(rows, per_row, -(-rows // stride), width)
+
+        return await read_ranges(cfg, snap.id, shape, ranges, budget=1, over=over, on_rows=on_rows)
+    return await read_ranges(cfg, snap.id, shape, ranges, budget=budget, on_rows=on_rows)
 
 
 async def read_ranges(
@@ -123,21 +133,24 @@ async def read_ranges(
     budget: int,
     on_rows: Callable[[int], None] | None = None,
     empty_ok: bool = False,
+    over: Callable[[int, int], bool] | None = None,
 ) -> Table:
     """:func:`read_table` of the ranges ``ranges`` (one COPY each), on the exported snapshot ``snapshot``.
 
     A Ray reader (:mod:`pgprefetch.write.ray.exchange`) reads its one page range this way, with
-    ``empty_ok``: a range of the table may hold no rows, where the whole table may not.
+    ``empty_ok``: a range of the table may hold no rows, where the whole table may not. ``over(rows,
+    held bytes)`` says when the read outgrew its budget (default: more than ``budget`` bytes held; 0: never).
     """
-    decoders = [CopyDecoder(shape, on_rows) for _ in ranges]
+    decoders = [CopyDecoder(shape, on_rows, copy_drain_bytes(cfg, len(ranges))) for _ in ranges]
     limit = budget
+    outgrown = over if over is not None else (lambda rows, held: held > limit)
 
     def sink(decoder: CopyDecoder) -> Callable[[bytes], Awaitable[None]]:
         async def take(data: bytes) -> None:
             if decoder.feed(data):  # decoded on a thread: the event loop keeps the other COPYs streaming
                 await asyncio.to_thread(decoder.drain)
             held = sum(d.held_bytes for d in decoders)
-            if limit and held > limit:
+            if limit and outgrown(sum(d.rows for d in decoders), held):
                 for d in decoders:
                     d.drain()  # decode what is held, to measure the rows' size
                 rows = sum(d.rows for d in decoders)
@@ -153,7 +166,15 @@ async def read_ranges(
             for d, where in zip(decoders, ranges, strict=True)
         ]
         await first_error(copies)
-    return await asyncio.to_thread(lambda: _assemble(shape, [p for d in decoders for p in d.finish()], empty_ok))
+    return await asyncio.to_thread(lambda: assemble(shape, [p for d in decoders for p in d.finish()], empty_ok))
+
+
+def copy_drain_bytes(cfg: Config, copies: int) -> int:
+    """How much of a COPY's stream is decoded at once: every COPY's undecoded bytes within a 16th of the data's share.
+
+    8 MiB each (:data:`~.copystream.DRAIN_BYTES`) would be 64 MiB at 8 connections, past a 64 MiB budget.
+    """
+    return max(64 << 10, min(DRAIN_BYTES, Account.for_scan(cfg.source.memory_bytes).data // (16 * max(1, copies))))
 
 
 async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
@@ -179,7 +200,7 @@ async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
     return clauses
 
 
-def _assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False) -> Table:
+def assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False) -> Table:
     """The table's columns from the ranges' chunks, sorted by (key, order) (a ``lexsort``: no server sort)."""
     rows = [p for p in parts if p["k0"].size]
     n = sum(p["k0"].size for p in rows)

@@ -1,0 +1,121 @@
+"""The dump's memory account: ``--memory`` shared out among the dump's large allocations before any is taken.
+
+A user sets ``--memory`` beside a container's or a unit's memory limit, so it is the process's memory, not
+the table's: the peak RSS of a dump stays within *floor + budget + slack*, the floor being the interpreter
+and its imports (what a dump of a tiny table peaks at) and :data:`SLACK` the measured rest (asyncpg's
+receive buffers, zarr's metadata, the progress bar). What the budget pays for, each phase at its peak:
+
+- **the writer**: each unit in flight holds its batch buffers and its key buffer, each writing thread the
+  unit's gathered rows, casts and statistics; :func:`writer_bytes` charges them and :class:`Account`
+  leaves the rest (:attr:`Account.data`) to the source.
+- **the heap**: freed blocks glibc keeps for reuse; :func:`pgprefetch.write.heap.fit` caps them from the
+  budget (:func:`heap_bytes`).
+- **a scan's read**: the decoded table twice while its chunks are joined and sorted
+  (:data:`READ_COPIES`), then the table once beside the epoch's per-sample arrays (:func:`plan_bytes`).
+- **a data pass** (a table read in passes): its rows :data:`PASS_COPIES` times (chunks, joined columns,
+  sorted copy, and the gathered samples a chunk at a time), beside what the passes hold throughout.
+- **keys**: query mode's keys, and the keys pass of a scan, are ordered on disk beyond their share
+  (:mod:`pgprefetch.write.order.spill`, :mod:`pgprefetch.write.scan.keyspill`).
+
+The planner asks :class:`Account` which way fits; a way that does not is not taken. The figures are
+measured by ``python -m bench.memory`` and stated in ``docs/operations.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+# The peak's margin over floor + budget, measured: the worst of bench.memory's jobs was 2-25 MiB over the
+# budget's own share (asyncpg's 64 KiB receive buffers per connection, zarr's and the manifest's objects).
+SLACK = 32 * MIB
+READ_COPIES = 2  # a scan's decoded chunks, then the joined, sorted columns (the chunks go as they are joined)
+SORT_BYTES_PER_ROW = 16  # the sort of a read's keys: its order and the sorted copy's index
+PASS_COPIES = 4  # a data pass's rows: the chunks, the joined columns, their sorted copy, the gathered samples
+GATHER_BYTES = 8 * MIB  # the most samples a pass gathers (then spools) at once
+# Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
+# start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
+PLAN_BYTES_PER_SAMPLE = 32
+
+
+def key_bytes(width: int) -> int:
+    """A sample's keys, ``width`` int64 slots, in key order and in epoch order."""
+    return 16 * width
+
+
+def plan_bytes(samples: int, width: int) -> int:
+    """What a scan epoch's plan holds for ``samples`` samples of ``width`` key slots."""
+    return samples * (key_bytes(width) + PLAN_BYTES_PER_SAMPLE)
+
+
+def heap_bytes(budget: int) -> int:
+    """The freed memory glibc may keep for reuse under ``budget`` (two arenas, each trimmed past this much)."""
+    return 2 * trim_threshold(budget)
+
+
+def trim_threshold(budget: int) -> int:
+    """Glibc's trimming threshold for ``budget``: 1/32 of it, between 1 and 128 MiB (32 MiB at 1 GiB)."""
+    return max(MIB, min(128 * MIB, budget // 32))
+
+
+def mmap_threshold(budget: int) -> int:
+    """Glibc's mapping threshold: blocks above it are mapped on their own and returned when freed."""
+    return max(MIB // 4, min(32 * MIB, budget // 64))
+
+
+UNIT_BYTES = 4 * MIB  # the most batch buffer bytes a unit of several batches holds, under a large budget
+
+
+def unit_bytes(budget: int) -> int:
+    """A unit's batch buffers under ``budget``: 1/32 of it, between 256 KiB and :data:`UNIT_BYTES`."""
+    return max(MIB // 4, min(UNIT_BYTES, budget // 32))
+
+
+def writer_bytes(unit_bytes: int, key_bytes_per_unit: int, in_flight: int, threads: int) -> int:
+    """The writer's memory: every unit's buffers, and each writing thread's temporaries (about 3 units).
+
+    The temporaries are the gathered rows, their cast, and the statistics' per-batch arrays.
+    """
+    return in_flight * (unit_bytes + key_bytes_per_unit) + threads * 3 * unit_bytes
+
+
+@dataclass(frozen=True)
+class Account:
+    """One dump's budget (``[source] memory``), shared out: the writer's and the heap's part, the data's rest."""
+
+    budget: int
+    writer: int = 0
+
+    @property
+    def data(self) -> int:
+        """What a source may hold: the budget less the writer and the heap's kept memory (at least 1/4 of it)."""
+        return max(self.budget // 4, self.budget - self.writer - heap_bytes(self.budget))
+
+    @classmethod
+    def for_scan(cls, budget: int, threads: int = 2) -> Account:
+        """A scan dump's account: ``threads`` units in flight, as many threads writing (``BatchSource``)."""
+        unit = unit_bytes(budget)
+        return cls(budget, writer_bytes(unit, unit // 4, threads, threads))
+
+    def in_memory_bytes(self, rows: int, row_bytes: float, samples: int, width: int) -> int:
+        """A scan read held whole: its peak while it is joined and sorted, or with the epoch's plan beside it."""
+        table = rows * row_bytes
+        read = READ_COPIES * table + SORT_BYTES_PER_ROW * rows
+        return int(max(read, table + plan_bytes(samples, width)))
+
+    def fits_in_memory(self, rows: int, row_bytes: float, samples: int, width: int) -> bool:
+        """Whether the table, read whole, and its epoch fit :attr:`data`."""
+        return self.in_memory_bytes(rows, row_bytes, samples, width) <= self.data
+
+    def pass_rows(self, row_bytes: float, held: int) -> int:
+        """The rows of a data pass, beside ``held`` bytes the passes keep (keys, plan, a spool group)."""
+        room = max(self.data - held, self.data // 4)
+        return max(1, int(room / (PASS_COPIES * max(row_bytes, 1.0))))
+
+    def spool_group_bytes(self) -> int:
+        """A spool group's bytes: it is held twice while loaded (as spooled, then in place)."""
+        return max(MIB, self.data // 8)
+
+    def gather_samples(self, sample_bytes: int) -> int:
+        """Samples a pass gathers at once: its cast rows within :data:`GATHER_BYTES` and a 16th of the data."""
+        return max(1, min(GATHER_BYTES, self.data // 16) // max(1, sample_bytes))
