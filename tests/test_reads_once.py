@@ -165,7 +165,7 @@ def test_epochs_read_in_passes_code_like_a_whole_read(db: str, tmp_path: Path) -
             execute(db, "UPDATE t SET b = 'late' WHERE id = 11")  # a value the store lacks, met in a pass
         small = dump(small_cfg, db, epoch)
         assert small.rows_read is not None
-        assert small.rows_read >= 2 * 100_000  # a keys pass, then data passes
+        assert small.rows_read >= 100_000  # (a first read given up, the values,) the one read the passes split
     assert fetch_vocabulary(tmp_path / "small" / "store.zarr")["b"][-1] == "late"
     assert chunk_bytes(tmp_path / "store.zarr" / "epoch-00000") == chunk_bytes(
         tmp_path / "small" / "store.zarr" / "epoch-00000"

@@ -26,8 +26,9 @@ from pgprefetch import dump_epochs, load_config
 from pgprefetch.errors import SampleError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.check import check_config
-from pgprefetch.write.scan.keyspill import SeriesSample, ranks
+from pgprefetch.write.scan.keyspill import ranks
 from pgprefetch.write.scan.mode import SpilledScan, read_scan
+from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.table import Table
 
 from .harness.configs import scan_config
@@ -78,19 +79,27 @@ def test_ranks_count_the_sorted_keys_at_or_below_each_key_lexicographically(data
         assert ranks(table, keys, equal=equal).tolist() == expected
 
 
-def test_the_series_sample_cuts_ranges_of_about_the_rows_asked_and_none_empty() -> None:
+def test_the_partition_puts_every_series_whole_in_the_pass_its_key_names_even_after_a_split(tmp_path: Path) -> None:
+    """Rows routed by series hash: each pass holds whole series, every row once; a bucket too large is split."""
     rng = np.random.default_rng(2)
-    rows = np.repeat(np.arange(5000), rng.integers(1, 60, size=5000))  # series of 1-59 rows
-    arrived = rng.permutation(rows)[None, :]
-    sample = SeriesSample(1, most=4096)
-    for lo in range(0, arrived.shape[1], 7000):
-        sample.add(arrived[:, lo : lo + 7000])
-    bounds = sample.bounds(20_000)
-    assert sample.every > 1  # thinned: it holds at most twice `most`
-    counts = np.bincount(ranks(bounds, arrived), minlength=bounds.shape[1] + 1)
-    assert (counts > 0).all()
-    assert abs(counts.size - rows.size / 20_000) <= 1
-    assert counts.max() < 1.5 * 20_000
+    series = np.repeat(np.arange(5000), rng.integers(1, 60, size=5000))  # series of 1-59 rows
+    arrived = rng.permutation(series.size)
+    partition = Partition(tmp_path / "rows", buckets=3, n_key=1, room=100_000)  # about 700 KB of rows: too few
+    for lo in range(0, arrived.size, 7000):
+        rows = arrived[lo : lo + 7000]
+        partition.add({"k0": series[rows].astype(np.int32), "k1": rows.astype(np.int64), "c0": rows * 0.5})
+    partition.settle()
+    assert partition.passes > 3  # the buckets outgrew the room: split again
+    seen = []
+    for p in range(partition.passes):
+        (chunk,) = partition.load(p)
+        assert chunk["c0"].tolist() == (chunk["k1"] * 0.5).tolist()  # the columns of a row stay together
+        assert (partition.pass_of(chunk["k0"][None, :].astype(np.int64)) == p).all()
+        seen.append(chunk["k1"])
+        assert chunk["k0"].nbytes + chunk["k1"].nbytes + chunk["c0"].nbytes <= 2 * 100_000
+    got = np.concatenate(seen)
+    assert np.array_equal(np.sort(got), np.arange(series.size))  # every row once
+    assert not any((tmp_path / "rows").iterdir())  # each pass's files removed as it was loaded
 
 
 # ---- dumps through PostgreSQL -----------------------------------------------------------------------------------

@@ -107,10 +107,10 @@ class Account:
         """Whether the table, read whole, and its epoch fit :attr:`data`."""
         return self.in_memory_bytes(rows, row_bytes, samples, width) <= self.data
 
-    def pass_rows(self, row_bytes: float, held: int) -> int:
-        """The rows of a data pass, beside ``held`` bytes the passes keep (keys, plan, a spool group)."""
-        room = max(self.data - held, self.data // 4)
-        return max(1, int(room / (PASS_COPIES * max(row_bytes, 1.0))))
+    def pass_bytes(self) -> int:
+        """A data pass's decoded rows: beside the keys' half of :attr:`data` and a spool group held twice."""
+        held = self.data // 2 + 2 * self.spool_group_bytes()
+        return max(1, max(self.data - held, self.data // 4) // PASS_COPIES)
 
     def spool_group_bytes(self) -> int:
         """A spool group's bytes: it is held twice while loaded (as spooled, then in place)."""

@@ -100,7 +100,8 @@ async def open_source(
     on_rows = progress.rows if progress else None
     folder = keys_dir or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, keys_dir=folder)
+        rows_dir = None if spool is None else spool / "rows"  # a check reads only the keys of a table too large
+        read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, keys_dir=folder, rows_dir=rows_dir)
         if isinstance(read, SpilledScan):
             try:
                 if spool is None:

@@ -81,9 +81,11 @@ class CopyDecoder:
         on_rows: Callable[[int], None] | None = None,
         drain_bytes: int | None = None,
         route: Callable[[Columns], None] | None = None,
+        keep: tuple[str, ...] | None = None,
     ) -> None:
         self.shape = shape
-        self.route = route  # each decoded chunk handed on (to a pass's files), not kept in ``parts``
+        self.route = route  # each decoded chunk handed on whole (to the passes' files, :mod:`.partition`)
+        self.keep = keep  # with ``route``: the columns kept in ``parts`` (the keys pass's ``k0``...)
         self.drain_bytes = drain_bytes  # None: DRAIN_BYTES; the keys pass drains sooner, within its budget
         self.on_rows = on_rows
         self.chunks: list[bytes] = []  # the stream's bytes not decoded yet, as they came
@@ -158,7 +160,8 @@ class CopyDecoder:
             columns = self._columns(rows)
             if self.route is not None:
                 self.route(columns)
-            else:
+                columns = {name: columns[name] for name in self.keep or ()}
+            if columns:
                 self.parts.append(columns)
                 self.decoded_bytes += sum(v.nbytes for v in columns.values())
             del columns

@@ -1,7 +1,8 @@
 """Scan mode's keys pass beyond ``[source] memory``: the samples' order on disk, the same order, the same bytes.
 
-A table larger than the budget is read in passes (:mod:`pgprefetch.write.scan.passes`) after a keys pass
-that reads only its key and order columns. Held in memory those cost 8 bytes a column a row, and their
+A table larger than the budget is read in passes (:mod:`pgprefetch.write.scan.passes`) after a keys pass,
+which COPYs the table once: its key and order columns go to the keys, each chunk whole to the data
+passes' files (:mod:`pgprefetch.write.scan.partition`). Held in memory the keys cost 8 bytes a column a row, and their
 sort, cut and shuffle several times that (73 bytes a row for rows, about 100 a table row for windows), so
 a table whose keys outgrow the budget as well has them ordered on disk by the query mode's external sort
 (:mod:`pgprefetch.write.order.spill`), not a second one:
@@ -12,11 +13,10 @@ a table whose keys outgrow the budget as well has them ordered on disk by the qu
    order): every bucket then holds whole series, sorted, and is cut into windows as a table in memory
    is (:func:`~pgprefetch.write.scan.table.cut`). The windows' keys (series key, first order value)
    stream into a second sort's runs, hashed whole: the epoch's order, as for rows.
-3. **Passes.** While the keys stream, a row-weighted sample of the series keys (at most
-   ``BOUNDARY_SAMPLE`` of them) gives the data passes' key ranges: consecutive ranges of whole series of
-   about the budget's rows each. Once the samples are ordered, each used sample's place in the epoch and
-   key are appended to its pass's file; a data pass reads that file and finds those samples among the
-   ones it cut (:func:`spool_wanted`), which the same snapshot makes the keys pass's.
+3. **Passes.** A series' pass is its bucket in the partition (a hash of its key). Once the samples are
+   ordered, each used sample's place in the epoch and key are appended to its pass's file; a data pass
+   loads its rows, cuts them, and finds those samples among the ones it cut (:func:`spool_wanted`),
+   which the same rows make the keys pass's.
 
 While the keys fit (:func:`bytes_per_row` each), none of this happens: they come back as a sorted
 :class:`~pgprefetch.write.scan.table.Table`, the path every scan took before. Disk: about ``8 * (width +
@@ -49,15 +49,21 @@ from pgprefetch.write.order import shuffle
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import MIN_KEYS, KeyCollector, KeyRuns
 from pgprefetch.write.plan import order_keys, order_spilled
-from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
-from pgprefetch.write.scan.passes import Spool, spool_samples
+from pgprefetch.write.scan.copystream import Columns, CopyDecoder
+from pgprefetch.write.scan.partition import Partition
+from pgprefetch.write.scan.passes import Spool, keys_only, spool_samples
 from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
-from pgprefetch.write.scan.table import Table, cut, longest_series, no_windows, page_ranges, sort_keys
+from pgprefetch.write.scan.table import (
+    Table,
+    copy_drain_bytes,
+    cut,
+    longest_series,
+    no_windows,
+    page_ranges,
+    sort_keys,
+)
 
 log = logging.getLogger("pgprefetch")
-
-BOUNDARY_SAMPLE = 1 << 16  # series keys sampled for the passes' ranges
-MIN_DRAIN = 64 << 10  # the least of a COPY's stream decoded at once
 
 
 def bytes_per_row(width: int) -> int:
@@ -77,16 +83,15 @@ class SpilledKeys:
     """A keys pass ordered on disk: the epoch's order, and the data passes that fill it."""
 
     order: dict[str, Any]  # :func:`~pgprefetch.write.plan.order_keys`'s fields, ``keys`` on disk or in memory
-    bounds: np.ndarray  # (n_key, L) sorted series keys, each the first of a key range
-    group: int  # consecutive key ranges a data pass: pass ``ranks(bounds, key) // group``
+    partition: Partition | None  # the table's rows, split into the data passes (None: a check, no passes)
     folder: Path  # the passes' files: <pass>.keys, (place in the epoch, key slots) int64 per used sample
     samples: int  # the samples the keys pass cut: the data passes must cut as many
     rows_read: int
 
     @property
     def passes(self) -> int:
-        """The data passes (:class:`~pgprefetch.write.scan.partition.Partition` routes the rows alike)."""
-        return self.bounds.shape[1] // self.group + 1
+        """The data passes (:class:`~pgprefetch.write.scan.partition.Partition`'s)."""
+        return self.partition.passes if self.partition is not None else 0
 
     def wanted(self, p: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Pass ``p``'s used samples: their places in the epoch and their keys ``(width, m)``."""
@@ -100,42 +105,6 @@ class SpilledKeys:
         """Close the ordered key file, if the order is on disk (the folder is removed by whoever chose it)."""
         if isinstance(self.order["keys"], OrderedKeys):
             self.order["keys"].close()
-
-
-class SeriesSample:
-    """Every ``every``-th row's series key as the rows stream in, thinned by half whenever it outgrows ``most``."""
-
-    def __init__(self, n_key: int, most: int = BOUNDARY_SAMPLE) -> None:
-        self.n_key, self.most = n_key, most
-        self.every, self.seen = 1, 0
-        self.held: list[np.ndarray] = []
-        self.count = 0
-
-    def add(self, series: np.ndarray) -> None:
-        """Take the series keys ``(n_key, m)`` of the next ``m`` rows to arrive."""
-        first = (-self.seen) % self.every
-        self.seen += series.shape[1]
-        part = np.ascontiguousarray(series[:, first :: self.every])
-        self.held.append(part)
-        self.count += part.shape[1]
-        if self.count > self.most:
-            kept = np.ascontiguousarray(np.concatenate(self.held, axis=1)[:, ::2])
-            self.held, self.count, self.every = [kept], kept.shape[1], self.every * 2
-
-    def bounds(self, rows_per_range: int) -> np.ndarray:
-        """Sorted, distinct series keys ``(n_key, L)`` cutting the rows seen into ranges of about ``rows_per_range``.
-
-        Each bound is a sampled key above the smallest sampled one, so no range is empty.
-        """
-        if not self.count:
-            return np.empty((self.n_key, 0), np.int64)
-        s = np.concatenate(self.held, axis=1)
-        s = s[:, np.lexsort(s[::-1])]
-        step = max(1.0, rows_per_range * s.shape[1] / max(1, self.seen))
-        b = s[:, np.arange(step, s.shape[1], step).astype(np.int64)]
-        keep = np.any(b != s[:, :1], axis=0)
-        keep[1:] &= np.any(b[:, 1:] != b[:, :-1], axis=0)
-        return np.ascontiguousarray(b[:, keep])
 
 
 def ranks(sorted_keys: np.ndarray, keys: np.ndarray, *, equal: bool = True) -> np.ndarray:
@@ -166,13 +135,15 @@ async def keys_pass(
     shape: ScanShape,
     epoch: int,
     folder: Path,
-    table_bytes_per_row: float,
+    partition: Partition | None,
     on_rows: Callable[[int], None] | None = None,
 ) -> Table | SpilledKeys:
-    """Read the key and order columns of the keys-only ``shape``: sorted in memory if they fit, else ordered on disk.
+    """Read the key and order columns of ``shape``: sorted in memory if they fit, else ordered on disk.
 
-    ``folder`` (made only if the keys spill) takes the sorts' and passes' files; the caller removes it.
-    ``table_bytes_per_row``: a whole row's size, which sizes the data passes.
+    With ``partition`` every column is read, and each chunk's rows also go to their pass's files (the data
+    passes read those, not the table again), which :meth:`~.partition.Partition.settle` then splits where a
+    bucket outgrew a pass. ``folder`` (made only if the keys spill) takes the sorts' and passes' files; the
+    caller removes it.
     """
     account = Account.for_scan(cfg.source.memory_bytes)
     # Half the data's share: the keys held (or a run of them) leave the other half to the data passes.
@@ -180,15 +151,12 @@ async def keys_pass(
     n_key, width = shape.n_key, len(shape.key_names)
     limit = budget // bytes_per_row(width)
     rows = KeyCollector(folder / "rows", width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
-    sample = SeriesSample(n_key)
-
-    def take(chunk: np.ndarray) -> None:
-        sample.add(chunk[:n_key])
-        rows.add(chunk)
-
     try:
-        n_rows = await _stream(cfg, snap, shape, take, on_rows)
+        read = keys_only(shape) if partition is None else shape
+        n_rows = await _stream(cfg, snap, read, rows.add, on_rows, partition)
         got = rows.result()
+        if partition is not None:
+            await asyncio.to_thread(partition.settle)
     except BaseException:
         rows.close()
         raise
@@ -197,23 +165,22 @@ async def keys_pass(
             raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
         keys, _ = await asyncio.to_thread(sort_keys, got)
         return Table(keys=keys, rows_read=n_rows, nbytes=keys.nbytes)
-    connections = cfg.source.connections
-    rows_per_pass = account.pass_rows(table_bytes_per_row, 2 * account.spool_group_bytes())
-    bounds = sample.bounds(max(1, rows_per_pass // connections))
     heap.release()
     try:
         order, cut_count, buckets = await asyncio.to_thread(_order, cfg, shape, got, folder, epoch, limit)
     finally:
         got.close()
     heap.release()
-    spilled = SpilledKeys(order, bounds, connections, folder / "passes", cut_count, n_rows)
+    spilled = SpilledKeys(order, partition, folder / "passes", cut_count, n_rows)
     log.info(
         "epoch %d: the keys of %s rows outgrew [source] memory: %s samples ordered on disk (%d runs, %d buckets"
         " of series), %d data passes",
         epoch, f"{n_rows:,}", f"{cut_count:,}", len(got.runs), buckets, spilled.passes,
     )  # fmt: skip
+    if partition is None:  # only the epoch's plan is wanted (a check): no data passes to route to
+        return spilled
     try:
-        await asyncio.to_thread(_route, spilled, bounds, connections, n_key, budget)
+        await asyncio.to_thread(_route, spilled, partition, n_key, budget)
     except BaseException:
         spilled.close()
         raise
@@ -262,7 +229,7 @@ def _order(
         got.close()
 
 
-def _route(spilled: SpilledKeys, bounds: np.ndarray, group: int, n_key: int, budget: int) -> None:
+def _route(spilled: SpilledKeys, partition: Partition, n_key: int, budget: int) -> None:
     """Append each used sample's place in the epoch and key to its pass's file, in the epoch's order."""
     keys, used = spilled.order["keys"], spilled.order["used"]
     folder = spilled.folder
@@ -274,7 +241,7 @@ def _route(spilled: SpilledKeys, bounds: np.ndarray, group: int, n_key: int, bud
     for lo in range(0, used, step):
         hi = min(used, lo + step)
         part = keys.columns(lo, hi) if isinstance(keys, OrderedKeys) else keys[:, lo:hi]
-        passes = ranks(bounds, part[:n_key]) // group
+        passes = partition.pass_of(np.ascontiguousarray(part[:n_key]))
         records = np.empty((hi - lo, part.shape[0] + 1), np.int64)
         records[:, 0] = np.arange(lo, hi, dtype=np.int64)
         records[:, 1:] = part.T
@@ -303,6 +270,8 @@ def spool_wanted(
     """
     if not positions.size:
         return
+    order = np.lexsort(wanted[::-1])  # in key order: the search and the gather walk the pass's rows forward
+    positions, wanted = positions[order], np.ascontiguousarray(wanted[:, order])
     at = ranks(pass_keys, wanted, equal=False)
     if (at >= pass_keys.shape[1]).any() or not np.array_equal(
         pass_keys[:, np.minimum(at, pass_keys.shape[1] - 1)], wanted
@@ -317,17 +286,19 @@ async def _stream(
     shape: ScanShape,
     take: Callable[[np.ndarray], None],
     on_rows: Callable[[int], None] | None,
+    partition: Partition | None = None,
 ) -> int:
-    """COPY ``shape``'s key and order columns over page ranges, handing ``take`` int64 chunks; return the rows read.
+    """COPY ``shape`` over page ranges, handing ``take`` its key and order columns as int64 chunks; the rows read.
 
-    ``take`` runs on a thread, one call at a time.
+    ``take`` runs on a thread, one call at a time. ``partition`` takes each decoded chunk whole.
     """
     ranges = await page_ranges(snap, shape, cfg.source.connections)
-    # every COPY's undecoded bytes within a share of the budget (8 MiB each would be 64 MiB at 8 connections)
-    drain = max(MIN_DRAIN, min(DRAIN_BYTES, cfg.source.memory_bytes // (4 * len(ranges))))
-    decoders = [CopyDecoder(shape, on_rows, drain) for _ in ranges]
-    lock = threading.Lock()
+    drain = copy_drain_bytes(cfg, len(ranges))
     width = len(shape.key_names)
+    keep = tuple(f"k{i}" for i in range(width))
+    route = partition.add if partition is not None else None
+    decoders = [CopyDecoder(shape, on_rows, drain, route=route, keep=keep) for _ in ranges]
+    lock = threading.Lock()
     offset = shape.order_offset if shape.order_wire is not None else 0
 
     def hand(parts: list[Columns]) -> None:

@@ -24,11 +24,11 @@ from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
-from pgprefetch.write.budget import Account, plan_bytes
+from pgprefetch.write.budget import Account
 from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order_keys, resolve_categories
 from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
-from pgprefetch.write.scan.partition import Partition, partition_table, pass_table
-from pgprefetch.write.scan.passes import Spool, keys_only, pass_bounds, spool_pass
+from pgprefetch.write.scan.partition import Partition, bucket_count, pass_table
+from pgprefetch.write.scan.passes import Spool, keys_only
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
 from pgprefetch.write.scan.table import (
     Table,
@@ -86,6 +86,7 @@ class ScanRead:
     epochs_cut: int = 0
     fits: bool = True  # False: ``table`` holds only the keys (the keys pass); the data comes in passes
     bytes_per_row: float = 0.0
+    partition: Partition | None = None  # not ``fits``: the rows, split into the data passes' files
 
 
 @dataclass
@@ -121,6 +122,7 @@ async def read_scan(
     *,
     epoch: int = 0,
     keys_dir: Path | None = None,
+    rows_dir: Path | None = None,
 ) -> ScanRead | SpilledScan:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
@@ -128,6 +130,8 @@ async def read_scan(
     against ``vocabulary``'s store, since the COPY codes the values: every epoch cut from the read has them.
     Keys that do not fit ``[source] memory`` either are ordered on disk for ``epoch`` in ``keys_dir``
     (:mod:`pgprefetch.write.scan.keyspill`; the caller removes it); without ``keys_dir`` they are held.
+    A table that does not fit has its rows split into its data passes' files in ``rows_dir`` as its keys are
+    read (:mod:`pgprefetch.write.scan.partition`; without it, only its keys are read: a check).
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
@@ -143,6 +147,7 @@ async def read_scan(
     optimistic = known_vocabulary(cfg, vocabulary) is not None
     categories = await resolve_categories(cfg, None if optimistic else distinct, vocabulary)
     shape = dataclasses.replace(shape, categories=categories)
+    partition: Partition | None = None
     try:
         too_large = await _clearly_too_large(cfg, snap, shape)
         if too_large is not None:
@@ -158,7 +163,7 @@ async def read_scan(
             table = await read_table(cfg, snap, shape, on_rows=on_rows)
         fits, per_row = True, 0.0
         table.rows_read += counted[0]
-    except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads only the keys
+    except TableTooLarge as e:  # what was read so far is dropped: the keys pass reads the table again, once
         fits, per_row = False, e.bytes_per_row
         heap.release()
         if optimistic:  # the data passes code what they read: the lists must be whole before them
@@ -168,7 +173,8 @@ async def read_scan(
         if keys_dir is None:
             table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
         else:
-            got = await keys_pass(cfg, snap, keys_only(shape), epoch, keys_dir, per_row, on_rows)
+            partition = None if rows_dir is None else await _partition(cfg, snap, shape, e, rows_dir)
+            got = await keys_pass(cfg, snap, shape, epoch, keys_dir, partition, on_rows)
             if isinstance(got, SpilledKeys):
                 got.rows_read += already
                 return SpilledScan(shape, got, snap.id, snap.server_version, epoch)
@@ -177,7 +183,19 @@ async def read_scan(
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
     if not sample_keys.shape[1] and cfg.samples.window is not None:
         raise no_windows(cfg.samples, longest_series(table.keys))
-    return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
+    read = ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
+    read.partition = partition
+    return read
+
+
+async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path) -> Partition:
+    """The data passes' files for a table too large: buckets for the planner's row count (or what was read, twice)."""
+    rows = 2.0 * e.rows
+    if shape.plain_table:
+        sql = "SELECT reltuples::float8 FROM pg_class WHERE oid = $1::text::regclass"
+        rows = max(rows, float((await snap.fetch(sql, f"row estimate of {shape.relation}", shape.relation))[0][0]))
+    room = Account.for_scan(cfg.source.memory_bytes).pass_bytes()
+    return Partition(folder, bucket_count(rows, e.bytes_per_row, room), shape.n_key, room)
 
 
 def _has_new_values(cfg: Config, shape: ScanShape, table: Table) -> bool:
@@ -235,54 +253,24 @@ async def multipass_source(
     spool_dir: Path,
     on_rows: Callable[[int], None] | None = None,
 ) -> BatchSource:
-    """The scan mode for a table larger than ``[source] memory``: data passes over key ranges into a spool."""
-    account = Account.for_scan(cfg.source.memory_bytes)
+    """The scan mode for a table larger than ``[source] memory`` whose keys fit: data passes into a spool."""
     plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
     assert plan.samples is not None
-    position = np.full(read.sample_keys.shape[1], -1, dtype=np.int64)  # each cut sample's place in the epoch
-    position[plan.samples[: plan.used]] = np.arange(plan.used, dtype=np.int64)
-    # Held through the passes: the keys read, the samples' keys, their plan and places, a spool group twice.
-    samples, width = read.sample_keys.shape[1], read.sample_keys.shape[0]
-    held = read.table.keys.nbytes + plan_bytes(samples, width) + 2 * account.spool_group_bytes()
-    bounds = pass_bounds(read.table, read.shape, account.pass_rows(read.bytes_per_row, held))
-    partition = Partition(spool_dir / "rows", bounds, 1, read.shape.n_key)
-    spool: Spool | None = None
-    layout: BatchLayout | None = None
-    first_sample = 0
-    try:
-        rows_read = read.table.rows_read + await partition_table(cfg, snap, read.shape, partition, on_rows)
-        heap.release()
-        for p in range(partition.passes):
-            table = await asyncio.to_thread(pass_table, read.shape, partition, p)
-            pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
-            if layout is None:
-                layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
-                spool = Spool(
-                    spool_dir / "batches", layout, cfg.batches.size, plan.n_batches, account.spool_group_bytes()
-                )
-            assert spool is not None
-            chunk = account.gather_samples(layout.sample_bytes)
-            first_sample += await asyncio.to_thread(
-                spool_pass,
-                spool,
-                layout,
-                table,
-                pass_keys,
-                pass_starts,
-                read.sample_keys,
-                first_sample,
-                position,
-                chunk,
-            )
-            del table, pass_keys, pass_starts
-            heap.release()
-    finally:
-        partition.remove()
-    if first_sample != samples:
+    assert read.partition is not None, "a table read in passes has its rows split into them"
+    keys = read.sample_keys[:, plan.samples[: plan.used]]  # the used samples' keys, in the epoch's order
+    passes = read.partition.pass_of(np.ascontiguousarray(keys[: read.shape.n_key]))
+    by_pass = np.argsort(passes, kind="stable")
+    edges = np.searchsorted(passes[by_pass], np.arange(read.partition.passes + 1))
+    del passes
+
+    def wanted(p: int) -> tuple[np.ndarray, np.ndarray]:
+        places = by_pass[edges[p] : edges[p + 1]]
+        return places, keys[:, places]
+
+    layout, spool, cut_count = await _spool_passes(cfg, read.shape, plan, read.partition, wanted, spool_dir)
+    if cut_count != read.sample_keys.shape[1]:
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    assert layout is not None
-    assert spool is not None
-    return _spooled(cfg, plan, layout, spool, snap, rows_read)
+    return _spooled(cfg, plan, layout, spool, snap, read.table.rows_read)
 
 
 async def spilled_source(
@@ -295,41 +283,55 @@ async def spilled_source(
 ) -> BatchSource:
     """:func:`multipass_source` for keys ordered on disk: each data pass spools the samples routed to it."""
     plan = read.plan(cfg, epoch)
+    assert read.keys.partition is not None, "a table read in passes has its rows split into them"
     width = plan.key_columns.width
+    layout, spool, cut_count = await _spool_passes(
+        cfg, read.shape, plan, read.keys.partition, lambda p: read.keys.wanted(p, width), spool_dir
+    )
+    if cut_count != read.keys.samples:
+        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
+    return _spooled(cfg, plan, layout, spool, snap, read.keys.rows_read)
+
+
+async def _spool_passes(
+    cfg: Config,
+    shape: ScanShape,
+    plan: EpochPlan,
+    partition: Partition,
+    wanted: Callable[[int], tuple[np.ndarray, np.ndarray]],
+    spool_dir: Path,
+) -> tuple[BatchLayout, Spool, int]:
+    """Load, cut and spool each data pass's wanted samples (``wanted(p)``: their places and keys); the samples cut.
+
+    A pass holds its rows a few times over (loaded, joined, sorted) and gathers a chunk of samples at a time.
+    """
     account = Account.for_scan(cfg.source.memory_bytes)
-    partition = Partition(spool_dir / "rows", read.keys.bounds, read.keys.group, read.shape.n_key)
     spool: Spool | None = None
     layout: BatchLayout | None = None
     cut_count = 0
     try:
-        rows_read = read.keys.rows_read + await partition_table(cfg, snap, read.shape, partition, on_rows)
-        heap.release()
         for p in range(partition.passes):
-            table = await asyncio.to_thread(pass_table, read.shape, partition, p)
-            pass_keys, pass_starts = await asyncio.to_thread(cut, table, read.shape, cfg.scan_samples)
+            table = await asyncio.to_thread(pass_table, shape, partition, p)
+            pass_keys, pass_starts = await asyncio.to_thread(cut, table, shape, cfg.scan_samples)
             cut_count += pass_keys.shape[1]
-            positions, wanted = read.keys.wanted(p, width)
-            if not table.keys.shape[1] and not wanted.shape[1]:
+            positions, keys = wanted(p)
+            if not positions.size:
                 continue
             if layout is None:
-                layout = scan_layout(cfg, read.shape, array_lengths(table), plan)
+                layout = scan_layout(cfg, shape, array_lengths(table), plan)
                 spool = Spool(
                     spool_dir / "batches", layout, cfg.batches.size, plan.n_batches, account.spool_group_bytes()
                 )
             assert spool is not None
             chunk = account.gather_samples(layout.sample_bytes)
-            await asyncio.to_thread(
-                spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, wanted, chunk
-            )
-            del table, pass_keys, pass_starts
+            await asyncio.to_thread(spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, keys, chunk)
+            del table, pass_keys, pass_starts, positions, keys
             heap.release()
     finally:
         partition.remove()
-    if cut_count != read.keys.samples:
-        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    assert layout is not None
+    assert layout is not None, "an epoch has samples"
     assert spool is not None
-    return _spooled(cfg, plan, layout, spool, snap, rows_read)
+    return layout, spool, cut_count
 
 
 def _spooled(

@@ -1,20 +1,23 @@
-"""A table larger than ``[source] memory``, read once and split by key range on local disk: the data passes.
+"""A table larger than ``[source] memory``, read once and split into passes of whole series on local disk.
 
-The data passes of a table that does not fit (:mod:`pgprefetch.write.scan.passes`) used to COPY each key range
-of the table on its own (``WHERE (key) >= (lo) AND (key) < (hi)``). Without an index on the key every such
-COPY scanned the whole table (a 3.6M-row table of windows under 64 MiB: 4x the time of the dump in memory),
-and with one, a table not stored in key order was read by index lookups scattered over its pages.
+The data passes of a table that does not fit (:mod:`pgprefetch.write.scan.passes`) used to COPY each key
+range of the table on its own (``WHERE (key) >= (lo) AND (key) < (hi)``), after a first COPY of the keys.
+Without an index on the key every such COPY scanned the whole table (a 3.6M-row table of windows under
+64 MiB: 4x the time of the dump in memory); with one, a table not stored in key order was read by index
+lookups scattered over its pages.
 
-Instead the table is read once, by the same parallel page-range COPY as a table that fits, and each decoded
-chunk is split by key range (:func:`~pgprefetch.write.scan.keyspill.ranks` against the passes' bounds) and
-appended, column by column, to its pass's files: a distribution sort, as the spool does for batches. A pass
-then loads its files (its rows, about ``memory`` bytes) and is joined, sorted and cut as a read range is. The
-extra cost is the decoded table written and read once on local disk; what is held is a COPY chunk at a time.
+Now the keys pass COPYs every column, once: its keys go to the keys pass as before, and each decoded chunk
+is split by a hash of its series key into buckets, appended column by column to the bucket's files (a
+distribution sort, as the spool does for batches). A bucket holds whole series, so a pass loads one
+bucket's files and joins, sorts and cuts them as a read range is. The number of buckets comes from the
+planner's row estimate; a bucket that still came out larger than a pass's share of the budget (a SELECT
+has no estimate) is split again on disk, a chunk of rows at a time, before any pass is loaded. The server
+reads the table once; the client writes and reads the decoded table once on local disk.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
 import shutil
 import threading
 from collections.abc import Callable
@@ -22,99 +25,141 @@ from pathlib import Path
 
 import numpy as np
 
-from pgprefetch.config.model import Config
-from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.write.files.shardfiles import io_errors
-from pgprefetch.write.scan.copystream import Columns, CopyDecoder
-from pgprefetch.write.scan.keyspill import ranks
-from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
-from pgprefetch.write.scan.table import Table, assemble, copy_drain_bytes, page_ranges
-from pgprefetch.write.tasks import first_error
+from pgprefetch.write.order.shuffle import key_hash
+from pgprefetch.write.scan.copystream import Columns
+from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.table import Table, assemble
+
+_BUCKET_STREAM = 0x627563686574  # "bucket": the hash that puts a series in its bucket
+_SPLIT_STREAM = 0x73706C6974  # "split": the hash that splits an oversized bucket
+SPLIT_ROWS = 1 << 18  # rows of an oversized bucket re-split at once
 
 
 class Partition:
-    """Rows split into passes by their series key: pass ``ranks(bounds, key) // group``, a file per column and pass.
+    """Rows split into passes by a hash of their series key (``n_key`` key slots): a file per column and pass.
 
-    ``bounds`` ``(n_key, L)``: sorted series keys, each the first of a key range; ``group`` consecutive ranges
-    make a pass (the spilled keys' passes group one range a connection; a table's own passes are one range each).
+    ``buckets`` is chosen before the read (:func:`bucket_count`); :meth:`settle` splits the buckets that
+    outgrew ``room`` bytes (a pass's share of the budget) after it. Pass ``p`` of :meth:`load` is the pass
+    :meth:`pass_of` names.
     """
 
-    def __init__(self, folder: Path, bounds: np.ndarray, group: int, n_key: int) -> None:
-        self.folder, self.bounds, self.group, self.n_key = folder, bounds, max(1, group), n_key
-        self.passes = bounds.shape[1] // self.group + 1
+    def __init__(self, folder: Path, buckets: int, n_key: int, room: int) -> None:
+        self.folder, self.buckets, self.n_key, self.room = folder, max(1, buckets), n_key, room
         self.rows = 0
-        self._template: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # each column's dtype and row shape
+        self.subs = np.ones(self.buckets, np.int64)  # each bucket's passes (1 unless :meth:`settle` split it)
+        self.template: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # each column's dtype and row shape
         self._lock = threading.Lock()  # the COPYs' chunks are decoded (and so added) on several threads
         shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers: the files are appended to
         with io_errors(folder):
-            folder.mkdir(parents=True, mode=0o700)  # the table's rows: for this user only
+            folder.parent.mkdir(parents=True, mode=0o700, exist_ok=True)  # the epoch's spool: for this user only
+            folder.mkdir(mode=0o700)
+
+    @property
+    def passes(self) -> int:
+        """The data passes: one per bucket, more for a bucket :meth:`settle` split."""
+        return int(self.subs.sum())
+
+    def bucket_of(self, series: np.ndarray) -> np.ndarray:
+        """The bucket of each series key (a column of ``series``, ``(n_key, m)`` int64)."""
+        h = key_hash(series, seed=0, epoch=0, stream=_BUCKET_STREAM)
+        return (h % np.uint64(self.buckets)).astype(np.int64)
+
+    def pass_of(self, series: np.ndarray) -> np.ndarray:
+        """The data pass of each series key (a column of ``series``): its bucket's, or its part of a split one."""
+        bucket = self.bucket_of(series)
+        first = np.cumsum(self.subs) - self.subs  # each bucket's first pass
+        subs = self.subs[bucket]
+        split = subs > 1
+        if not split.any():
+            return first[bucket]
+        h = key_hash(series, seed=0, epoch=0, stream=_SPLIT_STREAM)
+        return first[bucket] + np.where(split, (h % subs.astype(np.uint64)).astype(np.int64), 0)
 
     def add(self, columns: Columns) -> None:
-        """Append a decoded chunk's rows, each to its pass's files."""
-        n = columns["k0"].size
+        """Append a decoded chunk's rows, each to its bucket's files."""
+        n = columns["k0"].shape[0]
         if not n:
             return
         series = np.stack([columns[f"k{i}"].astype(np.int64, copy=False) for i in range(self.n_key)])
-        passes = ranks(self.bounds, series) // self.group
-        del series
-        order = np.argsort(passes, kind="stable")
-        cuts = np.flatnonzero(np.diff(passes[order])) + 1
-        with self._lock, io_errors(self.folder):
+        with self._lock:
             for name, v in columns.items():
-                self._template.setdefault(name, (v.dtype, v.shape[1:]))
-            for rows in np.split(order, cuts):
-                p = int(passes[rows[0]])
-                for name, v in columns.items():
-                    with open(self.folder / f"{p}.{name}", "ab") as f:
-                        f.write(np.ascontiguousarray(v[rows]).tobytes())
+                self.template.setdefault(name, (v.dtype, v.shape[1:]))
+            self._append(self.bucket_of(series), columns, str)
             self.rows += n
 
-    def load(self, p: int) -> list[Columns]:
-        """Pass ``p``'s rows as one chunk of columns (none if it has no rows)."""
+    def _append(self, where: np.ndarray, columns: Columns, prefix: Callable[[int], str]) -> None:
+        """Append the rows of ``columns`` to the files of ``prefix(where[row])``."""
+        order = np.argsort(where, kind="stable")
+        cuts = np.flatnonzero(np.diff(where[order])) + 1
         with io_errors(self.folder):
-            if not (self.folder / f"{p}.k0").exists():
-                return []
-            chunk = {
-                name: np.fromfile(self.folder / f"{p}.{name}", dtype=dtype).reshape(-1, *shape)
-                for name, (dtype, shape) in self._template.items()
-            }
-        for name in chunk:
-            (self.folder / f"{p}.{name}").unlink()  # read: its disk is given back as the passes go
+            for rows in np.split(order, cuts):
+                files = prefix(int(where[rows[0]]))
+                for name, v in columns.items():
+                    with open(self.folder / f"{files}.{name}", "ab") as f:
+                        f.write(np.ascontiguousarray(v[rows]).tobytes())
+
+    def settle(self) -> None:
+        """Split each bucket larger than ``room`` bytes into enough parts, on disk, a chunk of rows at a time."""
+        room = self.room
+        if not self.template:
+            return
+        row_bytes = sum(d.itemsize * math.prod(s) for d, s in self.template.values())
+        for b in range(self.buckets):
+            rows = self._rows(str(b))
+            if rows * row_bytes <= room:
+                continue
+            self.subs[b] = subs = math.ceil(rows * row_bytes / max(1, room))
+            for lo in range(0, rows, SPLIT_ROWS):
+                chunk = self._read(str(b), lo, min(rows, lo + SPLIT_ROWS))
+                series = np.stack([chunk[f"k{i}"].astype(np.int64, copy=False) for i in range(self.n_key)])
+                h = key_hash(series, seed=0, epoch=0, stream=_SPLIT_STREAM)
+                self._append((h % np.uint64(subs)).astype(np.int64), chunk, lambda s, b=b: f"{b}-{s}")
+            self._unlink(str(b))
+
+    def load(self, p: int) -> list[Columns]:
+        """Pass ``p``'s rows as one chunk of columns (none if it has no rows); its files are removed."""
+        first = np.cumsum(self.subs) - self.subs
+        b = int(np.searchsorted(first, p, side="right")) - 1
+        prefix = str(b) if self.subs[b] == 1 else f"{b}-{p - first[b]}"
+        if not self.template or not (self.folder / f"{prefix}.k0").exists():
+            return []
+        chunk = self._read(prefix, 0, None)
+        self._unlink(prefix)  # read: its disk is given back as the passes go
         return [chunk]
+
+    def _rows(self, prefix: str) -> int:
+        path = self.folder / f"{prefix}.k0"
+        dtype, shape = self.template["k0"]
+        return path.stat().st_size // (dtype.itemsize * math.prod(shape)) if path.exists() else 0
+
+    def _read(self, prefix: str, lo: int, hi: int | None) -> Columns:
+        """Rows ``lo:hi`` of the files of ``prefix`` (``hi`` None: to the end)."""
+        out = {}
+        with io_errors(self.folder):
+            for name, (dtype, shape) in self.template.items():
+                items = math.prod(shape)  # per row
+                count = -1 if hi is None else (hi - lo) * items
+                path, offset = self.folder / f"{prefix}.{name}", lo * items * dtype.itemsize
+                data = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+                out[name] = data.reshape(-1, *shape)
+        return out
+
+    def _unlink(self, prefix: str) -> None:
+        for name in self.template:
+            (self.folder / f"{prefix}.{name}").unlink(missing_ok=True)
 
     def remove(self) -> None:
         """Delete the pass files."""
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-async def partition_table(
-    cfg: Config,
-    snap: Snapshot,
-    shape: ScanShape,
-    partition: Partition,
-    on_rows: Callable[[int], None] | None = None,
-) -> int:
-    """COPY the whole relation on ``snap`` (page ranges over the connections) into ``partition``; the rows read."""
-    ranges = await page_ranges(snap, shape, cfg.source.connections)
-    drain = copy_drain_bytes(cfg, len(ranges))
-    decoders = [CopyDecoder(shape, on_rows, drain, route=partition.add) for _ in ranges]
+def bucket_count(rows: float, row_bytes: float, room: int) -> int:
+    """Buckets for about ``rows`` rows of ``row_bytes`` so that each fits ``room`` bytes, with a margin for skew.
 
-    def sink(decoder: CopyDecoder) -> Callable[[bytes], object]:
-        async def take(data: bytes) -> None:
-            if decoder.feed(data):  # decoded (and written) on a thread: the other COPYs keep streaming
-                await asyncio.to_thread(decoder.drain)
-
-        return take
-
-    async with BatchReader.open(cfg.source, snap.id, None, vocabularies=vocabularies(shape)) as workers:
-        copies = [
-            workers.copy(f"reading {shape.relation}", copy_select(shape, where), sink(d))
-            for d, where in zip(decoders, ranges, strict=True)
-        ]
-        await first_error(copies)
-    for d in decoders:
-        await asyncio.to_thread(d.finish)
-    return partition.rows
+    A bucket that still outgrows it (an estimate too low) is split by :meth:`Partition.settle`.
+    """
+    return max(1, math.ceil(1.25 * rows * row_bytes / max(1, room)))
 
 
 def pass_table(shape: ScanShape, partition: Partition, p: int) -> Table:

@@ -1,27 +1,25 @@
-"""Scan mode beyond ``[source] memory``: a keys pass, then the table in key-range passes, through a spool.
+"""Scan mode beyond ``[source] memory``: one read of the table split into passes, through a spool.
 
 A table that fits the budget is read once and kept (:mod:`pgprefetch.write.scan.table`). One that does not is read in
-passes, each holding at most the budget of table data:
+passes, each holding a share of the budget:
 
-1. **Keys pass.** Only the key and order columns are read (over page ranges, like a single-pass read),
-   and the samples are cut from them: their keys give the epoch's order, as in every mode. Keys that
-   outgrow the budget as well are ordered on disk instead (:mod:`pgprefetch.write.scan.keyspill`), and
-   the passes' ranges come from a sample of them (:func:`~pgprefetch.write.scan.keyspill.pass_wheres`,
-   not :func:`key_passes`).
-2. **Data passes.** The sorted series are cut into consecutive key ranges of about ``memory`` bytes of
-   rows each (a series is never split, so a window never straddles two passes). The table is read once
-   more, whole, and its rows are split by key range into a file set per pass on local disk
-   (:mod:`pgprefetch.write.scan.partition`). A pass loads its rows, cuts its samples exactly as the keys
-   pass did (the same snapshot), casts and checks them (:func:`~pgprefetch.decode.collate.fill`), and
-   appends each sample to the spool file of the group of batches it belongs to.
+1. **Keys pass.** The table is COPYed once over page ranges, like a single-pass read. Its key and order
+   columns give the samples and the epoch's order, as in every mode (ordered on disk when they outgrow the
+   budget as well: :mod:`pgprefetch.write.scan.keyspill`); every decoded chunk goes whole to the data
+   passes' files on local disk, split by a hash of its series key (:mod:`pgprefetch.write.scan.partition`),
+   so a series (and each window of it) lies in one pass.
+2. **Data passes.** A pass loads its rows, sorts them by (key, order) and cuts its samples exactly as the
+   keys pass did (the same rows), casts and checks the ones the epoch uses
+   (:func:`~pgprefetch.decode.collate.fill`), a chunk at a time, and appends each sample to the spool file
+   of the group of batches it belongs to.
 3. **Writing.** The writer asks for batches in order; the spool hands them out a group at a time: one
-   group (about ``memory`` bytes of batches) is read back, its samples put in place, and its batches
+   group (an eighth of the budget's data share) is read back, its samples put in place, and its batches
    produced. Spooling is sequential I/O (an external distribution sort): it costs about the epoch's size
    in temporary disk, next to the store, removed when the epoch is published.
 
-The server reads the table twice (the keys, then every column), whatever its indexes; the client writes
-and reads the decoded table once on local disk. Several epochs are read again from the start: only a
-table that fits is kept across ``--epochs``.
+The server reads the table once, whatever its indexes; the client writes and reads the decoded table once
+on local disk. Several epochs are read again from the start: only a table that fits is kept across
+``--epochs``.
 """
 
 from __future__ import annotations
@@ -33,29 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.errors import SourceError
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.table import Table, gather
-
-
-def pass_bounds(keys: Table, shape: ScanShape, rows_per_pass: int) -> np.ndarray:
-    """The first series key of each data pass but the first, ``(n_key, passes - 1)``, from the sorted keys table.
-
-    The passes are consecutive key ranges of whole series, about ``rows_per_pass`` rows each (a series is
-    never split; one larger than a pass is a pass of its own). :class:`~.partition.Partition` routes the rows.
-    """
-    series = keys.keys[: shape.n_key]
-    n = series.shape[1]
-    change = np.concatenate([[True], np.any(series[:, 1:] != series[:, :-1], axis=0)]) if n else np.zeros(0, bool)
-    firsts = np.flatnonzero(change)  # the first row of each series
-    starts: list[int] = []
-    start = 0
-    while start < firsts.size:
-        end = int(np.searchsorted(firsts, firsts[start] + rows_per_pass, side="right"))
-        start = max(end, start + 1)
-        if start < firsts.size:
-            starts.append(int(firsts[start]))
-    return np.ascontiguousarray(series[:, starts])
 
 
 def keys_only(shape: ScanShape) -> ScanShape:
@@ -69,7 +46,8 @@ class Spool:
     def __init__(self, folder: Path, layout: BatchLayout, batch_size: int, n_batches: int, budget: int) -> None:
         self.folder = folder
         shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True, mode=0o700)  # the sample keys: for this user only
+        folder.parent.mkdir(parents=True, mode=0o700, exist_ok=True)  # the epoch's spool: for this user only
+        folder.mkdir(mode=0o700)
         self.arrays = layout.arrays()
         self.size = batch_size
         sample_bytes = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in self.arrays)
@@ -118,32 +96,6 @@ class Spool:
     def remove(self) -> None:
         """Delete the spool files."""
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def spool_pass(
-    spool: Spool,
-    layout: BatchLayout,
-    table: Table,
-    pass_keys: np.ndarray,
-    pass_starts: np.ndarray,
-    sample_keys: np.ndarray,
-    first_sample: int,
-    position: np.ndarray,
-    chunk: int,
-) -> int:
-    """Cast one pass's samples and spool those the epoch uses, ``chunk`` at a time; return the pass's sample count.
-
-    ``pass_keys`` must be the global samples ``first_sample ...`` (checked: the same snapshot cuts the
-    same samples); ``position`` maps each global sample to its place in the epoch (-1: not in it).
-    """
-    m: int = pass_keys.shape[1]
-    expected = sample_keys[:, first_sample : first_sample + m]
-    if expected.shape != pass_keys.shape or not np.array_equal(expected, pass_keys):
-        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    where = position[first_sample : first_sample + m]
-    used = np.flatnonzero(where >= 0)
-    spool_samples(spool, layout, table, pass_starts[used], pass_keys[:, used], where[used], chunk)
-    return m
 
 
 def spool_samples(
