@@ -26,6 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIB = 1 << 20
+# What a dump of a 1,000-row table peaks at (the interpreter, numpy, zarr, asyncpg and the dump's fixed
+# buffers): 52-53 MiB measured by bench.memory on Linux x86-64, CPython 3.11; the floor the budget sits on.
+FLOOR = 56 * MIB
 # The peak's margin over floor + budget, measured: the worst of bench.memory's jobs was 2-25 MiB over the
 # budget's own share (asyncpg's 64 KiB receive buffers per connection, zarr's and the manifest's objects).
 SLACK = 32 * MIB
@@ -36,6 +39,15 @@ GATHER_BYTES = 8 * MIB  # the most samples a pass gathers (then spools) at once
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
 PLAN_BYTES_PER_SAMPLE = 32
+
+
+def expected_peak(budget: int, working: int | None = None) -> int:
+    """The peak RSS a dump under ``budget`` is expected to stay within: the floor, its working set, the slack.
+
+    ``working``: what this epoch needs held at once, where it is known (query mode's keys); it is taken
+    from the budget, so at most the budget is counted.
+    """
+    return FLOOR + (budget if working is None else min(budget, working)) + SLACK
 
 
 def key_bytes(width: int) -> int:

@@ -27,7 +27,9 @@ from pgprefetch.errors import SourceError, StoreError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.budget import FLOOR, SLACK, Account, expected_peak
 from pgprefetch.write.manifest import field_entries
+from pgprefetch.write.order.spill import bytes_per_key
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
 from pgprefetch.write.scan.sampled import sampled_source
 from pgprefetch.write.scan.table import TableTooLarge
@@ -60,6 +62,9 @@ class CheckReport:
     connections: int = 0
     rows_read: int | None = None  # scan mode: the table rows the server read for the check
     sources: list[dict[str, Any]] = field(default_factory=list)  # a mixed epoch's: each source's figures
+    memory: int = 0  # ``[source] memory``: the dump's budget
+    expected_peak: int | None = None  # the dump's expected peak RSS, bytes (:func:`.budget.expected_peak`)
+    key_width: int = 1  # the key's int64 slots
 
     def lines(self, verbose: bool = False) -> list[str]:
         """The report as printed; ``verbose``: each checked batch's problems on lines of their own too."""
@@ -85,6 +90,11 @@ class CheckReport:
             out.append(
                 f"expected: about {_duration(self.expected_seconds)} at {self.expected_rate:,.0f} samples/s on "
                 f"{self.connections} connection(s) (from the time of the checked batches' statements)"
+            )
+        if self.expected_peak is not None:
+            out.append(
+                f"memory: a dump's peak about {show_size(self.expected_peak)} at most ([source] memory "
+                f"{show_size(self.memory)}, the interpreter's {show_size(FLOOR)} and {show_size(SLACK)} of slack)"
             )
         out += [f"note: {n}" for n in self.notes]
         out += [f"warning: {w}" for w in self.warnings]
@@ -125,7 +135,7 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
         ConfigError: the queries or the table do not fit the config: the dump's own error (it would stop
             there too, before any batch), raised as it is so that ``check`` says and exits what ``dump`` does.
     """
-    report = CheckReport(connections=cfg.source.connections)
+    report = CheckReport(connections=cfg.source.connections, memory=cfg.source.memory_bytes)
     if cfg.mode == "query" and cfg.mix is None:  # a few batches, fetched one at a time: one connection
         cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=1))
     async with Snapshot.open(cfg.source) as snap:
@@ -148,7 +158,22 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
             if isinstance(e, SourceError) and e.transient:
                 raise
             report.errors.append(str(e))
+    report.expected_peak = _expected_peak(cfg, report)
     return report
+
+
+def _expected_peak(cfg: Config, report: CheckReport) -> int | None:
+    """The dump's expected peak: query mode's keys held in memory, where they fit; the whole budget otherwise.
+
+    None where the check stopped before the epoch was planned.
+    """
+    if report.n_keys is None:
+        return None
+    budget = cfg.source.memory_bytes
+    if cfg.mode != "query" or cfg.mix is not None:  # a scan holds the table while it fits, passes beyond it
+        return expected_peak(budget)
+    working = report.n_keys * bytes_per_key(report.key_width) + Account.for_scan(budget).writer
+    return expected_peak(budget, working)
 
 
 async def _sampled(cfg: Config, snap: Snapshot, epoch: int, batches: int) -> tuple[BatchSource, list[int]] | None:
@@ -182,6 +207,7 @@ async def _sample(cfg: Config, snap: Snapshot, source: BatchSource, chosen: list
     """Produce the batches ``chosen`` with every check of the dump, collecting the errors."""
     plan, size = source.plan, cfg.batches.size
     report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
+    report.key_width = plan.key_columns.width
     report.n_samples, report.n_batches = plan.used, plan.n_batches
     report.warnings += source.warnings
     buffers = source.allocate(size)

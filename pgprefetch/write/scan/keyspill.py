@@ -30,7 +30,7 @@ import asyncio
 import logging
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,8 @@ async def keys_pass(
     budget, seed = account.data // 2, cfg.batches.seed
     n_key, width = shape.n_key, len(shape.key_names)
     limit = budget // bytes_per_row(width)
+    if partition is not None and cfg.scan_samples.window is not None:
+        return await _windows_pass(cfg, snap, shape, epoch, folder, partition, on_rows)
     rows = KeyCollector(folder / "rows", width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
     try:
         read = keys_only(shape) if partition is None else shape
@@ -187,6 +189,43 @@ async def keys_pass(
     return spilled
 
 
+async def _windows_pass(
+    cfg: Config,
+    snap: Snapshot,
+    shape: ScanShape,
+    epoch: int,
+    folder: Path,
+    partition: Partition,
+    on_rows: Callable[[int], None] | None,
+) -> SpilledKeys:
+    """The keys pass of windows beyond memory: the rows go to the partition only, then each pass's keys are cut.
+
+    A pass holds whole series, so its key and order columns alone, sorted, give its windows: the rows' keys
+    are never sorted as a whole, in memory or on disk (by series hash, with its ties, that took most of the
+    keys pass). The windows are ordered as :func:`_order` orders them, in memory while they fit.
+    """
+    budget = Account.for_scan(cfg.source.memory_bytes).data // 2
+    limit = budget // bytes_per_row(len(shape.key_names))
+    n_rows = await _stream(cfg, snap, shape, lambda chunk: None, on_rows, partition, keep=())
+    await asyncio.to_thread(partition.settle)
+    heap.release()
+    offset = shape.order_offset or 0
+    series = (sort_keys(partition.keys(p, len(shape.key_names), offset))[0] for p in range(partition.passes))
+    order, cut_count, _ = await asyncio.to_thread(_order_windows, cfg, shape, series, folder, epoch, budget, limit)
+    heap.release()
+    spilled = SpilledKeys(order, partition, folder / "passes", cut_count, n_rows)
+    log.info(
+        "epoch %d: %s rows outgrew [source] memory: %s windows cut from %d data passes",
+        epoch, f"{n_rows:,}", f"{cut_count:,}", partition.passes,
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(_route, spilled, partition, shape.n_key, budget)
+    except BaseException:
+        spilled.close()
+        raise
+    return spilled
+
+
 def _order(
     cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Path, epoch: int, limit: int
 ) -> tuple[dict[str, Any], int, int]:
@@ -197,22 +236,39 @@ def _order(
     key_columns = KeyColumns(shape.key_names)
     if cfg.scan_samples.window is None:  # the rows are the samples
         return order_spilled(cfg, runs, key_columns, epoch), runs.n, 0
-    seed, buckets, longest = cfg.batches.seed, 0, 0
-    samples = KeyCollector(folder / "samples", runs.width, runs.budget, seed=seed, epoch=epoch, limit=limit)
-    try:
+    seed = cfg.batches.seed
+
+    def by_series() -> Iterator[np.ndarray]:
         for keys, hashes in runs.buckets(limit):  # whole series, by their hash
-            if not keys.shape[1]:
-                continue
+            if keys.shape[1]:
+                yield np.ascontiguousarray(keys[:, shuffle.epoch_order(keys, seed=seed, epoch=epoch, h=hashes)])
+        runs.discard()
+
+    return _order_windows(cfg, shape, by_series(), folder, epoch, runs.budget, limit)
+
+
+def _order_windows(
+    cfg: Config, shape: ScanShape, series: Iterable[np.ndarray], folder: Path, epoch: int, budget: int, limit: int
+) -> tuple[dict[str, Any], int, int]:
+    """The epoch's order of the windows cut from ``series``: groups of whole series' keys, each sorted.
+
+    The groups come from the keys pass's runs, bucketed by series hash, or from the partition's passes
+    (:meth:`~pgprefetch.write.scan.partition.Partition.keys`), which hold whole series too.
+    """
+    key_columns = KeyColumns(shape.key_names)
+    buckets, longest = 0, 0
+    samples = KeyCollector(
+        folder / "samples", len(shape.key_names), budget, seed=cfg.batches.seed, epoch=epoch, limit=limit
+    )
+    try:
+        for keys in series:
             buckets += 1
-            order = shuffle.epoch_order(keys, seed=seed, epoch=epoch, h=hashes)  # then by (key, order)
-            del hashes
-            bucket = Table(keys=np.ascontiguousarray(keys[:, order]))
-            del keys, order
+            bucket = Table(keys=keys)
             cut_keys, _ = cut(bucket, shape, cfg.scan_samples)
             longest = max(longest, longest_series(bucket.keys))
             if cut_keys.shape[1]:
                 samples.add(np.ascontiguousarray(cut_keys))
-        runs.discard()
+            del bucket, keys, cut_keys
         got = samples.result()
     except BaseException:
         samples.close()
@@ -287,6 +343,7 @@ async def _stream(
     take: Callable[[np.ndarray], None],
     on_rows: Callable[[int], None] | None,
     partition: Partition | None = None,
+    keep: tuple[str, ...] | None = None,
 ) -> int:
     """COPY ``shape`` over page ranges, handing ``take`` its key and order columns as int64 chunks; the rows read.
 
@@ -295,7 +352,7 @@ async def _stream(
     ranges = await page_ranges(snap, shape, cfg.source.connections)
     drain = copy_drain_bytes(cfg, len(ranges))
     width = len(shape.key_names)
-    keep = tuple(f"k{i}" for i in range(width))
+    keep = tuple(f"k{i}" for i in range(width)) if keep is None else keep
     route = partition.add if partition is not None else None
     decoders = [CopyDecoder(shape, on_rows, drain, route=route, keep=keep) for _ in ranges]
     lock = threading.Lock()

@@ -85,19 +85,25 @@ class Partition:
         with self._lock:
             for name, v in columns.items():
                 self.template.setdefault(name, (v.dtype, v.shape[1:]))
-            self._append(self.bucket_of(series), columns, str)
             self.rows += n
+        self._append(self.bucket_of(series), columns, str)
 
     def _append(self, where: np.ndarray, columns: Columns, prefix: Callable[[int], str]) -> None:
-        """Append the rows of ``columns`` to the files of ``prefix(where[row])``."""
+        """Append the rows of ``columns`` to the files of ``prefix(where[row])``.
+
+        The rows are put in bucket order (one gather a column) outside the lock; the lock keeps a bucket's
+        column files in step (row ``i`` of each is the same row) when several COPYs' chunks arrive at once.
+        """
         order = np.argsort(where, kind="stable")
-        cuts = np.flatnonzero(np.diff(where[order])) + 1
-        with io_errors(self.folder):
-            for rows in np.split(order, cuts):
-                files = prefix(int(where[rows[0]]))
-                for name, v in columns.items():
-                    with open(self.folder / f"{files}.{name}", "ab") as f:
-                        f.write(np.ascontiguousarray(v[rows]).tobytes())
+        edges = np.concatenate([[0], np.flatnonzero(np.diff(where[order])) + 1, [order.size]])
+        grouped = {name: np.ascontiguousarray(v[order]) for name, v in columns.items()}
+        folder = str(self.folder)
+        with self._lock, io_errors(self.folder):
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+                files = prefix(int(where[order[lo]]))
+                for name, v in grouped.items():
+                    with open(f"{folder}/{files}.{name}", "ab") as f:
+                        f.write(memoryview(v[lo:hi]).cast("B"))
 
     def settle(self) -> None:
         """Split each bucket larger than ``room`` bytes into enough parts, on disk, a chunk of rows at a time."""
@@ -119,14 +125,32 @@ class Partition:
 
     def load(self, p: int) -> list[Columns]:
         """Pass ``p``'s rows as one chunk of columns (none if it has no rows); its files are removed."""
-        first = np.cumsum(self.subs) - self.subs
-        b = int(np.searchsorted(first, p, side="right")) - 1
-        prefix = str(b) if self.subs[b] == 1 else f"{b}-{p - first[b]}"
+        prefix = self._prefix(p)
         if not self.template or not (self.folder / f"{prefix}.k0").exists():
             return []
         chunk = self._read(prefix, 0, None)
         self._unlink(prefix)  # read: its disk is given back as the passes go
         return [chunk]
+
+    def keys(self, p: int, width: int, order_offset: int = 0) -> np.ndarray:
+        """Pass ``p``'s key and order slots ``(width, m)`` int64, as the rows came; its files stay for :meth:`load`."""
+        prefix = self._prefix(p)
+        if not self.template or not (self.folder / f"{prefix}.k0").exists():
+            return np.empty((width, 0), np.int64)
+        with io_errors(self.folder):
+            columns = [np.fromfile(self.folder / f"{prefix}.k{i}", self.template[f"k{i}"][0]) for i in range(width)]
+        keys = np.empty((width, columns[0].size), np.int64)
+        for i, c in enumerate(columns):
+            keys[i] = c
+        if order_offset:
+            keys[-1] += order_offset
+        return keys
+
+    def _prefix(self, p: int) -> str:
+        """The files of pass ``p``: its bucket's, or its part of a split bucket's."""
+        first = np.cumsum(self.subs) - self.subs
+        b = int(np.searchsorted(first, p, side="right")) - 1
+        return str(b) if self.subs[b] == 1 else f"{b}-{p - first[b]}"
 
     def _rows(self, prefix: str) -> int:
         path = self.folder / f"{prefix}.k0"
