@@ -17,6 +17,7 @@ reads the table once; the client writes and reads the decoded table once on loca
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 import threading
@@ -99,7 +100,7 @@ class Partition:
         grouped = {name: np.ascontiguousarray(v[order]) for name, v in columns.items()}
         folder = str(self.folder)
         with self._lock, io_errors(self.folder):
-            for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            for lo, hi in itertools.pairwise(edges):
                 files = prefix(int(where[order[lo]]))
                 for name, v in grouped.items():
                     with open(f"{folder}/{files}.{name}", "ab") as f:
