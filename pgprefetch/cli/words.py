@@ -62,7 +62,7 @@ def summary(r: DumpResult) -> str:
         f"epoch {r.epoch}: {_count(r.n_batches, 'batch', 'batches')}, {_count(r.n_samples, 'sample')}, "
         f"{show_size(r.bytes)} "
         f"in {r.seconds:.1f} s ({r.samples_per_s:,.0f} samples/s) -> {r.path}{notes}"
-        + (f" (peak memory {show_size(r.peak_rss)})" if r.peak_rss else "")
+        + (f" (peak memory {r.peak_rss / (1 << 20):,.0f} MiB)" if r.peak_rss else "")
     )
 
 

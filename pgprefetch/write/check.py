@@ -92,9 +92,10 @@ class CheckReport:
                 f"{self.connections} connection(s) (from the time of the checked batches' statements)"
             )
         if self.expected_peak is not None:
+            working = self.expected_peak - FLOOR - SLACK
             out.append(
-                f"memory: a dump's peak about {show_size(self.expected_peak)} at most ([source] memory "
-                f"{show_size(self.memory)}, the interpreter's {show_size(FLOOR)} and {show_size(SLACK)} of slack)"
+                f"memory: a dump's expected peak about {_mib(self.expected_peak)}: {_mib(FLOOR)} for the interpreter, "
+                f"{_mib(working)} of [source] memory ({_mib(self.memory)}), {_mib(SLACK)} of slack"
             )
         out += [f"note: {n}" for n in self.notes]
         out += [f"warning: {w}" for w in self.warnings]
@@ -251,6 +252,11 @@ def source_line(s: dict[str, Any]) -> str:
         f"{s['samples']:,} samples this epoch ({s['passes']:.2f} passes), from pass {start['pass']} at "
         f"{start['index']:,}"
     )
+
+
+def _mib(n: int) -> str:
+    """A memory size as ``--memory`` and container limits take it: binary megabytes."""
+    return f"{n / (1 << 20):,.0f} MiB"
 
 
 def _duration(seconds: float) -> str:
