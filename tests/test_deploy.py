@@ -26,7 +26,7 @@ CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))  # minute, hour, day 
 SERVICE_KEYS = {
     "Unit": {"Description", "Wants", "After", "Documentation"},
     "Service": {"Type", "User", "Group", "EnvironmentFile", "Environment", "LoadCredential", "CacheDirectory",
-                "ExecStart", "TimeoutStartSec", "TimeoutStopSec", "Nice"},
+                "ExecStart", "TimeoutStartSec", "TimeoutStopSec", "Nice", "MemoryMax"},
 }  # fmt: skip
 TIMER_KEYS = {
     "Unit": {"Description"},
@@ -140,3 +140,20 @@ def test_the_training_job_runs_the_example_with_options_it_takes() -> None:
         parsed.consumer
         == deploy.dump_commands()["kubernetes"][deploy.dump_commands()["kubernetes"].index("--consumer") + 1]
     )
+
+
+def test_each_deployment_limits_the_dump_to_its_budget_plus_the_floor_and_the_slack() -> None:
+    """The container's limit and the unit's MemoryMax leave room for ``--memory`` + floor + slack, and not much more."""
+    from pgprefetch.config.values import parse_size
+    from pgprefetch.write.budget import FLOOR, SLACK
+
+    (args,) = {tuple(a) for a in deploy.dump_commands().values()}
+    budget = parse_size(args[args.index("--memory") + 1], "--memory")
+    (job,) = [d for d in deploy.documents(deploy.CRONJOB) if d["kind"] == "CronJob"]
+    (container,) = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    limits = [container["resources"]["limits"]["memory"], container["resources"]["requests"]["memory"]]
+    service = dict(deploy.unit_sections(deploy.SERVICE)["Service"])
+    for limit in [int(v.removesuffix("Mi")) << 20 for v in limits] + [
+        int(service["MemoryMax"].removesuffix("M")) << 20
+    ]:
+        assert budget + FLOOR + SLACK <= limit <= budget + 128 * (1 << 20), (limit, budget)

@@ -157,3 +157,29 @@ def test_the_summary_reports_the_peak_and_check_states_the_expected_one(
         assert FLOOR + SLACK + 8 * MIB < report["expected_peak"] < FLOOR + SLACK + 64 * MIB
     p = subprocess.run(check, capture_output=True, text=True, check=False)
     assert "memory: a dump's peak about" in p.stdout, p.stdout
+
+
+def test_a_series_larger_than_any_pass_under_the_budget_is_refused_naming_the_least_budget(
+    db: str, tmp_path: Path
+) -> None:
+    """A series' windows cannot be split from its rows: one line, exit 2, the budget that would read it."""
+    execute(
+        db,
+        "CREATE TABLE long (series_id int NOT NULL, t int NOT NULL, f0 real NOT NULL, f1 real NOT NULL, "
+        "label smallint NOT NULL)",
+        "INSERT INTO long SELECT CASE WHEN i < 150000 THEN 1 ELSE 2 + i % 50 END, i, i, i, i % 5 "
+        "FROM generate_series(0, 199999) i",
+        "ANALYZE long",
+    )  # series 1: 150,000 rows (2.7 MB decoded), against passes of about 0.25 MB under 8 MiB
+    windows = {"key": ["series_id"], "order": "t", "window": 4, "stride": 4}
+    cfg = scan_config(tmp_path, table="long", **windows)
+    argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", "0", "--dsn", db]
+    p = subprocess.run([*argv, "--memory", "8MiB"], capture_output=True, text=True, check=False)
+    assert p.returncode == 2, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    need = re.search(r"the least budget that reads it is --memory (\d+)MiB$", line)
+    assert need, line
+    assert line.startswith("error: [samples] table: series (series_id=1) has 150,000 rows"), line
+    assert not (tmp_path / "store.zarr" / "epoch-00000").exists()
+    ok = subprocess.run([*argv, "--memory", f"{need[1]}MiB"], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr  # the budget it named reads it

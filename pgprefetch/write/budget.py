@@ -131,3 +131,22 @@ class Account:
     def gather_samples(self, sample_bytes: int) -> int:
         """Samples a pass gathers at once: its cast rows within :data:`GATHER_BYTES` and a 16th of the data."""
         return max(1, min(GATHER_BYTES, self.data // 16) // max(1, sample_bytes))
+
+
+def smallest_budget(pass_rows_bytes: int) -> int:
+    """The least budget (a whole MiB) whose data passes hold ``pass_rows_bytes`` of decoded rows at once.
+
+    For the one-line error of a series no pass under the budget can hold (it cannot be split: its windows
+    would be).
+    """
+    high = MIB
+    while Account.for_scan(high).pass_bytes() < pass_rows_bytes:
+        high *= 2
+    low = high // 2
+    while high - low > MIB:
+        mid = (low + high) // 2 // MIB * MIB
+        if Account.for_scan(mid).pass_bytes() >= pass_rows_bytes:
+            high = mid
+        else:
+            low = mid
+    return high

@@ -28,15 +28,8 @@ from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import query_source
-from pgprefetch.write.scan.mode import (
-    ScanRead,
-    SpilledScan,
-    multipass_source,
-    plan_scan,
-    read_scan,
-    scan_source,
-    spilled_source,
-)
+from pgprefetch.write.scan.mode import ScanRead, SpilledScan, plan_scan, read_scan, scan_source
+from pgprefetch.write.scan.multipass import multipass_source, spilled_source
 
 
 class ReadCache:

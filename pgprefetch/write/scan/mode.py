@@ -1,9 +1,8 @@
 """Scan mode's batch sources: the table read once on a snapshot, each epoch cut from it.
 
 ``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory. A table larger than
-``[source] memory`` is read in passes into a spool first (:func:`multipass_source`; :func:`spilled_source`
-when its keys outgrew the budget too and were ordered on disk), and ``produce`` takes the batch from the
-spool. One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
+``[source] memory`` is split into passes as its keys are read (:func:`read_scan`), and its batches come from a
+spool (:mod:`.multipass`). One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import numpy as np
 
 from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.errors import SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
@@ -26,9 +24,9 @@ from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.budget import Account
 from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order_keys, resolve_categories
-from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, spool_wanted
-from pgprefetch.write.scan.partition import Partition, bucket_count, pass_table
-from pgprefetch.write.scan.passes import Spool, keys_only
+from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass
+from pgprefetch.write.scan.partition import Partition, bucket_count
+from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
 from pgprefetch.write.scan.table import (
     Table,
@@ -243,112 +241,6 @@ async def _clearly_too_large(cfg: Config, snap: Snapshot, shape: ScanShape) -> T
     if Account.for_scan(budget).fits_in_memory(n, per_row, -(-n // stride), len(shape.key_names)):
         return None
     return TableTooLarge(float(per_row), 0)
-
-
-async def multipass_source(
-    cfg: Config,
-    snap: Snapshot,
-    read: ScanRead,
-    epoch: int,
-    spool_dir: Path,
-    on_rows: Callable[[int], None] | None = None,
-) -> BatchSource:
-    """The scan mode for a table larger than ``[source] memory`` whose keys fit: data passes into a spool."""
-    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
-    assert plan.samples is not None
-    assert read.partition is not None, "a table read in passes has its rows split into them"
-    keys = read.sample_keys[:, plan.samples[: plan.used]]  # the used samples' keys, in the epoch's order
-    passes = read.partition.pass_of(np.ascontiguousarray(keys[: read.shape.n_key]))
-    by_pass = np.argsort(passes, kind="stable")
-    edges = np.searchsorted(passes[by_pass], np.arange(read.partition.passes + 1))
-    del passes
-
-    def wanted(p: int) -> tuple[np.ndarray, np.ndarray]:
-        places = by_pass[edges[p] : edges[p + 1]]
-        return places, keys[:, places]
-
-    layout, spool, cut_count = await _spool_passes(cfg, read.shape, plan, read.partition, wanted, spool_dir)
-    if cut_count != read.sample_keys.shape[1]:
-        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    return _spooled(cfg, plan, layout, spool, snap, read.table.rows_read)
-
-
-async def spilled_source(
-    cfg: Config,
-    snap: Snapshot,
-    read: SpilledScan,
-    epoch: int,
-    spool_dir: Path,
-    on_rows: Callable[[int], None] | None = None,
-) -> BatchSource:
-    """:func:`multipass_source` for keys ordered on disk: each data pass spools the samples routed to it."""
-    plan = read.plan(cfg, epoch)
-    assert read.keys.partition is not None, "a table read in passes has its rows split into them"
-    width = plan.key_columns.width
-    layout, spool, cut_count = await _spool_passes(
-        cfg, read.shape, plan, read.keys.partition, lambda p: read.keys.wanted(p, width), spool_dir
-    )
-    if cut_count != read.keys.samples:
-        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    return _spooled(cfg, plan, layout, spool, snap, read.keys.rows_read)
-
-
-async def _spool_passes(
-    cfg: Config,
-    shape: ScanShape,
-    plan: EpochPlan,
-    partition: Partition,
-    wanted: Callable[[int], tuple[np.ndarray, np.ndarray]],
-    spool_dir: Path,
-) -> tuple[BatchLayout, Spool, int]:
-    """Load, cut and spool each data pass's wanted samples (``wanted(p)``: their places and keys); the samples cut.
-
-    A pass holds its rows a few times over (loaded, joined, sorted) and gathers a chunk of samples at a time.
-    """
-    account = Account.for_scan(cfg.source.memory_bytes)
-    spool: Spool | None = None
-    layout: BatchLayout | None = None
-    cut_count = 0
-    try:
-        for p in range(partition.passes):
-            table = await asyncio.to_thread(pass_table, shape, partition, p)
-            pass_keys, pass_starts = await asyncio.to_thread(cut, table, shape, cfg.scan_samples)
-            cut_count += pass_keys.shape[1]
-            positions, keys = wanted(p)
-            if not positions.size:
-                continue
-            if layout is None:
-                layout = scan_layout(cfg, shape, array_lengths(table), plan)
-                spool = Spool(
-                    spool_dir / "batches", layout, cfg.batches.size, plan.n_batches, account.spool_group_bytes()
-                )
-            assert spool is not None
-            chunk = account.gather_samples(layout.sample_bytes)
-            await asyncio.to_thread(spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, keys, chunk)
-            del table, pass_keys, pass_starts, positions, keys
-            heap.release()
-    finally:
-        partition.remove()
-    assert layout is not None, "an epoch has samples"
-    assert spool is not None
-    return layout, spool, cut_count
-
-
-def _spooled(
-    cfg: Config, plan: EpochPlan, layout: BatchLayout, spool: Spool, snap: Snapshot, rows_read: int
-) -> BatchSource:
-    """The batch source of an epoch spooled by data passes: ``produce`` takes each batch from the spool."""
-    size = cfg.batches.size
-
-    async def fetch(batch: int, count: int) -> object:
-        return None
-
-    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
-        for i in range(count):
-            spool.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
-
-    unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
-    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)
 
 
 def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:

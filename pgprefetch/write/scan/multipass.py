@@ -1,0 +1,155 @@
+"""Scan mode's batch sources for a table larger than ``[source] memory``: its data passes, through a spool.
+
+The keys pass (:func:`~pgprefetch.write.scan.mode.read_scan`) read the table once and split its rows into the
+passes' files (:mod:`.partition`); here each pass is loaded, cut, and the samples the epoch uses are spooled by
+batch group (:mod:`.passes`), for ``produce`` to hand out in order. :func:`multipass_source` serves keys held in
+memory, :func:`spilled_source` keys ordered on disk (:mod:`.keyspill`); both go through :func:`_spool_passes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.errors import SourceError
+from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write import heap
+from pgprefetch.write.batches import BatchSource, local_unit_batches
+from pgprefetch.write.budget import Account, smallest_budget
+from pgprefetch.write.plan import EpochPlan
+from pgprefetch.write.scan.keyspill import spool_wanted
+from pgprefetch.write.scan.mode import ScanRead, SpilledScan, array_lengths, plan_scan, scan_layout
+from pgprefetch.write.scan.partition import Partition, pass_table
+from pgprefetch.write.scan.passes import Spool
+from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.table import Table, cut, longest_series
+
+
+async def multipass_source(
+    cfg: Config,
+    snap: Snapshot,
+    read: ScanRead,
+    epoch: int,
+    spool_dir: Path,
+    on_rows: Callable[[int], None] | None = None,
+) -> BatchSource:
+    """The scan mode for a table larger than ``[source] memory`` whose keys fit: data passes into a spool."""
+    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
+    assert plan.samples is not None
+    assert read.partition is not None, "a table read in passes has its rows split into them"
+    keys = read.sample_keys[:, plan.samples[: plan.used]]  # the used samples' keys, in the epoch's order
+    passes = read.partition.pass_of(np.ascontiguousarray(keys[: read.shape.n_key]))
+    by_pass = np.argsort(passes, kind="stable")
+    edges = np.searchsorted(passes[by_pass], np.arange(read.partition.passes + 1))
+    del passes
+
+    def wanted(p: int) -> tuple[np.ndarray, np.ndarray]:
+        places = by_pass[edges[p] : edges[p + 1]]
+        return places, keys[:, places]
+
+    layout, spool, cut_count = await _spool_passes(cfg, read.shape, plan, read.partition, wanted, spool_dir)
+    if cut_count != read.sample_keys.shape[1]:
+        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
+    return _spooled(cfg, plan, layout, spool, snap, read.table.rows_read)
+
+
+async def spilled_source(
+    cfg: Config,
+    snap: Snapshot,
+    read: SpilledScan,
+    epoch: int,
+    spool_dir: Path,
+    on_rows: Callable[[int], None] | None = None,
+) -> BatchSource:
+    """:func:`multipass_source` for keys ordered on disk: each data pass spools the samples routed to it."""
+    plan = read.plan(cfg, epoch)
+    assert read.keys.partition is not None, "a table read in passes has its rows split into them"
+    width = plan.key_columns.width
+    layout, spool, cut_count = await _spool_passes(
+        cfg, read.shape, plan, read.keys.partition, lambda p: read.keys.wanted(p, width), spool_dir
+    )
+    if cut_count != read.keys.samples:
+        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
+    return _spooled(cfg, plan, layout, spool, snap, read.keys.rows_read)
+
+
+async def _spool_passes(
+    cfg: Config,
+    shape: ScanShape,
+    plan: EpochPlan,
+    partition: Partition,
+    wanted: Callable[[int], tuple[np.ndarray, np.ndarray]],
+    spool_dir: Path,
+) -> tuple[BatchLayout, Spool, int]:
+    """Load, cut and spool each data pass's wanted samples (``wanted(p)``: their places and keys); the samples cut.
+
+    A pass holds its rows a few times over (loaded, joined, sorted) and gathers a chunk of samples at a time.
+    """
+    account = Account.for_scan(cfg.source.memory_bytes)
+    spool: Spool | None = None
+    layout: BatchLayout | None = None
+    cut_count = 0
+    try:
+        for p in range(partition.passes):
+            table = await asyncio.to_thread(pass_table, shape, partition, p)
+            _check_pass_fits(cfg, shape, table, partition.room)
+            pass_keys, pass_starts = await asyncio.to_thread(cut, table, shape, cfg.scan_samples)
+            cut_count += pass_keys.shape[1]
+            positions, keys = wanted(p)
+            if not positions.size:
+                continue
+            if layout is None:
+                layout = scan_layout(cfg, shape, array_lengths(table), plan)
+                spool = Spool(
+                    spool_dir / "batches", layout, cfg.batches.size, plan.n_batches, account.spool_group_bytes()
+                )
+            assert spool is not None
+            chunk = account.gather_samples(layout.sample_bytes)
+            await asyncio.to_thread(spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, keys, chunk)
+            del table, pass_keys, pass_starts, positions, keys
+            heap.release()
+    finally:
+        partition.remove()
+    assert layout is not None, "an epoch has samples"
+    assert spool is not None
+    return layout, spool, cut_count
+
+
+def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> None:
+    """Refuse a pass that is one series larger than a pass may be: no budget split could make it fit.
+
+    A pass of several series larger than its share (an unlucky hash) is read as it is; one series is the
+    least a pass can hold, since its windows cannot be split from its rows.
+    """
+    rows = table.keys.shape[1]
+    if cfg.scan_samples.window is None or table.nbytes <= 2 * room or longest_series(table.keys) < rows:
+        return
+    need = smallest_budget(table.nbytes)
+    raise SourceError(
+        f"[samples] table: series ({KeyColumns(shape.key_names[:-1]).show(table.keys[:-1, 0])}) has {rows:,} rows "
+        f"({table.nbytes / 2**20:,.1f} MiB decoded), more than a data pass holds under [source] memory "
+        f"{cfg.source.memory_bytes / 2**20:,.0f} MiB; the least budget that reads it is --memory {need >> 20}MiB"
+    )
+
+
+def _spooled(
+    cfg: Config, plan: EpochPlan, layout: BatchLayout, spool: Spool, snap: Snapshot, rows_read: int
+) -> BatchSource:
+    """The batch source of an epoch spooled by data passes: ``produce`` takes each batch from the spool."""
+    size = cfg.batches.size
+
+    async def fetch(batch: int, count: int) -> object:
+        return None
+
+    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        for i in range(count):
+            spool.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
+
+    unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
+    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)
