@@ -44,12 +44,14 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The Ray executor's overhead on this host, both modes (bench/scale.py; 1, 2, 4, 8 workers on a large host), and
-# mixing two sources against the same samples unmixed (bench/mixing.py, a section of bench/RESULTS.md).
+# The Ray executor's overhead on this host, both modes (bench/scale.py; 1, 2, 4, 8 workers on a large host),
+# mixing two sources against the same samples unmixed (bench/mixing.py), and the dump's peak RSS and time under
+# --memory 32, 64 and 256 MiB against in memory (bench/memory.py, about 10 minutes): sections of bench/RESULTS.md.
 bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.scale --workers 1,2 --samples 100000
 	$(BIN)/python -m bench.mixing --results bench/RESULTS.md
+	$(BIN)/python -m bench.memory --results bench/RESULTS.md
 
 # The reader beside MosaicML Streaming and LitData on the same epoch (bench/peers.py, report in bench/PEERS.md),
 # in a venv of its own: Streaming pins numpy < 2.2, which .venv need not agree with. The peers and their runtime
