@@ -17,6 +17,7 @@ reads the table once; the client writes and reads the decoded table once on loca
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import shutil
@@ -69,13 +70,15 @@ class Partition:
     def pass_of(self, series: np.ndarray) -> np.ndarray:
         """The data pass of each series key (a column of ``series``): its bucket's, or its part of a split one."""
         bucket = self.bucket_of(series)
-        first = np.cumsum(self.subs) - self.subs  # each bucket's first pass
+        first: np.ndarray = (np.cumsum(self.subs) - self.subs)[bucket]  # each row's bucket's first pass
         subs = self.subs[bucket]
         split = subs > 1
         if not split.any():
-            return first[bucket]
+            return first
         h = key_hash(series, seed=0, epoch=0, stream=_SPLIT_STREAM)
-        return first[bucket] + np.where(split, (h % subs.astype(np.uint64)).astype(np.int64), 0)
+        parts: np.ndarray = np.where(split, (h % subs.astype(np.uint64)).astype(np.int64), 0)
+        out: np.ndarray = first + parts
+        return out
 
     def add(self, columns: Columns) -> None:
         """Append a decoded chunk's rows, each to its bucket's files."""
@@ -104,7 +107,7 @@ class Partition:
                 files = prefix(int(where[order[lo]]))
                 for name, v in grouped.items():
                     with open(f"{folder}/{files}.{name}", "ab") as f:
-                        f.write(memoryview(v[lo:hi]).cast("B"))
+                        f.write(v[lo:hi].data.cast("B"))
 
     def settle(self) -> None:
         """Split each bucket larger than ``room`` bytes into enough parts, on disk, a chunk of rows at a time."""
@@ -121,7 +124,7 @@ class Partition:
                 chunk = self._read(str(b), lo, min(rows, lo + SPLIT_ROWS))
                 series = np.stack([chunk[f"k{i}"].astype(np.int64, copy=False) for i in range(self.n_key)])
                 h = key_hash(series, seed=0, epoch=0, stream=_SPLIT_STREAM)
-                self._append((h % np.uint64(subs)).astype(np.int64), chunk, lambda s, b=b: f"{b}-{s}")
+                self._append((h % np.uint64(subs)).astype(np.int64), chunk, functools.partial("{}-{}".format, b))
             self._unlink(str(b))
 
     def load(self, p: int) -> list[Columns]:
