@@ -87,7 +87,7 @@ def test_the_partition_puts_every_series_whole_in_the_pass_its_key_names_even_af
     rng = np.random.default_rng(2)
     series = np.repeat(np.arange(5000), rng.integers(1, 60, size=5000))  # series of 1-59 rows
     arrived = rng.permutation(series.size)
-    partition = Partition(tmp_path / "rows", buckets=3, n_key=1, room=100_000)  # about 700 KB of rows: too few
+    partition = Partition(tmp_path / "rows", buckets=3, n_key=1, room=100_000)  # 3.2 MB of rows: too few
     for lo in range(0, arrived.size, 7000):
         rows = arrived[lo : lo + 7000]
         partition.add({"k0": series[rows].astype(np.int32), "k1": rows.astype(np.int64), "c0": rows * 0.5})
@@ -95,7 +95,10 @@ def test_the_partition_puts_every_series_whole_in_the_pass_its_key_names_even_af
     assert partition.passes > 3  # the buckets outgrew the room: split again
     seen = []
     for p in range(partition.passes):
-        (chunk,) = partition.load(p)
+        keys = partition.keys(p, 2)
+        blocks = partition.load(p)  # the blocks held rows were written in
+        chunk = {name: np.concatenate([b[name] for b in blocks]) for name in ("k0", "k1", "c0")}
+        assert np.array_equal(keys, np.stack([chunk["k0"], chunk["k1"]]))
         assert chunk["c0"].tolist() == (chunk["k1"] * 0.5).tolist()  # the columns of a row stay together
         assert (partition.pass_of(chunk["k0"][None, :].astype(np.int64)) == p).all()
         seen.append(chunk["k1"])

@@ -192,8 +192,9 @@ async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooL
     if shape.plain_table:
         sql = "SELECT reltuples::float8 FROM pg_class WHERE oid = $1::text::regclass"
         rows = max(rows, float((await snap.fetch(sql, f"row estimate of {shape.relation}", shape.relation))[0][0]))
-    room = Account.for_scan(cfg.source.memory_bytes).pass_bytes()
-    return Partition(folder, bucket_count(rows, e.bytes_per_row, room), shape.n_key, room)
+    account = Account.for_scan(cfg.source.memory_bytes)
+    room = account.pass_bytes()
+    return Partition(folder, bucket_count(rows, e.bytes_per_row, room), shape.n_key, room, hold=account.data // 8)
 
 
 def _has_new_values(cfg: Config, shape: ScanShape, table: Table) -> bool:

@@ -22,7 +22,7 @@ import itertools
 import math
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,6 @@ from pgprefetch.write.scan.table import Table, assemble
 
 _BUCKET_STREAM = 0x627563686574  # "bucket": the hash that puts a series in its bucket
 _SPLIT_STREAM = 0x73706C6974  # "split": the hash that splits an oversized bucket
-SPLIT_ROWS = 1 << 18  # rows of an oversized bucket re-split at once
 
 
 class Partition:
@@ -46,8 +45,12 @@ class Partition:
     :meth:`pass_of` names.
     """
 
-    def __init__(self, folder: Path, buckets: int, n_key: int, room: int) -> None:
+    def __init__(self, folder: Path, buckets: int, n_key: int, room: int, hold: int | None = None) -> None:
         self.folder, self.buckets, self.n_key, self.room = folder, max(1, buckets), n_key, room
+        self.hold = max(1 << 20, room if hold is None else hold)  # the rows held before they are written
+        self._pending: dict[str, list[Columns]] = {}  # each file's rows not written yet, by chunk
+        self._pending_bytes = 0
+        self._blocks: dict[str, list[int]] = {}  # each file's blocks, their rows
         self.rows = 0
         self.subs = np.ones(self.buckets, np.int64)  # each bucket's passes (1 unless :meth:`settle` split it)
         self.template: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # each column's dtype and row shape
@@ -81,7 +84,7 @@ class Partition:
         return out
 
     def add(self, columns: Columns) -> None:
-        """Append a decoded chunk's rows, each to its bucket's files."""
+        """Take a decoded chunk's rows, each for its bucket (held until :meth:`flush` writes them)."""
         n = columns["k0"].shape[0]
         if not n:
             return
@@ -93,89 +96,105 @@ class Partition:
         self._append(self.bucket_of(series), columns, str)
 
     def _append(self, where: np.ndarray, columns: Columns, prefix: Callable[[int], str]) -> None:
-        """Append the rows of ``columns`` to the files of ``prefix(where[row])``.
+        """Hold the rows of ``columns`` for the files of ``prefix(where[row])``; write them all once enough are held.
 
-        The rows are put in bucket order (one gather a column) outside the lock; the lock keeps a bucket's
-        column files in step (row ``i`` of each is the same row) when several COPYs' chunks arrive at once.
+        The rows are put in bucket order (one gather a column) outside the lock. A chunk of a few thousand rows
+        split over a hundred buckets was a hundred tiny writes a column: held, they go out as one block a bucket.
         """
         order = np.argsort(where, kind="stable")
         edges = np.concatenate([[0], np.flatnonzero(np.diff(where[order])) + 1, [order.size]])
         grouped = {name: np.ascontiguousarray(v[order]) for name, v in columns.items()}
-        folder = str(self.folder)
-        with self._lock, io_errors(self.folder):
+        with self._lock:
             for lo, hi in itertools.pairwise(edges):
-                files = prefix(int(where[order[lo]]))
-                for name, v in grouped.items():
-                    with open(f"{folder}/{files}.{name}", "ab") as f:
-                        f.write(v[lo:hi].data.cast("B"))
+                pieces = self._pending.setdefault(prefix(int(where[order[lo]])), [])
+                pieces.append({name: v[lo:hi] for name, v in grouped.items()})
+            self._pending_bytes += sum(v.nbytes for v in grouped.values())
+            if self._pending_bytes >= self.hold:
+                self._flush()
+
+    def flush(self) -> None:
+        """Write every row held (the read is over)."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Append one block to each bucket's file: its held rows, column after column (the lock is held)."""
+        with io_errors(self.folder):
+            for files, pieces in self._pending.items():
+                rows = sum(p["k0"].shape[0] for p in pieces)
+                with open(self.folder / files, "ab") as f:
+                    for name in self.template:
+                        for p in pieces:
+                            f.write(p[name].data.cast("B"))
+                self._blocks.setdefault(files, []).append(rows)
+        self._pending.clear()
+        self._pending_bytes = 0
 
     def settle(self) -> None:
-        """Split each bucket larger than ``room`` bytes into enough parts, on disk, a chunk of rows at a time."""
-        room = self.room
+        """Split each bucket larger than ``room`` bytes into enough parts, on disk, a block of rows at a time."""
+        self.flush()
         if not self.template:
             return
-        row_bytes = sum(d.itemsize * math.prod(s) for d, s in self.template.values())
         for b in range(self.buckets):
-            rows = self._rows(str(b))
-            if rows * row_bytes <= room:
+            rows = sum(self._blocks.get(str(b), ()))
+            if rows * self._row_bytes() <= self.room:
                 continue
-            self.subs[b] = subs = math.ceil(rows * row_bytes / max(1, room))
-            for lo in range(0, rows, SPLIT_ROWS):
-                chunk = self._read(str(b), lo, min(rows, lo + SPLIT_ROWS))
+            self.subs[b] = subs = math.ceil(rows * self._row_bytes() / max(1, self.room))
+            for chunk in self._read(str(b)):
                 series = np.stack([chunk[f"k{i}"].astype(np.int64, copy=False) for i in range(self.n_key)])
                 h = key_hash(series, seed=0, epoch=0, stream=_SPLIT_STREAM)
                 self._append((h % np.uint64(subs)).astype(np.int64), chunk, functools.partial("{}-{}".format, b))
+            self.flush()
             self._unlink(str(b))
 
     def load(self, p: int) -> list[Columns]:
-        """Pass ``p``'s rows as one chunk of columns (none if it has no rows); its files are removed."""
+        """Pass ``p``'s rows, a chunk of columns a block (none if it has no rows); its file is removed."""
         prefix = self._prefix(p)
-        if not self.template or not (self.folder / f"{prefix}.k0").exists():
-            return []
-        chunk = self._read(prefix, 0, None)
+        chunks = list(self._read(prefix))
         self._unlink(prefix)  # read: its disk is given back as the passes go
-        return [chunk]
+        return chunks
 
     def keys(self, p: int, width: int, order_offset: int = 0) -> np.ndarray:
-        """Pass ``p``'s key and order slots ``(width, m)`` int64, as the rows came; its files stay for :meth:`load`."""
+        """Pass ``p``'s key and order slots ``(width, m)`` int64, as the rows came; its file stays for :meth:`load`."""
         prefix = self._prefix(p)
-        if not self.template or not (self.folder / f"{prefix}.k0").exists():
-            return np.empty((width, 0), np.int64)
-        with io_errors(self.folder):
-            columns = [np.fromfile(self.folder / f"{prefix}.k{i}", self.template[f"k{i}"][0]) for i in range(width)]
-        keys = np.empty((width, columns[0].size), np.int64)
-        for i, c in enumerate(columns):
-            keys[i] = c
+        blocks = self._blocks.get(prefix, [])
+        keys = np.empty((width, sum(blocks)), np.int64)
+        at = 0
+        for chunk in self._read(prefix, [f"k{i}" for i in range(width)]):
+            n = chunk["k0"].shape[0]
+            for i in range(width):
+                keys[i, at : at + n] = chunk[f"k{i}"]
+            at += n
         if order_offset:
             keys[-1] += order_offset
         return keys
 
     def _prefix(self, p: int) -> str:
-        """The files of pass ``p``: its bucket's, or its part of a split bucket's."""
+        """The file of pass ``p``: its bucket's, or its part of a split bucket's."""
         first = np.cumsum(self.subs) - self.subs
         b = int(np.searchsorted(first, p, side="right")) - 1
         return str(b) if self.subs[b] == 1 else f"{b}-{p - first[b]}"
 
-    def _rows(self, prefix: str) -> int:
-        path = self.folder / f"{prefix}.k0"
-        dtype, shape = self.template["k0"]
-        return path.stat().st_size // (dtype.itemsize * math.prod(shape)) if path.exists() else 0
+    def _row_bytes(self) -> int:
+        return sum(d.itemsize * math.prod(s) for d, s in self.template.values())
 
-    def _read(self, prefix: str, lo: int, hi: int | None) -> Columns:
-        """Rows ``lo:hi`` of the files of ``prefix`` (``hi`` None: to the end)."""
-        out = {}
+    def _read(self, prefix: str, names: list[str] | None = None) -> Iterator[Columns]:
+        """The blocks of ``prefix``'s file, each as columns (only ``names``, if given), in the order written."""
+        offset = 0
         with io_errors(self.folder):
-            for name, (dtype, shape) in self.template.items():
-                items = math.prod(shape)  # per row
-                count = -1 if hi is None else (hi - lo) * items
-                path, offset = self.folder / f"{prefix}.{name}", lo * items * dtype.itemsize
-                data = np.fromfile(path, dtype=dtype, count=count, offset=offset)
-                out[name] = data.reshape(-1, *shape)
-        return out
+            for rows in self._blocks.get(prefix, []):
+                chunk = {}
+                for name, (dtype, shape) in self.template.items():
+                    size = rows * math.prod(shape) * dtype.itemsize
+                    if names is None or name in names:
+                        data = np.fromfile(self.folder / prefix, dtype, rows * math.prod(shape), offset=offset)
+                        chunk[name] = data.reshape(-1, *shape)
+                    offset += size
+                yield chunk
 
     def _unlink(self, prefix: str) -> None:
-        for name in self.template:
-            (self.folder / f"{prefix}.{name}").unlink(missing_ok=True)
+        (self.folder / prefix).unlink(missing_ok=True)
+        self._blocks.pop(prefix, None)
 
     def remove(self) -> None:
         """Delete the pass files."""
