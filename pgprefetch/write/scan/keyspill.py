@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import Config
-from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import PgprefetchError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
@@ -51,7 +50,7 @@ from pgprefetch.write.order.spill import MIN_KEYS, KeyCollector, KeyRuns
 from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import Columns, CopyDecoder
 from pgprefetch.write.scan.partition import Partition
-from pgprefetch.write.scan.passes import Spool, keys_only, spool_samples
+from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
 from pgprefetch.write.scan.table import (
     Table,
@@ -309,31 +308,18 @@ def _route(spilled: SpilledKeys, partition: Partition, n_key: int, budget: int) 
                     f.write(records[chunk].tobytes())
 
 
-def spool_wanted(
-    spool: Spool,
-    layout: BatchLayout,
-    table: Table,
-    pass_keys: np.ndarray,
-    pass_starts: np.ndarray,
-    positions: np.ndarray,
-    wanted: np.ndarray,
-    chunk: int,
-) -> None:
-    """Cast and spool a data pass's samples the epoch uses: ``wanted`` keys, for ``positions``, ``chunk`` at a time.
+def locate(pass_keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Where each ``wanted`` key is among a data pass's cut samples ``pass_keys`` (in key order).
 
-    ``pass_keys`` (the samples the pass cut, in key order) must hold every wanted key: the same snapshot
-    cuts the same samples. A key cut twice (a repeated key, dropped) is taken once, its first row as it came.
+    The pass must hold every wanted key: the same rows cut the same samples. A key cut twice (a repeated key,
+    dropped) is found at its first row as it came.
     """
-    if not positions.size:
-        return
-    order = np.lexsort(wanted[::-1])  # in key order: the search and the gather walk the pass's rows forward
-    positions, wanted = positions[order], np.ascontiguousarray(wanted[:, order])
     at = ranks(pass_keys, wanted, equal=False)
     if (at >= pass_keys.shape[1]).any() or not np.array_equal(
         pass_keys[:, np.minimum(at, pass_keys.shape[1] - 1)], wanted
     ):
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    spool_samples(spool, layout, table, pass_starts[at], wanted, positions, chunk)
+    return at
 
 
 async def _stream(

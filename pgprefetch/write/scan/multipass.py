@@ -9,7 +9,9 @@ memory, :func:`spilled_source` keys ordered on disk (:mod:`.keyspill`); both go 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +25,13 @@ from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.budget import Account, smallest_budget
 from pgprefetch.write.plan import EpochPlan
-from pgprefetch.write.scan.keyspill import spool_wanted
+from pgprefetch.write.scan.keyspill import locate
 from pgprefetch.write.scan.mode import ScanRead, SpilledScan, array_lengths, plan_scan, scan_layout
 from pgprefetch.write.scan.partition import Partition, pass_table
-from pgprefetch.write.scan.passes import Spool
+from pgprefetch.write.scan.passes import Spool, spool_samples
+from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.shape import ScanShape
-from pgprefetch.write.scan.table import Table, cut, longest_series
+from pgprefetch.write.scan.table import Table, cut, gather, longest_series
 
 
 async def multipass_source(
@@ -44,19 +47,19 @@ async def multipass_source(
     assert plan.samples is not None
     assert read.partition is not None, "a table read in passes has its rows split into them"
     keys = read.sample_keys[:, plan.samples[: plan.used]]  # the used samples' keys, in the epoch's order
-    passes = read.partition.pass_of(np.ascontiguousarray(keys[: read.shape.n_key]))
-    by_pass = np.argsort(passes, kind="stable")
-    edges = np.searchsorted(passes[by_pass], np.arange(read.partition.passes + 1))
-    del passes
+    of = read.partition.pass_of(np.ascontiguousarray(keys[: read.shape.n_key]))
+    by_pass = np.argsort(of, kind="stable")
+    edges = np.searchsorted(of[by_pass], np.arange(read.partition.passes + 1))
+    del of
 
     def wanted(p: int) -> tuple[np.ndarray, np.ndarray]:
         places = by_pass[edges[p] : edges[p + 1]]
         return places, keys[:, places]
 
-    layout, spool, cut_count = await _spool_passes(cfg, read.shape, plan, read.partition, wanted, spool_dir)
-    if cut_count != read.sample_keys.shape[1]:
+    passes = await _passes(cfg, read.shape, plan, read.partition, wanted, spool_dir)
+    if passes.cut != read.sample_keys.shape[1]:
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    return _spooled(cfg, plan, layout, spool, snap, read.table.rows_read)
+    return _gathered(cfg, plan, passes, snap, read.table.rows_read)
 
 
 async def spilled_source(
@@ -71,27 +74,39 @@ async def spilled_source(
     plan = read.plan(cfg, epoch)
     assert read.keys.partition is not None, "a table read in passes has its rows split into them"
     width = plan.key_columns.width
-    layout, spool, cut_count = await _spool_passes(
-        cfg, read.shape, plan, read.keys.partition, lambda p: read.keys.wanted(p, width), spool_dir
-    )
-    if cut_count != read.keys.samples:
+    passes = await _passes(cfg, read.shape, plan, read.keys.partition, lambda p: read.keys.wanted(p, width), spool_dir)
+    if passes.cut != read.keys.samples:
         raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    return _spooled(cfg, plan, layout, spool, snap, read.keys.rows_read)
+    return _gathered(cfg, plan, passes, snap, read.keys.rows_read)
 
 
-async def _spool_passes(
+@dataclass
+class _Passes:
+    """The data passes done: rows' samples spooled, or windows' sorted rows on disk and start rows spooled."""
+
+    layout: BatchLayout
+    rows: RowsFile | None  # windows: the passes' sorted rows, gathered from when the batches are written
+    spool: Spool  # rows: the samples, gathered; windows: each used window's start row in ``rows``
+    cut: int
+
+
+async def _passes(
     cfg: Config,
     shape: ScanShape,
     plan: EpochPlan,
     partition: Partition,
     wanted: Callable[[int], tuple[np.ndarray, np.ndarray]],
     spool_dir: Path,
-) -> tuple[BatchLayout, Spool, int]:
-    """Load, cut and spool each data pass's wanted samples (``wanted(p)``: their places and keys); the samples cut.
+) -> _Passes:
+    """Load and cut each data pass; keep its rows if it has samples the epoch uses (``wanted(p)``: places, keys).
 
-    A pass holds its rows a few times over (loaded, joined, sorted) and gathers a chunk of samples at a time.
+    A pass holds its rows a few times over (loaded, joined, sorted); what stays is on disk: its sorted rows,
+    appended to the rows file, and the start row of each of its used samples, spooled by batch group.
     """
     account = Account.for_scan(cfg.source.memory_bytes)
+    # Windows overlap: their epoch is up to `window` times the rows, too much to spool (a 2.8 GB epoch of 48-row
+    # windows under 32 MiB: 22x the time in memory); a row is one sample, spooled as it is.
+    rows = RowsFile(spool_dir / "sorted", shape.columns) if cfg.scan_samples.window is not None else None
     spool: Spool | None = None
     layout: BatchLayout | None = None
     cut_count = 0
@@ -106,19 +121,31 @@ async def _spool_passes(
                 continue
             if layout is None:
                 layout = scan_layout(cfg, shape, array_lengths(table), plan)
-                spool = Spool(
-                    spool_dir / "batches", layout, cfg.batches.size, plan.n_batches, account.spool_group_bytes()
-                )
+                start: list[tuple[str, np.dtype, tuple[int, ...]]] = [("start", np.dtype(np.int64), ())]
+                arrays = layout.arrays() if rows is None else start
+                group = account.spool_group_bytes()
+                spool = Spool(spool_dir / "batches", arrays, cfg.batches.size, plan.n_batches, group)
             assert spool is not None
-            chunk = account.gather_samples(layout.sample_bytes)
-            await asyncio.to_thread(spool_wanted, spool, layout, table, pass_keys, pass_starts, positions, keys, chunk)
-            del table, pass_keys, pass_starts, positions, keys
+            order = np.lexsort(keys[::-1])  # in key order: the search and the gather walk the pass's rows forward
+            positions, keys = positions[order], np.ascontiguousarray(keys[:, order])
+            at = locate(pass_keys, keys)
+            if rows is None:
+                chunk = account.gather_samples(layout.sample_bytes)
+                await asyncio.to_thread(spool_samples, spool, layout, table, pass_starts[at], keys, positions, chunk)
+            else:
+                spool.add(positions, {"start": rows.rows + pass_starts[at]})
+                await asyncio.to_thread(rows.append, table)
+            del table, pass_keys, pass_starts, positions, keys, at, order
             heap.release()
+    except BaseException:
+        if rows is not None:
+            rows.close()
+        raise
     finally:
         partition.remove()
     assert layout is not None, "an epoch has samples"
     assert spool is not None
-    return layout, spool, cut_count
+    return _Passes(layout, rows, spool, cut_count)
 
 
 def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> None:
@@ -138,10 +165,47 @@ def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> 
     )
 
 
+def _gathered(cfg: Config, plan: EpochPlan, passes: _Passes, snap: Snapshot, rows_read: int) -> BatchSource:
+    """The batch source of an epoch read in passes: from the spool, windows gathered from the rows file."""
+    size, layout = cfg.batches.size, passes.layout
+    if passes.rows is None:
+        return _spooled(cfg, plan, layout, passes.spool, snap, rows_read)
+    rows = passes.rows
+    table = rows.open()
+    lock = threading.Lock()  # the spool loads one group at a time
+
+    async def fetch(batch: int, count: int) -> object:
+        return None
+
+    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        keys = plan.batch_keys(batch, size, count)
+        starts = np.empty(count * size, np.int64)
+        with lock:
+            for i in range(count):
+                passes.spool.batch(batch + i, {"start": starts[i * size : (i + 1) * size]})
+        for i in range(count):  # a batch at a time: what it touched of the mapping goes back to the page cache
+            part = slice(i * size, min((i + 1) * size, keys.shape[1]))
+            if part.start >= part.stop:
+                break
+            gather(
+                table,
+                layout,
+                starts[part],
+                keys[:, part],
+                {k: b[i * size : (i + 1) * size] for k, b in buffers.items()},
+            )
+            rows.release()
+
+    # Two threads, as for a table in memory: one gathers while the other's pwrite writes (zarr: one).
+    threads = 2 if cfg.store.compression == "none" else 1
+    unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
+    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, threads, threads, unit)
+
+
 def _spooled(
     cfg: Config, plan: EpochPlan, layout: BatchLayout, spool: Spool, snap: Snapshot, rows_read: int
 ) -> BatchSource:
-    """The batch source of an epoch spooled by data passes: ``produce`` takes each batch from the spool."""
+    """The batch source of an epoch whose samples were spooled by the data passes: each batch from the spool."""
     size = cfg.batches.size
 
     async def fetch(batch: int, count: int) -> object:

@@ -9,17 +9,18 @@ passes, each holding a share of the budget:
    passes' files on local disk, split by a hash of its series key (:mod:`pgprefetch.write.scan.partition`),
    so a series (and each window of it) lies in one pass.
 2. **Data passes.** A pass loads its rows, sorts them by (key, order) and cuts its samples exactly as the
-   keys pass did (the same rows), casts and checks the ones the epoch uses
-   (:func:`~pgprefetch.decode.collate.fill`), a chunk at a time, and appends each sample to the spool file
-   of the group of batches it belongs to.
-3. **Writing.** The writer asks for batches in order; the spool hands them out a group at a time: one
-   group (an eighth of the budget's data share) is read back, its samples put in place, and its batches
-   produced. Spooling is sequential I/O (an external distribution sort): it costs about the epoch's size
-   in temporary disk, next to the store, removed when the epoch is published.
+   keys pass did (the same rows), and finds the ones the epoch uses. *Rows*: each is gathered, cast and
+   checked (:func:`~pgprefetch.decode.collate.fill`), a chunk at a time, and appended to the spool file of
+   the group of batches it belongs to (:class:`Spool`; the epoch is about the table's size). *Windows*,
+   whose epoch is up to ``window`` times the table: the pass's sorted rows are appended to the rows file
+   (:mod:`pgprefetch.write.scan.rowsfile`), and each used window's start row there is spooled (8 bytes).
+3. **Writing.** The writer asks for batches in order; the spool hands them (or their start rows) out a
+   group at a time; windows are then gathered from the rows file, mapped, as from a table in memory.
+   Spooling is sequential I/O (an external distribution sort).
 
-The server reads the table once, whatever its indexes; the client writes and reads the decoded table once
-on local disk. Several epochs are read again from the start: only a table that fits is kept across
-``--epochs``.
+The server reads the table once, whatever its indexes; the client writes the decoded table twice on local
+disk (split into passes, then sorted), removed when the epoch is published. Several epochs are read again
+from the start: only a table that fits is kept across ``--epochs``.
 """
 
 from __future__ import annotations
@@ -41,14 +42,25 @@ def keys_only(shape: ScanShape) -> ScanShape:
 
 
 class Spool:
-    """Samples in the epoch's order, gathered pass by pass, handed back a group of batches at a time."""
+    """Per-sample records (``arrays``) in the epoch's order, added pass by pass, handed back a group at a time.
 
-    def __init__(self, folder: Path, layout: BatchLayout, batch_size: int, n_batches: int, budget: int) -> None:
+    An external distribution sort: each group of batches has a file per array, appended to, then loaded and put
+    in place when the writer reaches it.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        arrays: list[tuple[str, np.dtype, tuple[int, ...]]],
+        batch_size: int,
+        n_batches: int,
+        budget: int,
+    ) -> None:
         self.folder = folder
         shutil.rmtree(folder, ignore_errors=True)
         folder.parent.mkdir(parents=True, mode=0o700, exist_ok=True)  # the epoch's spool: for this user only
         folder.mkdir(mode=0o700)
-        self.arrays = layout.arrays()
+        self.arrays = arrays
         self.size = batch_size
         sample_bytes = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in self.arrays)
         self.group_batches = max(1, min(n_batches, budget // max(1, sample_bytes * batch_size)))
@@ -109,8 +121,8 @@ def spool_samples(
 ) -> None:
     """Gather, cast and spool the samples starting at rows ``starts``, ``chunk`` samples at a time.
 
-    A pass's samples gathered at once were a copy of the pass's rows (48 times them for stride-1 windows of
-    48 rows), outside any budget; gathered a chunk at a time, the gather holds one chunk.
+    A pass's samples gathered at once were a copy of the pass's rows, outside any budget; gathered a chunk at
+    a time, the gather holds one chunk.
     """
     for lo in range(0, starts.size, max(1, chunk)):
         hi = min(starts.size, lo + chunk)

@@ -1,0 +1,130 @@
+"""The data passes' sorted rows, one after another on local disk, mapped read-only for the batches' gather.
+
+A table larger than ``[source] memory`` is cut pass by pass (:mod:`.multipass`). The samples of an epoch are
+in no order a pass knows, so they used to be gathered pass by pass and spooled by batch group: for windows the
+spool was the epoch (64 times the table at stride 1), written, read back and written again; under a small
+budget its groups were many and its writes tiny (a 2.8 GB epoch of stride-1 windows under 32 MiB: 22x the
+time in memory). Now each pass's rows, sorted and cut, are appended here once (the table's size, not the
+epoch's); each used sample's start row is spooled (8 bytes a sample); and a batch is gathered from the
+mapping by the code that gathers from a table in memory, so its bytes are the same.
+
+The mapping's pages are the kernel's page cache: they are dropped from the process (``MADV_DONTNEED``) once a
+batch is gathered, so the resident memory stays what a batch touched, within the budget, and the cache is
+left to the kernel to keep or reclaim.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from pgprefetch.pg.columns import Column
+from pgprefetch.write.files.shardfiles import io_errors
+from pgprefetch.write.scan.table import Table
+
+# (kind, column index or block number, dtype, row shape): "b" a block of columns, "v" values, "m" a mask, "n" lengths
+_Entry = tuple[str, int, np.dtype, tuple[int, ...]]
+
+
+class RowsFile:
+    """Sorted tables appended one after another (:meth:`append`), then mapped as one :class:`Table` (:meth:`open`)."""
+
+    def __init__(self, folder: Path, columns: tuple[Column, ...]) -> None:
+        self.folder, self.columns = folder, columns
+        self.rows = 0  # rows appended: the next table's first row
+        self._entries: list[_Entry] | None = None
+        self._blocks: list[list[tuple[Column, int]]] = []
+        self._maps: list[mmap.mmap] = []
+        self._nulls: set[Column] = set()  # the columns a NULL was seen in: only theirs are masked
+        self._lock = threading.Lock()
+        shutil.rmtree(folder, ignore_errors=True)
+        with io_errors(folder):
+            folder.parent.mkdir(parents=True, mode=0o700, exist_ok=True)  # the epoch's spool: for this user only
+            folder.mkdir(mode=0o700)
+
+    def append(self, table: Table) -> None:
+        """Append ``table``'s rows (sorted by key and order, as cut); every table has the first one's columns."""
+        arrays = self._arrays(table)
+        with io_errors(self.folder):
+            for (kind, i, _, _), array in zip(self._entries or (), arrays, strict=True):
+                with open(self.folder / f"{kind}{i}", "ab") as f:
+                    f.write(np.ascontiguousarray(array).data.cast("B"))
+        self.rows += table.keys.shape[1]
+
+    def _arrays(self, table: Table) -> list[np.ndarray]:
+        """The arrays of ``table`` in the file's order: its blocks, the columns outside them, masks, lengths.
+
+        A column without a NULL in this table has no mask here (the read leaves it out): its mask is all False.
+        """
+        n = table.keys.shape[1]
+        if self._entries is None:
+            self._blocks = [columns for _, columns in table.blocks()]
+            entries: list[_Entry] = [("b", k, b.dtype, b.shape[1:]) for k, (b, _) in enumerate(table.blocks())]
+            in_blocks = {c for columns in self._blocks for c, _ in columns}
+            for j, c in enumerate(self.columns):
+                if c in table.values and c not in in_blocks:
+                    entries.append(("v", j, table.values[c].dtype, table.values[c].shape[1:]))
+                if c.nullable:
+                    entries.append(("m", j, np.dtype(bool), ()))
+                if c in table.lengths:
+                    entries.append(("n", j, table.lengths[c].dtype, table.lengths[c].shape[1:]))
+            self._entries = entries
+        blocks = {tuple(c for c, _ in columns): b for b, columns in table.blocks()}
+        out = []
+        for kind, i, dtype, shape in self._entries:
+            if kind == "b":
+                found = blocks.get(tuple(c for c, _ in self._blocks[i]))
+                if found is None:  # decoded column by column this time: put the block together
+                    found = np.stack([table.values[c] for c, _ in self._blocks[i]], axis=1)
+                out.append(found)
+            elif kind == "v":
+                out.append(table.values[self.columns[i]])
+            elif kind == "m":
+                c = self.columns[i]
+                if c in table.masks:
+                    self._nulls.add(c)
+                out.append(table.masks.get(c, np.zeros((n, *shape), dtype)))
+            else:
+                out.append(table.lengths[self.columns[i]])
+        return out
+
+    def open(self) -> Table:
+        """Every row appended, as a table of read-only mapped arrays (no keys: the plan has the samples' keys)."""
+        table = Table(keys=np.empty((0, self.rows), np.int64))
+        blocks: list[tuple[np.ndarray, list[tuple[Column, int]]]] = []
+        with io_errors(self.folder):
+            for kind, i, dtype, shape in self._entries or ():
+                path = self.folder / f"{kind}{i}"
+                with open(path, "rb") as f:
+                    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                mapped.madvise(mmap.MADV_RANDOM)  # a batch's rows are anywhere: no read-ahead around each
+                self._maps.append(mapped)
+                array = np.frombuffer(mapped, dtype, self.rows * math.prod(shape)).reshape(self.rows, *shape)
+                if kind == "b":  # the columns as views of the block, which the gather takes whole
+                    blocks.append((array, self._blocks[i]))
+                    for c, j in self._blocks[i]:
+                        table.values[c] = array[:, j]
+                elif kind == "v":
+                    table.values[self.columns[i]] = array
+                elif kind == "m" and self.columns[i] in self._nulls:  # no NULL anywhere: no mask, as a read has
+                    table.masks[self.columns[i]] = array
+                else:
+                    table.lengths[self.columns[i]] = array
+        table._blocks = blocks  # a mapped block's views do not point back at it: named here, not found
+        return table
+
+    def release(self) -> None:
+        """Drop the mapped pages from this process (the kernel's cache keeps them while it can)."""
+        with self._lock:
+            for mapped in self._maps:
+                mapped.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        """Unmap and delete the files."""
+        self._maps.clear()  # the arrays viewing them keep them until they go
+        shutil.rmtree(self.folder, ignore_errors=True)
