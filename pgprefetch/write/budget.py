@@ -12,8 +12,11 @@ receive buffers, zarr's metadata, the progress bar). What the budget pays for, e
   budget (:func:`heap_bytes`).
 - **a scan's read**: the decoded table twice while its chunks are joined and sorted
   (:data:`READ_COPIES`), then the table once beside the epoch's per-sample arrays (:func:`plan_bytes`).
-- **a data pass** (a table read in passes): its rows :data:`PASS_COPIES` times (chunks, joined columns,
-  sorted copy, and the gathered samples a chunk at a time), beside what the passes hold throughout.
+- **a data pass** (a table read in passes, :mod:`pgprefetch.write.scan.partition`): its rows
+  :data:`PASS_COPIES` times (loaded blocks, joined columns, sorted copy, and the samples gathered a chunk
+  at a time), beside the keys and a spool group (:meth:`Account.pass_bytes`); the partition's rows held
+  before they are written and the spool's group are an eighth of the data's share each; windows gathered
+  from the mapped rows file hand its pages back after each batch.
 - **keys**: query mode's keys, and the keys pass of a scan, are ordered on disk beyond their share
   (:mod:`pgprefetch.write.order.spill`, :mod:`pgprefetch.write.scan.keyspill`).
 
