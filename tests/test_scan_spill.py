@@ -277,3 +277,17 @@ def test_two_million_rows_in_eight_or_more_buckets_give_the_in_memory_bytes(
         assert spilled.n_samples == whole.n_samples
         assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
         caplog.clear()
+
+
+def test_a_link_planted_for_the_spool_is_replaced_not_followed(tables: str, tmp_path: Path) -> None:
+    """The passes write into the store's ``.pgprefetch/spool``: a link planted there leads nowhere."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    meta = tmp_path / "s" / "store.zarr" / ".pgprefetch"
+    (meta / "spool").mkdir(parents=True)
+    (meta / "spool" / "epoch-00000").symlink_to(outside, target_is_directory=True)
+    spilled = dump(scan_config(tmp_path / "s", **WINDOWS, extra=TINY), tables)
+    assert not list(outside.iterdir())  # nothing of the passes' rows, windows or starts written through it
+    assert not (meta / "spool" / "epoch-00000").exists()
+    whole = dump(scan_config(tmp_path / "w", **WINDOWS), tables)
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)

@@ -30,6 +30,7 @@ import numpy as np
 from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.order.shuffle import key_hash
 from pgprefetch.write.scan.copystream import Columns
+from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.table import Table, assemble
 
@@ -55,10 +56,7 @@ class Partition:
         self.subs = np.ones(self.buckets, np.int64)  # each bucket's passes (1 unless :meth:`settle` split it)
         self.template: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # each column's dtype and row shape
         self._lock = threading.Lock()  # the COPYs' chunks are decoded (and so added) on several threads
-        shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers: the files are appended to
-        with io_errors(folder):
-            folder.parent.mkdir(parents=True, mode=0o700, exist_ok=True)  # the epoch's spool: for this user only
-            folder.mkdir(mode=0o700)
+        fresh_folder(folder)  # a killed dump's leftovers go: the files are appended to
 
     @property
     def passes(self) -> int:

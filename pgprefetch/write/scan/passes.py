@@ -32,8 +32,26 @@ from pathlib import Path
 import numpy as np
 
 from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.table import Table, gather
+
+
+def fresh_folder(folder: Path) -> None:
+    """Make ``folder`` afresh, for this user only, in the epoch's spool folder (``folder.parent``), made private.
+
+    The spool lies in the store's ``.pgprefetch``, which someone else may have written: a link planted for the
+    spool folder or ``folder`` is removed and replaced, never followed, and a killed dump's leftovers go.
+    """
+    spool = folder.parent
+    with io_errors(spool):
+        if spool.is_symlink():
+            spool.unlink()
+        spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.rmtree(folder, ignore_errors=True)  # leaves a link in place: unlinked next
+        if folder.is_symlink():
+            folder.unlink()
+        folder.mkdir(mode=0o700)
 
 
 def keys_only(shape: ScanShape) -> ScanShape:
@@ -57,9 +75,7 @@ class Spool:
         budget: int,
     ) -> None:
         self.folder = folder
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.parent.mkdir(parents=True, mode=0o700, exist_ok=True)  # the epoch's spool: for this user only
-        folder.mkdir(mode=0o700)
+        fresh_folder(folder)
         self.arrays = arrays
         self.size = batch_size
         sample_bytes = sum(dtype.itemsize * int(np.prod(shape)) for _, dtype, shape in self.arrays)

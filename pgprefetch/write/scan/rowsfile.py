@@ -25,6 +25,7 @@ import numpy as np
 
 from pgprefetch.pg.columns import Column
 from pgprefetch.write.files.shardfiles import io_errors
+from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.table import Table
 
 # (kind, column index or block number, dtype, row shape): "b" a block of columns, "v" values, "m" a mask, "n" lengths
@@ -42,10 +43,7 @@ class RowsFile:
         self._maps: list[mmap.mmap] = []
         self._nulls: set[Column] = set()  # the columns a NULL was seen in: only theirs are masked
         self._lock = threading.Lock()
-        shutil.rmtree(folder, ignore_errors=True)
-        with io_errors(folder):
-            folder.parent.mkdir(parents=True, mode=0o700, exist_ok=True)  # the epoch's spool: for this user only
-            folder.mkdir(mode=0o700)
+        fresh_folder(folder)
 
     def append(self, table: Table) -> None:
         """Append ``table``'s rows (sorted by key and order, as cut); every table has the first one's columns."""
