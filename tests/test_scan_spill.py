@@ -28,7 +28,8 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.check import check_config
 from pgprefetch.write.scan.keyspill import ranks
 from pgprefetch.write.scan.mode import SpilledScan, read_scan
-from pgprefetch.write.scan.partition import Partition
+from pgprefetch.write.order.shuffle import order_part
+from pgprefetch.write.scan.partition import EpochRanges, Partition
 from pgprefetch.write.scan.table import Table
 
 from .harness.configs import scan_config
@@ -44,6 +45,9 @@ SERIES_LINE = re.compile(
 )
 WINDOWS_LINE = re.compile(
     r"epoch \d+: ([\d,]+) rows outgrew \[source\] memory: ([\d,]+) windows cut from (\d+) data passes"
+)
+STRETCH_LINE = re.compile(
+    r"epoch \d+: ([\d,]+) rows outgrew \[source\] memory: read once, in (\d+) stretches of the epoch's order"
 )
 ORDERED_LINE = re.compile(
     r"([\d,]+) keys outgrew \[source\] memory \(.+\): ordered on disk in (\d+) runs and (\d+) buckets"
@@ -108,6 +112,30 @@ def test_the_partition_puts_every_series_whole_in_the_pass_its_key_names_even_af
     assert not any((tmp_path / "rows").iterdir())  # each pass's files removed as it was loaded
 
 
+def test_epoch_ranges_make_each_pass_a_stretch_of_the_epochs_order_even_after_a_split(tmp_path: Path) -> None:
+    """Rows routed by their order hash: the passes one after another are the epoch's order, every row once."""
+    rng = np.random.default_rng(3)
+    keys = rng.permutation(60_000).astype(np.int64) * 7  # with a repeated key: equal keys go to one pass
+    keys[:50] = keys[50]
+    ranges = EpochRanges(tmp_path / "rows", buckets=3, n_key=1, room=80_000, seed=5, epoch=2)
+    for lo in range(0, keys.size, 7000):
+        part = keys[lo : lo + 7000]
+        ranges.add({"k0": part, "c0": part * 0.5})
+    ranges.settle()
+    assert ranges.passes > 3  # the ranges outgrew the room: split again, each into sub-ranges
+    in_order = []
+    for p in range(ranges.passes):
+        blocks = ranges.load(p)
+        chunk = {name: np.concatenate([b[name] for b in blocks]) for name in ("k0", "c0")}
+        assert chunk["c0"].tolist() == (chunk["k0"] * 0.5).tolist()
+        order, _ = order_part(chunk["k0"][None, :], seed=5, epoch=2)
+        in_order.append(chunk["k0"][order])
+        assert chunk["k0"].nbytes + chunk["c0"].nbytes <= 2 * 80_000
+    whole, repeats = order_part(keys[None, :], seed=5, epoch=2)
+    assert repeats.count == 50
+    assert np.array_equal(np.concatenate(in_order), keys[whole])  # the stretches, in turn, are the epoch
+
+
 # ---- dumps through PostgreSQL -----------------------------------------------------------------------------------
 
 
@@ -134,12 +162,13 @@ def test_windows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
 def test_rows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
     tables: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Rows beyond memory are split by ranges of the epoch's order and written a stretch at a time."""
     with caplog.at_level(logging.INFO, logger="pgprefetch"):
         spilled = dump(scan_config(tmp_path / "s", **ROWS, fraction=0.7, size=999, extra=TINY), tables)
-    assert logged(caplog, SERIES_LINE)[:2] == (200_000, 200_000)
-    keys, _, buckets = logged(caplog, ORDERED_LINE)
-    assert keys == 200_000
-    assert buckets >= 8
+    rows, stretches = logged(caplog, STRETCH_LINE)
+    assert rows == 200_000
+    assert stretches >= 8
+    assert not [m for m in caplog.messages if "ordered on disk" in m]  # no key is sorted on disk: none needs to be
     whole = dump(scan_config(tmp_path / "w", **ROWS, fraction=0.7, size=999), tables)
     assert spilled.n_samples == whole.n_samples
     assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)

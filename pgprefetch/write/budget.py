@@ -16,7 +16,8 @@ receive buffers, zarr's metadata, the progress bar). What the budget pays for, e
   :data:`PASS_COPIES` times (loaded blocks, joined columns, sorted copy, and the samples gathered a chunk
   at a time), beside the keys and a spool group (:meth:`Account.pass_bytes`); the partition's rows held
   before they are written and the spool's group are an eighth of the data's share each; windows gathered
-  from the mapped rows file hand its pages back after each batch.
+  from the mapped rows file hand its pages back after each batch. Rows read in stretches of the epoch
+  hold neither keys nor a spool group: a stretch has the whole share (:meth:`Account.stretch_bytes`).
 - **keys**: query mode's keys, and the keys pass of a scan, are ordered on disk beyond their share
   (:mod:`pgprefetch.write.order.spill`, :mod:`pgprefetch.write.scan.keyspill`).
 
@@ -42,6 +43,9 @@ GATHER_BYTES = 8 * MIB  # the most samples a pass gathers (then spools) at once
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
 PLAN_BYTES_PER_SAMPLE = 32
+# Per row of a stretch (rows beyond memory, :mod:`pgprefetch.write.scan.stretches`): its order's hash, packed
+# copy and index, its tie runs, the ordered keys' copy and the gathered rows' index.
+ORDER_BYTES_PER_ROW = 48
 
 
 def expected_peak(budget: int, working: int | None = None) -> int:
@@ -126,6 +130,15 @@ class Account:
         """A data pass's decoded rows: beside the keys' half of :attr:`data` and a spool group held twice."""
         held = self.data // 2 + 2 * self.spool_group_bytes()
         return max(1, max(self.data - held, self.data // 4) // PASS_COPIES)
+
+    def stretch_bytes(self, row_bytes: float) -> int:
+        """A stretch's decoded rows: :data:`PASS_COPIES` of them and their order, beside a gather of samples.
+
+        Rows beyond memory read in the epoch's order hold no keys of the whole epoch and no spool group: a
+        stretch has the data's share but the samples it gathers at once (a 16th).
+        """
+        rows = max(1.0, (self.data - self.data // 16) / (PASS_COPIES * max(1.0, row_bytes) + ORDER_BYTES_PER_ROW))
+        return max(1, int(rows * row_bytes))
 
     def spool_group_bytes(self) -> int:
         """A spool group's bytes: it is held twice while loaded (as spooled, then in place)."""

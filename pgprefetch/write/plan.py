@@ -260,17 +260,28 @@ def order_spilled(cfg: Config, runs: KeyRuns, key_columns: KeyColumns, epoch: in
     """
     drop_last = cfg.batches.drop_last
     ordered, repeats, buckets = runs.order(fraction=cfg.samples.fraction, quantum=cfg.batches.size if drop_last else 1)
-    try:
-        counts = _counts(cfg, key_columns, runs.n, ordered.n, repeats)
-        digest = ordered.finish(counts["used"])
-    except BaseException:
-        ordered.close()
-        raise
+    fields = ordered_fields(cfg, key_columns, runs.n, ordered, repeats)
     log.info(
         "epoch %d: %s keys outgrew [source] memory (%s): ordered on disk in %d runs and %d buckets, %.1f s",
         epoch, f"{runs.n:,}", _size(cfg.source.memory_bytes), len(runs.runs), buckets,
         time.monotonic() - runs.started,
     )  # fmt: skip
+    return fields
+
+
+def ordered_fields(
+    cfg: Config, key_columns: KeyColumns, n_keys: int, ordered: OrderedKeys, repeats: Repeats
+) -> dict[str, Any]:
+    """:func:`order_keys`'s fields but ``index`` for an epoch's order written to ``ordered`` (closed on an error).
+
+    ``n_keys``: the keys before repeats and ``fraction`` were taken out; ``repeats``: those found.
+    """
+    try:
+        counts = _counts(cfg, key_columns, n_keys, ordered.n, repeats)
+        digest = ordered.finish(counts["used"])
+    except BaseException:
+        ordered.close()
+        raise
     return {"keys": ordered, **counts, "keys_sha256": digest}
 
 

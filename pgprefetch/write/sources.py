@@ -28,8 +28,9 @@ from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import query_source
-from pgprefetch.write.scan.mode import ScanRead, SpilledScan, plan_scan, read_scan, scan_source
+from pgprefetch.write.scan.mode import ScanRead, SpilledScan, Stretches, plan_scan, read_scan, scan_source
 from pgprefetch.write.scan.multipass import multipass_source, spilled_source
+from pgprefetch.write.scan.stretches import stretch_source
 
 
 class ReadCache:
@@ -103,6 +104,11 @@ async def open_source(
                     yield await spilled_source(cfg, snap, read, epoch, spool, on_rows)
             finally:
                 read.keys.close()
+            return
+        if isinstance(read, Stretches):
+            assert spool is not None, "a check reads the keys only: rows are split into stretches to be written"
+            async with stretch_source(cfg, snap, read, epoch, spool) as stretched:
+                yield stretched
             return
         if read.fits:
             cache.read = read

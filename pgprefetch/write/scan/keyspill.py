@@ -154,7 +154,7 @@ async def keys_pass(
     rows = KeyCollector(folder / "rows", width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
     try:
         read = keys_only(shape) if partition is None else shape
-        n_rows = await _stream(cfg, snap, read, rows.add, on_rows, partition)
+        n_rows = await stream(cfg, snap, read, rows.add, on_rows, partition)
         got = rows.result()
         if partition is not None:
             await asyncio.to_thread(partition.settle)
@@ -205,7 +205,7 @@ async def _windows_pass(
     """
     budget = Account.for_scan(cfg.source.memory_bytes).data // 2
     limit = budget // bytes_per_row(len(shape.key_names))
-    n_rows = await _stream(cfg, snap, shape, lambda chunk: None, on_rows, partition, keep=())
+    n_rows = await stream(cfg, snap, shape, lambda chunk: None, on_rows, partition, keep=())
     await asyncio.to_thread(partition.settle)
     heap.release()
     offset = shape.order_offset or 0
@@ -322,7 +322,7 @@ def locate(pass_keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return at
 
 
-async def _stream(
+async def stream(
     cfg: Config,
     snap: Snapshot,
     shape: ScanShape,

@@ -24,8 +24,8 @@ from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.budget import Account
 from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order_keys, resolve_categories
-from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass
-from pgprefetch.write.scan.partition import Partition, bucket_count
+from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, stream
+from pgprefetch.write.scan.partition import EpochRanges, Partition, bucket_count
 from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
 from pgprefetch.write.scan.table import (
@@ -112,6 +112,18 @@ class SpilledScan:
         )
 
 
+@dataclass
+class Stretches:
+    """Rows larger than ``[source] memory``, read once into ranges of their epoch's order (a stretch each)."""
+
+    shape: ScanShape
+    ranges: EpochRanges
+    snapshot: str
+    server_version: str
+    epoch: int  # the epoch whose order the ranges follow
+    rows_read: int
+
+
 async def read_scan(
     cfg: Config,
     snap: Snapshot,
@@ -121,7 +133,7 @@ async def read_scan(
     epoch: int = 0,
     keys_dir: Path | None = None,
     rows_dir: Path | None = None,
-) -> ScanRead | SpilledScan:
+) -> ScanRead | SpilledScan | Stretches:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
     ``on_rows`` hears of the rows as they arrive (the progress bar). The category lists are fixed first,
@@ -129,7 +141,9 @@ async def read_scan(
     Keys that do not fit ``[source] memory`` either are ordered on disk for ``epoch`` in ``keys_dir``
     (:mod:`pgprefetch.write.scan.keyspill`; the caller removes it); without ``keys_dir`` they are held.
     A table that does not fit has its rows split into its data passes' files in ``rows_dir`` as its keys are
-    read (:mod:`pgprefetch.write.scan.partition`; without it, only its keys are read: a check).
+    read (:mod:`pgprefetch.write.scan.partition`; without it, only its keys are read: a check). Rows (no
+    window) that do not fit are split by ranges of ``epoch``'s order instead, and need no keys pass at all
+    (:class:`Stretches`).
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
@@ -170,6 +184,11 @@ async def read_scan(
         already = e.rows + counted[0]
         if keys_dir is None:
             table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
+        elif rows_dir is not None and cfg.scan_samples.window is None:
+            ranges = await _epoch_ranges(cfg, snap, shape, e, rows_dir, epoch)
+            n_rows = await stream(cfg, snap, shape, lambda chunk: None, on_rows, ranges, keep=())
+            await asyncio.to_thread(ranges.settle)
+            return Stretches(shape, ranges, snap.id, snap.server_version, epoch, n_rows + already)
         else:
             partition = None if rows_dir is None else await _partition(cfg, snap, shape, e, rows_dir)
             got = await keys_pass(cfg, snap, shape, epoch, keys_dir, partition, on_rows)
@@ -188,13 +207,30 @@ async def read_scan(
 
 async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path) -> Partition:
     """The data passes' files for a table too large: buckets for the planner's row count (or what was read, twice)."""
+    account = Account.for_scan(cfg.source.memory_bytes)
+    room = account.pass_bytes()
+    rows = await _rows_estimate(snap, shape, e)
+    return Partition(folder, bucket_count(rows, e.bytes_per_row, room), shape.n_key, room, hold=account.data // 16)
+
+
+async def _epoch_ranges(
+    cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path, epoch: int
+) -> EpochRanges:
+    """:func:`_partition` for rows: ranges of ``epoch``'s order, each a stretch's share of the budget."""
+    account = Account.for_scan(cfg.source.memory_bytes)
+    room = account.stretch_bytes(e.bytes_per_row)
+    buckets = bucket_count(await _rows_estimate(snap, shape, e), e.bytes_per_row, room)
+    hold = account.data // 16  # held twice at most: a block written while the next gathers
+    return EpochRanges(folder, buckets, shape.n_key, room, hold, seed=cfg.batches.seed, epoch=epoch)
+
+
+async def _rows_estimate(snap: Snapshot, shape: ScanShape, e: TableTooLarge) -> float:
+    """The table's rows as the planner counts them, or twice what the given-up read had read."""
     rows = 2.0 * e.rows
     if shape.plain_table:
         sql = "SELECT reltuples::float8 FROM pg_class WHERE oid = $1::text::regclass"
         rows = max(rows, float((await snap.fetch(sql, f"row estimate of {shape.relation}", shape.relation))[0][0]))
-    account = Account.for_scan(cfg.source.memory_bytes)
-    room = account.pass_bytes()
-    return Partition(folder, bucket_count(rows, e.bytes_per_row, room), shape.n_key, room, hold=account.data // 8)
+    return rows
 
 
 def _has_new_values(cfg: Config, shape: ScanShape, table: Table) -> bool:

@@ -200,8 +200,12 @@ async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
     return clauses
 
 
-def assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False) -> Table:
-    """The table's columns from the ranges' chunks, sorted by (key, order) (a ``lexsort``: no server sort)."""
+def assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False, *, by_key: bool = True) -> Table:
+    """The table's columns from the ranges' chunks, sorted by (key, order) (a ``lexsort``: no server sort).
+
+    ``by_key`` False: left as they came, for rows put in the epoch's order next (:mod:`.stretches`), where a
+    sort by key would be a copy of every column for nothing.
+    """
     rows = [p for p in parts if p["k0"].size]
     n = sum(p["k0"].size for p in rows)
     if not n and not empty_ok:
@@ -214,7 +218,7 @@ def assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False) -> 
         np.concatenate([p[f"k{i}"] for p in rows] or [np.empty(0)], out=keys[i], casting="unsafe")
     if shape.order_wire is not None and shape.order_offset:
         keys[-1] += shape.order_offset
-    sorted_keys, order = sort_keys(keys)
+    sorted_keys, order = sort_keys(keys) if by_key else (keys, None)
     sorted_order = order is None
     table = Table(keys=sorted_keys, rows_read=n)
     for j, c in enumerate(shape.columns):

@@ -1,0 +1,195 @@
+"""Rows larger than ``[source] memory``, put in the epoch's order a stretch at a time.
+
+The epoch's order is by a 64-bit hash of each sample's key (:mod:`pgprefetch.write.order.shuffle`). The rows
+were split by ranges of that hash as the table was read (:class:`~pgprefetch.write.scan.partition.EpochRanges`),
+so the rows of one range are one stretch of the epoch, and the ranges in turn are the whole of it. Each
+stretch is loaded, put in order by
+:func:`~pgprefetch.write.order.shuffle.order_part` (which orders a part holding every key of a hash range
+exactly as it orders the whole, repeats and ``fraction`` included: equal keys are kept in the order they
+came, sorted by key or not, so the rows are not sorted by key first), and its samples are gathered, cast and
+appended to the samples' files (:class:`SampleFiles`): the epoch, in order, on local disk. The writer then
+reads batch ``b`` as one range of each file, and the keys as one range of the ordered key file.
+
+Before this, rows beyond memory went the way windows still go (:mod:`.multipass`): every key ordered on disk by
+the query mode's external sort, each used sample's place routed to its pass's file, each pass's samples spooled
+by batch group and put in place when the writer got there. Windows cannot take this way: a window needs
+every row of its series in its pass, and a series' windows are spread over the whole epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.errors import SourceError
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write import heap
+from pgprefetch.write.batches import BatchSource, local_unit_batches
+from pgprefetch.write.budget import Account
+from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
+from pgprefetch.write.order.keyfile import OrderedKeys, pread_into
+from pgprefetch.write.order.shuffle import Repeats, order_part
+from pgprefetch.write.plan import EpochPlan, ordered_fields
+from pgprefetch.write.scan.mode import Stretches, array_lengths
+from pgprefetch.write.scan.partition import EpochRanges
+from pgprefetch.write.scan.passes import fresh_folder
+from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.table import Table, assemble, cut, gather
+
+log = logging.getLogger("pgprefetch")
+
+
+class SampleFiles:
+    """An epoch's samples in order on local disk: a file per batch array, sample ``i`` at ``i`` records in.
+
+    Appended to a stretch at a time, read back a unit of batches at a time with ``pread`` (the pages go through
+    the page cache, never into the dump's RSS).
+    """
+
+    def __init__(self, folder: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
+        self.folder = folder
+        fresh_folder(folder)  # made afresh for this user: nothing planted in it to follow
+        self.record = {name: dtype.itemsize * int(np.prod(shape)) for name, dtype, shape in arrays}
+        self.n = 0
+        self._fds: dict[str, int] = {}
+        with io_errors(folder):
+            for name in self.record:
+                self._fds[name] = os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+    def append(self, out: dict[str, np.ndarray], n: int) -> None:
+        """Add the first ``n`` samples of ``out`` (one row a sample per array) after those already written."""
+        with io_errors(self.folder):
+            for name, fd in self._fds.items():
+                pwrite_all(fd, np.ascontiguousarray(out[name][:n]), self.n * self.record[name])
+        self.n += n
+
+    def read(self, first: int, n: int, out: dict[str, np.ndarray]) -> None:
+        """Fill the first ``n`` rows of each array of ``out`` with samples ``first .. first + n``."""
+        with io_errors(self.folder):
+            for name, fd in self._fds.items():
+                pread_into(fd, out[name][:n], first * self.record[name])
+
+    def close(self) -> None:
+        """Close the files (the folder goes with the epoch's spool)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+@contextlib.asynccontextmanager
+async def stretch_source(
+    cfg: Config, snap: Snapshot, read: Stretches, epoch: int, spool_dir: Path
+) -> AsyncIterator[BatchSource]:
+    """The batch source of rows beyond memory: each stretch ordered and written out, then the batches read back.
+
+    The ordered keys' and the samples' files stay open while the batches are written, and are closed after.
+    """
+    assert epoch == read.epoch, "the rows were split by this epoch's order"
+    shape, ranges = read.shape, read.ranges
+    key_columns = shape.key_columns
+    width = len(shape.key_names)
+    drop_last = cfg.batches.drop_last
+    keys = OrderedKeys(spool_dir / "keys", width, ranges.rows, cfg.batches.size if drop_last else 1)
+    files: SampleFiles | None = None
+    found: list[Repeats] = []
+    account = Account.for_scan(cfg.source.memory_bytes)
+    layout: BatchLayout | None = None
+    try:
+        for p in range(ranges.passes):
+            table = await asyncio.to_thread(_load, shape, ranges, p)
+            if not table.keys.shape[1]:
+                continue
+            if layout is None:
+                layout = BatchLayout.build(
+                    cfg.fields, shape.columns, shape.by_field, array_lengths(table), cfg.samples.rows, key_columns
+                )
+                files = SampleFiles(spool_dir / "samples", layout.arrays())
+            assert files is not None
+            await asyncio.to_thread(_stretch, cfg, layout, table, shape, epoch, keys, files, found, account)
+            del table
+            heap.release()
+        if layout is None or files is None:
+            raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
+        fields = ordered_fields(cfg, key_columns, ranges.rows, keys, Repeats.merged(found, width))
+    except BaseException:
+        keys.close()
+        if files is not None:
+            files.close()
+        raise
+    finally:
+        ranges.remove()
+    log.info(
+        "epoch %d: %s rows outgrew [source] memory: read once, in %d stretches of the epoch's order",
+        epoch, f"{ranges.rows:,}", ranges.passes,
+    )  # fmt: skip
+    plan = EpochPlan(
+        epoch=epoch,
+        key_columns=key_columns,
+        **fields,
+        columns=shape.columns,
+        by_field=shape.by_field,
+        categories=shape.categories,
+        sql="",
+        params=(),
+    )
+    try:
+        yield _source(cfg, plan, layout, files, snap, read.rows_read)
+    finally:
+        keys.close()
+        files.close()
+
+
+def _load(shape: ScanShape, ranges: EpochRanges, p: int) -> Table:
+    """Stretch ``p``'s rows as they came: :func:`~.order_part` puts them in order, a sort by key first is not needed."""
+    return assemble(shape, ranges.load(p), empty_ok=True, by_key=False)
+
+
+def _stretch(
+    cfg: Config,
+    layout: BatchLayout,
+    table: Table,
+    shape: ScanShape,
+    epoch: int,
+    keys: OrderedKeys,
+    files: SampleFiles,
+    found: list[Repeats],
+    account: Account,
+) -> None:
+    """Order one stretch's samples, append their keys to ``keys`` and their gathered samples to ``files``."""
+    sample_keys, starts = cut(table, shape, cfg.scan_samples)
+    order, repeats = order_part(sample_keys, seed=cfg.batches.seed, epoch=epoch, fraction=cfg.samples.fraction)
+    if repeats.count:
+        found.append(repeats)
+    keys.append(sample_keys, order)
+    chunk = account.gather_samples(layout.sample_bytes)
+    for lo in range(0, order.size, chunk):
+        at = order[lo : lo + chunk]
+        out = layout.allocate(at.size)  # fresh zeros: a padded array's tail is zero (collate.fill relies on it)
+        gather(table, layout, starts[at], np.ascontiguousarray(sample_keys[:, at]), out)
+        files.append(out, at.size)
+        del out
+
+
+def _source(
+    cfg: Config, plan: EpochPlan, layout: BatchLayout, files: SampleFiles, snap: Snapshot, rows_read: int
+) -> BatchSource:
+    """Batches read back from the samples' files: a unit's batches are one range of each file."""
+    size = cfg.batches.size
+
+    async def fetch(batch: int, count: int) -> object:
+        return None
+
+    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
+        first = batch * size
+        files.read(first, max(0, min(count * size, plan.used - first)), buffers)
+
+    unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
+    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 2, 2, unit)
