@@ -29,7 +29,7 @@ from pgprefetch.write.mix.source import mixed_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import query_source
 from pgprefetch.write.scan.mode import ScanRead, SpilledScan, Stretches, plan_scan, read_scan, scan_source
-from pgprefetch.write.scan.multipass import multipass_source, spilled_source
+from pgprefetch.write.scan.multipass import spilled_source
 from pgprefetch.write.scan.stretches import stretch_source
 
 
@@ -114,10 +114,10 @@ async def open_source(
             cache.read = read
             yield scan_source(cfg, read, epoch)
             return
-        if spool is None:
-            yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
-            return
-        yield await multipass_source(cfg, snap, read, epoch, spool, on_rows)
+        # A table too large whose keys were read for a check (a dump reads windows through the spilled keys'
+        # passes, rows in stretches, above).
+        assert spool is None, "a dump of a table beyond memory reads it in passes or stretches"
+        yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
     finally:
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)

@@ -7,8 +7,9 @@ sort, cut and shuffle several times that (73 bytes a row for rows, about 100 a t
 a table whose keys outgrow the budget as well has them ordered on disk by the query mode's external sort
 (:mod:`pgprefetch.write.order.spill`), not a second one:
 
-1. **Rows.** Every row is a sample: the keys stream from the COPYs into the sort's runs and are ordered
-   on disk as the query mode's keys are.
+1. **Rows** (for ``check``'s plan: a dump of rows beyond memory needs no keys pass, :mod:`.stretches`).
+   Every row is a sample: the keys stream from the COPYs into the sort's runs and are ordered on disk as
+   the query mode's keys are.
 2. **Windows.** The rows stream into runs hashed by their *series* key alone, ties broken by (key,
    order): every bucket then holds whole series, sorted, and is cut into windows as a table in memory
    is (:func:`~pgprefetch.write.scan.table.cut`). The windows' keys (series key, first order value)
@@ -139,25 +140,24 @@ async def keys_pass(
 ) -> Table | SpilledKeys:
     """Read the key and order columns of ``shape``: sorted in memory if they fit, else ordered on disk.
 
-    With ``partition`` every column is read, and each chunk's rows also go to their pass's files (the data
-    passes read those, not the table again), which :meth:`~.partition.Partition.settle` then splits where a
-    bucket outgrew a pass. ``folder`` (made only if the keys spill) takes the sorts' and passes' files; the
-    caller removes it.
+    Windows with ``partition`` (a dump): every column is read, and each chunk's rows go to their pass's files
+    (the data passes read those, not the table again); see :func:`_windows_pass`. Without it (a check) only
+    the keys are read, for the epoch's plan. (Rows beyond memory take neither way: they are split into
+    stretches of the epoch's order as they are read, :mod:`pgprefetch.write.scan.stretches`.) ``folder`` (made
+    only if the keys spill) takes the sorts' and passes' files; the caller removes it.
     """
+    if partition is not None:
+        assert cfg.scan_samples.window is not None, "rows beyond memory are read in stretches, not passes"
+        return await _windows_pass(cfg, snap, shape, epoch, folder, partition, on_rows)
     account = Account.for_scan(cfg.source.memory_bytes)
-    # Half the data's share: the keys held (or a run of them) leave the other half to the data passes.
+    # Half the data's share: the keys held (or a run of them), as a dump's keys pass would hold them.
     budget, seed = account.data // 2, cfg.batches.seed
     n_key, width = shape.n_key, len(shape.key_names)
     limit = budget // bytes_per_row(width)
-    if partition is not None and cfg.scan_samples.window is not None:
-        return await _windows_pass(cfg, snap, shape, epoch, folder, partition, on_rows)
     rows = KeyCollector(folder / "rows", width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
     try:
-        read = keys_only(shape) if partition is None else shape
-        n_rows = await stream(cfg, snap, read, rows.add, on_rows, partition)
+        n_rows = await stream(cfg, snap, keys_only(shape), rows.add, on_rows)
         got = rows.result()
-        if partition is not None:
-            await asyncio.to_thread(partition.settle)
     except BaseException:
         rows.close()
         raise
@@ -172,20 +172,12 @@ async def keys_pass(
     finally:
         got.close()
     heap.release()
-    spilled = SpilledKeys(order, partition, folder / "passes", cut_count, n_rows)
     log.info(
         "epoch %d: the keys of %s rows outgrew [source] memory: %s samples ordered on disk (%d runs, %d buckets"
-        " of series), %d data passes",
-        epoch, f"{n_rows:,}", f"{cut_count:,}", len(got.runs), buckets, spilled.passes,
+        " of series)",
+        epoch, f"{n_rows:,}", f"{cut_count:,}", len(got.runs), buckets,
     )  # fmt: skip
-    if partition is None:  # only the epoch's plan is wanted (a check): no data passes to route to
-        return spilled
-    try:
-        await asyncio.to_thread(_route, spilled, partition, n_key, budget)
-    except BaseException:
-        spilled.close()
-        raise
-    return spilled
+    return SpilledKeys(order, None, folder / "passes", cut_count, n_rows)  # a check: no data passes to fill
 
 
 async def _windows_pass(

@@ -1,8 +1,9 @@
 """Scan mode's batch sources: the table read once on a snapshot, each epoch cut from it.
 
 ``fetch`` has nothing to do; ``produce`` gathers the batch's rows from memory. A table larger than
-``[source] memory`` is split into passes as its keys are read (:func:`read_scan`), and its batches come from a
-spool (:mod:`.multipass`). One read serves every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
+``[source] memory`` is split as it is read (:func:`read_scan`): rows into stretches of the epoch's order
+(:mod:`.stretches`), windows into passes of whole series (:mod:`.multipass`). One read held in memory serves
+every epoch of a ``--epochs A-B`` run (:class:`ScanRead`).
 """
 
 from __future__ import annotations
@@ -82,9 +83,8 @@ class ScanRead:
     snapshot: str
     server_version: str
     epochs_cut: int = 0
-    fits: bool = True  # False: ``table`` holds only the keys (the keys pass); the data comes in passes
+    fits: bool = True  # False: ``table`` holds only the keys (a check of a table beyond memory)
     bytes_per_row: float = 0.0
-    partition: Partition | None = None  # not ``fits``: the rows, split into the data passes' files
 
 
 @dataclass
@@ -159,7 +159,6 @@ async def read_scan(
     optimistic = known_vocabulary(cfg, vocabulary) is not None
     categories = await resolve_categories(cfg, None if optimistic else distinct, vocabulary)
     shape = dataclasses.replace(shape, categories=categories)
-    partition: Partition | None = None
     try:
         too_large = await _clearly_too_large(cfg, snap, shape)
         if too_large is not None:
@@ -200,9 +199,7 @@ async def read_scan(
     sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
     if not sample_keys.shape[1] and cfg.samples.window is not None:
         raise no_windows(cfg.samples, longest_series(table.keys))
-    read = ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
-    read.partition = partition
-    return read
+    return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
 
 
 async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path) -> Partition:

@@ -1,9 +1,10 @@
-"""Scan mode's batch sources for a table larger than ``[source] memory``: its data passes, through a spool.
+"""Scan mode's batch source for windows of a table larger than ``[source] memory``: its data passes.
 
 The keys pass (:func:`~pgprefetch.write.scan.mode.read_scan`) read the table once and split its rows into the
-passes' files (:mod:`.partition`); here each pass is loaded, cut, and the samples the epoch uses are spooled by
-batch group (:mod:`.passes`), for ``produce`` to hand out in order. :func:`multipass_source` serves keys held in
-memory, :func:`spilled_source` keys ordered on disk (:mod:`.keyspill`); both go through :func:`_spool_passes`.
+passes' files by series (:mod:`.partition`), and ordered the windows (:mod:`.keyspill`); here each pass is
+loaded and cut, its sorted rows appended to the rows file and the start row of each window the epoch uses
+spooled by batch group (:mod:`.passes`), for ``produce`` to gather in order. (Rows beyond memory take a
+shorter way: :mod:`.stretches`.)
 """
 
 from __future__ import annotations
@@ -26,40 +27,12 @@ from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.budget import Account, smallest_budget
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.scan.keyspill import locate
-from pgprefetch.write.scan.mode import ScanRead, SpilledScan, array_lengths, plan_scan, scan_layout
+from pgprefetch.write.scan.mode import SpilledScan, array_lengths, scan_layout
 from pgprefetch.write.scan.partition import Partition, pass_table
-from pgprefetch.write.scan.passes import Spool, spool_samples
+from pgprefetch.write.scan.passes import Spool
 from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.table import Table, cut, gather, longest_series
-
-
-async def multipass_source(
-    cfg: Config,
-    snap: Snapshot,
-    read: ScanRead,
-    epoch: int,
-    spool_dir: Path,
-    on_rows: Callable[[int], None] | None = None,
-) -> BatchSource:
-    """The scan mode for a table larger than ``[source] memory`` whose keys fit: data passes into a spool."""
-    plan = plan_scan(cfg, read.shape, read.sample_keys, epoch)
-    assert plan.samples is not None
-    assert read.partition is not None, "a table read in passes has its rows split into them"
-    keys = read.sample_keys[:, plan.samples[: plan.used]]  # the used samples' keys, in the epoch's order
-    of = read.partition.pass_of(np.ascontiguousarray(keys[: read.shape.n_key]))
-    by_pass = np.argsort(of, kind="stable")
-    edges = np.searchsorted(of[by_pass], np.arange(read.partition.passes + 1))
-    del of
-
-    def wanted(p: int) -> tuple[np.ndarray, np.ndarray]:
-        places = by_pass[edges[p] : edges[p + 1]]
-        return places, keys[:, places]
-
-    passes = await _passes(cfg, read.shape, plan, read.partition, wanted, spool_dir)
-    if passes.cut != read.sample_keys.shape[1]:
-        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    return _gathered(cfg, plan, passes, snap, read.table.rows_read)
 
 
 async def spilled_source(
@@ -70,7 +43,7 @@ async def spilled_source(
     spool_dir: Path,
     on_rows: Callable[[int], None] | None = None,
 ) -> BatchSource:
-    """:func:`multipass_source` for keys ordered on disk: each data pass spools the samples routed to it."""
+    """The windows of a table beyond memory: each data pass cut, its rows kept, its used windows' starts spooled."""
     plan = read.plan(cfg, epoch)
     assert read.keys.partition is not None, "a table read in passes has its rows split into them"
     width = plan.key_columns.width
@@ -82,11 +55,11 @@ async def spilled_source(
 
 @dataclass
 class _Passes:
-    """The data passes done: rows' samples spooled, or windows' sorted rows on disk and start rows spooled."""
+    """The data passes done: the windows' sorted rows on disk, and each used window's start row spooled."""
 
     layout: BatchLayout
-    rows: RowsFile | None  # windows: the passes' sorted rows, gathered from when the batches are written
-    spool: Spool  # rows: the samples, gathered; windows: each used window's start row in ``rows``
+    rows: RowsFile  # the passes' sorted rows, gathered from when the batches are written
+    spool: Spool  # each used window's start row in ``rows``
     cut: int
 
 
@@ -98,15 +71,14 @@ async def _passes(
     wanted: Callable[[int], tuple[np.ndarray, np.ndarray]],
     spool_dir: Path,
 ) -> _Passes:
-    """Load and cut each data pass; keep its rows if it has samples the epoch uses (``wanted(p)``: places, keys).
+    """Load and cut each data pass; keep its rows if it has windows the epoch uses (``wanted(p)``: places, keys).
 
     A pass holds its rows a few times over (loaded, joined, sorted); what stays is on disk: its sorted rows,
-    appended to the rows file, and the start row of each of its used samples, spooled by batch group.
+    appended to the rows file, and the start row of each of its used windows, spooled by batch group.
+    Windows overlap: their epoch is up to ``window`` times the rows, too much to spool (a 2.8 GB epoch of
+    48-row windows under 32 MiB: 22x the time in memory), so they are gathered from the rows when written.
     """
-    account = Account.for_scan(cfg.source.memory_bytes)
-    # Windows overlap: their epoch is up to `window` times the rows, too much to spool (a 2.8 GB epoch of 48-row
-    # windows under 32 MiB: 22x the time in memory); a row is one sample, spooled as it is.
-    rows = RowsFile(spool_dir / "sorted", shape.columns) if cfg.scan_samples.window is not None else None
+    rows = RowsFile(spool_dir / "sorted", shape.columns)
     spool: Spool | None = None
     layout: BatchLayout | None = None
     cut_count = 0
@@ -121,25 +93,19 @@ async def _passes(
                 continue
             if layout is None:
                 layout = scan_layout(cfg, shape, array_lengths(table), plan)
+                group = Account.for_scan(cfg.source.memory_bytes).spool_group_bytes()
                 start: list[tuple[str, np.dtype, tuple[int, ...]]] = [("start", np.dtype(np.int64), ())]
-                arrays = layout.arrays() if rows is None else start
-                group = account.spool_group_bytes()
-                spool = Spool(spool_dir / "batches", arrays, cfg.batches.size, plan.n_batches, group)
+                spool = Spool(spool_dir / "batches", start, cfg.batches.size, plan.n_batches, group)
             assert spool is not None
-            order = np.lexsort(keys[::-1])  # in key order: the search and the gather walk the pass's rows forward
+            order = np.lexsort(keys[::-1])  # in key order: the search walks the pass's rows forward
             positions, keys = positions[order], np.ascontiguousarray(keys[:, order])
             at = locate(pass_keys, keys)
-            if rows is None:
-                chunk = account.gather_samples(layout.sample_bytes)
-                await asyncio.to_thread(spool_samples, spool, layout, table, pass_starts[at], keys, positions, chunk)
-            else:
-                spool.add(positions, {"start": rows.rows + pass_starts[at]})
-                await asyncio.to_thread(rows.append, table)
+            spool.add(positions, {"start": rows.rows + pass_starts[at]})
+            await asyncio.to_thread(rows.append, table)
             del table, pass_keys, pass_starts, positions, keys, at, order
             heap.release()
     except BaseException:
-        if rows is not None:
-            rows.close()
+        rows.close()
         raise
     finally:
         partition.remove()
@@ -166,10 +132,8 @@ def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> 
 
 
 def _gathered(cfg: Config, plan: EpochPlan, passes: _Passes, snap: Snapshot, rows_read: int) -> BatchSource:
-    """The batch source of an epoch read in passes: from the spool, windows gathered from the rows file."""
+    """The batch source of windows read in passes: each batch's start rows from the spool, gathered from the rows."""
     size, layout = cfg.batches.size, passes.layout
-    if passes.rows is None:
-        return _spooled(cfg, plan, layout, passes.spool, snap, rows_read)
     rows = passes.rows
     table = rows.open()
     lock = threading.Lock()  # the spool loads one group at a time
@@ -200,20 +164,3 @@ def _gathered(cfg: Config, plan: EpochPlan, passes: _Passes, snap: Snapshot, row
     threads = 2 if cfg.store.compression == "none" else 1
     unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, threads, threads, unit)
-
-
-def _spooled(
-    cfg: Config, plan: EpochPlan, layout: BatchLayout, spool: Spool, snap: Snapshot, rows_read: int
-) -> BatchSource:
-    """The batch source of an epoch whose samples were spooled by the data passes: each batch from the spool."""
-    size = cfg.batches.size
-
-    async def fetch(batch: int, count: int) -> object:
-        return None
-
-    def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
-        for i in range(count):
-            spool.batch(batch + i, {name: b[i * size : (i + 1) * size] for name, b in buffers.items()})
-
-    unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
-    return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 1, unit=unit)

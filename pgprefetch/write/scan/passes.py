@@ -1,26 +1,23 @@
-"""Scan mode beyond ``[source] memory``: one read of the table split into passes, through a spool.
+"""Scan mode beyond ``[source] memory``: one read of the table split on local disk, and the spool of windows.
 
-A table that fits the budget is read once and kept (:mod:`pgprefetch.write.scan.table`). One that does not is read in
-passes, each holding a share of the budget:
+A table that fits the budget is read once and kept (:mod:`pgprefetch.write.scan.table`). One that does not is
+COPYed once over page ranges, like a single-pass read, and every decoded chunk goes whole to files on local
+disk, split so that each part fits a share of the budget (:mod:`pgprefetch.write.scan.partition`):
 
-1. **Keys pass.** The table is COPYed once over page ranges, like a single-pass read. Its key and order
-   columns give the samples and the epoch's order, as in every mode (ordered on disk when they outgrow the
-   budget as well: :mod:`pgprefetch.write.scan.keyspill`); every decoded chunk goes whole to the data
-   passes' files on local disk, split by a hash of its series key (:mod:`pgprefetch.write.scan.partition`),
-   so a series (and each window of it) lies in one pass.
-2. **Data passes.** A pass loads its rows, sorts them by (key, order) and cuts its samples exactly as the
-   keys pass did (the same rows), and finds the ones the epoch uses. *Rows*: each is gathered, cast and
-   checked (:func:`~pgprefetch.decode.collate.fill`), a chunk at a time, and appended to the spool file of
-   the group of batches it belongs to (:class:`Spool`; the epoch is about the table's size). *Windows*,
-   whose epoch is up to ``window`` times the table: the pass's sorted rows are appended to the rows file
-   (:mod:`pgprefetch.write.scan.rowsfile`), and each used window's start row there is spooled (8 bytes).
-3. **Writing.** The writer asks for batches in order; the spool hands them (or their start rows) out a
-   group at a time; windows are then gathered from the rows file, mapped, as from a table in memory.
-   Spooling is sequential I/O (an external distribution sort).
+- **Rows** are split by ranges of the epoch's order hash: each part is a stretch of the epoch, put in order
+  and written out in turn (:mod:`pgprefetch.write.scan.stretches`).
+- **Windows** are split by a hash of their series key, so a series (and each window of it) lies in one data
+  pass. The windows' keys are ordered (on disk when they outgrow the budget as well:
+  :mod:`pgprefetch.write.scan.keyspill`); each pass loads its rows, sorts them by (key, order), cuts its
+  windows exactly as the keys pass did (the same rows), and finds the ones the epoch uses; its sorted rows are
+  appended to the rows file (:mod:`pgprefetch.write.scan.rowsfile`), and each used window's start row is
+  spooled (:class:`Spool`, 8 bytes a window). The writer asks for batches in order; the spool hands their
+  start rows out a group at a time, and the windows are gathered from the rows file, mapped, as from a table
+  in memory (:mod:`pgprefetch.write.scan.multipass`). Spooling is sequential I/O (an external distribution sort).
 
 The server reads the table once, whatever its indexes; the client writes the decoded table twice on local
-disk (split into passes, then sorted), removed when the epoch is published. Several epochs are read again
-from the start: only a table that fits is kept across ``--epochs``.
+disk, removed when the epoch is published. Several epochs are read again from the start: only a table that
+fits is kept across ``--epochs``.
 """
 
 from __future__ import annotations
@@ -31,10 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.scan.shape import ScanShape
-from pgprefetch.write.scan.table import Table, gather
 
 
 def fresh_folder(folder: Path) -> None:
@@ -124,25 +119,3 @@ class Spool:
     def remove(self) -> None:
         """Delete the spool files."""
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def spool_samples(
-    spool: Spool,
-    layout: BatchLayout,
-    table: Table,
-    starts: np.ndarray,
-    keys: np.ndarray,
-    positions: np.ndarray,
-    chunk: int,
-) -> None:
-    """Gather, cast and spool the samples starting at rows ``starts``, ``chunk`` samples at a time.
-
-    A pass's samples gathered at once were a copy of the pass's rows, outside any budget; gathered a chunk at
-    a time, the gather holds one chunk.
-    """
-    for lo in range(0, starts.size, max(1, chunk)):
-        hi = min(starts.size, lo + chunk)
-        out = layout.allocate(hi - lo)  # fresh zeros: a padded array's tail is zero (collate.fill relies on it)
-        gather(table, layout, starts[lo:hi], keys[:, lo:hi], out)
-        spool.add(positions[lo:hi], out)
-        del out
