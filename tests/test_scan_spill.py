@@ -152,6 +152,23 @@ def test_windows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
     assert not (meta / "spool" / "epoch-00000").exists()
 
 
+def test_windows_beyond_memory_ordered_by_a_timestamp_keep_its_type_in_the_manifest(db: str, tmp_path: Path) -> None:
+    """The manifest's key types are the in-memory dump's: a timestamp order column is read back as one."""
+    execute(
+        db,
+        "CREATE TABLE stamped (series_id int NOT NULL, ts timestamptz NOT NULL, f0 real NOT NULL, f1 real NOT NULL,"
+        " label int NOT NULL)",
+        "INSERT INTO stamped SELECT s, timestamptz '2024-01-01 00:00+00' + t * interval '1 minute', t, s, t % 5"
+        " FROM generate_series(1, 300) s, generate_series(1, 200) t ORDER BY random()",
+    )
+    windows = {"table": "stamped", "key": ["series_id"], "order": "ts", "window": 16, "stride": 5}
+    spilled = dump(scan_config(tmp_path / "s", **windows, extra=TINY), db)
+    whole = dump(scan_config(tmp_path / "w", **windows), db)
+    assert manifest(whole.path)["key_types"] == ["int", "timestamptz"]
+    assert manifest(spilled.path)["key_types"] == manifest(whole.path)["key_types"]
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+
+
 def test_rows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
     tables: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import heap
@@ -56,19 +56,26 @@ def array_lengths(table: Table) -> dict[Column, int]:
 
 def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int) -> EpochPlan:
     """The epoch of a scanned table: its samples (cut by :func:`~pgprefetch.write.scan.table.cut`) in epoch order."""
-    key_columns = shape.key_columns
-    order = order_keys(cfg, sample_keys, key_columns, epoch)
+    order = order_keys(cfg, sample_keys, shape.key_columns, epoch)
     index = order.pop("index")
+    return scan_plan(shape, epoch, order, samples=index)
+
+
+def scan_plan(shape: ScanShape, epoch: int, order: dict[str, Any], samples: np.ndarray | None = None) -> EpochPlan:
+    """A scanned table's epoch from its order's fields (:func:`~pgprefetch.write.plan.order_keys`'s but ``index``).
+
+    ``samples``: the order as indices into the cut samples, where they are held (None: the keys are on disk).
+    """
     return EpochPlan(
         epoch=epoch,
-        key_columns=key_columns,
+        key_columns=shape.key_columns,
         **order,
         columns=shape.columns,
         by_field=shape.by_field,
         categories=shape.categories,
         sql="",
         params=(),
-        samples=index,
+        samples=samples,
     )
 
 
@@ -100,16 +107,7 @@ class SpilledScan:
     def plan(self, cfg: Config, epoch: int) -> EpochPlan:
         """The epoch the keys pass ordered, as a plan: no per-sample index (``samples`` None)."""
         assert epoch == self.epoch, "keys ordered on disk serve the epoch they were ordered for"
-        return EpochPlan(
-            epoch=epoch,
-            key_columns=KeyColumns(self.shape.key_names),
-            **self.keys.order,
-            columns=self.shape.columns,
-            by_field=self.shape.by_field,
-            categories=self.shape.categories,
-            sql="",
-            params=(),
-        )
+        return scan_plan(self.shape, epoch, self.keys.order)
 
 
 @dataclass

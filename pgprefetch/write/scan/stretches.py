@@ -38,7 +38,7 @@ from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
 from pgprefetch.write.order.keyfile import OrderedKeys, pread_into
 from pgprefetch.write.order.shuffle import Repeats, order_part
 from pgprefetch.write.plan import EpochPlan, ordered_fields
-from pgprefetch.write.scan.mode import Stretches, array_lengths
+from pgprefetch.write.scan.mode import Stretches, array_lengths, scan_plan
 from pgprefetch.write.scan.partition import EpochRanges
 from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.shape import ScanShape
@@ -130,16 +130,7 @@ async def stretch_source(
         "epoch %d: %s rows outgrew [source] memory: read once, in %d stretches of the epoch's order",
         epoch, f"{ranges.rows:,}", ranges.passes,
     )  # fmt: skip
-    plan = EpochPlan(
-        epoch=epoch,
-        key_columns=key_columns,
-        **fields,
-        columns=shape.columns,
-        by_field=shape.by_field,
-        categories=shape.categories,
-        sql="",
-        params=(),
-    )
+    plan = scan_plan(shape, epoch, fields)
     try:
         yield _source(cfg, plan, layout, files, snap, read.rows_read)
     finally:
