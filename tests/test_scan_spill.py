@@ -205,12 +205,14 @@ def test_repeated_rows_beyond_memory_are_refused_or_dropped_as_in_memory(db: str
     assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
 
 
-def test_check_and_several_epochs_from_keys_beyond_memory(tables: str, tmp_path: Path) -> None:
-    cfg = scan_config(tmp_path / "s", **WINDOWS, extra=TINY)
+@pytest.mark.parametrize("settings", [WINDOWS, ROWS], ids=["windows", "rows"])
+def test_check_and_several_epochs_from_keys_beyond_memory(tables: str, tmp_path: Path, settings: dict) -> None:
+    """Each epoch of ``--epochs`` beyond memory is read and ordered for itself (rows: split by its own order)."""
+    cfg = scan_config(tmp_path / "s", **settings, extra=TINY)
     report = asyncio.run(check_config(load_config(cfg, dsn=tables)))
     assert report.errors == []
     spilled = asyncio.run(dump_epochs(load_config(cfg, dsn=tables), [0, 1]))
-    whole = asyncio.run(dump_epochs(load_config(scan_config(tmp_path / "w", **WINDOWS), dsn=tables), [0, 1]))
+    whole = asyncio.run(dump_epochs(load_config(scan_config(tmp_path / "w", **settings), dsn=tables), [0, 1]))
     assert report.n_samples == whole[0].n_samples
     for a, b in zip(spilled, whole, strict=True):
         assert chunk_bytes(a.path) == chunk_bytes(b.path)
