@@ -51,7 +51,7 @@ class OrderedKeys:
         self._digest = hashlib.sha256()
         self._hashed = 0  # samples of slot 0 in the digest
         with io_errors(path.parent):
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)  # never a planted link
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -97,7 +97,9 @@ async def stretch_source(
     key_columns = shape.key_columns
     width = len(shape.key_names)
     drop_last = cfg.batches.drop_last
-    keys = OrderedKeys(spool_dir / "keys", width, ranges.rows, cfg.batches.size if drop_last else 1)
+    folder = spool_dir / "stretches"
+    fresh_folder(folder)  # the ordered keys' file and the samples' folder, in a folder made for them alone
+    keys = OrderedKeys(folder / "keys", width, ranges.rows, cfg.batches.size if drop_last else 1)
     files: SampleFiles | None = None
     found: list[Repeats] = []
     account = Account.for_scan(cfg.source.memory_bytes)
@@ -111,7 +113,7 @@ async def stretch_source(
                 layout = BatchLayout.build(
                     cfg.fields, shape.columns, shape.by_field, array_lengths(table), cfg.samples.rows, key_columns
                 )
-                files = SampleFiles(spool_dir / "samples", layout.arrays())
+                files = SampleFiles(folder / "samples", layout.arrays())
             assert files is not None
             await asyncio.to_thread(_stretch, cfg, layout, table, shape, epoch, keys, files, found, account)
             del table
