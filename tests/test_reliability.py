@@ -274,8 +274,11 @@ def test_a_frozen_route_is_detected_within_io_timeout_and_retried(s_table: str, 
     # slack is the suite's: it runs over every core (make test), and a loaded 2-core machine took 3.0 s.
     assert detected < 5.0
     assert proc.returncode == 0, err
-    summary = json.loads(out)
-    assert summary["retry_causes"] == {"stalled": 1}
+    causes = json.loads(out)["retry_causes"]
+    # The freeze is one stall, detected once. Under a loaded suite the retry was once (in four full runs) also
+    # counted a lost connection, as the frozen routes were torn down: counted, and survived, as it should be.
+    assert causes.get("stalled") == 1, causes
+    assert set(causes) <= {"stalled", "connection lost"}, causes
     assert "no answer for 1 s ([source] io_timeout); retrying" in err
     clean = dump(s_config(tmp_path, name="clean.toml", store="clean.zarr", slow=True), s_table)
     assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
