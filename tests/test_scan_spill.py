@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import subprocess
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -332,3 +333,48 @@ def test_a_link_planted_for_the_spool_is_replaced_not_followed(tables: str, tmp_
     assert not (meta / "spool" / "epoch-00000").exists()
     whole = dump(scan_config(tmp_path / "w", **WINDOWS), tables)
     assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+
+
+# ---- rows beyond memory, in stretches: faults ------------------------------------------------------------------
+
+SLOW_FLAT = "SELECT id, v, w, CASE WHEN id % 7000 = 0 THEN pg_sleep(0.005) END AS pause FROM flat"  # one COPY, ~1 s
+
+
+def test_a_connection_terminated_while_rows_are_split_into_stretches_is_retried(tables: str, tmp_path: Path) -> None:
+    """The connections killed while the rows stream into the stretches' files: retried, the same bytes."""
+    import threading
+
+    from pgprefetch import dump_epoch
+    from pgprefetch.pg.retry import RetryPolicy
+
+    from .harness.faults import kill_every_connection
+
+    rows = {**ROWS, "table": SLOW_FLAT}
+    cfg = scan_config(tmp_path / "s", **rows, extra=TINY)
+    ranges = tmp_path / "s" / "store.zarr" / ".pgprefetch" / "spool" / "epoch-00000" / "rows"
+
+    def kill_once_split() -> None:
+        deadline = time.monotonic() + 60
+        while not ranges.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # rows are streaming into the ranges' files
+        kill_every_connection(tables)
+
+    killer = threading.Thread(target=kill_once_split)
+    killer.start()
+    result = asyncio.run(dump_epoch(load_config(cfg, dsn=tables), 0, retries=RetryPolicy(first_wait=0.1)))
+    killer.join()
+    assert result.retry_causes.get("terminated", 0) >= 1, result.retry_causes
+    whole = dump(scan_config(tmp_path / "w", **ROWS), tables)
+    assert chunk_bytes(result.path) == chunk_bytes(whole.path)
+
+
+def test_kill_9_while_stretches_are_written_then_rerun_gives_the_clean_bytes(tables: str, tmp_path: Path) -> None:
+    cfg = scan_config(tmp_path / "a", **ROWS, extra=TINY)
+    spool = tmp_path / "a" / "store.zarr" / ".pgprefetch" / "spool" / "epoch-00000"
+    kill_9_mid_dump(cfg, tables, lambda: (spool / "stretches" / "samples").exists())
+    assert not (tmp_path / "a" / "store.zarr" / "epoch-00000").exists()
+    rerun = dump(cfg, tables)
+    clean = dump(scan_config(tmp_path / "b", **ROWS), tables)
+    assert chunk_bytes(rerun.path) == chunk_bytes(clean.path)
+    assert not spool.exists()
