@@ -101,7 +101,8 @@ async def open_source(
                 if spool is None:
                     yield read.plan(cfg, epoch)
                 else:
-                    yield await spilled_source(cfg, snap, read, epoch, spool, on_rows)
+                    async with spilled_source(cfg, snap, read, epoch, spool) as source:
+                        yield source
             finally:
                 read.keys.close()
             return

@@ -10,8 +10,8 @@ shorter way: :mod:`.stretches`.)
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,25 +32,31 @@ from pgprefetch.write.scan.partition import Partition, pass_table
 from pgprefetch.write.scan.passes import Spool
 from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.shape import ScanShape
-from pgprefetch.write.scan.table import Table, cut, gather, longest_series
+from pgprefetch.write.scan.sweep import Groups
+from pgprefetch.write.scan.table import Table, cut, longest_series
 
 
+@contextlib.asynccontextmanager
 async def spilled_source(
-    cfg: Config,
-    snap: Snapshot,
-    read: SpilledScan,
-    epoch: int,
-    spool_dir: Path,
-    on_rows: Callable[[int], None] | None = None,
-) -> BatchSource:
-    """The windows of a table beyond memory: each data pass cut, its rows kept, its used windows' starts spooled."""
+    cfg: Config, snap: Snapshot, read: SpilledScan, epoch: int, spool_dir: Path
+) -> AsyncIterator[BatchSource]:
+    """The windows of a table beyond memory: each data pass cut, its rows kept, its used windows' starts spooled.
+
+    The rows file is closed and deleted when the batches are written (or the dump fails).
+    """
     plan = read.plan(cfg, epoch)
     assert read.keys.partition is not None, "a table read in passes has its rows split into them"
     width = plan.key_columns.width
     passes = await _passes(cfg, read.shape, plan, read.keys.partition, lambda p: read.keys.wanted(p, width), spool_dir)
-    if passes.cut != read.keys.samples:
-        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    return _gathered(cfg, plan, passes, snap, read.keys.rows_read)
+    try:
+        if passes.cut != read.keys.samples:
+            raise SourceError(
+                "a data pass cut other samples than the keys pass (the table changed under the snapshot?)"
+            )
+        yield _gathered(cfg, plan, passes, snap, read.keys.rows_read)
+    finally:
+        passes.rows.close()
+        passes.spool.remove()
 
 
 @dataclass
@@ -132,35 +138,17 @@ def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> 
 
 
 def _gathered(cfg: Config, plan: EpochPlan, passes: _Passes, snap: Snapshot, rows_read: int) -> BatchSource:
-    """The batch source of windows read in passes: each batch's start rows from the spool, gathered from the rows."""
+    """The batch source of windows read in passes: gathered a group of batches at a time from the rows file."""
     size, layout = cfg.batches.size, passes.layout
-    rows = passes.rows
-    table = rows.open()
-    lock = threading.Lock()  # the spool loads one group at a time
+    groups = Groups(passes.rows, layout, plan, passes.spool, Account.for_scan(cfg.source.memory_bytes), size)
 
     async def fetch(batch: int, count: int) -> object:
         return None
 
     def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
-        keys = plan.batch_keys(batch, size, count)
-        starts = np.empty(count * size, np.int64)
-        with lock:
-            for i in range(count):
-                passes.spool.batch(batch + i, {"start": starts[i * size : (i + 1) * size]})
-        for i in range(count):  # a batch at a time: what it touched of the mapping goes back to the page cache
-            part = slice(i * size, min((i + 1) * size, keys.shape[1]))
-            if part.start >= part.stop:
-                break
-            gather(
-                table,
-                layout,
-                starts[part],
-                keys[:, part],
-                {k: b[i * size : (i + 1) * size] for k, b in buffers.items()},
-            )
-            rows.release()
+        groups.fill(batch, count, buffers)
 
-    # Two threads, as for a table in memory: one gathers while the other's pwrite writes (zarr: one).
+    # Two threads, as for a table in memory: one takes its batches while the other's pwrite writes (zarr: one).
     threads = 2 if cfg.store.compression == "none" else 1
     unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, threads, threads, unit)

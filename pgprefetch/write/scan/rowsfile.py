@@ -1,24 +1,24 @@
-"""The data passes' sorted rows, one after another on local disk, mapped read-only for the batches' gather.
+"""The data passes' sorted rows, one after another on local disk, read back a stretch of rows at a time.
 
 A table larger than ``[source] memory`` is cut pass by pass (:mod:`.multipass`). The samples of an epoch are
 in no order a pass knows, so they used to be gathered pass by pass and spooled by batch group: for windows the
 spool was the epoch (64 times the table at stride 1), written, read back and written again; under a small
 budget its groups were many and its writes tiny (a 2.8 GB epoch of stride-1 windows under 32 MiB: 22x the
 time in memory). Now each pass's rows, sorted and cut, are appended here once (the table's size, not the
-epoch's); each used sample's start row is spooled (8 bytes a sample); and a batch is gathered from the
-mapping by the code that gathers from a table in memory, so its bytes are the same.
+epoch's); each used sample's start row is spooled (8 bytes a sample); and the batches are gathered from rows
+read back here in order (:mod:`.sweep`) by the code that gathers from a table in memory, so their bytes are
+the same.
 
-The mapping's pages are the kernel's page cache: they are dropped from the process (``MADV_DONTNEED``) once a
-batch is gathered, so the resident memory stays what a batch touched, within the budget, and the cache is
-left to the kernel to keep or reclaim.
+The rows are read with ``preadv`` into buffers held for the dump, not mapped: a window's rows are 1-2 pages
+of each file, and a gather from a mapping faulted them in one at a time (and out again, to hold the budget),
+10 µs a fault on a virtual machine, most of the time of the dump.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
+import os
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -33,17 +33,22 @@ _Entry = tuple[str, int, np.dtype, tuple[int, ...]]
 
 
 class RowsFile:
-    """Sorted tables appended one after another (:meth:`append`), then mapped as one :class:`Table` (:meth:`open`)."""
+    """Sorted tables appended one after another (:meth:`append`), then read back by rows (:meth:`read`)."""
 
     def __init__(self, folder: Path, columns: tuple[Column, ...]) -> None:
         self.folder, self.columns = folder, columns
         self.rows = 0  # rows appended: the next table's first row
         self._entries: list[_Entry] | None = None
         self._blocks: list[list[tuple[Column, int]]] = []
-        self._maps: list[mmap.mmap] = []
         self._nulls: set[Column] = set()  # the columns a NULL was seen in: only theirs are masked
-        self._lock = threading.Lock()
+        self._files: list[int] = []  # open for reading (:meth:`open`)
+        self._buffers: list[np.ndarray] = []
         fresh_folder(folder)
+
+    @property
+    def row_bytes(self) -> int:
+        """A row's bytes over every file."""
+        return sum(_row_bytes(entry) for entry in self._entries or ())
 
     def append(self, table: Table) -> None:
         """Append ``table``'s rows (sorted by key and order, as cut); every table has the first one's columns."""
@@ -91,18 +96,27 @@ class RowsFile:
                 out.append(table.lengths[self.columns[i]])
         return out
 
-    def open(self) -> Table:
-        """Every row appended, as a table of read-only mapped arrays (no keys: the plan has the samples' keys)."""
-        table = Table(keys=np.empty((0, self.rows), np.int64))
+    def open(self, rows: int) -> None:
+        """Open the files for :meth:`read`, with buffers for ``rows`` rows (the most one read asks for)."""
+        with io_errors(self.folder):
+            for kind, i, _, _ in self._entries or ():
+                self._files.append(os.open(self.folder / f"{kind}{i}", os.O_RDONLY | os.O_NOFOLLOW))
+        self._buffers = [np.empty(rows * _row_bytes(entry), np.uint8) for entry in self._entries or ()]
+
+    def read(self, first: int, stop: int) -> Table:
+        """Rows ``first`` to ``stop`` as a table (no keys: the plan has the samples'), in buffers reused by the next.
+
+        At most the rows :meth:`open` was given; the table's arrays are valid until the next read.
+        """
+        n = stop - first
+        table = Table(keys=np.empty((0, n), np.int64))
         blocks: list[tuple[np.ndarray, list[tuple[Column, int]]]] = []
         with io_errors(self.folder):
-            for kind, i, dtype, shape in self._entries or ():
-                path = self.folder / f"{kind}{i}"
-                with open(path, "rb") as f:
-                    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                mapped.madvise(mmap.MADV_RANDOM)  # a batch's rows are anywhere: no read-ahead around each
-                self._maps.append(mapped)
-                array = np.frombuffer(mapped, dtype, self.rows * math.prod(shape)).reshape(self.rows, *shape)
+            for entry, fd, buffer in zip(self._entries or (), self._files, self._buffers, strict=True):
+                kind, i, dtype, shape = entry
+                size = _row_bytes(entry)
+                _pread_all(fd, buffer[: n * size], first * size)
+                array = buffer[: n * size].view(dtype).reshape(n, *shape)
                 if kind == "b":  # the columns as views of the block, which the gather takes whole
                     blocks.append((array, self._blocks[i]))
                     for c, j in self._blocks[i]:
@@ -111,18 +125,30 @@ class RowsFile:
                     table.values[self.columns[i]] = array
                 elif kind == "m" and self.columns[i] in self._nulls:  # no NULL anywhere: no mask, as a read has
                     table.masks[self.columns[i]] = array
-                else:
+                elif kind == "n":
                     table.lengths[self.columns[i]] = array
-        table._blocks = blocks  # a mapped block's views do not point back at it: named here, not found
+        table._blocks = blocks  # a read block's views do not point back at it: named here, not found
         return table
 
-    def release(self) -> None:
-        """Drop the mapped pages from this process (the kernel's cache keeps them while it can)."""
-        with self._lock:
-            for mapped in self._maps:
-                mapped.madvise(mmap.MADV_DONTNEED)
-
     def close(self) -> None:
-        """Unmap and delete the files."""
-        self._maps.clear()  # the arrays viewing them keep them until they go
+        """Close and delete the files."""
+        for fd in self._files:
+            os.close(fd)
+        self._files.clear()
+        self._buffers = []
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _row_bytes(entry: _Entry) -> int:
+    _, _, dtype, shape = entry
+    return dtype.itemsize * math.prod(shape)
+
+
+def _pread_all(fd: int, into: np.ndarray, offset: int) -> None:
+    """Fill ``into`` from ``offset`` of the file (a read may return less than asked)."""
+    view = memoryview(into)
+    while view.nbytes:
+        got = os.preadv(fd, [view], offset)
+        if got == 0:
+            raise OSError(f"the rows file ended {view.nbytes} bytes early")
+        view, offset = view[got:], offset + got
