@@ -146,7 +146,7 @@ def _row_bytes(entry: _Entry) -> int:
 
 def _pread_all(fd: int, into: np.ndarray, offset: int) -> None:
     """Fill ``into`` from ``offset`` of the file (a read may return less than asked)."""
-    view = memoryview(into)
+    view = into.data.cast("B")
     while view.nbytes:
         got = os.preadv(fd, [view], offset)
         if got == 0:
