@@ -144,17 +144,23 @@ class Account:
         """A spool group's bytes: it is held twice while loaded (as spooled, then in place)."""
         return max(MIB, self.data // 8)
 
-    def sweep_group_bytes(self) -> int:
+    def sweep_group_bytes(self, threads: int) -> int:
         """Windows beyond memory as they are written: the group of batches gathered at once (:mod:`.scan.sweep`).
 
-        Beside it: a spool group held twice, the rows read at once (:meth:`sweep_read_bytes`) and the
-        windows gathered from them (:meth:`gather_samples`); the data passes are done, their rows on disk.
+        Beside it: the spool's group of start rows held twice (:meth:`start_group_bytes`) and, for each of
+        the ``threads`` gathering, the rows it reads at once (:meth:`sweep_read_bytes`) and the windows it
+        gathers from them (:meth:`gather_samples`); the data passes are done, their rows on disk.
         """
-        return max(MIB, self.data - 2 * self.spool_group_bytes() - self.sweep_read_bytes() - self.data // 8)
+        each = self.sweep_read_bytes() + self.data // 16
+        return max(MIB, self.data - 2 * self.start_group_bytes() - threads * each)
 
     def sweep_read_bytes(self) -> int:
-        """The rows file's bytes read at once for a group's windows: an eighth of the data's share."""
-        return max(MIB // 4, self.data // 8)
+        """The rows file's bytes a thread reads at once for a group's windows: a 16th of the data's share."""
+        return max(MIB // 4, self.data // 16)
+
+    def start_group_bytes(self) -> int:
+        """The spool's group of windows' start rows (8 bytes a window): a 32nd of the data's share."""
+        return max(MIB // 4, self.data // 32)
 
     def gather_samples(self, sample_bytes: int) -> int:
         """Samples a pass gathers at once: its cast rows within :data:`GATHER_BYTES` and a 16th of the data."""

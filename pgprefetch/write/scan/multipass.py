@@ -99,16 +99,14 @@ async def _passes(
                 continue
             if layout is None:
                 layout = scan_layout(cfg, shape, array_lengths(table), plan)
-                group = Account.for_scan(cfg.source.memory_bytes).spool_group_bytes()
+                group = Account.for_scan(cfg.source.memory_bytes).start_group_bytes()
                 start: list[tuple[str, np.dtype, tuple[int, ...]]] = [("start", np.dtype(np.int64), ())]
                 spool = Spool(spool_dir / "batches", start, cfg.batches.size, plan.n_batches, group)
             assert spool is not None
-            order = np.lexsort(keys[::-1])  # in key order: the search walks the pass's rows forward
-            positions, keys = positions[order], np.ascontiguousarray(keys[:, order])
             at = locate(pass_keys, keys)
             spool.add(positions, {"start": rows.rows + pass_starts[at]})
             await asyncio.to_thread(rows.append, table)
-            del table, pass_keys, pass_starts, positions, keys, at, order
+            del table, pass_keys, pass_starts, positions, keys, at
             heap.release()
     except BaseException:
         rows.close()
@@ -140,7 +138,10 @@ def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> 
 def _gathered(cfg: Config, plan: EpochPlan, passes: _Passes, snap: Snapshot, rows_read: int) -> BatchSource:
     """The batch source of windows read in passes: gathered a group of batches at a time from the rows file."""
     size, layout = cfg.batches.size, passes.layout
-    groups = Groups(passes.rows, layout, plan, passes.spool, Account.for_scan(cfg.source.memory_bytes), size)
+    # Two threads, as for a table in memory: one takes its batches while the other's pwrite writes (zarr: one).
+    threads = 2 if cfg.store.compression == "none" else 1
+    account = Account.for_scan(cfg.source.memory_bytes)
+    groups = Groups(passes.rows, layout, plan, passes.spool, account, threads)
 
     async def fetch(batch: int, count: int) -> object:
         return None
@@ -148,7 +149,5 @@ def _gathered(cfg: Config, plan: EpochPlan, passes: _Passes, snap: Snapshot, row
     def produce(batch: int, count: int, _: object, buffers: dict[str, np.ndarray]) -> None:
         groups.fill(batch, count, buffers)
 
-    # Two threads, as for a table in memory: one takes its batches while the other's pwrite writes (zarr: one).
-    threads = 2 if cfg.store.compression == "none" else 1
     unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, threads, threads, unit)

@@ -42,7 +42,6 @@ class RowsFile:
         self._blocks: list[list[tuple[Column, int]]] = []
         self._nulls: set[Column] = set()  # the columns a NULL was seen in: only theirs are masked
         self._files: list[int] = []  # open for reading (:meth:`open`)
-        self._buffers: list[np.ndarray] = []
         fresh_folder(folder)
 
     @property
@@ -96,23 +95,26 @@ class RowsFile:
                 out.append(table.lengths[self.columns[i]])
         return out
 
-    def open(self, rows: int) -> None:
-        """Open the files for :meth:`read`, with buffers for ``rows`` rows (the most one read asks for)."""
+    def open(self) -> None:
+        """Open the files for :meth:`read`."""
         with io_errors(self.folder):
             for kind, i, _, _ in self._entries or ():
                 self._files.append(os.open(self.folder / f"{kind}{i}", os.O_RDONLY | os.O_NOFOLLOW))
-        self._buffers = [np.empty(rows * _row_bytes(entry), np.uint8) for entry in self._entries or ()]
 
-    def read(self, first: int, stop: int) -> Table:
-        """Rows ``first`` to ``stop`` as a table (no keys: the plan has the samples'), in buffers reused by the next.
+    def buffers(self, rows: int) -> list[np.ndarray]:
+        """Buffers for :meth:`read` of at most ``rows`` rows (one set a reading thread)."""
+        return [np.empty(rows * _row_bytes(entry), np.uint8) for entry in self._entries or ()]
 
-        At most the rows :meth:`open` was given; the table's arrays are valid until the next read.
+    def read(self, first: int, stop: int, buffers: list[np.ndarray]) -> Table:
+        """Rows ``first`` to ``stop`` as a table (no keys: the plan has the samples'), read into ``buffers``.
+
+        The table's arrays are views of the buffers: valid until the next read into them.
         """
         n = stop - first
         table = Table(keys=np.empty((0, n), np.int64))
         blocks: list[tuple[np.ndarray, list[tuple[Column, int]]]] = []
         with io_errors(self.folder):
-            for entry, fd, buffer in zip(self._entries or (), self._files, self._buffers, strict=True):
+            for entry, fd, buffer in zip(self._entries or (), self._files, buffers, strict=True):
                 kind, i, dtype, shape = entry
                 size = _row_bytes(entry)
                 _pread_all(fd, buffer[: n * size], first * size)
@@ -135,7 +137,6 @@ class RowsFile:
         for fd in self._files:
             os.close(fd)
         self._files.clear()
-        self._buffers = []
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

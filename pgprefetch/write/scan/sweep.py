@@ -37,68 +37,141 @@ GROUP_BYTES_PER_SAMPLE = 32
 class Groups:
     """The epoch's batches of windows, gathered a group at a time from ``rows`` (:meth:`fill`).
 
-    One group is held at a time and its arrays are reused: the writer's threads take their batches from it
-    under a lock, and the first to need the next group gathers it.
+    One group is held at a time, in arrays reused by the next. The writer's threads (``threads``) take their
+    batches from it; the first to need the next group plans it, and every thread that needs it gathers its
+    pieces beside it. A group is replaced only once no other thread is taking batches from it, nor waiting
+    for an earlier one: a thread ahead waits for the one behind, rather than the two gathering in turn.
     """
 
-    def __init__(self, rows: RowsFile, layout: BatchLayout, plan: EpochPlan, spool: Spool, account: Account, size: int):
-        self.rows, self.layout, self.plan, self.spool, self.size = rows, layout, plan, spool, size
+    def __init__(
+        self, rows: RowsFile, layout: BatchLayout, plan: EpochPlan, spool: Spool, account: Account, threads: int
+    ) -> None:
+        self.rows, self.layout, self.plan, self.spool = rows, layout, plan, spool
+        self.size = spool.size
         width = plan.key_columns.width
         per_sample = layout.sample_bytes + 16 * width + GROUP_BYTES_PER_SAMPLE
-        self.group_batches = max(1, min(plan.n_batches, account.sweep_group_bytes() // per_sample // size))
-        samples = self.group_batches * size
+        group_bytes = account.sweep_group_bytes(threads)
+        self.group_batches = max(1, min(plan.n_batches, group_bytes // per_sample // self.size))
+        samples = self.group_batches * self.size
         self._arrays = layout.allocate(samples)  # held for the write: a group's samples in start order
         self._place = np.empty(samples, np.int64)  # each epoch position's index in ``_arrays``
-        self._loaded, self._count = -1, 0  # the group held, and its samples
-        self._lock = threading.Lock()
+        self._starts = np.empty(0, np.int64)  # the group's start rows, sorted
+        self._keys = np.empty((width, 0), np.int64)  # and their keys
         window_bytes = layout.rows * max(1, rows.row_bytes)
         self._gather = account.gather_samples(max(layout.sample_bytes, window_bytes))
         self._read_rows = max(layout.rows, account.sweep_read_bytes() // max(1, rows.row_bytes))
         self._gap_rows = max(1, GAP_BYTES // max(1, rows.row_bytes))
-        rows.open(self._read_rows + layout.rows)
+        self._local = threading.local()  # each thread's read buffers
+        self._cond = threading.Condition()
+        self._group, self._ready, self._count = -1, False, 0  # the group in the arrays, whether whole, its samples
+        self._pieces: list[tuple[int, int]] = []
+        self._next = self._left = 0  # the next piece to gather, and those not gathered yet
+        self._at: dict[int, int] = {}  # the batch each filling thread is at
+        self._failed: BaseException | None = None
+        rows.open()
 
     def fill(self, batch: int, count: int, buffers: dict[str, np.ndarray]) -> None:
         """Fill ``buffers`` with batches ``batch`` to ``batch + count`` (gathering their groups when reached)."""
-        for i in range(count):
-            b = batch + i
-            g = b // self.group_batches
-            with self._lock:
-                if g != self._loaded:
-                    self._loaded = -1  # a group that failed halfway is not handed out
-                    self._load(g)
-                    self._loaded = g
-                first = (b - g * self.group_batches) * self.size
+        me = threading.get_ident()
+        try:
+            for i in range(count):
+                b = batch + i
+                with self._cond:
+                    self._at[me] = b
+                    self._cond.notify_all()  # a thread waiting to replace the group may now
+                    self._wait_for(b // self.group_batches, me)
+                # Outside the lock: the group stays while this thread is at one of its batches.
+                first = (b % self.group_batches) * self.size
                 n = min(self.size, self._count - first)
-                if n <= 0:
-                    break
                 place = self._place[first : first + n]
                 for name, array in self._arrays.items():
                     np.take(array, place, axis=0, out=buffers[name][i * self.size : i * self.size + n], mode="clip")
+        finally:
+            with self._cond:
+                self._at.pop(me, None)
+                self._cond.notify_all()
 
-    def _load(self, g: int) -> None:
-        """Gather group ``g``'s windows into :attr:`_arrays`, in start order, and where each goes (:attr:`_place`)."""
-        first_batch = g * self.group_batches
-        batches = min(self.group_batches, self.plan.n_batches - first_batch)
-        keys = self.plan.batch_keys(first_batch, self.size, batches)
-        n = keys.shape[1]
-        starts = np.empty(batches * self.size, np.int64)
-        for i in range(batches):
-            self.spool.batch(first_batch + i, {"start": starts[i * self.size : (i + 1) * self.size]})
-        order = np.argsort(starts[:n], kind="stable")
-        starts = starts[order]
-        self._place[order] = np.arange(n)
-        keys = keys[:, order]
-        self._count = n
-        window = self.layout.rows
-        for a, b in self._pieces(starts):
-            lo = int(starts[a])
-            table = self.rows.read(lo, int(starts[b - 1]) + window)
-            for j in range(a, b, self._gather):
-                k = min(j + self._gather, b)
-                out = {name: array[j:k] for name, array in self._arrays.items()}
-                gather(table, self.layout, starts[j:k] - lo, keys[:, j:k], out)
+    def _wait_for(self, g: int, me: int) -> None:
+        """Return once group ``g`` is in the arrays, gathering pieces of it meanwhile (the lock is held)."""
+        while True:
+            if self._failed is not None:
+                raise self._failed
+            if self._group == g:
+                if self._ready:
+                    return
+                if self._next < len(self._pieces):
+                    self._gather_next()
+                    continue
+            elif self._free_for(g, me):
+                self._plan(g)
+                continue
+            self._cond.wait()
 
-    def _pieces(self, starts: np.ndarray) -> Iterator[tuple[int, int]]:
+    def _free_for(self, g: int, me: int) -> bool:
+        """Whether group ``g`` may replace the one held: no other thread is at a batch of it or of an earlier one.
+
+        A thread may reach a later unit before the thread with the earlier one asks for its batches (the
+        writer's threads start their units in any order): that one then waits until the group it is taking
+        batches from is done with, and gathers its own group again.
+        """
+        others = [at // self.group_batches for t, at in self._at.items() if t != me]
+        return all(other >= g and other != self._group for other in others)
+
+    def _plan(self, g: int) -> None:
+        """Put group ``g``'s windows in start order and cut them into pieces (the lock is held)."""
+        self._group, self._ready = g, False
+        try:
+            first_batch = g * self.group_batches
+            batches = min(self.group_batches, self.plan.n_batches - first_batch)
+            keys = self.plan.batch_keys(first_batch, self.size, batches)
+            n = keys.shape[1]
+            starts = np.empty(batches * self.size, np.int64)
+            for i in range(batches):
+                self.spool.batch(first_batch + i, {"start": starts[i * self.size : (i + 1) * self.size]})
+            order = np.argsort(starts[:n], kind="stable")
+            self._starts = starts[order]
+            self._place[order] = np.arange(n)
+            self._keys = keys[:, order]
+            self._count = n
+            self._pieces = list(self._cut(self._starts))
+        except BaseException as e:
+            self._group, self._failed = -1, e
+            self._cond.notify_all()
+            raise
+        self._next, self._left = 0, len(self._pieces)
+        self._ready = not self._pieces
+
+    def _gather_next(self) -> None:
+        """Gather the next piece of the group, outside the lock (held on entry and on return)."""
+        a, b = self._pieces[self._next]
+        self._next += 1
+        self._cond.release()
+        try:
+            self._gather_piece(a, b)
+        except BaseException as e:
+            self._cond.acquire()
+            self._failed = e
+            self._cond.notify_all()
+            raise
+        self._cond.acquire()
+        self._left -= 1
+        if not self._left:
+            self._ready = True
+            self._cond.notify_all()
+
+    def _gather_piece(self, a: int, b: int) -> None:
+        """The windows ``a`` to ``b`` of the group (in start order), from one read of the rows they span."""
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = self.rows.buffers(self._read_rows + self.layout.rows)
+        lo = int(self._starts[a])
+        table = self.rows.read(lo, int(self._starts[b - 1]) + self.layout.rows, buffers)
+        for j in range(a, b, self._gather):
+            k = min(j + self._gather, b)
+            out = {name: array[j:k] for name, array in self._arrays.items()}
+            gather(table, self.layout, self._starts[j:k] - lo, self._keys[:, j:k], out)
+
+    def _cut(self, starts: np.ndarray) -> Iterator[tuple[int, int]]:
         """Runs of the sorted ``starts`` read at once: within one stretch of read rows, no long gap inside."""
         step = max(1, self._read_rows)
         cuts = (np.diff(starts // step) != 0) | (np.diff(starts) > self._gap_rows)
