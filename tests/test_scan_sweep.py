@@ -51,11 +51,10 @@ def _take(source: BatchSource, units: Units, size: int, threads: int) -> dict[in
 
 
 async def _produced(cfg: Config, spool: Path | None, rounds: list[Units], threads: int) -> list[dict]:
-    async with Snapshot.open(cfg.source) as snap:
-        async with open_source(cfg, 0, snap, ReadCache(), spool=spool) as source:
-            assert isinstance(source, BatchSource)
-            size = cfg.batches.size
-            return [await asyncio.to_thread(_take, source, units, size, threads) for units in rounds]
+    async with Snapshot.open(cfg.source) as snap, open_source(cfg, 0, snap, ReadCache(), spool=spool) as source:
+        assert isinstance(source, BatchSource)
+        size = cfg.batches.size
+        return [await asyncio.to_thread(_take, source, units, size, threads) for units in rounds]
 
 
 def test_windows_beyond_memory_give_every_batch_in_whatever_order_and_threads_take_them(
@@ -78,9 +77,8 @@ def test_windows_beyond_memory_give_every_batch_in_whatever_order_and_threads_ta
 
 def _n_batches(cfg: Config) -> int:
     async def count() -> int:
-        async with Snapshot.open(cfg.source) as snap:
-            async with open_source(cfg, 0, snap, ReadCache(), spool=None) as source:
-                assert isinstance(source, BatchSource)
-                return source.plan.n_batches
+        async with Snapshot.open(cfg.source) as snap, open_source(cfg, 0, snap, ReadCache(), spool=None) as source:
+            assert isinstance(source, BatchSource)
+            return source.plan.n_batches
 
     return asyncio.run(count())
