@@ -322,9 +322,9 @@ def _packed(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.n
     out = []
     for array in (sorted_keys, keys):
         packed = np.zeros(array.shape[1], np.uint64)
-        for i, (lo, b) in enumerate(zip(lows, bits, strict=True)):
+        for i, (low, b) in enumerate(zip(lows, bits, strict=True)):
             packed <<= np.uint64(b)
-            packed |= array[i].view(np.uint64) - lo
+            packed |= array[i].view(np.uint64) - low
         out.append(packed)
     return out[0], out[1]
 
