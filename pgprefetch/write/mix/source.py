@@ -37,8 +37,8 @@ from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_re
 from pgprefetch.write.mix.reading import SourceRead, check_same_arrays, prefixed, read_source, source_config, widest
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, query_statement
-from pgprefetch.write.scan.mode import array_lengths, scan_layout
-from pgprefetch.write.scan.table import gather
+from pgprefetch.write.scan.mode import scan_layout
+from pgprefetch.write.scan.table import array_lengths, gather
 
 
 @dataclasses.dataclass

@@ -10,14 +10,15 @@ a table whose keys outgrow the budget as well has them ordered on disk by the qu
 1. **Rows** (for ``check``'s plan: a dump of rows beyond memory needs no keys pass, :mod:`.stretches`).
    Every row is a sample: the keys stream from the COPYs into the sort's runs and are ordered on disk as
    the query mode's keys are.
-2. **Windows.** The rows stream into runs hashed by their *series* key alone, ties broken by (key,
-   order): every bucket then holds whole series, sorted, and is cut into windows as a table in memory
-   is (:func:`~pgprefetch.write.scan.table.cut`). The windows' keys (series key, first order value)
-   stream into a second sort's runs, hashed whole: the epoch's order, as for rows.
+2. **Windows.** Without data passes (a check), the rows stream into runs hashed by their *series* key
+   alone, ties broken by (key, order): every bucket then holds whole series, sorted, and is cut into
+   windows as a table in memory is (:func:`~pgprefetch.write.scan.table.cut`). A dump splits the rows into
+   its data passes by series instead, and each pass is loaded, sorted and cut once
+   (:mod:`~pgprefetch.write.scan.cutpasses`). The windows' keys stream into a second sort's runs, hashed
+   whole: the epoch's order, as for rows.
 3. **Passes.** A series' pass is its bucket in the partition (a hash of its key). Once the samples are
-   ordered, each used sample's place in the epoch and key are appended to its pass's file; a data pass
-   loads its rows, cuts them, and finds those samples among the ones it cut (:func:`spool_wanted`),
-   which the same rows make the keys pass's.
+   ordered, each used sample's place in the epoch and key are appended to its pass's file (:func:`_route`);
+   each is then found among the windows its pass cut (:func:`~pgprefetch.write.scan.ranks.locate`).
 
 While the keys fit (:func:`bytes_per_row` each), none of this happens: they come back as a sorted
 :class:`~pgprefetch.write.scan.table.Table`, the path every scan took before. Disk: about ``8 * (width +
@@ -50,8 +51,10 @@ from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import MIN_KEYS, KeyCollector, KeyRuns
 from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import Columns, CopyDecoder
+from pgprefetch.write.scan.cutpasses import PassWindows, cut_passes
 from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.passes import keys_only
+from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
 from pgprefetch.write.scan.table import (
     Table,
@@ -85,8 +88,9 @@ class SpilledKeys:
     order: dict[str, Any]  # :func:`~pgprefetch.write.plan.order_keys`'s fields, ``keys`` on disk or in memory
     partition: Partition | None  # the table's rows, split into the data passes (None: a check, no passes)
     folder: Path  # the passes' files: <pass>.keys, (place in the epoch, key slots) int64 per used sample
-    samples: int  # the samples the keys pass cut: the data passes must cut as many
+    samples: int  # the samples the keys pass cut
     rows_read: int
+    windows: PassWindows | None = None  # each data pass's windows and sorted rows (None: a check)
 
     @property
     def passes(self) -> int:
@@ -105,29 +109,6 @@ class SpilledKeys:
         """Close the ordered key file, if the order is on disk (the folder is removed by whoever chose it)."""
         if isinstance(self.order["keys"], OrderedKeys):
             self.order["keys"].close()
-
-
-def ranks(sorted_keys: np.ndarray, keys: np.ndarray, *, equal: bool = True) -> np.ndarray:
-    """For each key (a column of ``keys``), how many columns of the sorted ``sorted_keys`` are <= it (lexicographic).
-
-    ``equal`` False: how many are < it.
-    """
-    n = sorted_keys.shape[1]
-    if sorted_keys.shape[0] == 1 or (packed := _packed(sorted_keys, keys)) is not None:
-        table, wanted = (sorted_keys[0], keys[0]) if sorted_keys.shape[0] == 1 else packed  # type: ignore[misc]
-        found: np.ndarray = np.searchsorted(table, wanted, side="right" if equal else "left")
-        return found.astype(np.int64)
-    if not n:
-        return np.zeros(keys.shape[1], np.int64)
-    both = np.concatenate([sorted_keys, keys], axis=1)
-    tags = [0, 1] if equal else [1, 0]  # of equal ones, which come first
-    tag = np.repeat(np.array(tags, np.int8), [n, keys.shape[1]])
-    order = np.lexsort((tag, *both[::-1]))
-    before = np.cumsum(order < n)
-    mine = order >= n
-    out = np.empty(keys.shape[1], np.int64)
-    out[order[mine] - n] = before[mine]
-    return out
 
 
 async def keys_pass(
@@ -201,11 +182,12 @@ async def _windows_pass(
     n_rows = await stream(cfg, snap, shape, lambda chunk: None, on_rows, partition, keep=())
     await asyncio.to_thread(partition.settle)
     heap.release()
-    offset = shape.order_offset or 0
-    series = (sort_keys(partition.keys(p, len(shape.key_names), offset))[0] for p in range(partition.passes))
-    order, cut_count, _ = await asyncio.to_thread(_order_windows, cfg, shape, series, folder, epoch, budget, limit)
+    rows = RowsFile(partition.folder.parent / "sorted", shape.columns)
+    windows = PassWindows(partition.folder.parent / "cut", len(shape.key_names), rows)
+    cut = cut_passes(cfg, shape, partition, windows)
+    order, cut_count, _ = await asyncio.to_thread(_order_windows, cfg, shape, cut, folder, epoch, budget, limit)
     heap.release()
-    spilled = SpilledKeys(order, partition, folder / "passes", cut_count, n_rows)
+    spilled = SpilledKeys(order, partition, folder / "passes", cut_count, n_rows, windows)
     log.info(
         "epoch %d: %s rows outgrew [source] memory: %s windows cut from %d data passes",
         epoch, f"{n_rows:,}", f"{cut_count:,}", partition.passes,
@@ -230,22 +212,29 @@ def _order(
         return order_spilled(cfg, runs, key_columns, epoch), runs.n, 0
     seed = cfg.batches.seed
 
-    def by_series() -> Iterator[np.ndarray]:
+    def by_series() -> Iterator[tuple[np.ndarray, int]]:
         for keys, hashes in runs.buckets(limit):  # whole series, by their hash
             if keys.shape[1]:
-                yield np.ascontiguousarray(keys[:, shuffle.epoch_order(keys, seed=seed, epoch=epoch, h=hashes)])
+                bucket = Table(keys=keys[:, shuffle.epoch_order(keys, seed=seed, epoch=epoch, h=hashes)])
+                yield cut(bucket, shape, cfg.scan_samples)[0], longest_series(bucket.keys)
         runs.discard()
 
     return _order_windows(cfg, shape, by_series(), folder, epoch, runs.budget, limit)
 
 
 def _order_windows(
-    cfg: Config, shape: ScanShape, series: Iterable[np.ndarray], folder: Path, epoch: int, budget: int, limit: int
+    cfg: Config,
+    shape: ScanShape,
+    windows: Iterable[tuple[np.ndarray, int]],
+    folder: Path,
+    epoch: int,
+    budget: int,
+    limit: int,
 ) -> tuple[dict[str, Any], int, int]:
-    """The epoch's order of the windows cut from ``series``: groups of whole series' keys, each sorted.
+    """The epoch's order of ``windows``: each group of whole series' window keys, and its longest series' rows.
 
-    The groups come from the keys pass's runs, bucketed by series hash, or from the partition's passes
-    (:meth:`~pgprefetch.write.scan.partition.Partition.keys`), which hold whole series too.
+    The groups come from the keys pass's runs, bucketed by series hash, or from the data passes
+    (:func:`~pgprefetch.write.scan.cutpasses.cut_passes`), which hold whole series too.
     """
     key_columns = KeyColumns(shape.key_names)
     buckets, longest = 0, 0
@@ -253,14 +242,12 @@ def _order_windows(
         folder / "samples", len(shape.key_names), budget, seed=cfg.batches.seed, epoch=epoch, limit=limit
     )
     try:
-        for keys in series:
+        for cut_keys, rows in windows:
             buckets += 1
-            bucket = Table(keys=keys)
-            cut_keys, _ = cut(bucket, shape, cfg.scan_samples)
-            longest = max(longest, longest_series(bucket.keys))
+            longest = max(longest, rows)
             if cut_keys.shape[1]:
                 samples.add(np.ascontiguousarray(cut_keys))
-            del bucket, keys, cut_keys
+            del cut_keys
         got = samples.result()
     except BaseException:
         samples.close()
@@ -300,47 +287,6 @@ def _route(spilled: SpilledKeys, partition: Partition, n_key: int, budget: int) 
             for chunk in np.split(order, cuts):
                 with open(folder / f"{int(passes[chunk[0]])}.keys", "ab") as f:
                     f.write(records[chunk].tobytes())
-
-
-def _packed(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Both sets of keys as one uint64 a key, in the same lexicographic order, when their ranges fit 64 bits.
-
-    A window's key (a series and its first order value) mostly does: a binary search then finds its rank,
-    where a sort of both sets together took most of a data pass.
-    """
-    if not sorted_keys.shape[1] or not keys.shape[1]:
-        return None
-    lows: list[np.uint64] = []
-    bits: list[int] = []
-    for i in range(sorted_keys.shape[0]):
-        lo = min(int(sorted_keys[i].min()), int(keys[i].min()))
-        hi = max(int(sorted_keys[i].max()), int(keys[i].max()))
-        lows.append(np.uint64(lo % (1 << 64)))  # the offsets are taken modulo 2**64: exact within the range
-        bits.append((hi - lo).bit_length())
-    if sum(bits) > 64:
-        return None
-    out = []
-    for array in (sorted_keys, keys):
-        packed = np.zeros(array.shape[1], np.uint64)
-        for i, (low, b) in enumerate(zip(lows, bits, strict=True)):
-            packed <<= np.uint64(b)
-            packed |= array[i].view(np.uint64) - low
-        out.append(packed)
-    return out[0], out[1]
-
-
-def locate(pass_keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Where each ``wanted`` key is among a data pass's cut samples ``pass_keys`` (in key order).
-
-    The pass must hold every wanted key: the same rows cut the same samples. A key cut twice (a repeated key,
-    dropped) is found at its first row as it came.
-    """
-    at = ranks(pass_keys, wanted, equal=False)
-    if (at >= pass_keys.shape[1]).any() or not np.array_equal(
-        pass_keys[:, np.minimum(at, pass_keys.shape[1] - 1)], wanted
-    ):
-        raise SourceError("a data pass cut other samples than the keys pass (the table changed under the snapshot?)")
-    return at
 
 
 async def stream(

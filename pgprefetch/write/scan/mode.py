@@ -32,6 +32,7 @@ from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_value
 from pgprefetch.write.scan.table import (
     Table,
     TableTooLarge,
+    array_lengths,
     cut,
     gather,
     longest_series,
@@ -47,11 +48,6 @@ def scan_layout(cfg: Config, shape: ScanShape, lengths: dict[Column, int], plan:
     cannot drift apart.
     """
     return BatchLayout.build(cfg.fields, shape.columns, shape.by_field, lengths, cfg.samples.rows, plan.key_columns)
-
-
-def array_lengths(table: Table) -> dict[Column, int]:
-    """The element count of each array column of a read table (every row has one length: the read checks it)."""
-    return {c: v.shape[1] for c, v in table.values.items() if c.is_array}
 
 
 def plan_scan(cfg: Config, shape: ScanShape, sample_keys: np.ndarray, epoch: int) -> EpochPlan:

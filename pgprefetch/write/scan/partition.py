@@ -176,21 +176,6 @@ class Partition:
         self._unlink(prefix)  # read: its disk is given back as the passes go
         return chunks
 
-    def keys(self, p: int, width: int, order_offset: int = 0) -> np.ndarray:
-        """Pass ``p``'s key and order slots ``(width, m)`` int64, as the rows came; its file stays for :meth:`load`."""
-        prefix = self._prefix(p)
-        blocks = self._blocks.get(prefix, [])
-        keys = np.empty((width, sum(blocks)), np.int64)
-        at = 0
-        for chunk in self._read(prefix, [f"k{i}" for i in range(width)]):
-            n = chunk["k0"].shape[0]
-            for i in range(width):
-                keys[i, at : at + n] = chunk[f"k{i}"]
-            at += n
-        if order_offset:
-            keys[-1] += order_offset
-        return keys
-
     def _prefix(self, p: int) -> str:
         """The file of pass ``p``: its bucket's, or its part of a split bucket's."""
         first = np.cumsum(self.subs) - self.subs

@@ -23,10 +23,10 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import Vocabulary, resolve_categories
-from pgprefetch.write.scan.mode import array_lengths, cut_source, plan_scan, scan_layout
+from pgprefetch.write.scan.mode import cut_source, plan_scan, scan_layout
 from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
-from pgprefetch.write.scan.table import cut, read_table
+from pgprefetch.write.scan.table import array_lengths, cut, read_table
 
 
 async def sampled_source(

@@ -38,11 +38,11 @@ from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
 from pgprefetch.write.order.keyfile import OrderedKeys, pread_into
 from pgprefetch.write.order.shuffle import Repeats, order_part
 from pgprefetch.write.plan import EpochPlan, ordered_fields
-from pgprefetch.write.scan.mode import Stretches, array_lengths, scan_plan
+from pgprefetch.write.scan.mode import Stretches, scan_plan
 from pgprefetch.write.scan.partition import EpochRanges
 from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.shape import ScanShape
-from pgprefetch.write.scan.table import Table, assemble, cut, gather
+from pgprefetch.write.scan.table import Table, array_lengths, assemble, cut, gather
 
 log = logging.getLogger("pgprefetch")
 

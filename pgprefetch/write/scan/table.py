@@ -83,6 +83,11 @@ class Table:
         return {**self.__dict__, "_blocks": None}
 
 
+def array_lengths(table: Table) -> dict[Column, int]:
+    """The element count of each array column of a read table (every row has one length: the read checks it)."""
+    return {c: v.shape[1] for c, v in table.values.items() if c.is_array}
+
+
 class TableTooLarge(PgprefetchError):
     """The relation does not fit ``[source] memory``: read it in passes (:mod:`pgprefetch.write.scan.passes`)."""
 
