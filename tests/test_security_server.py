@@ -127,7 +127,7 @@ def test_as_root_folders_the_server_user_cannot_enter_are_refused_not_widened(ba
     proc = start_or_fail(b / "demo")
     assert proc.returncode == 2, proc.stderr
     assert f"cannot enter {a} (mode 700)" in proc.stderr
-    assert "chmod o+x" in proc.stderr
+    assert f"chmod go+x {a}" in proc.stderr
     assert stat.S_IMODE(a.stat().st_mode) == 0o700
     assert stat.S_IMODE(b.stat().st_mode) == 0o700
 

@@ -82,7 +82,7 @@ def check_reachable(path: Path, user: str) -> None:
                 f"as root the embedded PostgreSQL runs as the system user {user}, who cannot enter {folder} "
                 f"(mode {mode:o}) to reach {path}; pgprefetch does not change your folders' modes: run it as "
                 f"a normal user, or use a --dir (and an install) under folders others may enter, e.g. "
-                f"--dir /var/tmp/pgprefetch, or allow it yourself (chmod o+x {folder})"
+                f"--dir /var/tmp/pgprefetch, or allow it yourself (chmod go+x {folder}: the server keeps your group)"
             )
 
 

@@ -15,9 +15,10 @@ receive buffers, zarr's metadata, the progress bar). What the budget pays for, e
 - **a data pass** (a table read in passes, :mod:`pgprefetch.write.scan.partition`): its rows
   :data:`PASS_COPIES` times (loaded blocks, joined columns, sorted copy, and the samples gathered a chunk
   at a time), beside the keys and a spool group (:meth:`Account.pass_bytes`); the partition's rows held
-  before they are written and the spool's group are an eighth of the data's share each; windows gathered
-  from the mapped rows file hand its pages back after each batch. Rows read in stretches of the epoch
-  hold neither keys nor a spool group: a stretch has the whole share (:meth:`Account.stretch_bytes`).
+  before they are written are a 16th of the data's share. Windows are then written a group of batches at a
+  time, gathered from the passes' rows read back (:meth:`Account.sweep_group_bytes`), beside the spool's
+  group of start rows. Rows read in stretches of the epoch hold neither keys nor a spool group: a stretch
+  has the whole share (:meth:`Account.stretch_bytes`).
 - **keys**: query mode's keys, and the keys pass of a scan, are ordered on disk beyond their share
   (:mod:`pgprefetch.write.order.spill`, :mod:`pgprefetch.write.scan.keyspill`).
 

@@ -7,13 +7,13 @@ disk, split so that each part fits a share of the budget (:mod:`pgprefetch.write
 - **Rows** are split by ranges of the epoch's order hash: each part is a stretch of the epoch, put in order
   and written out in turn (:mod:`pgprefetch.write.scan.stretches`).
 - **Windows** are split by a hash of their series key, so a series (and each window of it) lies in one data
-  pass. The windows' keys are ordered (on disk when they outgrow the budget as well:
-  :mod:`pgprefetch.write.scan.keyspill`); each pass loads its rows, sorts them by (key, order), cuts its
-  windows exactly as the keys pass did (the same rows), and finds the ones the epoch uses; its sorted rows are
-  appended to the rows file (:mod:`pgprefetch.write.scan.rowsfile`), and each used window's start row is
-  spooled (:class:`Spool`, 8 bytes a window). The writer asks for batches in order; the spool hands their
-  start rows out a group at a time, and the windows are gathered from the rows file, mapped, as from a table
-  in memory (:mod:`pgprefetch.write.scan.multipass`). Spooling is sequential I/O (an external distribution sort).
+  pass. Each pass is loaded once, sorted by (key, order) and cut: its sorted rows are appended to the rows
+  file (:mod:`pgprefetch.write.scan.rowsfile`) and its windows' keys and start rows kept beside it
+  (:mod:`pgprefetch.write.scan.cutpasses`), while the windows' keys are ordered (on disk when they outgrow
+  the budget as well: :mod:`pgprefetch.write.scan.keyspill`). Each used window's start row is then spooled
+  (:class:`Spool`, 8 bytes a window). The writer asks for batches in order; the spool hands their start rows
+  out a group at a time, and a group of batches is gathered from the rows file read forward, as from a table
+  in memory (:mod:`pgprefetch.write.scan.sweep`). Spooling is sequential I/O (an external distribution sort).
 
 The server reads the table once, whatever its indexes; the client writes the decoded table twice on local
 disk, removed when the epoch is published. Several epochs are read again from the start: only a table that
