@@ -25,6 +25,7 @@ import numpy as np
 
 from pgprefetch.pg.columns import Column
 from pgprefetch.write.files.shardfiles import io_errors
+from pgprefetch.write.order.keyfile import pread_into
 from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.table import Table
 
@@ -117,7 +118,7 @@ class RowsFile:
             for entry, fd, buffer in zip(self._entries or (), self._files, buffers, strict=True):
                 kind, i, dtype, shape = entry
                 size = _row_bytes(entry)
-                _pread_all(fd, buffer[: n * size], first * size)
+                pread_into(fd, buffer[: n * size], first * size)
                 array = buffer[: n * size].view(dtype).reshape(n, *shape)
                 if kind == "b":  # the columns as views of the block, which the gather takes whole
                     blocks.append((array, self._blocks[i]))
@@ -143,13 +144,3 @@ class RowsFile:
 def _row_bytes(entry: _Entry) -> int:
     _, _, dtype, shape = entry
     return dtype.itemsize * math.prod(shape)
-
-
-def _pread_all(fd: int, into: np.ndarray, offset: int) -> None:
-    """Fill ``into`` from ``offset`` of the file (a read may return less than asked)."""
-    view = into.data.cast("B")
-    while view.nbytes:
-        got = os.preadv(fd, [view], offset)
-        if got == 0:
-            raise OSError(f"the rows file ended {view.nbytes} bytes early")
-        view, offset = view[got:], offset + got
