@@ -145,15 +145,16 @@ class Account:
         """A spool group's bytes: it is held twice while loaded (as spooled, then in place)."""
         return max(MIB, self.data // 8)
 
-    def sweep_group_bytes(self, threads: int) -> int:
+    def sweep_group_bytes(self, threads: int, keys: int = 0) -> int:
         """Windows beyond memory as they are written: the group of batches gathered at once (:mod:`.scan.sweep`).
 
-        Beside it: the spool's group of start rows held twice (:meth:`start_group_bytes`) and, for each of
-        the ``threads`` gathering, the rows it reads at once (:meth:`sweep_read_bytes`) and the windows it
+        Beside it: the epoch's ``keys`` bytes where they are held (they fit half the share: not on disk),
+        the spool's group of start rows held twice (:meth:`start_group_bytes`) and, for each of the
+        ``threads`` gathering, the rows it reads at once (:meth:`sweep_read_bytes`) and the windows it
         gathers from them (:meth:`gather_samples`); the data passes are done, their rows on disk.
         """
         each = self.sweep_read_bytes() + self.data // 16
-        return max(MIB, self.data - 2 * self.start_group_bytes() - threads * each)
+        return max(MIB, self.data - keys - 2 * self.start_group_bytes() - threads * each)
 
     def sweep_read_bytes(self) -> int:
         """The rows file's bytes a thread reads at once for a group's windows: a 16th of the data's share."""

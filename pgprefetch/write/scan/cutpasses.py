@@ -41,7 +41,6 @@ class PassWindows:
     width: int
     rows: RowsFile  # every pass's sorted rows, one after another
     lengths: dict[Column, int] = field(default_factory=dict)  # the array columns' element counts
-    cut: int = 0  # windows cut, over every pass
 
     def __post_init__(self) -> None:
         fresh_folder(self.folder)
@@ -53,7 +52,6 @@ class PassWindows:
         records[:, 1:] = keys.T
         with io_errors(self.folder), open(self.folder / f"{p}.cut", "wb") as f:
             f.write(records.data)
-        self.cut += starts.size
 
     def load(self, p: int) -> tuple[np.ndarray, np.ndarray]:
         """Pass ``p``'s windows as saved: their keys ``(width, m)`` and start rows; the file is removed."""

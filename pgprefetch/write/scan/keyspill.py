@@ -184,8 +184,8 @@ async def _windows_pass(
     heap.release()
     rows = RowsFile(partition.folder.parent / "sorted", shape.columns)
     windows = PassWindows(partition.folder.parent / "cut", len(shape.key_names), rows)
-    cut = cut_passes(cfg, shape, partition, windows)
-    order, cut_count, _ = await asyncio.to_thread(_order_windows, cfg, shape, cut, folder, epoch, budget, limit)
+    each = cut_passes(cfg, shape, partition, windows)
+    order, cut_count, _ = await asyncio.to_thread(_order_windows, cfg, shape, each, folder, epoch, budget, limit)
     heap.release()
     spilled = SpilledKeys(order, partition, folder / "passes", cut_count, n_rows, windows)
     log.info(

@@ -17,9 +17,9 @@ def ranks(sorted_keys: np.ndarray, keys: np.ndarray, *, equal: bool = True) -> n
     ``equal`` False: how many are < it.
     """
     n = sorted_keys.shape[1]
-    if sorted_keys.shape[0] == 1 or (packed := _packed(sorted_keys, keys)) is not None:
-        table, wanted = (sorted_keys[0], keys[0]) if sorted_keys.shape[0] == 1 else packed  # type: ignore[misc]
-        found: np.ndarray = np.searchsorted(table, wanted, side="right" if equal else "left")
+    packed = (sorted_keys[0], keys[0]) if sorted_keys.shape[0] == 1 else _packed(sorted_keys, keys)
+    if packed is not None:  # one column, or several packed into one: a binary search
+        found: np.ndarray = np.searchsorted(packed[0], packed[1], side="right" if equal else "left")
         return found.astype(np.int64)
     if not n:
         return np.zeros(keys.shape[1], np.int64)

@@ -50,7 +50,8 @@ class Groups:
         self.size = spool.size
         width = plan.key_columns.width
         per_sample = layout.sample_bytes + 16 * width + GROUP_BYTES_PER_SAMPLE
-        group_bytes = account.sweep_group_bytes(threads)
+        held = plan.keys.nbytes if isinstance(plan.keys, np.ndarray) else 0  # windows' keys that fit are held
+        group_bytes = account.sweep_group_bytes(threads, held)
         self.group_batches = max(1, min(plan.n_batches, group_bytes // per_sample // self.size))
         samples = self.group_batches * self.size
         self._arrays = layout.allocate(samples)  # held for the write: a group's samples in start order
