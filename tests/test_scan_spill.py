@@ -19,9 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from pgprefetch import dump_epochs, load_config
 from pgprefetch.errors import SampleError
@@ -30,13 +27,11 @@ from pgprefetch.write.check import check_config
 from pgprefetch.write.order.shuffle import order_part
 from pgprefetch.write.scan.mode import SpilledScan, read_scan
 from pgprefetch.write.scan.partition import EpochRanges, Partition
-from pgprefetch.write.scan.ranks import ranks
 from pgprefetch.write.scan.table import Table
 
 from .harness.configs import scan_config
 from .harness.db import execute
 from .harness.dumps import RESUME_HINT, chunk_bytes, dump, dump_argv, dump_on_a_full_disk, kill_9_mid_dump
-from .harness.properties import EXTREMES
 from .harness.spill import TINY_SOURCE as TINY
 from .harness.spill import WINDOWS, load_tables
 
@@ -66,18 +61,6 @@ def manifest(path: Path) -> dict[str, object]:
 
 
 # ---- the pieces ------------------------------------------------------------------------------------------------
-
-
-@given(data=st.data(), width=st.integers(1, 3))
-def test_ranks_count_the_sorted_keys_at_or_below_each_key_lexicographically(data: st.DataObject, width: int) -> None:
-    values = st.integers(-1, 4) | st.sampled_from(EXTREMES)  # few values: many keys equal, in every slot
-    table = data.draw(hnp.arrays(np.int64, (width, data.draw(st.integers(0, 300))), elements=values), label="table")
-    table = table[:, np.lexsort(table[::-1])]
-    keys = data.draw(hnp.arrays(np.int64, (width, data.draw(st.integers(0, 200))), elements=values), label="keys")
-    as_tuples = [tuple(c) for c in table.T]
-    for equal in (True, False):
-        expected = [sum((t <= tuple(k)) if equal else (t < tuple(k)) for t in as_tuples) for k in keys.T]
-        assert ranks(table, keys, equal=equal).tolist() == expected
 
 
 def test_the_partition_puts_every_series_whole_in_the_pass_its_key_names_even_after_a_split(tmp_path: Path) -> None:
@@ -149,6 +132,31 @@ def test_windows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
     meta = tmp_path / "s" / "store.zarr" / ".pgprefetch"
     assert not list((meta / "partial").iterdir())  # the keys' files are gone
     assert not (meta / "spool" / "epoch-00000").exists()
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.7])
+def test_windows_of_a_table_beyond_memory_whose_keys_fit_give_the_bytes_of_the_in_memory_dump(
+    db: str, tmp_path: Path, fraction: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wide table read in passes, its windows' keys and start rows ordered in memory (not on disk)."""
+    execute(
+        db,
+        "CREATE TABLE wide_ticks (series_id int NOT NULL, t int NOT NULL, emb real[] NOT NULL, label int NOT NULL)",
+        "INSERT INTO wide_ticks SELECT s, t, array_fill((s * 1000 + t)::real, ARRAY[64]), (s + t) % 5"
+        " FROM generate_series(1, 60) s, generate_series(1, 200) t ORDER BY random()",
+    )
+    windows = {"table": "wide_ticks", "key": ["series_id"], "order": "t", "window": 8, "stride": 2}
+    windows |= {"fraction": fraction, "fields": {"x": (["emb"], "float32"), "y": (["label"], "int64")}}
+    with caplog.at_level(logging.INFO, logger="pgprefetch"):  # 3.4 MB decoded; 5,820 windows' keys: 0.8 MB
+        spilled = dump(scan_config(tmp_path / "s", **windows, extra='memory = "8MiB"'), db)
+    rows, samples, passes = logged(caplog, WINDOWS_LINE)
+    assert (rows, samples) == (12_000, 5_820)
+    assert passes >= 4
+    assert not [m for m in caplog.messages if "ordered on disk" in m]  # the windows' keys fit: held
+    whole = dump(scan_config(tmp_path / "w", **windows), db)
+    assert spilled.n_samples == whole.n_samples
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+    assert manifest(spilled.path)["keys_sha256"] == manifest(whole.path)["keys_sha256"]
 
 
 def test_windows_beyond_memory_ordered_by_a_timestamp_keep_its_type_in_the_manifest(db: str, tmp_path: Path) -> None:
@@ -258,7 +266,7 @@ def test_kill_9_while_keys_are_on_disk_then_rerun_gives_the_clean_bytes(tables: 
     cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
     store = tmp_path / "a" / "store.zarr"
     keys = store / ".pgprefetch" / "partial" / "epoch-00000.keys"
-    kill_9_mid_dump(cfg, tables, lambda: (keys / "passes").exists())
+    kill_9_mid_dump(cfg, tables, lambda: (keys / "samples" / "ordered").exists())
     assert not (store / "epoch-00000").exists()
     rerun = dump(cfg, tables)
     clean = dump(scan_config(tmp_path / "b", **WINDOWS), tables)

@@ -12,13 +12,12 @@ receive buffers, zarr's metadata, the progress bar). What the budget pays for, e
   budget (:func:`heap_bytes`).
 - **a scan's read**: the decoded table twice while its chunks are joined and sorted
   (:data:`READ_COPIES`), then the table once beside the epoch's per-sample arrays (:func:`plan_bytes`).
-- **a data pass** (a table read in passes, :mod:`pgprefetch.write.scan.partition`): its rows
-  :data:`PASS_COPIES` times (loaded blocks, joined columns, sorted copy, and the samples gathered a chunk
-  at a time), beside the keys and a spool group (:meth:`Account.pass_bytes`); the partition's rows held
-  before they are written are a 16th of the data's share. Windows are then written a group of batches at a
-  time, gathered from the passes' rows read back (:meth:`Account.sweep_group_bytes`), beside the spool's
-  group of start rows. Rows read in stretches of the epoch hold neither keys nor a spool group: a stretch
-  has the whole share (:meth:`Account.stretch_bytes`).
+- **a data pass** (windows of a table beyond the budget, :mod:`pgprefetch.write.scan.partition`): its rows
+  :data:`PASS_COPIES` times (loaded blocks, joined columns, sorted copy, the windows cut), beside the
+  windows' keys being ordered (:meth:`Account.pass_bytes`); the partition's rows held before they are
+  written are a 16th of the data's share. Windows are then written a group of batches at a time, gathered
+  from the passes' rows read back (:meth:`Account.sweep_group_bytes`). Rows read in stretches of the epoch
+  hold no keys: a stretch has the whole share (:meth:`Account.stretch_bytes`).
 - **keys**: query mode's keys, and the keys pass of a scan, are ordered on disk beyond their share
   (:mod:`pgprefetch.write.order.spill`, :mod:`pgprefetch.write.scan.keyspill`).
 
@@ -39,8 +38,8 @@ FLOOR = 56 * MIB
 SLACK = 32 * MIB
 READ_COPIES = 2  # a scan's decoded chunks, then the joined, sorted columns (the chunks go as they are joined)
 SORT_BYTES_PER_ROW = 16  # the sort of a read's keys: its order and the sorted copy's index
-PASS_COPIES = 4  # a data pass's rows: the chunks, the joined columns, their sorted copy, the gathered samples
-GATHER_BYTES = 8 * MIB  # the most samples a pass gathers (then spools) at once
+PASS_COPIES = 4  # a data pass's rows: the chunks, the joined columns, their sorted copy, the windows cut
+GATHER_BYTES = 8 * MIB  # the most samples gathered at once (a stretch's, a group of windows' piece)
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
 PLAN_BYTES_PER_SAMPLE = 32
@@ -128,41 +127,32 @@ class Account:
         return self.in_memory_bytes(rows, row_bytes, samples, width) <= self.data
 
     def pass_bytes(self) -> int:
-        """A data pass's decoded rows: beside the keys' half of :attr:`data` and a spool group held twice."""
-        held = self.data // 2 + 2 * self.spool_group_bytes()
-        return max(1, max(self.data - held, self.data // 4) // PASS_COPIES)
+        """A data pass's decoded rows: beside the keys' half of :attr:`data` (the windows cut are ordered)."""
+        return max(1, (self.data - self.data // 2) // PASS_COPIES)
 
     def stretch_bytes(self, row_bytes: float) -> int:
         """A stretch's decoded rows: :data:`PASS_COPIES` of them and their order, beside a gather of samples.
 
-        Rows beyond memory read in the epoch's order hold no keys of the whole epoch and no spool group: a
-        stretch has the data's share but the samples it gathers at once (a 16th).
+        Rows beyond memory read in the epoch's order hold no keys of the whole epoch: a stretch has the
+        data's share but the samples it gathers at once (a 16th).
         """
         rows = max(1.0, (self.data - self.data // 16) / (PASS_COPIES * max(1.0, row_bytes) + ORDER_BYTES_PER_ROW))
         return max(1, int(rows * row_bytes))
 
-    def spool_group_bytes(self) -> int:
-        """A spool group's bytes: it is held twice while loaded (as spooled, then in place)."""
-        return max(MIB, self.data // 8)
-
     def sweep_group_bytes(self, threads: int, keys: int = 0) -> int:
         """Windows beyond memory as they are written: the group of batches gathered at once (:mod:`.scan.sweep`).
 
-        Beside it: the epoch's ``keys`` bytes where they are held (they fit half the share: not on disk),
-        the spool's group of start rows held twice (:meth:`start_group_bytes`) and, for each of the
-        ``threads`` gathering, the rows it reads at once (:meth:`sweep_read_bytes`) and the windows it
-        gathers from them (:meth:`gather_samples`); the data passes are done, their rows on disk.
+        Beside it: the epoch's order where it is held (``keys``: the windows' keys and start rows, which fit
+        half the share: not on disk) and, for each of the ``threads`` gathering, the rows it reads at once
+        (:meth:`sweep_read_bytes`) and the windows it gathers from them (:meth:`gather_samples`); the data
+        passes are done, their rows on disk.
         """
         each = self.sweep_read_bytes() + self.data // 16
-        return max(MIB, self.data - keys - 2 * self.start_group_bytes() - threads * each)
+        return max(MIB, self.data - keys - threads * each)
 
     def sweep_read_bytes(self) -> int:
         """The rows file's bytes a thread reads at once for a group's windows: a 16th of the data's share."""
         return max(MIB // 4, self.data // 16)
-
-    def start_group_bytes(self) -> int:
-        """The spool's group of windows' start rows (8 bytes a window): a 32nd of the data's share."""
-        return max(MIB // 4, self.data // 32)
 
     def gather_samples(self, sample_bytes: int) -> int:
         """Samples a pass gathers at once: its cast rows within :data:`GATHER_BYTES` and a 16th of the data."""

@@ -101,7 +101,7 @@ async def open_source(
                 if spool is None:
                     yield read.plan(cfg, epoch)
                 else:
-                    async with spilled_source(cfg, snap, read, epoch, spool) as source:
+                    async with spilled_source(cfg, snap, read, epoch) as source:
                         yield source
             finally:
                 read.keys.close()

@@ -39,12 +39,15 @@ class OrderedKeys:
     """The ordered key file of one epoch: ``width`` slots of up to ``capacity`` samples each.
 
     ``quantum``: the used samples are a multiple of it (the batch size with ``drop_last``, else 1), so
-    slot 0 can be hashed as far as that multiple while the file is still growing.
+    slot 0 can be hashed as far as that multiple while the file is still growing. ``payload``: slots kept
+    after the key's, carried with each sample but not part of its key (windows beyond memory: the row each
+    starts at, :meth:`payload`); they are not in the digest, nor in :meth:`columns`.
     """
 
-    def __init__(self, path: Path, width: int, capacity: int, quantum: int) -> None:
+    def __init__(self, path: Path, width: int, capacity: int, quantum: int, payload: int = 0) -> None:
         self.path = path
         self.width = width
+        self.slots = width + payload
         self.capacity = capacity
         self.quantum = max(1, quantum)
         self.n = 0
@@ -59,12 +62,13 @@ class OrderedKeys:
         return self.width, self.n
 
     def append(self, keys: np.ndarray, order: np.ndarray | None = None) -> None:
-        """Add ``keys`` (``(width, m)`` int64), or ``keys[:, order]``, after those already written.
+        """Add ``keys`` (``(width + payload, m)`` int64), or ``keys[:, order]``, after those already written.
 
         With ``order`` each slot is permuted and written in turn: one slot's copy at a time in memory.
         """
         m = keys.shape[1] if order is None else order.size
         assert self.n + m <= self.capacity, "more keys than the file was made for"
+        assert keys.shape[0] == self.slots, "every slot of every key"
         with io_errors(self.path.parent):
             for j, column in enumerate(keys):
                 values = np.ascontiguousarray(column) if order is None else column[order]
@@ -91,10 +95,17 @@ class OrderedKeys:
 
     def columns(self, start: int, end: int) -> np.ndarray:
         """The keys of samples ``start`` to ``end`` (cut at the last one), ``(width, m)`` int64."""
+        return self._slots(range(self.width), start, end)
+
+    def payload(self, start: int, end: int) -> np.ndarray:
+        """The payload of samples ``start`` to ``end`` (cut at the last one), ``(payload, m)`` int64."""
+        return self._slots(range(self.width, self.slots), start, end)
+
+    def _slots(self, slots: range, start: int, end: int) -> np.ndarray:
         end = min(end, self.n)
-        out = np.empty((self.width, max(0, end - start)), dtype=np.int64)
-        for j in range(self.width):
-            pread_into(self._fd, out[j], (j * self.capacity + start) * 8)
+        out = np.empty((len(slots), max(0, end - start)), dtype=np.int64)
+        for i, j in enumerate(slots):
+            pread_into(self._fd, out[i], (j * self.capacity + start) * 8)
         return out
 
     def close(self) -> None:

@@ -75,11 +75,20 @@ class KeyRuns:
     """
 
     def __init__(
-        self, folder: Path, width: int, seed: int, epoch: int, budget: int, started: float, hashed: int | None = None
+        self,
+        folder: Path,
+        width: int,
+        seed: int,
+        epoch: int,
+        budget: int,
+        started: float,
+        hashed: int | None = None,
+        payload: int = 0,
     ) -> None:
         self.folder = folder
         self.width = width
         self.hashed = width if hashed is None else hashed  # the leading slots the hash covers (scan: the series)
+        self.slots = width + payload  # and after the key's, slots carried with it (see OrderedKeys)
         self.seed, self.epoch = seed, epoch
         self.budget = budget
         self.runs: list[_Run] = []
@@ -95,11 +104,11 @@ class KeyRuns:
             self._fd = os.open(folder / "runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def add(self, chunks: list[np.ndarray]) -> None:
-        """Sort ``chunks`` of keys (``(width, m)`` each) by hash into one run at the end of the spill file."""
+        """Sort ``chunks`` of keys (``(slots, m)`` each) by hash into one run at the end of the spill file."""
         keys = np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
         chunks.clear()  # the caller's list: its chunks go as soon as they are joined
         h = shuffle.key_hash(keys[: self.hashed], seed=self.seed, epoch=self.epoch)
-        order = shuffle.epoch_order(keys, seed=self.seed, epoch=self.epoch, h=h)
+        order = shuffle.epoch_order(keys[: self.width], seed=self.seed, epoch=self.epoch, h=h)
         m = keys.shape[1]
         with io_errors(self.folder):
             pwrite_all(self._fd, h[order], self._end)
@@ -107,11 +116,11 @@ class KeyRuns:
             for j, column in enumerate(keys):
                 pwrite_all(self._fd, column[order], self._end + (j + 1) * m * 8)
         self.runs.append(_Run(self._end, m))
-        self._end += (self.width + 1) * m * 8
+        self._end += (self.slots + 1) * m * 8
         self.n += m
 
     def buckets(self, cap: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Every key with its hash, a hash range at a time, in hash order: ``(keys (width, m), hashes (m,))``.
+        """Every key with its hash, a hash range at a time, in hash order: ``(keys (slots, m), hashes (m,))``.
 
         A bucket holds at most ``cap`` keys, unless one hash value alone holds more (a key repeated that
         often): a range is halved until it fits or is that one value.
@@ -159,14 +168,14 @@ class KeyRuns:
     def _load(self, at: list[int], ends: list[int], ahead: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The keys ``at[r]:ends[r]`` of every run ``r``, with their hashes; moves ``at`` and ``ahead`` on."""
         n = sum(e - a for e, a in zip(ends, at, strict=True))
-        keys = np.empty((self.width, n), dtype=np.int64)
+        keys = np.empty((self.slots, n), dtype=np.int64)
         hashes = np.empty(n, dtype=np.uint64)
         pos = 0
         for r, run in enumerate(self.runs):
             m = ends[r] - at[r]
             if m:
                 hashes[pos : pos + m] = ahead[r][:m]
-                for j in range(self.width):
+                for j in range(self.slots):
                     pread_into(self._fd, keys[j, pos : pos + m], run.offset + ((j + 1) * run.count + at[r]) * 8)
             ahead[r] = ahead[r][m:].copy() if ahead[r].size > m else np.empty(0, np.uint64)
             at[r] = ends[r]
@@ -179,8 +188,8 @@ class KeyRuns:
         ``quantum``: see :class:`~pgprefetch.write.order.keyfile.OrderedKeys`. A repeated key is written once,
         and counted in the repeats: the caller refuses them or not.
         """
-        cap = keys_in_budget(self.budget, self.width)
-        out = OrderedKeys(self.folder / "ordered", self.width, self.n, quantum)
+        cap = keys_in_budget(self.budget, self.slots)
+        out = OrderedKeys(self.folder / "ordered", self.width, self.n, quantum, self.slots - self.width)
         found: list[shuffle.Repeats] = []
         buckets = 0
         try:
@@ -188,7 +197,8 @@ class KeyRuns:
                 if not keys.shape[1]:
                     continue
                 buckets += 1
-                order, repeats = shuffle.order_part(keys, seed=self.seed, epoch=self.epoch, fraction=fraction, h=hashes)
+                key = keys[: self.width]  # (the payload is carried, not ordered by)
+                order, repeats = shuffle.order_part(key, seed=self.seed, epoch=self.epoch, fraction=fraction, h=hashes)
                 del hashes
                 if repeats.count:
                     found.append(repeats)
@@ -215,7 +225,8 @@ class KeyRuns:
 class KeyCollector:
     """Keys arriving a chunk at a time: held while they fit, sorted into runs on disk once they do not.
 
-    ``limit``: the most keys held at once (default: :func:`keys_in_budget`); ``hashed``: see :class:`KeyRuns`.
+    ``limit``: the most keys held at once (default: :func:`keys_in_budget`); ``hashed``, ``payload``: see
+    :class:`KeyRuns` (a chunk has ``width + payload`` slots).
     :meth:`add` may be called from several threads (one at a time: it takes a lock).
     """
 
@@ -229,10 +240,11 @@ class KeyCollector:
         epoch: int,
         limit: int | None = None,
         hashed: int | None = None,
+        payload: int = 0,
     ) -> None:
         self.folder, self.width, self.budget = folder, width, budget
-        self.seed, self.epoch, self.hashed = seed, epoch, hashed
-        self.limit = keys_in_budget(budget, width) if limit is None else max(MIN_KEYS, limit)
+        self.seed, self.epoch, self.hashed, self.payload = seed, epoch, hashed, payload
+        self.limit = keys_in_budget(budget, width + payload) if limit is None else max(MIN_KEYS, limit)
         self.started = time.monotonic()
         self.held: list[np.ndarray] = []
         self.n = 0  # keys held
@@ -240,12 +252,19 @@ class KeyCollector:
         self._lock = threading.Lock()
 
     def add(self, chunk: np.ndarray) -> None:
-        """Take a ``(width, m)`` chunk of keys; a full hold goes to disk as one run first."""
+        """Take a ``(width + payload, m)`` chunk of keys; a full hold goes to disk as one run first."""
         with self._lock:
             if self.n + chunk.shape[1] > self.limit and self.held:
                 if self.runs is None:
                     self.runs = KeyRuns(
-                        self.folder, self.width, self.seed, self.epoch, self.budget, self.started, self.hashed
+                        self.folder,
+                        self.width,
+                        self.seed,
+                        self.epoch,
+                        self.budget,
+                        self.started,
+                        self.hashed,
+                        self.payload,
                     )
                 self.runs.add(self.held)
                 self.n = 0
@@ -256,7 +275,7 @@ class KeyCollector:
         """Every key: one array if they all fit, else the runs on disk (the caller closes them)."""
         if self.runs is None:
             if not self.held:
-                return np.empty((self.width, 0), dtype=np.int64)
+                return np.empty((self.width + self.payload, 0), dtype=np.int64)
             keys = np.concatenate(self.held, axis=1) if len(self.held) > 1 else self.held[0]
             self.held = []
             return keys

@@ -16,21 +16,19 @@ a table whose keys outgrow the budget as well has them ordered on disk by the qu
    its data passes by series instead, and each pass is loaded, sorted and cut once
    (:mod:`~pgprefetch.write.scan.cutpasses`). The windows' keys stream into a second sort's runs, hashed
    whole: the epoch's order, as for rows.
-3. **Passes.** A series' pass is its bucket in the partition (a hash of its key). Once the samples are
-   ordered, each used sample's place in the epoch and key are appended to its pass's file (:func:`_route`);
-   each is then found among the windows its pass cut (:func:`~pgprefetch.write.scan.ranks.locate`).
+3. **Start rows.** Each window's start row in the passes' rows file rides through that sort beside its key
+   (a payload slot, neither hashed nor compared), so the epoch's order gives each batch its windows' rows.
 
 While the keys fit (:func:`bytes_per_row` each), none of this happens: they come back as a sorted
 :class:`~pgprefetch.write.scan.table.Table`, the path every scan took before. Disk: about ``8 * (width +
-1)`` bytes a row for the first sort (windows), then the query mode's ``8 * (2 * width + 1)`` a sample
-and ``8 * (width + 1)`` a used sample for the pass files, in the epoch's keys folder.
+1)`` bytes a row for the first sort (a check of windows), or the query mode's ``8 * (2 * width + 1)`` a
+sample (``width + 1`` slots for a dump's windows), in the epoch's keys folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -45,13 +43,12 @@ from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.write import heap
 from pgprefetch.write.budget import Account
-from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.order import shuffle
 from pgprefetch.write.order.keyfile import OrderedKeys
-from pgprefetch.write.order.spill import MIN_KEYS, KeyCollector, KeyRuns
+from pgprefetch.write.order.spill import KeyCollector, KeyRuns
 from pgprefetch.write.plan import order_keys, order_spilled
 from pgprefetch.write.scan.copystream import Columns, CopyDecoder
-from pgprefetch.write.scan.cutpasses import PassWindows, cut_passes
+from pgprefetch.write.scan.cutpasses import cut_passes
 from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.rowsfile import RowsFile
@@ -83,27 +80,28 @@ class _Stopped(PgprefetchError):
 
 @dataclass
 class SpilledKeys:
-    """A keys pass ordered on disk: the epoch's order, and the data passes that fill it."""
+    """A keys pass ordered on disk: the epoch's order, and for a dump of windows the rows that fill it."""
 
     order: dict[str, Any]  # :func:`~pgprefetch.write.plan.order_keys`'s fields, ``keys`` on disk or in memory
     partition: Partition | None  # the table's rows, split into the data passes (None: a check, no passes)
-    folder: Path  # the passes' files: <pass>.keys, (place in the epoch, key slots) int64 per used sample
     samples: int  # the samples the keys pass cut
     rows_read: int
-    windows: PassWindows | None = None  # each data pass's windows and sorted rows (None: a check)
+    rows: RowsFile | None = None  # the data passes' sorted rows (None: a check)
+    starts: np.ndarray | None = None  # each sample's start row in them, in the epoch's order, if held
+
+    def start_rows(self, start: int, end: int) -> np.ndarray:
+        """The start rows (in :attr:`rows`) of the epoch's samples ``start`` to ``end``."""
+        keys: np.ndarray | OrderedKeys = self.order["keys"]
+        if isinstance(keys, OrderedKeys):  # carried through the sort on disk
+            return keys.payload(start, end).reshape(-1)  # (one payload slot)
+        assert self.starts is not None, "a dump's windows carry their start rows through the order"
+        return self.starts[start:end]
 
     @property
-    def passes(self) -> int:
-        """The data passes (:class:`~pgprefetch.write.scan.partition.Partition`'s)."""
-        return self.partition.passes if self.partition is not None else 0
-
-    def wanted(self, p: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """Pass ``p``'s used samples: their places in the epoch and their keys ``(width, m)``."""
-        path = self.folder / f"{p}.keys"
-        if not path.exists():
-            return np.empty(0, np.int64), np.empty((width, 0), np.int64)
-        records = np.fromfile(path, dtype=np.int64).reshape(-1, width + 1)
-        return records[:, 0].copy(), np.ascontiguousarray(records[:, 1:].T)
+    def held(self) -> int:
+        """The bytes of the epoch's order held in memory (none when it is on disk)."""
+        keys = self.order["keys"]
+        return 0 if isinstance(keys, OrderedKeys) else keys.nbytes + (0 if self.starts is None else self.starts.nbytes)
 
     def close(self) -> None:
         """Close the ordered key file, if the order is on disk (the folder is removed by whoever chose it)."""
@@ -150,7 +148,7 @@ async def keys_pass(
         return Table(keys=keys, rows_read=n_rows, nbytes=keys.nbytes)
     heap.release()
     try:
-        order, cut_count, buckets = await asyncio.to_thread(_order, cfg, shape, got, folder, epoch, limit)
+        order, cut_count, buckets, _ = await asyncio.to_thread(_order, cfg, shape, got, folder, epoch, limit)
     finally:
         got.close()
     heap.release()
@@ -159,7 +157,7 @@ async def keys_pass(
         " of series)",
         epoch, f"{n_rows:,}", f"{cut_count:,}", len(got.runs), buckets,
     )  # fmt: skip
-    return SpilledKeys(order, None, folder / "passes", cut_count, n_rows)  # a check: no data passes to fill
+    return SpilledKeys(order, None, cut_count, n_rows)  # a check: no data passes to fill
 
 
 async def _windows_pass(
@@ -171,45 +169,46 @@ async def _windows_pass(
     partition: Partition,
     on_rows: Callable[[int], None] | None,
 ) -> SpilledKeys:
-    """The keys pass of windows beyond memory: the rows go to the partition only, then each pass's keys are cut.
+    """The keys pass of windows beyond memory: the rows go to the partition only, then each pass is cut.
 
-    A pass holds whole series, so its key and order columns alone, sorted, give its windows: the rows' keys
-    are never sorted as a whole, in memory or on disk (by series hash, with its ties, that took most of the
-    keys pass). The windows are ordered as :func:`_order` orders them, in memory while they fit.
+    A pass holds whole series, so its rows, sorted, give its windows: the rows' keys are never sorted as a
+    whole, in memory or on disk (by series hash, with its ties, that took most of the keys pass). The
+    windows are ordered as :func:`_order` orders them, in memory while they fit, each with its start row in
+    the passes' sorted rows carried along.
     """
     budget = Account.for_scan(cfg.source.memory_bytes).data // 2
-    limit = budget // bytes_per_row(len(shape.key_names))
+    limit = budget // bytes_per_row(len(shape.key_names) + 1)
     n_rows = await stream(cfg, snap, shape, lambda chunk: None, on_rows, partition, keep=())
     await asyncio.to_thread(partition.settle)
     heap.release()
     rows = RowsFile(partition.folder.parent / "sorted", shape.columns)
-    windows = PassWindows(partition.folder.parent / "cut", len(shape.key_names), rows)
-    each = cut_passes(cfg, shape, partition, windows)
-    order, cut_count, _ = await asyncio.to_thread(_order_windows, cfg, shape, each, folder, epoch, budget, limit)
+    each = cut_passes(cfg, shape, partition, rows)
+    try:
+        order, cut_count, _, starts = await asyncio.to_thread(
+            _order_windows, cfg, shape, each, folder, epoch, budget, limit, 1
+        )
+    except BaseException:
+        rows.close()
+        raise
     heap.release()
-    spilled = SpilledKeys(order, partition, folder / "passes", cut_count, n_rows, windows)
     log.info(
         "epoch %d: %s rows outgrew [source] memory: %s windows cut from %d data passes",
         epoch, f"{n_rows:,}", f"{cut_count:,}", partition.passes,
     )  # fmt: skip
-    try:
-        await asyncio.to_thread(_route, spilled, partition, shape.n_key, budget)
-    except BaseException:
-        spilled.close()
-        raise
-    return spilled
+    return SpilledKeys(order, partition, cut_count, n_rows, rows, None if starts is None else starts[0])
 
 
-def _order(
-    cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Path, epoch: int, limit: int
-) -> tuple[dict[str, Any], int, int]:
-    """The epoch's order of the samples of ``runs`` (rows, or rows to cut into windows); their count; buckets cut.
+_Ordered = tuple[dict[str, Any], int, int, np.ndarray | None]
+
+
+def _order(cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Path, epoch: int, limit: int) -> _Ordered:
+    """The epoch's order of the samples of ``runs`` (rows, or rows to cut into windows); see :func:`_order_windows`.
 
     The buckets are those of series cut into windows (0 for rows).
     """
     key_columns = KeyColumns(shape.key_names)
     if cfg.scan_samples.window is None:  # the rows are the samples
-        return order_spilled(cfg, runs, key_columns, epoch), runs.n, 0
+        return order_spilled(cfg, runs, key_columns, epoch), runs.n, 0, None
     seed = cfg.batches.seed
 
     def by_series() -> Iterator[tuple[np.ndarray, int]]:
@@ -230,16 +229,21 @@ def _order_windows(
     epoch: int,
     budget: int,
     limit: int,
-) -> tuple[dict[str, Any], int, int]:
+    payload: int = 0,
+) -> _Ordered:
     """The epoch's order of ``windows``: each group of whole series' window keys, and its longest series' rows.
 
     The groups come from the keys pass's runs, bucketed by series hash, or from the data passes
-    (:func:`~pgprefetch.write.scan.cutpasses.cut_passes`), which hold whole series too.
+    (:func:`~pgprefetch.write.scan.cutpasses.cut_passes`), which hold whole series too. A window's last
+    ``payload`` slots are carried, not ordered by (its start row). Returns :func:`~pgprefetch.write.plan.order_keys`'s
+    fields but ``index`` (``keys`` in memory, or on disk with the payload beside them), the windows cut, the
+    groups, and the payload in the epoch's order when it is held (ordered in memory).
     """
     key_columns = KeyColumns(shape.key_names)
+    width = len(shape.key_names)
     buckets, longest = 0, 0
     samples = KeyCollector(
-        folder / "samples", len(shape.key_names), budget, seed=cfg.batches.seed, epoch=epoch, limit=limit
+        folder / "samples", width, budget, seed=cfg.batches.seed, epoch=epoch, limit=limit, payload=payload
     )
     try:
         for cut_keys, rows in windows:
@@ -255,38 +259,19 @@ def _order_windows(
     if isinstance(got, np.ndarray):  # the windows fit: ordered in memory, as a table's are
         if not got.shape[1]:
             raise no_windows(cfg.scan_samples, longest)
-        order_fields = order_keys(cfg, got, key_columns, epoch, in_place=True)
-        order_fields.pop("index")
-        return order_fields, got.shape[1], buckets
+        order_fields = order_keys(cfg, got[:width], key_columns, epoch, in_place=True)
+        index = order_fields.pop("index")
+        carried = got[width:]
+        if index.size == got.shape[1]:
+            for slot in carried:  # as the keys: in place, a slot at a time
+                slot[:] = slot[index]
+        else:
+            carried = carried[:, index]
+        return order_fields, got.shape[1], buckets, carried if payload else None
     try:
-        return order_spilled(cfg, got, key_columns, epoch), got.n, buckets
+        return order_spilled(cfg, got, key_columns, epoch), got.n, buckets, None
     finally:
         got.close()
-
-
-def _route(spilled: SpilledKeys, partition: Partition, n_key: int, budget: int) -> None:
-    """Append each used sample's place in the epoch and key to its pass's file, in the epoch's order."""
-    keys, used = spilled.order["keys"], spilled.order["used"]
-    folder = spilled.folder
-    shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers: the files are appended to
-    with io_errors(folder):
-        folder.mkdir(parents=True, mode=0o700)  # the sample keys: for this user only
-    width = keys.shape[0]
-    step = max(MIN_KEYS, budget // (24 * (width + 1)))  # the keys, their records and the sort: within the budget
-    for lo in range(0, used, step):
-        hi = min(used, lo + step)
-        part = keys.columns(lo, hi) if isinstance(keys, OrderedKeys) else keys[:, lo:hi]
-        passes = partition.pass_of(np.ascontiguousarray(part[:n_key]))
-        records = np.empty((hi - lo, part.shape[0] + 1), np.int64)
-        records[:, 0] = np.arange(lo, hi, dtype=np.int64)
-        records[:, 1:] = part.T
-        small = passes.astype(np.uint16) if int(passes.max()) < 1 << 16 else passes
-        order = np.argsort(small, kind="stable")  # (a radix sort on 16 bits)
-        cuts = np.flatnonzero(np.diff(passes[order])) + 1
-        with io_errors(folder):
-            for chunk in np.split(order, cuts):
-                with open(folder / f"{int(passes[chunk[0]])}.keys", "ab") as f:
-                    f.write(records[chunk].tobytes())
 
 
 async def stream(

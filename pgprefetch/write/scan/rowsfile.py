@@ -5,9 +5,9 @@ in no order a pass knows, so they used to be gathered pass by pass and spooled b
 spool was the epoch (64 times the table at stride 1), written, read back and written again; under a small
 budget its groups were many and its writes tiny (a 2.8 GB epoch of stride-1 windows under 32 MiB: 22x the
 time in memory). Now each pass's rows, sorted and cut, are appended here once (the table's size, not the
-epoch's); each used sample's start row is spooled (8 bytes a sample); and the batches are gathered from rows
-read back here in order (:mod:`.sweep`) by the code that gathers from a table in memory, so their bytes are
-the same.
+epoch's); each window's start row here is carried with its key through the epoch's order (8 bytes a sample);
+and the batches are gathered from rows read back here in order (:mod:`.sweep`) by the code that gathers from
+a table in memory, so their bytes are the same.
 
 The rows are read with ``preadv`` into buffers held for the dump, not mapped: a window's rows are 1-2 pages
 of each file, and a gather from a mapping faulted them in one at a time (and out again, to hold the budget),
@@ -27,7 +27,7 @@ from pgprefetch.pg.columns import Column
 from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.order.keyfile import pread_into
 from pgprefetch.write.scan.passes import fresh_folder
-from pgprefetch.write.scan.table import Table
+from pgprefetch.write.scan.table import Table, array_lengths
 
 # (kind, column index or block number, dtype, row shape): "b" a block of columns, "v" values, "m" a mask, "n" lengths
 _Entry = tuple[str, int, np.dtype, tuple[int, ...]]
@@ -39,6 +39,7 @@ class RowsFile:
     def __init__(self, folder: Path, columns: tuple[Column, ...]) -> None:
         self.folder, self.columns = folder, columns
         self.rows = 0  # rows appended: the next table's first row
+        self.lengths: dict[Column, int] = {}  # the array columns' element counts (every row has the first one's)
         self._entries: list[_Entry] | None = None
         self._blocks: list[list[tuple[Column, int]]] = []
         self._nulls: set[Column] = set()  # the columns a NULL was seen in: only theirs are masked
@@ -52,6 +53,8 @@ class RowsFile:
 
     def append(self, table: Table) -> None:
         """Append ``table``'s rows (sorted by key and order, as cut); every table has the first one's columns."""
+        if not self.rows:
+            self.lengths = array_lengths(table)
         arrays = self._arrays(table)
         with io_errors(self.folder):
             for (kind, i, _, _), array in zip(self._entries or (), arrays, strict=True):

@@ -1,7 +1,7 @@
 """Windows beyond memory gathered a group of batches at a time, by reading the rows file forward.
 
-The data passes (:mod:`.multipass`) leave the table's rows sorted on local disk (:mod:`.rowsfile`) and each
-window's start row spooled in the epoch's order (:class:`~.passes.Spool`). The epoch's windows lie anywhere
+The data passes (:mod:`.multipass`) leave the table's rows sorted on local disk (:mod:`.rowsfile`), and the
+epoch's order carries each window's start row there (:mod:`.keyspill`). The epoch's windows lie anywhere
 in the rows. Gathered a batch at a time, from a mapping, each window faulted its 1-2 pages of each file in,
 and the pages went out again after the batch to hold the budget: 7 million faults for 2.8 GB of 48-row
 windows at stride 1, at 10 µs each on a virtual machine, three times the dump's time in memory.
@@ -17,14 +17,13 @@ thousands of windows, instead of a fault per page per window.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.write.budget import Account
 from pgprefetch.write.plan import EpochPlan
-from pgprefetch.write.scan.passes import Spool
 from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.table import gather
 
@@ -44,13 +43,20 @@ class Groups:
     """
 
     def __init__(
-        self, rows: RowsFile, layout: BatchLayout, plan: EpochPlan, spool: Spool, account: Account, threads: int
+        self,
+        rows: RowsFile,
+        layout: BatchLayout,
+        plan: EpochPlan,
+        size: int,
+        starts: Callable[[int, int], np.ndarray],
+        held: int,
+        account: Account,
+        threads: int,
     ) -> None:
-        self.rows, self.layout, self.plan, self.spool = rows, layout, plan, spool
-        self.size = spool.size
+        """``starts(a, b)``: the start rows of the epoch's samples ``a`` to ``b``; ``held``: the order's bytes held."""
+        self.rows, self.layout, self.plan, self.size, self.starts = rows, layout, plan, size, starts
         width = plan.key_columns.width
         per_sample = layout.sample_bytes + 16 * width + GROUP_BYTES_PER_SAMPLE
-        held = plan.keys.nbytes if isinstance(plan.keys, np.ndarray) else 0  # windows' keys that fit are held
         group_bytes = account.sweep_group_bytes(threads, held)
         self.group_batches = max(1, min(plan.n_batches, group_bytes // per_sample // self.size))
         samples = self.group_batches * self.size
@@ -126,10 +132,9 @@ class Groups:
             batches = min(self.group_batches, self.plan.n_batches - first_batch)
             keys = self.plan.batch_keys(first_batch, self.size, batches)
             n = keys.shape[1]
-            starts = np.empty(batches * self.size, np.int64)
-            for i in range(batches):
-                self.spool.batch(first_batch + i, {"start": starts[i * self.size : (i + 1) * self.size]})
-            order = np.argsort(starts[:n], kind="stable")
+            first = first_batch * self.size
+            starts = self.starts(first, first + n)
+            order = np.argsort(starts, kind="stable")
             self._starts = starts[order]
             self._place[order] = np.arange(n)
             self._keys = keys[:, order]
