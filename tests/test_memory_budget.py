@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pgprefetch.write.budget import FLOOR, SLACK
+from pgprefetch.write.budget import FLOOR, ORDER_BYTES_PER_ROW, SLACK, STRETCH_COPIES, Account, heap_bytes
 
 from .harness.configs import scan_config, write_config
 from .harness.db import execute
@@ -55,6 +55,19 @@ def _within(floor: int, summary: dict[str, Any], budget: str = BUDGET) -> None:
     peak = int(summary["peak_rss"])
     limit = floor + int(budget.removesuffix("MiB")) * MIB + SLACK
     assert peak <= limit, f"peak {peak / MIB:.0f} MiB > floor {floor / MIB:.0f} + {budget} + slack {SLACK // MIB}"
+
+
+@pytest.mark.parametrize("budget", [1 * MIB, 2 * MIB, 8 * MIB, 32 * MIB, 512 * MIB, 8192 * MIB])
+def test_a_stretch_takes_what_the_heap_leaves_of_the_budget_and_never_less_than_half_the_datas_share(
+    budget: int,
+) -> None:
+    """Under the least budgets the heap's fixed part is more than the budget: a stretch then has the data's share."""
+    account = Account.for_scan(budget)
+    room = max(account.data, budget - heap_bytes(budget))
+    for row_bytes in (8, 76, 4096):
+        stretch = account.stretch_bytes(row_bytes)
+        held = STRETCH_COPIES * stretch + ORDER_BYTES_PER_ROW * stretch / row_bytes
+        assert account.data / 2 <= held <= room, (row_bytes, stretch)
 
 
 def test_a_scan_of_a_table_eight_times_the_budget_peaks_within_it_and_gives_the_bytes_in_memory(

@@ -39,6 +39,7 @@ SLACK = 32 * MIB
 READ_COPIES = 2  # a scan's decoded chunks, then the joined, sorted columns (the chunks go as they are joined)
 SORT_BYTES_PER_ROW = 16  # the sort of a read's keys: its order and the sorted copy's index
 PASS_COPIES = 4  # a data pass's rows: the chunks, the joined columns, their sorted copy, the windows cut
+STRETCH_COPIES = 2  # a stretch's rows: the chunks, then the joined columns (put in order, never sorted by key)
 GATHER_BYTES = 8 * MIB  # the most samples gathered at once (a stretch's, a group of windows' piece)
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
@@ -131,13 +132,27 @@ class Account:
         return max(1, (self.data - self.data // 2) // PASS_COPIES)
 
     def stretch_bytes(self, row_bytes: float) -> int:
-        """A stretch's decoded rows: :data:`PASS_COPIES` of them and their order, beside a gather of samples.
+        """A stretch's decoded rows: :data:`STRETCH_COPIES` of them and their order, beside a gather of samples.
 
-        Rows beyond memory read in the epoch's order hold no keys of the whole epoch: a stretch has the
-        data's share but the samples it gathers at once (a 16th).
+        Rows beyond memory read in the epoch's order hold no keys of the whole epoch, and the stretches are
+        all written before the writer's units are allocated: a stretch has what the heap leaves of the
+        budget, but the samples it gathers at once (a 16th of the data's share). (With a data pass's four
+        copies and the data's share alone, rows17 under 32 MiB took 42 stretches and peaked 19 MiB under
+        its budget, at twice the time in memory.)
         """
-        rows = max(1.0, (self.data - self.data // 16) / (PASS_COPIES * max(1.0, row_bytes) + ORDER_BYTES_PER_ROW))
+        room = max(self.data, self.budget - heap_bytes(self.budget)) - self.data // 16  # (the heap's part is fixed)
+        rows = max(1.0, room / (STRETCH_COPIES * max(1.0, row_bytes) + ORDER_BYTES_PER_ROW))
         return max(1, int(rows * row_bytes))
+
+    def partition_hold_bytes(self) -> int:
+        """The rows a partition holds before it writes them (twice at most: a block written, the next gathered).
+
+        While the table streams in, the writer's units are not allocated and nothing else is held but the
+        COPYs' undecoded bytes (:func:`~pgprefetch.write.scan.table.copy_drain_bytes`, a 4th of the data's
+        share, and their decoded rows): larger blocks are fewer writes, and fewer reads when a pass loads them
+        (at a 16th, rows17 under 32 MiB wrote 113 blocks a stretch).
+        """
+        return max(MIB, self.data // 4)
 
     def sweep_group_bytes(self, threads: int, keys: int = 0) -> int:
         """Windows beyond memory as they are written: the group of batches gathered at once (:mod:`.scan.sweep`).

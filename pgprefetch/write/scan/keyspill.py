@@ -288,7 +288,7 @@ async def stream(
     ``take`` runs on a thread, one call at a time. ``partition`` takes each decoded chunk whole.
     """
     ranges = await page_ranges(snap, shape, cfg.source.connections)
-    drain = copy_drain_bytes(cfg, len(ranges))
+    drain = copy_drain_bytes(cfg, len(ranges), share=4 if partition is not None else 16)
     width = len(shape.key_names)
     keep = tuple(f"k{i}" for i in range(width)) if keep is None else keep
     route = partition.add if partition is not None else None

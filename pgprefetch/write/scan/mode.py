@@ -201,7 +201,8 @@ async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooL
     account = Account.for_scan(cfg.source.memory_bytes)
     room = account.pass_bytes()
     rows = await _rows_estimate(snap, shape, e)
-    return Partition(folder, bucket_count(rows, e.bytes_per_row, room), shape.n_key, room, hold=account.data // 16)
+    buckets = bucket_count(rows, e.bytes_per_row, room)
+    return Partition(folder, buckets, shape.n_key, room, hold=account.partition_hold_bytes())
 
 
 async def _epoch_ranges(
@@ -211,7 +212,7 @@ async def _epoch_ranges(
     account = Account.for_scan(cfg.source.memory_bytes)
     room = account.stretch_bytes(e.bytes_per_row)
     buckets = bucket_count(await _rows_estimate(snap, shape, e), e.bytes_per_row, room)
-    hold = account.data // 16  # held twice at most: a block written while the next gathers
+    hold = account.partition_hold_bytes()
     return EpochRanges(folder, buckets, shape.n_key, room, hold, seed=cfg.batches.seed, epoch=epoch)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pgprefetch.write.files.shardfiles import io_errors
+from pgprefetch.write.order.keyfile import pread_into
 from pgprefetch.write.order.shuffle import key_hash
 from pgprefetch.write.scan.copystream import Columns
 from pgprefetch.write.scan.passes import fresh_folder
@@ -185,19 +186,31 @@ class Partition:
     def _row_bytes(self) -> int:
         return sum(d.itemsize * math.prod(s) for d, s in self.template.values())
 
-    def _read(self, prefix: str, names: list[str] | None = None) -> Iterator[Columns]:
-        """The blocks of ``prefix``'s file, each as columns (only ``names``, if given), in the order written."""
+    def _read(self, prefix: str) -> Iterator[Columns]:
+        """The blocks of ``prefix``'s file, each as columns (views of one read of the block), in the order written.
+
+        One ``pread`` a block: a read a column a block (``np.fromfile``, which opens the file each time) was
+        most of a pass's load.
+        """
+        blocks = self._blocks.get(prefix, [])
+        if not blocks:
+            return
         offset = 0
         with io_errors(self.folder):
-            for rows in self._blocks.get(prefix, []):
-                chunk = {}
-                for name, (dtype, shape) in self.template.items():
-                    size = rows * math.prod(shape) * dtype.itemsize
-                    if names is None or name in names:
-                        data = np.fromfile(self.folder / prefix, dtype, rows * math.prod(shape), offset=offset)
-                        chunk[name] = data.reshape(-1, *shape)
-                    offset += size
-                yield chunk
+            fd = os.open(self.folder / prefix, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                for rows in blocks:
+                    data = np.empty(rows * self._row_bytes(), np.uint8)
+                    pread_into(fd, data, offset)
+                    offset += data.size
+                    chunk, at = {}, 0
+                    for name, (dtype, shape) in self.template.items():
+                        size = rows * math.prod(shape) * dtype.itemsize
+                        chunk[name] = data[at : at + size].view(dtype).reshape(rows, *shape)
+                        at += size
+                    yield chunk
+            finally:
+                os.close(fd)
 
     def _unlink(self, prefix: str) -> None:
         (self.folder / prefix).unlink(missing_ok=True)

@@ -174,12 +174,16 @@ async def read_ranges(
     return await asyncio.to_thread(lambda: assemble(shape, [p for d in decoders for p in d.finish()], empty_ok))
 
 
-def copy_drain_bytes(cfg: Config, copies: int) -> int:
-    """How much of a COPY's stream is decoded at once: every COPY's undecoded bytes within a 16th of the data's share.
+def copy_drain_bytes(cfg: Config, copies: int, share: int = 16) -> int:
+    """How much of a COPY's stream is decoded at once: every COPY's undecoded bytes within a ``share``-th of the data's.
 
-    8 MiB each (:data:`~.copystream.DRAIN_BYTES`) would be 64 MiB at 8 connections, past a 64 MiB budget.
+    8 MiB each (:data:`~.copystream.DRAIN_BYTES`) would be 64 MiB at 8 connections, past a 64 MiB budget. A
+    16th beside a table read whole; a table streamed into a partition holds only its held rows beside the
+    COPYs (:meth:`~pgprefetch.write.budget.Account.partition_hold_bytes`), and takes a 4th: each drain is a
+    hand-over to a thread and back, and at a 16th rows17 under 32 MiB made 900 of them (0.8 s of 6).
     """
-    return max(64 << 10, min(DRAIN_BYTES, Account.for_scan(cfg.source.memory_bytes).data // (16 * max(1, copies))))
+    data = Account.for_scan(cfg.source.memory_bytes).data
+    return max(64 << 10, min(DRAIN_BYTES, data // (share * max(1, copies))))
 
 
 async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
