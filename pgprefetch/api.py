@@ -111,9 +111,10 @@ def prune(
     partials_older_than: float | None = None,
     dry_run: bool = False,
 ) -> PruneResult:
-    """Delete complete epochs more than ``keep`` behind the consumers (``pgprefetch prune``).
+    """Delete complete epochs more than ``keep`` behind the slowest consumer (``pgprefetch prune``).
 
-    ``consumer``: go by this consumer's epoch (default: the slowest consumer's). ``partials``: also delete
+    Every recorded consumer counts: nothing any training run may still read is deleted. ``consumer`` is
+    checked as a recorded run's name (a typo is refused) and narrows nothing. ``partials``: also delete
     partial epochs no dump is writing; ``partials_older_than``: those last written more than this many
     seconds ago. ``dry_run``: say what would be deleted; delete nothing.
     """

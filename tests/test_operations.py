@@ -39,7 +39,9 @@ def test_ahead_and_keep_follow_the_recorded_consumer(s_table: str, tmp_path: Pat
     EpochDataset(store, epoch=3)
     code, out = run_cli("dump", "--config", str(cfg), "--dsn", s_table, "--ahead", "1", "--keep", "1")
     assert code == 0
-    assert out.splitlines()[-1] == "deleted epochs 0, 1 (complete, more than 1 behind the slowest consumer)"
+    assert out.splitlines()[-1] == (
+        "deleted epochs 0, 1 (complete, more than 1 behind the slowest consumer, default at epoch 3)"
+    )
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00002", "epoch-00003", "epoch-00004"]
 
 
@@ -130,7 +132,7 @@ def test_ls_of_an_existing_empty_store_lists_nothing_and_exits_0(tmp_path: Path)
     assert (done.returncode, len(done.stdout.splitlines()), done.stderr) == (0, 1, "")  # the header alone
     assert done.stdout.split()[:2] == ["epoch", "state"]
     done = pgprefetch_process("ls", "--store", str(tmp_path / "empty.zarr"), "--json")
-    assert (done.returncode, json.loads(done.stdout)) == (0, {"epochs": []})
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"epochs": [], "consumers": []})
 
 
 def test_verify_names_a_flipped_byte_and_a_deleted_chunk(
@@ -165,7 +167,7 @@ def test_prune_removes_old_epochs_and_keeps_partials_unless_told(s_table: str, t
     EpochDataset(store, epoch=2)
     assert run_cli("prune", "--config", str(cfg), "--keep", "1") == (
         0,
-        "deleted epoch 0 (complete, more than 1 behind the slowest consumer)\n"
+        "deleted epoch 0 (complete, more than 1 behind the slowest consumer, default at epoch 2)\n"
         "kept partial epoch 7: the next dump of each resumes it (delete them with --partials)\n",
     )
     assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00001", "epoch-00002"]

@@ -147,7 +147,7 @@ def test_an_s3_prefix_without_a_store_is_a_usage_error_exit_2(s3: S3) -> None:
         code, out = run_cli(*command, "--store", url, "--json")
         assert (code, json.loads(out)["exit_code"]) == (2, 2), command
     open_store(url).create()  # the same prefix once it holds an empty store: nothing to list, no error
-    assert run_cli("ls", "--store", url, "--json") == (0, '{"epochs": []}\n')
+    assert run_cli("ls", "--store", url, "--json") == (0, '{"epochs": [], "consumers": []}\n')
 
 
 def test_wrong_credentials_are_one_line_exit_1_with_no_secret(s3: S3) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from pgprefetch.cli.console import Group, fail, json_option, tune_for_dumping
 from pgprefetch.cli.dump import dump
 from pgprefetch.cli.options import config_option, dir_option, dsn_option, named_store, scale_option, with_store_options
 from pgprefetch.cli.progress import BarProgress
-from pgprefetch.cli.words import summary
+from pgprefetch.cli.words import consumer_lines, summary
 from pgprefetch.config.values import parse_duration, show_size
 
 # Each command imports the library it calls when it runs: `pgprefetch --version` and `--help` load neither
@@ -52,11 +53,14 @@ cli.add_command(dump)  # the longest command, in a module of its own (pgprefetch
 @json_option('Print {"epochs": [...]} instead of a table.')
 def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
     """List the epochs of a store: state, batches, samples, size, created, seconds."""
-    from pgprefetch.store.maintenance import list_epochs
+    from pgprefetch.store.maintenance import consumer_infos, list_epochs
 
-    infos = list_epochs(named_store(config_path, store))
+    target = named_store(config_path, store)
+    infos = list_epochs(target)
+    readers = consumer_infos(target)
+    now = datetime.now(UTC)
     if as_json:
-        click.echo(json.dumps({"epochs": [i.to_json() for i in infos]}))
+        click.echo(json.dumps({"epochs": [i.to_json() for i in infos], "consumers": [r.to_json(now) for r in readers]}))
         return
     click.echo(
         f"{'epoch':>5}  {'state':<8} {'batches':>9} {'samples':>11} {'on disk':>10}  {'created':<25} {'seconds':>8}"
@@ -69,6 +73,8 @@ def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
             f"  {i.created or '-':<25} {seconds:>8}"
             + ("  " + ", ".join(f"{name} {n:,}" for name, n in i.sources.items()) if i.sources else "")
         )
+    if readers:
+        click.echo("\n".join(consumer_lines(readers, now)))
 
 
 @cli.command()
@@ -129,9 +135,15 @@ def _why_no_stats(entry: dict[str, Any]) -> str:
 @cli.command("prune")
 @with_store_options
 @click.option(
-    "--keep", type=click.IntRange(min=0), required=True, help="Keep epochs from (the slowest consumer's epoch - N) on."
+    "--keep",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Keep epochs from (the slowest consumer's epoch - N) on; every recorded run counts.",
 )
-@click.option("--consumer", help="Go by this consumer's epoch (default: the slowest consumer).")
+@click.option(
+    "--consumer",
+    help="Checked as a run's name only: prune keeps what every recorded run may read (see `pgprefetch forget`).",
+)
 @click.option(
     "--partials", is_flag=True, help="Also delete partial epochs no dump is writing (a rerun would resume them)."
 )
@@ -166,6 +178,25 @@ def prune_command(
         click.echo(json.dumps(result.to_json()))
     elif not quiet:
         click.echo("\n".join(result.lines(keep)) or "nothing to delete")
+
+
+@cli.command("forget")
+@with_store_options
+@click.argument("consumer")
+@json_option('Print {"forgotten": [...]}: the records removed.')
+def forget(config_path: Path | None, store: str | None, consumer: str, as_json: bool) -> None:
+    """Remove a training run's consumer records (every rank), so that --keep and prune stop keeping its epochs.
+
+    Only for a run gone for good: until then its records keep every epoch it may still read, whatever other
+    runs' cron lines say. `pgprefetch ls` shows each run's records, stale ones (not updated for 7 days) marked.
+    """
+    from pgprefetch.store.maintenance import forget_consumer
+
+    removed = forget_consumer(named_store(config_path, store), consumer)
+    if as_json:
+        click.echo(json.dumps({"forgotten": removed}))
+    else:
+        click.echo(f"forgot consumer {consumer} ({len(removed)} record{'s' if len(removed) != 1 else ''})")
 
 
 @cli.command()

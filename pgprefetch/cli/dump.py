@@ -35,12 +35,14 @@ RETRIES = 5
 @click.option("--epochs", "epoch_range", help="Several epochs: 3-5, or 1,4-6.")
 @click.option("--ahead", type=click.IntRange(min=1), help="Dump the next K epochs after the newest started one.")
 @click.option(
-    "--keep", type=click.IntRange(min=0), help="Then delete complete epochs more than N behind the consumers."
+    "--keep",
+    type=click.IntRange(min=0),
+    help="Then delete complete epochs more than N behind the slowest consumer (every recorded run counts).",
 )
 @click.option(
     "--consumer",
-    help="Go by this consumer's epoch for --ahead/--keep (default: all consumers); a name no run has recorded, "
-    "while others have, is refused as a typo.",
+    help="Dump --ahead of this training run's epoch (default: the furthest run); --keep still keeps what every "
+    "run may read. A name no run has recorded, while others have, is refused as a typo.",
 )
 @click.option(
     "--new",
@@ -151,6 +153,10 @@ def dump(
         raise ConfigError("--consumer needs --ahead K or --keep N: it says whose epoch they go by")
     if new_consumer and consumer is None:
         raise ConfigError("--new needs --consumer NAME: the training run to register")
+    from pgprefetch.store.consumers import check_name
+
+    if consumer is not None:
+        check_name(consumer)
     from pgprefetch.config.load import load_config
     from pgprefetch.store.maintenance import ahead_window, check_consumer, prune, register_consumer
     from pgprefetch.store.open import open_store
@@ -162,7 +168,7 @@ def dump(
     heap.fit(cfg.source.memory_bytes)  # the heap's kept memory is the budget's too (pgprefetch.write.budget)
     target = open_store(cfg.store.path)
     # Everything that can refuse the run is decided here, before an epoch is dumped: another config's store,
-    # a mistyped consumer (both halves, --ahead and --keep, take the same name the same way).
+    # a mistyped consumer (checked the same way for --ahead and --keep).
     if not force:
         check_same_config(target, cfg)
     if consumer is not None:

@@ -9,6 +9,9 @@ from pgprefetch.config.values import show_size
 from pgprefetch.errors import ConfigError
 
 if TYPE_CHECKING:
+    from datetime import datetime, timedelta
+
+    from pgprefetch.store.consumers import ConsumerInfo
     from pgprefetch.write.pipeline import DumpResult
 
 
@@ -69,3 +72,26 @@ def summary(r: DumpResult) -> str:
 def _count(n: int, one: str, many: str | None = None) -> str:
     """``1 batch``, ``2 batches``, ``1,024 samples``."""
     return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+def consumer_lines(readers: list[ConsumerInfo], now: datetime) -> list[str]:
+    """``ls``'s consumers: each run's ranks, the epoch each opened last, how long ago; stale ones marked."""
+    out = ["consumers (--keep keeps what the slowest may read):"]
+    for r in readers:
+        name = r.run if r.rank == 0 else f"{r.run}@{r.rank}"
+        epoch = "damaged record" if r.epoch is None else "not started" if r.epoch < 0 else f"epoch {r.epoch}"
+        when = f", {_ago(now - r.updated)} ago" if r.updated else ""
+        note = "" if r.counts else " (not counted)"
+        if r.counts and r.stale(now):
+            note = f" (stale: if {r.run} is gone for good, `pgprefetch forget {r.run}`)"
+        out.append(f"  {name:<24} {epoch}{when}{note}")
+    return out
+
+
+def _ago(delta: timedelta) -> str:
+    """``3 days``, ``5 h``, ``12 min``, ``40 s``: how long ago, at the coarsest unit that is at least 1."""
+    seconds = max(0, int(delta.total_seconds()))
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"

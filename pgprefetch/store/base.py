@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError, StoreNotFoundError
+from pgprefetch.store.consumers import positions
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
 log = logging.getLogger("pgprefetch")
@@ -318,11 +319,19 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def consumer_records(self) -> dict[str, bytes]:
+        """Every consumer record's bytes, by record name (``train``, ``train@1``), damaged ones included."""
+
+    @abc.abstractmethod
+    def remove_consumer_record(self, record: str) -> None:
+        """Remove one consumer record (``pgprefetch forget``); one that is not there is not an error."""
+
     def consumers(self) -> dict[str, int]:
         """The epoch each consumer's rank opened last, by record: ``{"train": 7, "train@1": 6}``.
 
         See :func:`pgprefetch.store.consumers.positions` for the records that count.
         """
+        return positions(self.consumer_records())
 
     # --- category vocabularies ----------------------------------------------------------------------------
     def vocabulary(self) -> dict[str, list[str]]:

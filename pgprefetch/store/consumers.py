@@ -10,6 +10,12 @@ the epoch it opened: rank 0 as ``<name>.json`` (the run's one record before), ra
 
 Rank 0's record also holds the world size, so the records of ranks that a later run of the same name no
 longer has (it runs on fewer) do not hold the store back.
+
+A record holds its epochs until a person removes it (``pgprefetch forget RUN``): nothing ages it out. A store
+shared by several runs has one cron line per run, and a run paused for a week (a holiday, a queue) must find
+its next epoch still there; a record that ages out silently would let another run's ``--keep`` delete it.
+``pgprefetch ls`` shows each run's records and marks one not updated for :data:`STALE_AFTER` as stale, so
+that a run gone for good is seen, and forgotten on purpose.
 """
 
 from __future__ import annotations
@@ -18,12 +24,28 @@ import json
 import os
 import re
 import socket
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from pgprefetch.errors import StoreError
+from pgprefetch.errors import ConfigError, StoreError
 
-_CONSUMER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_CONSUMER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 RANK = "@"  # not allowed in a consumer's name: a rank's record can never be another consumer's
+STALE_AFTER = timedelta(days=7)
+"""A record not updated for this long is shown as stale by ``ls``; it still holds its epochs."""
+
+
+def check_name(name: str, option: str = "--consumer") -> str:
+    """``name`` if it can name a consumer (it becomes a file name in the store); ConfigError (exit 2) if not.
+
+    Checked once where a name comes in (the command line, a reader's argument), whether or not the store
+    has consumers yet, and again where a record is written.
+    """
+    if not _CONSUMER.fullmatch(name):
+        raise ConfigError(
+            f"{option} {name!r}: a consumer's name is 1-64 letters, digits, '_', '.' or '-', not starting with '.'"
+        )
+    return name
 
 
 def record_name(name: str, rank: int = 0) -> str:
@@ -38,8 +60,8 @@ def run_of(record: str) -> str:
 
 def consumer_record(name: str, epoch: int, rank: int = 0, world: int = 1) -> bytes:
     """The record of consumer ``name``'s rank ``rank`` opening ``epoch`` (the name checked: it becomes a file name)."""
-    if not _CONSUMER.match(name):
-        raise StoreError(f"consumer name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    if not _CONSUMER.fullmatch(name):
+        raise StoreError(f"consumer name {name!r}: use 1-64 letters, digits, '_', '.' or '-', not starting with '.'")
     record = {
         "consumer": name,
         "epoch": epoch,
@@ -74,3 +96,44 @@ def positions(records: dict[str, bytes]) -> dict[str, int]:
             continue
         out[name] = epoch
     return out
+
+
+@dataclass(frozen=True)
+class ConsumerInfo:
+    """One record as ``ls`` shows it: a run's rank, the epoch it opened last, when and where."""
+
+    run: str
+    rank: int
+    epoch: int | None  # None: the record is damaged (it counts nothing until the next open rewrites it)
+    updated: datetime | None
+    host: str
+    counts: bool  # False: a rank the run no longer has, or a damaged record (neither holds an epoch)
+
+    def stale(self, now: datetime) -> bool:
+        """Not updated for :data:`STALE_AFTER`: perhaps a run gone for good (``pgprefetch forget`` removes it)."""
+        return self.updated is None or now - self.updated > STALE_AFTER
+
+    def to_json(self, now: datetime) -> dict[str, object]:
+        """The object ``ls --json`` prints for the record."""
+        return {"consumer": self.run, "rank": self.rank, "epoch": self.epoch, "counts": self.counts,
+                "updated": self.updated.isoformat() if self.updated else None, "host": self.host,
+                "stale": self.stale(now)}  # fmt: skip
+
+
+def infos(records: dict[str, bytes]) -> list[ConsumerInfo]:
+    """Every record, counted or not, by run then rank."""
+    counted = positions(records)
+    out = []
+    for name, raw in records.items():
+        run, _, rank = name.partition(RANK)
+        try:
+            value = json.loads(raw)
+            epoch: int | None = int(value["epoch"])
+            updated: datetime | None = datetime.fromisoformat(str(value.get("updated")))
+            host = str(value.get("host", ""))[:255]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            epoch, updated, host = None, None, ""
+        if updated is not None and updated.tzinfo is None:
+            updated = updated.replace(tzinfo=UTC)
+        out.append(ConsumerInfo(run, int(rank) if rank.isdigit() else 0, epoch, updated, host, name in counted))
+    return sorted(out, key=lambda i: (i.run, i.rank))

@@ -24,7 +24,7 @@ from pgprefetch.store.base import (
     epoch_name,
     epochs_in,
 )
-from pgprefetch.store.consumers import consumer_record, positions, record_name
+from pgprefetch.store.consumers import consumer_record, record_name
 from pgprefetch.store.durable import WriteBack, sync_dir, sync_tree
 from pgprefetch.store.flock import holder, holding, open_lock
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
@@ -255,13 +255,20 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    def consumers(self) -> dict[str, int]:
+    def consumer_records(self) -> dict[str, bytes]:
         folder = self.meta / "consumers"
         records = {}
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             with contextlib.suppress(OSError):
                 records[path.stem] = path.read_bytes()
-        return positions(records)
+        return records
+
+    def remove_consumer_record(self, record: str) -> None:
+        path = self.meta / "consumers" / f"{record}.json"
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot remove {path}: {e.strerror or e}") from None
 
 
 def _delete(path: Path) -> None:

@@ -17,7 +17,7 @@ from pgprefetch.config.model import SOURCE_ARRAY
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
 from pgprefetch.store.checks import check_layouts, check_metadata_files, manifest_int
-from pgprefetch.store.consumers import run_of
+from pgprefetch.store.consumers import ConsumerInfo, check_name, infos, run_of
 from pgprefetch.store.journal import journaled, part_journals, samples
 from pgprefetch.store.layout import checksum, plain_name
 
@@ -224,13 +224,18 @@ class PruneResult:
     kept_partials: list[int] = field(default_factory=list)  # resumable partial epochs left for the next dump
     dry_run: bool = False
     unread: list[int] = field(default_factory=list)  # complete epochs kept because no consumer has opened one
+    slowest: tuple[str, int] | None = None  # the record every deletion went by, and its epoch
 
     def lines(self, keep: int) -> list[str]:
         """What happened, in words: one line per kind of action (nothing when nothing was to do)."""
         verb = "would delete" if self.dry_run else "deleted"
         out = []
-        if self.epochs:
-            out.append(f"{verb} {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer)")
+        if self.epochs and self.slowest is not None:
+            name, epoch = self.slowest
+            out.append(
+                f"{verb} {_listed(self.epochs)} (complete, more than {keep} behind the slowest consumer, "
+                f"{name} at epoch {epoch})"
+            )
         if self.partials:
             out.append(f"{verb} partial {_listed(self.partials)} (no dump is writing them)")
         if self.kept_partials:
@@ -260,10 +265,13 @@ def prune(
     partials_older_than: float | None = None,
     dry_run: bool = False,
 ) -> PruneResult:
-    """Delete complete epochs older than (newest started - ``keep``), and, if asked, dead partial epochs.
+    """Delete complete epochs older than (slowest consumer's epoch - ``keep``), and, if asked, dead partial epochs.
 
-    With several consumers the slowest one counts, so no training run loses an epoch it may still read.
-    With no consumer recorded, no complete epoch is deleted.
+    Every recorded consumer counts, whatever ``consumer`` says: several training runs share a store, each with
+    its own cron line (``dump --ahead --keep --consumer RUN``), and one run's cron must never delete an epoch
+    another run has yet to read. ``consumer`` is only checked as a name a run has (a typo is refused); it
+    steers ``--ahead``, never what is deleted. A run gone for good holds its epochs until a person removes its
+    records (:func:`forget_consumer`). With no consumer recorded, no complete epoch is deleted.
 
     A partial epoch is work a rerun of its dump resumes, so it is kept unless ``partials`` is set or it
     was last written more than ``partials_older_than`` seconds ago; even then it is removed only when
@@ -273,10 +281,13 @@ def prune(
     kept (``dump --ahead`` only dumps the epochs after the newest one opened). So are the keys a dump killed
     while ordering them on disk left without a partial epoch (:meth:`~pgprefetch.store.base.Store.orphaned_keys`).
     """
-    started = _started(store, consumer)
+    if consumer is not None:
+        check_consumer(store, consumer)
+    started = _started(store, None)
     removed: list[int] = []
     unread = [] if started else store.epochs()
-    oldest_kept = min(started.values()) - keep if started else None
+    slowest = min(started.items(), key=lambda item: (item[1], item[0])) if started else None
+    oldest_kept = slowest[1] - keep if slowest else None
     if oldest_kept is not None:
         for epoch in store.epochs():
             if epoch < oldest_kept:
@@ -309,7 +320,7 @@ def prune(
                     if not dry_run:
                         store.remove_partial(epoch)
                     dead.append(epoch)
-    return PruneResult(removed, sorted(dead), kept, dry_run, unread)
+    return PruneResult(removed, sorted(dead), kept, dry_run, unread, slowest)
 
 
 def _listed(epochs: list[int]) -> str:
@@ -344,6 +355,29 @@ def register_consumer(store: Store, consumer: str) -> bool:
 NOT_STARTED = -1  # a registered consumer's epoch before its first open: epoch 0 is the next one
 
 
+def forget_consumer(store: Store, consumer: str) -> list[str]:
+    """Remove every record of training run ``consumer`` (all its ranks); the records removed, by name.
+
+    The only way a run stops holding epochs: ``--keep`` and ``prune`` keep whatever any recorded run may
+    still read, so a run gone for good is forgotten on purpose, by a person, never by another run's cron.
+    A name with no record is refused as a typo would be (naming the closest run), so that a mistyped
+    ``forget`` cannot pass silently while the real record keeps holding the store.
+    """
+    check_name(consumer, "forget")
+    records = sorted(name for name in store.consumer_records() if run_of(name) == consumer)
+    if not records:
+        _started(store, consumer)  # the typo's message, naming the runs there are
+        raise ConfigError(f"no consumer {consumer!r} has a record in {store.location}")
+    for name in records:
+        store.remove_consumer_record(name)
+    return records
+
+
+def consumer_infos(store: Store) -> list[ConsumerInfo]:
+    """Every consumer record of ``store`` as ``ls`` shows it (stale ones marked by :class:`ConsumerInfo`)."""
+    return infos(store.consumer_records())
+
+
 def _started(store: Store, consumer: str | None) -> dict[str, int]:
     """The epoch each consumer's rank (or just ``consumer``'s ranks) opened last, by record.
 
@@ -353,6 +387,7 @@ def _started(store: Store, consumer: str | None) -> dict[str, int]:
     """
     records = store.consumers()
     if consumer is not None:
+        check_name(consumer)
         mine = {name: epoch for name, epoch in records.items() if run_of(name) == consumer}
         if not mine and not records:
             return {}

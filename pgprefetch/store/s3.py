@@ -45,7 +45,7 @@ from pgprefetch.store.base import (
     epoch_name,
     epochs_in,
 )
-from pgprefetch.store.consumers import consumer_record, positions, record_name
+from pgprefetch.store.consumers import consumer_record, record_name
 from pgprefetch.store.flock import holding
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
 from pgprefetch.store.s3errors import configured_endpoint, s3_error
@@ -381,11 +381,15 @@ class S3Store(Store):
                     pass  # another dump swapped it meanwhile: change what it wrote
         raise StoreError(f"{self.location}: {key} kept changing under {SWAP_ATTEMPTS} attempts to update it")
 
-    def consumers(self) -> dict[str, int]:
+    def consumer_records(self) -> dict[str, bytes]:
         records = {}
         for meta in self._list(f"{META_DIR}/consumers"):
             path = meta["path"]
             raw = self.read(path) if path.endswith(".json") else None
             if raw is not None:
                 records[path.rsplit("/", 1)[-1].removesuffix(".json")] = raw
-        return positions(records)
+        return records
+
+    def remove_consumer_record(self, record: str) -> None:
+        with self._errors("removing the consumer's record"):
+            obstore.delete(self.client, f"{META_DIR}/consumers/{record}.json")
