@@ -51,6 +51,15 @@ def test_ls_verify_prune_ahead_and_keep_on_s3(s_table: str, s3: S3, tmp_path: Pa
     assert open_store(url).epochs() == [1, 2]
     assert open_store(url).consumers() == {"train": 1}
     assert "ops/epoch-00000/zarr.json" not in s3.objects(bucket, "ops/epoch-00000")
+    # A second run on the same bucket holds epoch 1 against the first run's cron, until it is forgotten.
+    EpochDataset(url, 1, consumer="other")
+    EpochDataset(url, 2, consumer="train")
+    assert run_cli("prune", "--store", url, "--keep", "0", "--consumer", "train") == (0, "nothing to delete\n")
+    assert open_store(url).epochs() == [1, 2]
+    assert run_cli("forget", "--store", url, "other") == (0, "forgot consumer other (1 record)\n")
+    assert open_store(url).consumers() == {"train": 2}
+    assert run_cli("prune", "--store", url, "--keep", "0")[0] == 0
+    assert open_store(url).epochs() == [2]
 
 
 def test_kill_9_mid_upload_leaves_no_complete_epoch_and_the_rerun_resumes_and_skips_uploads(
