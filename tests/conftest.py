@@ -19,7 +19,7 @@ import pytest
 from pgprefetch.demo.data import load_demo_data
 
 from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
-from .harness.db import S_TABLE, TICKS_TABLES, execute, own_database, own_server
+from .harness.db import S_TABLE, TICKS_TABLES, data_folder, execute, own_database, own_server
 from .harness.hostile import R_TABLE, pristine_store
 from .harness.ragged import seqs_table
 from .harness.s3 import S3
@@ -37,8 +37,8 @@ def pg_dsn() -> Iterator[str]:
         _check(env, log=None)
         yield env
         return
-    with own_server("pgpf-") as (folder, dsn):  # short: unix socket paths are capped near 107 bytes
-        _check(dsn, log=folder / "pg" / "log")
+    with own_server("pgpf-") as (_, dsn):  # short: unix socket paths are capped near 107 bytes
+        _check(dsn, log=data_folder(dsn) / "log")
         yield dsn
 
 

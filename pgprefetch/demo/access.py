@@ -4,7 +4,9 @@ The embedded server trusts every connection on its unix socket (the wheel's ``in
 is safe only while the socket's folder is private: the data folder, which initdb makes 0700. So the socket
 must fit there (:func:`check_socket_fits`). As root, PostgreSQL runs as a system user of its own, which must
 be able to enter every folder above the data folder and the binaries; the wheel made sure by widening them
-all (``o+rx`` up to ``/``), and :func:`check_reachable` refuses instead, naming the folder and the ways out.
+all (``o+rx`` up to ``/``). pgprefetch instead puts both where that user can reach them
+(:mod:`pgprefetch.demo.placement`, :mod:`pgprefetch.demo.binaries`), and :func:`check_reachable` stays as
+the wheel's last check, which refuses rather than widens.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def check_socket_fits(pgdata: Path) -> None:
         )
 
 
-def _ids(user: str) -> tuple[int, set[int]]:
+def server_ids(user: str) -> tuple[int, set[int]]:
     """The uid and groups PostgreSQL will have: ``user``'s uid, and the groups of this (root) process.
 
     The wheel starts initdb and pg_ctl with ``subprocess``'s ``user=``, which changes the uid only: the
@@ -59,30 +61,38 @@ def _ids(user: str) -> tuple[int, set[int]]:
     return uid, {os.getegid(), *os.getgroups()}
 
 
-def _can_enter(folder: Path, uid: int, groups: set[int]) -> bool:
-    mode = folder.stat()
-    if mode.st_uid == uid:
-        return bool(mode.st_mode & stat.S_IXUSR)
-    if mode.st_gid in groups:
-        return bool(mode.st_mode & stat.S_IXGRP)
-    return bool(mode.st_mode & stat.S_IXOTH)
+def owner_name(uid: int) -> str:
+    """The user name of ``uid``, or ``uid N`` for an id without one (a container's files, a deleted user)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def can_enter(st: os.stat_result, uid: int, groups: set[int]) -> bool:
+    """Whether a process with ``uid`` and ``groups`` may enter a folder with this ``stat``."""
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid in groups:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
 
 
 def check_reachable(path: Path, user: str) -> None:
     """Refuse when ``user`` cannot enter a folder above ``path``; change nothing.
 
     Raises:
-        ConfigError: names the first folder ``user`` cannot enter, its mode, and what to do.
+        ConfigError: names the first folder ``user`` cannot enter and its mode; points at no shared folder,
+            which anyone could have made first.
     """
-    uid, groups = _ids(user)
+    uid, groups = server_ids(user)
     for folder in reversed(Path(path).resolve().parents):  # from / down: the first one that blocks
-        if not _can_enter(folder, uid, groups):
-            mode = stat.S_IMODE(folder.stat().st_mode)
+        st = folder.stat()
+        if not can_enter(st, uid, groups):
+            mode = stat.S_IMODE(st.st_mode)
             raise ConfigError(
                 f"as root the embedded PostgreSQL runs as the system user {user}, who cannot enter {folder} "
-                f"(mode {mode:o}) to reach {path}; pgprefetch does not change your folders' modes: run it as "
-                f"a normal user, or use a --dir (and an install) under folders others may enter, e.g. "
-                f"--dir /var/tmp/pgprefetch, or allow it yourself (chmod go+x {folder}: the server keeps your group)"
+                f"(mode {mode:o}) to reach {path}; pgprefetch does not change folders' modes"
             )
 
 
@@ -95,8 +105,9 @@ def guard_wheel(wheel: ModuleType) -> None:
       PROGRAM``). Here the socket always lives in the data folder, which initdb makes 0700, so only the
       server's own system user (and root) can reach it; a path too long for that is refused.
     - As root it runs ``chmod g+rx,o+rx`` on every parent of the data folder and of its binaries, up to
-      ``/`` (a checkout in a home folder opened the home folder). Here nothing is changed: each parent is
-      checked, and a folder the server's user cannot enter is refused with a hint.
+      ``/`` (a checkout in a home folder opened the home folder), and on every file of its binaries. Here
+      nothing is changed: the data and the binaries are placed where the server's user can reach them
+      before the wheel starts, each parent is checked again, and a folder that user cannot enter is refused.
     """
     module: Any = sys.modules.get(f"{wheel.__name__}.postgres_server")  # Any: its functions are replaced below
     if module is None:
@@ -110,3 +121,5 @@ def guard_wheel(wheel: ModuleType) -> None:
         module.find_suitable_socket_dir = socket_dir
     if hasattr(module, "ensure_prefix_permissions"):
         module.ensure_prefix_permissions = lambda path: check_reachable(Path(path), SERVER_USER)
+    if hasattr(module, "ensure_folder_permissions"):  # root's copy of the programs is made readable when copied
+        module.ensure_folder_permissions = lambda path, flag: None

@@ -6,6 +6,9 @@ system PostgreSQL, Docker or root.
 
 Who can reach it is decided in :mod:`pgprefetch.demo.access`, not by the wheel: its choices put a trusted
 superuser socket in a 0777 folder (a long data folder path) and widened every folder above the data (as root).
+Where the data lives, and which folders are refused, is :mod:`pgprefetch.demo.placement`'s; as root the
+programs run from root's copy of them (:mod:`pgprefetch.demo.binaries`). Both let root start the server
+from any folder without changing a folder's mode or owner.
 
 Stopping is done here rather than left to the wheel alone, because the wheel's own stop is easily skipped:
 
@@ -41,8 +44,10 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from pgprefetch.demo.access import SERVER_USER, check_reachable, check_socket_fits, guard_wheel
+from pgprefetch.demo.access import SERVER_USER, check_socket_fits, guard_wheel
+from pgprefetch.demo.binaries import use_root_binaries
 from pgprefetch.demo.handles import HANDLE_FILE, alive, prune_handles
+from pgprefetch.demo.placement import Placement, discard, exclusive, locate, prepare
 from pgprefetch.errors import PgprefetchError
 
 DEFAULT_DIR = Path(".pgprefetch")
@@ -201,64 +206,95 @@ def _stop(wheel: ModuleType, pgdata: Path, user: str | None) -> None:
     raise PgprefetchError(f"cannot stop the embedded PostgreSQL (pid {proc.pid}) in {pgdata}")
 
 
-def _release(wheel: ModuleType, server: Any) -> None:
+def _release(wheel: ModuleType, server: Any, place: Placement) -> None:
     """After the wheel's stop: make sure the server is down unless another live process still uses it.
 
+    A server whose data was moved (as root, :mod:`pgprefetch.demo.placement`) takes its data with it.
     Also forgets the wheel's handle object in this process: the wheel keeps it cached when its stop was
     skipped, and a later start here would get it back without re-registering and with stale postmaster data.
     """
     pgdata = server.pgdata
     try:
-        with _wheel_lock(wheel):
-            holders = [pid for pid in prune_handles(pgdata) if pid != os.getpid()]
+        with exclusive(place):
+            with _wheel_lock(wheel):
+                holders = [pid for pid in prune_handles(pgdata) if pid != os.getpid()]
+                if not holders:
+                    _stop(wheel, pgdata, server.system_user)
+                    handles = pgdata / HANDLE_FILE
+                    if handles.exists():
+                        handles.write_text("[]")
             if not holders:
-                _stop(wheel, pgdata, server.system_user)
-                handles = pgdata / HANDLE_FILE
-                if handles.exists():
-                    handles.write_text("[]")
+                discard(place)
     finally:
         if wheel.PostgresServer._instances.get(pgdata) is server:
             del wheel.PostgresServer._instances[pgdata]
         atexit.unregister(server._cleanup)
 
 
-@contextmanager
-def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
-    """Start (or join) the embedded server whose data lives in ``folder/pg``; yield its DSN; stop it.
+def _server_account(wheel: ModuleType) -> None:
+    """As root: make sure the server's system user exists (the wheel's own way) before a folder is handed to it."""
+    module = sys.modules.get(f"{wheel.__name__}.postgres_server")
+    ensure = getattr(module, "ensure_user_exists", None)
+    if ensure is not None:
+        try:
+            ensure(SERVER_USER)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise PgprefetchError(f"cannot make the system user {SERVER_USER} for the embedded PostgreSQL ({e})") from e
 
-    A server that another live process also uses (a second ``pgprefetch server`` on the same folder, the
-    demo next to it) is joined, and left running on exit for that process to stop. Pids of processes that
-    died without stopping it no longer count as users, so they cannot keep a later stop from working.
+
+@contextmanager
+def embedded_server(folder: Path = DEFAULT_DIR, note: Callable[[str], None] | None = None) -> Iterator[str]:
+    """Start (or join) the embedded server of ``folder``; yield its DSN; stop it.
+
+    Its data lives in ``folder/pg``, or as root where the server's user can reach it (``note`` is told
+    where, and why). A server that another live process also uses (a second ``pgprefetch server`` on the
+    same folder, the demo next to it) is joined, and left running on exit for that process to stop. Pids
+    of processes that died without stopping it no longer count as users, so they cannot keep a later stop
+    from working.
 
     Args:
-        folder: a project-local folder; the data survives between runs, so a second start is instant.
+        folder: a project-local folder of the user's own; the data survives between runs (as root, where it
+            stays in the folder), so a second start is instant.
+        note: told where the data lives when, as root, that is not ``folder/pg``.
 
     Yields:
         A DSN such as ``postgresql://postgres:@/postgres?host=/abs/folder/pg``.
 
     Raises:
+        ConfigError: ``folder`` or its ``pg`` is a link or another user's, or too long for the socket.
         PgprefetchError: the wheel is missing, the server did not start, or it could not be stopped.
     """
     wheel = _import_wheel()
-    folder = folder.resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    pgdata = folder / "pg"
+    with _served(wheel, locate(folder), note) as dsn:
+        yield dsn
+
+
+@contextmanager
+def _served(wheel: ModuleType, place: Placement, note: Callable[[str], None] | None) -> Iterator[str]:
+    """:func:`embedded_server` once the data's place is known."""
+    pgdata = place.pgdata
     check_socket_fits(pgdata)  # before anything starts: the wheel's fallback would be a 0777 folder
-    if os.geteuid() == 0:  # the wheel runs the server as SERVER_USER, who must reach the data and binaries
-        check_reachable(pgdata, SERVER_USER)
-        binaries = getattr(sys.modules.get(f"{wheel.__name__}.postgres_server"), "POSTGRES_BIN_PATH", None)
-        if binaries is not None:
-            check_reachable(Path(binaries), SERVER_USER)
-    if pgdata.exists():
+    if os.geteuid() == 0:  # the wheel runs the server as SERVER_USER, who must reach the data and programs
+        use_root_binaries(wheel)
+        _server_account(wheel)
+    with exclusive(place):
+        prepare(place)
         with _wheel_lock(wheel):
             prune_handles(pgdata)
             _clear_stale_lock(pgdata)
-    try:
-        server = wheel.get_server(pgdata, cleanup_mode="stop")
-    except Exception as e:  # the wheel raises CalledProcessError/TimeoutExpired with the log in its logger
-        log = pgdata / "log"
-        tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
-        raise PgprefetchError(f"cannot start the embedded PostgreSQL ({e}); log: {' | '.join(tail)}") from e
+        try:
+            server = wheel.get_server(pgdata, cleanup_mode="stop")
+        except PgprefetchError:  # the checks the wheel runs for us (access.guard_wheel): already one line
+            raise
+        except Exception as e:  # the wheel raises CalledProcessError/TimeoutExpired with the log in its logger
+            log = pgdata / "log"
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+            raise PgprefetchError(f"cannot start the embedded PostgreSQL ({e}); log: {' | '.join(tail)}") from e
+    if place.moved is not None and note is not None:
+        note(
+            f"as root the server's data is in {pgdata} for this run, not in {place.folder / 'pg'} "
+            f"({place.moved}); it is removed when the server stops"
+        )
     try:
         with server:
             try:
@@ -269,16 +305,15 @@ def embedded_server(folder: Path = DEFAULT_DIR) -> Iterator[str]:
                         prune_handles(server.pgdata)
     finally:
         if server._count <= 0:
-            _release(wheel, server)
+            _release(wheel, server, place)
 
 
-def _running_server(pgdata: Path) -> tuple[bool, list[int]]:
+def _running_server(wheel: ModuleType, pgdata: Path) -> tuple[bool, list[int]]:
     """Whether ``pgdata``'s postmaster runs, and the live processes (other than this one) that use it.
 
     A server whose users are all dead (its starter was killed with SIGKILL) is running but has no owner: the
     process that joins it is its only user, and stops it.
     """
-    wheel = _import_wheel()  # first: without the demo extra this says what to install, not a traceback
     if not pgdata.exists():
         return False, []
     with _wheel_lock(wheel):
@@ -307,9 +342,10 @@ def run_server(
     Args:
         folder: the data folder, as for :func:`embedded_server`.
         echo: called once with the DSN when the server is up (stdout is flushed after it, for pipes).
-        note: told that a running server was joined (another live process started it) or taken over (the
-            process that started it is dead), and what a signal does (``"stopping"``, or leaving a joined
-            server to the process that started it); writes to stderr by default.
+        note: told where the data lives when, as root, that is not ``folder/pg``; that a running server was
+            joined (another live process started it) or taken over (the process that started it is dead);
+            and what a signal does (``"stopping"``, or leaving a joined server to the process that started
+            it); writes to stderr by default.
 
     Raises:
         ValueError: called outside the main thread (only that one can install signal handlers).
@@ -328,9 +364,11 @@ def run_server(
     try:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, on_signal)
-        running, owners = _running_server(folder.resolve() / "pg")
+        wheel = _import_wheel()  # first: without the demo extra this says what to install, not a traceback
+        place = locate(folder)
+        running, owners = _running_server(wheel, place.pgdata)
         joined = running and bool(owners)  # another live process's server: it stops when they all have
-        with embedded_server(folder) as dsn:
+        with _served(wheel, place, note) as dsn:
             if joined:
                 note(f"a server is already running on {folder}: joined it (it stops when its last user does)")
             elif running:  # the process that started it died (kill -9, a crash): nobody else would stop it

@@ -4,8 +4,8 @@ Which module holds what:
 
 - ``db``: PostgreSQL: ``execute`` and ``fetch`` run synchronously, ``with_database``, ``own_database`` (a
   database of a module's own), ``own_server`` (a server of its own: the suite's, the bench's, or one a test
-  restarts), the ``s`` table of the ``s_table`` fixture (``S_TABLE``, ``S_ROWS``), the scan tables of the
-  ``ticks`` fixture (``TICKS_TABLES``)
+  restarts) and ``data_folder`` (an embedded server's, from its DSN), the ``s`` table of the ``s_table``
+  fixture (``S_TABLE``, ``S_ROWS``), the scan tables of the ``ticks`` fixture (``TICKS_TABLES``)
 - ``configs``: config files: ``write_config``, ``s_config`` (table ``s``), ``operations_config``,
   ``v_config`` (one float field over any table), ``scan_config`` (scan mode), ``SEQUENCES`` (the demo's)
 - ``loading``: the config loader's own tests: ``VALID`` (data), ``changed`` one key (or ``DELETE``), ``write``,

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -87,17 +87,23 @@ def own_database(pg_dsn: str, *statements: str, prefix: str = "t") -> Iterator[s
         execute(pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def data_folder(dsn: str) -> Path:
+    """The data folder of an embedded server: its socket lives there, and its DSN names it as ``host``."""
+    return Path(parse_qs(urlsplit(dsn).query)["host"][0])
+
+
 @contextmanager
 def own_server(prefix: str) -> Iterator[tuple[Path, str]]:
     """A PostgreSQL of its own (the suite's, the bench's, or a test's that restarts it): its folder and DSN.
 
     The folder is short (unix socket paths are capped near 107 bytes) and is removed with the server's data,
-    which is tens of MB a run.
+    which is tens of MB a run. Its ``pg`` is the data folder, but for a root whose TMPDIR the server's user
+    cannot reach: pgprefetch then keeps the data elsewhere for the run, and :func:`data_folder` finds it.
     """
     from pgprefetch.demo.server import embedded_server
 
     folder = Path(tempfile.mkdtemp(prefix=prefix))
-    folder.chmod(0o711)  # as root the server's system user must enter it; pgprefetch never widens folders
+    folder.chmod(0o711)  # as root: the server's user may enter it, so the data stays in it (as the callers expect)
     try:
         with embedded_server(folder) as dsn:
             yield folder, dsn
