@@ -37,9 +37,9 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path]]:
         calls.append(("data", _path_of(fd)))
         real_data(fd)
 
-    def sync_dir(path: Path) -> None:
-        calls.append(("dir", Path(path)))
-        real_dir(path)
+    def sync_dir(fd: int) -> None:
+        calls.append(("dir", _path_of(fd)))
+        real_dir(fd)
 
     monkeypatch.setattr(durable, "sync_data", sync_data)
     for module in (durable, local):

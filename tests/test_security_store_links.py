@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from pgprefetch import EpochArrays
 from pgprefetch.cli import cli
+from pgprefetch.errors import StoreError
 from pgprefetch.store.local import LocalStore
 from pgprefetch.store.maintenance import prune
 from pgprefetch.store.open import open_store
@@ -45,7 +46,7 @@ def test_a_lock_file_planted_as_a_link_is_not_written_through(
     locks = store / ".pgprefetch" / "locks"
     (locks / "epoch-00001.lock").symlink_to(victim)
     (locks / "categories.json.lock").unlink(missing_ok=True)
-    with pytest.raises(OSError, match="symbolic link"):
+    with pytest.raises(StoreError, match=r"epoch-00001\.lock is a symbolic link, not a file of the store"):
         dump(tmp_path / "test.toml", hostile_db, epoch=1)
     assert victim.read_text() == "precious"
 

@@ -18,6 +18,7 @@ from hypothesis.extra import numpy as hnp
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from pgprefetch.config.model import DTYPES
+from pgprefetch.store.folders import Folder
 from pgprefetch.store.zarrjson import array_json, group_json, guess_chunks, write_array
 
 from .harness.configs import s_config
@@ -142,7 +143,8 @@ def test_the_checksums_array_is_what_zarr_writes_chunk_files_and_all(
         )
         (folder / "ours" / "a").mkdir(parents=True)
         (folder / "ours" / "a" / "stale").write_bytes(b"left by a publish that failed")  # replaced, as overwrite=True
-        write_array(folder / "ours" / "a", values, names)
+        with Folder.anchor(folder / "ours") as ours:
+            write_array(ours, "a", values, names)
         assert _files(folder / "ours" / "a") == _files(folder / "by-zarr" / "a")
 
 

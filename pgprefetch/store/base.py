@@ -38,6 +38,7 @@ import numpy as np
 
 from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVersionError, StoreError, StoreNotFoundError
 from pgprefetch.store.consumers import positions
+from pgprefetch.store.folders import Place
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
 log = logging.getLogger("pgprefetch")
@@ -48,7 +49,7 @@ KEYS_ARRAY = "keys"
 META_DIR = ".pgprefetch"
 ROOT_ATTRIBUTES = {"pgprefetch_store": {"format_version": FORMAT_VERSION}}
 VOCABULARY = f"{META_DIR}/categories.json"  # the store's category vocabularies (Store.vocabulary)
-EPOCH = re.compile(r"^epoch-([0-9]{5,})$")
+EPOCH = re.compile(r"epoch-([0-9]{5,})")  # fullmatch: "epoch-00001\n" is not an epoch
 
 
 def epoch_name(epoch: int) -> str:
@@ -267,16 +268,26 @@ class Store(abc.ABC):
 
     def orphaned_keys(self) -> list[int]:
         """Epochs with a keys folder but no partial epoch: left by a dump killed while it ordered its keys."""
-        folder = self.partial_path(0).parent
-        if not folder.is_dir():
+        folder = self.place(self.partial_path(0).parent).find()  # a link there: not the store's, nothing found
+        if folder is None:
             return []
-        found = epochs_in(p.name.removesuffix(".keys") for p in folder.iterdir() if p.name.endswith(".keys"))
+        with folder:
+            names = folder.names()
+        found = epochs_in(n.removesuffix(".keys") for n in names if n.endswith(".keys"))
         partial = set(self.partial_epochs()) if found else set()
         return [e for e in found if e not in partial]
 
     @abc.abstractmethod
     def scratch(self, name: str) -> Path:
         """A local folder for a dump's temporary files (the scan mode's spool)."""
+
+    @abc.abstractmethod
+    def place(self, path: Path) -> Place:
+        """A local path of the store's own (a partial epoch, a journal, a spool) as the place it is written at.
+
+        Anchored at the folder whose own path is the user's (the local store's, an object store's staging
+        folder), so that nothing below it is reached through a link (:mod:`pgprefetch.store.folders`).
+        """
 
     @abc.abstractmethod
     def partial_info(self, epoch: int) -> tuple[int, float]:
@@ -399,5 +410,5 @@ def _parse_vocabulary(raw: bytes | None, location: str) -> dict[str, list[str]]:
 
 def epochs_in(names: Iterator[str]) -> list[int]:
     """The epoch numbers among folder (prefix) names."""
-    found = (EPOCH.match(n) for n in names)
+    found = (EPOCH.fullmatch(n) for n in names)
     return sorted(int(m[1]) for m in found if m)

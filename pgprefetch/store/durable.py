@@ -12,11 +12,13 @@ which costs little for files already written back (about 50 us each).
 
 from __future__ import annotations
 
+import errno
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from pgprefetch.store.base import Uploader
+from pgprefetch.store.folders import Folder
 
 
 def sync_data(fd: int) -> None:
@@ -24,26 +26,35 @@ def sync_data(fd: int) -> None:
     (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
-def sync_dir(path: Path) -> None:
-    """Make a folder's entries (files created, renamed or removed in it) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def sync_dir(fd: int) -> None:
+    """Make a folder's entries (files created, renamed or removed in it) durable: the folder open as ``fd``."""
+    os.fsync(fd)
 
 
-def sync_tree(folder: Path) -> None:
-    """Make every file under ``folder``, and every folder's entries, durable (before a rename publishes it)."""
-    for parent, _, files in os.walk(folder):
+def sync_tree(folder: Folder) -> None:
+    """Make every file below ``folder``, and every folder's entries, durable (before a rename publishes it).
+
+    Walked by descriptors (:mod:`pgprefetch.store.folders`), no link followed: an entry that is not a
+    file of the epoch's own is not the dump's to sync.
+    """
+    for _, _, files, fd in os.fwalk(".", dir_fd=folder.fd):
         for name in files:
-            sync_file(Path(parent, name))
-        sync_dir(Path(parent))
+            try:
+                file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENXIO):
+                    continue  # a link or a FIFO: nothing of the dump's
+                raise
+            try:
+                sync_data(file)
+            finally:
+                os.close(file)
+        sync_dir(fd)
 
 
 def sync_file(path: Path) -> None:
-    """Write a closed file's data back to disk."""
-    fd = os.open(path, os.O_RDONLY)
+    """Write a closed file's data back to disk (the file itself, never what a link there points at)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         sync_data(fd)
     finally:

@@ -13,22 +13,21 @@ import errno
 import fcntl
 import os
 import socket
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+
+from pgprefetch.store.folders import Folder
 
 
 @contextmanager
-def holding(path: Path) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on ``path`` while the block runs; yields False (holding nothing) if taken.
+def holding(folder: Folder, name: str) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the file ``name`` in ``folder`` while the block runs; yields False if taken.
 
     The file (created if needed) then names its holder, "host pid". It holds on local filesystems and on
     NFSv4 (Linux turns ``flock`` into a byte-range lock the server enforces); on NFSv3 without a lock
     manager it does not.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_lock(path)
+    fd = open_lock(folder, name)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -45,28 +44,18 @@ def holding(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def open_lock(path: Path) -> int:
-    """Open (creating) the lock file ``path``, read-write; never through a link, never anything but a file.
+def open_lock(folder: Folder, name: str) -> int:
+    """Open (creating) the lock file ``name`` in ``folder``, read-write; never through a link, only a file.
 
     A store's ``.pgprefetch`` is writable by every dump and reader of it: a link planted at a lock's name
-    must not make the dump truncate and overwrite the file it points at (``O_NOFOLLOW``: ELOOP), and a
-    FIFO or device there is refused before it is written (``O_NONBLOCK`` so opening a FIFO cannot hang).
+    must not make the dump truncate and overwrite the file it points at, and a FIFO or device there is
+    refused before it is written (:meth:`Folder.open`: a StoreError, one line). A link is refused rather
+    than replaced: two dumps replacing it at once could each end up holding a lock on a file of its own.
     """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, f"{path} is a symbolic link, not a lock file (planted?)") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{path} is not a regular file")
-    return fd
+    return folder.open(name, os.O_RDWR | os.O_CREAT)
 
 
-def holder(path: Path) -> str:
-    """Who holds (or last held) the lock at ``path``: "host pid"."""
-    try:
-        return path.read_text().strip() or "unknown"
-    except OSError:
-        return "unknown"
+def holder(folder: Folder | None, name: str) -> str:
+    """Who holds (or last held) the lock ``name`` in ``folder``: "host pid"."""
+    raw = folder.read(name) if folder is not None else None
+    return (raw or b"").decode(errors="replace").strip() or "unknown"

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pgprefetch.store.folders import Folder
+
 
 def part_journal(journal: Path, part: int) -> Path:
     """The journal of one part of an epoch written by several processes, beside the epoch's own."""
@@ -30,11 +32,15 @@ def part_journals(journal: Path) -> list[Path]:
     return sorted(journal.parent.glob(f"{journal.name}.part-*")) if journal.parent.is_dir() else []
 
 
-def remove_journals(journal: Path) -> None:
-    """Delete ``journal`` and its parts' journals (the epoch was published, or discarded)."""
-    journal.unlink(missing_ok=True)
-    for part in part_journals(journal):
-        part.unlink(missing_ok=True)
+def remove_journals(folder: Folder, journal: str) -> None:
+    """Delete the journal ``journal`` in ``folder`` and its parts' journals (the epoch was published, or discarded).
+
+    By the folder's descriptor (:mod:`pgprefetch.store.folders`): the partial epochs' folder is the store's.
+    """
+    folder.unlink(journal)
+    for name in folder.names():
+        if name.startswith(f"{journal}.part-"):
+            folder.unlink(name)
 
 
 def read_journal(journal: Path, n_arrays: int) -> tuple[dict[str, Any], dict[int, list[int]], list[str]] | None:

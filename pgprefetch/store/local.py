@@ -3,6 +3,10 @@
 An epoch is written under ``<store>/.pgprefetch/partial/epoch-00003`` and becomes visible only through
 :meth:`LocalStore.publish`: one filesystem sync, then a rename into place. A reader therefore never sees
 a partial epoch under the final name. Locks are ``flock``-s, which the kernel drops when the holder dies.
+
+Everything below the store is written through :mod:`pgprefetch.store.folders` (the store's folder opened
+as named, every folder below it by descriptor with no link followed): ``.pgprefetch`` is written by every
+dump and reader of the store, and a link planted there must not carry a lock, a record or an epoch out.
 """
 
 from __future__ import annotations
@@ -10,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from pgprefetch.errors import ConfigError, StoreError, StoreNotFoundError
 from pgprefetch.store.base import (
@@ -24,12 +28,14 @@ from pgprefetch.store.base import (
     epoch_name,
     epochs_in,
 )
+from pgprefetch.store.beneath import read_below
 from pgprefetch.store.consumers import consumer_record, record_name
 from pgprefetch.store.durable import WriteBack, sync_dir, sync_tree
 from pgprefetch.store.flock import holder, holding, open_lock
+from pgprefetch.store.folders import Folder, Place
 from pgprefetch.store.layout import ArrayLayout, read_batch_bytes
 from pgprefetch.store.staging import folder_bytes, staged_epochs
-from pgprefetch.store.zarrjson import group_json, replace_file, write_json
+from pgprefetch.store.zarrjson import group_json
 
 
 class LocalStore(Store):
@@ -66,8 +72,15 @@ class LocalStore(Store):
     def scratch(self, name: str) -> Path:
         return self.meta / name
 
+    def place(self, path: Path) -> Place:
+        return Place.under(self.path, path)
+
+    def _own(self, *names: str) -> Place:
+        """A folder of the store's own below ``.pgprefetch``."""
+        return Place(self.path, PurePosixPath(META_DIR, *names))
+
     def partial_epochs(self) -> list[int]:
-        return staged_epochs(self.meta / "partial")
+        return staged_epochs(self._own("partial"))
 
     def create(self, parents: bool = False) -> None:
         """The store's own folder, and its parents only if asked: a typo is refused, not made into a store."""
@@ -85,9 +98,10 @@ class LocalStore(Store):
         self._made = [p for p in (self.path, *self.path.absolute().parents) if not p.exists()]  # removed unused
         try:
             self.path.mkdir(parents=parents, exist_ok=True)
-            if not root.exists():
-                write_json(root, group_json(ROOT_ATTRIBUTES))  # what zarr.open_group(attributes=...) writes
-            self.meta.mkdir(exist_ok=True)
+            with Folder.anchor(self.path) as store:
+                if store.kind("zarr.json") is None:  # what zarr.open_group(attributes=...) writes
+                    store.replace("zarr.json", group_json(ROOT_ATTRIBUTES))
+                store.folder(META_DIR, create=True).close()
         except OSError as e:
             raise StoreError(f"cannot create store {self.path}: {e.strerror or e}") from None
 
@@ -114,28 +128,31 @@ class LocalStore(Store):
         ``create(parents=True)`` made go too, if nothing else is in them. A training run's record (one
         waiting for the store's first epoch) keeps the store: it is in use.
         """
-        if self.epochs() or any((self.meta / "consumers").glob("*.json")):
+        if self.epochs() or self.consumer_records():
             return
-        with contextlib.ExitStack() as locks:
+        with contextlib.ExitStack() as locks, Folder.anchor(self.path) as store:
             for epoch in self.partial_epochs():
                 if not locks.enter_context(self.writer_lock(epoch)) or self._holds_batches(epoch):
                     return
-            shutil.rmtree(self.meta, ignore_errors=True)
-        (self.path / "zarr.json").unlink(missing_ok=True)
+            store.remove(META_DIR)
+            store.unlink("zarr.json")
         for folder in self._made:  # deepest first; a folder that was there before create() stays
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only if nothing else is there
 
     def _holds_batches(self, epoch: int) -> bool:
         """Whether the partial epoch's journals (its own and its parts') record a batch written."""
-        journal = self.journal_path(epoch)
-        for path in (journal, *journal.parent.glob(f"{journal.name}.part-*")):
-            try:
-                lines = path.read_text(errors="replace").splitlines()[1:]
-            except OSError:
-                continue
-            if any(line.strip() and line[0] not in "#{" for line in lines):
-                return True
+        journal = self.journal_path(epoch).name
+        folder = self._own("partial").find()
+        if folder is None:
+            return False
+        with folder:
+            for name in folder.names():
+                if name != journal and not name.startswith(f"{journal}.part-"):
+                    continue
+                lines = (folder.read(name) or b"").decode(errors="replace").splitlines()[1:]
+                if any(line.strip() and line[0] not in "#{" for line in lines):
+                    return True
         return False
 
     def epochs(self) -> list[int]:
@@ -144,10 +161,7 @@ class LocalStore(Store):
         return [e for e in epochs_in(p.name for p in self.path.iterdir()) if self.is_complete(e)]
 
     def read(self, key: str) -> bytes | None:
-        try:
-            return (self.path / key).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+        return read_below(self.path, self.path / key)  # a reader's read: no link followed below the store
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
         with open(self.path / key, "rb") as f:
@@ -164,7 +178,7 @@ class LocalStore(Store):
         return (self.epoch_path(epoch) / "zarr.json").exists()
 
     def array_layout(self, epoch: int, name: str) -> ArrayLayout:
-        return ArrayLayout.read(self.epoch_path(epoch) / name)
+        return ArrayLayout.read(self.epoch_path(epoch) / name, self.path)  # its files: no link followed
 
     def batch_bytes(self, layout: ArrayLayout, batch: int) -> bytes | None:
         return read_batch_bytes(layout, batch)
@@ -181,52 +195,76 @@ class LocalStore(Store):
 
     def remove_epoch(self, epoch: int) -> None:
         """Rename the epoch's folder aside first, so no reader finds half of it, then delete it."""
-        self._remove(self.epoch_path(epoch))
+        with Folder.anchor(self.path) as store:
+            self._remove(store, epoch_name(epoch))
 
     def remove_partial(self, epoch: int) -> None:
-        self._remove(self.partial_path(epoch))
-        self.journal_path(epoch).unlink(missing_ok=True)
-        _delete(self.keys_path(epoch))
-        for old in (self.meta / "partial").glob("*.replaced"):  # epochs a --force dump moved aside and died
-            _delete(old)
+        """The partial epoch, its journal, its keys and any epoch a ``--force`` dump moved aside and died.
 
-    def _remove(self, folder: Path) -> None:
-        if folder.is_symlink():  # a link someone put in the store: the link goes, never what it points at
-            folder.unlink()
+        Each removed through the partial epochs' folder's descriptor: a link among them goes, never what it
+        points at, and a link in that folder's own place holds no partial epoch of the store's.
+        """
+        partial = self._own("partial").find()
+        if partial is None:
             return
-        if not folder.exists():
-            return
-        trash = self.meta / "trash"
-        if trash.is_symlink() or (trash.exists() and not trash.is_dir()):
-            trash.unlink()  # a link planted there would carry the epoch off to wherever it points
-        trash.mkdir(parents=True, exist_ok=True)
-        aside = trash / f"{folder.name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
-        folder.rename(aside)
-        shutil.rmtree(aside, ignore_errors=True)
+        name = epoch_name(epoch)
+        with partial:
+            self._remove(partial, name)
+            partial.unlink(f"{name}.journal")
+            partial.remove(f"{name}.keys")
+            for old in partial.names():
+                if old.endswith(".replaced"):
+                    partial.remove(old)
 
-    def zarr_store(self) -> str:
-        return str(self.path)
+    def _remove(self, parent: Folder, name: str) -> None:
+        """Remove the folder ``name`` of ``parent``: renamed into ``.pgprefetch/trash`` first, then deleted.
+
+        A link in its place goes (the link, never what it points at); so does one planted for the trash,
+        which is made a real folder (:meth:`Folder.folder`) before anything is moved into it.
+        """
+        kind = parent.kind(name)
+        if kind != "folder":
+            if kind is not None:
+                parent.unlink(name)
+            return
+        with self._own("trash").open(create=True) as trash:
+            aside = f"{name}.{datetime.now(UTC).strftime('%Y%m%d%H%M%S%f')}"
+            parent.rename(name, trash, aside)
+            trash.remove(aside)
+
+    def zarr_store(self) -> Any:
+        from pgprefetch.store.zarrlocal import LinklessStore  # here: only what reads through zarr loads zarr
+
+        return LinklessStore(self.path)
 
     def publish(self, epoch: int, partial: Path, replace: bool = False, elsewhere: Collection[str] = ()) -> Path:
         # The epoch's flock is held, and a dump that is not --force skips a complete epoch under it.
-        return publish_epoch(partial, self.epoch_path(epoch))
+        with self.place(partial.parent).open() as staged, Folder.anchor(self.path) as store:
+            publish_epoch(staged, partial.name, store, epoch_name(epoch))
+        return self.epoch_path(epoch)
 
-    def writer_lock(self, epoch: int) -> AbstractContextManager[bool]:
+    @contextmanager
+    def writer_lock(self, epoch: int) -> Iterator[bool]:
         """An advisory ``flock`` on ``.pgprefetch/locks/epoch-N.lock`` (:func:`pgprefetch.store.flock.holding`).
 
         The kernel drops it when the holder dies, even by ``kill -9``, so there are no stale locks to clean
         up. On NFSv3 without a lock manager it does not hold: run the dumps of one store from one host there.
         """
-        return holding(self.meta / "locks" / f"{epoch_name(epoch)}.lock")
+        with self._own("locks").open(create=True) as locks, holding(locks, f"{epoch_name(epoch)}.lock") as held:
+            yield held
 
     def lock_holder(self, epoch: int) -> str:
-        return holder(self.meta / "locks" / f"{epoch_name(epoch)}.lock")
+        folder = self._own("locks").find()
+        try:
+            return holder(folder, f"{epoch_name(epoch)}.lock")
+        finally:
+            if folder is not None:
+                folder.close()
 
     def record_consumer(self, name: str, epoch: int, rank: int = 0, world: int = 1) -> None:
         record = consumer_record(name, epoch, rank, world)
-        folder = self.meta / "consumers"
-        folder.mkdir(parents=True, exist_ok=True)
-        replace_file(folder / f"{record_name(name, rank)}.json", record)
+        with self._own("consumers").open(create=True) as folder:
+            folder.replace(f"{record_name(name, rank)}.json", record)
 
     def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:
         """Read, change and replace ``key`` under a blocking ``flock`` of its own (held for one small write).
@@ -234,70 +272,65 @@ class LocalStore(Store):
         The new bytes go to a temporary file, synced, renamed over the old: a reader (``check``, a dump
         planning) sees the old or the new, never half, and a crash leaves one of them.
         """
-        path = self.path / key
-        lock = self.meta / "locks" / f"{path.name}.lock"
+        place = Place(self.path, PurePosixPath(key))
         try:
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = open_lock(lock)
+            with self._own("locks").open(create=True) as locks:
+                fd = open_lock(locks, f"{place.name}.lock")
         except OSError as e:
-            raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
+            raise StoreError(f"cannot write {place}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            old = self.read(key)
-            new = change(old)
-            if new != old:
-                try:
-                    replace_file(path, new, sync=True)
-                    sync_dir(path.parent)
-                except OSError as e:
-                    raise StoreError(f"cannot write {path}: {e.strerror or e}") from None
+            with place.parent.open(create=True) as folder:
+                old = folder.read(place.name)
+                new = change(old)
+                if new != old:
+                    folder.replace(place.name, new, sync=True)
+                    sync_dir(folder.fd)
             return new
+        except OSError as e:
+            raise StoreError(f"cannot write {place}: {e.strerror or e}") from None
         finally:
             os.close(fd)
 
     def consumer_records(self) -> dict[str, bytes]:
-        folder = self.meta / "consumers"
-        records = {}
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-            with contextlib.suppress(OSError):
-                records[path.stem] = path.read_bytes()
+        folder = self._own("consumers").find()  # a link in its place is not the store's: no records
+        records: dict[str, bytes] = {}
+        if folder is None:
+            return records
+        with folder:
+            for name in sorted(folder.names()):
+                if name.endswith(".json") and not name.startswith("."):
+                    with contextlib.suppress(OSError):
+                        raw = folder.read(name)
+                        if raw is not None:
+                            records[name.removesuffix(".json")] = raw
         return records
 
     def remove_consumer_record(self, record: str) -> None:
-        path = self.meta / "consumers" / f"{record}.json"
+        place = self._own("consumers", f"{record}.json")
         try:
-            path.unlink(missing_ok=True)
+            place.remove()
         except OSError as e:
-            raise StoreError(f"cannot remove {path}: {e.strerror or e}") from None
+            raise StoreError(f"cannot remove {place}: {e.strerror or e}") from None
 
 
-def _delete(path: Path) -> None:
-    """Delete a folder of the store's own, or the link standing in its place (never what a link points at).
-
-    ``rmtree`` refuses a link (and ``ignore_errors`` would hide that), so a linked ``*.keys`` folder used to
-    stay while prune said it was deleted.
-    """
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def publish_epoch(partial: Path, final: Path) -> Path:
-    """Make a fully written epoch visible under its final name, atomically.
+def publish_epoch(staged: Folder, partial: str, store: Folder, final: str) -> None:
+    """Make the fully written epoch ``partial`` of ``staged`` visible as ``final`` in ``store``, atomically.
 
     Every file and folder of the epoch made durable (:func:`sync_tree`: the dump's own files, not the
-    whole filesystem), then a rename, then an fsync of the parent folder so the rename itself is durable.
-    An epoch already there (``--force``) is moved aside first and removed after.
+    whole filesystem), then a rename, then an fsync of the store's folder so the rename itself is durable.
+    An epoch already there (``--force``) is moved aside first and removed after; a link in its place is
+    moved aside and removed as a link. Both folders are open descriptors (:mod:`pgprefetch.store.folders`):
+    no name on the way is looked up again.
     """
-    sync_tree(partial)
+    with staged.folder(partial) as epoch:
+        sync_tree(epoch)
     old = None
-    if final.exists():
-        old = partial.with_name(partial.name + ".replaced")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.rename(partial, final)
-    sync_dir(final.parent)
+    if store.kind(final) is not None:
+        old = f"{partial}.replaced"
+        staged.remove(old)
+        store.rename(final, staged, old)
+    staged.rename(partial, store, final)
+    sync_dir(store.fd)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+        staged.remove(old)

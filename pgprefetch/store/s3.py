@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -47,8 +46,9 @@ from pgprefetch.store.base import (
 )
 from pgprefetch.store.consumers import consumer_record, record_name
 from pgprefetch.store.flock import holding
+from pgprefetch.store.folders import Place
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
-from pgprefetch.store.s3errors import configured_endpoint, s3_error
+from pgprefetch.store.s3errors import allows_http, configured_endpoint, s3_error
 from pgprefetch.store.staging import folder_bytes, staged_epochs
 from pgprefetch.store.uploads import Uploads, upload_log
 from pgprefetch.store.zarrjson import group_json
@@ -115,7 +115,7 @@ class S3Store(Store):
             self._client = obstore.store.S3Store(
                 self.bucket,
                 prefix=self.prefix or None,
-                client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                client_options={"allow_http": allows_http(endpoint),
                                 "connect_timeout": "5s", "timeout": "120s"},
                 retry_config={"max_retries": retries, "backoff": backoff, "retry_timeout": timedelta(minutes=2)},
             )  # fmt: skip
@@ -188,7 +188,7 @@ class S3Store(Store):
         return [e for e in self._remote_epochs() if self.is_complete(e)]
 
     def partial_epochs(self) -> list[int]:
-        local = set(staged_epochs(self.staging / "partial"))
+        local = set(staged_epochs(self.place(self.staging / "partial")))
         remote = {e for e in self._remote_epochs() if not self.is_complete(e)}
         return sorted(local | remote)
 
@@ -238,6 +238,9 @@ class S3Store(Store):
     def scratch(self, name: str) -> Path:
         return self.staging / name
 
+    def place(self, path: Path) -> Place:
+        return Place.under(self.staging, path, make_anchor=True)
+
     def partial_info(self, epoch: int) -> tuple[int, float]:
         remote = self._list(epoch_name(epoch))
         mtime = max((m["last_modified"].timestamp() for m in remote), default=0.0)
@@ -247,10 +250,9 @@ class S3Store(Store):
         return folder_bytes(self.partial_path(epoch)) + sum(int(m["size"]) for m in remote), mtime
 
     def remove_partial(self, epoch: int) -> None:
-        shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
-        shutil.rmtree(self.keys_path(epoch), ignore_errors=True)
-        for path in (self.journal_path(epoch), upload_log(self.partial_path(epoch))):
-            path.unlink(missing_ok=True)
+        for path in (self.keys_path(epoch), self.journal_path(epoch)):
+            self.place(path).remove()  # no link followed below the staging folder (store.folders)
+        self.remove_partial_staging(epoch)
         if not self.is_complete(epoch):
             self._delete([m["path"] for m in self._list(epoch_name(epoch))])
 
@@ -296,8 +298,8 @@ class S3Store(Store):
 
     def remove_partial_staging(self, epoch: int) -> None:
         """Delete the local staging of an epoch that is published."""
-        shutil.rmtree(self.partial_path(epoch), ignore_errors=True)
-        upload_log(self.partial_path(epoch)).unlink(missing_ok=True)
+        self.place(self.partial_path(epoch)).remove()
+        self.place(upload_log(self.partial_path(epoch))).remove()
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """Every object under ``prefix`` (one listing), its key relative to the store, with its size."""
@@ -329,7 +331,10 @@ class S3Store(Store):
         (stopped, swapping) would go on writing into it under the dump that took over: the ``flock`` keeps
         it, as it keeps a local store's epoch, until its holder ends.
         """
-        with holding(self.staging / "locks" / f"{epoch_name(epoch)}.lock") as mine:
+        with (
+            self.place(self.staging / "locks").open(create=True) as locks,
+            holding(locks, f"{epoch_name(epoch)}.lock") as mine,
+        ):
             if not mine:
                 yield False
                 return

@@ -13,19 +13,22 @@ import os
 from pathlib import Path
 
 from pgprefetch.store.base import epochs_in
+from pgprefetch.store.folders import Place
 
 
-def staged_epochs(folder: Path) -> list[int]:
+def staged_epochs(place: Place) -> list[int]:
     """The partial epochs in a folder of them: their ``epoch-N`` folders, and journals or upload logs alone.
 
     A dump killed after its epoch was published, before it removed the epoch's journal (and, for an object
     store, its upload log), leaves them without the folder; they are a partial epoch's leftovers, which
-    ``prune`` removes.
+    ``prune`` removes. A link in the folder's place is not the store's folder: no partial epochs there.
     """
-    if not folder.is_dir():
+    folder = place.find()
+    if folder is None:
         return []
-    names = (p.name.removesuffix(".journal").removesuffix(".uploads") for p in folder.iterdir())
-    return sorted(set(epochs_in(names)))
+    with folder:
+        names = folder.names()
+    return sorted(set(epochs_in(n.removesuffix(".journal").removesuffix(".uploads") for n in names)))
 
 
 def folder_bytes(root: Path) -> int:

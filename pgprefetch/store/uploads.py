@@ -8,6 +8,7 @@ CRC32C, mtime), so a rerun after ``kill -9`` does not send unchanged files again
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Protocol
 import google_crc32c
 
 from pgprefetch.store.base import Uploader, epoch_name
+from pgprefetch.store.folders import Place
 from pgprefetch.store.lease import Lease
 
 UPLOAD_THREADS = 4  # files in flight; each is read whole (a shard, about 64 MiB) before its PUT
@@ -31,6 +33,9 @@ class Bucket(Protocol):
 
     def partial_path(self, epoch: int) -> Path:
         """The local folder the epoch is staged in."""
+
+    def place(self, path: Path) -> Place:
+        """A path of the staging folder, as the place it is written at (no link followed below the anchor)."""
 
     def held_lease(self, epoch: int) -> Lease | None:
         """The lease this process holds on the epoch, if any."""
@@ -106,5 +111,8 @@ class Uploads(Uploader):
         if done and done[:2] == (len(data), crc) and self.store.size(key) == len(data):
             return  # rewritten with the same bytes (a resumed dump's journal check)
         self.store.put(key, data)
-        with self._lock, open(self.log_path, "a") as log:
-            log.write(f"{relative} {len(data)} {crc} {stat.st_mtime_ns}\n")
+        line = f"{relative} {len(data)} {crc} {stat.st_mtime_ns}\n".encode()
+        with self._lock, self.store.place(self.log_path.parent).open(create=True) as staged:
+            fd = staged.open(self.log_path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with os.fdopen(fd, "ab") as log:
+                log.write(line)

@@ -13,17 +13,14 @@ files under ``c/`` joined by ``/``, little-endian ``bytes`` codec (no ``endian``
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pgprefetch.store.folders import Folder
 
 ZARR_JSON = "zarr.json"
 
@@ -38,43 +35,10 @@ def group_json(attributes: dict[str, Any] | None = None) -> bytes:
     return _dumps({"attributes": attributes or {}, "zarr_format": 3, "node_type": "group"})
 
 
-def group_attributes(folder: Path) -> dict[str, Any]:
+def group_attributes(folder: Folder) -> dict[str, Any]:
     """The attributes of the group in ``folder`` as they are (a publish replaces the manifest among them)."""
-    attributes: dict[str, Any] = json.loads((folder / ZARR_JSON).read_bytes()).get("attributes", {})
+    attributes: dict[str, Any] = json.loads(folder.read(ZARR_JSON) or b"{}").get("attributes", {})
     return attributes
-
-
-def write_json(path: Path, data: bytes) -> None:
-    """Write a metadata document: to a temporary name, renamed over ``path`` (a reader sees old or new)."""
-    replace_file(path, data)
-
-
-def replace_file(path: Path, data: bytes, *, sync: bool = False) -> None:
-    """Put ``data`` at ``path`` atomically: a fresh temporary file in the same folder, renamed over it.
-
-    The temporary file is made by ``mkstemp`` (``O_CREAT | O_EXCL``, a random name): a predictable name
-    could be a link someone planted in a shared store's folder, and writing through it would overwrite
-    whatever it points at. ``sync``: fsync the file before the rename (the caller syncs the folder).
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a store's files follow the umask
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _bytes_codec(dtype: np.dtype) -> dict[str, Any]:
@@ -162,26 +126,24 @@ def guess_chunks(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(int(x) for x in chunks)
 
 
-def write_array(folder: Path, data: np.ndarray, dimension_names: Sequence[str]) -> None:
-    """An uncompressed 2-D array holding ``data``, replacing any array there: ``create_array(data=...)``.
+def write_array(parent: Folder, name: str, data: np.ndarray, dimension_names: Sequence[str]) -> None:
+    """An uncompressed 2-D array ``name`` in ``parent`` holding ``data``, replacing one there (``create_array``).
 
     Chunked as zarr chunks it; a chunk whose values are all the fill value (0) is not written (zarr's
-    default ``write_empty_chunks=False``); edge chunks are padded with zeros to the whole chunk.
+    default ``write_empty_chunks=False``); edge chunks are padded with zeros to the whole chunk. Written
+    through the folder's descriptor (:mod:`pgprefetch.store.folders`): it goes into an epoch being staged.
     """
     if data.ndim != 2:
         raise ValueError("write_array writes 2-D arrays")
     data = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
     chunks = guess_chunks(data.shape, data.dtype.itemsize)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for i in range(-(-data.shape[0] // chunks[0])):
-        for j in range(-(-data.shape[1] // chunks[1])):
-            block = data[i * chunks[0] : (i + 1) * chunks[0], j * chunks[1] : (j + 1) * chunks[1]]
-            if not block.any():
-                continue
-            chunk = np.zeros(chunks, dtype=data.dtype)
-            chunk[: block.shape[0], : block.shape[1]] = block
-            path = folder / "c" / str(i) / str(j)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(chunk.tobytes())
-    (folder / ZARR_JSON).write_bytes(array_json(data.shape, data.dtype, chunks, dimension_names))
+    with parent.fresh(name, mode=0o777) as folder:
+        for i in range(-(-data.shape[0] // chunks[0])):
+            for j in range(-(-data.shape[1] // chunks[1])):
+                block = data[i * chunks[0] : (i + 1) * chunks[0], j * chunks[1] : (j + 1) * chunks[1]]
+                if not block.any():
+                    continue
+                chunk = np.zeros(chunks, dtype=data.dtype)
+                chunk[: block.shape[0], : block.shape[1]] = block
+                folder.write(f"c/{i}/{j}", chunk.tobytes())
+        folder.write(ZARR_JSON, array_json(data.shape, data.dtype, chunks, dimension_names))

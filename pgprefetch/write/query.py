@@ -12,7 +12,6 @@ binary arrays into the batch buffers.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -37,6 +36,7 @@ from pgprefetch.pg.statement import (
     row_wise,
     samples_rows,
 )
+from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.batches import BatchSource, unit_batches
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyRuns, collect_keys
@@ -53,7 +53,7 @@ from pgprefetch.write.plan import (
 
 @asynccontextmanager
 async def query_source(
-    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | None = None
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | Place | None = None
 ) -> AsyncIterator[BatchSource]:
     """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``.
 
@@ -62,7 +62,7 @@ async def query_source(
     when the source closes.
     """
     size = cfg.batches.size
-    folder = scratch or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder = as_place(scratch or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     plan = None
     try:
         plan = await plan_epoch(cfg, snap, epoch, vocabulary, folder)
@@ -80,7 +80,7 @@ async def query_source(
     finally:
         if plan is not None and isinstance(plan.keys, OrderedKeys):
             plan.keys.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        folder.remove()  # never through a link (:mod:`pgprefetch.store.folders`)
 
 
 def served(
@@ -112,7 +112,7 @@ def served(
 
 
 async def plan_epoch(
-    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | None = None
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | Place | None = None
 ) -> EpochPlan:
     """Describe the queries, read and order the keys, fix the categories and the statement.
 
@@ -171,7 +171,7 @@ async def query_statement(
 
 
 async def _read_and_order(
-    cfg: Config, snap: Snapshot, key_columns: KeyColumns, epoch: int, scratch: Path | None
+    cfg: Config, snap: Snapshot, key_columns: KeyColumns, epoch: int, scratch: Path | Place | None
 ) -> dict[str, Any]:
     """The keys read and put in the epoch's order: in memory while they fit the budget, else on disk."""
     if scratch is None:

@@ -14,7 +14,6 @@ Four ways, decided here and nowhere else:
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
@@ -52,10 +52,10 @@ async def open_source(
     snap: Snapshot | None,
     cache: ReadCache,
     *,
-    spool: Path | None,
+    spool: Path | Place | None,
     progress: Progress | None = None,
     vocabulary: Vocabulary | None = None,
-    keys_dir: Path | None = None,
+    keys_dir: Path | Place | None = None,
     executor: Executor | None = None,
 ) -> AsyncIterator[BatchSource | EpochPlan]:
     """The batch source of ``epoch``, in the way its config and the table's size call for.
@@ -92,7 +92,9 @@ async def open_source(
     if progress:
         progress.reading(epoch)
     on_rows = progress.rows if progress else None
-    folder = keys_dir or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # Every folder below is made, written and removed through :mod:`pgprefetch.store.folders`: no link followed.
+    folder = as_place(keys_dir or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    spool = None if spool is None else as_place(spool)
     try:
         rows_dir = None if spool is None else spool / "rows"  # a check reads only the keys of a table too large
         read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, keys_dir=folder, rows_dir=rows_dir)
@@ -121,5 +123,5 @@ async def open_source(
         yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
     finally:
         if spool is not None:
-            shutil.rmtree(spool, ignore_errors=True)
-        shutil.rmtree(folder, ignore_errors=True)
+            spool.remove()
+        folder.remove()

@@ -15,12 +15,13 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath
 
 import google_crc32c
 import numpy as np
 
 from pgprefetch.errors import StoreError
+from pgprefetch.store.folders import Folder, Place
 from pgprefetch.store.layout import MISSING, ArrayLayout
 
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
@@ -42,13 +43,21 @@ class OpenFiles:
     def __init__(self) -> None:
         self._fds: dict[tuple[PurePath, int], int] = {}
         self._lock = threading.Lock()
+        self._epoch: tuple[Folder, Path] | None = None
+
+    def open_in(self, folder: Folder, path: Path) -> None:
+        """The files are opened in ``folder``, the partial epoch at ``path`` (by its descriptor, no link followed)."""
+        self._epoch = folder, path
 
     def get(self, layout: ArrayLayout, number: int) -> int:
         """The descriptor of ``layout``'s file ``number``, opened for writing on first use."""
         with self._lock:
             fd = self._fds.get((layout.path, number))
             if fd is None:
-                fd = self._fds[layout.path, number] = os.open(layout.file(number * layout.per_file)[0], os.O_WRONLY)
+                assert self._epoch is not None, "open_in() names the partial epoch first"
+                folder, path = self._epoch
+                relative = PurePosixPath(layout.file(number * layout.per_file)[0].relative_to(path))
+                fd = self._fds[layout.path, number] = folder.open(relative, os.O_WRONLY)
             return fd
 
     def pwrite(self, layout: ArrayLayout, number: int, data: np.ndarray, offset: int) -> None:
@@ -81,21 +90,23 @@ def pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def create_shard(path: Path, per_shard: int, valid: int, chunk_bytes: int) -> None:
-    """Create a shard file: room for ``valid`` chunks, then zarr's index (offset, size per chunk) + CRC32C."""
+def create_shard(folder: Folder, path: PurePosixPath, per_shard: int, valid: int, chunk_bytes: int) -> None:
+    """Create the shard file ``path`` of ``folder`` (the partial epoch; its folders made, no link followed).
+
+    Room for ``valid`` chunks, then zarr's index (offset, size per chunk) and its CRC32C.
+    """
     index = np.full((per_shard, 2), MISSING, dtype="<u8")
     index[:valid, 0] = np.arange(valid, dtype=np.uint64) * chunk_bytes
     index[:valid, 1] = chunk_bytes
     raw = index.tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
+    with os.fdopen(folder.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
         f.truncate(valid * chunk_bytes)
         f.seek(valid * chunk_bytes)
         f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
 
 
 @contextmanager
-def io_errors(where: Path) -> Iterator[None]:
+def io_errors(where: Path | Place) -> Iterator[None]:
     """Turn a failed write (a full disk, a read-only or vanished store) into one line naming ``where``."""
     try:
         yield
@@ -106,12 +117,15 @@ def io_errors(where: Path) -> Iterator[None]:
         raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None
 
 
-def remove_partial_chunks(folder: Path) -> None:
-    """Delete the temporary files of chunk writes a killed dump left in its partial epoch.
+def remove_partial_chunks(folder: Folder) -> None:
+    """Delete the temporary files of chunk writes a killed dump left in its partial epoch, ``folder``.
 
     zarr writes each chunk to ``<chunk>.<uuid>.partial`` and renames it; killed in between, the file stays,
     and publishing the folder would carry it into the epoch. The chunk itself is rewritten, its journal
-    line never having been written.
+    line never having been written. Walked by descriptors, no link followed.
     """
-    for leftover in folder.rglob("*.partial"):
-        leftover.unlink(missing_ok=True)
+    for _, _, files, fd in os.fwalk(".", dir_fd=folder.fd):
+        for name in files:
+            if name.endswith(".partial"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=fd)

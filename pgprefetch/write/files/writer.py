@@ -14,6 +14,11 @@ beside the partial folder (no fsync: a lost line only means a batch fetched agai
 resumes it if the journal's header, which holds the key list's count and sha256, matches: batches whose
 bytes on disk still match their journal checksum are kept, the rest are fetched again. The checksums end
 up beside the manifest for ``verify``.
+
+The partial folder, its journal and its files are written through :mod:`pgprefetch.store.folders` (the
+folder held open, every file created relative to it, no link followed), as they lie in the store's
+``.pgprefetch``, which others may write. Compressed chunks are the exception: zarr writes them by path,
+into the partial folder this dump made or resumed, and a partial epoch holding a link is not resumed.
 """
 
 from __future__ import annotations
@@ -21,18 +26,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
+import os
 import threading
 from collections.abc import Collection
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import numpy as np
 
 from pgprefetch.store.base import ArraySpec, Store, Uploader
+from pgprefetch.store.folders import Folder
 from pgprefetch.store.journal import difference, kept, part_journal, read_journal, remove_journals
 from pgprefetch.store.layout import ArrayLayout, checksum, metadata_record, read_batch_bytes
-from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_attributes, group_json, write_array, write_json
+from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_attributes, group_json, write_array
 from pgprefetch.write.files.shardfiles import (
     OpenFiles,
     create_shard,
@@ -96,6 +102,8 @@ class EpochWriter:
         self.epoch = epoch
         self.path = store.partial_path(epoch)
         self.journal_path = store.journal_path(epoch) if part is None else part_journal(store.journal_path(epoch), part)
+        self._staged = store.place(self.path.parent)  # the partial epochs' folder, with the journals
+        self.dir: Folder | None = None  # the partial epoch's folder, open while it is written
         self.owned = range(n_batches) if owned is None else owned
         self.part = part
         self.compressed = compression != "none"
@@ -126,27 +134,44 @@ class EpochWriter:
 
     def _open_part(self, arrays: list[ArraySpec]) -> None:
         """Join the partial epoch a driver created: its arrays, the shard files this part owns, its journal."""
-        self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
-        for layout in self.layouts.values():
-            if layout.sharded:
-                self._create_files(layout, only_missing=True)
-        self.resumed = 0
-        fresh = not self.journal_path.exists()
-        self._journal = open(self.journal_path, "a")  # noqa: SIM115
+        with self._staged.open(create=True) as staged:
+            self.dir = staged.folder(self.path.name)
+            self._files.open_in(self.dir, self.path)
+            self.layouts = {name: self._layout(name) for name in self.names}
+            for layout in self.layouts.values():
+                if layout.sharded:
+                    self._create_files(layout, only_missing=True)
+            self.resumed = 0
+            fresh = staged.kind(self.journal_path.name) is None
+            self._journal = self._open_journal(staged, append=True)
         self._journal.write(("" if fresh else "\n") + json.dumps(self.header, sort_keys=True) + "\n")
         self._journal.flush()
+
+    def _open_journal(self, staged: Folder, *, append: bool) -> TextIO:
+        """The journal, opened to append to (or emptied first) through the partial epochs' folder."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        return os.fdopen(staged.open(self.journal_path.name, flags), "a")
+
+    def _layout(self, name: str) -> ArrayLayout:
+        """Array ``name`` of the partial epoch, from its ``zarr.json`` as read through the open folder."""
+        assert self.dir is not None
+        raw = self.dir.read(f"{name}/{ZARR_JSON}")
+        if raw is None:
+            raise FileNotFoundError(2, "the array's zarr.json is missing", str(self.path / name / ZARR_JSON))
+        return ArrayLayout.from_bytes(raw, self.path / name)
 
     def _create_files(self, layout: ArrayLayout, only_missing: bool = False) -> None:
         """Create the shard files (with their index) of the batches this writer owns."""
         if not self.owned:
             return
+        assert self.dir is not None
         n_batches, per_shard = self.header["n_batches"], layout.per_file
         for shard in range(self.owned.start // per_shard, -(-self.owned.stop // per_shard)):
-            path = layout.file(shard * per_shard)[0]
-            if only_missing and path.exists():
+            path = PurePosixPath(layout.file(shard * per_shard)[0].relative_to(self.path))
+            if only_missing and self.dir.kind(path) is not None:
                 continue
             valid = min(per_shard, n_batches - shard * per_shard)
-            create_shard(path, per_shard, valid, layout.batch_bytes)
+            create_shard(self.dir, path, per_shard, valid, layout.batch_bytes)
 
     def _open(self, arrays: list[ArraySpec], fresh: bool) -> None:
         """Resume the partial epoch a dead dump left (if its journal matches) or create a new one."""
@@ -158,24 +183,28 @@ class EpochWriter:
             self.snapshots = []
         if previous is None:
             self.discard()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if previous is None:
-            self.path.mkdir()
-            (self.path / ZARR_JSON).write_bytes(group_json())
-            for a in arrays:
-                self._create_array(a, n_batches, batch_size, compression)
-        self.layouts = {name: ArrayLayout.read(self.path / name) for name in self.names}
-        if previous is not None:
-            remove_partial_chunks(self.path)
-            self._keep_verified(previous[1])
+        with self._staged.open(create=True) as staged:  # a link planted for it is replaced, never followed
+            if previous is None:
+                self.dir = staged.fresh(self.path.name, mode=0o777)
+                self._files.open_in(self.dir, self.path)
+                self.dir.write(ZARR_JSON, group_json())
+                for a in arrays:
+                    self._create_array(a, n_batches, batch_size, compression)
+            else:
+                self.dir = staged.folder(self.path.name)
+                self._files.open_in(self.dir, self.path)
+            self.layouts = {name: self._layout(name) for name in self.names}
+            if previous is not None:
+                remove_partial_chunks(self.dir)
+                self._keep_verified(previous[1])
 
-        self.resumed = int(self.done.sum())  # batches kept from a partial epoch a previous dump left
-        self._journal = open(self.journal_path, "a" if previous is not None else "w")  # noqa: SIM115
-        if previous is None:
-            self._journal.write(json.dumps(self.header, sort_keys=True) + "\n")
-            self._journal.flush()
-        elif not self.journal_path.read_bytes().endswith(b"\n"):
-            self._journal.write("\n")  # a last line a crash cut short must not swallow this dump's first one
+            self.resumed = int(self.done.sum())  # batches kept from a partial epoch a previous dump left
+            self._journal = self._open_journal(staged, append=previous is not None)
+            if previous is None:
+                self._journal.write(json.dumps(self.header, sort_keys=True) + "\n")
+                self._journal.flush()
+            elif not (staged.read(self.journal_path.name) or b"").endswith(b"\n"):
+                self._journal.write("\n")  # a last line a crash cut short must not swallow this dump's first one
         if not self.resumed:
             self.snapshots = []  # nothing kept: the epoch reads only the new snapshot
 
@@ -197,8 +226,7 @@ class EpochWriter:
         """Create an array of the epoch: its ``zarr.json`` (zarr's own bytes) and, uncompressed, its shard files."""
         chunk = (1, batch_size, *spec.sample_shape)
         per_shard = shard_batches(int(np.prod(chunk)) * spec.dtype.itemsize, n_batches)
-        folder = self.path / spec.name
-        folder.mkdir()
+        assert self.dir is not None
         meta = array_json(
             (n_batches, *chunk[1:]),
             spec.dtype,
@@ -209,9 +237,9 @@ class EpochWriter:
             shards=None if self.compressed else (per_shard, *chunk[1:]),
             compression=compression,
         )
-        (folder / ZARR_JSON).write_bytes(meta)
+        self.dir.write(f"{spec.name}/{ZARR_JSON}", meta)  # the array's folder made with it
         if not self.compressed:
-            self._create_files(ArrayLayout.read(folder))
+            self._create_files(self._layout(spec.name))
 
     @property
     def arrays(self) -> dict[str, zarr.Array[Any]]:
@@ -224,7 +252,24 @@ class EpochWriter:
         return self._zarr_arrays
 
     def _read_journal(self) -> tuple[dict[str, Any], dict[int, list[int]]] | None:
-        if not self.path.is_dir():
+        """What the journal of a partial epoch found here holds, if it can be resumed; None: start over.
+
+        A partial epoch with a link in it (or in its own or its journal's place) is started over: the
+        link may lead out of the store, and resuming would write through it (:mod:`pgprefetch.store.folders`).
+        """
+        staged = self._staged.find()
+        if staged is None:
+            return None
+        with staged:
+            epoch = staged.find(self.path.name)
+            if epoch is None:
+                return None
+            with epoch:
+                links = epoch.links()
+            if staged.kind(self.journal_path.name) not in ("file", None):
+                links.insert(0, f"../{self.journal_path.name}")
+        if links:
+            self.restarted = f"it held {links[0]}, which is not a file or folder of the dump's own (a link planted?)"
             return None
         found = read_journal(self.journal_path, len(self.names))
         if found is None:
@@ -333,6 +378,8 @@ class EpochWriter:
             with io_errors(self.path):
                 self.uploader.finish()
         self._journal.close()
+        if self.dir is not None:
+            self.dir.close()
         return sorted(
             self.layouts[name].file(number * self.layouts[name].per_file)[0].relative_to(self.path).as_posix()
             for name, number in self._submitted
@@ -358,19 +405,23 @@ class EpochWriter:
             if self.uploader is not None:
                 self.uploader.finish()  # every file sent (or written back to disk) before the epoch is visible
             # Replaced if there (a publish that failed after this, an upload, is simply run again).
-            write_array(self.path / CHECKSUMS_ARRAY, self.checksums, [f"{CHECKSUMS_ARRAY}_array", "batch"])
+            assert self.dir is not None
+            write_array(self.dir, CHECKSUMS_ARRAY, self.checksums, [f"{CHECKSUMS_ARRAY}_array", "batch"])
             if longest:
                 write_array(
-                    self.path / LONGEST_ARRAY,
+                    self.dir,
+                    LONGEST_ARRAY,
                     np.array(list(longest.values()), dtype="<i4"),
                     [f"{LONGEST_ARRAY}_array", "batch"],
                 )
             arrays = [*self.names, CHECKSUMS_ARRAY, *([LONGEST_ARRAY] if longest else [])]
             manifest["metadata_sha256"] = metadata_record(self.path, arrays)
-            write_json(self.path / ZARR_JSON, group_json(group_attributes(self.path) | {"pgprefetch": manifest}))
+            self.dir.replace(ZARR_JSON, group_json(group_attributes(self.dir) | {"pgprefetch": manifest}))
             self._journal.close()
+            self.dir.close()
             final = self.store.publish(self.epoch, self.path, replace=self.replace, elsewhere=elsewhere)
-            remove_journals(self.journal_path)
+            with self._staged.open() as staged:
+                remove_journals(staged, self.journal_path.name)
         return final
 
     def close(self) -> None:
@@ -382,14 +433,22 @@ class EpochWriter:
         self._files.close_all()
         with contextlib.suppress(OSError):
             self._journal.close()
+        if self.dir is not None:
+            self.dir.close()
 
     def discard(self) -> None:
-        """Remove the partial epoch and its journal."""
+        """Remove the partial epoch and its journal (a link in the place of either: the link, never its target)."""
         self._files.close_all()
         if getattr(self, "_journal", None) is not None:
             self._journal.close()
-        shutil.rmtree(self.path, ignore_errors=True)
-        remove_journals(self.journal_path)
+        if self.dir is not None:
+            self.dir.close()
+            self.dir = None
+        staged = self._staged.find()
+        if staged is not None:
+            with staged:
+                staged.remove(self.path.name)
+                remove_journals(staged, self.journal_path.name)
 
 
 def _reopened(group: zarr.Group, name: str) -> zarr.Array[Any]:

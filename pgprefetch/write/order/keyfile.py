@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
 
 READ_SAMPLES = 1 << 20  # keys hashed per read when the file is read back for its sha256
@@ -44,8 +45,8 @@ class OrderedKeys:
     starts at, :meth:`payload`); they are not in the digest, nor in :meth:`columns`.
     """
 
-    def __init__(self, path: Path, width: int, capacity: int, quantum: int, payload: int = 0) -> None:
-        self.path = path
+    def __init__(self, path: Path | Place, width: int, capacity: int, quantum: int, payload: int = 0) -> None:
+        self.path = as_place(path)
         self.width = width
         self.slots = width + payload
         self.capacity = capacity
@@ -53,8 +54,8 @@ class OrderedKeys:
         self.n = 0
         self._digest = hashlib.sha256()
         self._hashed = 0  # samples of slot 0 in the digest
-        with io_errors(path.parent):
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)  # never a planted link
+        with io_errors(self.path.parent), self.path.parent.open() as folder:  # never through a planted link
+            self._fd = folder.open(self.path.name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 
     @property
     def shape(self) -> tuple[int, int]:

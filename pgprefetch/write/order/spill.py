@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
 from pgprefetch.write.order import shuffle
 from pgprefetch.write.order.keyfile import OrderedKeys, pread_into
@@ -76,7 +76,7 @@ class KeyRuns:
 
     def __init__(
         self,
-        folder: Path,
+        folder: Path | Place,
         width: int,
         seed: int,
         epoch: int,
@@ -85,7 +85,7 @@ class KeyRuns:
         hashed: int | None = None,
         payload: int = 0,
     ) -> None:
-        self.folder = folder
+        self.folder = as_place(folder)
         self.width = width
         self.hashed = width if hashed is None else hashed  # the leading slots the hash covers (scan: the series)
         self.slots = width + payload  # and after the key's, slots carried with it (see OrderedKeys)
@@ -95,13 +95,11 @@ class KeyRuns:
         self.n = 0
         self._end = 0
         self.started = started  # (monotonic) when the keys began to stream: the log gives the whole phase
-        with io_errors(folder):
-            shutil.rmtree(folder, ignore_errors=True)  # a killed dump's leftovers
-            # The sample keys: for this user only. mkdir's mode is not given to the parents it makes, and a
-            # scan's keys go in <keys folder>/rows: a keys folder made here is private too (I3).
-            folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            folder.mkdir(mode=0o700)
-            self._fd = os.open(folder / "runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Made afresh (a killed dump's leftovers go), never through a link (:mod:`pgprefetch.store.folders`),
+        # for this user only: the sample keys. A scan's keys go in <keys folder>/rows: a keys folder made for
+        # it here is private too (I3).
+        with io_errors(self.folder), self.folder.fresh(mode=0o700) as made:
+            self._fd = made.open("runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def add(self, chunks: list[np.ndarray]) -> None:
         """Sort ``chunks`` of keys (``(slots, m)`` each) by hash into one run at the end of the spill file."""
@@ -207,7 +205,7 @@ class KeyRuns:
             out.close()
             raise
         self.close()
-        (self.folder / "runs").unlink(missing_ok=True)
+        (self.folder / "runs").remove()
         return out, shuffle.Repeats.merged(found, self.width), buckets
 
     def close(self) -> None:
@@ -219,7 +217,7 @@ class KeyRuns:
     def discard(self) -> None:
         """Close and delete the spill file (its buckets were read by the caller)."""
         self.close()
-        (self.folder / "runs").unlink(missing_ok=True)
+        (self.folder / "runs").remove()
 
 
 class KeyCollector:
@@ -232,7 +230,7 @@ class KeyCollector:
 
     def __init__(
         self,
-        folder: Path,
+        folder: Path | Place,
         width: int,
         budget: int,
         *,
@@ -290,7 +288,7 @@ class KeyCollector:
 
 
 async def collect_keys(
-    chunks: AsyncIterator[np.ndarray], width: int, budget: int, folder: Path, *, seed: int, epoch: int
+    chunks: AsyncIterator[np.ndarray], width: int, budget: int, folder: Path | Place, *, seed: int, epoch: int
 ) -> np.ndarray | KeyRuns:
     """The keys of ``chunks`` (``(width, m)`` int64 each): one array while they fit ``budget``, else runs on disk.
 

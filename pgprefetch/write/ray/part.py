@@ -134,11 +134,10 @@ async def _write_part(
                 "filesystem every Ray node mounts (or use an s3:// store)"
             )
     else:
-        for relative, data in spec.metadata.items():  # staged on this node: the driver's may be elsewhere
-            path = partial / relative
-            if not path.is_file():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
+        with store.place(partial).open(create=True) as staged:  # no link followed (store.folders)
+            for relative, data in spec.metadata.items():  # staged on this node: the driver's may be elsewhere
+                if staged.kind(relative) != "file":
+                    staged.write(relative, data)
     cfg, size = spec.cfg, spec.cfg.batches.size
     plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)

@@ -32,7 +32,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.errors import PgprefetchError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.store.folders import Place
 from pgprefetch.write import heap
 from pgprefetch.write.budget import Account
 from pgprefetch.write.order import shuffle
@@ -114,7 +114,7 @@ async def keys_pass(
     snap: Snapshot,
     shape: ScanShape,
     epoch: int,
-    folder: Path,
+    folder: Place,
     partition: Partition | None,
     on_rows: Callable[[int], None] | None = None,
 ) -> Table | SpilledKeys:
@@ -165,7 +165,7 @@ async def _windows_pass(
     snap: Snapshot,
     shape: ScanShape,
     epoch: int,
-    folder: Path,
+    folder: Place,
     partition: Partition,
     on_rows: Callable[[int], None] | None,
 ) -> SpilledKeys:
@@ -201,7 +201,7 @@ async def _windows_pass(
 _Ordered = tuple[dict[str, Any], int, int, np.ndarray | None]
 
 
-def _order(cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Path, epoch: int, limit: int) -> _Ordered:
+def _order(cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Place, epoch: int, limit: int) -> _Ordered:
     """The epoch's order of the samples of ``runs`` (rows, or rows to cut into windows); see :func:`_order_windows`.
 
     The buckets are those of series cut into windows (0 for rows).
@@ -225,7 +225,7 @@ def _order_windows(
     cfg: Config,
     shape: ScanShape,
     windows: Iterable[tuple[np.ndarray, int]],
-    folder: Path,
+    folder: Place,
     epoch: int,
     budget: int,
     limit: int,

@@ -22,13 +22,13 @@ import functools
 import itertools
 import math
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
+from pgprefetch.store.folders import Place
 from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.order.keyfile import pread_into
 from pgprefetch.write.order.shuffle import key_hash
@@ -49,8 +49,8 @@ class Partition:
     :meth:`pass_of` names.
     """
 
-    def __init__(self, folder: Path, buckets: int, n_key: int, room: int, hold: int | None = None) -> None:
-        self.folder, self.buckets, self.n_key, self.room = folder, max(1, buckets), n_key, room
+    def __init__(self, folder: Path | Place, buckets: int, n_key: int, room: int, hold: int | None = None) -> None:
+        self.buckets, self.n_key, self.room = max(1, buckets), n_key, room
         self.hold = max(1 << 20, room if hold is None else hold)  # the rows held before they are written
         self._pending: dict[str, list[Columns]] = {}  # each file's rows not written yet, by chunk
         self._pending_bytes = 0
@@ -60,7 +60,7 @@ class Partition:
         self.template: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # each column's dtype and row shape
         self._lock = threading.Lock()  # the COPYs' chunks are decoded (and so added) on several threads
         self._writing = threading.Lock()  # held rows are written by one thread at a time
-        fresh_folder(folder)  # a killed dump's leftovers go: the files are appended to
+        self.folder = fresh_folder(folder)  # a killed dump's leftovers go: the files are appended to
 
     @property
     def passes(self) -> int:
@@ -147,11 +147,14 @@ class Partition:
             self._writing.release()
 
     def _write_blocks(self, held: dict[str, list[Columns]]) -> None:
-        with io_errors(self.folder):
+        with io_errors(self.folder), self.folder.open() as folder:
             for files, pieces in held.items():
                 rows = sum(p["k0"].shape[0] for p in pieces)
-                with open(self.folder / files, "ab", buffering=0) as f:
-                    _write_all(f.fileno(), [p[name].data.cast("B") for name in self.template for p in pieces])
+                fd = folder.open(files, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    _write_all(fd, [p[name].data.cast("B") for name in self.template for p in pieces])
+                finally:
+                    os.close(fd)
                 self._blocks.setdefault(files, []).append(rows)
 
     def settle(self) -> None:
@@ -197,7 +200,8 @@ class Partition:
             return
         offset = 0
         with io_errors(self.folder):
-            fd = os.open(self.folder / prefix, os.O_RDONLY | os.O_NOFOLLOW)
+            with self.folder.open() as folder:
+                fd = folder.open(prefix, os.O_RDONLY)
             try:
                 for rows in blocks:
                     data = np.empty(rows * self._row_bytes(), np.uint8)
@@ -213,12 +217,12 @@ class Partition:
                 os.close(fd)
 
     def _unlink(self, prefix: str) -> None:
-        (self.folder / prefix).unlink(missing_ok=True)
+        (self.folder / prefix).remove()
         self._blocks.pop(prefix, None)
 
     def remove(self) -> None:
         """Delete the pass files."""
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.remove()
 
 
 class EpochRanges(Partition):
@@ -234,7 +238,15 @@ class EpochRanges(Partition):
     """
 
     def __init__(
-        self, folder: Path, buckets: int, n_key: int, room: int, hold: int | None = None, *, seed: int, epoch: int
+        self,
+        folder: Path | Place,
+        buckets: int,
+        n_key: int,
+        room: int,
+        hold: int | None = None,
+        *,
+        seed: int,
+        epoch: int,
     ) -> None:
         super().__init__(folder, min(buckets, 1 << 31), n_key, room, hold)
         self.seed, self.epoch = seed, epoch

@@ -22,28 +22,25 @@ fits is kept across ``--epochs``.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
+from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.scan.shape import ScanShape
 
 
-def fresh_folder(folder: Path) -> None:
-    """Make ``folder`` afresh, for this user only, in the epoch's spool folder (``folder.parent``), made private.
+def fresh_folder(folder: Path | Place) -> Place:
+    """Make ``folder`` afresh, for this user only, in the epoch's spool folder (made private if it is new).
 
-    The spool lies in the store's ``.pgprefetch``, which someone else may have written: a link planted for the
-    spool folder or ``folder`` is removed and replaced, never followed, and a killed dump's leftovers go.
+    The spool lies in the store's ``.pgprefetch``, which someone else may have written: it is made through
+    :mod:`pgprefetch.store.folders`, so a link planted for the spool folder or ``folder`` is removed and
+    replaced, never followed, and a killed dump's leftovers go. Returns the folder as a place, which the
+    files in it are opened through.
     """
-    spool = folder.parent
-    with io_errors(spool):
-        if spool.is_symlink():
-            spool.unlink()
-        spool.mkdir(parents=True, exist_ok=True, mode=0o700)
-        shutil.rmtree(folder, ignore_errors=True)  # leaves a link in place: unlinked next
-        if folder.is_symlink():
-            folder.unlink()
-        folder.mkdir(mode=0o700)
+    place = as_place(folder)
+    with io_errors(place.parent):
+        place.fresh(mode=0o700).close()
+    return place
 
 
 def keys_only(shape: ScanShape) -> ScanShape:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from pgprefetch.pg.columns import Column
+from pgprefetch.store.folders import Place
 from pgprefetch.write.files.shardfiles import io_errors
 from pgprefetch.write.order.keyfile import pread_into
 from pgprefetch.write.scan.passes import fresh_folder
@@ -36,15 +36,15 @@ _Entry = tuple[str, int, np.dtype, tuple[int, ...]]
 class RowsFile:
     """Sorted tables appended one after another (:meth:`append`), then read back by rows (:meth:`read`)."""
 
-    def __init__(self, folder: Path, columns: tuple[Column, ...]) -> None:
-        self.folder, self.columns = folder, columns
+    def __init__(self, folder: Path | Place, columns: tuple[Column, ...]) -> None:
+        self.columns = columns
         self.rows = 0  # rows appended: the next table's first row
         self.lengths: dict[Column, int] = {}  # the array columns' element counts (every row has the first one's)
         self._entries: list[_Entry] | None = None
         self._blocks: list[list[tuple[Column, int]]] = []
         self._nulls: set[Column] = set()  # the columns a NULL was seen in: only theirs are masked
         self._files: list[int] = []  # open for reading (:meth:`open`)
-        fresh_folder(folder)
+        self.folder = fresh_folder(folder)
 
     @property
     def row_bytes(self) -> int:
@@ -56,9 +56,9 @@ class RowsFile:
         if not self.rows:
             self.lengths = array_lengths(table)
         arrays = self._arrays(table)
-        with io_errors(self.folder):
+        with io_errors(self.folder), self.folder.open() as folder:
             for (kind, i, _, _), array in zip(self._entries or (), arrays, strict=True):
-                with open(self.folder / f"{kind}{i}", "ab") as f:
+                with os.fdopen(folder.open(f"{kind}{i}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as f:
                     f.write(np.ascontiguousarray(array).data.cast("B"))
         self.rows += table.keys.shape[1]
 
@@ -101,9 +101,9 @@ class RowsFile:
 
     def open(self) -> None:
         """Open the files for :meth:`read`."""
-        with io_errors(self.folder):
+        with io_errors(self.folder), self.folder.open() as folder:
             for kind, i, _, _ in self._entries or ():
-                self._files.append(os.open(self.folder / f"{kind}{i}", os.O_RDONLY | os.O_NOFOLLOW))
+                self._files.append(folder.open(f"{kind}{i}", os.O_RDONLY))
 
     def buffers(self, rows: int) -> list[np.ndarray]:
         """Buffers for :meth:`read` of at most ``rows`` rows (one set a reading thread)."""
@@ -141,7 +141,7 @@ class RowsFile:
         for fd in self._files:
             os.close(fd)
         self._files.clear()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.remove()
 
 
 def _row_bytes(entry: _Entry) -> int:

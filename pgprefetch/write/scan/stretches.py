@@ -31,6 +31,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SourceError
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.budget import Account
@@ -54,15 +55,14 @@ class SampleFiles:
     the page cache, never into the dump's RSS).
     """
 
-    def __init__(self, folder: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
-        self.folder = folder
-        fresh_folder(folder)  # made afresh for this user: nothing planted in it to follow
+    def __init__(self, folder: Path | Place, arrays: list[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
+        self.folder = fresh_folder(folder)  # made afresh for this user: nothing planted in it to follow
         self.record = {name: dtype.itemsize * int(np.prod(shape)) for name, dtype, shape in arrays}
         self.n = 0
         self._fds: dict[str, int] = {}
-        with io_errors(folder):
+        with io_errors(self.folder), self.folder.open() as opened:
             for name in self.record:
-                self._fds[name] = os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                self._fds[name] = opened.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
 
     def append(self, out: dict[str, np.ndarray], n: int) -> None:
         """Add the first ``n`` samples of ``out`` (one row a sample per array) after those already written."""
@@ -86,7 +86,7 @@ class SampleFiles:
 
 @contextlib.asynccontextmanager
 async def stretch_source(
-    cfg: Config, snap: Snapshot, read: Stretches, epoch: int, spool_dir: Path
+    cfg: Config, snap: Snapshot, read: Stretches, epoch: int, spool_dir: Path | Place
 ) -> AsyncIterator[BatchSource]:
     """The batch source of rows beyond memory: each stretch ordered and written out, then the batches read back.
 
@@ -97,8 +97,7 @@ async def stretch_source(
     key_columns = shape.key_columns
     width = len(shape.key_names)
     drop_last = cfg.batches.drop_last
-    folder = spool_dir / "stretches"
-    fresh_folder(folder)  # the ordered keys' file and the samples' folder, in a folder made for them alone
+    folder = fresh_folder(as_place(spool_dir) / "stretches")  # the ordered keys' file and the samples' folder
     keys = OrderedKeys(folder / "keys", width, ranges.rows, cfg.batches.size if drop_last else 1)
     files: SampleFiles | None = None
     found: list[Repeats] = []
