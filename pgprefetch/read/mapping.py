@@ -87,8 +87,12 @@ def map_private(fd: int, size: int) -> np.ndarray:
 
 
 def map_path(path: str) -> tuple[np.ndarray, os.stat_result]:
-    """The whole file at ``path``, mapped as :func:`map_private` does, and its ``stat``."""
-    fd = os.open(path, os.O_RDONLY)
+    """The whole file at ``path``, mapped as :func:`map_private` does, and its ``stat``.
+
+    For a DataLoader worker's batch: the caller checks that it is the very file (device and inode) the worker
+    opened below the store, with no link followed; a link as the file itself is refused here.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         stat = os.fstat(fd)
         return map_private(fd, stat.st_size), stat

@@ -15,7 +15,6 @@ JAX, Grain) hand out batches of any size without caring how the dump cut them:
 from __future__ import annotations
 
 import ctypes
-import errno
 import math
 import os
 import threading
@@ -31,7 +30,7 @@ import zarr
 from pgprefetch.errors import StoreError
 from pgprefetch.read.mapping import FileRef, map_private
 from pgprefetch.store.base import Store, epoch_name
-from pgprefetch.store.layout import ArrayLayout, plain_name
+from pgprefetch.store.layout import MISSING, ArrayLayout, plain_name
 
 _PAGE = 4096
 _FILES_KEPT = 32  # shard files kept mapped (and open) per process, least recently used dropped
@@ -78,13 +77,10 @@ class SampleRanges:
         names = tuple(plain_name(name, where) for name in names)
         if root is None:
             self.layouts = {name: backend.array_layout(epoch, name) for name in names}
-        else:  # local: Paths, for mapping and preadv
+        else:  # local: Paths, for mapping and preadv; every file opened from the store's folder, no link followed
             folder = root / epoch_name(epoch)
-            inside = folder.resolve()
-            for name in names:  # an array's folder is the dump's own, not a link to somewhere else
-                if (folder / name).resolve().parent != inside:
-                    raise StoreError(f"{folder / name}: the array's folder leads out of the epoch (a damaged store)")
-            self.layouts = {name: ArrayLayout.read(folder / name) for name in names}
+            self.layouts = {name: ArrayLayout.read(folder / name, root) for name in names}
+        self._sized: set[tuple[str, int]] = set()  # object stores: the files whose size matched the metadata
         self.bytes_fetched = 0  # object stores: bytes this process fetched
         # Local uncompressed arrays: samples per file, for the fast paths.
         self._per_file_samples = {
@@ -249,27 +245,40 @@ class SampleRanges:
         self._buffers[id(out)] = (weakref.ref(out), view, sample_bytes)
 
     def _map(self, layout: ArrayLayout, number: int) -> MappedFile:
+        """File ``number`` of ``layout`` opened (no link followed below the store) and mapped, its chunks checked.
+
+        The shard's index says where each batch lies and how long it is; a chunk that is not one batch of
+        the shape (a batch size rewritten in the metadata), or lies outside the file, is a StoreError here,
+        before any view of the file is made.
+        """
         path, _ = layout.file(number * layout.per_file)
-        try:  # a shard is a file the dump wrote, never a link (one planted to lead out of the store)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fd = layout.open_file(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise StoreError(f"{path}: the shard file is missing (the epoch is damaged)") from None
         except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StoreError(f"{path}: a symbolic link where a shard file should be (a damaged store)") from None
-            raise
+            raise StoreError(f"cannot read {path}: {e.strerror or e}") from None
         try:
             stat = os.fstat(fd)
             size = stat.st_size
-            mapping = map_private(fd, size)
             nbytes = layout.batch_bytes
+            valid = min(layout.per_file, layout.n_batches - number * layout.per_file)
+            if layout.sharded:
+                if size < layout.index_bytes:
+                    raise StoreError(f"{path}: {size} bytes, shorter than its shard index (the file is damaged)")
+            elif (wrong := layout.wrong_size(size)) is not None:
+                raise StoreError(f"{path}: {wrong} (a damaged or altered store)")
+            mapping = _mapped(fd, size, path)
             if layout.sharded:
                 tail = mapping[size - layout.index_bytes :]
                 crc = int.from_bytes(tail[-4:].tobytes(), "little")
                 if google_crc32c.value(tail[:-4].tobytes()) != crc:
                     raise StoreError(f"{path}: shard index checksum mismatch (the file is damaged)")
-                offsets = layout.shard_index(tail)[:, 0].copy()
+                index = layout.shard_index(tail)
+                _check_chunks(index[:valid], size - layout.index_bytes, layout, path)
+                offsets = index[:, 0].copy()
             else:
                 offsets = np.zeros(1, dtype=np.uint64)
-            valid = min(layout.per_file, layout.n_batches - number * layout.per_file)
             shape = layout.batch_shape
             ref = FileRef.of(str(path), stat)
             if np.array_equal(offsets[:valid], np.arange(valid, dtype=np.uint64) * nbytes):
@@ -291,6 +300,8 @@ class SampleRanges:
         of the shard's index.
         """
         path, _ = layout.file(number * layout.per_file)
+        if (str(layout.path), number) not in self._sized:
+            self._check_size(layout, number)
         data = self.backend.read_range(str(path), start, out.size)
         raw = np.frombuffer(data, dtype=np.uint8)
         if raw.size != out.size:
@@ -298,6 +309,27 @@ class SampleRanges:
         out[:] = raw
         with self._lock:
             self.bytes_fetched += raw.size
+
+    def _check_size(self, layout: ArrayLayout, number: int) -> None:
+        """Object stores: file ``number`` must be as long as its batches of the shape and its index make.
+
+        The ranges fetched are computed from the metadata alone (no read of the shard's index), so a batch
+        size rewritten there would fetch other samples than asked, or the wrong share of each: one size
+        request per file, once per process, tells. pgprefetch writes exactly that length.
+        """
+        path, _ = layout.file(number * layout.per_file)
+        valid = min(layout.per_file, layout.n_batches - number * layout.per_file)
+        want = valid * layout.batch_bytes + (layout.index_bytes if layout.sharded else 0)
+        size = self.backend.size(str(path))
+        where = f"{self.backend.location}/{path}"
+        if size is None:
+            raise StoreError(f"{where}: the object is missing (the epoch is damaged)")
+        if size != want:
+            raise StoreError(
+                f"{where}: {size} bytes where {valid} batches of {layout.batch_shape[0]} samples take {want} (the "
+                "metadata's batch size or shape is not what the files hold: a damaged or altered store)"
+            )
+        self._sized.add((str(layout.path), number))
 
     def _zarr_array(self, name: str) -> zarr.Array[Any]:
         if self._pid != os.getpid():  # a forked worker opens its own (an S3 client does not fork)
@@ -354,6 +386,31 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 def _slots(lo: int, hi: int, size: int) -> list[tuple[int, int, int]]:
     """Samples ``lo..hi`` of a file cut at its chunks: ``(slot, lo, hi)`` per chunk touched."""
     return [(s, max(lo, s * size), min(hi, (s + 1) * size)) for s in range(lo // size, (hi - 1) // size + 1)]
+
+
+def _mapped(fd: int, size: int, path: object) -> np.ndarray:
+    """The open file ``fd`` mapped whole (:func:`map_private`); a failure is a StoreError naming ``path``."""
+    try:
+        return map_private(fd, size)
+    except OSError as e:
+        raise StoreError(f"cannot map {path}: {e.strerror or e}") from None
+
+
+def _check_chunks(index: np.ndarray, end: int, layout: ArrayLayout, path: object) -> None:
+    """A shard's ``(offset, nbytes)`` of each batch it holds: present, one batch of the shape, before ``end``."""
+    if not len(index):
+        return
+    offsets, sizes = index[:, 0], index[:, 1]
+    absent = offsets == MISSING
+    if absent.any():
+        raise StoreError(
+            f"{path}: the shard's index has no chunk for its batch {int(absent.argmax())} (the file is damaged)"
+        )
+    wrong = sizes != layout.batch_bytes
+    if wrong.any():
+        raise StoreError(f"{path}: {layout.wrong_size(int(sizes[wrong][0]))} (a damaged or altered store)")
+    if int(offsets.max()) > end - layout.batch_bytes:
+        raise StoreError(f"{path}: the shard's index places a batch beyond the file's end (the file is damaged)")
 
 
 def _pread(fd: int, buffer: np.ndarray | memoryview, offset: int, layout: ArrayLayout, number: int) -> None:

@@ -22,7 +22,7 @@ from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyErro
 from pgprefetch.read.padding import trim as trim_padding
 from pgprefetch.read.view import B, Batch, EpochView, positive
 from pgprefetch.store.base import epoch_name
-from pgprefetch.store.checks import manifest_sources
+from pgprefetch.store.checks import manifest_fields, manifest_int, manifest_sources
 from pgprefetch.store.open import open_store
 
 
@@ -235,9 +235,9 @@ class EpochSequence(Generic[B]):
         if "next_sample" in state:
             return int(state["next_sample"])
         epoch, size = int(state["epoch"]), state.get("batch_size")
-        manifest = open_store(self.store).manifest(epoch)
-        sample = int(state["next_global_batch"]) * int(size or manifest["batch_size"])
-        return min(sample, int(manifest["n_samples"]))  # at the end of an epoch with a short last batch
+        n_samples, stored = self._sizes(epoch)
+        sample = int(state["next_global_batch"]) * int(size or stored)
+        return min(sample, n_samples)  # at the end of an epoch with a short last batch
 
     def _advance(self, start: tuple[int, int], batches: int, world: int, size: int | None) -> tuple[int, int, int]:
         """The position ``batches`` of a rank's batches after ``start``, from the epochs' manifests.
@@ -250,13 +250,12 @@ class EpochSequence(Generic[B]):
         while True:
             if epoch not in self._figures:
                 try:
-                    manifest = open_store(self.store).manifest(epoch)
+                    self._figures[epoch] = self._sizes(epoch)
                 except EpochNotFoundError as e:
                     raise EpochNotFoundError(
                         f"cannot count the batches consumed through epoch {epoch}: {e}; it was deleted before the "
                         "state was saved in it (save it at least once an epoch, or raise the dump's --keep)"
                     ) from None
-                self._figures[epoch] = (int(manifest["n_samples"]), int(manifest["batch_size"]))
             n_samples, stored = self._figures[epoch]
             step = size or stored
             n = -(-(n_samples - sample) // step) // world
@@ -304,7 +303,7 @@ class EpochSequence(Generic[B]):
                 manifest = backend.wait_manifest(epoch, None if epochs else self.timeout)
             except EpochNotFoundError:  # pruned since it was listed
                 continue
-            for name, entry in manifest["fields"].items():
+            for name, entry in manifest_fields(manifest, f"{backend.location}/{epoch_name(epoch)}").items():
                 values, known = entry.get("categories"), lists.get(name, [])
                 if values is not None and values[: len(known)] != known[: len(values)]:
                     raise StoreError(
@@ -316,7 +315,13 @@ class EpochSequence(Generic[B]):
         return lists
 
     def _stored_size(self, epoch: int) -> int:
-        return int(open_store(self.store).manifest(epoch)["batch_size"])
+        return self._sizes(epoch)[1]
+
+    def _sizes(self, epoch: int) -> tuple[int, int]:
+        """Epoch ``epoch``'s samples and stored batch size, from its manifest, checked (the store may be anyone's)."""
+        backend = open_store(self.store)
+        manifest, where = backend.manifest(epoch), f"{backend.location}/{epoch_name(epoch)}"
+        return manifest_int(manifest, "n_samples", where), manifest_int(manifest, "batch_size", where, least=1)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

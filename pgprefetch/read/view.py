@@ -34,7 +34,8 @@ from pgprefetch.keys import KeyColumns, KeyValue
 from pgprefetch.read.padding import Sliced
 from pgprefetch.read.ranges import SampleRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
-from pgprefetch.store.checks import check_layouts, manifest_sources
+from pgprefetch.store.checks import check_layouts, manifest_fields, manifest_int, manifest_sources
+from pgprefetch.store.layout import plain_name
 from pgprefetch.store.open import open_store
 
 B = TypeVar("B", bound=Sliced)  # the array type of a batch: numpy.ndarray, torch.Tensor
@@ -83,7 +84,8 @@ class EpochView(abc.ABC, Generic[B]):
         self.prefetch = max(1, prefetch)
         self.manifest = self._backend.wait_manifest(epoch, timeout if wait else None)
         self.manifest.pop("checksums", None)  # for `verify`; kept out of every worker's pickle
-        available = list(self.manifest["fields"])
+        where = f"{self._backend.location}/{epoch_name(epoch)}"
+        available = list(manifest_fields(self.manifest, where))  # every entry checked before a name is taken
         unknown = [f for f in fields or () if f not in available]
         if unknown:
             raise ConfigError(f"unknown field {unknown[0]!r}: epoch {epoch} has fields {', '.join(available)}")
@@ -103,11 +105,11 @@ class EpochView(abc.ABC, Generic[B]):
         self.rank, self.world_size = check_ranks(
             default[0] if rank is None else rank, default[1] if world_size is None else world_size
         )
-        self.stored_batch_size = int(self.manifest["batch_size"])
+        self.stored_batch_size = manifest_int(self.manifest, "batch_size", where, least=1)
         self.batch_size = self.stored_batch_size if batch_size is None else positive("batch_size", batch_size)
-        self.n_samples = int(self.manifest["n_samples"])
+        self.n_samples = manifest_int(self.manifest, "n_samples", where)
         self._ranges = SampleRanges(self._backend, epoch, (*self.arrays, KEYS_ARRAY))
-        check_layouts(self.manifest, self._ranges.layouts, f"{self._backend.location}/{epoch_name(epoch)}")
+        check_layouts(self.manifest, self._ranges.layouts, where)
         self._seek(0)  # _base: the first sample of this view; _pos: local batches handed out by iteration
         if consumer is not None and not self.in_worker():
             self.record_consumer(consumer)
@@ -193,9 +195,20 @@ class EpochView(abc.ABC, Generic[B]):
         entry = self.manifest.get("longest")
         if not entry:
             return {}
-        path = f"{epoch_name(self.epoch)}/{entry['array']}"
-        table = np.asarray(zarr.open_array(self._backend.zarr_store(), path=path, mode="r")[:])
-        return {name: table[i] for i, name in enumerate(entry["arrays"])}
+        where = f"{self._backend.location}/{epoch_name(self.epoch)}"
+        names = entry.get("arrays") if isinstance(entry, dict) else None
+        if not isinstance(names, list):
+            raise StoreError(f"{where}: the manifest's record of the longest samples is not a table (a damaged store)")
+        path = f"{epoch_name(self.epoch)}/{plain_name(entry.get('array'), where)}"
+        n_batches = manifest_int(self.manifest, "n_batches", where)
+        try:  # through zarr, which reads a local store with no link followed, as the batches are
+            array = zarr.open_array(self._backend.zarr_store(), path=path, mode="r")
+            if array.shape != (len(names), n_batches):  # it is read whole below: its size must be what it says
+                raise ValueError(f"the table is {list(array.shape)}, not {len(names)} arrays of {n_batches} batches")
+            table = np.asarray(array[:])
+        except (OSError, ValueError, KeyError, TypeError) as e:  # zarr's, on metadata it cannot use
+            raise StoreError(f"cannot read {self._backend.location}/{path}: {e} (a damaged store)") from None
+        return {name: table[i] for i, name in enumerate(names)}
 
     @property
     def remote(self) -> bool:

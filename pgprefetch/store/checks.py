@@ -10,7 +10,10 @@ at publication): any change to an array's metadata (a codec, a fill value, a chu
 the manifest describes) is refused by name. Epochs of an older pgprefetch have no such record and are
 checked as above only.
 This is a consistency check, not a signature: someone who can rewrite the manifest too can still make
-the two agree (then the reader's mapping finds the files too short, or reads the values they hold).
+the two agree. What they cannot rewrite without rewriting the data is the chunks: an uncompressed chunk is
+one batch of the shape, so a batch size changed consistently in the manifest, the metadata and its hashes
+is caught where the chunks are read (the reader's mapping, ``verify``'s checksums, an object store's file
+sizes) by :meth:`~pgprefetch.store.layout.ArrayLayout.wrong_size`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,22 @@ def manifest_int(manifest: Mapping[str, Any], key: str, where: str, *, least: in
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise StoreError(f"{where}: the manifest's {key} is {value!r}, not an integer >= {least} (a damaged store)")
     return value
+
+
+def manifest_fields(manifest: Mapping[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The manifest's fields, checked: plain names, each entry a table with a table (or nothing) as ``null``.
+
+    A reader takes array names and options from these entries before it opens an array; a damaged entry is
+    a StoreError naming the epoch, never an AttributeError from deep inside the reader.
+    """
+    fields = manifest.get("fields")
+    if not isinstance(fields, dict) or not fields:
+        raise StoreError(f"{where}: the manifest lists no fields (a damaged store)")
+    for name, entry in fields.items():
+        plain_name(name, where)
+        if not isinstance(entry, dict) or not isinstance(entry.get("null", {}), dict):
+            raise StoreError(f"{where}: the manifest's entry of field {name} is not an object (a damaged store)")
+    return fields
 
 
 def manifest_sources(manifest: Mapping[str, Any], where: str) -> list[str]:
@@ -68,7 +87,10 @@ def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout
             )
         entry = fields.get(name)
         if isinstance(entry, dict):
-            want = (str(entry.get("dtype")), (n_batches, size, *entry.get("shape", ())))
+            shape = entry.get("shape", [])
+            if not isinstance(shape, list):
+                raise StoreError(f"{where}: the manifest's shape of field {name} is {shape!r:.60}, not a list")
+            want = (str(entry.get("dtype")), (n_batches, size, *shape))
             if (str(layout.dtype), layout.shape) != want:
                 raise StoreError(
                     f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "

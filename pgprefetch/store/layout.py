@@ -22,6 +22,7 @@ import google_crc32c
 import numpy as np
 
 from pgprefetch.errors import StoreError
+from pgprefetch.store.beneath import open_below, read_below
 from pgprefetch.store.zarrjson import ZARR_JSON
 
 _RAW = ([{"name": "bytes", "configuration": {"endian": "little"}}], [{"name": "bytes"}])
@@ -30,7 +31,7 @@ INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64 per inner chunk
 INDEX_CRC = 4
 MISSING = 2**64 - 1  # shard index entry of an absent inner chunk
 SEPARATORS = ("/", ".")  # the only chunk key separators zarr defines
-_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a field's name ([fields.NAME]) and every array's
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a field's name ([fields.NAME]) and every array's: fullmatch
 
 
 def metadata_sha256(raw: bytes) -> str:
@@ -53,7 +54,7 @@ def plain_name(name: object, where: str) -> str:
     folder, a download): a name such as ``../../x`` or ``/home/u/.pgpass`` would make the reader feed files
     from outside the store into batches.
     """
-    if not isinstance(name, str) or not _PLAIN_NAME.match(name):
+    if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name):  # fullmatch: "$" would let "x\n" through
         raise StoreError(
             f"{where}: the manifest names an array {name!r}, not a plain name (a damaged or hostile store)"
         )
@@ -73,41 +74,111 @@ class ArrayLayout:
     separator: str
     prefix: str  # "c" for the default chunk key encoding, "" for v2
     metadata_sha256: str = ""  # of the zarr.json it was read from, for the manifest's record (#36.11)
+    # A published local epoch's store folder: its files are opened from there down with no link followed
+    # (pgprefetch.store.beneath). None: a folder the dump itself is writing, opened by path.
+    root: Path | None = None
 
     @classmethod
-    def read(cls, path: Path) -> ArrayLayout:
-        """Parse ``path/zarr.json``."""
-        return cls.from_bytes((path / "zarr.json").read_bytes(), path)
+    def read(cls, path: Path, root: Path | None = None) -> ArrayLayout:
+        """Parse ``path/zarr.json``; with ``root`` (a local store's folder) read with no link followed below it.
+
+        Under ``root`` a missing or unreadable ``zarr.json`` is a one-line StoreError, like damaged metadata.
+        """
+        meta = path / ZARR_JSON
+        if root is None:
+            return cls.from_bytes(meta.read_bytes(), path)
+        try:
+            raw = read_below(root, meta)
+        except OSError as e:
+            raise StoreError(f"cannot read {meta}: {e.strerror or e}") from None
+        if raw is None:
+            raise StoreError(f"{path}: the array is missing (the epoch is damaged)")
+        return replace(cls.from_bytes(raw, path), root=root)
 
     @classmethod
     def from_bytes(cls, raw: bytes, path: PurePath) -> ArrayLayout:
         """The layout of the ``zarr.json`` bytes ``raw``, with their SHA-256 (one read: hashed as parsed)."""
-        return replace(cls.parse(json.loads(raw), path), metadata_sha256=metadata_sha256(raw))
+        try:
+            meta = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError: a damaged byte
+            raise StoreError(f"{path}/{ZARR_JSON}: not a JSON document ({e}; a damaged store)") from None
+        return replace(cls.parse(meta, path), metadata_sha256=metadata_sha256(raw))
 
     @classmethod
-    def parse(cls, meta: dict[str, Any], path: PurePath) -> ArrayLayout:
-        """The layout an array's ``zarr.json`` (``meta``) describes, for the array at ``path``."""
-        shape = tuple(meta["shape"])
-        dtype = np.dtype(meta["data_type"])
-        outer = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
+    def parse(cls, meta: object, path: PurePath) -> ArrayLayout:
+        """The layout an array's ``zarr.json`` (``meta``) describes, for the array at ``path``.
+
+        Every value is checked before it is used: the file is the store's, and a store may be damaged or
+        someone else's, so what is wrong is a StoreError naming the file, never a KeyError or TypeError.
+        Anything valid that pgprefetch does not lay out itself is read through zarr (``raw`` False).
+        """
+        where = f"{path}/{ZARR_JSON}"
+        if not isinstance(meta, dict):
+            raise _damaged(where, "is not a JSON object")
+        shape = _sizes(meta.get("shape"), where, "shape", least=0)
+        if len(shape) < 2:
+            raise _damaged(where, f"shape {list(shape)} has no (batches, batch size) dimensions")
+        data_type = meta.get("data_type")
+        try:
+            if not isinstance(data_type, str):  # zarr's other forms (an object) are not what pgprefetch writes
+                raise TypeError(data_type)
+            dtype = np.dtype(data_type)
+        except (TypeError, ValueError, SyntaxError):
+            raise _damaged(where, f"data_type {_shown(data_type)} is not a dtype") from None
+        grid = meta.get("chunk_grid")
+        conf = grid.get("configuration") if isinstance(grid, dict) else None
+        outer = _sizes(conf.get("chunk_shape") if isinstance(conf, dict) else None, where, "chunk_grid chunk_shape")
+        if len(outer) != len(shape):
+            raise _damaged(where, f"chunk_grid chunk_shape {list(outer)} does not match shape {list(shape)}")
         encoding = meta.get("chunk_key_encoding", {"name": "default"})
+        if not isinstance(encoding, dict) or encoding.get("name") not in ("default", "v2"):
+            raise _damaged(where, f"chunk_key_encoding {_shown(encoding)} is not one zarr defines")
         default = encoding.get("name") == "default"
-        separator = encoding.get("configuration", {}).get("separator", "/" if default else ".")
-        if separator not in SEPARATORS:  # a separator such as "/../../" would lead out of the array's folder
+        options = encoding.get("configuration", {})
+        separator = options.get("separator", "/" if default else ".") if isinstance(options, dict) else None
+        if not isinstance(separator, str) or separator not in SEPARATORS:  # "/../../" would leave the array
             raise StoreError(f"{path}: chunk key separator {separator!r} is not one zarr defines (a damaged store)")
-        codecs = meta["codecs"]
+        codecs = meta.get("codecs")
+        if not isinstance(codecs, list) or not all(isinstance(c, dict) and type(c.get("name")) is str for c in codecs):
+            raise _damaged(where, f"codecs {_shown(codecs)} is not a list of codecs")
         per_file, sharded, raw = outer[0], False, codecs in _RAW
         if len(codecs) == 1 and codecs[0]["name"] == "sharding_indexed":
-            conf = codecs[0]["configuration"]
+            inner = codecs[0].get("configuration")
+            if not isinstance(inner, dict):
+                raise _damaged(where, "the sharding codec has no configuration")
             sharded = True
             raw = (
-                conf["codecs"] in _RAW
-                and conf.get("index_codecs") == _INDEX_CODECS
-                and conf.get("index_location", "end") == "end"
-                and tuple(conf["chunk_shape"]) == (1, *outer[1:])
+                inner.get("codecs") in _RAW
+                and inner.get("index_codecs") == _INDEX_CODECS
+                and inner.get("index_location", "end") == "end"
+                and inner.get("chunk_shape") == [1, *outer[1:]]
             )
         raw = raw and outer[1:] == shape[1:] and (sharded or outer[0] == 1)
         return cls(path, dtype, shape, per_file, sharded, raw, separator, "c" if default else "")
+
+    def open_file(self, path: PurePath) -> int:
+        """A read-only descriptor of ``path``, one of this array's files; the caller closes it.
+
+        Below a published local epoch's store (``root``) no link is followed (a link is a StoreError naming
+        it); a missing file is ``FileNotFoundError`` (or ``NotADirectoryError``) for the caller to word.
+        """
+        if self.root is None:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return open_below(self.root, path)
+
+    def wrong_size(self, stored: int) -> str | None:
+        """What is wrong with a stored chunk of ``stored`` bytes of this array, or None when nothing is.
+
+        An uncompressed chunk is exactly one batch of the shape: a batch size rewritten in the metadata
+        (with the manifest, and the hashes recomputed) is caught here, where the chunks still hold what the
+        dump wrote. A compressed chunk's size says nothing.
+        """
+        if not self.raw or stored == self.batch_bytes:
+            return None
+        return (
+            f"a chunk of {stored} bytes where its zarr.json's batches of {self.batch_shape[0]} samples take "
+            f"{self.batch_bytes} (the metadata's batch size or shape is not what the files hold)"
+        )
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
@@ -158,26 +229,28 @@ def pread_into(path: Path, buffer: np.ndarray, offset: int) -> None:
 def read_batch_bytes(layout: ArrayLayout, batch: int) -> bytes | None:
     """The bytes of ``batch`` as stored (raw values, or the compressed chunk); None when they are missing.
 
-    A plain read, for checksums (``verify``, resume); the reader maps files instead.
+    A plain read, for checksums (``verify``, resume); the reader maps files instead. In a published local
+    epoch nothing is read through a link (:meth:`ArrayLayout.open_file`).
     """
     path, slot = layout.file(batch)
     try:
-        with open(path, "rb") as f:
-            if not layout.sharded:
-                return f.read()
-            size = os.fstat(f.fileno()).st_size
-            if size < layout.index_bytes:
-                return None
-            f.seek(size - layout.index_bytes)
-            index = layout.shard_index(np.frombuffer(f.read(layout.index_bytes), dtype=np.uint8))
-            offset, nbytes = (int(v) for v in index[slot])
-            if offset == MISSING or offset + nbytes > size - layout.index_bytes:
-                return None
-            f.seek(offset)
-            data = f.read(nbytes)
-            return data if len(data) == nbytes else None
-    except FileNotFoundError:
+        fd = layout.open_file(path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    with os.fdopen(fd, "rb") as f:
+        if not layout.sharded:
+            return f.read()
+        size = os.fstat(f.fileno()).st_size
+        if size < layout.index_bytes:
+            return None
+        f.seek(size - layout.index_bytes)
+        index = layout.shard_index(np.frombuffer(f.read(layout.index_bytes), dtype=np.uint8))
+        offset, nbytes = (int(v) for v in index[slot])
+        if offset == MISSING or offset + nbytes > size - layout.index_bytes:
+            return None
+        f.seek(offset)
+        data = f.read(nbytes)
+        return data if len(data) == nbytes else None
 
 
 def checksum(data: bytes | np.ndarray | None) -> int:
@@ -188,3 +261,20 @@ def checksum(data: bytes | np.ndarray | None) -> int:
         data = data.view()
         data.flags.writeable = False  # the C extension takes read-only buffers only
     return int(google_crc32c.value(data))
+
+
+def _damaged(where: str, what: str) -> StoreError:
+    return StoreError(f"{where}: {what} (a damaged store)")
+
+
+def _shown(value: object) -> str:
+    """``value`` as a message quotes it: its repr, cut short (a message is one line)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _sizes(value: object, where: str, what: str, *, least: int = 1) -> tuple[int, ...]:
+    """``value`` as a tuple of integers >= ``least`` (a shape), or a StoreError naming ``what`` in ``where``."""
+    if not isinstance(value, list) or not all(type(v) is int and v >= least for v in value):
+        raise _damaged(where, f"{what} {_shown(value)} is not a list of integers >= {least}")
+    return tuple(value)

@@ -148,6 +148,8 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
                 problems.append(
                     f"{name} batch {batch}: missing ({epoch_name(epoch)}/{path.relative_to(layout.path.parent)})"
                 )
+            elif (wrong := layout.wrong_size(len(data))) is not None:  # a batch size rewritten in the metadata
+                problems.append(f"{name} batch {batch}: {wrong}")
             elif checksum(data) != expected:
                 problems.append(f"{name} batch {batch}: checksum mismatch")
     return problems
