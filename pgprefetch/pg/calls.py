@@ -10,7 +10,6 @@ sees an asyncpg exception.
 from __future__ import annotations
 
 import asyncio
-import errno
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -18,7 +17,8 @@ import asyncpg
 
 from pgprefetch.config.model import SourceConfig
 from pgprefetch.errors import PgprefetchError, SourceError
-from pgprefetch.pg.redaction import redact, scrub
+from pgprefetch.pg.reasons import UNPARSABLE, connect_reason, unencoded_at
+from pgprefetch.pg.redaction import redact
 from pgprefetch.pg.retry import cause, lost
 
 T = TypeVar("T")
@@ -114,6 +114,8 @@ async def connect(source: SourceConfig, **settings: str) -> asyncpg.Connection:
     # backslash in a string literal escapes the quote after it, and SQL text pgprefetch writes (identifiers,
     # the snapshot id) must mean one thing. Values never become SQL text anyway (see scan.shape).
     server_settings["standard_conforming_strings"] = "on"
+    if unencoded_at(source.dsn):
+        raise SourceError(f"cannot connect to {redact(source.dsn)}: {UNPARSABLE}")
     try:
         timeout = (source.io_timeout_ms or 60_000) / 1000
         conn = await asyncpg.connect(source.dsn, server_settings=server_settings, timeout=timeout)
@@ -143,30 +145,6 @@ def _require_standard_strings(conn: asyncpg.Connection, source: SourceConfig) ->
             f"{value or 'nothing'}); pgprefetch needs it on every connection (a pooler that drops startup "
             "settings is not supported)"
         )
-
-
-def connect_reason(e: BaseException, dsn: str | None) -> str:
-    """Why a connection failed, on one line, with nothing of the password and with what to check.
-
-    asyncpg's parse errors quote the piece of the DSN they choked on, which for a password holding an
-    unencoded ``/``, ``#`` or ``?`` is a piece of the password ("invalid literal for int() with base 10:
-    'Alpha1'"): they are never echoed. A refused connection names only an address; the user needs to hear
-    that nothing listens there.
-    """
-    if isinstance(e, ValueError) and not isinstance(e, asyncpg.ClientConfigurationError):
-        return (
-            "the DSN cannot be parsed (percent-encode special characters in the password: "
-            "/ as %2F, # as %23, ? as %3F, @ as %40)"
-        )
-    reason = scrub(str(e) or type(e).__name__, dsn).splitlines()[0]
-    if isinstance(e, ConnectionRefusedError) or (isinstance(e, OSError) and e.errno == errno.ECONNREFUSED):
-        reason += (
-            " (nothing listens there: is the server up on that host and port? "
-            "`pgprefetch server` prints the DSN of its embedded one)"
-        )
-    elif isinstance(e, FileNotFoundError):
-        reason += " (no server socket there: is the server up? `pgprefetch server` prints the DSN of its embedded one)"
-    return reason
 
 
 def pg_message(e: BaseException) -> str:

@@ -22,7 +22,7 @@ from pgprefetch.read.ranges import empty_aligned
 from pgprefetch.read.view import Batch, EpochView, check_ranks
 from pgprefetch.store.base import KEYS_ARRAY
 from pgprefetch.torch.tensors import TORCH_DTYPES, TensorRanges
-from pgprefetch.torch.transfer import cuda_batches
+from pgprefetch.torch.transfer import cuda_batches, usable_device
 
 
 class EpochDataset(EpochView[torch.Tensor], torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -87,8 +87,11 @@ class EpochDataset(EpochView[torch.Tensor], torch.utils.data.Dataset[dict[str, t
         ``i+1 .. i+prefetch`` and copied on a side stream while the step runs on batch ``i``; the consumer's
         stream waits only for its own batch's copy (:mod:`pgprefetch.torch.transfer`). On the CPU the mapped
         tensors are yielded as they are.
+
+        Raises:
+            ConfigError: ``device`` is not one this torch and this machine have (CUDA asked for without it).
         """
-        device = torch.device(device)
+        device = usable_device(device)
         if device.type == "cpu":
             return iter(self)
         if device.type == "cuda":

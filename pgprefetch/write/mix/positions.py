@@ -16,6 +16,7 @@ by its quota, in whole passes of its current key count.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -27,6 +28,7 @@ from pgprefetch.write.mix.apportion import Apportionment, Weight, first_pass_bat
 from pgprefetch.write.mix.passes import Passes, Position
 
 _MAX = (1 << 63) - 1
+_HASH = re.compile(r"[0-9]{1,20}")  # 2**64 - 1 has 20 digits
 
 
 @lru_cache(maxsize=64)
@@ -146,13 +148,22 @@ def _ends(record: Any, where: str) -> dict[str, tuple[int, tuple[int, list[int]]
         if after is None:
             out[entry["name"]] = (end["pass"], None)
             continue
-        if not (isinstance(after, list) and len(after) == 2 and isinstance(after[0], str) and after[0].isdigit()):
+        if not (isinstance(after, list) and len(after) == 2 and _hash(after[0])):
             raise bad(f"source {entry['name']!r}: its last key's hash")
         h, slots = int(after[0]), after[1]
-        if h >= 1 << 64 or not isinstance(slots, list) or not slots or not all(_slot(s) for s in slots):
+        if not isinstance(slots, list) or not slots or not all(_slot(s) for s in slots):
             raise bad(f"source {entry['name']!r}: its last key")
         out[entry["name"]] = (end["pass"], (h, slots))
     return out
+
+
+def _hash(value: Any) -> bool:
+    """Whether ``value`` is a 64-bit hash as a record writes it: ASCII decimal digits, below 2**64.
+
+    Checked as text before ``int()`` reads it: ``str.isdigit`` accepts ``"²"`` and other digits ``int()``
+    refuses, and ``int()`` refuses thousands of digits with a ``ValueError`` of its own.
+    """
+    return isinstance(value, str) and _HASH.fullmatch(value) is not None and int(value) < 1 << 64
 
 
 def _count(value: Any) -> bool:

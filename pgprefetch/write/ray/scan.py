@@ -41,7 +41,7 @@ from pgprefetch.write.ray.secret import opened, sealed
 from pgprefetch.write.scan.exchange import Merged, Piece, cut_block, merge_keys, part_rows, route, rows_of
 from pgprefetch.write.scan.mode import plan_scan, scan_layout
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
-from pgprefetch.write.scan.table import Table, cut, page_ranges, read_ranges
+from pgprefetch.write.scan.table import Table, cut_whole, page_ranges, read_ranges
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ async def read_spread(
     if not merged.keys.shape[1]:
         raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
     lengths = _lengths(shape, summaries)
-    sample_keys, starts = await asyncio.to_thread(cut, Table(keys=merged.keys), shape, cfg.samples)
+    sample_keys, starts = await asyncio.to_thread(cut_whole, Table(keys=merged.keys), shape, cfg.samples)
     return SpreadRead(
         shape, [block for _, block in refs], merged, sample_keys, starts, lengths, snap.id, snap.server_version,
         sum(s.nbytes for s in summaries),

@@ -21,6 +21,7 @@ from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
+from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write import heap
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.budget import Account
@@ -33,10 +34,8 @@ from pgprefetch.write.scan.table import (
     Table,
     TableTooLarge,
     array_lengths,
-    cut,
+    cut_whole,
     gather,
-    longest_series,
-    no_windows,
     read_table,
 )
 
@@ -125,8 +124,8 @@ async def read_scan(
     vocabulary: Vocabulary | None = None,
     *,
     epoch: int = 0,
-    keys_dir: Path | None = None,
-    rows_dir: Path | None = None,
+    keys_dir: Path | Place | None = None,
+    rows_dir: Path | Place | None = None,
 ) -> ScanRead | SpilledScan | Stretches:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
@@ -184,19 +183,19 @@ async def read_scan(
             return Stretches(shape, ranges, snap.id, snap.server_version, epoch, n_rows + already)
         else:
             partition = None if rows_dir is None else await _partition(cfg, snap, shape, e, rows_dir)
-            got = await keys_pass(cfg, snap, shape, epoch, keys_dir, partition, on_rows)
+            got = await keys_pass(cfg, snap, shape, epoch, as_place(keys_dir), partition, on_rows)
             if isinstance(got, SpilledKeys):
                 got.rows_read += already
                 return SpilledScan(shape, got, snap.id, snap.server_version, epoch)
             table = got
         table.rows_read += already
-    sample_keys, starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
-    if not sample_keys.shape[1] and cfg.samples.window is not None:
-        raise no_windows(cfg.samples, longest_series(table.keys))
+    sample_keys, starts = await asyncio.to_thread(cut_whole, table, shape, cfg.samples)
     return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
 
 
-async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path) -> Partition:
+async def _partition(
+    cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path | Place
+) -> Partition:
     """The data passes' files for a table too large: buckets for the planner's row count (or what was read, twice)."""
     account = Account.for_scan(cfg.source.memory_bytes)
     room = account.pass_bytes()
@@ -206,7 +205,7 @@ async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooL
 
 
 async def _epoch_ranges(
-    cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path, epoch: int
+    cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path | Place, epoch: int
 ) -> EpochRanges:
     """:func:`_partition` for rows: ranges of ``epoch``'s order, each a stretch's share of the budget."""
     account = Account.for_scan(cfg.source.memory_bytes)

@@ -330,6 +330,19 @@ def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray
     return keys[:, starts], starts
 
 
+def cut_whole(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`cut` of a whole table, which must give a sample: a window longer than every series is refused.
+
+    A part of a table (a pass, a bucket of series) may hold no window; the whole table holding none is the
+    config's mistake, said the same way for every reader of a whole table (in memory, a check's keys pass,
+    a cluster's readers): the window, the longest series and the fix (:func:`no_windows`).
+    """
+    sample_keys, starts = cut(table, shape, samples)
+    if not sample_keys.shape[1] and samples.window is not None:
+        raise no_windows(samples, longest_series(table.keys))
+    return sample_keys, starts
+
+
 def gather(table: Table, layout: BatchLayout, starts: np.ndarray, keys: np.ndarray, out: dict[str, np.ndarray]) -> None:
     """Fill ``out`` with the samples starting at rows ``starts`` (keys ``keys``), cast and checked.
 
