@@ -40,6 +40,27 @@ def is_mixed(samples: dict[str, Any]) -> bool:
     return bool(samples) and all(isinstance(v, dict) for v in samples.values())
 
 
+def check_no_stray_keys(p: _Parser, samples: dict[str, Any]) -> None:
+    """Refuse a setting written beside ``[samples.NAME]`` sources, naming it: it belongs in each source.
+
+    ``fraction = 0.5`` above the first ``[samples.NAME]`` table lands in ``[samples]`` itself, which then
+    is neither one source nor a table of sources; the error must name that key, not ``[mix]`` or a source.
+    """
+    sources = [k for k, v in samples.items() if isinstance(v, dict)]
+    stray = [k for k, v in samples.items() if not isinstance(v, dict)]
+    if not sources or not stray:
+        return
+    key = stray[0]
+    if key in (*_QUERY_KEYS, *_SCAN_KEYS, *_OWN_KEYS):
+        named = ", ".join(f"[samples.{n}]" for n in sources[:3]) + (", ..." if len(sources) > 3 else "")
+        advice = f"it is a source's setting: put it under each [samples.NAME] that needs it ({named})"
+    elif key == "samples":
+        advice = "a mixed epoch's length is [mix] samples"
+    else:
+        advice = "a [samples] with [samples.NAME] sources holds only those tables"
+    p.fail(f"[samples] {key}", f"a key beside [samples.NAME] sources: {advice}")
+
+
 def parse_mix(p: _Parser, samples: dict[str, Any], mix: dict[str, Any]) -> MixConfig:
     """The sources of ``[samples.NAME]`` tables with their weights, and ``[mix]``'s options."""
     p.keys(mix, "mix", optional=("samples",))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,22 @@ class MixConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VocabularyFrom:
+    """``categories = { from = "../train.zarr" }``: the codes are another store's vocabulary of this field.
+
+    ``"auto"`` codes are per store: a validation store dumped from other rows numbers its labels by the
+    values it happens to see, so one label can get two codes. A store that borrows the vocabulary of the
+    store its model is trained on codes every value as that store does; a value it lacks is an error, as
+    for a list in the config.
+    """
+
+    store: Path | str
+    """The other store: a folder (relative to the config file's folder, as ``[store] path``) or ``s3://``."""
+    written: str
+    """The location as the config writes it: what the config's identity hashes (see :meth:`Config.content`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class FieldConfig:
     """One tensor of the batch, built from one or more result columns."""
 
@@ -160,8 +177,9 @@ class FieldConfig:
     """``safe``: a value the dtype cannot hold (overflow, NaN into an integer) stops the dump; ``unsafe``: casts."""
     null: str | float = "error"
     """``error``, ``nan`` (float fields) or a fill value; other than ``error``, a mask array records the NULLs."""
-    categories: tuple[str, ...] | str | None = None
-    """Text labels stored as integer codes: the list (code = position), ``auto`` (sorted distinct values), or None."""
+    categories: tuple[str, ...] | str | VocabularyFrom | None = None
+    """Text labels stored as integer codes: the list (code = position), ``auto`` (sorted distinct values, fixed
+    by the store's first epoch), another store's vocabulary (:class:`VocabularyFrom`), or None."""
     max_length: int | None = None
     """Arrays of any length (and text or bytea, as bytes) padded to this many elements; None: fixed length."""
     pad: int | float = 0
@@ -275,6 +293,7 @@ class Config:
             "fields": [
                 _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate"))
                 | {"columns": list(f.columns)}
+                | _borrowed(f)
                 for f in self.fields
             ],
             "batches": dataclasses.asdict(self.batches),
@@ -285,6 +304,11 @@ class Config:
         """Hash of :meth:`content`, recorded in every epoch to tell which config wrote it."""
         text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _borrowed(f: FieldConfig) -> dict[str, Any]:
+    """A borrowed vocabulary as the config writes it: moving the folders of both stores keeps the identity."""
+    return {"categories": {"from": f.categories.written}} if isinstance(f.categories, VocabularyFrom) else {}
 
 
 _OPTIONAL = ("duplicates", "max_rows", "truncate")  # query mode's [samples] settings added after its format
@@ -302,3 +326,104 @@ def _without_defaults(obj: Any, optional: tuple[str, ...]) -> dict[str, Any]:
         if out[name] == defaults[name]:
             del out[name]
     return out
+
+
+_SHOWN_VALUE = 40  # a differing value longer than this (a query) is named, not printed
+_SHOWN_KEYS = 6  # differing keys named in one line; the rest are counted
+
+
+def config_change(stored: Any, stored_sha256: Any, cfg: Config) -> str:
+    """How ``cfg`` differs from the config an epoch was written with, by the keys a user edits.
+
+    ``stored`` is that epoch's recorded :meth:`Config.content` (its manifest's ``config_content``), read
+    from a store and so not trusted to be well formed. Two hashes tell a user only that something changed;
+    the dotted keys (``batches.size``, ``fields.x.dtype``) say what, so that an edit is told from a wrong
+    ``[store] path``. An epoch written before the content was recorded has only its hash to compare.
+    """
+    hashes = f"config sha256 {str(stored_sha256)[:12]}, this config: {cfg.sha256()[:12]}"
+    theirs = _flat(stored) if isinstance(stored, dict) else None
+    if theirs is None:
+        return f"{hashes}; that epoch records only the hash of its config, so which keys differ is not known"
+    here = _flat(cfg.content())
+    assert here is not None  # a Config's own content is well formed
+    changed = _differences(*theirs, *here)
+    if not changed:
+        return hashes
+    more = f" and {len(changed) - _SHOWN_KEYS} more" if len(changed) > _SHOWN_KEYS else ""
+    return "differs in " + ", ".join(changed[:_SHOWN_KEYS]) + more
+
+
+def _differences(theirs: dict[str, Any], their_order: list[str], here: dict[str, Any], order: list[str]) -> list[str]:
+    """Each differing key with both values (where short), this config's order first.
+
+    A field or mixed source that one side lacks is one entry (``fields.y (only in this config)``), not
+    one per setting of it; the fields' order (the arrays' and parameters' order) is one of its own.
+    """
+    owners_there, owners_here = {_owner(k) for k in theirs}, {_owner(k) for k in here}
+    out: list[str] = []
+    for key in [*here, *(k for k in theirs if k not in here)]:
+        owner = _owner(key)
+        if owner is not None and (owner not in owners_there or owner not in owners_here):
+            entry = f"{owner} (only {'in this config' if owner in owners_here else 'there'})"
+        elif theirs.get(key, _UNSET) != here.get(key, _UNSET):
+            shown = [_show_value(v) for v in (theirs.get(key, _UNSET), here.get(key, _UNSET))]
+            entry = key if None in shown else f"{key} ({shown[0]} there, {shown[1]} in this config)"
+        else:
+            continue
+        if entry not in out:
+            out.append(entry)
+    if set(their_order) == set(order) and their_order != order:
+        out.append(f"the order of the fields ({', '.join(their_order)} there)")
+    return out
+
+
+_UNSET = object()  # a key one side does not record: a setting left at its default
+
+
+def _owner(key: str) -> str | None:
+    """The field or mixed source a dotted key belongs to (``fields.x`` of ``fields.x.dtype``), if any."""
+    parts = key.split(".")
+    return ".".join(parts[:2]) if len(parts) == 3 and parts[0] in ("fields", "samples") else None
+
+
+def _show_value(value: Any) -> str | None:
+    """A value as the config writes it, ``not set`` for none; None when it is too long to show in a line."""
+    if value is _UNSET:
+        return "not set"
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= _SHOWN_VALUE else None
+
+
+def _flat(content: dict[str, Any]) -> tuple[dict[str, Any], list[str]] | None:
+    """:meth:`Config.content` as the TOML file's dotted keys (``fields.x.dtype``), and the fields' names in order.
+
+    None when ``content`` is not shaped like one (a damaged or foreign record).
+    """
+    out: dict[str, Any] = {}
+    order: list[str] = []
+    try:
+        for key, value in content.items():
+            if key == "samples":
+                out |= {f"samples.{k}": v for k, v in value.items()}
+            elif key == "mix":
+                out["mix.version"] = value["version"]  # how pgprefetch plans mixed epochs
+                for s in value["sources"]:
+                    out |= {f"samples.{s['name']}.{k}": v for k, v in s.items() if k not in ("name", "mode")}
+            elif key == "fields":
+                for f in value:
+                    out |= {f"fields.{f['name']}.{k}": v for k, v in f.items() if k != "name"}
+                    order.append(str(f["name"]))
+            elif key == "compression":
+                out["store.compression"] = value
+            elif isinstance(value, dict):
+                out |= {f"{key}.{k}": v for k, v in value.items()}
+            else:
+                out[key] = value
+    except (AttributeError, KeyError, TypeError):
+        return None
+    if not all(_NAME.fullmatch(part) for key in [*out, *order] for part in key.split(".")):
+        return None  # a name no config can have (a newline would split the refusal's one line)
+    return out, order
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from pgprefetch.config.mix import check_fields, is_mixed, parse_mix
+from pgprefetch.config.mix import check_fields, check_no_stray_keys, is_mixed, parse_mix
 from pgprefetch.config.model import (
     CASTS,
     COMPRESSIONS,
@@ -34,6 +34,7 @@ from pgprefetch.config.model import (
     ScanConfig,
     SourceConfig,
     StoreConfig,
+    VocabularyFrom,
 )
 from pgprefetch.config.values import parse_duration, parse_size, show, store_location
 from pgprefetch.errors import ConfigError
@@ -62,6 +63,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     p.keys(store, "store", required=("path",), optional=("compression",))
 
     fields_cfg = p.fields(fields)
+    check_no_stray_keys(p, samples)
     mix = None
     if is_mixed(samples):
         mix = parse_mix(p, samples, p.section(raw, "mix", required=False))
@@ -349,7 +351,7 @@ class _Parser:
             self.fail(f"{where} null", f"the fill value {show(value)} does not fit {dtype}")
         return value
 
-    def categories(self, spec: dict[str, Any], where: str, dtype: str) -> tuple[str, ...] | str | None:
+    def categories(self, spec: dict[str, Any], where: str, dtype: str) -> tuple[str, ...] | str | VocabularyFrom | None:
         value = spec.get("categories")
         if value is None:
             return None
@@ -357,14 +359,30 @@ class _Parser:
             self.fail(f"{where} categories", f"categorical codes need an integer dtype ({', '.join(INTEGER_DTYPES)})")
         if value == "auto":
             return "auto"
+        if isinstance(value, dict):
+            return self.vocabulary_from(value, where)
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
-            self.fail(f"{where} categories", f'expected "auto" or a non-empty list of strings, got {show(value)}')
+            self.fail(
+                f"{where} categories",
+                f'expected "auto", a non-empty list of strings or {{ from = "STORE" }}, got {show(value)}',
+            )
         if len(set(value)) != len(value):
             twice = next(c for c in value if value.count(c) > 1)
             self.fail(f"{where} categories", f"{json.dumps(twice)} is listed twice")
         if not _fits(len(value) - 1, dtype):
             self.fail(f"{where} categories", f"{len(value)} categories do not fit {dtype}")
         return tuple(value)
+
+    def vocabulary_from(self, value: dict[str, Any], where: str) -> VocabularyFrom:
+        """``{ from = "STORE" }``: another store's vocabulary, its location read as ``[store] path`` is."""
+        written = value.get("from")
+        if set(value) != {"from"} or not isinstance(written, str) or not written.strip():
+            self.fail(
+                f"{where} categories", f'expected {{ from = "STORE" }} (a store path or s3://...), got {show(value)}'
+            )
+        base = self.file.resolve().parent if self.file is not None else None
+        store = store_location(written, f"{self.prefix}{where} categories", base)
+        return VocabularyFrom(store=store, written=written)
 
 
 def _default(value: int | None, default: int) -> int:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgprefetch._version import __version__
-from pgprefetch.config.model import N_ROWS, Config
+from pgprefetch.config.model import N_ROWS, Config, VocabularyFrom
 from pgprefetch.store.base import FORMAT_VERSION
 from pgprefetch.write.batches import BatchSource
 
@@ -32,6 +32,8 @@ def field_entries(source: BatchSource) -> dict[str, dict[str, Any]]:
             entry["null"] = {"policy": f.config.null, "mask": f.config.null_mask}
         if f.name in plan.categories:
             entry["categories"] = plan.categories[f.name]
+        if isinstance(f.config.categories, VocabularyFrom):  # where the codes came from
+            entry["categories_from"] = str(f.config.categories.store)
         if f.config.max_length is not None:
             entry["max_length"] = f.config.max_length
             entry["lengths"] = f.config.length_array
@@ -76,6 +78,7 @@ def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float)
         "keys_sha256": plan.keys_sha256,
         "compression": cfg.store.compression,
         "config_sha256": cfg.sha256(),
+        "config_content": cfg.content(),  # what the hash covers (no DSN, no path): a refusal names what changed
         "config": _samples(cfg),
         "mode": cfg.mode if cfg.mix is None else "mix",
         "snapshot": source.snapshot,

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from pgprefetch.config.model import Config
+from pgprefetch.config.model import Config, config_change
 from pgprefetch.errors import ConfigError, SourceError
 from pgprefetch.pg.retry import RetryPolicy, count
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
+from pgprefetch.store.folders import Place
 from pgprefetch.store.maintenance import source_counts
 from pgprefetch.store.open import open_store
 from pgprefetch.write import heap
@@ -245,16 +246,17 @@ async def _dump_with_retries(
     raise AssertionError("unreachable")
 
 
-def keys_folder(cfg: Config, store: Store, epoch: int) -> Path:
+def keys_folder(cfg: Config, store: Store, epoch: int) -> Place:
     """Where keys beyond ``[source] memory`` are ordered: beside the partial epoch, or in ``[source] scratch``.
 
     In a scratch folder the name holds the store's (hashed) location as well as the epoch, so that dumps of
-    several stores can share one; a dump killed there leaves its files to the next dump of the epoch.
+    several stores can share one; a dump killed there leaves its files to the next dump of the epoch. Beside
+    the partial epoch it is a place of the store's, reached with no link followed (:meth:`Store.place`).
     """
     if cfg.source.scratch is None:
-        return store.keys_path(epoch)
+        return store.place(store.keys_path(epoch))
     tag = hashlib.sha256(str(store.location).encode()).hexdigest()[:12]
-    return cfg.source.scratch / f"pgprefetch-{tag}-epoch-{epoch:05d}.keys"
+    return Place.named(cfg.source.scratch / f"pgprefetch-{tag}-epoch-{epoch:05d}.keys")
 
 
 def check_same_config(store: Store, cfg: Config, epoch: int | None = None) -> None:
@@ -272,11 +274,13 @@ def check_same_config(store: Store, cfg: Config, epoch: int | None = None) -> No
         if not epochs:
             return
         against = epochs[-1]
-    theirs = store.manifest(against).get("config_sha256")
-    if theirs != mine:
+    manifest = store.manifest(against)
+    theirs = manifest.get("config_sha256")
+    if theirs != mine:  # named by the keys that differ, where the epoch recorded its config's settings
+        change = config_change(manifest.get("config_content"), theirs, cfg)
         raise ConfigError(
-            f"{store.location} holds epochs of another config (epoch {against}: config sha256 {str(theirs)[:12]}, "
-            f"this config: {mine[:12]}); use another [store] path, or --force to write there anyway"
+            f"{store.location} holds epochs of another config (epoch {against}: {change}); use another [store] "
+            "path, or --force to write there anyway"
         )
 
 
@@ -297,7 +301,7 @@ async def _dump_locked(
     started = time.monotonic()
     vocabulary = Vocabulary(store, record=True)
     connected = False
-    spool = store.scratch("spool") / f"epoch-{epoch:05d}"  # a scan in passes spools its data here
+    spool = store.place(store.scratch("spool") / f"epoch-{epoch:05d}")  # a scan in passes spools its data here
     try:
         async with contextlib.AsyncExitStack() as stack:
             snap = None if cache.covers(cfg) else await stack.enter_async_context(Snapshot.open(cfg.source))

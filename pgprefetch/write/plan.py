@@ -11,21 +11,24 @@ query mode in :func:`pgprefetch.write.query.plan_epoch`, the scan mode in
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pgprefetch.config.model import Config
+from pgprefetch.config.model import Config, FieldConfig, VocabularyFrom
 from pgprefetch.decode.layout import UnknownCategoryError, null_hint
-from pgprefetch.errors import SampleError, SourceError
+from pgprefetch.errors import ConfigError, SampleError, SourceError, StoreError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import Store
+from pgprefetch.store.open import open_store
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import Repeats, n_batches, order_part
 from pgprefetch.write.order.spill import KeyRuns
@@ -163,18 +166,68 @@ async def resolve_categories(
             if known:  # a field's first vocabulary is all new values: only those appended to one are news
                 for code, value in enumerate(new, known):
                     log.info("[fields.%s] categories: new value %r gets code %d", name, value, code)
+            elif new:  # this store's codes were fixed just now: say they are this store's alone
+                log.info("%s", per_store_notice(name, store.location, len(new)))
     else:
         auto = grow(store.vocabulary())
     categories = {}
     for f in cfg.fields:
         if f.name in auto:
             categories[f.name] = auto[f.name]
+        elif isinstance(f.categories, VocabularyFrom):
+            categories[f.name] = borrowed_vocabulary(cfg, f, f.categories)
         elif f.categories is not None:
             for value in f.categories:
                 _check_length(f.name, value, "the config")
             _check_fits(f.name, f.dtype, 0, len(f.categories))
             categories[f.name] = list(f.categories)
     return categories
+
+
+def per_store_notice(field: str, location: str, count: int, *, planned: bool = False) -> str:
+    """The line said when a store's ``"auto"`` codes are first fixed (by a dump; ``planned``: by ``check``).
+
+    Each store numbers the values its own first epoch finds, so a validation store dumped from other rows
+    may give a label another code than the training store does, and nothing else would say so.
+    """
+    coded = "will code" if planned else "codes"
+    return (
+        f"[fields.{field}] categories: codes are per store: {location} {coded} the {count} value(s) found in "
+        f"sorted order; a store dumped from other rows (a validation split) codes its own: give its field "
+        f"categories = {{ from = {json.dumps(str(location))} }} to share these codes"
+    )
+
+
+def borrowed_vocabulary(cfg: Config, f: FieldConfig, source: VocabularyFrom) -> list[str]:
+    """The vocabulary of field ``f`` that another store recorded (``categories = { from = STORE }``).
+
+    It is read, never written, at each epoch's plan: the other store's codes only grow, so an epoch
+    planned later may have more of them, each meaning what it meant before. A value of the data that
+    the list lacks stops the epoch as for a list in the config.
+
+    Raises:
+        ConfigError: ``STORE`` is this config's own store, holds no pgprefetch store, or has no vocabulary
+            of the field (it is not ``"auto"`` there).
+    """
+    where = f"[fields.{f.name}] categories = {{ from = {json.dumps(source.written)} }}"
+    own, theirs = cfg.store.path, source.store
+    if own.resolve() == theirs.resolve() if isinstance(own, Path) and isinstance(theirs, Path) else own == theirs:
+        raise ConfigError(f'{where}: that is this config\'s own store; give the store to share codes with, or "auto"')
+    other = open_store(source.store)
+    if not other.exists():
+        raise ConfigError(
+            f"{where}: no pgprefetch store at {other.location}: dump that store first, or fix the path "
+            "(relative to the config file's folder)"
+        )
+    recorded = other.vocabulary()
+    values = recorded.get(f.name)
+    if not values:
+        has = f"it has those of {', '.join(sorted(recorded))}" if recorded else "it has none"
+        raise ConfigError(
+            f'{where}: {other.location} has no vocabulary of field {f.name} ({has}; a field has one where it is "auto")'
+        )
+    _check_fits(f.name, f.dtype, 0, len(values))
+    return values
 
 
 def known_vocabulary(cfg: Config, vocabulary: Vocabulary | None) -> dict[str, list[str]] | None:
@@ -336,12 +389,20 @@ async def name_unknown_category(cfg: Config, snap: Snapshot, e: UnknownCategoryE
         return e
     f = next(f for f in cfg.fields if f.name == field)
     known = set(f.categories) if isinstance(f.categories, tuple) else set()
+    borrowed = ""
+    if isinstance(f.categories, VocabularyFrom):  # the other store's list, as planned (it only grows)
+        other = open_store(f.categories.store)
+        try:
+            known, borrowed = set(other.vocabulary().get(field, [])), f" (the vocabulary of {other.location})"
+        except StoreError:  # gone or damaged since the plan read it: the message without the value is still right
+            return e
     unknown = [v for v in values if v not in known]
     prefix = str(e).split(":", 1)[0]
     if unknown and unknown[0] is None:
         return SampleError(f"{prefix}: field {field}, column {column} is NULL{null_hint(f)}")
     if unknown:
         return SampleError(
-            f"{prefix}: field {field}, column {column} value {unknown[0]!r} is not in [fields.{field}] categories"
+            f"{prefix}: field {field}, column {column} value {unknown[0]!r} is not in [fields.{field}] "
+            f"categories{borrowed}"
         )
     return e
