@@ -33,15 +33,16 @@ def test_check_of_a_good_config_reports_the_epoch_and_writes_nothing(s_table: st
         "field v: float32 () per sample",
         "checked 8 batch(es) with every type, cast and NULL check of the dump",
     ]
+    seconds = r"[\d.]+ s"
     assert re.fullmatch(
-        r"expected: about \d+ s at [\d,]+ samples/s on 2 connection\(s\) \(from the time of the checked batches' "
-        r"statements\)",
+        rf"expected: about {seconds} \({seconds} to {seconds}\) at [\d,]+ samples/s on 2 connection\(s\) \(the "
+        r"check's plan and 8 batch\(es\), timed with the dump's batches in flight, times the epoch's\)",
         lines[4],
     )
     # 480 keys: the working set is the writer's buffers, far below the default 512 MiB
     assert re.fullmatch(
-        r"memory: a dump's expected peak about \d+ MiB: 56 MiB for the interpreter, \d+ MiB of \[source\] memory "
-        r"\(512 MiB\), 32 MiB of slack",
+        r"memory: a dump's expected peak about \d+ MiB \(keys in memory\): 56 MiB for the interpreter, \d+ MiB of "
+        r"--memory 512 MiB; at most 600 MiB with 32 MiB of slack",
         lines[5],
     )
     assert len(lines) == 6

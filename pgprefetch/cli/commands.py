@@ -21,7 +21,15 @@ import click
 from pgprefetch._version import __version__
 from pgprefetch.cli.console import Group, fail, json_option, tune_for_dumping
 from pgprefetch.cli.dump import dump
-from pgprefetch.cli.options import config_option, dir_option, dsn_option, named_store, scale_option, with_store_options
+from pgprefetch.cli.options import (
+    config_option,
+    dir_option,
+    dsn_option,
+    named_store,
+    scale_option,
+    with_memory_options,
+    with_store_options,
+)
 from pgprefetch.cli.progress import BarProgress
 from pgprefetch.cli.words import consumer_lines, summary
 from pgprefetch.config.values import parse_duration, show_size
@@ -202,21 +210,32 @@ def forget(config_path: Path | None, store: str | None, consumer: str, as_json: 
 @cli.command()
 @config_option
 @dsn_option
+@with_memory_options
 @click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True, help="The epoch to plan.")
 @click.option(
     "--batches", type=click.IntRange(min=1), default=SAMPLE_BATCHES, show_default=True, help="Batches to decode."
 )
 @click.option("--verbose", is_flag=True, help="Also list each checked batch's problems, one line each.")
 @json_option("Print one JSON object.")
-def check(config_path: Path, dsn: str | None, epoch: int, batches: int, verbose: bool, as_json: bool) -> None:
+def check(
+    config_path: Path,
+    dsn: str | None,
+    memory: str | None,
+    scratch: str | None,
+    epoch: int,
+    batches: int,
+    verbose: bool,
+    as_json: bool,
+) -> None:
     """Run everything a dump would decide against the database, on a sample of batches; write nothing.
 
-    Exits 0 when a dump of this config would go through, 1 with the errors otherwise.
+    Exits 0 when a dump of this config would go through, 1 with the errors otherwise. It predicts the
+    dump's peak memory and time under the dump's --memory and --scratch.
     """
     from pgprefetch.config.load import load_config
     from pgprefetch.write.check import check_config
 
-    cfg = load_config(config_path, dsn=dsn)
+    cfg = load_config(config_path, dsn=dsn, memory=memory, scratch=scratch)
     report = asyncio.run(check_config(cfg, epoch, batches))
     click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines(verbose)))
     if report.errors:
@@ -272,7 +291,7 @@ def demo(folder: Path, scale: float, configs: tuple[Path, ...]) -> None:
     from pgprefetch.demo.server import embedded_server
     from pgprefetch.write.pipeline import dump_epochs
 
-    with embedded_server(folder) as dsn:
+    with embedded_server(folder, note=lambda line: click.echo(line, err=True)) as dsn:
         click.echo(f"embedded PostgreSQL at {dsn}")
         counts = asyncio.run(load_demo_data(dsn, scale, replace=True))  # its own server's database
         click.echo(loaded(counts))

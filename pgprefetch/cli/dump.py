@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgprefetch.cli.console import json_option, log_to_stderr, run, stop_on_sigterm
-from pgprefetch.cli.options import config_option, dsn_option
+from pgprefetch.cli.options import config_option, dsn_option, with_memory_options
 from pgprefetch.cli.progress import BarProgress, LogProgress
 from pgprefetch.cli.words import parse_epochs, summary
 from pgprefetch.errors import ConfigError
@@ -62,19 +62,7 @@ RETRIES = 5
 )
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
-@click.option(
-    "--memory",
-    metavar="SIZE",
-    help="The dump's memory, e.g. \"2GiB\": its peak stays within the interpreter's floor + SIZE + 32 MiB (keys "
-    "beyond it are ordered on disk, a table beyond it read in passes); overrides [source].",
-)
-@click.option(
-    "--scratch",
-    metavar="FOLDER",
-    type=click.Path(file_okay=False),
-    help="Where keys beyond --memory are ordered on disk (default: beside the store's partial epoch); "
-    "overrides [source].",
-)
+@with_memory_options
 @click.option(
     "--force", is_flag=True, help="Rewrite complete epochs, start partial ones over, write into another config's store."
 )

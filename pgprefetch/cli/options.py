@@ -1,4 +1,4 @@
-"""The options several commands share: the config, the DSN, the demo's folder and scale, the store.
+"""The options several commands share: the config, the DSN, the demo's folder and scale, the store, memory.
 
 Declared once, so ``--config`` or ``--store`` means the same in every command that takes it, and a store is
 opened from them in one way (:func:`named_store`).
@@ -44,6 +44,24 @@ scale_option = click.option(
     help="Size of the demo datasets: 1 = 38,560 windows and 90,000 rows of training samples.",
 )
 
+# The dump's memory, which `check` takes too: the same budget in both, so that what check predicts under it
+# is what the dump then does under it (pgprefetch.write.check).
+memory_options = [
+    click.option(
+        "--memory",
+        metavar="SIZE",
+        help="The dump's memory, e.g. \"2GiB\": its peak stays within the interpreter's floor + SIZE + 32 MiB (keys "
+        "beyond it are ordered on disk, a table beyond it read in passes); overrides [source].",
+    ),
+    click.option(
+        "--scratch",
+        metavar="FOLDER",
+        type=click.Path(file_okay=False),
+        help="Where keys beyond --memory are ordered on disk (default: beside the store's partial epoch; check's, "
+        "a temporary folder); overrides [source].",
+    ),
+]
+
 
 def named_store(config_path: Path | None, store: str | None) -> Store:
     """The store named by --store, or by the config's [store] path; it must exist."""
@@ -74,5 +92,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 def with_store_options(f: F) -> F:
     """Add --config and --store to a command."""
     for option in reversed(store_options):
+        f = option(f)
+    return f
+
+
+def with_memory_options(f: F) -> F:
+    """Add --memory and --scratch to a command (``dump``, and ``check``, which predicts the dump under them)."""
+    for option in reversed(memory_options):
         f = option(f)
     return f

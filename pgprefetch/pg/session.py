@@ -328,6 +328,11 @@ class BatchReader:
             await bounded_call(
                 conn, lambda: conn.copy_from_query(sql, output=output, format="binary"), what, self._timeout, dog
             )
+        except BaseException:
+            # A COPY given up midway (its sink raised, a sibling failed) still streams: the connection cannot
+            # serve another call, and closing it politely would wait out io_timeout for the stream's end.
+            conn.terminate()
+            raise
         finally:
             self._idle.put_nowait((conn, _))
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,11 +24,31 @@ from pgprefetch.errors import SourceError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.plan import Vocabulary, resolve_categories
+from pgprefetch.write.budget import READ_COPIES, SORT_BYTES_PER_ROW, Account
+from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
 from pgprefetch.write.scan.mode import cut_source, plan_scan, scan_layout
 from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
-from pgprefetch.write.scan.table import array_lengths, cut, read_table
+from pgprefetch.write.scan.table import TableTooLarge, array_lengths, cut, cut_whole, read_ranges, read_table
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A check's scan source, and what the check predicts the dump from (:mod:`pgprefetch.write.check`).
+
+    The dump holds the table in memory or not by its rows and their decoded size
+    (:meth:`~pgprefetch.write.budget.Account.fits_in_memory`); the keys pass read every row of it, the checked
+    series' rows give a whole row's size. The keys pass's time is the least a dump's read of the table takes.
+    """
+
+    source: BatchSource
+    chosen: list[int]
+    rows: int  # the table's rows
+    samples: int  # the samples cut from them (before fraction)
+    row_bytes: float  # a whole row, decoded: the checked series' rows
+    key_bytes: float  # a row's key and order columns, decoded
+    keys_seconds: float  # the keys pass: the table's key columns read, sorted and cut, and the epoch ordered
+    planned_at: float  # when the epoch was planned (``time.perf_counter()``), before the checked rows are read
 
 
 async def sampled_source(
@@ -35,15 +57,15 @@ async def sampled_source(
     epoch: int,
     vocabulary: Vocabulary | None,
     choose: Callable[[int], list[int]],
-) -> tuple[BatchSource, list[int]]:
-    """The epoch's source for the batches ``choose(n_batches)`` only, and those batches.
+) -> Sampled:
+    """The epoch's source for the batches ``choose(n_batches)`` only, those batches, and the table's figures.
 
     Any other batch is not to be produced. The source's ``rows_read`` counts every row the server read
     for it (the keys pass, the values of ``"auto"`` fields, the checked series).
 
     Raises:
         TableTooLarge: the keys alone outgrow ``[source] memory``: they are held here, so the caller checks
-            the epoch from keys ordered on disk instead.
+            the epoch from keys ordered on disk instead; or the series of one checked batch outgrow it.
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
@@ -55,25 +77,86 @@ async def sampled_source(
         return values
 
     shape = dataclasses.replace(shape, categories=await resolve_categories(cfg, distinct, vocabulary))
+    started = time.perf_counter()
     keys = await read_table(cfg, snap, keys_only(shape))  # TableTooLarge: keys beyond memory (the caller's)
-    sample_keys, _ = await asyncio.to_thread(cut, keys, shape, cfg.samples)
+    sample_keys, _ = await asyncio.to_thread(cut_whole, keys, shape, cfg.samples)
     plan = plan_scan(cfg, shape, sample_keys, epoch)
+    planned_at = time.perf_counter()
     chosen = choose(plan.n_batches)
+    source, chosen, row_bytes = await _checked_batches(cfg, snap, shape, plan, chosen, keys.rows_read + counted[0], 0)
+    n_rows = keys.keys.shape[1]
+    key_bytes = keys.nbytes / n_rows if n_rows else 0.0
+    keys_seconds = planned_at - started
+    return Sampled(source, chosen, n_rows, sample_keys.shape[1], row_bytes, key_bytes, keys_seconds, planned_at)
+
+
+async def sampled_from_plan(
+    cfg: Config, snap: Snapshot, plan: EpochPlan, choose: Callable[[int], list[int]]
+) -> tuple[BatchSource, list[int], float]:
+    """The batches ``choose(n_batches)`` of an epoch whose keys are beyond memory, those batches, a row's size.
+
+    What :func:`sampled_source` does once its keys are held, from keys ordered on disk: the checked
+    batches' series read, the batches cut from them. A row's decoded size is the checked rows'. The series
+    are read within half the budget's data share, the keys' the other half: windows of a few large series
+    can span the whole table, which the check, like the dump, does not hold. Where they outgrow it, one
+    batch is checked.
+
+    Raises:
+        TableTooLarge: the series of even one checked batch outgrow half the data share.
+    """
+    shape = dataclasses.replace(await describe_scan(cfg, snap), categories=plan.categories)
+    budget = cfg.source.memory_bytes
+    limit = Account.for_scan(budget).data // 2 if budget else 0
+    return await _checked_batches(cfg, snap, shape, plan, choose(plan.n_batches), 0, limit)
+
+
+async def _checked_batches(
+    cfg: Config, snap: Snapshot, shape: ScanShape, plan: EpochPlan, chosen: list[int], rows_read: int, limit: int
+) -> tuple[BatchSource, list[int], float]:
+    """A source of the batches ``chosen`` (or of one of them), the batches, and a row's size.
+
+    The batches' series are read here, held within ``limit`` bytes as the account counts a read (its rows
+    twice while joined, and their sort; 0: no limit), or else one batch's. Each batch's start rows are
+    held, not the epoch's: a plan whose keys are on disk has more samples than memory. ``rows_read``: the
+    rows read before, which the source's ``rows_read`` counts as well.
+
+    Raises:
+        TableTooLarge: the series of even one checked batch outgrow ``limit``.
+    """
     size = cfg.batches.size
-    positions = np.concatenate([np.arange(b * size, min((b + 1) * size, plan.used)) for b in chosen])
-    wanted = np.asarray(plan.keys)[:, positions]  # (key columns [+ order], m): the checked samples' keys
-    table = await read_table(cfg, snap, shape, [series_in(shape, wanted[: shape.n_key])], budget=0)
-    rows_read = keys.rows_read + counted[0] + table.rows_read
-    got_keys, got_starts = await asyncio.to_thread(cut, table, shape, cfg.samples)
+
+    def over(rows: int, held: int) -> bool:
+        return READ_COPIES * held + SORT_BYTES_PER_ROW * rows > limit
+
+    while True:
+        wanted = {b: plan.batch_keys(b, size) for b in chosen}  # (key columns [+ order], m): each batch's keys
+        every = np.concatenate(list(wanted.values()), axis=1)
+        try:
+            where = [series_in(shape, every[: shape.n_key])]
+            table = await read_ranges(cfg, snap.id, shape, where, budget=1 if limit else 0, over=over)
+            break
+        except TableTooLarge:
+            if len(chosen) == 1:
+                raise
+            chosen = chosen[len(chosen) // 2 :][:1]  # each try reads the table again: one more, of one batch
+    rows_read += table.rows_read
+    got_keys, got_starts = await asyncio.to_thread(cut, table, shape, cfg.scan_samples)
     start_of = {tuple(k): int(s) for k, s in zip(got_keys.T.tolist(), got_starts.tolist(), strict=True)}
-    starts = np.zeros(plan.used, dtype=np.int64)
-    for position, key in zip(positions.tolist(), wanted.T.tolist(), strict=True):
-        if tuple(key) not in start_of:
-            raise SourceError("the checked samples' rows are not those the keys pass cut (the table changed?)")
-        starts[position] = start_of[tuple(key)]
     layout = scan_layout(cfg, shape, array_lengths(table), plan)
-    source = cut_source(cfg, plan, layout, table, starts, snap.id, snap.server_version, rows_read)
-    return source, chosen
+    sources = {}
+    for b, keys in wanted.items():
+        found = [start_of.get(tuple(key)) for key in keys.T.tolist()]
+        if any(start is None for start in found):
+            raise SourceError("the checked samples' rows are not those the keys pass cut (the table changed?)")
+        starts = np.asarray(found, dtype=np.int64)
+        sources[b] = cut_source(cfg, plan, layout, table, starts, snap.id, snap.server_version, rows_read, b * size)
+
+    def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
+        sources[batch].produce(batch, count, fetched, buffers)
+
+    checked_rows = table.keys.shape[1]
+    row_bytes = table.nbytes / checked_rows if checked_rows else 0.0
+    return dataclasses.replace(sources[chosen[0]], produce=produce), chosen, row_bytes
 
 
 def series_in(shape: ScanShape, series: np.ndarray) -> str:

@@ -1,0 +1,46 @@
+"""A COPY given up midway (its sink raised: a read outgrew ``--memory``) drops its connection at once.
+
+The stream still runs on the server: the connection cannot serve another call, and closing it politely
+waited out ``io_timeout`` (60 s by default) for the stream's end, so a check or a dump of a table beyond the
+budget that gave up a read sat a minute before going on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pgprefetch.config.model import SourceConfig
+from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.write.scan.table import TableTooLarge
+
+from .harness.db import execute
+
+
+async def give_up_a_copy(dsn: str) -> tuple[bool, float]:
+    """COPY a large table and raise from the first chunk: (the connection closed, seconds to close the reader)."""
+    source = SourceConfig(dsn=dsn, connections=1, io_timeout_ms=30_000)
+    async with Snapshot.open(source) as snap:
+        reader_cm = BatchReader.open(source, snap.id, None)
+        reader = await reader_cm.__aenter__()
+
+        async def sink(data: bytes) -> None:
+            raise TableTooLarge(8.0, 1)  # as a read's budget check raises it
+
+        with pytest.raises(TableTooLarge):
+            await reader.copy("reading big", "SELECT * FROM big", sink)
+        conn, _ = await reader._idle.get()
+        closed = conn.is_closed()
+        reader._idle.put_nowait((conn, _))
+        started = time.monotonic()
+        await reader_cm.__aexit__(None, None, None)
+        return closed, time.monotonic() - started
+
+
+def test_a_copy_whose_sink_raised_drops_its_connection_and_the_reader_closes_at_once(db: str) -> None:
+    execute(db, "CREATE TABLE big AS SELECT i, repeat('x', 100) AS pad FROM generate_series(1, 300000) i")
+    closed, seconds = asyncio.run(give_up_a_copy(db))
+    assert closed, "the connection of a COPY given up midway was kept for another call"
+    assert seconds < 10, f"closing the reader took {seconds:.1f} s (io_timeout is 30 s)"
