@@ -63,8 +63,7 @@ def test_the_documentation_site_builds_without_a_broken_link(tmp_path: Path) -> 
     assert (tmp_path / "site" / "config" / "index.html").exists()
 
 
-def test_the_readme_stays_short_and_links_only_to_pages_that_exist() -> None:
+def test_the_readme_links_only_to_pages_that_exist() -> None:
     text = README.read_text()
-    assert len(text.splitlines()) <= 300
     for target in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (ROOT / target).exists(), target
