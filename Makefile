@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format docs bench bench-peers chaos soak clean
+.PHONY: install test test-fast demo lint format docs bench bench-peers chaos soak clean
 
 install: $(STAMP)
 
@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(12, 2 * (os.cpu_count() or 1)))")
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(WORKERS)
+
+# The tests that need no server (no PostgreSQL, S3 or Ray: the marker `server`, tests/conftest.py): the config,
+# the shuffle, the mix's plan, the store's metadata, messages; for a quick loop while editing.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m 'not server and not chaos and not scale and not soak'
 
 demo: $(STAMP)
 	$(BIN)/pgprefetch demo

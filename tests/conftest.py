@@ -130,13 +130,21 @@ def _on_ray(item: pytest.Item) -> bool:
     return "ray_cluster" in getattr(item, "fixturenames", ()) or module.startswith(("test_ray", "test_security_ray"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every Ray test runs on one xdist worker (``--dist loadgroup``): one Ray cluster on 2 cores, not one a worker.
+SERVER_FIXTURES = frozenset({"pg_dsn", "s3_server", "ray_cluster"})
+"""The fixtures that start a server (PostgreSQL, moto's S3, Ray): a test that requests one, however
+indirectly, is marked ``server``, and ``make test-fast`` leaves it out. A module whose tests start servers of
+their own (``pgprefetch server`` as a process, say) marks itself ``pytestmark = pytest.mark.server``."""
 
-    The group goes first: it is the suite's longest piece of work for one worker (about 4 minutes of 6 on
-    2 cores), and a worker that took it last would run alone at the end while the others sat idle.
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that need a server; every Ray test runs on one xdist worker (``--dist loadgroup``).
+
+    One Ray cluster on 2 cores, not one a worker. The group goes first: it is the suite's longest piece of
+    work for one worker, and a worker that took it last would run alone at the end while the others sat idle.
     """
     for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
         if _on_ray(item):
             item.add_marker(pytest.mark.xdist_group("ray"))
     items.sort(key=lambda item: not _on_ray(item))  # stable: the order within each part is kept

@@ -332,7 +332,7 @@ def grow_by(value: str, pause: float = 0.0) -> Callable[[dict[str, list[str]]], 
     return grow
 
 
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.server)])
 def test_dumps_growing_the_vocabulary_at_once_give_every_value_its_own_code(
     tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:

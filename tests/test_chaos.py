@@ -258,3 +258,6 @@ def test_an_810k_row_epoch_survives_three_kills_of_every_connection_ten_times(tm
             got = chunk_bytes(store / "epoch-00000")
             reference = reference or got
             assert got == reference, f"run {run}: bytes differ from run 0"
+
+
+pytestmark = pytest.mark.server  # starts servers of its own (tests/conftest.py, SERVER_FIXTURES)

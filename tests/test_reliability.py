@@ -232,6 +232,7 @@ def test_nothing_in_the_store_is_world_writable(s_table: str, tmp_path: Path) ->
         assert not path.stat().st_mode & stat.S_IWOTH, path
 
 
+@pytest.mark.server  # a server of its own
 def test_server_restart_mid_dump_is_survived(tmp_path: Path) -> None:
     with own_server("pgpf-r-") as (folder, dsn):  # a server of its own: the session's keeps running
         execute(

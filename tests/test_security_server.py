@@ -222,3 +222,6 @@ def test_demo_data_reloads_its_own_tables_and_replaces_others_only_when_asked(db
     replaced = run_cli("demo-data", "--dsn", db, "--scale", "0.01", "--replace")
     assert replaced.returncode == 0, replaced.stderr
     assert fetch(db, "SELECT count(*) AS n FROM test_items")[0]["n"] == 100
+
+
+pytestmark = pytest.mark.server  # starts servers of its own (tests/conftest.py, SERVER_FIXTURES)

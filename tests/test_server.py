@@ -95,3 +95,6 @@ def test_a_stale_handle_does_not_keep_the_next_server_from_stopping(folder: Path
     assert (current == pid) is not kill_postgres  # a running server is joined, a dead one replaced
     server.stop(signal.SIGTERM)
     assert_stopped(folder, server.dsn, pid, current)
+
+
+pytestmark = pytest.mark.server  # starts servers of its own (tests/conftest.py, SERVER_FIXTURES)

@@ -428,3 +428,6 @@ def test_the_refusal_for_a_folder_the_server_user_cannot_enter_names_no_shared_f
     assert f"cannot enter {closed}" in str(refused.value)
     assert "/var/tmp" not in str(refused.value)
     assert "/tmp" not in str(refused.value).replace(str(base), "")
+
+
+pytestmark = pytest.mark.server  # starts servers of its own (tests/conftest.py, SERVER_FIXTURES)

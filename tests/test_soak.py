@@ -27,3 +27,6 @@ def test_a_short_soak_reads_every_epoch_once_byte_identical_through_faults_and_l
     print(f"soak seed {SEED} (PGPREFETCH_SOAK_SEED={SEED} replays it)")
     report = run_soak(store, 30 if store == "local" else 45, tmp_path / store, SEED, min_epochs=2, short=True)
     print(report.summary())
+
+
+pytestmark = pytest.mark.server  # starts servers of its own (tests/conftest.py, SERVER_FIXTURES)
