@@ -142,3 +142,30 @@ def test_a_consumer_name_that_cannot_be_a_file_name_is_refused_before_the_store_
     assert open_store(store).consumer_records() == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([cfg.name, "store.zarr"])
     assert not list(tmp_path.rglob("x.json"))
+
+
+@pytest.mark.parametrize(
+    "damage", [b'{"consumer": "runB", "epo', b'{"consumer": "runB", "epoch": 1e400, "world": 2}', b"[2]"]
+)
+def test_a_damaged_record_keeps_every_epoch_and_is_named_not_ignored(
+    s_table: str, tmp_path: Path, damage: bytes
+) -> None:
+    """A record that cannot be read says nothing of where its run is: no other run's cron deletes its epochs."""
+    cfg, store = two_runs(s_table, tmp_path)
+    (store / ".pgprefetch" / "consumers" / "runB.json").write_bytes(damage)  # rank 1's count is unknown too
+    cron = ["dump", "--config", str(cfg), "--dsn", s_table, "--ahead", "1", "--keep", "0", "--consumer", "runA"]
+    done = pgprefetch_process(*cron)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert epochs_on_disk(store) == [0, 1, 2, 3, 4, 5, 6]
+    assert "kept every complete epoch: consumer record runB, runB@1 is damaged" in done.stdout
+    pruned = pgprefetch_process("prune", "--store", str(store), "--keep", "0", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["deleted_epochs"] == []
+    listed = pgprefetch_process("ls", "--store", str(store))
+    assert listed.returncode == 0, listed.stderr
+    runb = next(line for line in listed.stdout.splitlines() if line.strip().startswith("runB "))
+    assert "damaged record (holds every epoch until it is rewritten or forgotten)" in runb
+    pgprefetch.EpochDataset(store, 3, consumer="runB", rank=0, world_size=2)  # runB's next open rewrites it
+    assert pgprefetch_process("prune", "--store", str(store), "--keep", "0").returncode == 0
+    assert epochs_on_disk(store) == [2, 3, 4, 5, 6]  # runB@1 at 2 holds the rest

@@ -192,7 +192,7 @@ def dump(
             click.echo(f"nothing to do: epochs {', '.join(map(str, ready))} ready")
     if keep is not None:
         pruned = prune(target, keep, consumer)
-        if pruned.epochs and not quiet and not as_json:
+        if (pruned.epochs or pruned.damaged) and not quiet and not as_json:
             click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
 
 

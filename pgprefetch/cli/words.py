@@ -79,7 +79,13 @@ def consumer_lines(readers: list[ConsumerInfo], now: datetime) -> list[str]:
     out = ["consumers (--keep keeps what the slowest may read):"]
     for r in readers:
         name = r.run if r.rank == 0 else f"{r.run}@{r.rank}"
-        epoch = "damaged record" if r.epoch is None else "not started" if r.epoch < 0 else f"epoch {r.epoch}"
+        epoch = (
+            "damaged record (holds every epoch until it is rewritten or forgotten)"
+            if r.epoch is None
+            else "not started"
+            if r.epoch < 0
+            else f"epoch {r.epoch}"
+        )
         when = f", {_ago(now - r.updated)} ago" if r.updated else ""
         note = "" if r.counts else " (not counted)"
         if r.counts and r.stale(now):

@@ -331,6 +331,8 @@ class BatchReader:
         except BaseException:
             # A COPY given up midway (its sink raised, a sibling failed) still streams: the connection cannot
             # serve another call, and closing it politely would wait out io_timeout for the stream's end.
+            # It goes back to the pool all the same, so that no caller waits for a worker forever: a call on
+            # it fails at once with "connection is closed", which pg.retry takes for a lost connection.
             conn.terminate()
             raise
         finally:

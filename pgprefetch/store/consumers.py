@@ -76,26 +76,62 @@ def consumer_record(name: str, epoch: int, rank: int = 0, world: int = 1) -> byt
     return (json.dumps(record) + "\n").encode()
 
 
+def _parsed(raw: bytes) -> dict[str, object] | None:
+    """A record's object, or None when it is damaged: not JSON, not an object, or ``epoch``/``world`` not ints."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    epoch, world = value.get("epoch"), value.get("world", 1)
+    if type(epoch) is not int or type(world) is not int or world < 1:  # 1e400, true, "3": damaged, not numbers
+        return None
+    return value
+
+
+def _known(records: dict[str, bytes]) -> tuple[dict[str, int], list[str]]:
+    """The epoch of each record that counts, and the records whose run's position is unknown (damaged).
+
+    A rank's record whose run's rank 0 says the run has fewer ranks does not count (a later run of the
+    same name runs on fewer), nor does one from before ranks recorded their world. A record that cannot be
+    read says nothing of where its run is, so it is not ignored: :func:`damaged` names it, and ``--keep``
+    deletes nothing while it stays (an ignored record would let another run's cron delete its epochs).
+    So is a rank's record whose run's rank 0 is damaged or gone: which ranks the run has is unknown.
+    """
+    parsed = {name: _parsed(raw) for name, raw in records.items()}
+    out: dict[str, int] = {}
+    unknown: list[str] = []
+    for name, value in parsed.items():
+        run, _, rank = name.partition(RANK)
+        if value is None:
+            unknown.append(name)
+            continue
+        if rank:
+            head = parsed.get(run)
+            if not rank.isdigit() or head is None:
+                unknown.append(name)
+                continue
+            world = head.get("world", 1)
+            if "world" not in head or not isinstance(world, int) or int(rank) >= world:
+                continue  # a rank the run no longer has
+        epoch = value["epoch"]
+        assert isinstance(epoch, int)  # checked by _parsed
+        out[name] = epoch
+    return out, sorted(unknown)
+
+
 def positions(records: dict[str, bytes]) -> dict[str, int]:
     """The epoch of each record that counts, by record name (``train``, ``train@1``), from the records' bytes.
 
-    A damaged record counts nothing (the next open rewrites it); so does a rank's record whose run's rank 0
-    says the run has fewer ranks (or says nothing of them: a pgprefetch from before ranks recorded).
+    Damaged records are not here: :func:`damaged` names them.
     """
-    parsed = {}
-    for name, raw in records.items():
-        try:
-            value = json.loads(raw)
-            parsed[name] = (int(value["epoch"]), int(value.get("world", 1)))
-        except (ValueError, KeyError, TypeError):
-            continue
-    out = {}
-    for name, (epoch, _) in parsed.items():
-        run, _, rank = name.partition(RANK)
-        if rank and not (rank.isdigit() and run in parsed and int(rank) < parsed[run][1]):
-            continue
-        out[name] = epoch
-    return out
+    return _known(records)[0]
+
+
+def damaged(records: dict[str, bytes]) -> list[str]:
+    """The records that say nothing readable of where their run is (see :func:`_known`), by name."""
+    return _known(records)[1]
 
 
 @dataclass(frozen=True)
@@ -104,10 +140,10 @@ class ConsumerInfo:
 
     run: str
     rank: int
-    epoch: int | None  # None: the record is damaged (it counts nothing until the next open rewrites it)
+    epoch: int | None  # None: the record is damaged, and holds every epoch until it is rewritten or forgotten
     updated: datetime | None
     host: str
-    counts: bool  # False: a rank the run no longer has, or a damaged record (neither holds an epoch)
+    counts: bool  # False: a rank the run no longer has
 
     def stale(self, now: datetime) -> bool:
         """Not updated for :data:`STALE_AFTER`: perhaps a run gone for good (``pgprefetch forget`` removes it)."""
@@ -122,18 +158,28 @@ class ConsumerInfo:
 
 def infos(records: dict[str, bytes]) -> list[ConsumerInfo]:
     """Every record, counted or not, by run then rank."""
-    counted = positions(records)
+    counted, unknown = _known(records)
     out = []
     for name, raw in records.items():
         run, _, rank = name.partition(RANK)
-        try:
-            value = json.loads(raw)
-            epoch: int | None = int(value["epoch"])
-            updated: datetime | None = datetime.fromisoformat(str(value.get("updated")))
-            host = str(value.get("host", ""))[:255]
-        except (ValueError, KeyError, TypeError, AttributeError):
-            epoch, updated, host = None, None, ""
-        if updated is not None and updated.tzinfo is None:
-            updated = updated.replace(tzinfo=UTC)
-        out.append(ConsumerInfo(run, int(rank) if rank.isdigit() else 0, epoch, updated, host, name in counted))
+        value = _parsed(raw) or {}
+        out.append(
+            ConsumerInfo(
+                run,
+                int(rank) if rank.isdigit() else 0,
+                counted.get(name) if name not in unknown else None,
+                _when(value.get("updated")),
+                str(value.get("host", ""))[:255],
+                name in counted or name in unknown,
+            )
+        )
     return sorted(out, key=lambda i: (i.run, i.rank))
+
+
+def _when(value: object) -> datetime | None:
+    """A record's ``updated`` time (UTC if it names no zone), or None when it is missing or not a time."""
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)

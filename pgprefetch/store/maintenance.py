@@ -17,7 +17,7 @@ from pgprefetch.config.model import SOURCE_ARRAY
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
 from pgprefetch.store.checks import check_layouts, check_metadata_files, manifest_int
-from pgprefetch.store.consumers import ConsumerInfo, check_name, infos, run_of
+from pgprefetch.store.consumers import ConsumerInfo, check_name, damaged, infos, positions, run_of
 from pgprefetch.store.journal import journaled, part_journals, samples
 from pgprefetch.store.layout import checksum, plain_name
 
@@ -227,6 +227,7 @@ class PruneResult:
     dry_run: bool = False
     unread: list[int] = field(default_factory=list)  # complete epochs kept because no consumer has opened one
     slowest: tuple[str, int] | None = None  # the record every deletion went by, and its epoch
+    damaged: list[str] = field(default_factory=list)  # unreadable consumer records: no complete epoch deleted
 
     def lines(self, keep: int) -> list[str]:
         """What happened, in words: one line per kind of action (nothing when nothing was to do)."""
@@ -244,6 +245,11 @@ class PruneResult:
             out.append(
                 f"kept partial {_listed(self.kept_partials)}: the next dump of each resumes it "
                 "(delete them with --partials)"
+            )
+        if self.damaged:
+            out.append(
+                f"kept every complete epoch: consumer record {', '.join(self.damaged)} is damaged, so where its run "
+                "is reading is unknown (its next open rewrites it; `pgprefetch forget` removes a run gone for good)"
             )
         if self.unread:
             out.append(
@@ -285,10 +291,11 @@ def prune(
     """
     if consumer is not None:
         check_consumer(store, consumer)
-    started = _started(store, None)
+    records = store.consumer_records()
+    started, unknown = positions(records), damaged(records)
     removed: list[int] = []
-    unread = [] if started else store.epochs()
-    slowest = min(started.items(), key=lambda item: (item[1], item[0])) if started else None
+    unread = [] if started or unknown else store.epochs()
+    slowest = min(started.items(), key=lambda item: (item[1], item[0])) if started and not unknown else None
     oldest_kept = slowest[1] - keep if slowest else None
     if oldest_kept is not None:
         for epoch in store.epochs():
@@ -322,7 +329,7 @@ def prune(
                     if not dry_run:
                         store.remove_partial(epoch)
                     dead.append(epoch)
-    return PruneResult(removed, sorted(dead), kept, dry_run, unread, slowest)
+    return PruneResult(removed, sorted(dead), kept, dry_run, unread, slowest, unknown)
 
 
 def _listed(epochs: list[int]) -> str:
@@ -387,14 +394,15 @@ def _started(store: Store, consumer: str | None) -> dict[str, int]:
     A name no consumer has is an error when others exist (a typo would otherwise prune by nobody and dump
     from epoch 0): exit 2, naming the closest recorded name. With no consumer at all it has started nothing.
     """
-    records = store.consumers()
+    every = store.consumer_records()
+    records = positions(every)
     if consumer is not None:
         check_name(consumer)
         mine = {name: epoch for name, epoch in records.items() if run_of(name) == consumer}
-        if not mine and not records:
+        if not every:
             return {}
-        if not mine:
-            runs = sorted({run_of(name) for name in records})
+        if not any(run_of(name) == consumer for name in every):
+            runs = sorted({run_of(name) for name in every})
             close = difflib.get_close_matches(consumer, runs, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
