@@ -20,10 +20,11 @@ import pytest
 
 from pgprefetch.write.budget import FLOOR, SLACK
 
-from .harness.configs import write_config
+from .harness.configs import scan_config, write_config
 from .harness.db import execute
 
 MIB = 1 << 20
+WIDE = 96  # real columns of a row: 392 bytes decoded with its series and order
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ROWS17 = ", ".join(f"f{i} real NOT NULL" for i in range(16))
 ROWS17_VALUES = ", ".join(f"(i % {97 + i}) * 0.5" for i in range(16))
@@ -154,3 +155,48 @@ def test_check_refuses_a_bad_memory_size_in_one_line(tmp_path: Path) -> None:
     code, _, err, _ = run(tmp_path, "check", "--config", str(cfg), "--memory", "lots")
     assert code == 2
     assert err.strip().splitlines() == ['Error: --memory: expected a size such as "512MiB" or "2GiB", got "lots"'], err
+
+
+def test_check_of_windows_whose_keys_fit_reads_the_checked_series_within_the_budget(db: str, tmp_path: Path) -> None:
+    """60,000 rows of 96 ``real`` in 120 series under 8 MiB: the keys fit the budget, the checked series do not.
+
+    Windows of a few long series can span the whole table. The check reads the checked batches' series
+    within the share it reads them in where the keys are beyond the budget: one batch's where the asked
+    batches' outgrow it, none where one batch's do; the dump's way and peak are stated either way.
+    """
+    columns = ", ".join(f"f{i} real NOT NULL" for i in range(WIDE))
+    values = ", ".join(f"(i % {31 + i}) * 0.5" for i in range(WIDE))
+    execute(
+        db,
+        f"CREATE UNLOGGED TABLE wins (series int NOT NULL, t int NOT NULL, {columns})",  # (unlogged: set up fast)
+        f"INSERT INTO wins SELECT i % 120, i / 120, {values} FROM generate_series(0, 59999) i",  # (not in key order)
+        "ANALYZE wins",
+    )
+    windows: dict[str, Any] = {"table": "wins", "key": "series", "order": "t", "window": 50, "stride": 50}
+    fields = {"x": ([f"f{i}" for i in range(WIDE)], "float32")}
+    options = ["--dsn", db, "--memory", "8MiB", "--json"]
+
+    # 64 batches of 4 windows: about 110 series, 22 MB; one batch's 4 series, 0.8 MB.
+    cfg = scan_config(tmp_path / "few", fields=fields, size=4, **windows)
+    code, out, err, peak = run(cfg.parent, "check", "--config", str(cfg), *options, "--batches", "64")
+    assert code == 0, err[-2000:] + out[-2000:]
+    report = json.loads(out)
+    assert peak <= report["peak_bound"], f"the check peaked at {peak / MIB:.0f} MiB"
+    assert report["batches_checked"] == 1
+    note = "checked 1 of 64 batches: the series of all 64 do not fit half of --memory's data share (2 MiB)"
+    assert note in report["notes"]
+    assert report["way"] == "windows in passes"
+    assert report["n_samples"] == 120 * 10
+    low, high = report["expected_range"]
+    assert 0 < low <= report["expected_seconds"] <= high
+
+    # 8 batches of 64 windows: every series; one batch's, about 50 series (10 MB): the keys only.
+    cfg = scan_config(tmp_path / "many", fields=fields, size=64, **windows)
+    code, out, err, peak = run(cfg.parent, "check", "--config", str(cfg), *options)
+    assert code == 0, err[-2000:] + out[-2000:]
+    report = json.loads(out)
+    assert peak <= report["peak_bound"], f"the check peaked at {peak / MIB:.0f} MiB"
+    assert report["batches_checked"] == 0
+    note = "one batch's series do not fit half of --memory's data share (2 MiB): checked the keys only"
+    assert note in report["notes"]
+    assert (report["way"], report["n_samples"], report["expected_seconds"]) == ("windows in passes", 1200, None)

@@ -6,6 +6,9 @@ Over the ``ticks`` fixture's tables (tests/harness/db.py): repeated order values
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +17,8 @@ import pytest
 from pgprefetch.errors import ConfigError, SampleError
 
 from .harness.configs import scan_config
-from .harness.db import execute
-from .harness.dumps import dump
+from .harness.db import execute, fetch
+from .harness.dumps import dump, run_cli
 
 
 def test_two_rows_of_a_series_with_one_order_value_name_the_series(ticks: str, tmp_path: Path) -> None:
@@ -121,3 +124,42 @@ def test_a_null_key_and_an_irregular_array_are_named(ticks: str, tmp_path: Path)
         "[samples] table: a row's emb is a NULL array, holds a NULL or has another length than the first row's "
         "(scan mode needs every row's arrays to have one length)"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("swim", "'swim'"), ("swim\n" + "z" * 300, repr("swim\n" + "z" * 75) + "...")],
+    ids=["short", "long-with-a-newline"],
+)
+def test_a_value_outside_the_categories_is_named_with_its_sample(
+    db: str, tmp_path: Path, value: str, shown: str
+) -> None:
+    """The COPY codes a value outside the list as -1, so the dump looks it up in the same snapshot to name it.
+
+    As query mode names it: the sample, the field, the column and the value (cut to 80 characters, escaped:
+    one line however long or many-lined the value); ``check`` names it too.
+    """
+    execute(
+        db,
+        "CREATE TABLE moves (series int NOT NULL, t int NOT NULL, kind text NOT NULL, v real NOT NULL)",
+        "INSERT INTO moves SELECT s, t, (ARRAY['walk', 'run'])[t % 2 + 1], t FROM generate_series(1, 3) s, "
+        "generate_series(0, 19) t",
+    )
+    fetch(db, "UPDATE moves SET kind = $1 WHERE series = 2 AND t = 13 RETURNING t", value)
+    cfg = tmp_path / "moves.toml"
+    cfg.write_text(
+        '[samples]\ntable = "moves"\nkey = "series"\norder = "t"\nwindow = 5\nstride = 5\n\n'
+        '[fields.kind]\ncolumns = ["kind"]\ndtype = "int8"\ncategories = ["walk", "run"]\n\n'
+        '[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n\n'
+        '[batches]\nsize = 4\nseed = 0\ndrop_last = false\n\n[store]\npath = "store.zarr"\n',
+        encoding="utf-8",
+    )
+    argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--dsn", db, "--epoch", "0"]
+    p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert p.returncode != 0
+    errors = [line for line in p.stderr.splitlines() if " pgprefetch INFO: " not in line]  # (the progress log)
+    named = f"sample (series=2, t=10): field kind, column kind value {shown} is not in [fields.kind] categories"
+    assert errors == [f"Error: {named}"], p.stderr
+    code, out = run_cli("check", "--config", str(cfg), "--dsn", db, "--json")  # check names it as the dump does
+    assert code == 1
+    assert [e for e in json.loads(out.strip().splitlines()[0])["errors"] if e.endswith(named)], out

@@ -121,20 +121,11 @@ def test_a_value_the_borrowed_vocabulary_lacks_is_the_error_of_a_listed_one(
     code, out = run_cli("dump", "--config", str(borrowed), "--epoch", "0", "--dsn", splits)
     assert (code, listed_code) == (1, 1)
     line, listed_line = out.strip().splitlines()[-1], listed_out.strip().splitlines()[-1]
-    if mode == "query":  # the query mode names the value, and the list it is not in
-        assert line == listed_line + f" (the vocabulary of {tmp_path / 'train.zarr'})"
-        assert (
-            "sample (id=100): field island, column island value 'Biscoe' is not in [fields.island] categories" in line
-        )
-    else:
-        assert (
-            line
-            == listed_line
-            == (
-                "Error: sample (id=100): field island, column island has a value that is not in "
-                "[fields.island] categories"
-            )
-        )
+    # Both modes name the value, and the list it is not in (scan mode's COPY sends -1 for it: it is looked up).
+    assert line == listed_line + f" (the vocabulary of {tmp_path / 'train.zarr'})"
+    assert listed_line == (
+        "Error: sample (id=100): field island, column island value 'Biscoe' is not in [fields.island] categories"
+    )
     assert "Traceback" not in out
 
 

@@ -38,11 +38,19 @@ class FieldLayout:
 
 
 class UnknownCategoryError(SampleError):
-    """A categorical value is not in the field's list; the pipeline looks the value up to name it."""
+    """A categorical value is not in the field's list; the pipeline looks the value up to name it.
 
-    def __init__(self, message: str, key: tuple[object, ...], field: str, column: str) -> None:
+    ``sample`` is how the message names the sample (``sample (id=4)``), kept apart: a key's value may hold
+    a colon (a timestamp), so the message cannot be split to find it again.
+    """
+
+    def __init__(self, message: str, sample: str, key: tuple[object, ...], field: str, column: str) -> None:
         super().__init__(message)
-        self.key, self.field, self.column = key, field, column
+        self.sample, self.key, self.field, self.column = sample, key, field, column
+
+    def __reduce__(self) -> tuple[type[UnknownCategoryError], tuple[str, str, tuple[object, ...], str, str]]:
+        """Pickled whole: a Ray part raises it in its worker, the driver names the value."""
+        return type(self), (str(self), self.sample, self.key, self.field, self.column)
 
 
 @dataclass(frozen=True)
@@ -150,11 +158,9 @@ class BatchLayout:
 
     def unknown(self, keys: np.ndarray, sample: int, f: FieldLayout, col: Column) -> UnknownCategoryError:
         """The error for a value outside ``f``'s category list (the dump looks the value up to name it)."""
-        message = (
-            f"sample ({self.keys.show(keys[:, sample])}): field {f.name}, column {col.name} "
-            f"has a value that is not in [fields.{f.name}] categories"
-        )
-        return UnknownCategoryError(message, self.keys.values(keys[:, sample]), f.name, col.name)
+        named = f"sample ({self.keys.show(keys[:, sample])})"
+        message = f"{named}: field {f.name}, column {col.name} has a value that is not in [fields.{f.name}] categories"
+        return UnknownCategoryError(message, named, self.keys.values(keys[:, sample]), f.name, col.name)
 
 
 def null_hint(f: FieldConfig, col: Column | None = None) -> str:

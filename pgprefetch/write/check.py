@@ -35,10 +35,18 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.budget import FLOOR, SLACK
-from pgprefetch.write.forecast import Forecast, TableRead, Timed, query_forecast, scan_forecast
+from pgprefetch.write.forecast import (
+    Forecast,
+    TableRead,
+    Timed,
+    query_forecast,
+    scan_forecast,
+    unchecked_scan_forecast,
+)
 from pgprefetch.write.manifest import field_entries
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category, per_store_notice
-from pgprefetch.write.scan.sampled import Sampled, sampled_from_plan, sampled_source
+from pgprefetch.write.scan.sampled import Sampled, sampled_from_plan, sampled_source, series_share
+from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.table import TableTooLarge
 from pgprefetch.write.sources import ReadCache, open_source
 from pgprefetch.write.tasks import first_error
@@ -163,10 +171,14 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
             sampled = await _sampled(cfg, snap, epoch, batches)
             given_up = time.perf_counter() - trying if sampled is None else 0.0  # keys beyond it: not the dump's
             if sampled is not None:  # scan mode: the keys of every row, the data of the checked batches only
-                timed = await _sample(cfg, snap, sampled.source, sampled.chosen, report)
-                report.rows_read = sampled.source.rows_read
                 table = _table_read(cfg, sampled, sampled.planned_at - began)
-                forecast = scan_forecast(budget, sampled.source, size, table, timed)
+                if sampled.source is None:
+                    forecast = _keys_only(cfg, sampled.plan, table, report)
+                else:
+                    timed = await _sample(cfg, snap, sampled.source, sampled.chosen, report)
+                    _fewer(cfg, report, sampled.plan, sampled.chosen, batches)
+                    report.rows_read = sampled.source.rows_read
+                    forecast = scan_forecast(budget, sampled.source, size, table, timed)
             else:  # query mode, or a scan whose keys outgrow [source] memory (ordered on disk)
                 keys_dir = _keys_dir(cfg)
                 async with open_source(
@@ -206,16 +218,38 @@ async def _check_beyond(
     ``planned``: what its keys took, ordered as the dump orders them (on disk beyond the budget).
     """
     windows = cfg.scan_samples.window is not None
-    try:
-        source, chosen, row_bytes = await sampled_from_plan(cfg, snap, plan, lambda n: spread(n, batches))
-    except TableTooLarge:  # one batch's series outgrow the budget: the dump holds them a pass at a time
-        report.n_keys, report.n_samples, report.n_batches = plan.n_keys, plan.used, plan.n_batches
-        report.notes.append("the checked batches' series do not fit --memory: checked the keys only")
-        return Forecast("windows in passes" if windows else "rows in stretches", cfg.source.memory_bytes)
-    timed = await _sample(cfg, snap, source, chosen, report)
-    report.notes.append("the table does not fit --memory: its keys ordered as a dump orders them")
+    source, chosen, row_bytes = await sampled_from_plan(cfg, snap, plan, lambda n: spread(n, batches))
     table = TableRead(None, plan.n_keys, windows, row_bytes, 8.0 * plan.key_columns.width, planned, planned)
+    if source is None:
+        return _keys_only(cfg, plan, table, report)
+    timed = await _sample(cfg, snap, source, chosen, report)
+    _fewer(cfg, report, plan, chosen, batches)
+    report.notes.append("the table does not fit --memory: its keys ordered as a dump orders them")
     return scan_forecast(cfg.source.memory_bytes, source, cfg.batches.size, table, timed)
+
+
+def _keys_only(cfg: Config, plan: EpochPlan, table: TableRead, report: CheckReport) -> Forecast:
+    """A scan whose one checked batch's series outgrow the check's share of ``--memory``: the epoch from its keys.
+
+    The dump holds such series a pass at a time, or the table whole where it fits (a row's size from the
+    rows read before the read was given up); no batch is decoded or timed.
+    """
+    report.n_keys, report.duplicates_dropped = plan.n_keys, plan.duplicates_dropped
+    report.n_samples, report.n_batches, report.key_width = plan.used, plan.n_batches, plan.key_columns.width
+    share = _mib(series_share(cfg.source.memory_bytes))
+    report.notes.append(f"one batch's series do not fit half of --memory's data share ({share}): checked the keys only")
+    return unchecked_scan_forecast(cfg.source.memory_bytes, plan.key_columns.width, table)
+
+
+def _fewer(cfg: Config, report: CheckReport, plan: EpochPlan, chosen: list[int], batches: int) -> None:
+    """Say so where fewer batches were checked than asked: the asked ones' series outgrew the check's share."""
+    asked = len(spread(plan.n_batches, batches))
+    if len(chosen) < asked:
+        share = _mib(series_share(cfg.source.memory_bytes))
+        report.notes.append(
+            f"checked {len(chosen)} of {asked} batches: the series of all {asked} do not fit half of --memory's data "
+            f"share ({share})"
+        )
 
 
 def _source_forecast(cfg: Config, source: BatchSource, planned: float, timed: Timed | None) -> Forecast:
@@ -342,8 +376,9 @@ async def _sample(
     started = time.perf_counter()
     await first_error(check_batch(batch) for batch in chosen)
     wall = time.perf_counter() - started
+    lookup = sample_text(cfg, snap) if cfg.mode == "scan" and cfg.mix is None else None  # (else query mode's)
     for batch, e in unknown:
-        report.batch_errors.append((batch, str(await name_unknown_category(cfg, snap, e))))
+        report.batch_errors.append((batch, str(await name_unknown_category(cfg, snap, e, lookup))))
     report.batch_errors.sort(key=lambda found: found[0])
     report.summarize_batches()
     report.epoch_bytes = source.epoch_bytes(size)

@@ -38,6 +38,7 @@ from pgprefetch.write.order.spill import bytes_per_key
 # A scan beyond the budget (stretches, passes) takes up to this many times its time in memory: the target
 # bench.memory measures it against (docs/memory.md).
 BEYOND_MEMORY_TIME = 1.5
+IN_MEMORY = "table in memory"  # the way of a scan whose table the dump holds whole
 
 
 @dataclass(frozen=True)
@@ -124,17 +125,28 @@ def query_forecast(budget: int, source: BatchSource, size: int, plan_seconds: fl
 
 def scan_forecast(budget: int, source: BatchSource, size: int, table: TableRead, timed: Timed | None) -> Forecast:
     """Scan mode: the table held whole where the dump's account says it fits, else the whole budget."""
-    account = Account.for_scan(budget)
     width = source.plan.key_columns.width
     low = table.plan_seconds  # a whole row's read is at least the keys', at most that times its bytes
     high = low + table.keys_seconds * (max(1.0, table.row_bytes / table.key_bytes) - 1) if table.key_bytes else low
+    forecast = _scan_way(Account.for_scan(budget), table, width, writer_held(source, size, fetched=False))
+    forecast = _timed(forecast, source.plan.n_batches, (low, high), timed)
+    return forecast if forecast.way == IN_MEMORY else _slower(forecast, BEYOND_MEMORY_TIME)
+
+
+def unchecked_scan_forecast(budget: int, width: int, table: TableRead) -> Forecast:
+    """Scan mode where no batch was checked (one batch's series outgrew the check's share): the way and peak only.
+
+    No batch source was built, so the writer is counted as the account reserves it; nothing was timed.
+    """
+    account = Account.for_scan(budget)
+    return _scan_way(account, table, width, account.writer)
+
+
+def _scan_way(account: Account, table: TableRead, width: int, writer: int) -> Forecast:
+    """The way a scan dump reads ``table`` under ``account`` (the dump's own test) and what it holds, untimed."""
     if table.rows is not None and account.fits_in_memory(table.rows, table.row_bytes, table.samples, width):
-        held = account.in_memory_bytes(table.rows, table.row_bytes, table.samples, width)
-        forecast = Forecast("table in memory", held + writer_held(source, size, fetched=False))
-        return _timed(forecast, source.plan.n_batches, (low, high), timed)
-    way = "windows in passes" if table.windows else "rows in stretches"
-    forecast = _timed(Forecast(way, budget), source.plan.n_batches, (low, high), timed)
-    return _slower(forecast, BEYOND_MEMORY_TIME)
+        return Forecast(IN_MEMORY, account.in_memory_bytes(table.rows, table.row_bytes, table.samples, width) + writer)
+    return Forecast("windows in passes" if table.windows else "rows in stretches", account.budget)
 
 
 def _timed(forecast: Forecast, n_batches: int, plan: tuple[float, float], timed: Timed | None) -> Forecast:

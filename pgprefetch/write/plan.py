@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -380,11 +380,24 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
-async def name_unknown_category(cfg: Config, snap: Snapshot, e: UnknownCategoryError) -> SampleError:
-    """The error for a value outside a field's category list, naming the value (looked up in the snapshot)."""
+SampleText = Callable[[Sequence[object], str], Awaitable[list[str | None]]]
+"""A sample's values of one column as text, looked up on the epoch's snapshot: ``(key values, column)``."""
+
+SHOWN_CHARS = 80  # of a value, the most an error line shows
+
+
+async def name_unknown_category(
+    cfg: Config, snap: Snapshot, e: UnknownCategoryError, lookup: SampleText | None = None
+) -> SampleError:
+    """The error for a value outside a field's category list, naming the value (looked up in the snapshot).
+
+    ``lookup`` finds the sample's values: query mode's per-sample query by default; scan mode's COPY codes a
+    value outside the list as -1 on the server, so it reads the sample's rows again
+    (:func:`pgprefetch.write.scan.shape.sample_text`).
+    """
     key, field, column = e.key, e.field, e.column
     try:
-        values = await snap.sample_text(cfg, key, column)
+        values = await (lookup(key, column) if lookup is not None else snap.sample_text(cfg, key, column))
     except Exception:  # the message without the value is still right
         return e
     f = next(f for f in cfg.fields if f.name == field)
@@ -397,12 +410,16 @@ async def name_unknown_category(cfg: Config, snap: Snapshot, e: UnknownCategoryE
         except StoreError:  # gone or damaged since the plan read it: the message without the value is still right
             return e
     unknown = [v for v in values if v not in known]
-    prefix = str(e).split(":", 1)[0]
-    if unknown and unknown[0] is None:
-        return SampleError(f"{prefix}: field {field}, column {column} is NULL{null_hint(f)}")
-    if unknown:
-        return SampleError(
-            f"{prefix}: field {field}, column {column} value {unknown[0]!r} is not in [fields.{field}] "
-            f"categories{borrowed}"
-        )
-    return e
+    if not unknown:
+        return e
+    if unknown[0] is None:
+        return SampleError(f"{e.sample}: field {field}, column {column} is NULL{null_hint(f)}")
+    return SampleError(
+        f"{e.sample}: field {field}, column {column} value {shown_value(unknown[0])} is not in "
+        f"[fields.{field}] categories{borrowed}"
+    )
+
+
+def shown_value(value: str) -> str:
+    """A value as an error line shows it: escaped (``repr``: one line, whatever it holds), cut past a length."""
+    return repr(value) if len(value) <= SHOWN_CHARS else f"{value[:SHOWN_CHARS]!r}..."

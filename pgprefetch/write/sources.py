@@ -21,15 +21,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from pgprefetch.config.model import Config
+from pgprefetch.decode.layout import UnknownCategoryError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
-from pgprefetch.write.plan import EpochPlan, Vocabulary
+from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
 from pgprefetch.write.query import query_source
 from pgprefetch.write.scan.mode import ScanRead, SpilledScan, Stretches, plan_scan, read_scan, scan_source
 from pgprefetch.write.scan.multipass import spilled_source
+from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.stretches import stretch_source
 
 
@@ -47,6 +49,37 @@ class ReadCache:
 
 @asynccontextmanager
 async def open_source(
+    cfg: Config,
+    epoch: int,
+    snap: Snapshot | None,
+    cache: ReadCache,
+    *,
+    spool: Path | Place | None,
+    progress: Progress | None = None,
+    vocabulary: Vocabulary | None = None,
+    keys_dir: Path | Place | None = None,
+    executor: Executor | None = None,
+) -> AsyncIterator[BatchSource | EpochPlan]:
+    """The batch source of ``epoch``, in the way its config and the table's size call for (:func:`_open_source`).
+
+    A scan's value outside a category list, met while its batches are written in any of those ways (a
+    Ray part's included), is named here, once, on the epoch's snapshot (query mode names its own:
+    :func:`~pgprefetch.write.query.query_source`). An epoch cut from a table cached by an earlier epoch has
+    no snapshot open: its error names the sample, not the value.
+    """
+    opened = _open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary,
+                          keys_dir=keys_dir, executor=executor)  # fmt: skip
+    async with opened as source:
+        try:
+            yield source
+        except UnknownCategoryError as e:
+            if cfg.mode != "scan" or cfg.mix is not None or snap is None:
+                raise
+            raise await name_unknown_category(cfg, snap, e, sample_text(cfg, snap)) from None
+
+
+@asynccontextmanager
+async def _open_source(
     cfg: Config,
     epoch: int,
     snap: Snapshot | None,

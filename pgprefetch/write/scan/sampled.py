@@ -7,6 +7,11 @@ the checked batches' samples come from (``WHERE (key) IN (VALUES ...)``, the key
 pgprefetch read, never text), and those batches are gathered from it with the dump's code
 (:func:`~pgprefetch.write.scan.mode.cut_source`). What the check reads is the keys of every row and the
 data of the checked batches' series, plus, for ``categories = "auto"``, the one read of the values.
+
+The checked series are read within half the budget's data share, whether the keys are held or ordered on
+disk: windows of a few long series can span the whole table, which neither the check nor the dump holds
+beyond the budget. Where the chosen batches' series outgrow it, one batch is checked; where even one
+batch's do, none: the check states the epoch from its keys, and a row's size from the rows read so far.
 """
 
 from __future__ import annotations
@@ -41,11 +46,12 @@ class Sampled:
     series' rows give a whole row's size. The keys pass's time is the least a dump's read of the table takes.
     """
 
-    source: BatchSource
-    chosen: list[int]
+    plan: EpochPlan
+    source: BatchSource | None  # None: even one checked batch's series outgrew half the data share
+    chosen: list[int]  # the batches checked (fewer than asked where theirs outgrew it; none without a source)
     rows: int  # the table's rows
     samples: int  # the samples cut from them (before fraction)
-    row_bytes: float  # a whole row, decoded: the checked series' rows
+    row_bytes: float  # a whole row, decoded: the checked series' rows (or those read before the read gave up)
     key_bytes: float  # a row's key and order columns, decoded
     keys_seconds: float  # the keys pass: the table's key columns read, sorted and cut, and the epoch ordered
     planned_at: float  # when the epoch was planned (``time.perf_counter()``), before the checked rows are read
@@ -65,7 +71,7 @@ async def sampled_source(
 
     Raises:
         TableTooLarge: the keys alone outgrow ``[source] memory``: they are held here, so the caller checks
-            the epoch from keys ordered on disk instead; or the series of one checked batch outgrow it.
+            the epoch from keys ordered on disk instead.
     """
     assert isinstance(cfg.samples, ScanConfig)
     shape = await describe_scan(cfg, snap)
@@ -82,48 +88,48 @@ async def sampled_source(
     sample_keys, _ = await asyncio.to_thread(cut_whole, keys, shape, cfg.samples)
     plan = plan_scan(cfg, shape, sample_keys, epoch)
     planned_at = time.perf_counter()
-    chosen = choose(plan.n_batches)
-    source, chosen, row_bytes = await _checked_batches(cfg, snap, shape, plan, chosen, keys.rows_read + counted[0], 0)
-    n_rows = keys.keys.shape[1]
+    n_rows, n_samples, rows_read = keys.keys.shape[1], sample_keys.shape[1], keys.rows_read + counted[0]
     key_bytes = keys.nbytes / n_rows if n_rows else 0.0
+    del keys, sample_keys  # the plan holds what the batches need: the rows' keys go before their series come
+    source, chosen, row_bytes = await _checked_batches(cfg, snap, shape, plan, choose(plan.n_batches), rows_read)
     keys_seconds = planned_at - started
-    return Sampled(source, chosen, n_rows, sample_keys.shape[1], row_bytes, key_bytes, keys_seconds, planned_at)
+    return Sampled(plan, source, chosen, n_rows, n_samples, row_bytes, key_bytes, keys_seconds, planned_at)
 
 
 async def sampled_from_plan(
     cfg: Config, snap: Snapshot, plan: EpochPlan, choose: Callable[[int], list[int]]
-) -> tuple[BatchSource, list[int], float]:
+) -> tuple[BatchSource | None, list[int], float]:
     """The batches ``choose(n_batches)`` of an epoch whose keys are beyond memory, those batches, a row's size.
 
     What :func:`sampled_source` does once its keys are held, from keys ordered on disk: the checked
-    batches' series read, the batches cut from them. A row's decoded size is the checked rows'. The series
-    are read within half the budget's data share, the keys' the other half: windows of a few large series
-    can span the whole table, which the check, like the dump, does not hold. Where they outgrow it, one
-    batch is checked.
-
-    Raises:
-        TableTooLarge: the series of even one checked batch outgrow half the data share.
+    batches' series read, the batches cut from them, within the same half of the data share (the keys'
+    order on disk has the other), or none (no source). A row's decoded size is the rows' read.
     """
     shape = dataclasses.replace(await describe_scan(cfg, snap), categories=plan.categories)
-    budget = cfg.source.memory_bytes
-    limit = Account.for_scan(budget).data // 2 if budget else 0
-    return await _checked_batches(cfg, snap, shape, plan, choose(plan.n_batches), 0, limit)
+    return await _checked_batches(cfg, snap, shape, plan, choose(plan.n_batches), 0)
+
+
+def series_share(budget: int) -> int:
+    """What the checked batches' series may hold as a read is counted: half the budget's data share (0: no limit).
+
+    The other half is the keys': held, or ordered on disk beyond it.
+    """
+    return Account.for_scan(budget).data // 2 if budget else 0
 
 
 async def _checked_batches(
-    cfg: Config, snap: Snapshot, shape: ScanShape, plan: EpochPlan, chosen: list[int], rows_read: int, limit: int
-) -> tuple[BatchSource, list[int], float]:
-    """A source of the batches ``chosen`` (or of one of them), the batches, and a row's size.
+    cfg: Config, snap: Snapshot, shape: ScanShape, plan: EpochPlan, chosen: list[int], rows_read: int
+) -> tuple[BatchSource | None, list[int], float]:
+    """A source of the batches ``chosen`` (or of one of them, or None), the batches, and a row's size.
 
-    The batches' series are read here, held within ``limit`` bytes as the account counts a read (its rows
-    twice while joined, and their sort; 0: no limit), or else one batch's. Each batch's start rows are
-    held, not the epoch's: a plan whose keys are on disk has more samples than memory. ``rows_read``: the
-    rows read before, which the source's ``rows_read`` counts as well.
-
-    Raises:
-        TableTooLarge: the series of even one checked batch outgrow ``limit``.
+    The batches' series are read here, held within :func:`series_share` as the account counts a read
+    (its rows twice while joined, and their sort), or else one batch's, or else none: no source, no
+    batch, and a row's size from the rows decoded before the read was given up. Each batch's start rows
+    are held, not the epoch's: a plan whose keys are on disk has more samples than memory. ``rows_read``:
+    the rows read before, which the source's ``rows_read`` counts as well.
     """
     size = cfg.batches.size
+    limit = series_share(cfg.source.memory_bytes)
 
     def over(rows: int, held: int) -> bool:
         return READ_COPIES * held + SORT_BYTES_PER_ROW * rows > limit
@@ -135,9 +141,9 @@ async def _checked_batches(
             where = [series_in(shape, every[: shape.n_key])]
             table = await read_ranges(cfg, snap.id, shape, where, budget=1 if limit else 0, over=over)
             break
-        except TableTooLarge:
+        except TableTooLarge as e:
             if len(chosen) == 1:
-                raise
+                return None, [], e.bytes_per_row
             chosen = chosen[len(chosen) // 2 :][:1]  # each try reads the table again: one more, of one batch
     rows_read += table.rows_read
     got_keys, got_starts = await asyncio.to_thread(cut, table, shape, cfg.scan_samples)

@@ -8,6 +8,7 @@ value sent fixed-width and NOT NULL so that the client decodes rows as one struc
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ from pgprefetch.pg.columns import Column, plan_columns
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.pg.statement import distinct_values_statement, vocabulary_sql
 from pgprefetch.sqltext import quote_ident
-from pgprefetch.write.plan import MAX_CATEGORY_BYTES
+from pgprefetch.write.plan import MAX_CATEGORY_BYTES, SampleText
 
 KEY_TYPES = {"int2": ">i2", "int4": ">i4", "int8": ">i8"}
 
@@ -81,7 +82,7 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
     assert isinstance(samples, ScanConfig)
     where = f"{cfg.file}: " if cfg.file else ""
     plain = bool(_SIMPLE_NAME.match(samples.table))
-    relation = samples.table if plain else f"({samples.table}) AS {_T}"
+    relation = scan_relation(samples)
     returned = await snap.describe_sql(f"SELECT * FROM {relation} LIMIT 0", f"{where}[samples] table")
     for name in (*samples.key, *([samples.order] if samples.order else [])):
         if name not in returned:
@@ -122,6 +123,39 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
         columns=columns,
         by_field=by_field,
     )
+
+
+def scan_relation(samples: ScanConfig) -> str:
+    """``[samples] table`` as a FROM item: a table or view name as it is, a SELECT as a subquery."""
+    return samples.table if _SIMPLE_NAME.match(samples.table) else f"({samples.table}) AS {_T}"
+
+
+def sample_text(cfg: Config, snap: Snapshot) -> SampleText:
+    """How the dump finds a scan sample's values of a column, as text, to name one outside its category list.
+
+    The COPY sends a category's code, computed by the server: a value outside the list arrives as -1, and
+    the value itself is never sent. This reads that sample's rows again, on the epoch's snapshot (the same
+    rows): the key's columns (and a window's first order value) bound as parameters, never SQL text; a
+    window's rows in order, at most ``window``; each value cut past the longest a category may be (a longer
+    one is in no list), so that a lookup reads at most a sample's rows of that many characters.
+    """
+    samples = cfg.samples
+    assert isinstance(samples, ScanConfig)
+    where = [f"{quote_ident(k)} = ${i}" for i, k in enumerate(samples.key, 1)]
+    order = ""
+    if samples.order is not None and samples.window is not None:
+        where.append(f"{quote_ident(samples.order)} >= ${len(samples.key) + 1}")
+        order = f" ORDER BY {quote_ident(samples.order)}"
+
+    async def lookup(key: Sequence[object], column: str) -> list[str | None]:
+        sql = (
+            f"SELECT left({quote_ident(column)}::text, {MAX_CATEGORY_BYTES + 1}) FROM {scan_relation(samples)} "
+            f"WHERE {' AND '.join(where)}{order} LIMIT {samples.rows}"
+        )
+        rows = await snap.fetch(sql, f"looking up a value of {column}", *key)
+        return [r[0] for r in rows]
+
+    return lookup
 
 
 async def distinct_values(
