@@ -19,7 +19,9 @@ import pytest
 from pgprefetch.demo.data import load_demo_data
 
 from .harness import properties  # noqa: F401  (registers and loads the Hypothesis profile)
+from .harness.configs import s_config
 from .harness.db import S_TABLE, TICKS_TABLES, data_folder, execute, own_database, own_server
+from .harness.dumps import kill_9_after
 from .harness.hostile import R_TABLE, pristine_store
 from .harness.ragged import seqs_table
 from .harness.s3 import S3
@@ -117,6 +119,17 @@ def s3(s3_server: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3:
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PGPREFETCH_STAGING", str(tmp_path / "staging"))
     return s3_server
+
+
+@pytest.fixture
+def interrupted(s_table: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A store whose epoch 0 a dump killed (``kill -9``) after journaling three batches left partial."""
+    config = s_config(tmp_path, slow=True)
+    store = tmp_path / "store.zarr"
+    kill_9_after(config, s_table, store, batches=3)
+    assert (store / ".pgprefetch" / "partial" / "epoch-00000.journal").is_file()
+    (tmp_path / "outside").mkdir()
+    return config, store
 
 
 @pytest.fixture

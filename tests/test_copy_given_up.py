@@ -1,8 +1,8 @@
 """A COPY given up midway (its sink raised: a read outgrew ``--memory``) drops its connection at once.
 
-The stream still runs on the server: the connection cannot serve another call, and closing it politely
-waited out ``io_timeout`` (60 s by default) for the stream's end, so a check or a dump of a table beyond the
-budget that gave up a read sat a minute before going on.
+The stream still runs on the server, so the connection cannot serve another call, and closing it politely
+would wait up to ``io_timeout`` for a stream's end that nobody reads: a check or a dump that gives up a read
+of a table beyond its budget must go on at once, not after the timeout.
 """
 
 from __future__ import annotations

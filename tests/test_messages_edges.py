@@ -219,3 +219,51 @@ def test_an_endpoint_s_userinfo_and_query_never_reach_an_s3_error(s3: S3, endpoi
     assert line.startswith(f"Error: {url}: "), line
     for secret in ("Alpha1Bravo2", "tok3nValue", SECRET):
         assert secret not in line, line
+
+
+# --- an endpoint that cannot be parsed: obstore would panic, or send the password's tail as a path -----------
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        pytest.param("http://user:Alpha1/Bravo2@{host}", id="slash"),
+        pytest.param("http://user:Alpha1 Bravo2@{host}", id="space"),
+        pytest.param("http://user:Alpha1#Bravo2@{host}", id="hash"),
+        pytest.param("http://user:Alpha1?Bravo2@{host}", id="question-mark"),
+        pytest.param("http://user:Alpha1@Bravo2@{host}", id="at"),
+        pytest.param("http://user:Alpha1Bravo2@127.0.0.1:99999", id="port-out-of-range"),
+        pytest.param("http://user:Alpha1Bravo2@{host}/`", id="backquote"),
+        pytest.param("ftp://user:Alpha1Bravo2@{host}", id="not-http"),
+    ],
+)
+def test_an_endpoint_that_cannot_be_parsed_is_refused_in_one_line_naming_its_variable(s3: S3, endpoint: str) -> None:
+    url = f"s3://{s3.bucket()}/x"
+    endpoint = endpoint.format(host=s3.endpoint.removeprefix("http://"))
+    env = {**os.environ, **s3.env, "AWS_ENDPOINT_URL": endpoint}
+    line = one_error_line(pgprefetch_cli("ls", "--store", url, env=env))
+    assert line.startswith(f"Error: {url}: AWS_ENDPOINT_URL "), line
+    assert "percent-encode" in line or "http://" in line, line
+    for secret in (*PIECES, SECRET):
+        assert secret not in line, line
+
+
+def test_a_panic_of_obstore_is_one_store_error(s3: S3) -> None:
+    """A Rust panic is a BaseException that no ``except Exception`` catches; the store maps it like any error.
+
+    The endpoint check keeps every known panic out, so the client here is given the URL behind its back.
+    """
+    import obstore
+
+    from pgprefetch.errors import StoreError
+    from pgprefetch.store.s3 import S3Store
+
+    store = S3Store(f"s3://{s3.bucket()}/x")
+    store._client = obstore.store.S3Store(
+        store.bucket, endpoint=s3.endpoint + "/`Alpha1Bravo2", client_options={"allow_http": True}
+    )
+    with pytest.raises(StoreError) as caught:
+        store.exists()
+    assert str(caught.value).startswith(f"{store.location}: looking up zarr.json: the S3 client failed ("), caught.value
+    assert "\n" not in str(caught.value)
+    assert "Alpha1" not in str(caught.value)

@@ -62,8 +62,9 @@ def test_the_command_line_starts_without_zarr_numpy_or_asyncpg() -> None:
 
 
 def test_the_command_line_s_defaults_are_the_library_s() -> None:
-    from pgprefetch.cli import commands, dump
+    from pgprefetch.cli import commands, dump, options
+    from pgprefetch.demo.server import DEFAULT_DIR
     from pgprefetch.write.check import SAMPLE_BATCHES
     from pgprefetch.write.pipeline import RETRIES
 
-    assert (commands.SAMPLE_BATCHES, dump.RETRIES) == (SAMPLE_BATCHES, RETRIES)
+    assert (commands.SAMPLE_BATCHES, dump.RETRIES, options.DEFAULT_DIR) == (SAMPLE_BATCHES, RETRIES, DEFAULT_DIR)

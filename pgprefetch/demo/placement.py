@@ -3,8 +3,9 @@
 - ``--dir`` and its ``pg`` must be real folders (not links) of the user who starts the server; as root,
   ``pg`` is the server's system user's, handed over by pgprefetch when it made it. A link could point the
   server, and root's hand-over (a chown), at any folder of someone else's choosing; another user's folder
-  holds their server, which root would join or take over (the wheel's chown crashed it). Each is refused
-  in one line naming the owner, and pgprefetch changes the owner only of a ``pg`` it has just made.
+  holds their server, which root would join or take over, and a chown of it would take their own server's
+  files from them. Each is refused in one line naming the owner, and pgprefetch changes the owner only of
+  a ``pg`` it has just made.
 - As root (PostgreSQL then runs as ``embedded_postgres``) the data stays in ``--dir/pg`` only where root
   alone can change the folders down to it and that user can enter them all
   (:func:`pgprefetch.demo.rootdirs.trust_problem`). Anywhere else (a clone in root's 0700 home, a

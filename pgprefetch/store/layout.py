@@ -8,11 +8,13 @@ Anything this module does not recognise is read through zarr: correct first, fas
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path, PurePath
@@ -23,6 +25,7 @@ import numpy as np
 
 from pgprefetch.errors import StoreError
 from pgprefetch.store.beneath import open_below, read_below
+from pgprefetch.store.folders import Folder
 from pgprefetch.store.zarrjson import ZARR_JSON
 
 _RAW = ([{"name": "bytes", "configuration": {"endian": "little"}}], [{"name": "bytes"}])
@@ -75,7 +78,7 @@ class ArrayLayout:
     prefix: str  # "c" for the default chunk key encoding, "" for v2
     metadata_sha256: str = ""  # of the zarr.json it was read from, for the manifest's record (#36.11)
     # A published local epoch's store folder: its files are opened from there down with no link followed
-    # (pgprefetch.store.beneath). None: a folder the dump itself is writing, opened by path.
+    # (pgprefetch.store.beneath). None: opened by path, the last component no link and no FIFO.
     root: Path | None = None
 
     @classmethod
@@ -163,7 +166,7 @@ class ArrayLayout:
         it); a missing file is ``FileNotFoundError`` (or ``NotADirectoryError``) for the caller to word.
         """
         if self.root is None:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return _open_regular(path)
         return open_below(self.root, path)
 
     def wrong_size(self, stored: int) -> str | None:
@@ -212,29 +215,40 @@ class ArrayLayout:
         return self.per_file * INDEX_ENTRY + INDEX_CRC
 
 
-def pread_into(path: Path, buffer: np.ndarray, offset: int) -> None:
-    """Fill ``buffer`` from ``path`` at ``offset``; ``preadv`` may read less than asked (2 GiB a call)."""
-    view = buffer.data  # memoryview(buffer): numpy types ndarray a Buffer only from Python 3.12
-    fd = os.open(path, os.O_RDONLY)
+def _open_regular(path: PurePath) -> int:
+    """A read-only descriptor of the regular file ``path``, its last component no link, a FIFO no hang.
+
+    Outside a published local epoch (no store folder to walk from) the file's own name is still guarded:
+    a link or a FIFO planted there is one line, not bytes from elsewhere or an open that never returns.
+    """
     try:
-        while view:
-            n = os.preadv(fd, [view], offset)
-            if n == 0:
-                raise StoreError(f"{path}: the file ends before batch data it should hold (truncated?)")
-            view, offset = view[n:], offset + n
-    finally:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO):
+            raise
+        fd = -1
+    if fd >= 0 and stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    if fd >= 0:
         os.close(fd)
+    raise StoreError(f"{path}: not a regular file where the store keeps one (a link or FIFO planted?)")
 
 
-def read_batch_bytes(layout: ArrayLayout, batch: int) -> bytes | None:
+def read_batch_bytes(layout: ArrayLayout, batch: int, epoch: Folder | None = None) -> bytes | None:
     """The bytes of ``batch`` as stored (raw values, or the compressed chunk); None when they are missing.
 
     A plain read, for checksums (``verify``, resume); the reader maps files instead. In a published local
-    epoch nothing is read through a link (:meth:`ArrayLayout.open_file`).
+    epoch nothing is read through a link (:meth:`ArrayLayout.open_file`); in the partial epoch a dump
+    writes (``epoch``, its open folder) the file is opened relative to that folder's descriptor, so what
+    is checksummed is what the dump wrote there.
     """
     path, slot = layout.file(batch)
     try:
-        fd = layout.open_file(path)
+        fd = (
+            layout.open_file(path)
+            if epoch is None
+            else epoch.open(PurePath(path).relative_to(epoch.path).as_posix(), os.O_RDONLY)
+        )
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     with os.fdopen(fd, "rb") as f:

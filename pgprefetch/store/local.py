@@ -28,7 +28,7 @@ from pgprefetch.store.base import (
     epoch_name,
     epochs_in,
 )
-from pgprefetch.store.beneath import read_below
+from pgprefetch.store.beneath import open_below, read_below
 from pgprefetch.store.consumers import consumer_record, record_name
 from pgprefetch.store.durable import WriteBack, sync_dir, sync_tree
 from pgprefetch.store.flock import holder, holding, open_lock
@@ -164,15 +164,21 @@ class LocalStore(Store):
         return read_below(self.path, self.path / key)  # a reader's read: no link followed below the store
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
-        with open(self.path / key, "rb") as f:
+        """``length`` bytes of ``key`` from ``start``, reached as readers reach files: no link followed below."""
+        with os.fdopen(open_below(self.path, self.path / key), "rb") as f:
             f.seek(start)
             return f.read(length)
 
     def size(self, key: str) -> int | None:
+        """The size of ``key``, reached as :meth:`read_range` reaches it; None when it is not there."""
         try:
-            return (self.path / key).stat().st_size
-        except (FileNotFoundError, NotADirectoryError):
+            fd = open_below(self.path, self.path / key)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
     def is_complete(self, epoch: int) -> bool:
         return (self.epoch_path(epoch) / "zarr.json").exists()

@@ -48,7 +48,7 @@ from pgprefetch.store.consumers import consumer_record, record_name
 from pgprefetch.store.flock import holding
 from pgprefetch.store.folders import Place
 from pgprefetch.store.lease import NOT_FOUND, Lease, lease_holder, object_version
-from pgprefetch.store.s3errors import allows_http, configured_endpoint, s3_error
+from pgprefetch.store.s3errors import allows_http, checked_endpoint, is_panic, s3_error
 from pgprefetch.store.staging import folder_bytes, staged_epochs
 from pgprefetch.store.uploads import Uploads, upload_log
 from pgprefetch.store.zarrjson import group_json
@@ -101,8 +101,8 @@ class S3Store(Store):
                 "obstore cannot do; for DataLoader workers pass multiprocessing_context='spawn'"
             )
         if self._client is None:
+            endpoint = checked_endpoint(self.location)
             _RUNTIME_PID = os.getpid()
-            endpoint = configured_endpoint()
             # Long enough to wait out seconds of throttling (503 SlowDown) or a restarting server, which a
             # training run must survive: each wait is drawn between 0.1 s and 3x the last (at most 8 s), so
             # 10 retries take about 10 s (3-35 s); 6 at base 2 took about 1 s, which the soak's throttling outlasted.
@@ -112,17 +112,18 @@ class S3Store(Store):
                 "max_backoff": timedelta(seconds=8),
                 "base": 3,
             }
-            self._client = obstore.store.S3Store(
-                self.bucket,
-                prefix=self.prefix or None,
-                client_options={"allow_http": allows_http(endpoint),
-                                "connect_timeout": "5s", "timeout": "120s"},
-                retry_config={"max_retries": retries, "backoff": backoff, "retry_timeout": timedelta(minutes=2)},
-            )  # fmt: skip
+            with self._errors("making the S3 client"):
+                self._client = obstore.store.S3Store(
+                    self.bucket,
+                    prefix=self.prefix or None,
+                    client_options={"allow_http": allows_http(endpoint),
+                                    "connect_timeout": "5s", "timeout": "120s"},
+                    retry_config={"max_retries": retries, "backoff": backoff, "retry_timeout": timedelta(minutes=2)},
+                )  # fmt: skip
         return self._client
 
     # --- errors, mapped once --------------------------------------------------------------------------
-    def _fail(self, e: Exception, what: str) -> NoReturn:
+    def _fail(self, e: BaseException, what: str) -> NoReturn:
         raise s3_error(e, what, self.location, self.bucket) from None
 
     @contextmanager
@@ -131,6 +132,10 @@ class S3Store(Store):
             yield
         except (BaseError, OSError) as e:
             if isinstance(e, NOT_FOUND) and "NoSuchBucket" not in str(e):
+                raise
+            self._fail(e, what)
+        except BaseException as e:  # a Rust panic is a BaseException: one line too, not a traceback
+            if not is_panic(e):
                 raise
             self._fail(e, what)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import unquote
+import string
+from urllib.parse import unquote, urlsplit
 
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
@@ -19,10 +20,70 @@ from pgprefetch.errors import StoreError
 _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 
 
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+"""The variables that may name the endpoint, the first set one winning (obstore reads them in this order)."""
+
+PERCENT_ENCODE = (
+    "percent-encode special characters in its password: / as %2F, ? as %3F, # as %23, @ as %40, a space as %20"
+)
+
+
 def configured_endpoint() -> str | None:
     """The endpoint the AWS variables name (a local S3 server, MinIO), or None for AWS itself."""
-    env = os.environ
-    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
+    found = _endpoint_variable()
+    return found[1] if found else None
+
+
+def _endpoint_variable() -> tuple[str, str] | None:
+    """The variable that names the endpoint, and its value; None when none is set."""
+    return next(((name, os.environ[name]) for name in _ENDPOINT_VARIABLES if os.environ.get(name)), None)
+
+
+def checked_endpoint(location: str) -> str | None:
+    """The configured endpoint, refused in one line that names its variable, never its value, unless it parses.
+
+    obstore's HTTP layer panics (a Rust traceback) on a URL it cannot take apart rather than raising, and a
+    password typed with a raw ``/``, ``?`` or ``#`` ends the host part early, so that the rest of the
+    password would become a path a message then shows. An endpoint is checked here, before any client is made.
+    """
+    found = _endpoint_variable()
+    if found is None:
+        return None
+    name, endpoint = found
+    problem = endpoint_problem(endpoint)
+    if problem:
+        raise StoreError(f"{location}: {name} {problem}")
+    return endpoint
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with ``endpoint`` as an S3 server's URL, in words that quote none of it; None if nothing.
+
+    Only what RFC 3986 lets a URL hold passes: obstore's HTTP layer panics on some of the rest (a backquote,
+    ``<``, a space, a non-ASCII host) and passes others on unchecked. An ``@`` anywhere after the host is
+    refused too, in a query's value as well: it is where a password with an unencoded ``/``, ``?`` or ``#``
+    leaves its tail, and a server reads it percent-encoded the same.
+    """
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return "must start with http:// or https:// (the S3 server's URL, such as http://localhost:9000)"
+    if not _URI_CHARACTERS.issuperset(endpoint):
+        return f"holds a space or another character a URL cannot ({PERCENT_ENCODE})"
+    try:
+        parts = urlsplit(endpoint)
+        if "@" in parts.netloc.rpartition("@")[0] or "@" in rest[len(parts.netloc) :]:
+            return f"cannot be parsed: an unencoded @, or a / ? # before the @ ({PERCENT_ENCODE})"
+        parts.port  # noqa: B018 - urllib parses the port when asked for it
+        host = parts.hostname or ""
+    except ValueError:
+        return f"cannot be parsed: its port is not a number up to 65535, or {PERCENT_ENCODE}"
+    if not re.fullmatch(r"[a-z0-9._-]+|[0-9a-f:.]*:[0-9a-f:.]*", host):
+        return "names no host, or one that is neither a name nor an IP address (such as http://localhost:9000)"
+    return None
+
+
+_URI_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!$&'()*+,;=%")
+"""The characters a URL may hold (RFC 3986's unreserved, reserved and ``%``); anything else is percent-encoded."""
 
 
 _URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s/?#]*@)?([^\s?#]*)([?#]\S*)?")
@@ -76,10 +137,19 @@ def _endpoint_secrets(endpoint: str | None) -> list[str]:
     return sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True)
 
 
-def s3_error(e: Exception, what: str, location: str, bucket: str) -> StoreError:
+def is_panic(e: BaseException) -> bool:
+    """Whether ``e`` is a Rust panic that obstore let through (pyo3's ``PanicException``, not importable by name)."""
+    return type(e).__name__ == "PanicException"
+
+
+def s3_error(e: BaseException, what: str, location: str, bucket: str) -> StoreError:
     """The one-line error for ``e``, raised while doing ``what`` on the store at ``location``."""
     text = scrub(str(e))
     reason = text.splitlines()[0] if text else type(e).__name__
+    if is_panic(e):
+        found = _endpoint_variable()
+        check = f"check {found[0]}" if found else "check the AWS variables"
+        return StoreError(f"{location}: {what}: the S3 client failed ({reason[:160]}); {check}")
     if "NoSuchBucket" in text:
         return StoreError(f"{location}: bucket {bucket!r} does not exist")
     if isinstance(e, PermissionDeniedError | UnauthenticatedError) or re.search(

@@ -61,8 +61,8 @@ class Uploads(Uploader):
         self.prefix = epoch_name(epoch)
         self.log_path = upload_log(self.partial)
         self._done: dict[str, tuple[int, int, int]] = {}  # relative path -> (size, CRC32C, mtime in ns)
-        with contextlib.suppress(OSError):
-            for line in self.log_path.read_text().splitlines():
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            for line in self._read_log().splitlines():
                 parts = line.rsplit(" ", 3)
                 if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
                     self._done[parts[0]] = (int(parts[1]), int(parts[2]), int(parts[3]))
@@ -70,6 +70,14 @@ class Uploads(Uploader):
         self._slots = threading.Semaphore(UPLOAD_THREADS)
         self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="pgprefetch-upload")
         self._futures: list[Future[None]] = []
+
+    def _read_log(self) -> str:
+        """The upload log, read through the staging folder's descriptors (no link followed); empty if none."""
+        staged = self.store.place(self.log_path.parent).find()
+        if staged is None:
+            return ""
+        with staged:
+            return (staged.read(self.log_path.name) or b"").decode()
 
     def __enter__(self) -> Uploads:
         return self
@@ -102,11 +110,14 @@ class Uploads(Uploader):
             lease.check()  # a dump that lost its lease must not write into the epoch another dump now owns
         relative = path.relative_to(self.partial).as_posix()
         key = f"{self.prefix}/{relative}"
-        stat = path.stat()
-        done = self._done.get(relative)
-        if done and (done[0], done[2]) == (stat.st_size, stat.st_mtime_ns) and self.store.size(key) == done[0]:
-            return  # uploaded earlier (by this dump, or one that was killed), untouched since: not read again
-        data = path.read_bytes()
+        # Through the staged epoch's descriptors, no link followed: a link (or FIFO) planted for a staged
+        # file, or for a folder on the way, is refused in one line, never uploaded as the epoch's bytes.
+        with self.store.place(self.partial).open() as epoch, os.fdopen(epoch.open(relative, os.O_RDONLY), "rb") as f:
+            stat = os.fstat(f.fileno())
+            done = self._done.get(relative)
+            if done and (done[0], done[2]) == (stat.st_size, stat.st_mtime_ns) and self.store.size(key) == done[0]:
+                return  # uploaded earlier (by this dump, or one that was killed), untouched since: not read again
+            data = f.read()
         crc = google_crc32c.value(data)
         if done and done[:2] == (len(data), crc) and self.store.size(key) == len(data):
             return  # rewritten with the same bytes (a resumed dump's journal check)

@@ -120,12 +120,13 @@ def io_errors(where: Path | Place) -> Iterator[None]:
 def remove_partial_chunks(folder: Folder) -> None:
     """Delete the temporary files of chunk writes a killed dump left in its partial epoch, ``folder``.
 
-    zarr writes each chunk to ``<chunk>.<uuid>.partial`` and renames it; killed in between, the file stays,
+    A chunk is written to a temporary beside it and renamed (``.<chunk>.<token>.tmp`` by
+    :meth:`Folder.replace`, ``<chunk>.<uuid>.partial`` by zarr's own store); killed in between, the file stays,
     and publishing the folder would carry it into the epoch. The chunk itself is rewritten, its journal
     line never having been written. Walked by descriptors, no link followed.
     """
     for _, _, files, fd in os.fwalk(".", dir_fd=folder.fd):
         for name in files:
-            if name.endswith(".partial"):
+            if name.endswith(".partial") or (name.startswith(".") and name.endswith(".tmp")):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=fd)

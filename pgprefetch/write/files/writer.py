@@ -17,8 +17,9 @@ up beside the manifest for ``verify``.
 
 The partial folder, its journal and its files are written through :mod:`pgprefetch.store.folders` (the
 folder held open, every file created relative to it, no link followed), as they lie in the store's
-``.pgprefetch``, which others may write. Compressed chunks are the exception: zarr writes them by path,
-into the partial folder this dump made or resumed, and a partial epoch holding a link is not resumed.
+``.pgprefetch``, which others may write. Compressed chunks go through zarr's codecs onto a zarr store over
+that same open folder (:class:`pgprefetch.store.zarrlocal.FolderStore`), and a partial epoch holding a
+link is not resumed.
 """
 
 from __future__ import annotations
@@ -247,7 +248,10 @@ class EpochWriter:
         if self._zarr_arrays is None:
             import zarr
 
-            group = zarr.open_group(self.path, mode="r+")
+            from pgprefetch.store.zarrlocal import FolderStore
+
+            assert self.dir is not None
+            group = zarr.open_group(FolderStore(self.dir), mode="r+")  # by the folder's descriptor, never by path
             self._zarr_arrays = {name: _reopened(group, name) for name in self.names}
         return self._zarr_arrays
 
@@ -290,7 +294,7 @@ class EpochWriter:
         for batch, crcs in journal.items():
             if not 0 <= batch < self.done.size:
                 continue
-            stored = {name: read_batch_bytes(self.layouts[name], batch) for name in self.names}
+            stored = {name: read_batch_bytes(self.layouts[name], batch, self.dir) for name in self.names}
             if [checksum(data) for data in stored.values()] != crcs:
                 continue
             self.checksums[:, batch] = crcs
@@ -328,7 +332,7 @@ class EpochWriter:
             if self.compressed:
                 for i in range(count):
                     self.arrays[name][first + i] = raw[i * size : (i + 1) * size]
-                    crcs[j, i] = checksum(read_batch_bytes(layout, first + i))
+                    crcs[j, i] = checksum(read_batch_bytes(layout, first + i, self.dir))
             else:
                 # Consecutive batches of one shard file are consecutive bytes: small batches share a pwrite.
                 batch, most = first, max(1, WRITE_BYTES // layout.batch_bytes)

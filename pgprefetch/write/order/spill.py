@@ -99,7 +99,7 @@ class KeyRuns:
         # for this user only: the sample keys. A scan's keys go in <keys folder>/rows: a keys folder made for
         # it here is private too (I3).
         with io_errors(self.folder), self.folder.fresh(mode=0o700) as made:
-            self._fd = made.open("runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._fd = made.open("runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def add(self, chunks: list[np.ndarray]) -> None:
         """Sort ``chunks`` of keys (``(slots, m)`` each) by hash into one run at the end of the spill file."""

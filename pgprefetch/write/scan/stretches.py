@@ -60,9 +60,14 @@ class SampleFiles:
         self.record = {name: dtype.itemsize * int(np.prod(shape)) for name, dtype, shape in arrays}
         self.n = 0
         self._fds: dict[str, int] = {}
-        with io_errors(self.folder), self.folder.open() as opened:
-            for name in self.record:
-                self._fds[name] = opened.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with io_errors(self.folder), self.folder.open() as opened:
+                for name in self.record:
+                    self._fds[name] = opened.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except BaseException:
+            for fd in self._fds.values():  # those opened before the one that failed: not leaked
+                os.close(fd)
+            raise
 
     def append(self, out: dict[str, np.ndarray], n: int) -> None:
         """Add the first ``n`` samples of ``out`` (one row a sample per array) after those already written."""
