@@ -30,16 +30,17 @@ if TYPE_CHECKING:
     from zarr.core.common import AccessModeLiteral
 
 
-class LinklessStore(LocalStore):
-    """zarr's ``LocalStore`` over a store's folder, read-only, reading every key with no link followed below it."""
+class _DescriptorReads(LocalStore):
+    """zarr's reads of a local store, each key opened by :meth:`_fd` (no link followed) and read by descriptor."""
 
-    def __init__(self, root: Path | str, *, read_only: bool = True) -> None:
-        super().__init__(root, read_only=True)  # never written through: readers only
+    def _fd(self, key: str) -> int | None:
+        """A read-only descriptor of the regular file ``key``, or None when it is not there."""
+        raise NotImplementedError
 
     async def get(
         self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        """``key``'s bytes, read with no link followed below the store; None when it is not there."""
+        """``key``'s bytes (``byte_range`` of them), as zarr's own ``LocalStore`` reads them; None: not there."""
         if not self._is_open:
             await self._open()
         return await asyncio.to_thread(self._read, key, prototype or default_buffer_prototype(), byte_range)
@@ -58,7 +59,7 @@ class LinklessStore(LocalStore):
         return list(await asyncio.gather(*(self.get(key, prototype, r) for key, r in key_ranges)))
 
     async def exists(self, key: str) -> bool:
-        """Whether ``key`` is a file reached with no link followed (a link is a StoreError, not a yes)."""
+        """Whether ``key`` is a regular file reached as :meth:`get` reaches it."""
         return await asyncio.to_thread(self._size, key) is not None
 
     async def getsize(self, key: str) -> int:
@@ -69,9 +70,8 @@ class LinklessStore(LocalStore):
         return size
 
     def _size(self, key: str) -> int | None:
-        try:
-            fd = open_below(self.root, self.root / key)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        fd = self._fd(key)
+        if fd is None:
             return None
         try:
             return os.fstat(fd).st_size
@@ -79,15 +79,24 @@ class LinklessStore(LocalStore):
             os.close(fd)
 
     def _read(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None) -> Buffer | None:
-        """``key``'s bytes (``byte_range`` of them), as zarr's own ``LocalStore`` reads them; None: not there."""
+        fd = self._fd(key)
+        return None if fd is None else _ranged(fd, prototype, byte_range)
+
+
+class LinklessStore(_DescriptorReads):
+    """zarr's ``LocalStore`` over a store's folder, read-only, reading every key with no link followed below it."""
+
+    def __init__(self, root: Path | str, *, read_only: bool = True) -> None:
+        super().__init__(root, read_only=True)  # never written through: readers only
+
+    def _fd(self, key: str) -> int | None:
         try:
-            fd = open_below(self.root, self.root / key)
+            return open_below(self.root, self.root / key)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
-        return _ranged(fd, prototype, byte_range)
 
 
-class FolderStore(LocalStore):
+class FolderStore(_DescriptorReads):
     """zarr's ``LocalStore`` over an open :class:`~pgprefetch.store.folders.Folder`, no link followed.
 
     Every key is read, written and removed relative to the folder's descriptor.
@@ -129,41 +138,9 @@ class FolderStore(LocalStore):
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
 
-    def _read(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None) -> Buffer | None:
-        fd = self._fd(key)
-        return None if fd is None else _ranged(fd, prototype, byte_range)
-
-    async def get(
-        self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        """``key``'s bytes, read relative to the folder's descriptor; None when it is not there."""
-        return await asyncio.to_thread(self._read, key, prototype or default_buffer_prototype(), byte_range)
-
-    def get_sync(
-        self, key: str, *, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        """:meth:`get`, for zarr's synchronous paths."""
-        return self._read(key, prototype or default_buffer_prototype(), byte_range)
-
-    async def get_partial_values(
-        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
-    ) -> list[Buffer | None]:
-        """Each ``(key, range)`` as :meth:`get` reads it."""
-        return list(await asyncio.gather(*(self.get(key, prototype, r) for key, r in key_ranges)))
-
     async def exists(self, key: str) -> bool:
         """Whether ``key`` is a regular file in the folder, its links not followed."""
         return self.folder.kind(key) == "file"
-
-    async def getsize(self, key: str) -> int:
-        """The size of ``key``, opened as :meth:`get` opens it."""
-        fd = self._fd(key)
-        if fd is None:
-            raise FileNotFoundError(str(self.root / key))
-        try:
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
 
     async def list(self) -> AsyncIterator[str]:
         """Every file below the folder, walked by descriptors."""
