@@ -28,7 +28,7 @@ from pgprefetch.errors import (
 )
 
 if TYPE_CHECKING:
-    from pgprefetch.api import build_config, dump, ls, prune, verify
+    from pgprefetch.api import build_config, dump, forget, ls, prune, verify
     from pgprefetch.config import Config, load_config
     from pgprefetch.keys import KeyColumns, uuid_bytes, uuid_slots
     from pgprefetch.read.epoch import EpochArrays
@@ -62,6 +62,7 @@ __all__ = [
     "dump",
     "dump_epoch",
     "dump_epochs",
+    "forget",
     "lengths_to_mask",
     "load_config",
     "ls",
@@ -76,7 +77,7 @@ __all__ = [
 # Imported on first use, so that `import pgprefetch` (and `pgprefetch --version`) does not load zarr,
 # numpy and asyncpg: the library's names, the NumPy readers, the torch layer.
 _LIBRARY = {
-    **dict.fromkeys(("build_config", "dump", "ls", "prune", "verify"), "api"),
+    **dict.fromkeys(("build_config", "dump", "forget", "ls", "prune", "verify"), "api"),
     **dict.fromkeys(("Config", "load_config"), "config"),
     **dict.fromkeys(("KeyColumns", "uuid_bytes", "uuid_slots"), "keys"),
     **dict.fromkeys(("Store", "open_store"), "store"),

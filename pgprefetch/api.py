@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pgprefetch.config.load import load_config, parse_config, with_overrides
 from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError
-from pgprefetch.store.maintenance import EpochInfo, PruneResult, list_epochs, verify_epoch
+from pgprefetch.store.maintenance import EpochInfo, PruneResult, forget_consumer, list_epochs, verify_epoch
 from pgprefetch.store.maintenance import prune as prune_store
 from pgprefetch.store.open import open_store
 from pgprefetch.write.pipeline import RETRIES, DumpResult, dump_epochs
@@ -126,6 +126,15 @@ def prune(
         partials_older_than=partials_older_than,
         dry_run=dry_run,
     )
+
+
+def forget(store: str | os.PathLike[str], consumer: str) -> list[str]:
+    """Remove every record of training run ``consumer`` (``pgprefetch forget``); the records removed.
+
+    Only for a run gone for good: until then its records keep, against every ``prune`` and ``--keep``, each
+    epoch it may still read. A name with no record raises ConfigError naming the closest recorded one.
+    """
+    return forget_consumer(open_store(store).require(), consumer)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

@@ -46,6 +46,9 @@ def test_ls_verify_and_prune_as_functions(s_table: str, tmp_path: Path) -> None:
     assert [(i.epoch, i.state) for i in pgprefetch.ls(store)] == [(0, "complete"), (1, "complete"), (2, "complete")]
     assert pgprefetch.verify(store, 1) == []
     pgprefetch.open_store(store).record_consumer("run", 2)
+    pgprefetch.open_store(store).record_consumer("paused", 0)
+    assert pgprefetch.prune(store, keep=0).epochs == []  # the paused run may still read epoch 0
+    assert pgprefetch.forget(store, "paused") == ["paused"]
     assert pgprefetch.prune(store, keep=0).epochs == [0, 1]
 
 
