@@ -167,7 +167,7 @@ def start_or_fail(folder: Path) -> subprocess.CompletedProcess[str]:
             [sys.executable, "-m", "pgprefetch", "server", "--dir", str(folder)],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=90,  # a refusal comes in a second or two; a started server never exits
             check=False,
         )
     except subprocess.TimeoutExpired:

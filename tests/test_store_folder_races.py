@@ -227,7 +227,7 @@ def test_the_writers_and_the_workers_opens_by_name_refuse_a_fifo_and_a_link_with
     outside.write_bytes(b"x" * 8)
     link.symlink_to(outside)
     argv = [sys.executable, "-c", _OPEN_BY_NAME, str(tmp_path), str(fifo), str(link)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:-1] == [f"refused {fifo}", f"refused {link}"] * 2
 
