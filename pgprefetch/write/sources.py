@@ -60,37 +60,6 @@ async def open_source(
     keys_dir: Path | Place | None = None,
     executor: Executor | None = None,
 ) -> AsyncIterator[BatchSource | EpochPlan]:
-    """The batch source of ``epoch``, in the way its config and the table's size call for (:func:`_open_source`).
-
-    A scan's value outside a category list, met while its batches are written in any of those ways (a
-    Ray part's included), is named here, once, on the epoch's snapshot (query mode names its own:
-    :func:`~pgprefetch.write.query.query_source`). An epoch cut from a table cached by an earlier epoch has
-    no snapshot open: its error names the sample, not the value.
-    """
-    opened = _open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary,
-                          keys_dir=keys_dir, executor=executor)  # fmt: skip
-    async with opened as source:
-        try:
-            yield source
-        except UnknownCategoryError as e:
-            if cfg.mode != "scan" or cfg.mix is not None or snap is None:
-                raise
-            raise await name_unknown_category(cfg, snap, e, sample_text(cfg, snap)) from None
-
-
-@asynccontextmanager
-async def _open_source(
-    cfg: Config,
-    epoch: int,
-    snap: Snapshot | None,
-    cache: ReadCache,
-    *,
-    spool: Path | Place | None,
-    progress: Progress | None = None,
-    vocabulary: Vocabulary | None = None,
-    keys_dir: Path | Place | None = None,
-    executor: Executor | None = None,
-) -> AsyncIterator[BatchSource | EpochPlan]:
     """The batch source of ``epoch``, in the way its config and the table's size call for.
 
     ``snap`` may be None only when ``cache`` covers the config. A scan that does not fit reads its data in
@@ -99,62 +68,82 @@ async def _open_source(
     extend (:func:`~pgprefetch.write.plan.resolve_categories`). ``keys_dir``: where keys beyond ``[source]
     memory`` are ordered (either mode; a temporary folder if None; removed afterwards either way).
     ``executor``: a scan is read and cut on its cluster (:meth:`~pgprefetch.write.executor.Executor.read_scan`).
+    A scan's value outside a category list is named by value (:func:`_values_named`), whichever way it is read.
     """
-    if cfg.mix is not None:  # every source read on this epoch's snapshot (a scan source's table too)
-        assert snap is not None, "a mixed epoch is read on its own snapshot"
-        async with mixed_source(cfg, snap, epoch, vocabulary) as mixed:
-            yield mixed
-        return
-    if cfg.mode == "scan" and executor is not None:
-        if cache.spread is None:
-            assert snap is not None, "a snapshot is needed unless the table read is cached"
-            if progress:
-                progress.reading(epoch)
-            cache.spread = await executor.read_scan(cfg, snap, progress, vocabulary)
-        yield executor.scan_source(cfg, cache.spread, epoch)
-        return
-    if cache.covers(cfg):
-        assert cache.read is not None
-        yield scan_source(cfg, cache.read, epoch)
-        return
-    assert snap is not None, "a snapshot is needed unless the table read is cached"
-    if cfg.mode == "query":
-        async with query_source(cfg, snap, epoch, vocabulary, keys_dir) as source:
-            yield source
-        return
-    if progress:
-        progress.reading(epoch)
-    on_rows = progress.rows if progress else None
-    # Every folder below is made, written and removed through :mod:`pgprefetch.store.folders`: no link followed.
-    folder = as_place(keys_dir or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    spool = None if spool is None else as_place(spool)
+    async with _values_named(cfg, snap):
+        if cfg.mix is not None:  # every source read on this epoch's snapshot (a scan source's table too)
+            assert snap is not None, "a mixed epoch is read on its own snapshot"
+            async with mixed_source(cfg, snap, epoch, vocabulary) as mixed:
+                yield mixed
+            return
+        if cfg.mode == "scan" and executor is not None:
+            if cache.spread is None:
+                assert snap is not None, "a snapshot is needed unless the table read is cached"
+                if progress:
+                    progress.reading(epoch)
+                cache.spread = await executor.read_scan(cfg, snap, progress, vocabulary)
+            yield executor.scan_source(cfg, cache.spread, epoch)
+            return
+        if cache.covers(cfg):
+            assert cache.read is not None
+            yield scan_source(cfg, cache.read, epoch)
+            return
+        assert snap is not None, "a snapshot is needed unless the table read is cached"
+        if cfg.mode == "query":
+            async with query_source(cfg, snap, epoch, vocabulary, keys_dir) as source:
+                yield source
+            return
+        if progress:
+            progress.reading(epoch)
+        on_rows = progress.rows if progress else None
+        # Every folder below is made, written and removed through :mod:`pgprefetch.store.folders`: no link followed.
+        folder = as_place(
+            keys_dir or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        spool = None if spool is None else as_place(spool)
+        try:
+            rows_dir = None if spool is None else spool / "rows"  # a check reads only the keys of a table too large
+            read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, keys_dir=folder, rows_dir=rows_dir)
+            if isinstance(read, SpilledScan):
+                try:
+                    if spool is None:
+                        yield read.plan(cfg, epoch)
+                    else:
+                        async with spilled_source(cfg, snap, read, epoch) as source:
+                            yield source
+                finally:
+                    read.keys.close()
+                return
+            if isinstance(read, Stretches):
+                assert spool is not None, "a check reads the keys only: rows are split into stretches to be written"
+                async with stretch_source(cfg, snap, read, epoch, spool) as stretched:
+                    yield stretched
+                return
+            if read.fits:
+                cache.read = read
+                yield scan_source(cfg, read, epoch)
+                return
+            # A table too large whose keys were read for a check (a dump reads windows through the spilled keys'
+            # passes, rows in stretches, above).
+            assert spool is None, "a dump of a table beyond memory reads it in passes or stretches"
+            yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
+        finally:
+            if spool is not None:
+                spool.remove()
+            folder.remove()
+
+
+@asynccontextmanager
+async def _values_named(cfg: Config, snap: Snapshot | None) -> AsyncIterator[None]:
+    """Name, once, on the epoch's snapshot, a scan's value outside a category list met in the block.
+
+    The COPY hands the client only the value's code (-1), in any of the scan's ways (a Ray part's included),
+    so the value is looked up here (query mode names its own: :func:`~pgprefetch.write.query.query_source`).
+    An epoch cut from a table cached by an earlier epoch has no snapshot open: its error names the sample.
+    """
     try:
-        rows_dir = None if spool is None else spool / "rows"  # a check reads only the keys of a table too large
-        read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, keys_dir=folder, rows_dir=rows_dir)
-        if isinstance(read, SpilledScan):
-            try:
-                if spool is None:
-                    yield read.plan(cfg, epoch)
-                else:
-                    async with spilled_source(cfg, snap, read, epoch) as source:
-                        yield source
-            finally:
-                read.keys.close()
-            return
-        if isinstance(read, Stretches):
-            assert spool is not None, "a check reads the keys only: rows are split into stretches to be written"
-            async with stretch_source(cfg, snap, read, epoch, spool) as stretched:
-                yield stretched
-            return
-        if read.fits:
-            cache.read = read
-            yield scan_source(cfg, read, epoch)
-            return
-        # A table too large whose keys were read for a check (a dump reads windows through the spilled keys'
-        # passes, rows in stretches, above).
-        assert spool is None, "a dump of a table beyond memory reads it in passes or stretches"
-        yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
-    finally:
-        if spool is not None:
-            spool.remove()
-        folder.remove()
+        yield
+    except UnknownCategoryError as e:
+        if cfg.mode != "scan" or cfg.mix is not None or snap is None:
+            raise
+        raise await name_unknown_category(cfg, snap, e, sample_text(cfg, snap)) from None
