@@ -22,7 +22,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,7 +35,8 @@ from pgprefetch.demo.access import SERVER_USER, check_reachable
 from pgprefetch.errors import ConfigError
 
 from .harness.db import data_folder
-from .harness.servers import Server, kill_leftovers, select_one
+from .harness.files import tmp_folder
+from .harness.servers import Server, kill_leftovers, select_one, stop_started
 
 AS_ROOT = os.geteuid() == 0
 as_root = pytest.mark.skipif(not AS_ROOT, reason="the server runs as another user only when started by root")
@@ -84,12 +84,8 @@ def unchanged(before: dict[Path, tuple[int, int]]) -> dict[Path, tuple[int, int]
 @pytest.fixture
 def private() -> Iterator[Path]:
     """A folder as ``mktemp -d`` makes it (0700), which the server's system user cannot enter."""
-    path = Path(tempfile.mkdtemp(prefix="pgroot-", dir="/tmp"))
-    assert stat.S_IMODE(path.stat().st_mode) == 0o700
-    try:
+    with tmp_folder("pgroot-", 0o700) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -99,11 +95,7 @@ def servers() -> Iterator[list[Path]]:
     try:
         yield started
     finally:
-        for proc in Server.started:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        Server.started.clear()
+        stop_started()
         for pgdata in started:
             kill_server(pgdata)
 
@@ -111,15 +103,13 @@ def servers() -> Iterator[list[Path]]:
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A short folder of the test's own that the server's user may enter (0711), for the #51.4 tests."""
-    path = Path(tempfile.mkdtemp(prefix="pgown-", dir="/tmp"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        for folder in [path, *path.rglob("*")]:
-            if folder.is_dir() and not folder.is_symlink() and (folder / "pg").exists():
-                kill_leftovers(folder)
-        shutil.rmtree(path, ignore_errors=True)
+    with tmp_folder("pgown-", 0o711) as path:
+        try:
+            yield path
+        finally:
+            for folder in [path, *path.rglob("*")]:
+                if folder.is_dir() and not folder.is_symlink() and (folder / "pg").exists():
+                    kill_leftovers(folder)
 
 
 def clone(into: Path, *, tests: bool = False) -> tuple[Path, Path]:
@@ -470,12 +460,8 @@ if sys.argv[3:] == ["hold"]:
 @pytest.fixture
 def cache() -> Iterator[Path]:
     """A cache folder of the test's own, as root keeps one: 0755, in a folder only root can change but /tmp's."""
-    path = Path(tempfile.mkdtemp(prefix="pgcache-", dir="/tmp"))
-    path.chmod(0o755)
-    try:
+    with tmp_folder("pgcache-", 0o755) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def fake_wheel(at: Path, build: str) -> Path:

@@ -16,7 +16,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.pipeline import keys_folder
 
 from .harness.dumps import dump_argv, run_cli
-from .harness.files import tree
+from .harness.files import tmp_folder, tree
 from .harness.s3 import S3
 from .harness.spill import numbers_config
 
@@ -49,12 +48,8 @@ def _uid(name: str) -> int:
 @pytest.fixture
 def sticky() -> Iterator[Path]:
     """A shared scratch folder as /tmp is (mode 1777), reachable by every user (its parent is /tmp itself)."""
-    folder = Path(tempfile.mkdtemp(prefix="pgprefetch-sticky-", dir="/tmp"))
-    folder.chmod(0o1777)
-    try:
+    with tmp_folder("pgprefetch-sticky-", 0o1777) as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _foreign(folder: Path, owner: str = "nobody") -> bytes:

@@ -1,9 +1,28 @@
-"""What a test compares a folder by: every entry below it, links not followed (the store-link tests)."""
+"""Folders a test makes and compares: a folder of its own under /tmp with a given mode, and every entry below one.
+
+The store-link tests compare a folder by :func:`tree`; the server and shared-folder tests need folders whose
+mode says who may enter (0700 as ``mktemp -d``, 0711 for the server's user, 1777 as /tmp): :func:`tmp_folder`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def tmp_folder(prefix: str, mode: int = 0o700) -> Iterator[Path]:
+    """A new folder under /tmp (short: unix socket paths are capped) with ``mode``, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(mode)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def tree(root: Path) -> dict[str, object]:

@@ -134,10 +134,15 @@ def assert_stopped(folder: Path, dsn: str, *pids: int) -> None:
 
 def cleanup(*folders: Path) -> None:
     """After a server test: kill the server commands it started and every process of ``folders``' servers."""
-    for proc in Server.started:  # a test that failed midway may leave its server command running
+    stop_started()
+    for folder in folders:
+        kill_leftovers(folder)
+
+
+def stop_started() -> None:
+    """Kill the server commands a test started (:class:`Server`) that still run: one that failed midway may."""
+    for proc in Server.started:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     Server.started.clear()
-    for folder in folders:
-        kill_leftovers(folder)
