@@ -3,7 +3,7 @@
 Each job is dumped as a whole process (the peak RSS is the child's ``ru_maxrss``), once with the budget and
 once with a budget far above the job (*in memory*); *floor* is the same job's dump of a 1,000-row table (the
 interpreter, the imports and the fixed buffers). The promise checked: ``peak <= floor + budget + slack``
-with the slack of :data:`pgprefetch.write.budget.SLACK`, and the budgeted time within 1.5x the in-memory
+with the slack of :data:`pgprefetch.write.memory.policy.SLACK`, and the budgeted time within 1.5x the in-memory
 time, with the same bytes (every chunk's digest).
 
 Jobs (issue #39's table; ``--quick`` divides the rows by 10):
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     jobs = [JOBS[j.strip()] for j in args.jobs.split(",") if j.strip()]
-    from pgprefetch.write.budget import SLACK
+    from pgprefetch.write.memory.policy import SLACK
 
     lines = []
     with server() as admin, database(admin) as dsn, tempfile.TemporaryDirectory(prefix="pgpf-mem-") as tmp:

@@ -29,6 +29,9 @@ from .harness.s3 import s3_server as s3_server_running
 
 # Read by Ray when it is imported: its processes then bind to 127.0.0.1, not the machine's outward address.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# Every dump the suite runs (in its processes and the CLI's children) checks its memory pool: a reservation
+# that would take the live total past --memory fails, naming the holders (pgprefetch.write.memory.pool).
+os.environ["PGPREFETCH_CHECK_MEMORY"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pgprefetch.write.budget import FLOOR, SLACK
+from pgprefetch.write.memory.policy import FLOOR, SLACK
 
 from .harness.configs import scan_config, write_config
 from .harness.db import execute

@@ -145,7 +145,7 @@ def test_the_training_job_runs_the_example_with_options_it_takes() -> None:
 def test_each_deployment_limits_the_dump_to_its_budget_plus_the_floor_and_the_slack() -> None:
     """The container's limit and the unit's MemoryMax leave room for ``--memory`` + floor + slack, and not much more."""
     from pgprefetch.config.values import parse_size
-    from pgprefetch.write.budget import FLOOR, SLACK
+    from pgprefetch.write.memory.policy import FLOOR, SLACK
 
     (args,) = {tuple(a) for a in deploy.dump_commands().values()}
     budget = parse_size(args[args.index("--memory") + 1], "--memory")

@@ -91,7 +91,7 @@ def test_a_table_larger_than_memory_is_read_in_passes_and_gives_the_same_bytes(
     # One read of every column (the keys pass, which splits the rows into the passes' files), after the first
     # read that outgrew memory (a table ANALYZE has not counted yet) was given up part way.
     assert whole.rows_read <= passes.rows_read < 2 * whole.rows_read
-    assert not (tmp_path / "small" / "store.zarr" / ".pgprefetch" / "spool" / "epoch-00000").exists()
+    assert not (tmp_path / "small" / "store.zarr" / ".pgprefetch" / "partial" / "epoch-00000.spill").exists()
     got = read_arrays(passes)
     for name, array in read_arrays(whole).items():
         np.testing.assert_array_equal(got[name], array)

@@ -28,6 +28,7 @@ from pgprefetch.write.order.shuffle import order_part
 from pgprefetch.write.scan.mode import SpilledScan, read_scan
 from pgprefetch.write.scan.partition import EpochRanges, Partition
 from pgprefetch.write.scan.table import Table
+from pgprefetch.write.spill.folder import SpillFolder
 
 from .harness.configs import scan_config
 from .harness.db import execute
@@ -68,7 +69,7 @@ def test_the_partition_puts_every_series_whole_in_the_pass_its_key_names_even_af
     rng = np.random.default_rng(2)
     series = np.repeat(np.arange(5000), rng.integers(1, 60, size=5000))  # series of 1-59 rows
     arrived = rng.permutation(series.size)
-    partition = Partition(tmp_path / "rows", buckets=3, n_key=1, room=100_000)  # 3.2 MB of rows: too few
+    partition = Partition(SpillFolder(tmp_path / "rows"), buckets=3, n_key=1, room=100_000)  # 3.2 MB of rows: too few
     for lo in range(0, arrived.size, 7000):
         rows = arrived[lo : lo + 7000]
         partition.add({"k0": series[rows].astype(np.int32), "k1": rows.astype(np.int64), "c0": rows * 0.5})
@@ -92,7 +93,7 @@ def test_epoch_ranges_make_each_pass_a_stretch_of_the_epochs_order_even_after_a_
     rng = np.random.default_rng(3)
     keys = rng.permutation(60_000).astype(np.int64) * 7  # with a repeated key: equal keys go to one pass
     keys[:50] = keys[50]
-    ranges = EpochRanges(tmp_path / "rows", buckets=3, n_key=1, room=80_000, seed=5, epoch=2)
+    ranges = EpochRanges(SpillFolder(tmp_path / "rows"), buckets=3, n_key=1, room=80_000, seed=5, epoch=2)
     for lo in range(0, keys.size, 7000):
         part = keys[lo : lo + 7000]
         ranges.add({"k0": part, "c0": part * 0.5})
@@ -131,7 +132,7 @@ def test_windows_keys_beyond_memory_give_the_bytes_of_the_in_memory_dump(
     assert manifest(spilled.path)["keys_sha256"] == manifest(whole.path)["keys_sha256"]
     meta = tmp_path / "s" / "store.zarr" / ".pgprefetch"
     assert not list((meta / "partial").iterdir())  # the keys' files are gone
-    assert not (meta / "spool" / "epoch-00000").exists()
+    assert not (meta / "partial" / "epoch-00000.spill").exists()
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.7])
@@ -243,7 +244,7 @@ def test_the_keys_pass_is_held_within_memory_and_in_memory_when_the_keys_fit(db:
         "INSERT INTO wide SELECT i, array_fill(i::real, ARRAY[32]) FROM generate_series(1, 20000) i ORDER BY random()",
     )
     wide = {"table": "wide", "key": "id", "fields": {"emb": (["emb"], "float32")}}
-    # 8 MiB: the process's budget, of which the writer and the heap take about half (pgprefetch.write.budget)
+    # 8 MiB: the process's budget, of which the writer and the heap take about half (pgprefetch.write.memory.policy)
     fits = load_config(scan_config(tmp_path / "fits", **wide, extra='memory = "8MiB"'), dsn=db)
     read, _ = asyncio.run(_traced_read(fits, tmp_path / "keys-fits"))
     assert not isinstance(read, SpilledScan)
@@ -256,7 +257,7 @@ async def _traced_read(cfg: object, folder: Path) -> tuple[object, int]:
     async with Snapshot.open(cfg.source) as snap:  # type: ignore[attr-defined]
         tracemalloc.start()
         try:
-            read = await read_scan(cfg, snap, epoch=0, keys_dir=folder)  # type: ignore[arg-type]
+            read = await read_scan(cfg, snap, epoch=0, spill=SpillFolder(folder), write=False)  # type: ignore[arg-type]
             return read, tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -265,7 +266,7 @@ async def _traced_read(cfg: object, folder: Path) -> tuple[object, int]:
 def test_kill_9_while_keys_are_on_disk_then_rerun_gives_the_clean_bytes(tables: str, tmp_path: Path) -> None:
     cfg = scan_config(tmp_path / "a", **WINDOWS, extra=TINY)
     store = tmp_path / "a" / "store.zarr"
-    keys = store / ".pgprefetch" / "partial" / "epoch-00000.keys"
+    keys = store / ".pgprefetch" / "partial" / "epoch-00000.spill"
     kill_9_mid_dump(cfg, tables, lambda: (keys / "samples" / "ordered").exists())
     assert not (store / "epoch-00000").exists()
     rerun = dump(cfg, tables)
@@ -282,12 +283,11 @@ def test_scratch_takes_the_keys_and_a_full_one_is_one_line_with_nothing_publishe
     proc = dump_on_a_full_disk(argv, 256 << 10, timeout=120)  # writes past 256 KiB fail; the keys take ~2 MB
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
-    # The first file past the cap: the keys' sort in the scratch, or the passes' sorted rows (~2 MB) in the spool.
-    keys = rf"{re.escape(str(scratch))}/pgprefetch-[0-9a-f]{{12}}-epoch-00000\.keys/samples"
-    rows = re.escape(str(store / ".pgprefetch" / "spool" / "epoch-00000" / "sorted"))
-    assert re.fullmatch(
-        rf"Error: cannot write ({keys}|{rows}): File too large; {RESUME_HINT}", proc.stderr.splitlines()[-1]
-    ), proc.stderr
+    # The first file past the cap, in the scratch: the passes' files, their sorted rows, or the keys' sort.
+    spill = rf"{re.escape(str(scratch))}/pgprefetch-[0-9a-f]{{12}}-epoch-00000\.spill/(partition|sorted|samples)"
+    assert re.fullmatch(rf"Error: cannot write {spill}: File too large; {RESUME_HINT}", proc.stderr.splitlines()[-1]), (
+        proc.stderr
+    )
     assert not (store / "epoch-00000").exists()
     assert not list(scratch.iterdir())
     done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120, check=False)
@@ -328,16 +328,16 @@ def test_two_million_rows_in_eight_or_more_buckets_give_the_in_memory_bytes(
         caplog.clear()
 
 
-def test_a_link_planted_for_the_spool_is_replaced_not_followed(tables: str, tmp_path: Path) -> None:
-    """The passes write into the store's ``.pgprefetch/spool``: a link planted there leads nowhere."""
+def test_a_link_planted_for_the_spill_folder_is_replaced_not_followed(tables: str, tmp_path: Path) -> None:
+    """The passes write into the epoch's spill folder beside its partial epoch: a link planted there leads nowhere."""
     outside = tmp_path / "outside"
     outside.mkdir()
     meta = tmp_path / "s" / "store.zarr" / ".pgprefetch"
-    (meta / "spool").mkdir(parents=True)
-    (meta / "spool" / "epoch-00000").symlink_to(outside, target_is_directory=True)
+    (meta / "partial").mkdir(parents=True)
+    (meta / "partial" / "epoch-00000.spill").symlink_to(outside, target_is_directory=True)
     spilled = dump(scan_config(tmp_path / "s", **WINDOWS, extra=TINY), tables)
     assert not list(outside.iterdir())  # nothing of the passes' rows, windows or starts written through it
-    assert not (meta / "spool" / "epoch-00000").exists()
+    assert not (meta / "partial" / "epoch-00000.spill").exists()
     whole = dump(scan_config(tmp_path / "w", **WINDOWS), tables)
     assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
 
@@ -358,7 +358,7 @@ def test_a_connection_terminated_while_rows_are_split_into_stretches_is_retried(
 
     rows = {**ROWS, "table": SLOW_FLAT}
     cfg = scan_config(tmp_path / "s", **rows, extra=TINY)
-    ranges = tmp_path / "s" / "store.zarr" / ".pgprefetch" / "spool" / "epoch-00000" / "rows"
+    ranges = tmp_path / "s" / "store.zarr" / ".pgprefetch" / "partial" / "epoch-00000.spill" / "ranges"
 
     def kill_once_split() -> None:
         deadline = time.monotonic() + 60
@@ -378,7 +378,7 @@ def test_a_connection_terminated_while_rows_are_split_into_stretches_is_retried(
 
 def test_kill_9_while_stretches_are_written_then_rerun_gives_the_clean_bytes(tables: str, tmp_path: Path) -> None:
     cfg = scan_config(tmp_path / "a", **ROWS, extra=TINY)
-    spool = tmp_path / "a" / "store.zarr" / ".pgprefetch" / "spool" / "epoch-00000"
+    spool = tmp_path / "a" / "store.zarr" / ".pgprefetch" / "partial" / "epoch-00000.spill"
     kill_9_mid_dump(cfg, tables, lambda: (spool / "stretches" / "samples").exists())
     assert not (tmp_path / "a" / "store.zarr" / "epoch-00000").exists()
     rerun = dump(cfg, tables)

@@ -20,6 +20,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.sources import ReadCache, open_source
+from pgprefetch.write.spill.folder import SpillFolder
 
 from .harness.configs import scan_config
 from .harness.spill import TINY_SOURCE, WINDOWS, load_tables
@@ -50,8 +51,11 @@ def _take(source: BatchSource, units: Units, size: int, threads: int) -> dict[in
         return dict(pool.map(one, units))
 
 
-async def _produced(cfg: Config, spool: Path | None, rounds: list[Units], threads: int) -> list[dict]:
-    async with Snapshot.open(cfg.source) as snap, open_source(cfg, 0, snap, ReadCache(), spool=spool) as source:
+async def _produced(cfg: Config, spill: Path, rounds: list[Units], threads: int) -> list[dict]:
+    async with (
+        Snapshot.open(cfg.source) as snap,
+        open_source(cfg, 0, snap, ReadCache(), spill=SpillFolder(spill)) as source,
+    ):
         assert isinstance(source, BatchSource)
         size = cfg.batches.size
         return [await asyncio.to_thread(_take, source, units, size, threads) for units in rounds]
@@ -67,7 +71,7 @@ def test_windows_beyond_memory_give_every_batch_in_whatever_order_and_threads_ta
     units = _units(_n_batches(whole), rng)
     rounds = [rng.sample(units, len(units)) for _ in range(3)]  # the same units, each round in another order
     got = asyncio.run(_produced(spilled, tmp_path / "spool", rounds, threads=4))
-    expected = asyncio.run(_produced(whole, None, [units], threads=1))[0]
+    expected = asyncio.run(_produced(whole, tmp_path / "unused", [units], threads=1))[0]
     for taken in got:
         assert taken.keys() == expected.keys()
         for first, arrays in expected.items():
@@ -77,7 +81,8 @@ def test_windows_beyond_memory_give_every_batch_in_whatever_order_and_threads_ta
 
 def _n_batches(cfg: Config) -> int:
     async def count() -> int:
-        async with Snapshot.open(cfg.source) as snap, open_source(cfg, 0, snap, ReadCache(), spool=None) as source:
+        spill = SpillFolder.temporary()
+        async with Snapshot.open(cfg.source) as snap, open_source(cfg, 0, snap, ReadCache(), spill=spill) as source:
             assert isinstance(source, BatchSource)
             return source.plan.n_batches
 

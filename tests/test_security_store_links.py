@@ -104,7 +104,7 @@ def linked(hostile_store: Path, tmp_path: Path) -> tuple[LocalStore, Path]:
         (outside / name / "precious").write_text("precious")
     partial = store / ".pgprefetch" / "partial"
     (partial / "epoch-00007").mkdir(parents=True)
-    (partial / "epoch-00007.keys").symlink_to(outside / "keys7")
+    (partial / "epoch-00007.spill").symlink_to(outside / "keys7")
     (partial / "epoch-00008").symlink_to(outside / "partial8")
     (store / ".pgprefetch" / "trash").symlink_to(outside / "trash")
     return LocalStore(store), outside
@@ -118,12 +118,12 @@ def test_prune_removes_links_in_the_store_not_what_they_point_at_and_lists_each_
     assert result.partials == [7, 8]
     assert "deleted partial epochs 7, 8 (no dump is writing them)" in result.lines(1)
     partial = store.meta / "partial"
-    assert not (partial / "epoch-00007.keys").is_symlink()  # reported deleted: it is gone
+    assert not (partial / "epoch-00007.spill").is_symlink()  # reported deleted: it is gone
     assert not (partial / "epoch-00007").exists()
     assert not (partial / "epoch-00008").is_symlink()
     for name in ("keys7", "partial8", "trash"):  # nothing outside moved or deleted
         assert sorted(p.name for p in (outside / name).iterdir()) == ["precious"]
-    assert store.orphaned_keys() == []
+    assert store.orphaned_spills() == []
 
 
 def test_prune_dry_run_names_one_epoch_in_the_singular(linked: tuple[LocalStore, Path]) -> None:
@@ -178,7 +178,7 @@ def test_keys_a_check_orders_on_disk_are_in_a_folder_only_their_user_can_read(
     assert set(top.values()) == {"0o700"}, top
 
 
-def test_keys_and_spool_of_a_scan_dump_beyond_memory_are_in_folders_only_their_user_can_read(
+def test_the_spill_folder_of_a_scan_dump_beyond_memory_and_its_folders_only_their_user_can_read(
     db: str, tmp_path: Path
 ) -> None:
     from .harness.configs import scan_config
@@ -189,9 +189,7 @@ def test_keys_and_spool_of_a_scan_dump_beyond_memory_are_in_folders_only_their_u
     cfg = scan_config(tmp_path / "c", **WINDOWS, extra=TINY)
     meta = tmp_path / "c" / "store.zarr" / ".pgprefetch"
     seen = _run_watched(meta, lambda: dump(cfg, db))
-    private = {
-        folder: oct(mode) for folder, mode in seen.items() if ".keys" in folder or Path(folder).parent.name == "spool"
-    }
-    assert any(f.endswith(".keys") for f in private), sorted(seen)
-    assert any(Path(f).parent.name == "spool" for f in private), sorted(seen)
+    private = {folder: oct(mode) for folder, mode in seen.items() if ".spill" in folder}
+    assert any(f.endswith(".spill") for f in private), sorted(seen)
+    assert any(Path(f).parent.name.endswith(".spill") for f in private), sorted(seen)  # its algorithms' folders
     assert set(private.values()) == {"0o700"}, private

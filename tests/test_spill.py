@@ -36,6 +36,7 @@ from pgprefetch.write.order import shuffle, spill
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.query import plan_epoch
+from pgprefetch.write.spill.folder import SpillFolder
 
 from .harness.dumps import (
     RESUME_HINT,
@@ -67,7 +68,7 @@ async def _chunks(keys: np.ndarray, step: int = 50_000) -> AsyncIterator[np.ndar
 
 def spilled_order(keys: np.ndarray, folder: Path, budget: int, **kw: object) -> tuple[np.ndarray, shuffle.Repeats, int]:
     seed, epoch, fraction = kw.get("seed", 3), kw.get("epoch", 5), kw.get("fraction", 1.0)
-    runs = asyncio.run(collect_keys(_chunks(keys), keys.shape[0], budget, folder, seed=seed, epoch=epoch))  # type: ignore[arg-type]
+    runs = asyncio.run(collect_keys(_chunks(keys), keys.shape[0], budget, SpillFolder(folder), seed=seed, epoch=epoch))  # type: ignore[arg-type]
     assert isinstance(runs, KeyRuns), "the keys should have outgrown the budget"
     ordered, repeats, buckets = runs.order(fraction=fraction, quantum=1)  # type: ignore[arg-type]
     try:
@@ -97,7 +98,7 @@ def _spilled(
         folder = Path(scratch) / "k"
         chunks = _chunks(keys, step=chunk)
         runs = asyncio.run(
-            collect_keys(chunks, width, held * spill.bytes_per_key(width), folder, seed=seed, epoch=epoch)
+            collect_keys(chunks, width, held * spill.bytes_per_key(width), SpillFolder(folder), seed=seed, epoch=epoch)
         )
         if isinstance(runs, np.ndarray):  # they fit: the in-memory path, the keys as they came
             assert keys.shape[1] <= max(held, chunk)  # (one chunk beyond the budget is held whole)
@@ -191,7 +192,7 @@ def test_the_ordered_file_hashes_like_the_in_memory_keys(
     keys = data.draw(hnp.arrays(np.int64, (width, n), elements=values), label="keys")
     cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=8), label="cuts"))
     with tempfile.TemporaryDirectory() as scratch:
-        out = OrderedKeys(Path(scratch) / "ordered", width, n + spare, quantum)
+        out = OrderedKeys(SpillFolder(Path(scratch) / "k"), "ordered", width, quantum)
         try:
             for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):  # appended a bucket at a time, hashed as it grows
                 if data.draw(st.booleans(), label="through an order"):
@@ -211,10 +212,10 @@ def test_the_ordered_file_hashes_like_the_in_memory_keys(
             out.close()
 
 
-def test_removing_a_partial_epoch_removes_its_keys(tmp_path: Path) -> None:
+def test_removing_a_partial_epoch_removes_its_spill_folder(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store.zarr")
     store.create()
-    keys = store.keys_path(3)
+    keys = store.spill_path(3)
     keys.mkdir(parents=True)
     (keys / "runs").write_bytes(b"x" * 100)
     assert keys.parent == store.partial_path(3).parent
@@ -223,15 +224,15 @@ def test_removing_a_partial_epoch_removes_its_keys(tmp_path: Path) -> None:
     assert not keys.exists()
 
 
-def test_prune_partials_removes_keys_a_dump_killed_while_ordering_them_left(tmp_path: Path) -> None:
+def test_prune_partials_removes_the_spill_folder_a_dump_killed_before_its_first_batch_left(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store.zarr")
     store.create()
-    store.keys_path(5).mkdir(parents=True)  # no partial epoch beside it: the dump died before its first batch
-    assert store.orphaned_keys() == [5]
+    store.spill_path(5).mkdir(parents=True)  # no partial epoch beside it: the dump died before its first batch
+    assert store.orphaned_spills() == [5]
     assert prune(store, keep=1).partials == []  # only when asked, as for partial epochs
-    assert store.keys_path(5).exists()
+    assert store.spill_path(5).exists()
     assert prune(store, keep=1, partials=True).partials == [5]
-    assert not store.keys_path(5).exists()
+    assert not store.spill_path(5).exists()
 
 
 # ---- dumps through PostgreSQL -------------------------------------------------------------------------------------
@@ -289,7 +290,7 @@ def test_the_keys_are_held_within_memory_and_in_memory_when_they_fit(db: str, tm
         async with Snapshot.open(loaded.source) as snap:
             tracemalloc.start()
             try:
-                planned = await plan_epoch(loaded, snap, 0, scratch=tmp_path / f"keys-{memory}")
+                planned = await plan_epoch(loaded, snap, 0, scratch=SpillFolder(tmp_path / f"keys-{memory}"))
                 peak = tracemalloc.get_traced_memory()[1]
             finally:
                 tracemalloc.stop()
@@ -311,7 +312,7 @@ def test_kill_9_while_keys_are_on_disk_then_resume_gives_the_clean_bytes(db: str
     slow = "SELECT $1 % 1000 AS v, pg_sleep(CASE WHEN $1 % 100 = 0 THEN 0.01 ELSE 0 END)"
     cfg = numbers_config(tmp_path, n=60_000, query=slow, extra_source=f'memory = "{TINY}"')
     store = tmp_path / "store.zarr"
-    keys = store / ".pgprefetch" / "partial" / "epoch-00000.keys"
+    keys = store / ".pgprefetch" / "partial" / "epoch-00000.spill" / "keys"
     victim = start_dump(cfg, db)
     wait_for(lambda: journal_lines(store) >= 5)
     assert (keys / "ordered").exists()  # the batches read their keys from disk
@@ -332,12 +333,12 @@ def test_a_full_disk_while_ordering_keys_is_one_line_and_nothing_is_published(db
     proc = dump_on_a_full_disk(dump_argv(cfg, db), 256 << 10)  # writes past 256 KiB fail; the spill is ~2 MB
     assert proc.returncode == 1
     assert re.fullmatch(
-        rf"Error: cannot write {re.escape(str(store))}/\.pgprefetch/partial/epoch-00000\.keys: File too large; "
+        rf"Error: cannot write {re.escape(str(store))}/\.pgprefetch/partial/epoch-00000\.spill/keys: File too large; "
         rf"{RESUME_HINT}\n",
         proc.stderr,
     ), proc.stderr
     assert not (store / "epoch-00000").exists()
-    assert not (store / ".pgprefetch" / "partial" / "epoch-00000.keys").exists()
+    assert not (store / ".pgprefetch" / "partial" / "epoch-00000.spill").exists()
     assert dump(cfg, db).status == "written"
 
 
@@ -347,7 +348,7 @@ def test_a_connection_lost_while_keys_stream_to_disk_is_retried(db: str, tmp_pat
     cfg = numbers_config(tmp_path, keys=keys, extra_source=f'memory = "{TINY}"')
     store = tmp_path / "store.zarr"
     proc = start_dump(cfg, db, 0, "--json")
-    wait_for(lambda: (store / ".pgprefetch" / "partial" / "epoch-00000.keys" / "runs").exists())
+    wait_for(lambda: (store / ".pgprefetch" / "partial" / "epoch-00000.spill" / "keys" / "runs").exists())
     kill_every_connection(db)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err

@@ -1,7 +1,7 @@
 """Folder links planted inside a local store are never written through (#51.2, review N1).
 
 For every folder a local store keeps (``.pgprefetch`` itself, its ``locks``, ``consumers``, ``partial``,
-``trash`` and ``spool``, a partial epoch's own folder, its arrays' folders, its keys folder), a link to a
+``trash``, a partial epoch's own folder, its arrays' folders, its spill folder), a link to a
 folder outside the store is planted, holding what the store's folder held (so that a write through it would
 land among real-looking files), and the command that writes there is run as users run it: ``pgprefetch
 dump``, a reader opening an epoch (which records its consumer), ``dump --consumer NAME --new``, ``prune``,
@@ -227,8 +227,8 @@ def test_forget_removes_no_record_through_a_linked_folder(copied: Path) -> None:
     assert tree(outside) == before
 
 
-# --- the folders only some dumps write: keys on disk, a scan's spool, the vocabulary, a resumed epoch --------
-@pytest.mark.parametrize("folder", [".pgprefetch/partial", ".pgprefetch/partial/epoch-00000.keys"])
+# --- the folders only some dumps write: a spill folder, the vocabulary, a resumed epoch --------
+@pytest.mark.parametrize("folder", [".pgprefetch/partial", ".pgprefetch/partial/epoch-00000.spill"])
 def test_keys_ordered_on_disk_are_never_written_through_a_link(db: str, tmp_path: Path, folder: str) -> None:
     config = numbers_config(tmp_path / "c", n=120_000, extra_source='memory = "1MiB"')
     store = tmp_path / "c" / "store.zarr"
@@ -244,8 +244,8 @@ def test_keys_ordered_on_disk_are_never_written_through_a_link(db: str, tmp_path
     assert any("keys outgrew [source] memory" in line for line in run.said), run.said
 
 
-@pytest.mark.parametrize("folder", [".pgprefetch/spool", ".pgprefetch/spool/epoch-00000"])
-def test_a_scan_beyond_memory_spools_in_real_folders_only(scan_db: str, tmp_path: Path, folder: str) -> None:
+@pytest.mark.parametrize("folder", [".pgprefetch/partial", ".pgprefetch/partial/epoch-00000.spill"])
+def test_a_scan_beyond_memory_spills_in_real_folders_only(scan_db: str, tmp_path: Path, folder: str) -> None:
     config = scan_config(tmp_path / "c", **WINDOWS, extra=TINY_SOURCE)
     store = tmp_path / "c" / "store.zarr"
     (store / ".pgprefetch").mkdir(parents=True)

@@ -31,7 +31,7 @@ from pgprefetch.store.open import open_store
 from pgprefetch.store.s3 import S3Store
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.files.writer import EpochWriter
-from pgprefetch.write.pipeline import keys_folder
+from pgprefetch.write.pipeline import spill_folder
 
 from .harness.dumps import dump_argv, run_cli
 from .harness.files import tmp_folder, tree
@@ -73,12 +73,12 @@ def _untouched(folder: Path, owner: str = "nobody") -> None:
 
 # --- 1: a keys folder of another user's under the predictable name ------------------------------------------
 @as_root
-def test_a_keys_folder_another_user_left_in_a_shared_scratch_is_refused_not_written_into(
+def test_a_spill_folder_another_user_left_in_a_shared_scratch_is_refused_not_written_into(
     db: str, tmp_path: Path, sticky: Path
 ) -> None:
     config = numbers_config(tmp_path / "c", n=120_000, extra_source='memory = "1MiB"')  # keys go to disk
     cfg = load_config(config, dsn=db, scratch=sticky)
-    planted = keys_folder(cfg, open_store(cfg.store.path), 0).path
+    planted = spill_folder(cfg, open_store(cfg.store.path), 0).path
     assert planted.parent == sticky
     _foreign(planted)
     code, output = run_cli("dump", "--config", str(config), "--dsn", db, "--epoch", "0", "--scratch", str(sticky))
@@ -97,7 +97,7 @@ def test_a_folder_another_user_keeps_in_a_sticky_folder_is_refused_when_it_canno
     Run in a child that drops root for ``daemon``, as an ordinary user's dump would run, against a folder
     ``nobody`` owns; the child reports what ``Place.fresh`` did through its exit status.
     """
-    planted = sticky / "pgprefetch-0123456789ab-epoch-00000.keys"
+    planted = sticky / "pgprefetch-0123456789ab-epoch-00000.spill"
     _foreign(planted)
     pid = os.fork()
     if pid == 0:  # the child: never back into pytest

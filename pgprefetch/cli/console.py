@@ -12,6 +12,7 @@ import ctypes
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,6 +38,10 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; translate what it raises."""
         _JSON.clear()
+        if ctx.params.get("debug"):  # the dump's memory pool refuses an over-commit, naming its holders
+            from pgprefetch.write.memory.pool import CHECK_VARIABLE
+
+            os.environ.setdefault(CHECK_VARIABLE, "1")
         try:
             return super().invoke(ctx)
         except PgprefetchError as e:

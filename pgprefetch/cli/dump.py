@@ -148,12 +148,12 @@ def dump(
     from pgprefetch.config.load import load_config
     from pgprefetch.store.maintenance import ahead_window, check_consumer, prune, register_consumer
     from pgprefetch.store.open import open_store
-    from pgprefetch.write import heap
+    from pgprefetch.write.memory import heap
     from pgprefetch.write.pipeline import check_same_config, dump_epoch
     from pgprefetch.write.sources import ReadCache
 
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
-    heap.fit(cfg.source.memory_bytes)  # the heap's kept memory is the budget's too (pgprefetch.write.budget)
+    heap.fit(cfg.source.memory_bytes)  # the heap's kept memory is the budget's too (pgprefetch.write.memory.policy)
     target = open_store(cfg.store.path)
     # Everything that can refuse the run is decided here, before an epoch is dumped: another config's store,
     # a mistyped consumer (checked the same way for --ahead and --keep).

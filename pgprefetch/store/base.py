@@ -261,25 +261,21 @@ class Store(abc.ABC):
         partial = self.partial_path(epoch)
         return partial.with_name(f"{partial.name}.journal")
 
-    def keys_path(self, epoch: int) -> Path:
-        """Where a dump orders an epoch's keys beyond ``[source] memory``: beside its partial epoch, removed with it."""
+    def spill_path(self, epoch: int) -> Path:
+        """A dump's files beyond ``[source] memory`` (keys, rows): beside its partial epoch, removed with it."""
         partial = self.partial_path(epoch)
-        return partial.with_name(f"{partial.name}.keys")
+        return partial.with_name(f"{partial.name}.spill")
 
-    def orphaned_keys(self) -> list[int]:
-        """Epochs with a keys folder but no partial epoch: left by a dump killed while it ordered its keys."""
+    def orphaned_spills(self) -> list[int]:
+        """Epochs with a spill folder but no partial epoch: left by a dump killed before its first batch."""
         folder = self.place(self.partial_path(0).parent).find()  # a link there: not the store's, nothing found
         if folder is None:
             return []
         with folder:
             names = folder.names()
-        found = epochs_in(n.removesuffix(".keys") for n in names if n.endswith(".keys"))
+        found = epochs_in(n.removesuffix(".spill") for n in names if n.endswith(".spill"))
         partial = set(self.partial_epochs()) if found else set()
         return [e for e in found if e not in partial]
-
-    @abc.abstractmethod
-    def scratch(self, name: str) -> Path:
-        """A local folder for a dump's temporary files (the scan mode's spool)."""
 
     @abc.abstractmethod
     def place(self, path: Path) -> Place:

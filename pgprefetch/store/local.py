@@ -69,9 +69,6 @@ class LocalStore(Store):
     def partial_path(self, epoch: int) -> Path:
         return self.meta / "partial" / epoch_name(epoch)
 
-    def scratch(self, name: str) -> Path:
-        return self.meta / name
-
     def place(self, path: Path) -> Place:
         return Place.under(self.path, path)
 
@@ -205,7 +202,7 @@ class LocalStore(Store):
             self._remove(store, epoch_name(epoch))
 
     def remove_partial(self, epoch: int) -> None:
-        """The partial epoch, its journal, its keys and any epoch a ``--force`` dump moved aside and died.
+        """The partial epoch, its journal, its spill folder and any epoch a ``--force`` dump moved aside and died.
 
         Each removed through the partial epochs' folder's descriptor: a link among them goes, never what it
         points at, and a link in that folder's own place holds no partial epoch of the store's.
@@ -217,7 +214,7 @@ class LocalStore(Store):
         with partial:
             self._remove(partial, name)
             partial.unlink(f"{name}.journal")
-            partial.remove(f"{name}.keys")
+            partial.remove(f"{name}.spill")
             for old in partial.names():
                 if old.endswith(".replaced"):
                     partial.remove(old)

@@ -316,11 +316,11 @@ def prune(
                 if not dry_run:
                     store.remove_partial(epoch)
                 dead.append(epoch)
-    for epoch in store.orphaned_keys():  # nothing to resume there: removed as a dead partial epoch would be
+    for epoch in store.orphaned_spills():  # nothing to resume there: removed as a dead partial epoch would be
         if epoch in dead:
             continue  # its partial epoch was just removed (listed once)
         try:
-            age = now - store.keys_path(epoch).stat().st_mtime
+            age = now - store.spill_path(epoch).stat().st_mtime
         except OSError:
             continue
         if partials or (partials_older_than is not None and age > partials_older_than):

@@ -240,9 +240,6 @@ class S3Store(Store):
     def partial_path(self, epoch: int) -> Path:
         return self.staging / "partial" / epoch_name(epoch)
 
-    def scratch(self, name: str) -> Path:
-        return self.staging / name
-
     def place(self, path: Path) -> Place:
         return Place.under(self.staging, path, make_anchor=True)
 
@@ -255,7 +252,7 @@ class S3Store(Store):
         return folder_bytes(self.partial_path(epoch)) + sum(int(m["size"]) for m in remote), mtime
 
     def remove_partial(self, epoch: int) -> None:
-        for path in (self.keys_path(epoch), self.journal_path(epoch)):
+        for path in (self.spill_path(epoch), self.journal_path(epoch)):
             self.place(path).remove()  # no link followed below the staging folder (store.folders)
         self.remove_partial_staging(epoch)
         if not self.is_complete(epoch):

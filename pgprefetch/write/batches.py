@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.write.budget import UNIT_BYTES, unit_bytes
+from pgprefetch.write.memory.policy import UNIT_BYTES, unit_bytes
 from pgprefetch.write.plan import EpochPlan
 
 UNIT_SAMPLES = 1024  # the most samples a unit of small batches holds
@@ -73,6 +73,11 @@ class BatchSource:
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
         """Every array ``produce`` fills: the layout's, then the extra ones (a mixed epoch's ``source``)."""
         return [*self.layout.arrays(), *self.extra_arrays]
+
+    @property
+    def sample_bytes(self) -> int:
+        """One sample's bytes over :attr:`arrays`."""
+        return sum(d.itemsize * int(np.prod(s)) for _, d, s in self.arrays)
 
     def allocate(self, n: int) -> dict[str, np.ndarray]:
         """Zeroed buffers of :attr:`arrays` for ``n`` samples."""

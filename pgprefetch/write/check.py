@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +31,6 @@ from pgprefetch.errors import SourceError, StoreError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.open import open_store
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.budget import FLOOR, SLACK
 from pgprefetch.write.forecast import (
     Forecast,
     TableRead,
@@ -44,11 +40,13 @@ from pgprefetch.write.forecast import (
     unchecked_scan_forecast,
 )
 from pgprefetch.write.manifest import field_entries
+from pgprefetch.write.memory.policy import FLOOR, SLACK
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category, per_store_notice
 from pgprefetch.write.scan.sampled import Sampled, sampled_from_plan, sampled_source, series_share
 from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.table import TableTooLarge
 from pgprefetch.write.sources import ReadCache, open_source
+from pgprefetch.write.spill.folder import SpillFolder
 from pgprefetch.write.tasks import first_error
 
 SAMPLE_BATCHES = 8
@@ -180,16 +178,18 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
                     report.rows_read = sampled.source.rows_read
                     forecast = scan_forecast(budget, sampled.source, size, table, timed)
             else:  # query mode, or a scan whose keys outgrow [source] memory (ordered on disk)
-                keys_dir = _keys_dir(cfg)
-                async with open_source(
-                    cfg, epoch, snap, ReadCache(), spool=None, vocabulary=_vocabulary(cfg), keys_dir=keys_dir
-                ) as got:
-                    planned = time.perf_counter() - began - given_up
-                    if isinstance(got, EpochPlan):  # a table beyond --memory: its keys read (on disk beyond it)
-                        forecast = await _check_beyond(cfg, snap, got, batches, planned, report)
-                    else:
-                        timed = await _sample(cfg, snap, got, spread(got.plan.n_batches, batches), report)
-                        forecast = _source_forecast(cfg, got, planned, timed)
+                spill = SpillFolder.temporary(cfg.source.scratch)  # keys beyond --memory: removed after
+                opened = open_source(
+                    cfg, epoch, snap, ReadCache(), spill=spill, write=False, vocabulary=_vocabulary(cfg)
+                )
+                with spill:
+                    async with opened as got:
+                        planned = time.perf_counter() - began - given_up
+                        if isinstance(got, EpochPlan):  # a table beyond --memory: its keys read (on disk beyond it)
+                            forecast = await _check_beyond(cfg, snap, got, batches, planned, report)
+                        else:
+                            timed = await _sample(cfg, snap, got, spread(got.plan.n_batches, batches), report)
+                            forecast = _source_forecast(cfg, got, planned, timed)
         except (SourceError, StoreError) as e:
             if isinstance(e, SourceError) and e.transient:
                 raise
@@ -271,13 +271,6 @@ def _table_read(cfg: Config, sampled: Sampled, planned: float) -> TableRead:
     windows = cfg.scan_samples.window is not None
     figures = (sampled.row_bytes, sampled.key_bytes, sampled.keys_seconds, planned)
     return TableRead(sampled.rows, sampled.samples, windows, *figures)
-
-
-def _keys_dir(cfg: Config) -> Path | None:
-    """Where keys beyond ``--memory`` are ordered: a folder of its own in ``--scratch`` (removed after), or None."""
-    if cfg.source.scratch is None:
-        return None
-    return cfg.source.scratch / f"pgprefetch-check-{os.getpid()}-{uuid.uuid4().hex[:8]}.keys"
 
 
 async def _sampled(cfg: Config, snap: Snapshot, epoch: int, batches: int) -> Sampled | None:

@@ -1,15 +1,15 @@
 """What ``pgprefetch check`` predicts of the dump: the way it will read, its peak memory and its duration.
 
-The peak is not a model of its own: it is the floor (:data:`~pgprefetch.write.budget.FLOOR`) plus what the
-way the dump takes holds, sized as the dump sizes it, from the same account (:mod:`pgprefetch.write.budget`)
+The peak is not a model of its own: it is the floor (:data:`~pgprefetch.write.memory.policy.FLOOR`) plus what the
+way the dump takes holds, sized as the dump sizes it, from the same account (:mod:`pgprefetch.write.memory.policy`)
 and the same batch source the check built:
 
 - **query mode**: the keys while they are ordered (in memory while they fit the budget, else runs of the
   budget's size on disk), then the keys in epoch order beside the writer: each unit in flight, its fetched
-  rows and its buffers, each writing thread's temporaries (:func:`~pgprefetch.write.budget.writer_bytes`).
-- **a scan that fits** (:meth:`~pgprefetch.write.budget.Account.fits_in_memory`, the dump's own test, on the
+  rows and its buffers, each writing thread's temporaries (:func:`~pgprefetch.write.memory.policy.writer_bytes`).
+- **a scan that fits** (:meth:`~pgprefetch.write.memory.policy.Policy.fits_in_memory`, the dump's own test, on the
   table's rows from the check's keys pass and a row's size from its checked rows): the table read whole and
-  the epoch's plan (:meth:`~pgprefetch.write.budget.Account.in_memory_bytes`), beside the writer.
+  the epoch's plan (:meth:`~pgprefetch.write.memory.policy.Policy.in_memory_bytes`), beside the writer.
 - **a scan beyond the budget** (rows in stretches, windows in passes) and a mixed epoch: the whole budget,
   which those ways are sized to fill.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.budget import FLOOR, Account, key_bytes, writer_bytes
+from pgprefetch.write.memory.policy import FLOOR, Policy, key_bytes, writer_bytes
 from pgprefetch.write.order.spill import bytes_per_key
 
 # A scan beyond the budget (stretches, passes) takes up to this many times its time in memory: the target
@@ -128,7 +128,7 @@ def scan_forecast(budget: int, source: BatchSource, size: int, table: TableRead,
     width = source.plan.key_columns.width
     low = table.plan_seconds  # a whole row's read is at least the keys', at most that times its bytes
     high = low + table.keys_seconds * (max(1.0, table.row_bytes / table.key_bytes) - 1) if table.key_bytes else low
-    forecast = _scan_way(Account.for_scan(budget), table, width, writer_held(source, size, fetched=False))
+    forecast = _scan_way(Policy.for_scan(budget), table, width, writer_held(source, size, fetched=False))
     forecast = _timed(forecast, source.plan.n_batches, (low, high), timed)
     return forecast if forecast.way == IN_MEMORY else _slower(forecast, BEYOND_MEMORY_TIME)
 
@@ -138,11 +138,11 @@ def unchecked_scan_forecast(budget: int, width: int, table: TableRead) -> Foreca
 
     No batch source was built, so the writer is counted as the account reserves it; nothing was timed.
     """
-    account = Account.for_scan(budget)
+    account = Policy.for_scan(budget)
     return _scan_way(account, table, width, account.writer)
 
 
-def _scan_way(account: Account, table: TableRead, width: int, writer: int) -> Forecast:
+def _scan_way(account: Policy, table: TableRead, width: int, writer: int) -> Forecast:
     """The way a scan dump reads ``table`` under ``account`` (the dump's own test) and what it holds, untimed."""
     if table.rows is not None and account.fits_in_memory(table.rows, table.row_bytes, table.samples, width):
         return Forecast(IN_MEMORY, account.in_memory_bytes(table.rows, table.row_bytes, table.samples, width) + writer)

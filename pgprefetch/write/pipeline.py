@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import time
 from collections.abc import Iterable
@@ -27,18 +26,20 @@ from pgprefetch.errors import ConfigError, SourceError
 from pgprefetch.pg.retry import RetryPolicy, count
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
-from pgprefetch.store.folders import Place
 from pgprefetch.store.maintenance import source_counts
 from pgprefetch.store.open import open_store
-from pgprefetch.write import heap
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
 from pgprefetch.write.files.stats import EpochStats
 from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.manifest import epoch_manifest
+from pgprefetch.write.memory import heap
+from pgprefetch.write.memory.policy import LEAST_BUDGET, heap_bytes
 from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.sources import ReadCache, open_source
+from pgprefetch.write.spill.folder import SpillFolder
 from pgprefetch.write.tasks import finish_in_thread
 
 log = logging.getLogger("pgprefetch")
@@ -246,17 +247,29 @@ async def _dump_with_retries(
     raise AssertionError("unreachable")
 
 
-def keys_folder(cfg: Config, store: Store, epoch: int) -> Place:
-    """Where keys beyond ``[source] memory`` are ordered: beside the partial epoch, or in ``[source] scratch``.
+def epoch_pool(cfg: Config) -> memory.MemoryPool:
+    """The memory pool of an epoch's dump: ``[source] memory`` (at least the policy's :data:`LEAST_BUDGET`).
+
+    The heap's kept memory is reserved from the start.
+    """
+    budget = cfg.source.memory_bytes
+    pool = memory.MemoryPool(max(budget, LEAST_BUDGET) if budget else 0)  # the policy's floors, under a tiny one
+    if budget:
+        pool.reserve("heap", heap_bytes(budget))  # held for the dump: never freed
+    return pool
+
+
+def spill_folder(cfg: Config, store: Store, epoch: int) -> SpillFolder:
+    """Where a dump's files beyond ``[source] memory`` go: beside the partial epoch, or in ``[source] scratch``.
 
     In a scratch folder the name holds the store's (hashed) location as well as the epoch, so that dumps of
     several stores can share one; a dump killed there leaves its files to the next dump of the epoch. Beside
-    the partial epoch it is a place of the store's, reached with no link followed (:meth:`Store.place`).
+    the partial epoch it is a place of the store's, reached with no link followed (:meth:`Store.place`), and
+    removed with the partial epoch.
     """
     if cfg.source.scratch is None:
-        return store.place(store.keys_path(epoch))
-    tag = hashlib.sha256(str(store.location).encode()).hexdigest()[:12]
-    return Place.named(cfg.source.scratch / f"pgprefetch-{tag}-epoch-{epoch:05d}.keys")
+        return SpillFolder(store.place(store.spill_path(epoch)))
+    return SpillFolder.in_scratch(cfg.source.scratch, str(store.location), epoch)
 
 
 def check_same_config(store: Store, cfg: Config, epoch: int | None = None) -> None:
@@ -301,14 +314,15 @@ async def _dump_locked(
     started = time.monotonic()
     vocabulary = Vocabulary(store, record=True)
     connected = False
-    spool = store.place(store.scratch("spool") / f"epoch-{epoch:05d}")  # a scan in passes spools its data here
     try:
         async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(memory.using(epoch_pool(cfg)))  # every large allocation of the epoch reserves here
             snap = None if cache.covers(cfg) else await stack.enter_async_context(Snapshot.open(cfg.source))
             connected = True
-            keys_dir = keys_folder(cfg, store, epoch)  # keys beyond [source] memory are ordered there
-            opened = open_source(cfg, epoch, snap, cache, spool=spool, progress=progress, vocabulary=vocabulary,
-                                 keys_dir=keys_dir, executor=executor)  # fmt: skip
+            spill = stack.enter_context(spill_folder(cfg, store, epoch))  # removed when the epoch is written
+            opened = open_source(
+                cfg, epoch, snap, cache, spill=spill, progress=progress, vocabulary=vocabulary, executor=executor
+            )
             source = await stack.enter_async_context(opened)
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)
             return await _write_epoch(cfg, store, epoch, source, progress, started, fresh, executor)

@@ -11,12 +11,8 @@ binary arrays into the batch buffers.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -36,8 +32,8 @@ from pgprefetch.pg.statement import (
     row_wise,
     samples_rows,
 )
-from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.batches import BatchSource, unit_batches
+from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyRuns, collect_keys
 from pgprefetch.write.plan import (
@@ -49,23 +45,24 @@ from pgprefetch.write.plan import (
     order_spilled,
     resolve_categories,
 )
+from pgprefetch.write.spill.folder import SpillFolder
 
 
 @asynccontextmanager
 async def query_source(
-    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | Place | None = None
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, spill: SpillFolder | None = None
 ) -> AsyncIterator[BatchSource]:
     """The query mode: a prepared statement per batch on ``connections`` workers importing ``snap``.
 
     ``vocabulary``: the store the ``"auto"`` categories extend (:func:`pgprefetch.write.plan.resolve_categories`).
-    ``scratch``: the folder for keys beyond ``[source] memory`` (a fresh temporary one if None), removed
-    when the source closes.
+    ``spill``: the dump's folder for keys beyond ``[source] memory`` (a temporary one of its own if None,
+    removed when the source closes).
     """
     size = cfg.batches.size
-    folder = as_place(scratch or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    own = SpillFolder.temporary(cfg.source.scratch) if spill is None else None
     plan = None
     try:
-        plan = await plan_epoch(cfg, snap, epoch, vocabulary, folder)
+        plan = await plan_epoch(cfg, snap, epoch, vocabulary, _keys_folder(spill, own))
         async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
             # Batch 0's array lengths fix the field shapes. It is fetched again when it is written, so that every
             # unit's fetch time is a real one (the writer sizes units by it): one batch's cost, once an epoch.
@@ -80,7 +77,8 @@ async def query_source(
     finally:
         if plan is not None and isinstance(plan.keys, OrderedKeys):
             plan.keys.close()
-        folder.remove()  # never through a link (:mod:`pgprefetch.store.folders`)
+        if own is not None:
+            own.remove()
 
 
 def served(
@@ -112,7 +110,7 @@ def served(
 
 
 async def plan_epoch(
-    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: Path | Place | None = None
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None, scratch: SpillFolder | None = None
 ) -> EpochPlan:
     """Describe the queries, read and order the keys, fix the categories and the statement.
 
@@ -171,13 +169,13 @@ async def query_statement(
 
 
 async def _read_and_order(
-    cfg: Config, snap: Snapshot, key_columns: KeyColumns, epoch: int, scratch: Path | Place | None
+    cfg: Config, snap: Snapshot, key_columns: KeyColumns, epoch: int, scratch: SpillFolder | None
 ) -> dict[str, Any]:
     """The keys read and put in the epoch's order: in memory while they fit the budget, else on disk."""
     if scratch is None:
         keys: np.ndarray | KeyRuns = await snap.read_keys(cfg, key_columns)
     else:
-        seed, budget = cfg.batches.seed, cfg.source.memory_bytes
+        seed, budget = cfg.batches.seed, Policy.for_scan(cfg.source.memory_bytes).keys_bytes(beside_rows=False)
         async with aclosing(snap.key_chunks(cfg, key_columns)) as chunks:
             keys = await collect_keys(chunks, key_columns.width, budget, scratch, seed=seed, epoch=epoch)
     if isinstance(keys, KeyRuns):
@@ -217,3 +215,10 @@ async def _distinct(cfg: Config, snap: Snapshot, columns: list[str]) -> dict[str
     where = f"{cfg.file}: " if cfg.file else ""
     values, _ = await snap.distinct_values(sql, f"{where}categories of column(s) {', '.join(columns)}")
     return {c: values.get(i, set()) for i, c in enumerate(columns)}
+
+
+def _keys_folder(spill: SpillFolder | None, own: SpillFolder | None) -> SpillFolder:
+    """The keys' folder in the dump's spill folder, or in the source's own."""
+    folder = spill if spill is not None else own
+    assert folder is not None, "a spill folder of the dump's or of the source's own"
+    return folder.sub("keys")

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pgprefetch.store.base import KEYS_ARRAY
+from pgprefetch.write import memory
 from pgprefetch.write.batches import Advances, BatchSource
 from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.tasks import first_error
@@ -85,8 +86,15 @@ async def write_batches(
 
         async def worker() -> None:
             nonlocal total
+            reservation = memory.current().reserve("writer")  # a unit's buffers, each worker's own
+            reservation.grow(size * source.unit * (source.sample_bytes + 8 * keys.shape[0]))
             buffers = source.allocate(size * source.unit)
             buffers[KEYS_ARRAY] = np.zeros((size * source.unit, keys.shape[0]), dtype=np.int64)
+            with reservation:
+                await work(buffers)
+
+        async def work(buffers: dict[str, np.ndarray]) -> None:
+            nonlocal total
             while unit := todo.next():
                 first, count = unit
                 started = time.monotonic()

@@ -13,17 +13,12 @@ Four ways, decided here and nowhere else:
 
 from __future__ import annotations
 
-import os
-import tempfile
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import UnknownCategoryError
 from pgprefetch.pg.session import Snapshot
-from pgprefetch.store.folders import Place, as_place
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
@@ -33,6 +28,7 @@ from pgprefetch.write.scan.mode import ScanRead, SpilledScan, Stretches, plan_sc
 from pgprefetch.write.scan.multipass import spilled_source
 from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.stretches import stretch_source
+from pgprefetch.write.spill.folder import SpillFolder
 
 
 class ReadCache:
@@ -54,19 +50,18 @@ async def open_source(
     snap: Snapshot | None,
     cache: ReadCache,
     *,
-    spool: Path | Place | None,
+    spill: SpillFolder,
+    write: bool = True,
     progress: Progress | None = None,
     vocabulary: Vocabulary | None = None,
-    keys_dir: Path | Place | None = None,
     executor: Executor | None = None,
 ) -> AsyncIterator[BatchSource | EpochPlan]:
     """The batch source of ``epoch``, in the way its config and the table's size call for.
 
-    ``snap`` may be None only when ``cache`` covers the config. A scan that does not fit reads its data in
-    passes into ``spool`` (removed afterwards); with ``spool`` None (a check, which writes nothing) it
-    yields only the epoch's plan, made from the keys. ``vocabulary`` is the store the ``"auto"`` categories
-    extend (:func:`~pgprefetch.write.plan.resolve_categories`). ``keys_dir``: where keys beyond ``[source]
-    memory`` are ordered (either mode; a temporary folder if None; removed afterwards either way).
+    ``snap`` may be None only when ``cache`` covers the config. Whatever does not fit ``[source] memory``
+    (keys, a scan's rows) goes to files in ``spill``, which the caller owns and removes; without ``write``
+    (a check, which writes nothing) a scan yields only the epoch's plan, made from the keys.
+    ``vocabulary`` is the store the ``"auto"`` categories extend (:func:`~pgprefetch.write.plan.resolve_categories`).
     ``executor``: a scan is read and cut on its cluster (:meth:`~pgprefetch.write.executor.Executor.read_scan`).
     A scan's value outside a category list is named by value (:func:`_values_named`), whichever way it is read.
     """
@@ -90,47 +85,36 @@ async def open_source(
             return
         assert snap is not None, "a snapshot is needed unless the table read is cached"
         if cfg.mode == "query":
-            async with query_source(cfg, snap, epoch, vocabulary, keys_dir) as source:
+            async with query_source(cfg, snap, epoch, vocabulary, spill) as source:
                 yield source
             return
         if progress:
             progress.reading(epoch)
         on_rows = progress.rows if progress else None
-        # Every folder below is made, written and removed through :mod:`pgprefetch.store.folders`: no link followed.
-        folder = as_place(
-            keys_dir or Path(tempfile.gettempdir()) / f"pgprefetch-keys-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        )
-        spool = None if spool is None else as_place(spool)
-        try:
-            rows_dir = None if spool is None else spool / "rows"  # a check reads only the keys of a table too large
-            read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, keys_dir=folder, rows_dir=rows_dir)
-            if isinstance(read, SpilledScan):
-                try:
-                    if spool is None:
-                        yield read.plan(cfg, epoch)
-                    else:
-                        async with spilled_source(cfg, snap, read, epoch) as source:
-                            yield source
-                finally:
-                    read.keys.close()
-                return
-            if isinstance(read, Stretches):
-                assert spool is not None, "a check reads the keys only: rows are split into stretches to be written"
-                async with stretch_source(cfg, snap, read, epoch, spool) as stretched:
-                    yield stretched
-                return
-            if read.fits:
-                cache.read = read
-                yield scan_source(cfg, read, epoch)
-                return
-            # A table too large whose keys were read for a check (a dump reads windows through the spilled keys'
-            # passes, rows in stretches, above).
-            assert spool is None, "a dump of a table beyond memory reads it in passes or stretches"
-            yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
-        finally:
-            if spool is not None:
-                spool.remove()
-            folder.remove()
+        read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, spill=spill, write=write)
+        if isinstance(read, SpilledScan):
+            try:
+                if not write:
+                    yield read.plan(cfg, epoch)
+                else:
+                    async with spilled_source(cfg, snap, read, epoch) as source:
+                        yield source
+            finally:
+                read.keys.close()
+            return
+        if isinstance(read, Stretches):
+            assert write, "a check reads the keys only: rows are split into stretches to be written"
+            async with stretch_source(cfg, snap, read, epoch, spill) as stretched:
+                yield stretched
+            return
+        if read.fits:
+            cache.read = read
+            yield scan_source(cfg, read, epoch)
+            return
+        # A table too large whose keys were read for a check (a dump reads windows through the spilled keys'
+        # passes, rows in stretches, above).
+        assert not write, "a dump of a table beyond memory reads it in passes or stretches"
+        yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
 
 
 @asynccontextmanager

@@ -200,7 +200,7 @@ def leftovers(bed: Bed) -> list[str]:
         root = Path(bed.store)
         meta = root / ".pgprefetch"
         found += [f"temporary file {p}" for p in root.rglob("*") if p.name.endswith((".tmp", ".partial"))]
-        for folder in ("trash", "partial", "spool"):
+        for folder in ("trash", "partial"):
             found += [f"left in {folder}/: {p.name}" for p in (meta / folder).glob("*")]
         for lock in (meta / "locks").glob("*.lock"):
             if _held(lock):

@@ -10,19 +10,16 @@ write that fails (a full disk) is one line, the same for every file a dump write
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path, PurePath, PurePosixPath
 
 import google_crc32c
 import numpy as np
 
-from pgprefetch.errors import StoreError
-from pgprefetch.store.folders import Folder, Place
+from pgprefetch.store.folders import Folder
 from pgprefetch.store.layout import MISSING, ArrayLayout
+from pgprefetch.write.files.io import pwrite_all
 
 SHARD_BYTES = 64 << 20  # target size of a shard file: few files, and one mapping serves many batches
 
@@ -80,16 +77,6 @@ class OpenFiles:
                 os.close(fd)
 
 
-def pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
-    """Write all of ``data`` at ``offset``: ``pwrite`` may write less (2 GiB at most a call, or a full disk)."""
-    view = data.reshape(-1).view(np.uint8).data  # memoryview(...): typed a Buffer only from Python 3.12
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written == 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view, offset = view[written:], offset + written
-
-
 def create_shard(folder: Folder, path: PurePosixPath, per_shard: int, valid: int, chunk_bytes: int) -> None:
     """Create the shard file ``path`` of ``folder`` (the partial epoch; its folders made, no link followed).
 
@@ -103,18 +90,6 @@ def create_shard(folder: Folder, path: PurePosixPath, per_shard: int, valid: int
         f.truncate(valid * chunk_bytes)
         f.seek(valid * chunk_bytes)
         f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
-
-
-@contextmanager
-def io_errors(where: Path | Place) -> Iterator[None]:
-    """Turn a failed write (a full disk, a read-only or vanished store) into one line naming ``where``."""
-    try:
-        yield
-    except OSError as e:
-        hint = ""
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            hint = "; free some space and run the dump again: it resumes where it stopped"
-        raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None
 
 
 def remove_partial_chunks(folder: Folder) -> None:

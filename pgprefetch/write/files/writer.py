@@ -40,13 +40,8 @@ from pgprefetch.store.folders import Folder
 from pgprefetch.store.journal import difference, kept, part_journal, read_journal, remove_journals
 from pgprefetch.store.layout import ArrayLayout, checksum, metadata_record, read_batch_bytes
 from pgprefetch.store.zarrjson import ZARR_JSON, array_json, group_attributes, group_json, write_array
-from pgprefetch.write.files.shardfiles import (
-    OpenFiles,
-    create_shard,
-    io_errors,
-    remove_partial_chunks,
-    shard_batches,
-)
+from pgprefetch.write.files.io import io_errors
+from pgprefetch.write.files.shardfiles import OpenFiles, create_shard, remove_partial_chunks, shard_batches
 from pgprefetch.write.files.stats import EpochStats
 
 if TYPE_CHECKING:

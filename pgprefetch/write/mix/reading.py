@@ -88,7 +88,7 @@ async def read_source(
         shape = await snap.describe(cfg)
         keys, key_columns = await snap.read_keys(cfg, shape.keys), shape.keys
     else:
-        read = await read_scan(cfg, snap, None, vocabulary, epoch=epoch, keys_dir=None)
+        read = await read_scan(cfg, snap, None, vocabulary, epoch=epoch, spill=None)
         if not isinstance(read, ScanRead) or not read.fits:
             raise SourceError(
                 f"{where} table: does not fit its share of [source] memory ({cfg.source.memory_bytes >> 20} MiB, "

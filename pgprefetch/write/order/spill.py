@@ -21,21 +21,21 @@ nothing of this happens: :func:`collect_keys` returns them as one array, the in-
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from pgprefetch.store.folders import Place, as_place
-from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
+from pgprefetch.write import memory
 from pgprefetch.write.order import shuffle
-from pgprefetch.write.order.keyfile import OrderedKeys, pread_into
+from pgprefetch.write.order.keyfile import OrderedKeys, slot_names
+from pgprefetch.write.spill.columns import ColumnFile, Schema
+from pgprefetch.write.spill.folder import SpillFolder
 
 log = logging.getLogger("pgprefetch")
 
@@ -61,7 +61,7 @@ def keys_in_budget(budget: int, width: int) -> int:
 
 @dataclass(frozen=True)
 class _Run:
-    """A run in the spill file: ``count`` keys sorted by hash, at ``offset``: hashes, then each key slot."""
+    """A run in the spill file: ``count`` keys sorted by hash from row ``offset``: their hash, then each slot."""
 
     offset: int
     count: int
@@ -76,7 +76,7 @@ class KeyRuns:
 
     def __init__(
         self,
-        folder: Path | Place,
+        folder: SpillFolder,
         width: int,
         seed: int,
         epoch: int,
@@ -85,7 +85,7 @@ class KeyRuns:
         hashed: int | None = None,
         payload: int = 0,
     ) -> None:
-        self.folder = as_place(folder)
+        self.folder = folder
         self.width = width
         self.hashed = width if hashed is None else hashed  # the leading slots the hash covers (scan: the series)
         self.slots = width + payload  # and after the key's, slots carried with it (see OrderedKeys)
@@ -93,28 +93,21 @@ class KeyRuns:
         self.budget = budget
         self.runs: list[_Run] = []
         self.n = 0
-        self._end = 0
         self.started = started  # (monotonic) when the keys began to stream: the log gives the whole phase
-        # Made afresh (a killed dump's leftovers go), never through a link (:mod:`pgprefetch.store.folders`),
-        # for this user only: the sample keys. A scan's keys go in <keys folder>/rows: a keys folder made for
-        # it here is private too (I3).
-        with io_errors(self.folder), self.folder.fresh(mode=0o700) as made:
-            self._fd = made.open("runs", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        schema: Schema = {"h": (np.dtype(np.uint64), ())}
+        schema.update({n: (np.dtype(np.int64), ()) for n in slot_names(self.slots)})
+        self.file = ColumnFile(folder.create("runs"), schema)  # a block a run
 
     def add(self, chunks: list[np.ndarray]) -> None:
-        """Sort ``chunks`` of keys (``(slots, m)`` each) by hash into one run at the end of the spill file."""
+        """Sort ``chunks`` of keys (``(slots, m)`` each) by hash into one run (a block) of the spill file."""
         keys = np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
         chunks.clear()  # the caller's list: its chunks go as soon as they are joined
         h = shuffle.key_hash(keys[: self.hashed], seed=self.seed, epoch=self.epoch)
         order = shuffle.epoch_order(keys[: self.width], seed=self.seed, epoch=self.epoch, h=h)
         m = keys.shape[1]
-        with io_errors(self.folder):
-            pwrite_all(self._fd, h[order], self._end)
-            del h
-            for j, column in enumerate(keys):
-                pwrite_all(self._fd, column[order], self._end + (j + 1) * m * 8)
-        self.runs.append(_Run(self._end, m))
-        self._end += (self.slots + 1) * m * 8
+        first = self.file.rows
+        self.file.append_lazily(m, itertools.chain([h[order]], (column[order] for column in keys)))
+        self.runs.append(_Run(first, m))
         self.n += m
 
     def buckets(self, cap: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -159,8 +152,8 @@ class KeyRuns:
         """Read up to ``more`` further hashes of run ``r`` (its hashes from key ``start`` on are ``ahead[r]``)."""
         run = self.runs[r]
         first = start + ahead[r].size
-        extra = np.empty(max(0, min(more, run.count - first)), dtype=np.uint64)
-        pread_into(self._fd, extra, run.offset + first * 8)
+        stop = run.offset + min(run.count, first + more)
+        extra = self.file.read(run.offset + first, stop, ["h"])["h"]
         ahead[r] = np.concatenate([ahead[r], extra]) if ahead[r].size else extra
 
     def _load(self, at: list[int], ends: list[int], ahead: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -173,8 +166,9 @@ class KeyRuns:
             m = ends[r] - at[r]
             if m:
                 hashes[pos : pos + m] = ahead[r][:m]
-                for j in range(self.slots):
-                    pread_into(self._fd, keys[j, pos : pos + m], run.offset + ((j + 1) * run.count + at[r]) * 8)
+                names = slot_names(self.slots)
+                lo = run.offset + at[r]
+                self.file.read(lo, lo + m, names, {n: keys[j, pos : pos + m] for j, n in enumerate(names)})
             ahead[r] = ahead[r][m:].copy() if ahead[r].size > m else np.empty(0, np.uint64)
             at[r] = ends[r]
             pos += m
@@ -187,7 +181,7 @@ class KeyRuns:
         and counted in the repeats: the caller refuses them or not.
         """
         cap = keys_in_budget(self.budget, self.slots)
-        out = OrderedKeys(self.folder / "ordered", self.width, self.n, quantum, self.slots - self.width)
+        out = OrderedKeys(self.folder, "ordered", self.width, quantum, self.slots - self.width)
         found: list[shuffle.Repeats] = []
         buckets = 0
         try:
@@ -204,20 +198,16 @@ class KeyRuns:
         except BaseException:
             out.close()
             raise
-        self.close()
-        (self.folder / "runs").remove()
+        self.file.remove()
         return out, shuffle.Repeats.merged(found, self.width), buckets
 
     def close(self) -> None:
         """Close the spill file (the folder is removed by whoever chose it)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self.file.close()
 
     def discard(self) -> None:
         """Close and delete the spill file (its buckets were read by the caller)."""
-        self.close()
-        (self.folder / "runs").remove()
+        self.file.remove()
 
 
 class KeyCollector:
@@ -230,7 +220,7 @@ class KeyCollector:
 
     def __init__(
         self,
-        folder: Path | Place,
+        folder: SpillFolder,
         width: int,
         budget: int,
         *,
@@ -243,6 +233,9 @@ class KeyCollector:
         self.folder, self.width, self.budget = folder, width, budget
         self.seed, self.epoch, self.hashed, self.payload = seed, epoch, hashed, payload
         self.limit = keys_in_budget(budget, width + payload) if limit is None else max(MIN_KEYS, limit)
+        # A key's share of the budget while it is held and ordered: a full hold reserves the budget.
+        self.per_key = budget / self.limit if budget else float(bytes_per_key(width + payload))
+        self.reservation = memory.current().reserve("keys")
         self.started = time.monotonic()
         self.held: list[np.ndarray] = []
         self.n = 0  # keys held
@@ -266,11 +259,17 @@ class KeyCollector:
                     )
                 self.runs.add(self.held)
                 self.n = 0
+                self.reservation.free()
+            # At most a full hold: a chunk larger than that is its caller's (a pass's windows, reserved as the pass).
+            self.reservation.grow(int(min(chunk.shape[1], self.limit - self.n) * self.per_key))
             self.held.append(chunk)
             self.n += chunk.shape[1]
 
     def result(self) -> np.ndarray | KeyRuns:
-        """Every key: one array if they all fit, else the runs on disk (the caller closes them)."""
+        """Every key: one array if they all fit (its reservation held for the epoch), else the runs on disk.
+
+        The caller closes the runs.
+        """
         if self.runs is None:
             if not self.held:
                 return np.empty((self.width + self.payload, 0), dtype=np.int64)
@@ -279,16 +278,18 @@ class KeyCollector:
             return keys
         if self.held:
             self.runs.add(self.held)
+        self.reservation.free()
         return self.runs
 
     def close(self) -> None:
-        """Close the runs' file, if any (after a failure)."""
+        """Close the runs' file, if any, and let go of the keys held (after a failure)."""
+        self.reservation.free()
         if self.runs is not None:
             self.runs.close()
 
 
 async def collect_keys(
-    chunks: AsyncIterator[np.ndarray], width: int, budget: int, folder: Path | Place, *, seed: int, epoch: int
+    chunks: AsyncIterator[np.ndarray], width: int, budget: int, folder: SpillFolder, *, seed: int, epoch: int
 ) -> np.ndarray | KeyRuns:
     """The keys of ``chunks`` (``(width, m)`` int64 each): one array while they fit ``budget``, else runs on disk.
 

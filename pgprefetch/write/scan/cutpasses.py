@@ -22,8 +22,9 @@ import numpy as np
 from pgprefetch.config.model import Config
 from pgprefetch.errors import SourceError
 from pgprefetch.keys import KeyColumns
-from pgprefetch.write import heap
-from pgprefetch.write.budget import smallest_budget
+from pgprefetch.write import memory
+from pgprefetch.write.memory import heap
+from pgprefetch.write.memory.policy import PASS_COPIES, smallest_budget
 from pgprefetch.write.scan.partition import Partition, pass_table
 from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.shape import ScanShape
@@ -37,7 +38,9 @@ def cut_passes(cfg: Config, shape: ScanShape, partition: Partition, rows: RowsFi
     longest series' rows are for the error of an epoch without a window. A pass's file goes once it is
     loaded. Raises :class:`SourceError` for a series larger than a pass may be.
     """
+    loaded = memory.current().reserve("pass")  # a pass's rows at a time, PASS_COPIES of them at the peak
     for p in range(partition.passes):
+        loaded.resize(PASS_COPIES * partition.room)
         table = pass_table(shape, partition, p)
         _check_pass_fits(cfg, shape, table, partition.room)
         keys, starts = cut(table, shape, cfg.scan_samples)
@@ -52,6 +55,7 @@ def cut_passes(cfg: Config, shape: ScanShape, partition: Partition, rows: RowsFi
         del table
         heap.release()
         yield windows, longest
+    loaded.free()
 
 
 def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> None:

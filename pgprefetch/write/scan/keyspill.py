@@ -22,14 +22,13 @@ a table whose keys outgrow the budget as well has them ordered on disk by the qu
 While the keys fit (:func:`bytes_per_row` each), none of this happens: they come back as a sorted
 :class:`~pgprefetch.write.scan.table.Table`, the path every scan took before. Disk: about ``8 * (width +
 1)`` bytes a row for the first sort (a check of windows), or the query mode's ``8 * (2 * width + 1)`` a
-sample (``width + 1`` slots for a dump's windows), in the epoch's keys folder.
+sample (``width + 1`` slots for a dump's windows), in the dump's spill folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,31 +36,31 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import Config
-from pgprefetch.errors import PgprefetchError, SourceError
+from pgprefetch.errors import SourceError
 from pgprefetch.keys import KeyColumns
-from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.store.folders import Place
-from pgprefetch.write import heap
-from pgprefetch.write.budget import Account
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write import memory
+from pgprefetch.write.memory import heap
+from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.order import shuffle
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.spill import KeyCollector, KeyRuns
 from pgprefetch.write.plan import order_keys, order_spilled
+from pgprefetch.write.scan.copyread import copy_ranges, key_chunk
 from pgprefetch.write.scan.copystream import Columns, CopyDecoder
 from pgprefetch.write.scan.cutpasses import cut_passes
 from pgprefetch.write.scan.partition import Partition
-from pgprefetch.write.scan.passes import keys_only
 from pgprefetch.write.scan.rowsfile import RowsFile
-from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
+from pgprefetch.write.scan.shape import ScanShape, keys_only
 from pgprefetch.write.scan.table import (
     Table,
-    copy_drain_bytes,
     cut,
     longest_series,
     no_windows,
     page_ranges,
     sort_keys,
 )
+from pgprefetch.write.spill.folder import SpillFolder
 
 log = logging.getLogger("pgprefetch")
 
@@ -72,10 +71,6 @@ def bytes_per_row(width: int) -> int:
     The keys, their sorted copy, the cut samples' keys and the shuffle's index, hash and ordered copy.
     """
     return 32 * width + 48
-
-
-class _Stopped(PgprefetchError):
-    """A COPY of the keys pass stopped because another one failed."""
 
 
 @dataclass
@@ -114,7 +109,7 @@ async def keys_pass(
     snap: Snapshot,
     shape: ScanShape,
     epoch: int,
-    folder: Place,
+    spill: SpillFolder,
     partition: Partition | None,
     on_rows: Callable[[int], None] | None = None,
 ) -> Table | SpilledKeys:
@@ -123,18 +118,18 @@ async def keys_pass(
     Windows with ``partition`` (a dump): every column is read, and each chunk's rows go to their pass's files
     (the data passes read those, not the table again); see :func:`_windows_pass`. Without it (a check) only
     the keys are read, for the epoch's plan. (Rows beyond memory take neither way: they are split into
-    stretches of the epoch's order as they are read, :mod:`pgprefetch.write.scan.stretches`.) ``folder`` (made
+    stretches of the epoch's order as they are read, :mod:`pgprefetch.write.scan.stretches`.) ``spill`` (made
     only if the keys spill) takes the sorts' and passes' files; the caller removes it.
     """
     if partition is not None:
         assert cfg.scan_samples.window is not None, "rows beyond memory are read in stretches, not passes"
-        return await _windows_pass(cfg, snap, shape, epoch, folder, partition, on_rows)
-    account = Account.for_scan(cfg.source.memory_bytes)
+        return await _windows_pass(cfg, snap, shape, epoch, spill, partition, on_rows)
+    account = Policy.for_scan(cfg.source.memory_bytes)
     # Half the data's share: the keys held (or a run of them), as a dump's keys pass would hold them.
-    budget, seed = account.data // 2, cfg.batches.seed
+    budget, seed = account.keys_bytes(beside_rows=True), cfg.batches.seed
     n_key, width = shape.n_key, len(shape.key_names)
     limit = budget // bytes_per_row(width)
-    rows = KeyCollector(folder / "rows", width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
+    rows = KeyCollector(spill.sub("rows"), width, budget, seed=seed, epoch=epoch, limit=limit, hashed=n_key)
     try:
         n_rows = await stream(cfg, snap, keys_only(shape), rows.add, on_rows)
         got = rows.result()
@@ -148,7 +143,7 @@ async def keys_pass(
         return Table(keys=keys, rows_read=n_rows, nbytes=keys.nbytes)
     heap.release()
     try:
-        order, cut_count, buckets, _ = await asyncio.to_thread(_order, cfg, shape, got, folder, epoch, limit)
+        order, cut_count, buckets, _ = await asyncio.to_thread(_order, cfg, shape, got, spill, epoch, limit)
     finally:
         got.close()
     heap.release()
@@ -165,7 +160,7 @@ async def _windows_pass(
     snap: Snapshot,
     shape: ScanShape,
     epoch: int,
-    folder: Place,
+    spill: SpillFolder,
     partition: Partition,
     on_rows: Callable[[int], None] | None,
 ) -> SpilledKeys:
@@ -176,16 +171,16 @@ async def _windows_pass(
     windows are ordered as :func:`_order` orders them, in memory while they fit, each with its start row in
     the passes' sorted rows carried along.
     """
-    budget = Account.for_scan(cfg.source.memory_bytes).data // 2
+    budget = Policy.for_scan(cfg.source.memory_bytes).keys_bytes(beside_rows=True)
     limit = budget // bytes_per_row(len(shape.key_names) + 1)
     n_rows = await stream(cfg, snap, shape, lambda chunk: None, on_rows, partition, keep=())
     await asyncio.to_thread(partition.settle)
     heap.release()
-    rows = RowsFile(partition.folder.parent / "sorted", shape.columns)
+    rows = RowsFile(spill.sub("sorted"), shape.columns)
     each = cut_passes(cfg, shape, partition, rows)
     try:
         order, cut_count, _, starts = await asyncio.to_thread(
-            _order_windows, cfg, shape, each, folder, epoch, budget, limit, 1
+            _order_windows, cfg, shape, each, spill, epoch, budget, limit, 1
         )
     except BaseException:
         rows.close()
@@ -201,7 +196,7 @@ async def _windows_pass(
 _Ordered = tuple[dict[str, Any], int, int, np.ndarray | None]
 
 
-def _order(cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Place, epoch: int, limit: int) -> _Ordered:
+def _order(cfg: Config, shape: ScanShape, runs: KeyRuns, spill: SpillFolder, epoch: int, limit: int) -> _Ordered:
     """The epoch's order of the samples of ``runs`` (rows, or rows to cut into windows); see :func:`_order_windows`.
 
     The buckets are those of series cut into windows (0 for rows).
@@ -218,14 +213,14 @@ def _order(cfg: Config, shape: ScanShape, runs: KeyRuns, folder: Place, epoch: i
                 yield cut(bucket, shape, cfg.scan_samples)[0], longest_series(bucket.keys)
         runs.discard()
 
-    return _order_windows(cfg, shape, by_series(), folder, epoch, runs.budget, limit)
+    return _order_windows(cfg, shape, by_series(), spill, epoch, runs.budget, limit)
 
 
 def _order_windows(
     cfg: Config,
     shape: ScanShape,
     windows: Iterable[tuple[np.ndarray, int]],
-    folder: Place,
+    spill: SpillFolder,
     epoch: int,
     budget: int,
     limit: int,
@@ -243,7 +238,7 @@ def _order_windows(
     width = len(shape.key_names)
     buckets, longest = 0, 0
     samples = KeyCollector(
-        folder / "samples", width, budget, seed=cfg.batches.seed, epoch=epoch, limit=limit, payload=payload
+        spill.sub("samples"), width, budget, seed=cfg.batches.seed, epoch=epoch, limit=limit, payload=payload
     )
     try:
         for cut_keys, rows in windows:
@@ -288,57 +283,18 @@ async def stream(
     ``take`` runs on a thread, one call at a time. ``partition`` takes each decoded chunk whole.
     """
     ranges = await page_ranges(snap, shape, cfg.source.connections)
-    drain = copy_drain_bytes(cfg, len(ranges), share=4 if partition is not None else 16)
+    policy = Policy.for_scan(cfg.source.memory_bytes)
+    drain = policy.copy_drain_bytes(len(ranges), into_partition=partition is not None)
     width = len(shape.key_names)
     keep = tuple(f"k{i}" for i in range(width)) if keep is None else keep
     route = partition.add if partition is not None else None
     decoders = [CopyDecoder(shape, on_rows, drain, route=route, keep=keep) for _ in ranges]
-    lock = threading.Lock()
     offset = shape.order_offset if shape.order_wire is not None else 0
 
     def hand(parts: list[Columns]) -> None:
-        for p in parts:
-            m = p["k0"].size
-            if not m:
-                continue
-            chunk = np.empty((width, m), dtype=np.int64)
-            for i in range(width):
-                chunk[i] = p[f"k{i}"]
-            if offset:
-                chunk[-1] += offset
-            with lock:
-                take(chunk)
+        for chunk in key_chunk(parts, width, offset):
+            take(chunk)
 
-    failed: list[BaseException] = []
-
-    def sink(decoder: CopyDecoder) -> Callable[[bytes], Any]:
-        async def fed(data: bytes) -> None:
-            if failed:
-                raise _Stopped("another COPY of the keys pass failed")
-            if decoder.feed(data):
-                await asyncio.to_thread(decoder.drain)
-                parts, decoder.parts = decoder.parts, []
-                await asyncio.to_thread(hand, parts)
-
-        return fed
-
-    async def copy(workers: BatchReader, decoder: CopyDecoder, where: str) -> None:
-        try:
-            await workers.copy(f"reading {shape.relation}", copy_select(shape, where), sink(decoder))
-        except _Stopped:
-            pass
-        except BaseException as e:
-            failed.append(e)
-            raise
-
-    # Not first_error: a COPY cancelled while its rows stream can make asyncpg log a traceback (a result with
-    # no waiter), so after a failure (a full disk) the others stop at their next chunk, from their own sink.
-    async with BatchReader.open(cfg.source, snap.id, None, vocabularies=vocabularies(shape)) as workers:
-        await asyncio.gather(
-            *(copy(workers, d, where) for d, where in zip(decoders, ranges, strict=True)), return_exceptions=True
-        )
-    if failed:
-        raise failed[0]
-    for d in decoders:
-        await asyncio.to_thread(hand, await asyncio.to_thread(d.finish))
+    with memory.current().reserve("copy", drain * len(ranges)):
+        await copy_ranges(cfg.source, snap.id, shape, ranges, decoders, take=hand)
     return sum(d.rows for d in decoders)

@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,15 +20,14 @@ from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
-from pgprefetch.store.folders import Place, as_place
-from pgprefetch.write import heap
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, local_unit_batches
-from pgprefetch.write.budget import Account
+from pgprefetch.write.memory import heap
+from pgprefetch.write.memory.policy import Policy, plan_bytes
 from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order_keys, resolve_categories
 from pgprefetch.write.scan.keyspill import SpilledKeys, keys_pass, stream
 from pgprefetch.write.scan.partition import EpochRanges, Partition, bucket_count
-from pgprefetch.write.scan.passes import keys_only
-from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
+from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values, keys_only
 from pgprefetch.write.scan.table import (
     Table,
     TableTooLarge,
@@ -38,6 +36,7 @@ from pgprefetch.write.scan.table import (
     gather,
     read_table,
 )
+from pgprefetch.write.spill.folder import SpillFolder
 
 
 def scan_layout(cfg: Config, shape: ScanShape, lengths: dict[Column, int], plan: EpochPlan) -> BatchLayout:
@@ -124,17 +123,17 @@ async def read_scan(
     vocabulary: Vocabulary | None = None,
     *,
     epoch: int = 0,
-    keys_dir: Path | Place | None = None,
-    rows_dir: Path | Place | None = None,
+    spill: SpillFolder | None = None,
+    write: bool = True,
 ) -> ScanRead | SpilledScan | Stretches:
     """Describe, read and cut the table of a scan config on ``snap``; only its keys if it does not fit.
 
     ``on_rows`` hears of the rows as they arrive (the progress bar). The category lists are fixed first,
     against ``vocabulary``'s store, since the COPY codes the values: every epoch cut from the read has them.
-    Keys that do not fit ``[source] memory`` either are ordered on disk for ``epoch`` in ``keys_dir``
-    (:mod:`pgprefetch.write.scan.keyspill`; the caller removes it); without ``keys_dir`` they are held.
-    A table that does not fit has its rows split into its data passes' files in ``rows_dir`` as its keys are
-    read (:mod:`pgprefetch.write.scan.partition`; without it, only its keys are read: a check). Rows (no
+    Keys that do not fit ``[source] memory`` either are ordered on disk for ``epoch`` in ``spill``
+    (:mod:`pgprefetch.write.scan.keyspill`; the caller removes it); without ``spill`` they are held.
+    A table that does not fit has its rows split into its data passes' files in ``spill`` as its keys are
+    read (:mod:`pgprefetch.write.scan.partition`; without ``write``, only its keys are read: a check). Rows (no
     window) that do not fit are split by ranges of ``epoch``'s order instead, and need no keys pass at all
     (:class:`Stretches`).
     """
@@ -174,16 +173,16 @@ async def read_scan(
             categories = await resolve_categories(cfg, distinct, vocabulary)
             shape = dataclasses.replace(shape, categories=categories)
         already = e.rows + counted[0]
-        if keys_dir is None:
+        if spill is None:
             table = await read_table(cfg, snap, keys_only(shape), budget=0, on_rows=on_rows)
-        elif rows_dir is not None and cfg.scan_samples.window is None:
-            ranges = await _epoch_ranges(cfg, snap, shape, e, rows_dir, epoch)
+        elif write and cfg.scan_samples.window is None:
+            ranges = await _epoch_ranges(cfg, snap, shape, e, spill.sub("ranges"), epoch)
             n_rows = await stream(cfg, snap, shape, lambda chunk: None, on_rows, ranges, keep=())
             await asyncio.to_thread(ranges.settle)
             return Stretches(shape, ranges, snap.id, snap.server_version, epoch, n_rows + already)
         else:
-            partition = None if rows_dir is None else await _partition(cfg, snap, shape, e, rows_dir)
-            got = await keys_pass(cfg, snap, shape, epoch, as_place(keys_dir), partition, on_rows)
+            partition = await _partition(cfg, snap, shape, e, spill.sub("partition")) if write else None
+            got = await keys_pass(cfg, snap, shape, epoch, spill, partition, on_rows)
             if isinstance(got, SpilledKeys):
                 got.rows_read += already
                 return SpilledScan(shape, got, snap.id, snap.server_version, epoch)
@@ -193,11 +192,9 @@ async def read_scan(
     return ScanRead(shape, table, sample_keys, starts, snap.id, snap.server_version, fits=fits, bytes_per_row=per_row)
 
 
-async def _partition(
-    cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path | Place
-) -> Partition:
+async def _partition(cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: SpillFolder) -> Partition:
     """The data passes' files for a table too large: buckets for the planner's row count (or what was read, twice)."""
-    account = Account.for_scan(cfg.source.memory_bytes)
+    account = Policy.for_scan(cfg.source.memory_bytes)
     room = account.pass_bytes()
     rows = await _rows_estimate(snap, shape, e)
     buckets = bucket_count(rows, e.bytes_per_row, room)
@@ -205,10 +202,10 @@ async def _partition(
 
 
 async def _epoch_ranges(
-    cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: Path | Place, epoch: int
+    cfg: Config, snap: Snapshot, shape: ScanShape, e: TableTooLarge, folder: SpillFolder, epoch: int
 ) -> EpochRanges:
     """:func:`_partition` for rows: ranges of ``epoch``'s order, each a stretch's share of the budget."""
-    account = Account.for_scan(cfg.source.memory_bytes)
+    account = Policy.for_scan(cfg.source.memory_bytes)
     room = account.stretch_bytes(e.bytes_per_row)
     buckets = bucket_count(await _rows_estimate(snap, shape, e), e.bytes_per_row, room)
     hold = account.partition_hold_bytes()
@@ -266,7 +263,7 @@ async def _clearly_too_large(cfg: Config, snap: Snapshot, shape: ScanShape) -> T
         return None
     n = int(rows / ESTIMATE_MARGIN)
     stride = cfg.scan_samples.stride if cfg.scan_samples.window is not None else 1
-    if Account.for_scan(budget).fits_in_memory(n, per_row, -(-n // stride), len(shape.key_names)):
+    if Policy.for_scan(budget).fits_in_memory(n, per_row, -(-n // stride), len(shape.key_names)):
         return None
     return TableTooLarge(float(per_row), 0)
 
@@ -279,6 +276,8 @@ def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
     rows_read = read.table.rows_read if read.epochs_cut == 0 else 0  # the first epoch of a read pays for it
     read.epochs_cut += 1
     starts = read.starts[plan.samples]
+    held = read.table.nbytes + plan_bytes(int(plan.samples.size), plan.key_columns.width)
+    memory.current().reserve("table", held)  # the table and the epoch's plan, held while its batches are written
     return cut_source(cfg, plan, layout, read.table, starts, read.snapshot, read.server_version, rows_read)
 
 

@@ -18,7 +18,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, local_unit_batches
-from pgprefetch.write.budget import Account
+from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.scan.keyspill import SpilledKeys
 from pgprefetch.write.scan.mode import SpilledScan, scan_layout
@@ -49,7 +49,7 @@ def _gathered(cfg: Config, plan: EpochPlan, layout: BatchLayout, keys: SpilledKe
     # Two threads, as for a table in memory: one takes its batches while the other's pwrite writes (zarr: one).
     threads = 2 if cfg.store.compression == "none" else 1
     assert keys.rows is not None, "a dump's keys pass cut the data passes"
-    account = Account.for_scan(cfg.source.memory_bytes)
+    account = Policy.for_scan(cfg.source.memory_bytes)
     groups = Groups(keys.rows, layout, plan, size, keys.start_rows, keys.held, account, threads)
 
     async def fetch(batch: int, count: int) -> object:

@@ -17,25 +17,21 @@ reads the table once; the client writes and reads the decoded table once on loca
 
 from __future__ import annotations
 
-import errno
 import functools
 import itertools
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 
-from pgprefetch.store.folders import Place
-from pgprefetch.write.files.shardfiles import io_errors
-from pgprefetch.write.order.keyfile import pread_into
+from pgprefetch.write import memory
 from pgprefetch.write.order.shuffle import key_hash
 from pgprefetch.write.scan.copystream import Columns
-from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.table import Table, assemble
+from pgprefetch.write.spill.columns import ColumnFile, Schema
+from pgprefetch.write.spill.folder import SpillFolder
 
 _BUCKET_STREAM = 0x627563686574  # "bucket": the hash that puts a series in its bucket
 _SPLIT_STREAM = 0x73706C6974  # "split": the hash that splits an oversized bucket
@@ -49,18 +45,19 @@ class Partition:
     :meth:`pass_of` names.
     """
 
-    def __init__(self, folder: Path | Place, buckets: int, n_key: int, room: int, hold: int | None = None) -> None:
+    def __init__(self, folder: SpillFolder, buckets: int, n_key: int, room: int, hold: int | None = None) -> None:
         self.buckets, self.n_key, self.room = max(1, buckets), n_key, room
         self.hold = max(1 << 20, room if hold is None else hold)  # the rows held before they are written
         self._pending: dict[str, list[Columns]] = {}  # each file's rows not written yet, by chunk
         self._pending_bytes = 0
-        self._blocks: dict[str, list[int]] = {}  # each file's blocks, their rows
+        self._files: dict[str, ColumnFile] = {}  # each pass's (or bucket's) file, a block each time rows are held
         self.rows = 0
         self.subs = np.ones(self.buckets, np.int64)  # each bucket's passes (1 unless :meth:`settle` split it)
-        self.template: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # each column's dtype and row shape
+        self.template: Schema = {}  # each column's dtype and row shape
         self._lock = threading.Lock()  # the COPYs' chunks are decoded (and so added) on several threads
         self._writing = threading.Lock()  # held rows are written by one thread at a time
-        self.folder = fresh_folder(folder)  # a killed dump's leftovers go: the files are appended to
+        self.folder = folder
+        self.holding = memory.current().reserve("partition", 2 * self.hold)  # freed once settled
 
     @property
     def passes(self) -> int:
@@ -147,23 +144,31 @@ class Partition:
             self._writing.release()
 
     def _write_blocks(self, held: dict[str, list[Columns]]) -> None:
-        with io_errors(self.folder), self.folder.open() as folder:
-            for files, pieces in held.items():
-                rows = sum(p["k0"].shape[0] for p in pieces)
-                fd = folder.open(files, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                try:
-                    _write_all(fd, [p[name].data.cast("B") for name in self.template for p in pieces])
-                finally:
-                    os.close(fd)
-                self._blocks.setdefault(files, []).append(rows)
+        for name, pieces in held.items():
+            file = self._files.get(name)
+            if file is None:
+                file = self._files[name] = ColumnFile(self.folder.create(name), self.template)
+            file.append_pieces(pieces)
+            file.close()  # many buckets: their descriptors are not kept
+
+    @property
+    def row_bytes(self) -> int:
+        """A row's bytes over every column (0 before the first row)."""
+        return self._row_bytes()
 
     def settle(self) -> None:
         """Split each bucket larger than ``room`` bytes into enough parts, on disk, a block of rows at a time."""
         self.flush()
+        try:
+            self._split()
+        finally:
+            self.holding.free()
+
+    def _split(self) -> None:
         if not self.template:
             return
         for b in range(self.buckets):
-            rows = sum(self._blocks.get(str(b), ()))
+            rows = self._files[str(b)].rows if str(b) in self._files else 0
             if rows * self._row_bytes() <= self.room:
                 continue
             self.subs[b] = subs = math.ceil(rows * self._row_bytes() / max(1, self.room))
@@ -190,35 +195,18 @@ class Partition:
         return sum(d.itemsize * math.prod(s) for d, s in self.template.values())
 
     def _read(self, prefix: str) -> Iterator[Columns]:
-        """The blocks of ``prefix``'s file, each as columns (views of one read of the block), in the order written.
-
-        One ``pread`` a block: a read a column a block (``np.fromfile``, which opens the file each time) was
-        most of a pass's load.
-        """
-        blocks = self._blocks.get(prefix, [])
-        if not blocks:
-            return
-        offset = 0
-        with io_errors(self.folder):
-            with self.folder.open() as folder:
-                fd = folder.open(prefix, os.O_RDONLY)
+        """The blocks of ``prefix``'s file, each as columns (views of one read of the block), in the order written."""
+        file = self._files.get(prefix)
+        if file is not None:
             try:
-                for rows in blocks:
-                    data = np.empty(rows * self._row_bytes(), np.uint8)
-                    pread_into(fd, data, offset)
-                    offset += data.size
-                    chunk, at = {}, 0
-                    for name, (dtype, shape) in self.template.items():
-                        size = rows * math.prod(shape) * dtype.itemsize
-                        chunk[name] = data[at : at + size].view(dtype).reshape(rows, *shape)
-                        at += size
-                    yield chunk
+                yield from file.read_blocks()
             finally:
-                os.close(fd)
+                file.close()
 
     def _unlink(self, prefix: str) -> None:
-        (self.folder / prefix).remove()
-        self._blocks.pop(prefix, None)
+        file = self._files.pop(prefix, None)
+        if file is not None:
+            file.remove()
 
     def remove(self) -> None:
         """Delete the pass files."""
@@ -239,7 +227,7 @@ class EpochRanges(Partition):
 
     def __init__(
         self,
-        folder: Path | Place,
+        folder: SpillFolder,
         buckets: int,
         n_key: int,
         room: int,
@@ -266,25 +254,6 @@ class EpochRanges(Partition):
         part: np.ndarray = (self._top(series) - np.uint64(lo)) * np.uint64(subs) // np.uint64(max(1, hi - lo))
         out: np.ndarray = np.minimum(part, np.uint64(subs - 1)).astype(np.int64)
         return out
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """Write ``views`` in turn at the end of ``fd``: a ``writev`` for many small pieces (a chunk's rows a bucket).
-
-    A write per piece was 20 µs each, most of the partition's time: thousands of pieces a block.
-    """
-    for lo in range(0, len(views), _IOV):
-        group = views[lo : lo + _IOV]
-        done = os.writev(fd, group)
-        rest = memoryview(b"".join(group))[done:] if done < sum(v.nbytes for v in group) else memoryview(b"")
-        while rest:  # a short write (a full disk, a signal): the rest one call at a time
-            written = os.write(fd, rest)
-            if written == 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            rest = rest[written:]
-
-
-_IOV = 512  # pieces a writev (Linux takes 1,024)
 
 
 def bucket_count(rows: float, row_bytes: float, room: int) -> int:

@@ -17,17 +17,13 @@ of each file, and a gather from a mapping faulted them in one at a time (and out
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 
 from pgprefetch.pg.columns import Column
-from pgprefetch.store.folders import Place
-from pgprefetch.write.files.shardfiles import io_errors
-from pgprefetch.write.order.keyfile import pread_into
-from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.table import Table, array_lengths
+from pgprefetch.write.spill.columns import ColumnFile
+from pgprefetch.write.spill.folder import SpillFolder
 
 # (kind, column index or block number, dtype, row shape): "b" a block of columns, "v" values, "m" a mask, "n" lengths
 _Entry = tuple[str, int, np.dtype, tuple[int, ...]]
@@ -36,15 +32,15 @@ _Entry = tuple[str, int, np.dtype, tuple[int, ...]]
 class RowsFile:
     """Sorted tables appended one after another (:meth:`append`), then read back by rows (:meth:`read`)."""
 
-    def __init__(self, folder: Path | Place, columns: tuple[Column, ...]) -> None:
+    def __init__(self, folder: SpillFolder, columns: tuple[Column, ...]) -> None:
         self.columns = columns
         self.rows = 0  # rows appended: the next table's first row
         self.lengths: dict[Column, int] = {}  # the array columns' element counts (every row has the first one's)
         self._entries: list[_Entry] | None = None
         self._blocks: list[list[tuple[Column, int]]] = []
         self._nulls: set[Column] = set()  # the columns a NULL was seen in: only theirs are masked
-        self._files: list[int] = []  # open for reading (:meth:`open`)
-        self.folder = fresh_folder(folder)
+        self._file: ColumnFile | None = None  # the entries as columns, a block a pass (made by the first append)
+        self.folder = folder
 
     @property
     def row_bytes(self) -> int:
@@ -56,10 +52,10 @@ class RowsFile:
         if not self.rows:
             self.lengths = array_lengths(table)
         arrays = self._arrays(table)
-        with io_errors(self.folder), self.folder.open() as folder:
-            for (kind, i, _, _), array in zip(self._entries or (), arrays, strict=True):
-                with os.fdopen(folder.open(f"{kind}{i}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as f:
-                    f.write(np.ascontiguousarray(array).data.cast("B"))
+        if self._file is None:
+            schema = {_name(entry): (entry[2], entry[3]) for entry in self._entries or ()}
+            self._file = ColumnFile(self.folder.create("rows"), schema)
+        self._file.append({_name(entry): array for entry, array in zip(self._entries or (), arrays, strict=True)})
         self.rows += table.keys.shape[1]
 
     def _arrays(self, table: Table) -> list[np.ndarray]:
@@ -100,10 +96,7 @@ class RowsFile:
         return out
 
     def open(self) -> None:
-        """Open the files for :meth:`read`."""
-        with io_errors(self.folder), self.folder.open() as folder:
-            for kind, i, _, _ in self._entries or ():
-                self._files.append(folder.open(f"{kind}{i}", os.O_RDONLY))
+        """Ready the rows for :meth:`read` (nothing to do: the file is read at offsets)."""
 
     def buffers(self, rows: int) -> list[np.ndarray]:
         """Buffers for :meth:`read` of at most ``rows`` rows (one set a reading thread)."""
@@ -117,31 +110,33 @@ class RowsFile:
         n = stop - first
         table = Table(keys=np.empty((0, n), np.int64))
         blocks: list[tuple[np.ndarray, list[tuple[Column, int]]]] = []
-        with io_errors(self.folder):
-            for entry, fd, buffer in zip(self._entries or (), self._files, buffers, strict=True):
-                kind, i, dtype, shape = entry
-                size = _row_bytes(entry)
-                pread_into(fd, buffer[: n * size], first * size)
-                array = buffer[: n * size].view(dtype).reshape(n, *shape)
-                if kind == "b":  # the columns as views of the block, which the gather takes whole
-                    blocks.append((array, self._blocks[i]))
-                    for c, j in self._blocks[i]:
-                        table.values[c] = array[:, j]
-                elif kind == "v":
-                    table.values[self.columns[i]] = array
-                elif kind == "m" and self.columns[i] in self._nulls:  # no NULL anywhere: no mask, as a read has
-                    table.masks[self.columns[i]] = array
-                elif kind == "n":
-                    table.lengths[self.columns[i]] = array
+        assert self._file is not None, "rows were appended"
+        entries = self._entries or []
+        read = self._file.read(first, stop, out={_name(e): b for e, b in zip(entries, buffers, strict=True)})
+        for kind, i, _, _ in entries:
+            array = read[f"{kind}{i}"]
+            if kind == "b":  # the columns as views of the block, which the gather takes whole
+                blocks.append((array, self._blocks[i]))
+                for c, j in self._blocks[i]:
+                    table.values[c] = array[:, j]
+            elif kind == "v":
+                table.values[self.columns[i]] = array
+            elif kind == "m" and self.columns[i] in self._nulls:  # no NULL anywhere: no mask, as a read has
+                table.masks[self.columns[i]] = array
+            elif kind == "n":
+                table.lengths[self.columns[i]] = array
         table._blocks = blocks  # a read block's views do not point back at it: named here, not found
         return table
 
     def close(self) -> None:
-        """Close and delete the files."""
-        for fd in self._files:
-            os.close(fd)
-        self._files.clear()
-        self.folder.remove()
+        """Delete the file."""
+        if self._file is not None:
+            self._file.remove()
+
+
+def _name(entry: _Entry) -> str:
+    """The column an entry is kept in: ``b0``, ``v3``, ``m3``, ``n3``."""
+    return f"{entry[0]}{entry[1]}"
 
 
 def _row_bytes(entry: _Entry) -> int:

@@ -29,11 +29,10 @@ from pgprefetch.errors import SourceError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.budget import READ_COPIES, SORT_BYTES_PER_ROW, Account
+from pgprefetch.write.memory.policy import READ_COPIES, SORT_BYTES_PER_ROW, Policy
 from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
 from pgprefetch.write.scan.mode import cut_source, plan_scan, scan_layout
-from pgprefetch.write.scan.passes import keys_only
-from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
+from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values, keys_only
 from pgprefetch.write.scan.table import TableTooLarge, array_lengths, cut, cut_whole, read_ranges, read_table
 
 
@@ -42,7 +41,7 @@ class Sampled:
     """A check's scan source, and what the check predicts the dump from (:mod:`pgprefetch.write.check`).
 
     The dump holds the table in memory or not by its rows and their decoded size
-    (:meth:`~pgprefetch.write.budget.Account.fits_in_memory`); the keys pass read every row of it, the checked
+    (:meth:`~pgprefetch.write.memory.policy.Policy.fits_in_memory`); the keys pass read every row of it, the checked
     series' rows give a whole row's size. The keys pass's time is the least a dump's read of the table takes.
     """
 
@@ -114,7 +113,7 @@ def series_share(budget: int) -> int:
 
     The other half is the keys': held, or ordered on disk beyond it.
     """
-    return Account.for_scan(budget).data // 2 if budget else 0
+    return Policy.for_scan(budget).keys_bytes(beside_rows=True) if budget else 0
 
 
 async def _checked_batches(

@@ -7,6 +7,7 @@ value sent fixed-width and NOT NULL so that the client decodes rows as one struc
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -207,3 +208,8 @@ def vocabularies(shape: ScanShape) -> list[list[str]]:
     ``standard_conforming_strings = off``, was).
     """
     return [shape.categories[f] for f in coded_fields(shape)]
+
+
+def keys_only(shape: ScanShape) -> ScanShape:
+    """The shape of a read of the keys alone: no field columns."""
+    return dataclasses.replace(shape, columns=(), by_field={})

@@ -21,9 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import numpy as np
 
@@ -31,67 +29,54 @@ from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SourceError
 from pgprefetch.pg.session import Snapshot
-from pgprefetch.store.folders import Place, as_place
-from pgprefetch.write import heap
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, local_unit_batches
-from pgprefetch.write.budget import Account
-from pgprefetch.write.files.shardfiles import io_errors, pwrite_all
-from pgprefetch.write.order.keyfile import OrderedKeys, pread_into
+from pgprefetch.write.memory import heap
+from pgprefetch.write.memory.policy import Policy
+from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import Repeats, order_part
 from pgprefetch.write.plan import EpochPlan, ordered_fields
 from pgprefetch.write.scan.mode import Stretches, scan_plan
 from pgprefetch.write.scan.partition import EpochRanges
-from pgprefetch.write.scan.passes import fresh_folder
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.table import Table, array_lengths, assemble, cut, gather
+from pgprefetch.write.spill.columns import ColumnFile
+from pgprefetch.write.spill.folder import SpillFolder
 
 log = logging.getLogger("pgprefetch")
 
 
 class SampleFiles:
-    """An epoch's samples in order on local disk: a file per batch array, sample ``i`` at ``i`` records in.
+    """An epoch's samples in order on local disk: a column a batch array, appended a stretch's gather at a time.
 
-    Appended to a stretch at a time, read back a unit of batches at a time with ``pread`` (the pages go through
-    the page cache, never into the dump's RSS).
+    Read back a unit of batches at a time with ``pread`` (the pages go through the page cache, never into the
+    dump's RSS).
     """
 
-    def __init__(self, folder: Path | Place, arrays: list[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
-        self.folder = fresh_folder(folder)  # made afresh for this user: nothing planted in it to follow
-        self.record = {name: dtype.itemsize * int(np.prod(shape)) for name, dtype, shape in arrays}
-        self.n = 0
-        self._fds: dict[str, int] = {}
-        try:
-            with io_errors(self.folder), self.folder.open() as opened:
-                for name in self.record:
-                    self._fds[name] = opened.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except BaseException:
-            for fd in self._fds.values():  # those opened before the one that failed: not leaked
-                os.close(fd)
-            raise
+    def __init__(self, folder: SpillFolder, arrays: list[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
+        self.file = ColumnFile(folder.create("samples"), {name: (dtype, shape) for name, dtype, shape in arrays})
+
+    @property
+    def n(self) -> int:
+        """The samples written."""
+        return self.file.rows
 
     def append(self, out: dict[str, np.ndarray], n: int) -> None:
         """Add the first ``n`` samples of ``out`` (one row a sample per array) after those already written."""
-        with io_errors(self.folder):
-            for name, fd in self._fds.items():
-                pwrite_all(fd, np.ascontiguousarray(out[name][:n]), self.n * self.record[name])
-        self.n += n
+        self.file.append({name: out[name][:n] for name in self.file.schema})
 
     def read(self, first: int, n: int, out: dict[str, np.ndarray]) -> None:
         """Fill the first ``n`` rows of each array of ``out`` with samples ``first .. first + n``."""
-        with io_errors(self.folder):
-            for name, fd in self._fds.items():
-                pread_into(fd, out[name][:n], first * self.record[name])
+        self.file.read(first, first + n, out=out)
 
     def close(self) -> None:
-        """Close the files (the folder goes with the epoch's spool)."""
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        """Close the file (it goes with the spill folder)."""
+        self.file.close()
 
 
 @contextlib.asynccontextmanager
 async def stretch_source(
-    cfg: Config, snap: Snapshot, read: Stretches, epoch: int, spool_dir: Path | Place
+    cfg: Config, snap: Snapshot, read: Stretches, epoch: int, spill: SpillFolder
 ) -> AsyncIterator[BatchSource]:
     """The batch source of rows beyond memory: each stretch ordered and written out, then the batches read back.
 
@@ -102,12 +87,13 @@ async def stretch_source(
     key_columns = shape.key_columns
     width = len(shape.key_names)
     drop_last = cfg.batches.drop_last
-    folder = fresh_folder(as_place(spool_dir) / "stretches")  # the ordered keys' file and the samples' folder
-    keys = OrderedKeys(folder / "keys", width, ranges.rows, cfg.batches.size if drop_last else 1)
+    folder = spill.sub("stretches")  # the ordered keys' file and the samples' file
+    keys = OrderedKeys(folder, "keys", width, cfg.batches.size if drop_last else 1)
     files: SampleFiles | None = None
     found: list[Repeats] = []
-    account = Account.for_scan(cfg.source.memory_bytes)
+    account = Policy.for_scan(cfg.source.memory_bytes)
     layout: BatchLayout | None = None
+    cutting = memory.current().reserve("stretches", account.cutting_bytes())  # freed once every one is written
     try:
         for p in range(ranges.passes):
             table = await asyncio.to_thread(_load, shape, ranges, p)
@@ -117,7 +103,7 @@ async def stretch_source(
                 layout = BatchLayout.build(
                     cfg.fields, shape.columns, shape.by_field, array_lengths(table), cfg.samples.rows, key_columns
                 )
-                files = SampleFiles(folder / "samples", layout.arrays())
+                files = SampleFiles(folder, layout.arrays())
             assert files is not None
             await asyncio.to_thread(_stretch, cfg, layout, table, shape, epoch, keys, files, found, account)
             del table
@@ -132,6 +118,7 @@ async def stretch_source(
         raise
     finally:
         ranges.remove()
+        cutting.free()
     log.info(
         "epoch %d: %s rows outgrew [source] memory: read once, in %d stretches of the epoch's order",
         epoch, f"{ranges.rows:,}", ranges.passes,
@@ -158,7 +145,7 @@ def _stretch(
     keys: OrderedKeys,
     files: SampleFiles,
     found: list[Repeats],
-    account: Account,
+    account: Policy,
 ) -> None:
     """Order one stretch's samples, append their keys to ``keys`` and their gathered samples to ``files``."""
     sample_keys, starts = cut(table, shape, cfg.scan_samples)

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.write.budget import Account
+from pgprefetch.write import memory
+from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.table import gather
@@ -50,7 +51,7 @@ class Groups:
         size: int,
         starts: Callable[[int, int], np.ndarray],
         held: int,
-        account: Account,
+        account: Policy,
         threads: int,
     ) -> None:
         """``starts(a, b)``: the start rows of the epoch's samples ``a`` to ``b``; ``held``: the order's bytes held."""
@@ -60,7 +61,9 @@ class Groups:
         group_bytes = account.sweep_group_bytes(threads, held)
         self.group_batches = max(1, min(plan.n_batches, group_bytes // per_sample // self.size))
         samples = self.group_batches * self.size
-        self._arrays = layout.allocate(samples)  # held for the write: a group's samples in start order
+        # Held for the write: a group's samples in start order, and each thread's reads and gathers.
+        memory.current().reserve("windows group", samples * per_sample + threads * account.sweep_read_bytes())
+        self._arrays = layout.allocate(samples)
         self._place = np.empty(samples, np.int64)  # each epoch position's index in ``_arrays``
         self._starts = np.empty(0, np.int64)  # the group's start rows, sorted
         self._keys = np.empty((width, 0), np.int64)  # and their keys

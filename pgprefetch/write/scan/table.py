@@ -19,13 +19,13 @@ times. Scan mode reads the table once with binary ``COPY`` and does the rest in 
 
 The table stays in memory for as long as the dump runs, so several epochs (``--epochs A-B``) are cut from
 one read. ``[source] memory`` bounds it: a read that outgrows the budget is given up and the table is read
-in passes instead (:mod:`pgprefetch.write.scan.passes`).
+in stretches or passes instead (:mod:`pgprefetch.write.scan.strategy`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,11 +36,12 @@ from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import PgprefetchError, SampleError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
-from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.write.budget import Account
-from pgprefetch.write.scan.copystream import DRAIN_BYTES, Columns, CopyDecoder
-from pgprefetch.write.scan.shape import ScanShape, copy_select, vocabularies
-from pgprefetch.write.tasks import first_error
+from pgprefetch.pg.session import Snapshot
+from pgprefetch.write import memory
+from pgprefetch.write.memory.policy import Policy
+from pgprefetch.write.scan.copyread import copy_ranges
+from pgprefetch.write.scan.copystream import Columns, CopyDecoder
+from pgprefetch.write.scan.shape import ScanShape
 
 
 @dataclass
@@ -117,7 +118,7 @@ async def read_table(
     """
     ranges = wheres if wheres is not None else await page_ranges(snap, shape, cfg.source.connections)
     if budget is None:  # the whole read and the epoch cut from it, within the scan's account
-        account = Account.for_scan(cfg.source.memory_bytes)
+        account = Policy.for_scan(cfg.source.memory_bytes)
         stride = cfg.scan_samples.stride if cfg.scan_samples.window is not None else 1
         width = len(shape.key_names)
 
@@ -146,44 +147,25 @@ async def read_ranges(
     ``empty_ok``: a range of the table may hold no rows, where the whole table may not. ``over(rows,
     held bytes)`` says when the read outgrew its budget (default: more than ``budget`` bytes held; 0: never).
     """
-    decoders = [CopyDecoder(shape, on_rows, copy_drain_bytes(cfg, len(ranges))) for _ in ranges]
+    drain = Policy.for_scan(cfg.source.memory_bytes).copy_drain_bytes(len(ranges), into_partition=False)
+    decoders = [CopyDecoder(shape, on_rows, drain) for _ in ranges]
     limit = budget
     outgrown = over if over is not None else (lambda rows, held: held > limit)
 
-    def sink(decoder: CopyDecoder) -> Callable[[bytes], Awaitable[None]]:
-        async def take(data: bytes) -> None:
-            if decoder.feed(data):  # decoded on a thread: the event loop keeps the other COPYs streaming
-                await asyncio.to_thread(decoder.drain)
-            held = sum(d.held_bytes for d in decoders)
-            if limit and outgrown(sum(d.rows for d in decoders), held):
-                for d in decoders:
-                    d.drain()  # decode what is held, to measure the rows' size
-                rows = sum(d.rows for d in decoders)
-                decoded = sum(d.decoded_bytes for d in decoders)
-                per_row = decoded / rows if rows else float(decoder.row.itemsize if decoder.row else 64)
-                raise TableTooLarge(per_row, rows)
+    def check() -> None:
+        held = sum(d.held_bytes for d in decoders)
+        if limit and outgrown(sum(d.rows for d in decoders), held):
+            for d in decoders:
+                d.drain()  # decode what is held, to measure the rows' size
+            rows = sum(d.rows for d in decoders)
+            decoded = sum(d.decoded_bytes for d in decoders)
+            first = decoders[0].row
+            per_row = decoded / rows if rows else float(first.itemsize if first else 64)
+            raise TableTooLarge(per_row, rows)
 
-        return take
-
-    async with BatchReader.open(cfg.source, snapshot, None, vocabularies=vocabularies(shape)) as workers:
-        copies = [
-            workers.copy(f"reading {shape.relation}", f"{copy_select(shape, where)}", sink(d))
-            for d, where in zip(decoders, ranges, strict=True)
-        ]
-        await first_error(copies)
-    return await asyncio.to_thread(lambda: assemble(shape, [p for d in decoders for p in d.finish()], empty_ok))
-
-
-def copy_drain_bytes(cfg: Config, copies: int, share: int = 16) -> int:
-    """How much of a COPY's stream is decoded at once: every COPY's undecoded bytes within a ``share``-th of the data's.
-
-    8 MiB each (:data:`~.copystream.DRAIN_BYTES`) would be 64 MiB at 8 connections, past a 64 MiB budget. A
-    16th beside a table read whole; a table streamed into a partition holds only its held rows beside the
-    COPYs (:meth:`~pgprefetch.write.budget.Account.partition_hold_bytes`), and takes a 4th: each drain is a
-    hand-over to a thread and back, and at a 16th rows17 under 32 MiB made 900 of them (0.8 s of 6).
-    """
-    data = Account.for_scan(cfg.source.memory_bytes).data
-    return max(64 << 10, min(DRAIN_BYTES, data // (share * max(1, copies))))
+    with memory.current().reserve("copy", drain * len(ranges)):
+        await copy_ranges(cfg.source, snapshot, shape, ranges, decoders, check=check)
+    return await asyncio.to_thread(lambda: assemble(shape, [p for d in decoders for p in d.parts], empty_ok))
 
 
 async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:

@@ -1,28 +1,23 @@
-"""The dump's memory account: ``--memory`` shared out among the dump's large allocations before any is taken.
+"""Who may hold what of ``--memory``, and when: every sizing rule of a dump, in the order of its phases.
 
-A user sets ``--memory`` beside a container's or a unit's memory limit, so it is the process's memory, not
-the table's: the peak RSS of a dump stays within *floor + budget + slack*, the floor being the interpreter
-and its imports (what a dump of a tiny table peaks at) and :data:`SLACK` the measured rest (asyncpg's
-receive buffers, zarr's metadata, the progress bar). What the budget pays for, each phase at its peak:
+``--memory`` is the process's memory (a container's limit), not the table's: the peak RSS stays within
+*floor + budget + slack*, :data:`FLOOR` being the interpreter and its imports and :data:`SLACK` the measured
+rest (asyncpg's receive buffers, zarr's metadata). The pool (:mod:`.pool`) holds the reservations; this
+module says how large each may be. The shares add up because of the order in time:
 
-- **the writer**: each unit in flight holds its batch buffers and its key buffer, each writing thread the
-  unit's gathered rows, casts and statistics; :func:`writer_bytes` charges them and :class:`Account`
-  leaves the rest (:attr:`Account.data`) to the source.
-- **the heap**: freed blocks glibc keeps for reuse; :func:`pgprefetch.write.heap.fit` caps them from the
-  budget (:func:`heap_bytes`).
-- **a scan's read**: the decoded table twice while its chunks are joined and sorted
-  (:data:`READ_COPIES`), then the table once beside the epoch's per-sample arrays (:func:`plan_bytes`).
-- **a data pass** (windows of a table beyond the budget, :mod:`pgprefetch.write.scan.partition`): its rows
-  :data:`PASS_COPIES` times (loaded blocks, joined columns, sorted copy, the windows cut), beside the
-  windows' keys being ordered (:meth:`Account.pass_bytes`); the partition's rows held before they are
-  written are a 16th of the data's share. Windows are then written a group of batches at a time, gathered
-  from the passes' rows read back (:meth:`Account.sweep_group_bytes`). Rows read in stretches of the epoch
-  hold no keys: a stretch has the whole share (:meth:`Account.stretch_bytes`).
-- **keys**: query mode's keys, and the keys pass of a scan, are ordered on disk beyond their share
-  (:mod:`pgprefetch.write.order.spill`, :mod:`pgprefetch.write.scan.keyspill`).
+1. **Always**: the heap's kept memory (:func:`heap_bytes`, reserved for the whole dump; glibc is told to
+   keep no more by :func:`pgprefetch.write.memory.heap.fit`).
+2. **Reading** (no batch buffer exists yet): keys collected (:meth:`Policy.keys_bytes`: half the data's
+   share beside a scan's partition, all of it in query mode); the COPYs' undecoded bytes
+   (:meth:`Policy.copy_drain_bytes`); rows held before a partition writes them
+   (:meth:`Policy.partition_hold_bytes`); a table read whole (:meth:`Policy.in_memory_bytes`).
+3. **Cutting** (still no batch buffer): a stretch of rows (:meth:`Policy.stretch_bytes`) or a data pass
+   (:meth:`Policy.pass_bytes`), and the samples gathered from it at once (:meth:`Policy.gather_samples`).
+4. **Writing**: the writer's units in flight and its threads' temporaries (:func:`writer_bytes`, charged
+   first: :attr:`Policy.data` is what is left), beside what the source holds: the epoch's keys and plan
+   when they fit, a table read whole, or a group of windows (:meth:`Policy.sweep_group_bytes`).
 
-The planner asks :class:`Account` which way fits; a way that does not is not taken. The figures are
-measured by ``python -m bench.memory`` and stated in ``docs/operations.md``.
+A way of reading whose holders do not fit is not taken (:mod:`pgprefetch.write.scan.strategy`).
 """
 
 from __future__ import annotations
@@ -30,12 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIB = 1 << 20
+DRAIN_BYTES = 8 * MIB  # the most of one COPY stream decoded at once
 # What a dump of a 1,000-row table peaks at (the interpreter, numpy, zarr, asyncpg and the dump's fixed
 # buffers): 52-53 MiB measured by bench.memory on Linux x86-64, CPython 3.11; the floor the budget sits on.
 FLOOR = 56 * MIB
 # The peak's margin over floor + budget, measured: the worst of bench.memory's jobs was 2-25 MiB over the
 # budget's own share (asyncpg's 64 KiB receive buffers per connection, zarr's and the manifest's objects).
 SLACK = 32 * MIB
+# The least budget the shares below add up within: under it their floors (a 1 MiB heap arena each, 256 KiB
+# units, 64 KiB COPY drains, 4,096 keys a run) take more than the budget, and a dump holds those floors.
+LEAST_BUDGET = 16 * MIB
 READ_COPIES = 2  # a scan's decoded chunks, then the joined, sorted columns (the chunks go as they are joined)
 SORT_BYTES_PER_ROW = 16  # the sort of a read's keys: its order and the sorted copy's index
 PASS_COPIES = 4  # a data pass's rows: the chunks, the joined columns, their sorted copy, the windows cut
@@ -100,7 +99,7 @@ def writer_bytes(unit_bytes: int, key_bytes_per_unit: int, in_flight: int, threa
 
 
 @dataclass(frozen=True)
-class Account:
+class Policy:
     """One dump's budget (``[source] memory``), shared out: the writer's and the heap's part, the data's rest."""
 
     budget: int
@@ -112,7 +111,7 @@ class Account:
         return max(self.budget // 4, self.budget - self.writer - heap_bytes(self.budget))
 
     @classmethod
-    def for_scan(cls, budget: int, threads: int = 2) -> Account:
+    def for_scan(cls, budget: int, threads: int = 2) -> Policy:
         """A scan dump's account: ``threads`` units in flight, as many threads writing (``BatchSource``)."""
         unit = unit_bytes(budget)
         return cls(budget, writer_bytes(unit, unit // 4, threads, threads))
@@ -127,9 +126,31 @@ class Account:
         """Whether the table, read whole, and its epoch fit :attr:`data`."""
         return self.in_memory_bytes(rows, row_bytes, samples, width) <= self.data
 
+    def keys_bytes(self, *, beside_rows: bool) -> int:
+        """Keys collected and ordered in memory before they go to disk (:mod:`pgprefetch.write.order.spill`).
+
+        Held through the write when they fit, so within the data's share; half of it beside a scan's rows
+        (a partition's held rows, then a pass's).
+        """
+        return self.data // 2 if beside_rows else self.data
+
+    def copy_drain_bytes(self, copies: int, *, into_partition: bool) -> int:
+        """How much of each of ``copies`` COPY streams is decoded at once, all within a share of the data's.
+
+        A 16th beside a table read whole (which grows beside them); a table streamed into a partition holds
+        only its held rows beside the COPYs, and takes a 4th (each drain is a hand-over to a thread and back).
+        Never more than :data:`DRAIN_BYTES` a stream.
+        """
+        share = 4 if into_partition else 16
+        return max(64 << 10, min(DRAIN_BYTES, self.data // (share * max(1, copies))))
+
     def pass_bytes(self) -> int:
         """A data pass's decoded rows: beside the keys' half of :attr:`data` (the windows cut are ordered)."""
         return max(1, (self.data - self.data // 2) // PASS_COPIES)
+
+    def cutting_bytes(self) -> int:
+        """What cutting rows into stretches may hold in all: the budget less the heap's (no writer exists yet)."""
+        return max(self.data, self.budget - heap_bytes(self.budget))
 
     def stretch_bytes(self, row_bytes: float) -> int:
         """A stretch's decoded rows: :data:`STRETCH_COPIES` of them and their order, beside a gather of samples.
@@ -140,7 +161,7 @@ class Account:
         copies and the data's share alone, rows17 under 32 MiB took 42 stretches and peaked 19 MiB under
         its budget, at twice the time in memory.)
         """
-        room = max(self.data, self.budget - heap_bytes(self.budget)) - self.data // 16  # (the heap's part is fixed)
+        room = self.cutting_bytes() - self.data // 16
         rows = max(1.0, room / (STRETCH_COPIES * max(1.0, row_bytes) + ORDER_BYTES_PER_ROW))
         return max(1, int(rows * row_bytes))
 
@@ -183,12 +204,12 @@ def smallest_budget(pass_rows_bytes: int) -> int:
     would be).
     """
     high = MIB
-    while Account.for_scan(high).pass_bytes() < pass_rows_bytes:
+    while Policy.for_scan(high).pass_bytes() < pass_rows_bytes:
         high *= 2
     low = high // 2
     while high - low > MIB:
         mid = (low + high) // 2 // MIB * MIB
-        if Account.for_scan(mid).pass_bytes() >= pass_rows_bytes:
+        if Policy.for_scan(mid).pass_bytes() >= pass_rows_bytes:
             high = mid
         else:
             low = mid

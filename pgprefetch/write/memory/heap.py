@@ -30,14 +30,14 @@ def release() -> None:
 
 
 def fit(budget: int) -> None:
-    """Cap the freed memory the heap keeps at a share of ``budget`` (:func:`pgprefetch.write.budget.heap_bytes`).
+    """Cap the freed memory the heap keeps at a share of ``budget`` (:func:`pgprefetch.write.memory.policy.heap_bytes`).
 
     :func:`pgprefetch.cli.console.tune_for_dumping` keeps up to 128 MiB per arena for speed, and a thread
     that allocates gets an arena of its own: under a 64 MiB budget that alone could double the peak. Two
     arenas, and thresholds of the budget's size (a 512 MiB budget keeps the 8 MiB blocks of its batches).
     Not glibc: nothing.
     """
-    from pgprefetch.write.budget import mmap_threshold, trim_threshold
+    from pgprefetch.write.memory.policy import mmap_threshold, trim_threshold
 
     try:
         libc = ctypes.CDLL("libc.so.6")
