@@ -141,7 +141,7 @@ def test_query_mode_keys_beyond_the_budget_peak_within_it(db: str, tmp_path: Pat
 def test_the_summary_reports_the_peak_and_check_states_the_expected_one(
     db: str, tmp_path: Path, memory: str, keys: int
 ) -> None:
-    """``check`` expects query mode's keys as they are ordered (200,000: 8 MB, within the data's share) beside the writer."""
+    """``check`` expects query mode's keys as they are ordered (200,000: 8 MB, in the data's share) by the writer."""
     execute(
         db,
         "CREATE TABLE t (id bigint PRIMARY KEY, a int NOT NULL, b int NOT NULL)",
