@@ -20,6 +20,7 @@ from pgprefetch.config.model import Config, SamplesConfig
 from pgprefetch.errors import ConfigError, PgprefetchError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Shape, Snapshot
+from pgprefetch.write.memory.policy import MIB, Policy
 from pgprefetch.write.mix.passes import Chosen, Passes, choose
 from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.scan.mode import ScanRead, read_scan
@@ -59,23 +60,58 @@ async def prefixed(name: str) -> AsyncIterator[None]:
         raise copy from None
 
 
-def source_config(cfg: Config, name: str, n_sources: int, query_sources: int) -> Config:
-    """Source ``name``'s own config: its samples, and its share of the memory budget and connections."""
+def source_config(cfg: Config, name: str, memory: int, query_sources: int) -> Config:
+    """Source ``name``'s own config: its samples, its share ``memory`` of the budget, its share of connections."""
     own = cfg.for_source(name)
-    source = dataclasses.replace(
-        cfg.source,
-        memory_bytes=cfg.source.memory_bytes // n_sources,
-        connections=max(1, -(-cfg.source.connections // max(1, query_sources))),
-    )
+    connections = max(1, -(-cfg.source.connections // max(1, query_sources)))
+    source = dataclasses.replace(cfg.source, memory_bytes=memory, connections=connections)
     return dataclasses.replace(own, source=source)
 
 
+def held_bytes(read: SourceRead) -> int:
+    """What a source holds for the epoch once read: its chosen keys and index, and a pass's hash and order."""
+    return int(read.chosen.keys.nbytes + read.chosen.index.nbytes + 16 * read.chosen.m)
+
+
+def scan_share(budget: int, held: int, scan_sources: int) -> int:
+    """Each scan source's budget: what the data's share leaves beside the query sources' keys, equally."""
+    data = Policy.for_scan(budget).data
+    return max(1, (data - held) // max(1, scan_sources)) if budget else 0
+
+
+def least_budget(need: int, held: int, scan_sources: int) -> int:
+    """The least ``--memory`` (a whole MiB) under which each scan source's share holds ``need`` bytes."""
+    high = MIB
+    while scan_share(high, held, scan_sources) < need:
+        high *= 2
+    low = high // 2
+    while high - low > MIB:
+        mid = (low + high) // 2 // MIB * MIB
+        if scan_share(mid, held, scan_sources) >= need:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 async def read_source(
-    cfg: Config, name: str, code: int, snap: Snapshot, vocabulary: Vocabulary | None, epoch: int, counts: dict[str, Any]
+    cfg: Config,
+    name: str,
+    code: int,
+    snap: Snapshot,
+    vocabulary: Vocabulary | None,
+    epoch: int,
+    counts: dict[str, Any],
+    *,
+    budget: int = 0,
+    held: int = 0,
+    scan_sources: int = 1,
 ) -> SourceRead:
     """Read source ``name`` (its own config ``cfg``) on ``snap``: its keys, or its table cut into samples.
 
-    ``counts`` hears the table rows a scan read (``rows_read``).
+    ``counts`` hears the table rows a scan read (``rows_read``). ``budget``: the mixed epoch's, of which the
+    query sources read before it hold ``held`` and ``scan_sources`` scan sources share the rest (for the least
+    budget a refusal names).
 
     Raises:
         ConfigError: it returned no keys (a source of weight > 0 must give samples).
@@ -90,10 +126,8 @@ async def read_source(
     else:
         read = await read_scan(cfg, snap, None, vocabulary, epoch=epoch, spill=None)
         if not isinstance(read, ScanRead) or not read.fits:
-            raise SourceError(
-                f"{where} table: does not fit its share of [source] memory ({cfg.source.memory_bytes >> 20} MiB, "
-                "the budget divided among the sources); a mixed epoch's scan sources are read whole: raise it"
-            )
+            assert isinstance(read, ScanRead), "keys held: a mixed source's read is never on disk"
+            raise _too_large(cfg, read, where, budget, held, scan_sources)
         scan, keys, key_columns = read, read.sample_keys, read.shape.key_columns
         counts["rows_read"] = counts.get("rows_read", 0) + read.table.rows_read
     samples = cfg.samples
@@ -104,6 +138,19 @@ async def read_source(
         raise ConfigError(f"{where} returned {what}: a source needs samples (weight = 0 leaves it out)")
     passes = Passes(chosen, seed=cfg.batches.seed, name=name)
     return SourceRead(name, code, cfg, key_columns, chosen, passes, shape=shape, scan=scan)
+
+
+def _too_large(cfg: Config, read: ScanRead, where: str, budget: int, held: int, scan_sources: int) -> SourceError:
+    """The refusal of a scan source beyond its share of ``budget``, naming the least ``--memory`` that holds it."""
+    rows = int(read.table.keys.shape[1])
+    width = len(read.shape.key_names)
+    need = Policy.for_scan(cfg.source.memory_bytes).in_memory_bytes(rows, read.bytes_per_row, rows, width)
+    least = least_budget(need, held, scan_sources)
+    return SourceError(
+        f"{where} table: {rows:,} rows need about {need / MIB:,.0f} MiB in memory, more than its share of "
+        f"[source] memory ({budget / MIB:,.0f} MiB beside the other sources); a mixed epoch's scan sources are "
+        f"read whole: the least budget that holds it is --memory {least // MIB}MiB"
+    )
 
 
 def widest(sources: list[SourceRead]) -> KeyColumns:

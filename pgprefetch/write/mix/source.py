@@ -30,11 +30,22 @@ from pgprefetch.decode import collate
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import Fetched
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, local_unit_batches, unit_batches
 from pgprefetch.write.mix.apportion import shares
 from pgprefetch.write.mix.passes import by_hash, slot_hash
 from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_record, needed, starts, weights_at
-from pgprefetch.write.mix.reading import SourceRead, check_same_arrays, prefixed, read_source, source_config, widest
+from pgprefetch.write.mix.reading import (
+    SourceRead,
+    check_same_arrays,
+    held_bytes,
+    least_budget,
+    prefixed,
+    read_source,
+    scan_share,
+    source_config,
+    widest,
+)
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, query_statement
 from pgprefetch.write.scan.mode import scan_layout
@@ -71,6 +82,46 @@ def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.
     return codes[order], index[order]
 
 
+async def _read_sources(
+    cfg: Config, snap: Snapshot, vocabulary: Vocabulary | None, epoch: int, names: list[str], counts: dict[str, Any]
+) -> list[SourceRead]:
+    """Every source the epoch draws on, in ``[samples]`` order: query sources first, scan sources after them.
+
+    The budget is shared by what each needs: the query sources' keys are read and held first (each
+    reserved in the pool), and the scan sources share what is left of the data's share, equally, since a
+    scan source is read whole.
+    """
+    assert cfg.mix is not None
+    pool = memory.current()
+    sources = [(code, s) for code, s in enumerate(cfg.mix.sources) if s.name in names]
+    queries = [(code, s) for code, s in sources if hasattr(s.samples, "query")]
+    scans = [(code, s) for code, s in sources if not hasattr(s.samples, "query")]
+    budget = cfg.source.memory_bytes
+    reads: dict[int, SourceRead] = {}
+    held = 0
+    for code, s in queries:
+        async with prefixed(s.name):
+            own = source_config(cfg, s.name, budget // max(1, len(sources)), len(queries))
+            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, epoch, counts)
+            pool.reserve(f"keys of {s.name}", held_bytes(read))  # held for the epoch
+            held += held_bytes(read)
+    share = scan_share(budget, held, len(scans))
+    for code, s in scans:
+        async with prefixed(s.name):
+            own = source_config(cfg, s.name, _budget_for(share), len(queries))
+            reads[code] = read = await read_source(
+                own, s.name, code, snap, vocabulary, epoch, counts, budget=budget, held=held, scan_sources=len(scans)
+            )
+            assert read.scan is not None, "a scan source is read whole"
+            pool.reserve(f"table of {s.name}", read.scan.table.nbytes + held_bytes(read))  # held for the epoch
+    return [reads[code] for code, _ in sources]
+
+
+def _budget_for(share: int) -> int:
+    """The ``[source] memory`` whose data share is ``share`` (a scan source's read measures against that)."""
+    return least_budget(share, 0, 1) if share else 0
+
+
 @asynccontextmanager
 async def mixed_source(
     cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None
@@ -85,14 +136,8 @@ async def mixed_source(
     where = f"{store.location}/epoch {epoch}" if store is not None else f"epoch {epoch}"
     record = find_record(cfg, store, epoch)
     names = needed(cfg, epoch, record)
-    queries = sum(1 for s in cfg.mix.sources if s.name in names and hasattr(s.samples, "query"))
     counts: dict[str, Any] = {}
-    reads: list[SourceRead] = []
-    for code, s in enumerate(cfg.mix.sources):
-        if s.name in names:
-            async with prefixed(s.name):
-                own = source_config(cfg, s.name, len(names), queries)
-                reads.append(await read_source(own, s.name, code, snap, vocabulary, epoch, counts))
+    reads = await _read_sources(cfg, snap, vocabulary, epoch, names, counts)
     passes = {r.name: r.passes for r in reads}
     begun = starts(cfg, epoch, passes, record, where)
     sizes = {r.name: r.chosen.m for r in reads}
