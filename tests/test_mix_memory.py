@@ -43,7 +43,7 @@ def _config(tmp_path: Path, memory: str, store: str) -> Path:
 
 
 def test_a_scan_source_takes_what_the_query_sources_leave_not_a_third(big_mix_db: str, tmp_path: Path) -> None:
-    """Under 48 MiB a third (16 MiB, 10 of it for data) does not hold the table (about 17 MiB read); what is left does."""
+    """Under 48 MiB a third (16 MiB, 10 for data) does not hold the table (17 MiB as read); what is left does."""
     shared = dump(_config(tmp_path, "48MiB", "shared.zarr"), big_mix_db)
     whole = dump(_config(tmp_path, "4GiB", "whole.zarr"), big_mix_db)
     assert shared.sources == whole.sources

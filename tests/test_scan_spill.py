@@ -21,13 +21,16 @@ import numpy as np
 import pytest
 
 from pgprefetch import dump_epochs, load_config
+from pgprefetch.config.model import Config
 from pgprefetch.errors import SampleError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.check import check_config
+from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import order_part
-from pgprefetch.write.scan.mode import SpilledScan, read_scan
 from pgprefetch.write.scan.partition import EpochRanges, Partition
-from pgprefetch.write.scan.table import Table
+from pgprefetch.write.scan.strategy import Estimate, ScanJob
+from pgprefetch.write.scan.strategy.keysonly import KeysOnly
+from pgprefetch.write.scan.whole import Coding
 from pgprefetch.write.spill.folder import SpillFolder
 
 from .harness.configs import scan_config
@@ -234,9 +237,8 @@ def test_the_keys_pass_is_held_within_memory_and_in_memory_when_the_keys_fit(db:
         execute(db, "DROP TABLE IF EXISTS big", "DROP TABLE IF EXISTS flat")
         load_tables(db, series=1, rows=rows)
         cfg = load_config(scan_config(tmp_path / f"c{rows}", **ROWS, extra='memory = "2MiB"'), dsn=db)
-        read, peaks[rows] = asyncio.run(_traced_read(cfg, tmp_path / f"keys-{rows}"))
-        assert isinstance(read, SpilledScan)
-        read.keys.close()
+        on_disk, peaks[rows] = asyncio.run(_traced_plan(cfg, tmp_path / f"keys-{rows}"))
+        assert on_disk
     assert peaks[400_000] - peaks[100_000] < 2e6, peaks  # measured 0.3 MB; in memory: 24 MB and up
     execute(
         db,
@@ -246,19 +248,20 @@ def test_the_keys_pass_is_held_within_memory_and_in_memory_when_the_keys_fit(db:
     wide = {"table": "wide", "key": "id", "fields": {"emb": (["emb"], "float32")}}
     # 8 MiB: the process's budget, of which the writer and the heap take about half (pgprefetch.write.memory.policy)
     fits = load_config(scan_config(tmp_path / "fits", **wide, extra='memory = "8MiB"'), dsn=db)
-    read, _ = asyncio.run(_traced_read(fits, tmp_path / "keys-fits"))
-    assert not isinstance(read, SpilledScan)
-    assert not read.fits  # read in passes, its keys held as before: nothing went to disk
-    assert isinstance(read.table, Table)
+    on_disk, _ = asyncio.run(_traced_plan(fits, tmp_path / "keys-fits"))
+    assert not on_disk  # its keys held: nothing went to disk
     assert not (tmp_path / "keys-fits").exists()
 
 
-async def _traced_read(cfg: object, folder: Path) -> tuple[object, int]:
-    async with Snapshot.open(cfg.source) as snap:  # type: ignore[attr-defined]
+async def _traced_plan(cfg: Config, folder: Path) -> tuple[bool, int]:
+    """A check's keys pass of ``cfg``'s table (the keys-only strategy): whether its keys went to disk, its peak."""
+    async with Snapshot.open(cfg.source) as snap:
         tracemalloc.start()
         try:
-            read = await read_scan(cfg, snap, epoch=0, spill=SpillFolder(folder), write=False)  # type: ignore[arg-type]
-            return read, tracemalloc.get_traced_memory()[1]
+            coding = Coding(cfg, snap, None)
+            job = ScanJob(cfg, snap, 0, await coding.shape(), coding, Estimate(), SpillFolder(folder))
+            async with KeysOnly().open(job) as plan:
+                return isinstance(plan.keys, OrderedKeys), tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
 

@@ -4,7 +4,7 @@ The writer (:mod:`pgprefetch.write.pipeline`, :mod:`pgprefetch.write.schedule`) 
 batches come from. It gets a :class:`BatchSource`: the epoch's plan (keys in order, counts), the decoding
 layout, and per *unit* (a run of consecutive batches) two steps: ``fetch``, the database side, awaited on
 the event loop, and ``produce``, the CPU side, run on the writer's thread, which fills the unit's buffers.
-The query mode (:mod:`pgprefetch.write.query`) and the scan mode (:mod:`pgprefetch.write.scan.mode`) each
+The query mode (:mod:`pgprefetch.write.query`) and the scan mode (:mod:`pgprefetch.write.scan.strategy`) each
 build one; :mod:`pgprefetch.write.sources` chooses which.
 
 A unit is one batch, unless batches are small: every step has a fixed cost (a round trip, a statement, a

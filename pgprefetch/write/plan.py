@@ -5,7 +5,7 @@ fraction, cutting to full batches) and hashes them, :func:`order_spilled` the sa
 ``[source] memory`` (query mode: ordered on disk, the same order and hash); :func:`resolve_categories`
 fixes each categorical field's list, stable across the epochs of a store. Each mode plans with these: the
 query mode in :func:`pgprefetch.write.query.plan_epoch`, the scan mode in
-:func:`pgprefetch.write.scan.mode.plan_scan`.
+:func:`pgprefetch.write.scan.whole.plan_scan`.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ async def resolve_categories(
     and a value no longer in the data keeps its code. The extended vocabulary is recorded before any batch
     is written (the dump's ``vocabulary.record``), so a resumed or ``--force`` dump of the epoch, and any
     later epoch, finds it. ``distinct`` None: no new values (a scan that found every value in the store's
-    vocabulary, :func:`pgprefetch.write.scan.mode.read_scan`).
+    vocabulary, :func:`pgprefetch.write.scan.whole.read_whole`).
 
     Every list must fit the field's dtype whatever ``cast`` says: a code is an index, and a wrapped one
     points at another category. A value is at most :data:`MAX_CATEGORY_BYTES` and a list at most
@@ -233,7 +233,7 @@ def borrowed_vocabulary(cfg: Config, f: FieldConfig, source: VocabularyFrom) -> 
 def known_vocabulary(cfg: Config, vocabulary: Vocabulary | None) -> dict[str, list[str]] | None:
     """The store's vocabulary of every ``"auto"`` field, when the store has one for each (else None).
 
-    A scan codes its values against it while it reads (:func:`pgprefetch.write.scan.mode.read_scan`): if
+    A scan codes its values against it while it reads (:func:`pgprefetch.write.scan.whole.read_whole`): if
     the data holds no other value, the epoch's lists are known without a read of their own.
     """
     store = vocabulary.store if vocabulary is not None else None

@@ -1,14 +1,10 @@
 """The one choice of where an epoch's batches come from, for the dump and for ``pgprefetch check`` alike.
 
-Four ways, decided here and nowhere else:
-
+- **a mixed epoch**: every source on the epoch's snapshot, interleaved by weight (:mod:`pgprefetch.write.mix`);
 - **query mode**: the per-sample query, one statement per unit of batches (:mod:`pgprefetch.write.query`);
-- **scan mode, read cached**: an earlier epoch of this run read the table; this one is cut from it;
-- **scan mode, fits**: the table is read once on the snapshot and kept for the next epochs of the run;
 - **scan mode on a cluster**: an executor's readers hold the table; its parts cut the epoch from it;
-- **scan mode, in passes**: the table outgrew ``[source] memory`` on its first read; its keys are read,
-  then its data in key-range passes into a spool (:mod:`pgprefetch.write.scan.passes`); keys beyond the
-  budget too are ordered on disk first (:mod:`pgprefetch.write.scan.keyspill`).
+- **scan mode, cached**: an earlier epoch of this run read the table whole; this one is cut from it;
+- **scan mode**: the table read by the strategy its size calls for (:mod:`pgprefetch.write.scan.strategy`).
 """
 
 from __future__ import annotations
@@ -24,10 +20,9 @@ from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
 from pgprefetch.write.query import query_source
-from pgprefetch.write.scan.mode import ScanRead, SpilledScan, Stretches, plan_scan, read_scan, scan_source
-from pgprefetch.write.scan.multipass import spilled_source
 from pgprefetch.write.scan.shape import sample_text
-from pgprefetch.write.scan.stretches import stretch_source
+from pgprefetch.write.scan.strategy import open_scan
+from pgprefetch.write.scan.whole import ScanRead, scan_source
 from pgprefetch.write.spill.folder import SpillFolder
 
 
@@ -90,31 +85,13 @@ async def open_source(
             return
         if progress:
             progress.reading(epoch)
+        kept: list[ScanRead] = []  # a table read whole: kept for the run's next epochs
         on_rows = progress.rows if progress else None
-        read = await read_scan(cfg, snap, on_rows, vocabulary, epoch=epoch, spill=spill, write=write)
-        if isinstance(read, SpilledScan):
-            try:
-                if not write:
-                    yield read.plan(cfg, epoch)
-                else:
-                    async with spilled_source(cfg, snap, read, epoch) as source:
-                        yield source
-            finally:
-                read.keys.close()
-            return
-        if isinstance(read, Stretches):
-            assert write, "a check reads the keys only: rows are split into stretches to be written"
-            async with stretch_source(cfg, snap, read, epoch, spill) as stretched:
-                yield stretched
-            return
-        if read.fits:
-            cache.read = read
-            yield scan_source(cfg, read, epoch)
-            return
-        # A table too large whose keys were read for a check (a dump reads windows through the spilled keys'
-        # passes, rows in stretches, above).
-        assert not write, "a dump of a table beyond memory reads it in passes or stretches"
-        yield plan_scan(cfg, read.shape, read.sample_keys, epoch)
+        async with open_scan(
+            cfg, snap, epoch, spill, write=write, keep=kept, vocabulary=vocabulary, on_rows=on_rows
+        ) as source:
+            cache.read = kept[0] if kept else cache.read
+            yield source
 
 
 @asynccontextmanager

@@ -43,7 +43,7 @@ GATHER_BYTES = 8 * MIB  # the most samples gathered at once (a stretch's, a grou
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
 PLAN_BYTES_PER_SAMPLE = 32
-# Per row of a stretch (rows beyond memory, :mod:`pgprefetch.write.scan.stretches`): its order's hash, packed
+# Per row of a stretch (rows beyond memory, :mod:`pgprefetch.write.scan.strategy.stretches`): its order's hash, packed
 # copy and index, its tie runs, the ordered keys' copy and the gathered rows' index.
 ORDER_BYTES_PER_ROW = 48
 

@@ -1,7 +1,7 @@
 """Each source of a mixed epoch read on the epoch's snapshot by its own mode's machinery.
 
 A query-mode source is described and its keys read (:meth:`~pgprefetch.pg.session.Snapshot.read_keys`);
-a scan-mode source's table is read and cut (:func:`~pgprefetch.write.scan.mode.read_scan`). Each is read
+a scan-mode source's table is read whole and cut (:func:`~pgprefetch.write.scan.whole.read_whole`). Each is read
 with the config of its own (:meth:`~pgprefetch.config.model.Config.for_source`), the memory budget shared
 out among the sources, and any error it raises is prefixed with the source's table: ``[samples.web]: ...``.
 """
@@ -23,7 +23,9 @@ from pgprefetch.pg.session import Shape, Snapshot
 from pgprefetch.write.memory.policy import MIB, Policy
 from pgprefetch.write.mix.passes import Chosen, Passes, choose
 from pgprefetch.write.plan import Vocabulary
-from pgprefetch.write.scan.mode import ScanRead, read_scan
+from pgprefetch.write.scan.shape import keys_only
+from pgprefetch.write.scan.table import TableTooLarge, read_table
+from pgprefetch.write.scan.whole import Coding, ScanRead, read_whole
 
 
 @dataclass
@@ -124,10 +126,7 @@ async def read_source(
         shape = await snap.describe(cfg)
         keys, key_columns = await snap.read_keys(cfg, shape.keys), shape.keys
     else:
-        read = await read_scan(cfg, snap, None, vocabulary, epoch=epoch, spill=None)
-        if not isinstance(read, ScanRead) or not read.fits:
-            assert isinstance(read, ScanRead), "keys held: a mixed source's read is never on disk"
-            raise _too_large(cfg, read, where, budget, held, scan_sources)
+        read = await _read_whole(cfg, snap, vocabulary, where, budget, held, scan_sources)
         scan, keys, key_columns = read, read.sample_keys, read.shape.key_columns
         counts["rows_read"] = counts.get("rows_read", 0) + read.table.rows_read
     samples = cfg.samples
@@ -140,11 +139,33 @@ async def read_source(
     return SourceRead(name, code, cfg, key_columns, chosen, passes, shape=shape, scan=scan)
 
 
-def _too_large(cfg: Config, read: ScanRead, where: str, budget: int, held: int, scan_sources: int) -> SourceError:
+async def _read_whole(
+    cfg: Config,
+    snap: Snapshot,
+    vocabulary: Vocabulary | None,
+    where: str,
+    budget: int,
+    held: int,
+    scan_sources: int,
+) -> ScanRead:
+    """A scan source's table read whole within its share, or refused naming the least budget (:func:`_too_large`)."""
+    coding = Coding(cfg, snap, vocabulary)
+    shape = await coding.shape()
+    try:
+        read = await read_whole(cfg, snap, coding, shape)
+    except TableTooLarge as e:
+        keys = await read_table(cfg, snap, keys_only(shape), budget=0)  # its rows, for the least budget
+        rows = int(keys.keys.shape[1])
+        raise _too_large(cfg, rows, len(shape.key_names), e, where, budget, held, scan_sources) from None
+    assert read is not None, "read whole or refused: no hand-over"
+    return read
+
+
+def _too_large(
+    cfg: Config, rows: int, width: int, e: TableTooLarge, where: str, budget: int, held: int, scan_sources: int
+) -> SourceError:
     """The refusal of a scan source beyond its share of ``budget``, naming the least ``--memory`` that holds it."""
-    rows = int(read.table.keys.shape[1])
-    width = len(read.shape.key_names)
-    need = Policy.for_scan(cfg.source.memory_bytes).in_memory_bytes(rows, read.bytes_per_row, rows, width)
+    need = Policy.for_scan(cfg.source.memory_bytes).in_memory_bytes(rows, e.bytes_per_row, rows, width)
     least = least_budget(need, held, scan_sources)
     return SourceError(
         f"{where} table: {rows:,} rows need about {need / MIB:,.0f} MiB in memory, more than its share of "

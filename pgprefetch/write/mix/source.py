@@ -48,8 +48,8 @@ from pgprefetch.write.mix.reading import (
 )
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, query_statement
-from pgprefetch.write.scan.mode import scan_layout
 from pgprefetch.write.scan.table import array_lengths, gather
+from pgprefetch.write.scan.whole import scan_layout
 
 
 @dataclasses.dataclass

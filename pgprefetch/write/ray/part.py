@@ -39,7 +39,7 @@ from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
 from pgprefetch.write.ray.secret import opened
 from pgprefetch.write.scan.exchange import Piece, join_pieces
-from pgprefetch.write.scan.mode import cut_source
+from pgprefetch.write.scan.whole import cut_source
 from pgprefetch.write.schedule import write_batches
 
 

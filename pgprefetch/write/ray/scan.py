@@ -39,9 +39,9 @@ from pgprefetch.write.ray.cluster import TASK_RETRIES, failure
 from pgprefetch.write.ray.part import ScanPart
 from pgprefetch.write.ray.secret import opened, sealed
 from pgprefetch.write.scan.exchange import Merged, Piece, cut_block, merge_keys, part_rows, route, rows_of
-from pgprefetch.write.scan.mode import plan_scan, scan_layout
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
 from pgprefetch.write.scan.table import Table, cut_whole, page_ranges, read_ranges
+from pgprefetch.write.scan.whole import plan_scan, scan_layout
 
 
 @dataclass(frozen=True)

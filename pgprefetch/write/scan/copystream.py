@@ -171,6 +171,14 @@ class CopyDecoder:
             del rows
         return buf[start + n * size :]
 
+    def overflow_into(self, route: Callable[[Columns], None]) -> None:
+        """Hand every chunk decoded so far to ``route``, and each chunk decoded from now on (none kept)."""
+        with self.lock:
+            for part in self.parts:
+                route(part)
+            self.parts, self.decoded_bytes = [], 0
+            self.route, self.keep = route, ()
+
     @property
     def held_bytes(self) -> int:
         """Memory this stream holds: its decoded rows, and the bytes not decoded yet."""

@@ -1,28 +1,19 @@
-"""Scan mode's keys pass beyond ``[source] memory``: the samples' order on disk, the same order, the same bytes.
+"""The epoch's order of a scan's samples when their keys outgrow ``[source] memory``: the same order, on disk.
 
-A table larger than the budget is read in passes (:mod:`pgprefetch.write.scan.passes`) after a keys pass,
-which COPYs the table once: its key and order columns go to the keys, each chunk whole to the data
-passes' files (:mod:`pgprefetch.write.scan.partition`). Held in memory the keys cost 8 bytes a column a row, and their
-sort, cut and shuffle several times that (73 bytes a row for rows, about 100 a table row for windows), so
-a table whose keys outgrow the budget as well has them ordered on disk by the query mode's external sort
+Held in memory the keys cost 8 bytes a column a row, and their sort, cut and shuffle several times that
+(:func:`bytes_per_row`), so keys beyond the budget are ordered by the query mode's external sort
 (:mod:`pgprefetch.write.order.spill`), not a second one:
 
-1. **Rows** (for ``check``'s plan: a dump of rows beyond memory needs no keys pass, :mod:`.stretches`).
-   Every row is a sample: the keys stream from the COPYs into the sort's runs and are ordered on disk as
-   the query mode's keys are.
-2. **Windows.** Without data passes (a check), the rows stream into runs hashed by their *series* key
-   alone, ties broken by (key, order): every bucket then holds whole series, sorted, and is cut into
-   windows as a table in memory is (:func:`~pgprefetch.write.scan.table.cut`). A dump splits the rows into
-   its data passes by series instead, and each pass is loaded, sorted and cut once
-   (:mod:`~pgprefetch.write.scan.cutpasses`). The windows' keys stream into a second sort's runs, hashed
-   whole: the epoch's order, as for rows.
-3. **Start rows.** Each window's start row in the passes' rows file rides through that sort beside its key
-   (a payload slot, neither hashed nor compared), so the epoch's order gives each batch its windows' rows.
+- **A check's keys pass** (:func:`keys_pass`): rows stream into the sort's runs as keys; windows into runs
+  hashed by their *series* key alone, so that every bucket holds whole series, cut into windows as a table
+  in memory is.
+- **A dump's windows** (:func:`cut_passes_and_order`): the table's rows were split by series into the data
+  passes' files as they were read; each pass is loaded, sorted and cut once (:mod:`.cutpasses`), and its
+  windows' keys stream into the sort, each window's start row in the passes' rows file carried beside its
+  key (a payload slot, neither hashed nor compared), so the epoch's order gives each batch its rows.
 
-While the keys fit (:func:`bytes_per_row` each), none of this happens: they come back as a sorted
-:class:`~pgprefetch.write.scan.table.Table`, the path every scan took before. Disk: about ``8 * (width +
-1)`` bytes a row for the first sort (a check of windows), or the query mode's ``8 * (2 * width + 1)`` a
-sample (``width + 1`` slots for a dump's windows), in the dump's spill folder.
+While the keys fit, none of this happens: they come back as a sorted
+:class:`~pgprefetch.write.scan.table.Table`.
 """
 
 from __future__ import annotations
@@ -110,20 +101,12 @@ async def keys_pass(
     shape: ScanShape,
     epoch: int,
     spill: SpillFolder,
-    partition: Partition | None,
     on_rows: Callable[[int], None] | None = None,
 ) -> Table | SpilledKeys:
-    """Read the key and order columns of ``shape``: sorted in memory if they fit, else ordered on disk.
+    """Read the key and order columns of ``shape`` (a check): sorted in memory if they fit, else ordered on disk.
 
-    Windows with ``partition`` (a dump): every column is read, and each chunk's rows go to their pass's files
-    (the data passes read those, not the table again); see :func:`_windows_pass`. Without it (a check) only
-    the keys are read, for the epoch's plan. (Rows beyond memory take neither way: they are split into
-    stretches of the epoch's order as they are read, :mod:`pgprefetch.write.scan.stretches`.) ``spill`` (made
-    only if the keys spill) takes the sorts' and passes' files; the caller removes it.
+    ``spill`` (made only if the keys spill) takes the sorts' files; the caller removes it.
     """
-    if partition is not None:
-        assert cfg.scan_samples.window is not None, "rows beyond memory are read in stretches, not passes"
-        return await _windows_pass(cfg, snap, shape, epoch, spill, partition, on_rows)
     account = Policy.for_scan(cfg.source.memory_bytes)
     # Half the data's share: the keys held (or a run of them), as a dump's keys pass would hold them.
     budget, seed = account.keys_bytes(beside_rows=True), cfg.batches.seed
@@ -155,25 +138,17 @@ async def keys_pass(
     return SpilledKeys(order, None, cut_count, n_rows)  # a check: no data passes to fill
 
 
-async def _windows_pass(
-    cfg: Config,
-    snap: Snapshot,
-    shape: ScanShape,
-    epoch: int,
-    spill: SpillFolder,
-    partition: Partition,
-    on_rows: Callable[[int], None] | None,
+async def cut_passes_and_order(
+    cfg: Config, shape: ScanShape, epoch: int, spill: SpillFolder, partition: Partition, n_rows: int
 ) -> SpilledKeys:
-    """The keys pass of windows beyond memory: the rows go to the partition only, then each pass is cut.
+    """Windows beyond memory, once the table's rows are split into ``partition``: each pass cut, the windows ordered.
 
     A pass holds whole series, so its rows, sorted, give its windows: the rows' keys are never sorted as a
-    whole, in memory or on disk (by series hash, with its ties, that took most of the keys pass). The
-    windows are ordered as :func:`_order` orders them, in memory while they fit, each with its start row in
-    the passes' sorted rows carried along.
+    whole, in memory or on disk. The windows are ordered as :func:`_order` orders them, in memory while they
+    fit, each with its start row in the passes' sorted rows carried along.
     """
     budget = Policy.for_scan(cfg.source.memory_bytes).keys_bytes(beside_rows=True)
     limit = budget // bytes_per_row(len(shape.key_names) + 1)
-    n_rows = await stream(cfg, snap, shape, lambda chunk: None, on_rows, partition, keep=())
     await asyncio.to_thread(partition.settle)
     heap.release()
     rows = RowsFile(spill.sub("sorted"), shape.columns)

@@ -5,7 +5,7 @@ columns only, as a dump of a table larger than ``[source] memory`` does) gives t
 order exactly as the dump's read would (the same cut, the same shuffle); then one COPY reads the series
 the checked batches' samples come from (``WHERE (key) IN (VALUES ...)``, the keys as numbers: integers
 pgprefetch read, never text), and those batches are gathered from it with the dump's code
-(:func:`~pgprefetch.write.scan.mode.cut_source`). What the check reads is the keys of every row and the
+(:func:`~pgprefetch.write.scan.whole.cut_source`). What the check reads is the keys of every row and the
 data of the checked batches' series, plus, for ``categories = "auto"``, the one read of the values.
 
 The checked series are read within half the budget's data share, whether the keys are held or ordered on
@@ -31,9 +31,9 @@ from pgprefetch.sqltext import quote_ident
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.memory.policy import READ_COPIES, SORT_BYTES_PER_ROW, Policy
 from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
-from pgprefetch.write.scan.mode import cut_source, plan_scan, scan_layout
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values, keys_only
 from pgprefetch.write.scan.table import TableTooLarge, array_lengths, cut, cut_whole, read_ranges, read_table
+from pgprefetch.write.scan.whole import cut_source, plan_scan, scan_layout
 
 
 @dataclass(frozen=True)

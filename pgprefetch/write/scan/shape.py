@@ -165,7 +165,7 @@ async def distinct_values(
     """The distinct values of ``columns`` in the relation, as text, in one read; and the rows it read.
 
     For ``categories = "auto"`` where the store's vocabulary does not have them all already
-    (:func:`pgprefetch.write.scan.mode.read_scan`).
+    (:mod:`pgprefetch.write.scan.strategy`).
     """
     where = f"{cfg.file}: " if cfg.file else ""
     sql = distinct_values_statement(shape.relation, [quote_ident(c) for c in columns], MAX_CATEGORY_BYTES + 1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -98,6 +99,28 @@ class TableTooLarge(PgprefetchError):
         self.rows = rows  # decoded before the read was given up (the server read them)
 
 
+class Takes(Protocol):
+    """Files that take decoded rows (a partition)."""
+
+    def add(self, columns: Columns) -> None:
+        """Take a decoded chunk of rows."""
+        ...
+
+
+@dataclass
+class Overflow:
+    """Where a read that outgrows its budget goes on, instead of being given up: a partition's files.
+
+    ``make(rows, bytes_per_row)`` is called once, with what was read so far; every row decoded so far is
+    handed to the partition it returns, and the rest of each COPY streams into it. The read then returns
+    an empty table of the rows it read, and :attr:`partition` holds them all.
+    """
+
+    make: Callable[[int, float], Takes]
+    partition: Takes | None = None
+    rows: int = 0  # the rows the read read, in all (set when it ends)
+
+
 async def read_table(
     cfg: Config,
     snap: Snapshot,
@@ -106,6 +129,7 @@ async def read_table(
     *,
     budget: int | None = None,
     on_rows: Callable[[int], None] | None = None,
+    overflow: Overflow | None = None,
 ) -> Table:
     """Read the relation (or the ranges ``wheres``, one COPY each) on the snapshot into a sorted Table.
 
@@ -113,7 +137,8 @@ async def read_table(
     rows decoded, a piece at a time.
 
     Raises:
-        TableTooLarge: more than ``budget`` bytes arrived (default ``[source] memory``; 0: no limit).
+        TableTooLarge: more than ``budget`` bytes arrived (default ``[source] memory``; 0: no limit), and
+            no ``overflow`` takes the rest.
         SourceError: the database failed (transient when a connection was lost).
     """
     ranges = wheres if wheres is not None else await page_ranges(snap, shape, cfg.source.connections)
@@ -126,8 +151,8 @@ async def read_table(
             per_row = held / rows if rows else float(held)
             return not account.fits_in_memory(rows, per_row, -(-rows // stride), width)
 
-        return await read_ranges(cfg, snap.id, shape, ranges, budget=1, over=over, on_rows=on_rows)
-    return await read_ranges(cfg, snap.id, shape, ranges, budget=budget, on_rows=on_rows)
+        return await read_ranges(cfg, snap.id, shape, ranges, budget=1, over=over, on_rows=on_rows, overflow=overflow)
+    return await read_ranges(cfg, snap.id, shape, ranges, budget=budget, on_rows=on_rows, overflow=overflow)
 
 
 async def read_ranges(
@@ -140,6 +165,7 @@ async def read_ranges(
     on_rows: Callable[[int], None] | None = None,
     empty_ok: bool = False,
     over: Callable[[int, int], bool] | None = None,
+    overflow: Overflow | None = None,
 ) -> Table:
     """:func:`read_table` of the ranges ``ranges`` (one COPY each), on the exported snapshot ``snapshot``.
 
@@ -153,6 +179,7 @@ async def read_ranges(
     outgrown = over if over is not None else (lambda rows, held: held > limit)
 
     def check() -> None:
+        nonlocal limit
         held = sum(d.held_bytes for d in decoders)
         if limit and outgrown(sum(d.rows for d in decoders), held):
             for d in decoders:
@@ -161,10 +188,18 @@ async def read_ranges(
             decoded = sum(d.decoded_bytes for d in decoders)
             first = decoders[0].row
             per_row = decoded / rows if rows else float(first.itemsize if first else 64)
-            raise TableTooLarge(per_row, rows)
+            if overflow is None:
+                raise TableTooLarge(per_row, rows)
+            overflow.partition = partition = overflow.make(rows, per_row)
+            for d in decoders:
+                d.overflow_into(partition.add)
+            limit = 0  # the rest streams into the partition
 
     with memory.current().reserve("copy", drain * len(ranges)):
         await copy_ranges(cfg.source, snapshot, shape, ranges, decoders, check=check)
+    if overflow is not None and overflow.partition is not None:
+        overflow.rows = sum(d.rows for d in decoders)
+        return Table(keys=np.empty((len(shape.key_names), 0), np.int64), rows_read=overflow.rows)
     return await asyncio.to_thread(lambda: assemble(shape, [p for d in decoders for p in d.parts], empty_ok))
 
 

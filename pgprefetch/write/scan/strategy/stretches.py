@@ -1,19 +1,14 @@
-"""Rows larger than ``[source] memory``, put in the epoch's order a stretch at a time.
+"""Rows beyond ``[source] memory``, read once and put in the epoch's order a stretch at a time.
 
-The epoch's order is by a 64-bit hash of each sample's key (:mod:`pgprefetch.write.order.shuffle`). The rows
-were split by ranges of that hash as the table was read (:class:`~pgprefetch.write.scan.partition.EpochRanges`),
-so the rows of one range are one stretch of the epoch, and the ranges in turn are the whole of it. Each
-stretch is loaded, put in order by
-:func:`~pgprefetch.write.order.shuffle.order_part` (which orders a part holding every key of a hash range
-exactly as it orders the whole, repeats and ``fraction`` included: equal keys are kept in the order they
-came, sorted by key or not, so the rows are not sorted by key first), and its samples are gathered, cast and
-appended to the samples' files (:class:`SampleFiles`): the epoch, in order, on local disk. The writer then
-reads batch ``b`` as one range of each file, and the keys as one range of the ordered key file.
-
-Before this, rows beyond memory went the way windows still go (:mod:`.multipass`): every key ordered on disk by
-the query mode's external sort, each used sample's place routed to its pass's file, each pass's samples spooled
-by batch group and put in place when the writer got there. Windows cannot take this way: a window needs
-every row of its series in its pass, and a series' windows are spread over the whole epoch.
+The epoch's order is by a 64-bit hash of each sample's key (:mod:`pgprefetch.write.order.shuffle`), so the
+rows are split by ranges of that hash as the table is read (:class:`~pgprefetch.write.scan.partition.EpochRanges`):
+the rows of one range are one stretch of the epoch, and the ranges in turn are the whole of it. Each stretch
+is loaded and put in order by :func:`~pgprefetch.write.order.shuffle.order_part` (which orders a part holding
+every key of a hash range exactly as it orders the whole, repeats and ``fraction`` included), and its samples
+are gathered, cast and appended to the samples' file (:class:`SampleFiles`): the epoch, in order, on local
+disk. The writer then reads batch ``b`` as one range of that file, and its keys from the ordered key file.
+Windows cannot be read this way: a window needs every row of its series, and a series' windows are spread
+over the whole epoch (:mod:`.passes`).
 """
 
 from __future__ import annotations
@@ -36,10 +31,12 @@ from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import Repeats, order_part
 from pgprefetch.write.plan import EpochPlan, ordered_fields
-from pgprefetch.write.scan.mode import Stretches, scan_plan
-from pgprefetch.write.scan.partition import EpochRanges
+from pgprefetch.write.scan.keyspill import stream
+from pgprefetch.write.scan.partition import EpochRanges, Partition, bucket_count
 from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.strategy.job import ScanJob
 from pgprefetch.write.scan.table import Table, array_lengths, assemble, cut, gather
+from pgprefetch.write.scan.whole import scan_plan
 from pgprefetch.write.spill.columns import ColumnFile
 from pgprefetch.write.spill.folder import SpillFolder
 
@@ -76,14 +73,14 @@ class SampleFiles:
 
 @contextlib.asynccontextmanager
 async def stretch_source(
-    cfg: Config, snap: Snapshot, read: Stretches, epoch: int, spill: SpillFolder
+    cfg: Config, snap: Snapshot, shape: ScanShape, ranges: EpochRanges, epoch: int, spill: SpillFolder, rows_read: int
 ) -> AsyncIterator[BatchSource]:
     """The batch source of rows beyond memory: each stretch ordered and written out, then the batches read back.
 
-    The ordered keys' and the samples' files stay open while the batches are written, and are closed after.
+    ``ranges`` holds every row, split by ranges of ``epoch``'s order. The ordered keys' and the samples' files
+    stay open while the batches are written, and are closed after.
     """
-    assert epoch == read.epoch, "the rows were split by this epoch's order"
-    shape, ranges = read.shape, read.ranges
+    assert ranges.epoch == epoch, "the rows were split by this epoch's order"
     key_columns = shape.key_columns
     width = len(shape.key_names)
     drop_last = cfg.batches.drop_last
@@ -125,7 +122,7 @@ async def stretch_source(
     )  # fmt: skip
     plan = scan_plan(shape, epoch, fields)
     try:
-        yield _source(cfg, plan, layout, files, snap, read.rows_read)
+        yield _source(cfg, plan, layout, files, snap, rows_read)
     finally:
         keys.close()
         files.close()
@@ -177,3 +174,37 @@ def _source(
 
     unit = min(local_unit_batches(size, layout.sample_bytes, cfg.source.memory_bytes), plan.n_batches)
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 2, 2, unit)
+
+
+class InStretches:
+    """Rows beyond memory: the table split by ranges of the epoch's order as it is read, then a stretch at a time."""
+
+    name = "rows in stretches of the epoch's order"
+    takes_over = True
+
+    def partition(self, job: ScanJob) -> EpochRanges:
+        """Ranges of the epoch's order for the estimated rows, each a stretch's share of the budget."""
+        policy = Policy.for_scan(job.cfg.source.memory_bytes)
+        row_bytes = max(1.0, job.guess.row_bytes)
+        room = policy.stretch_bytes(row_bytes)
+        buckets = bucket_count(job.guess.rows, row_bytes, room)
+        hold = policy.partition_hold_bytes()
+        seed = job.cfg.batches.seed
+        return EpochRanges(job.spill.sub("ranges"), buckets, job.shape.n_key, room, hold, seed=seed, epoch=job.epoch)
+
+    @contextlib.asynccontextmanager
+    async def open(self, job: ScanJob) -> AsyncIterator[BatchSource]:
+        """Read the table once into the ranges, then order and write each stretch."""
+        job = await job.coded_whole()
+        ranges = self.partition(job)
+        n_rows = await stream(job.cfg, job.snap, job.shape, lambda chunk: None, job.on_rows, ranges, keep=())
+        async with self.open_from(job, ranges, n_rows + job.coding.rows_read) as source:
+            yield source
+
+    @contextlib.asynccontextmanager
+    async def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AsyncIterator[BatchSource]:
+        """The batch source of rows all in ``partition`` (ranges of the epoch's order)."""
+        assert isinstance(partition, EpochRanges), "rows are split by ranges of the epoch's order"
+        await asyncio.to_thread(partition.settle)
+        async with stretch_source(job.cfg, job.snap, job.shape, partition, job.epoch, job.spill, rows_read) as source:
+            yield source

@@ -1,0 +1,110 @@
+"""The one choice of a scan strategy, made before the table is read, and a wrong estimate recovered midway (#52)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pgprefetch import load_config
+from pgprefetch.write.memory.policy import MIB
+from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.strategy import Estimate, ScanJob, choose
+from pgprefetch.write.scan.strategy.choice import STRETCHES_ABOVE
+from pgprefetch.write.scan.strategy.inmemory import InMemory
+from pgprefetch.write.scan.strategy.keysonly import KeysOnly
+from pgprefetch.write.scan.strategy.passes import InPasses
+from pgprefetch.write.scan.strategy.stretches import InStretches
+
+from .harness.configs import scan_config
+from .harness.db import fetch
+from .harness.faults import DUMP_BACKENDS
+from .harness.dumps import chunk_bytes, dump
+from .harness.spill import TINY_SOURCE, load_tables
+
+ROWS = {"table": "flat", "key": "id", "fields": {"v": (["v"], "float32"), "w": (["w"], "int64")}}
+WINDOWS = {"table": "big", "key": ["series_id"], "order": "t", "window": 16, "stride": 3}
+
+# ---- the choice, from the estimate alone -----------------------------------------------------------------------
+
+
+def _job(tmp_path: Path, samples: dict[str, Any], memory: str, guess: Estimate) -> ScanJob:
+    cfg = load_config(scan_config(tmp_path, **samples, extra=f'memory = "{memory}"'), dsn="postgresql:///unused")
+    window = "window" in samples
+    shape = ScanShape(
+        relation="t",
+        plain_table=True,
+        key_names=("series_id", "t") if window else ("id",),
+        key_wire=(np.dtype(">i4"),),
+        order_wire=np.dtype(">i4") if window else None,
+        order_offset=0,
+        columns=(),
+        by_field={},
+    )
+    return ScanJob(cfg, None, 0, shape, None, guess, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("samples", "guess", "write", "expected"),
+    [
+        (ROWS, Estimate(), True, InMemory),  # nothing known: read whole, beyond memory if it outgrows it
+        (ROWS, Estimate(1e6, 20), True, InMemory),  # 20 MB: fits 512 MiB
+        (ROWS, Estimate(1e8, 20), True, InStretches),  # 2 GB: past it
+        (WINDOWS, Estimate(1e8, 20), True, InPasses),
+        (WINDOWS, Estimate(1e8, 20), False, KeysOnly),  # a check
+        (ROWS, Estimate(1e8, 20), False, KeysOnly),
+    ],
+)
+def test_the_strategy_is_chosen_from_the_estimate_before_the_table_is_read(
+    tmp_path: Path, samples: dict[str, Any], guess: Estimate, write: bool, expected: type
+) -> None:
+    strategy = choose(
+        _job(tmp_path, samples, "512MiB", guess).cfg, _job(tmp_path, samples, "512MiB", guess), write=write, keep=[]
+    )
+    assert type(strategy) is expected
+    if isinstance(strategy, InMemory):  # its fallback takes an outgrown read over, in the way of its kind
+        assert type(strategy.fallback) is (InPasses if "window" in samples else InStretches if write else KeysOnly)
+
+
+def test_rows_past_the_cost_line_are_read_in_stretches_even_where_memory_holds_them(tmp_path: Path) -> None:
+    rows = (STRETCHES_ABOVE + 64 * MIB) / 20
+    job = _job(tmp_path, ROWS, "64GiB", Estimate(rows, 20))
+    assert type(choose(job.cfg, job, write=True, keep=[])) is InStretches
+    small = dataclasses.replace(job, guess=Estimate(rows / 4, 20))
+    assert type(choose(job.cfg, small, write=True, keep=[])) is InMemory
+
+
+# ---- an estimate too low: the read goes on beyond memory, the table read once ----------------------------------
+
+def _seq_read(dsn: str, table: str) -> int:
+    deadline = time.monotonic() + 20
+    while fetch(dsn, DUMP_BACKENDS.format(what="count(*)"))[0][0]:
+        assert time.monotonic() < deadline, "pgprefetch's connections did not go"
+        time.sleep(0.05)
+    time.sleep(0.3)  # a backend flushes its counts as it exits
+    return int(fetch(dsn, "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = $1", table)[0][0])
+
+
+@pytest.mark.parametrize("kind", ["rows", "windows"])
+def test_a_read_that_outgrows_memory_goes_on_beyond_it_and_reads_the_table_once(
+    db: str, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A table given as a SELECT has no estimate: read as if it fit, it outgrows 1 MiB and is handed over."""
+    load_tables(db, series=200, rows=120_000)
+    table = "flat" if kind == "rows" else "big"
+    samples = {**(ROWS if kind == "rows" else WINDOWS), "table": f"SELECT * FROM {table}"}
+    rows = int(fetch(db, f"SELECT count(*) FROM {table}")[0][0])
+    before = _seq_read(db, table)
+    with caplog.at_level(logging.DEBUG, logger="pgprefetch"):
+        spilled = dump(scan_config(tmp_path / "s", **samples, extra=TINY_SOURCE), db)
+    assert _seq_read(db, table) - before == rows  # read once, as the server counts it
+    assert spilled.rows_read == rows
+    assert any("read as the table in memory" in r.getMessage() for r in caplog.records)
+    assert any("outgrew [source] memory" in r.getMessage() for r in caplog.records)  # and went on beyond it
+    whole = dump(scan_config(tmp_path / "w", **samples), db)
+    assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
