@@ -23,8 +23,8 @@ from pgprefetch.write.scan.strategy.stretches import InStretches
 
 from .harness.configs import scan_config
 from .harness.db import fetch
-from .harness.faults import DUMP_BACKENDS
 from .harness.dumps import chunk_bytes, dump
+from .harness.faults import DUMP_BACKENDS
 from .harness.spill import TINY_SOURCE, load_tables
 
 ROWS = {"table": "flat", "key": "id", "fields": {"v": (["v"], "float32"), "w": (["w"], "int64")}}
@@ -80,6 +80,7 @@ def test_rows_past_the_cost_line_are_read_in_stretches_even_where_memory_holds_t
 
 
 # ---- an estimate too low: the read goes on beyond memory, the table read once ----------------------------------
+
 
 def _seq_read(dsn: str, table: str) -> int:
     deadline = time.monotonic() + 20
