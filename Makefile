@@ -35,7 +35,9 @@ demo: $(STAMP)
 
 # The import direction too (README.md, "Code map"): the contracts in pyproject.toml, run by import-linter.
 # And the types: mypy --strict over pgprefetch/ ([tool.mypy] in pyproject.toml; tests/ are typed loosely).
+# The complexity gate: no function above radon's grade C (cyclomatic complexity 20), split by what it does.
 lint: $(STAMP)
+	$(BIN)/xenon --max-absolute C pgprefetch
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports

@@ -20,6 +20,7 @@ from pgprefetch.errors import ConfigError
 from pgprefetch.store.maintenance import EpochInfo, PruneResult, forget_consumer, list_epochs, verify_epoch
 from pgprefetch.store.maintenance import prune as prune_store
 from pgprefetch.store.open import open_store
+from pgprefetch.write.cron import Schedule
 from pgprefetch.write.pipeline import RETRIES, DumpResult, dump_epochs
 
 T = TypeVar("T")
@@ -48,8 +49,12 @@ def build_config(
 
 def dump(
     spec: ConfigLike,
-    epochs: int | Iterable[int] = 0,
+    epochs: int | Iterable[int] | None = None,
     *,
+    ahead: int | None = None,
+    keep: int | None = None,
+    consumer: str | None = None,
+    new_consumer: bool = False,
     force: bool = False,
     retries: int = RETRIES,
     executor: str = "process",
@@ -62,30 +67,42 @@ def dump(
     memory: str | None = None,
     scratch: str | os.PathLike[str] | None = None,
 ) -> list[DumpResult]:
-    """Dump ``epochs`` of a config (``pgprefetch dump``); in scan mode they are cut from one read.
+    """Dump ``epochs`` of a config (``pgprefetch dump``), or the next ``ahead`` ones; scan mode cuts them from one read.
 
-    ``executor="ray"`` spreads each epoch over a Ray cluster's workers in ``parts`` parts (default: its CPUs;
-    ``RAY_ADDRESS``, a cluster this process joined, or one started here for the dump), byte-identical to
-    the default, this process (``pip install 'pgprefetch[ray]'``). ``ray_env``: environment variables for
-    the parts' workers (an object store's credentials, when the cluster's own are not the ones to use).
-    ``parents``: create a local store's missing parent folders too (``--parents``); by default only the
-    store's own folder is made, so that a mistyped path is an error, not a new store. ``dsn``,
-    ``connections``, ``store``, ``memory``, ``scratch``: the command line's overrides (:func:`build_config`).
+    ``epochs`` (default: epoch 0) or ``ahead``: the ``ahead`` epochs after the newest one a training run has
+    opened (``consumer``'s, or the furthest run's; ``new_consumer`` registers ``consumer`` first), those not
+    complete yet: what cron's ``dump --ahead K`` writes. ``keep``: then delete the complete epochs more than
+    ``keep`` behind the slowest recorded run (``--keep``). ``executor="ray"`` spreads each epoch over a Ray
+    cluster's workers in ``parts`` parts (default: its CPUs; ``RAY_ADDRESS``, a cluster this process joined,
+    or one started here for the dump), byte-identical to the default, this process (``pip install
+    'pgprefetch[ray]'``). ``ray_env``: environment variables for the parts' workers (an object store's
+    credentials, when the cluster's own are not the ones to use). ``parents``: create a local store's missing
+    parent folders too (``--parents``); by default only the store's own folder is made, so that a mistyped
+    path is an error, not a new store. ``dsn``, ``connections``, ``store``, ``memory``, ``scratch``: the
+    command line's overrides (:func:`build_config`).
 
     Example::
 
         pgprefetch.dump("configs/demo.toml", epochs=range(3), dsn="postgresql://...")
+        pgprefetch.dump("configs/demo.toml", ahead=2, keep=1)   # what cron runs
     """
-    cfg = build_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
-    wanted = [epochs] if isinstance(epochs, int) else list(epochs)
-    if executor == "process":
-        return _run(dump_epochs(cfg, wanted, force=force, retries=retries, parents=parents))
-    if executor != "ray":
+    if epochs is None and ahead is None:
+        epochs = 0
+    given = None if epochs is None else ((epochs,) if isinstance(epochs, int) else tuple(epochs))
+    schedule = Schedule(given, ahead, keep, consumer, new_consumer, force)
+    if executor not in ("process", "ray"):
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
-    from pgprefetch.write.ray import ray_executor  # Ray only when asked for
+    cfg = build_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
+    due = schedule.due(cfg, open_store(cfg.store.path))
+    if executor == "process":
+        results = _run(dump_epochs(cfg, due.epochs, force=force, retries=retries, parents=parents))
+    else:
+        from pgprefetch.write.ray import ray_executor  # Ray only when asked for
 
-    with ray_executor(parts, env=ray_env) as spread:
-        return _run(dump_epochs(cfg, wanted, force=force, retries=retries, executor=spread, parents=parents))
+        with ray_executor(parts, env=ray_env) as spread:
+            results = _run(dump_epochs(cfg, due.epochs, force=force, retries=retries, executor=spread, parents=parents))
+    schedule.tidy(open_store(cfg.store.path))
+    return results
 
 
 def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:

@@ -39,46 +39,67 @@ def _params(sql: str) -> list[tuple[int, int, int]]:
     identifiers, ``--`` comments, nested ``/* /* */ */`` comments, dollar quotes (``$$..$$``,
     ``$tag$..$tag$``), and identifiers, which may contain ``$`` (``col$1`` is a column, not ``col`` and ``$1``).
     """
-    ident_start, ident_rest, param, dollar_tag = _patterns()
-    found = []
+    found: list[tuple[int, int, int]] = []
     i, n = 0, len(sql)
     while i < n:
         c = sql[i]
         if c == "'":
             i = _string_end(sql, i, escapes=False)
         elif c == '"':
-            end = sql.find('"', i + 1)
-            while end != -1 and sql.startswith('""', end):
-                end = sql.find('"', end + 2)
-            i = n if end == -1 else end + 1
+            i = _quoted_end(sql, i)
         elif sql.startswith("--", i):
             end = sql.find("\n", i)
             i = n if end == -1 else end + 1
         elif sql.startswith("/*", i):
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if sql.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif sql.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
+            i = _comment_end(sql, i)
         elif c == "$":
-            if m := param.match(sql, i):
-                found.append((i, m.end(), int(m[1])))
-                i = m.end()
-            elif m := dollar_tag.match(sql, i):
-                end = sql.find(m[0], m.end())
-                i = n if end == -1 else end + len(m[0])
-            else:
-                i += 1
-        elif ident_start.match(c):
-            end = m.end() if (m := ident_rest.match(sql, i + 1)) else i + 1  # (it always matches: ``*``)
-            escaped = sql[i:end] in ("E", "e") and sql.startswith("'", end)  # E'...': backslash escapes
-            i = _string_end(sql, end, escapes=True) if escaped else end
+            i = _dollar(sql, i, found)
+        else:
+            i = _word_end(sql, i)
+    return found
+
+
+def _quoted_end(sql: str, start: int) -> int:
+    """The index just past the quoted identifier opening at ``start`` (``""`` doubles)."""
+    end = sql.find('"', start + 1)
+    while end != -1 and sql.startswith('""', end):
+        end = sql.find('"', end + 2)
+    return len(sql) if end == -1 else end + 1
+
+
+def _comment_end(sql: str, start: int) -> int:
+    """The index just past the block comment opening at ``start`` (they nest, as PostgreSQL's do)."""
+    depth, i, n = 1, start + 2, len(sql)
+    while i < n and depth:
+        if sql.startswith("/*", i):
+            depth, i = depth + 1, i + 2
+        elif sql.startswith("*/", i):
+            depth, i = depth - 1, i + 2
         else:
             i += 1
-    return found
+    return i
+
+
+def _dollar(sql: str, start: int, found: list[tuple[int, int, int]]) -> int:
+    """Past the ``$`` at ``start``: a parameter (added to ``found``), a dollar-quoted string, or a lone ``$``."""
+    _, _, param, dollar_tag = _patterns()
+    if m := param.match(sql, start):
+        found.append((start, m.end(), int(m[1])))
+        return m.end()
+    if m := dollar_tag.match(sql, start):
+        end = sql.find(m[0], m.end())
+        return len(sql) if end == -1 else end + len(m[0])
+    return start + 1
+
+
+def _word_end(sql: str, start: int) -> int:
+    """Past the identifier at ``start`` (which may hold ``$``, or open an ``E'..'`` string), or past one character."""
+    ident_start, ident_rest, _, _ = _patterns()
+    if not ident_start.match(sql[start]):
+        return start + 1
+    end = m.end() if (m := ident_rest.match(sql, start + 1)) else start + 1  # (it always matches: ``*``)
+    escaped = sql[start:end] in ("E", "e") and sql.startswith("'", end)  # E'...': backslash escapes
+    return _string_end(sql, end, escapes=True) if escaped else end
 
 
 def _string_end(sql: str, start: int, *, escapes: bool) -> int:

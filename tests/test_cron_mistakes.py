@@ -221,3 +221,24 @@ def test_ahead_with_nothing_to_do_says_so(s_table: str, tmp_path: Path) -> None:
     assert as_json.returncode == 0
     assert json.loads(as_json.stdout) == {"status": "nothing to do", "ready": [6, 7]}
     assert pgprefetch_process(*base, "--quiet").stdout == ""
+
+
+def test_the_python_api_dumps_ahead_and_keeps_as_cron_does(s_table: str, tmp_path: Path) -> None:
+    """``pgprefetch.dump(ahead=, keep=, consumer=)`` writes and deletes what ``dump --ahead --keep`` does (#52)."""
+    cli_store, api_store = tmp_path / "cli" / "s.zarr", tmp_path / "api" / "s.zarr"
+    cfg = s_config(tmp_path)
+    for store in (cli_store, api_store):
+        store.parent.mkdir()
+        open_store(str(store)).create()
+        open_store(str(store)).record_consumer("run", 3)  # a training run that has opened epoch 3
+    argv = ["dump", "--config", str(cfg), "--dsn", s_table, "--store", str(cli_store), "--quiet"]
+    for _ in range(2):  # cron, twice: the second run finds nothing to do
+        ran = pgprefetch_process(*argv, "--ahead", "2", "--keep", "1", "--consumer", "run")
+        assert ran.returncode == 0, ran.stderr
+        results = pgprefetch.dump(cfg, ahead=2, keep=1, consumer="run", dsn=s_table, store=str(api_store))
+    assert results == []  # nothing to do the second time
+    assert epoch_folders(api_store) == epoch_folders(cli_store) == ["epoch-00004", "epoch-00005"]
+    with pytest.raises(pgprefetch.ConfigError, match="--new needs --consumer"):
+        pgprefetch.dump(cfg, ahead=2, new_consumer=True, dsn=s_table, store=str(api_store))
+    with pytest.raises(pgprefetch.ConfigError, match="give one of"):
+        pgprefetch.dump(cfg, 0, ahead=2, dsn=s_table, store=str(api_store))

@@ -32,7 +32,7 @@ def test_json_log_lines_carry_the_figures_and_the_resume(s_table: str, tmp_path:
     victim = start_dump(cfg, s_table)
     wait_for(lambda: journal_lines(store) >= 3)
     victim.kill()
-    victim.wait()
+    victim.communicate()  # reaped, its pipes closed
     argv = dump_argv(cfg, s_table, 0, "--log-format", "json", "--log-every", "0.3")
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

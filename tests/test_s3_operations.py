@@ -106,7 +106,8 @@ def test_a_second_dump_of_an_epoch_being_written_exits_0_and_says_so(s_table: st
     second = subprocess.run(dump_argv(cfg, s_table), capture_output=True, text=True, check=False)
     assert second.returncode == 0, second.stderr
     assert "another dump is writing it" in second.stdout + second.stderr
-    assert first.wait(timeout=120) == 0
+    first.communicate(timeout=120)
+    assert first.returncode == 0
     assert open_store(f"s3://{bucket}/two").epochs() == [0]
 
 

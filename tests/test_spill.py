@@ -317,7 +317,7 @@ def test_kill_9_while_keys_are_on_disk_then_resume_gives_the_clean_bytes(db: str
     wait_for(lambda: journal_lines(store) >= 5)
     assert (keys / "ordered").exists()  # the batches read their keys from disk
     victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    victim.communicate(timeout=10)  # reaped, its pipes closed
     assert not (store / "epoch-00000").exists()
     resumed = dump(cfg, db)
     assert resumed.resumed >= 4  # the keys ordered again are provably the same list: batches kept

@@ -1,8 +1,9 @@
 """``pgprefetch dump``: epochs of a config into its store, once, a range, or ``--ahead`` from cron.
 
 The longest command: its options are the dump's knobs (memory, scratch, retries, the executor) and how it
-reports (a bar on a terminal, log lines under cron, JSON). It parses them, loads the config once and calls
-:func:`pgprefetch.write.pipeline.dump_epoch` per epoch; ``--keep`` then prunes as ``pgprefetch prune`` does.
+reports (a bar on a terminal, log lines under cron, JSON). Which epochs a run writes and what ``--keep``
+deletes after is the library's (:class:`pgprefetch.write.cron.Schedule`, which :func:`pgprefetch.dump` uses
+too); the command loads the config once and calls :func:`pgprefetch.write.pipeline.dump_epoch` per epoch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pgprefetch.cli.words import parse_epochs, summary
 from pgprefetch.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pgprefetch.config.model import Config
     from pgprefetch.write.batches import Progress
 
 # pgprefetch.write.pipeline.RETRIES, which tests/test_public_api.py checks it equals: the pipeline is
@@ -133,67 +135,61 @@ def dump(
         pgprefetch dump --config configs/demo.toml --ahead 2 --consumer run2 --new   # before run2 reads
         pgprefetch dump --config configs/demo.toml --epoch 3 --executor ray --parts 8
     """
-    if sum(x is not None for x in (epoch, epoch_range, ahead)) != 1:
-        raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
     if parts is not None and executor != "ray":
         raise ConfigError("--parts needs --executor ray")
-    if consumer is not None and ahead is None and keep is None:
-        raise ConfigError("--consumer needs --ahead K or --keep N: it says whose epoch they go by")
-    if new_consumer and consumer is None:
-        raise ConfigError("--new needs --consumer NAME: the training run to register")
-    from pgprefetch.store.consumers import check_name
+    from pgprefetch.write.cron import Schedule
 
-    if consumer is not None:
-        check_name(consumer)
+    given = _given(epoch, epoch_range)
+    schedule = Schedule(given, ahead, keep, consumer, new_consumer, force)  # every flag checked here, at once
     from pgprefetch.config.load import load_config
-    from pgprefetch.store.maintenance import ahead_window, check_consumer, prune, register_consumer
     from pgprefetch.store.open import open_store
     from pgprefetch.write.memory import heap
-    from pgprefetch.write.pipeline import check_same_config, dump_epoch
-    from pgprefetch.write.sources import ReadCache
 
     cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
     heap.fit(cfg.source.memory_bytes)  # the heap's kept memory is the budget's too (pgprefetch.write.memory.policy)
     target = open_store(cfg.store.path)
-    # Everything that can refuse the run is decided here, before an epoch is dumped: another config's store,
-    # a mistyped consumer (checked the same way for --ahead and --keep).
-    if not force:
-        check_same_config(target, cfg)
-    if consumer is not None:
-        if new_consumer:
-            register_consumer(target, consumer)
-        check_consumer(target, consumer)
-    if ahead is not None:
-        window = ahead_window(target, ahead, consumer)
-        epochs = [e for e in window if not target.is_complete(e)]
-    else:
-        epochs = [epoch] if epoch is not None else parse_epochs(epoch_range or "")
+    due = schedule.due(cfg, target)  # everything that can refuse the run, before an epoch is dumped
     log_to_stderr(quiet, log_format)
     stop_on_sigterm()
-    progress: Progress = (
-        BarProgress(enabled=not (quiet or as_json)) if sys.stderr.isatty() else LogProgress(interval=log_every)
-    )
-    cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
+    shown = not (quiet or as_json)
+    progress: Progress = BarProgress(enabled=shown) if sys.stderr.isatty() else LogProgress(interval=log_every)
     with _executor(executor, parts) as spread:
-        for e in epochs:  # each summary as soon as its epoch is done, so a later failure loses none
-            dumping = dump_epoch(
-                cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=spread, parents=parents
-            )
-            result = run(dumping)
-            if as_json:
-                click.echo(json.dumps(result.to_json()))
-            elif not quiet:
-                click.echo(summary(result))
-    if ahead is not None and not epochs and not quiet:
-        ready = list(window)
+        _dump_each(cfg, due.epochs, progress, spread, force=force, retries=retries, parents=parents, as_json=as_json,
+                   quiet=quiet)  # fmt: skip
+    if due.window is not None and not due.epochs and not quiet:
+        ready = list(due.window)
+        said = {"status": "nothing to do", "ready": ready}
+        click.echo(json.dumps(said) if as_json else f"nothing to do: epochs {', '.join(map(str, ready))} ready")
+    pruned = schedule.tidy(target)
+    if pruned is not None and (pruned.epochs or pruned.damaged) and shown:
+        click.echo(pruned.lines(keep or 0)[0])  # the same words as `prune`; partial epochs are left alone
+
+
+def _given(epoch: int | None, epoch_range: str | None) -> tuple[int, ...] | None:
+    """The epochs ``--epoch`` or ``--epochs`` name (None: neither; both: refused)."""
+    if epoch is not None and epoch_range is not None:
+        raise ConfigError("give one of --epoch N, --epochs A-B or --ahead K")
+    if epoch is not None:
+        return (epoch,)
+    return None if epoch_range is None else tuple(parse_epochs(epoch_range))
+
+
+def _dump_each(cfg: Config, epochs: list[int], progress: Progress, spread: Any, *, force: bool, retries: int,
+               parents: bool, as_json: bool, quiet: bool) -> None:  # fmt: skip
+    """Dump ``epochs`` in turn, each summary printed as soon as its epoch is done (a later failure loses none)."""
+    from pgprefetch.write.pipeline import dump_epoch
+    from pgprefetch.write.sources import ReadCache
+
+    cache = ReadCache()  # scan mode: the epochs of one run are cut from one read of the table
+    for e in epochs:
+        dumping = dump_epoch(
+            cfg, e, force=force, progress=progress, retries=retries, cache=cache, executor=spread, parents=parents
+        )
+        result = run(dumping)
         if as_json:
-            click.echo(json.dumps({"status": "nothing to do", "ready": ready}))
-        else:
-            click.echo(f"nothing to do: epochs {', '.join(map(str, ready))} ready")
-    if keep is not None:
-        pruned = prune(target, keep, consumer)
-        if (pruned.epochs or pruned.damaged) and not quiet and not as_json:
-            click.echo(pruned.lines(keep)[0])  # the same words as `prune`; partial epochs are left alone
+            click.echo(json.dumps(result.to_json()))
+        elif not quiet:
+            click.echo(summary(result))
 
 
 def _executor(name: str, parts: int | None) -> Any:

@@ -111,26 +111,32 @@ class _Parser:
         """``[samples]``: either ``keys`` + ``query`` (query mode) or ``table`` (scan mode), never both."""
         if "table" in samples and ("keys" in samples or "query" in samples):
             self.fail(f"[{section}]", 'give either "keys" and "query" (query mode) or "table" (scan mode), not both')
-        if "table" not in samples:
-            optional = ("rows", "fraction", "duplicates", "max_rows", "truncate")
-            self.keys(samples, section, required=("keys", "query"), optional=optional)
-            if "max_rows" in samples and "rows" in samples:
-                self.fail(f"[{section}] max_rows", "give rows (each sample has that many) or max_rows (1 to that many)")
-            if "truncate" in samples and "max_rows" not in samples:
-                self.fail(f"[{section}] truncate", "only max_rows has it: set max_rows too, or remove it")
-            max_rows = self.positive_int(samples, section, "max_rows") if "max_rows" in samples else None
-            query = SamplesConfig(
-                keys=self.sql(samples, section, "keys"),
-                query=self.sql(samples, section, "query"),
-                rows=max_rows or self.positive_int(samples, section, "rows", default=1),
-                fraction=self.fraction(samples, section, "fraction"),
-                duplicates=self.choice(samples, section, "duplicates", DUPLICATES, default="error"),
-                max_rows=max_rows,
-                truncate=self.choice(samples, section, "truncate", TRUNCATES, default="error"),
-            )
-            if 0 in find_params(query.query):
-                self.fail(f"[{section}] query", "parameters are numbered from $1 (the first key column); found $0")
-            return query
+        return self._scan(samples, section) if "table" in samples else self._query(samples, section)
+
+    def _query(self, samples: dict[str, Any], section: str) -> SamplesConfig:
+        """Query mode's ``[samples]``: a keys query, a per-sample query, and how many rows a sample has."""
+        optional = ("rows", "fraction", "duplicates", "max_rows", "truncate")
+        self.keys(samples, section, required=("keys", "query"), optional=optional)
+        if "max_rows" in samples and "rows" in samples:
+            self.fail(f"[{section}] max_rows", "give rows (each sample has that many) or max_rows (1 to that many)")
+        if "truncate" in samples and "max_rows" not in samples:
+            self.fail(f"[{section}] truncate", "only max_rows has it: set max_rows too, or remove it")
+        max_rows = self.positive_int(samples, section, "max_rows") if "max_rows" in samples else None
+        query = SamplesConfig(
+            keys=self.sql(samples, section, "keys"),
+            query=self.sql(samples, section, "query"),
+            rows=max_rows or self.positive_int(samples, section, "rows", default=1),
+            fraction=self.fraction(samples, section, "fraction"),
+            duplicates=self.choice(samples, section, "duplicates", DUPLICATES, default="error"),
+            max_rows=max_rows,
+            truncate=self.choice(samples, section, "truncate", TRUNCATES, default="error"),
+        )
+        if 0 in find_params(query.query):
+            self.fail(f"[{section}] query", "parameters are numbered from $1 (the first key column); found $0")
+        return query
+
+    def _scan(self, samples: dict[str, Any], section: str) -> ScanConfig:
+        """Scan mode's ``[samples]``: a table, its key columns, and for windows the order column, window, stride."""
         optional = ("order", "window", "stride", "fraction", "duplicates")
         self.keys(samples, section, required=("table", "key"), optional=optional)
         window = samples.get("window")
@@ -140,12 +146,7 @@ class _Parser:
                     self.fail(f"[{section}] {key}", "only windows have it: set window too, or remove it")
         elif "order" not in samples:
             self.fail(f"[{section}] order", "windows need the column that orders a series' rows")
-        named = samples["key"]
-        columns = [named] if isinstance(named, str) else named
-        if not isinstance(columns, list) or not columns or not all(isinstance(k, str) and k for k in columns):
-            self.fail(f"[{section}] key", f"expected a column name or a non-empty list of them, got {show(columns)}")
-        if len(set(columns)) != len(columns):
-            self.fail(f"[{section}] key", f"a column is listed twice in {columns}")
+        columns = self._key_columns(samples["key"], section)
         order = samples.get("order")
         if order is not None and (not isinstance(order, str) or not order):
             self.fail(f"[{section}] order", f"expected a column name, got {show(order)}")
@@ -160,6 +161,15 @@ class _Parser:
             fraction=self.fraction(samples, section, "fraction"),
             duplicates=self.choice(samples, section, "duplicates", DUPLICATES, default="error"),
         )
+
+    def _key_columns(self, named: Any, section: str) -> list[str]:
+        """``[samples] key``: a column name or a non-empty list of distinct ones."""
+        columns = [named] if isinstance(named, str) else named
+        if not isinstance(columns, list) or not columns or not all(isinstance(k, str) and k for k in columns):
+            self.fail(f"[{section}] key", f"expected a column name or a non-empty list of them, got {show(columns)}")
+        if len(set(columns)) != len(columns):
+            self.fail(f"[{section}] key", f"a column is listed twice in {columns}")
+        return columns
 
     def table(self, samples: dict[str, Any], section: str = "samples") -> str:
         value = samples["table"]

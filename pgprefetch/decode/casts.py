@@ -29,18 +29,32 @@ def misfit_before(v: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
     if dtype.kind == "b":
         bad = (v != 0) & (v != 1)
         return (int(np.flatnonzero(bad)[0]), " (only 0 and 1 fit bool)") if bad.any() else None
-    if dtype.kind == "f":  # integers into floats: only float16's range (65504) can be exceeded
-        limit = float(np.finfo(dtype).max)
-        if src.itemsize <= 2 or v.size == 0 or (v.min() >= -limit and v.max() <= limit):
-            return None
-        return int(np.flatnonzero(np.abs(v.astype(np.float64)) > limit)[0]), ""
-    info = np.iinfo(dtype)
+    if dtype.kind == "f":
+        return _integers_into_float(v, dtype)
     if src.kind in "iu":
-        s = np.iinfo(src)
-        if (s.min >= info.min and s.max <= info.max) or v.size == 0 or (v.min() >= info.min and v.max() <= info.max):
-            return None
-        return int(np.flatnonzero((v < info.min) | (v > info.max))[0]), f" (range {info.min}..{info.max})"
-    # floats into integers: finite, whole and in range (info.max + 1 is a power of two, exact as a float)
+        return _integers_into_integers(v, dtype)
+    return _floats_into_integers(v, dtype)
+
+
+def _integers_into_float(v: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
+    """Integers into floats: only float16's range (65504) can be exceeded."""
+    limit = float(np.finfo(dtype).max)
+    if v.dtype.itemsize <= 2 or v.size == 0 or (v.min() >= -limit and v.max() <= limit):
+        return None
+    return int(np.flatnonzero(np.abs(v.astype(np.float64)) > limit)[0]), ""
+
+
+def _integers_into_integers(v: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
+    """Integers into a narrower integer type: its range (a wider source type than needs checking is not scanned)."""
+    info, s = np.iinfo(dtype), np.iinfo(v.dtype)
+    if (s.min >= info.min and s.max <= info.max) or v.size == 0 or (v.min() >= info.min and v.max() <= info.max):
+        return None
+    return int(np.flatnonzero((v < info.min) | (v > info.max))[0]), f" (range {info.min}..{info.max})"
+
+
+def _floats_into_integers(v: np.ndarray, dtype: np.dtype) -> tuple[int, str] | None:
+    """Floats into integers: finite, whole and in range (``info.max + 1`` is a power of two, exact as a float)."""
+    info = np.iinfo(dtype)
     with np.errstate(invalid="ignore"):
         ok = (v >= info.min) & (v < float(info.max) + 1) & (np.trunc(v) == v)
     if ok.all():

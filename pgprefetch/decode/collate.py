@@ -71,7 +71,6 @@ def fill(
     gets the field's ``pad``.
     """
     n = keys.shape[1]
-    per_sample = layout.rows
     if n_rows is not None:
         out[N_ROWS][:n] = n_rows
     for f in layout.fields:
@@ -82,38 +81,71 @@ def fill(
             with np.errstate(over="ignore", invalid="ignore"):
                 np.copyto(target[:, :, 0], block, casting="unsafe")
         for j, col in enumerate(f.columns):
-            v = values[col].reshape(n * layout.rows, f.array_length)
-            offset = WIRE[col.pg_type][1] if col.vocabulary is None and not col.is_bytes else 0
-            if offset:
-                v = v.astype(np.int64) + offset
-            mask = masks.get(col)
-            if col.vocabulary is not None:
-                unknown = v[:, 0] < 0 if mask is None else (v[:, 0] < 0) & ~mask
-                if unknown.any():
-                    sample = int(np.flatnonzero(unknown)[0]) // per_sample
-                    raise layout.unknown(keys, sample, f, col)
-            if f.config.cast == "safe":
-                _check_fits(layout, v, f, col, keys, per_sample * f.array_length)
-            if block is None:
-                with np.errstate(over="ignore", invalid="ignore"):  # judged by the checks, not by a warning
-                    np.copyto(target[:, j, :], v, casting="unsafe")
-            if f.config.cast == "safe":
-                _check_fits(layout, v, f, col, keys, per_sample * f.array_length, out=target[:, j, :])
-            if mask is None:
-                if mask_out is not None:
-                    mask_out[:, j, :] = False
-                continue
-            if mask_out is None:  # another field's policy made the column nullable; this one's is "error"
-                if mask.any():
-                    sample = int(np.flatnonzero(mask)[0]) // per_sample
-                    message = f"field {f.name}, column {col.name} {_nulls(int(mask.sum()))}{null_hint(f.config, col)}"
-                    raise layout.sample_error(keys, sample, message)
-                continue
-            mask_out[:, j, 0] = mask
-            fill = np.nan if f.config.null == "nan" else f.config.null
-            target[:, j, 0][mask] = fill
+            _cast_column(layout, f, col, values[col], masks.get(col), keys, target[:, j, :], copy=block is None)
+            _fill_nulls(
+                layout, f, col, masks.get(col), keys, target[:, j, :], None if mask_out is None else mask_out[:, j, :]
+            )
         if f.config.max_length is not None or n_rows is not None:
             _pad(layout, f, target, keys, lengths or {}, n_rows, out)
+
+
+def _cast_column(
+    layout: BatchLayout,
+    f: FieldLayout,
+    col: Column,
+    values: np.ndarray,
+    mask: np.ndarray | None,
+    keys: np.ndarray,
+    target: np.ndarray,
+    *,
+    copy: bool,
+) -> None:
+    """Check and cast one column's values into ``target`` (``copy`` False: the field's block already did).
+
+    A categorical code -1 outside a NULL is a value outside the list; a safe cast refuses what the dtype
+    cannot hold, before the cast (a wrapped value) and after it (a float become infinite).
+    """
+    per_sample = layout.rows
+    v = values.reshape(target.shape[0], f.array_length)
+    offset = WIRE[col.pg_type][1] if col.vocabulary is None and not col.is_bytes else 0
+    if offset:
+        v = v.astype(np.int64) + offset
+    if col.vocabulary is not None:
+        unknown = v[:, 0] < 0 if mask is None else (v[:, 0] < 0) & ~mask
+        if unknown.any():
+            sample = int(np.flatnonzero(unknown)[0]) // per_sample
+            raise layout.unknown(keys, sample, f, col)
+    if f.config.cast == "safe":
+        _check_fits(layout, v, f, col, keys, per_sample * f.array_length)
+    if copy:
+        with np.errstate(over="ignore", invalid="ignore"):  # judged by the checks, not by a warning
+            np.copyto(target, v, casting="unsafe")
+    if f.config.cast == "safe":
+        _check_fits(layout, v, f, col, keys, per_sample * f.array_length, out=target)
+
+
+def _fill_nulls(
+    layout: BatchLayout,
+    f: FieldLayout,
+    col: Column,
+    mask: np.ndarray | None,
+    keys: np.ndarray,
+    target: np.ndarray,
+    mask_out: np.ndarray | None,
+) -> None:
+    """Put the field's NULL policy where the column is NULL: its mask and fill value, or the error it asks for."""
+    if mask is None:
+        if mask_out is not None:
+            mask_out[:] = False
+        return
+    if mask_out is None:  # another field's policy made the column nullable; this one's is "error"
+        if mask.any():
+            sample = int(np.flatnonzero(mask)[0]) // layout.rows
+            message = f"field {f.name}, column {col.name} {_nulls(int(mask.sum()))}{null_hint(f.config, col)}"
+            raise layout.sample_error(keys, sample, message)
+        return
+    mask_out[:, 0] = mask
+    target[:, 0][mask] = np.nan if f.config.null == "nan" else f.config.null
 
 
 def _pad(

@@ -260,43 +260,60 @@ def plan_columns(
     NOT NULL by the table: no mask to send, no placeholder for the server to compute). ``pad_arrays`` (scan
     mode): array, text and bytea columns of a field with ``max_length`` are cut and padded by the server.
     """
+    nullable = _nullable(fields, returned, all_nullable, not_null)
     by_field: dict[str, tuple[Column, ...]] = {}
-    nullable = {name for f in fields if f.null != "error" for name in f.columns}
-    if all_nullable:
-        nullable |= {
-            name
-            for f in fields
-            for name in f.columns
-            if returned.get(name, ("", ""))[1] != "array" and name not in not_null
-        }
     param = n_key_params  # the key arrays come first: one bind parameter per key slot
     for f in fields:
         if f.categories is not None:
             param += 1
-        cols = []
-        for name in f.columns:
-            if name not in returned:
-                raise ConfigError(
-                    f'{where}[fields.{f.name}] columns: the query returns no column "{name}" '
-                    f"(it returns {', '.join(returned) or 'nothing'})"
-                )
-            type_name, kind = returned[name]
-            column = Column.from_type(
-                name,
-                type_name,
-                kind,
-                f"{where}[fields.{f.name}] columns",
-                nullable=name in nullable,
-                vocabulary=param if f.categories is not None else None,
-                as_bytes=f.max_length is not None and f.dtype == "uint8",
-            )
-            if pad_arrays and f.max_length is not None and (column.is_array or column.is_bytes):
-                column = dataclasses.replace(column, padded=f.max_length, truncate=f.truncate)
-            elif f.max_length is not None and (column.is_array or column.is_bytes):
-                column = dataclasses.replace(column, ragged=column.is_array, cut=f.max_length, truncate=f.truncate)
-            cols.append(column)
-        by_field[f.name] = tuple(cols)
+        vocabulary = param if f.categories is not None else None
+        by_field[f.name] = tuple(
+            _field_column(f, name, returned, where, name in nullable, vocabulary, pad_arrays) for name in f.columns
+        )
     return tuple(dict.fromkeys(c for cols in by_field.values() for c in cols)), by_field
+
+
+def _nullable(
+    fields: Sequence[FieldConfig], returned: dict[str, tuple[str, str]], all_nullable: bool, not_null: frozenset[str]
+) -> set[str]:
+    """The columns sent with a NULL mask: those of a field with a NULL policy; every scalar one if ``all_nullable``."""
+    nullable = {name for f in fields if f.null != "error" for name in f.columns}
+    if all_nullable:
+        kinds = {name: returned.get(name, ("", ""))[1] for f in fields for name in f.columns}
+        nullable |= {name for name, kind in kinds.items() if kind != "array" and name not in not_null}
+    return nullable
+
+
+def _field_column(
+    f: FieldConfig,
+    name: str,
+    returned: dict[str, tuple[str, str]],
+    where: str,
+    nullable: bool,
+    vocabulary: int | None,
+    pad_arrays: bool,
+) -> Column:
+    """Column ``name`` as field ``f`` reads it: its type, its mask, its category list, and how it is cut."""
+    if name not in returned:
+        raise ConfigError(
+            f'{where}[fields.{f.name}] columns: the query returns no column "{name}" '
+            f"(it returns {', '.join(returned) or 'nothing'})"
+        )
+    type_name, kind = returned[name]
+    column = Column.from_type(
+        name,
+        type_name,
+        kind,
+        f"{where}[fields.{f.name}] columns",
+        nullable=nullable,
+        vocabulary=vocabulary,
+        as_bytes=f.max_length is not None and f.dtype == "uint8",
+    )
+    if f.max_length is None or not (column.is_array or column.is_bytes):
+        return column
+    if pad_arrays:
+        return dataclasses.replace(column, padded=f.max_length, truncate=f.truncate)
+    return dataclasses.replace(column, ragged=column.is_array, cut=f.max_length, truncate=f.truncate)
 
 
 def _first_or_last(value: str, ref: str, n: int, *, left: bool) -> str:

@@ -65,6 +65,9 @@ class IndexAdvice:
         )
 
 
+_Node = dict[str, Any]  # a node of EXPLAIN's JSON plan
+
+
 def index_advice(plan: list[dict[str, Any]] | dict[str, Any]) -> list[IndexAdvice]:
     """The tables an ``EXPLAIN (FORMAT JSON)`` of the batch statement reads whole, per sample or per batch."""
     root = plan[0]["Plan"] if isinstance(plan, list) else plan["Plan"]
@@ -72,30 +75,37 @@ def index_advice(plan: list[dict[str, Any]] | dict[str, Any]) -> list[IndexAdvic
     out: dict[str, IndexAdvice] = {}
     for scan, path in _scans(root, []):
         per_sample = _inner_of_keys_loop(path)
-        if per_sample and scan.get("Total Cost", PER_SAMPLE_COST) < PER_SAMPLE_COST:
-            continue  # a small table: scanning it is about what an index lookup costs
-        if not per_sample and (
-            scan.get("Plan Rows", 0) < PER_BATCH_FACTOR * keys or scan.get("Total Cost", 0) < 2 * keys * LOOKUP_COST
-        ):
-            continue  # read whole once a batch, it costs about what the batch's index lookups would
-        if not per_sample and not any(_holds_keys(n) for n in path):
-            continue  # not joined with the batch's keys (a small lookup table, a constant subquery)
-        conditions = " AND ".join(n.get(c, "") for n in [*path, scan] for c in _JOIN_CONDITIONS)
-        compared = [(c, op) for c, op in _COLUMN_KEY.findall(conditions)]
-        compared += [(c, op) for op, c in _KEY_COLUMN.findall(conditions)]
-        sort_keys = [_column(k) for n in (per_sample or []) for k in n.get("Sort Key", [])] if per_sample else []
-        columns = [c for c, op in compared if op == "="] + [c for c, op in compared if op != "="]
-        columns += [c for c in sort_keys if c]
-        name = scan.get("Relation Name", "?")
-        relation, regclass = name, quote_ident(name)
-        if scan.get("Schema") not in (None, "public"):
-            relation = regclass = f"{quote_ident(scan['Schema'])}.{quote_ident(name)}"
-        advice = IndexAdvice(
-            relation, tuple(dict.fromkeys(columns)), bool(sort_keys), "sample" if per_sample else "batch",
-            int(scan.get("Plan Rows", 0)) if not per_sample else 0, regclass,
-        )  # fmt: skip
-        out.setdefault(relation, advice)
+        if not _costly(scan, path, per_sample, keys):
+            continue
+        advice = _advice(scan, path, per_sample)
+        out.setdefault(advice.relation, advice)
     return list(out.values())
+
+
+def _costly(scan: _Node, path: list[_Node], per_sample: list[_Node] | None, keys: int) -> bool:
+    """Whether reading ``scan``'s table whole costs more than an index would (per sample, or per batch)."""
+    if per_sample:
+        return bool(scan.get("Total Cost", PER_SAMPLE_COST) >= PER_SAMPLE_COST)  # a small table: about a lookup
+    if scan.get("Plan Rows", 0) < PER_BATCH_FACTOR * keys or scan.get("Total Cost", 0) < 2 * keys * LOOKUP_COST:
+        return False  # read whole once a batch, it costs about what the batch's index lookups would
+    return any(_holds_keys(n) for n in path)  # else not joined with the keys (a lookup table, a constant subquery)
+
+
+def _advice(scan: _Node, path: list[_Node], per_sample: list[_Node] | None) -> IndexAdvice:
+    """The index that would serve ``scan``: the columns compared with the keys (equalities first), then sorted by."""
+    conditions = " AND ".join(n.get(c, "") for n in [*path, scan] for c in _JOIN_CONDITIONS)
+    compared = [(c, op) for c, op in _COLUMN_KEY.findall(conditions)]
+    compared += [(c, op) for op, c in _KEY_COLUMN.findall(conditions)]
+    sort_keys = [_column(k) for n in (per_sample or []) for k in n.get("Sort Key", [])]
+    columns = [c for c, op in compared if op == "="] + [c for c, op in compared if op != "="]
+    columns += [c for c in sort_keys if c]
+    name = scan.get("Relation Name", "?")
+    relation, regclass = name, quote_ident(name)
+    if scan.get("Schema") not in (None, "public"):
+        relation = regclass = f"{quote_ident(scan['Schema'])}.{quote_ident(name)}"
+    rows = int(scan.get("Plan Rows", 0)) if not per_sample else 0
+    per = "sample" if per_sample else "batch"
+    return IndexAdvice(relation, tuple(dict.fromkeys(columns)), bool(sort_keys), per, rows, regclass)
 
 
 def _scans(node: dict[str, Any], path: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:

@@ -102,31 +102,35 @@ class EpochSequence(Generic[B]):
         skip = self._offset if self._offset is not None else w  # batches before this worker's first
         while self.end is None or epoch < self.end:
             ds = self._open(epoch, sample, rank, world, record=w == 0)  # each rank's first worker records
-            n = len(ds)
-            indices = range(skip, n, k)
-            ring = [ds.new_buffers() for _ in range(self.buffers if not worker and not ds.remote else 0)]
-            plain = not worker and not ring and not self.keys and not ds.remote
-            fetched = None if plain or ring else ds.batches(indices, keys=self.keys)  # fetched ahead over S3
-            for i in indices:
-                if plain:
-                    batch = ds[i]
-                elif ring:
-                    batch = ds.read_into(i, ring[i % len(ring)])
-                    if self.keys:
-                        batch["keys"] = ds.batch_keys(i)
-                    if self.trim:
-                        batch = trim_padding(batch, ds.manifest)
-                else:
-                    assert fetched is not None  # neither plain nor ring: the batches are fetched ahead
-                    batch = next(fetched)
+            indices = range(skip, len(ds), k)
+            for i, batch in zip(indices, self._epoch_batches(ds, indices, worker=worker), strict=True):
                 # Whoever holds this batch has consumed everything before it: the position is after it.
                 if self._live is not ds:  # and from a worker's first batch on, its next is k batches away
                     self._live, self._offset = ds, (k - 1 if worker else None)
                 self._done = i + 1
                 yield batch
-            skip = (indices[-1] + k if indices else skip) - n  # this worker's first batch of the next epoch
+            skip = (indices[-1] + k if indices else skip) - len(ds)  # this worker's first batch of the next epoch
             epoch, sample = epoch + 1, 0
         self._finished = not worker
+
+    def _epoch_batches(self, ds: EpochView[B], indices: range, *, worker: bool) -> Iterator[Batch[B]]:
+        """The batches ``indices`` of one epoch: indexed, read into a ring of reused buffers, or fetched ahead.
+
+        A worker process and a remote store's epoch fetch ahead (the batches leave the process, or come over
+        the network); otherwise a ring of ``buffers`` reused buffers where asked for, else plain indexing.
+        """
+        ring = [ds.new_buffers() for _ in range(self.buffers if not worker and not ds.remote else 0)]
+        if ring:
+            for i in indices:
+                batch = ds.read_into(i, ring[i % len(ring)])
+                if self.keys:
+                    batch["keys"] = ds.batch_keys(i)
+                yield trim_padding(batch, ds.manifest) if self.trim else batch
+        elif not worker and not self.keys and not ds.remote:
+            for i in indices:
+                yield ds[i]
+        else:
+            yield from ds.batches(indices, keys=self.keys)  # fetched ahead over S3
 
     def _open(self, epoch: int, sample: int, rank: int, world: int, *, record: bool, wait: bool = True) -> EpochView[B]:
         """Epoch ``epoch`` from ``sample`` on, once it is published (up to ``timeout``; ``wait``: else at once)."""

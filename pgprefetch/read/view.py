@@ -85,26 +85,10 @@ class EpochView(abc.ABC, Generic[B]):
         self.manifest = self._backend.wait_manifest(epoch, timeout if wait else None)
         self.manifest.pop("checksums", None)  # for `verify`; kept out of every worker's pickle
         where = f"{self._backend.location}/{epoch_name(epoch)}"
-        available = list(manifest_fields(self.manifest, where))  # every entry checked before a name is taken
-        unknown = [f for f in fields or () if f not in available]
-        if unknown:
-            raise ConfigError(f"unknown field {unknown[0]!r}: epoch {epoch} has fields {', '.join(available)}")
-        self.fields = tuple(fields or available)
-        # A field with a NULL policy comes with its mask, "<field>_null", true where the database had NULL;
-        # a padded one with its lengths, "<field>_length"; samples of 1..max_rows rows with "n_rows".
-        entries = [self.manifest["fields"][f] for f in self.fields]
-        masks = [e.get("null", {}).get("mask") for e in entries]
-        lengths = [e.get("lengths") for e in entries]
-        self.arrays = (*self.fields, *(m for m in masks if m), *(n for n in lengths if n))
-        if "n_rows" in self.manifest:
-            self.arrays += (self.manifest["n_rows"],)
-        if self.sources:  # a mixed epoch: each sample's source code, named by ``sources``
-            self.arrays += (SOURCE_ARRAY,)
+        self.fields = _chosen_fields(self.manifest, fields, epoch, where)
+        self.arrays = self._arrays_of(self.fields)
         self.trim = trim
-        default = self.default_ranks()
-        self.rank, self.world_size = check_ranks(
-            default[0] if rank is None else rank, default[1] if world_size is None else world_size
-        )
+        self.rank, self.world_size = self._ranks(rank, world_size)
         self.stored_batch_size = manifest_int(self.manifest, "batch_size", where, least=1)
         self.batch_size = self.stored_batch_size if batch_size is None else positive("batch_size", batch_size)
         self.n_samples = manifest_int(self.manifest, "n_samples", where)
@@ -113,6 +97,24 @@ class EpochView(abc.ABC, Generic[B]):
         self._seek(0)  # _base: the first sample of this view; _pos: local batches handed out by iteration
         if consumer is not None and not self.in_worker():
             self.record_consumer(consumer)
+
+    def _arrays_of(self, fields: tuple[str, ...]) -> tuple[str, ...]:
+        """The arrays a batch of ``fields`` holds: the fields, their NULL masks and lengths, rows, sources.
+
+        A field with a NULL policy comes with its mask, "<field>_null", true where the database had NULL; a
+        padded one with its lengths, "<field>_length"; samples of 1..max_rows rows with "n_rows"; a mixed
+        epoch with each sample's source code, named by :attr:`sources`.
+        """
+        entries = [self.manifest["fields"][f] for f in fields]
+        masks = [m for e in entries if (m := e.get("null", {}).get("mask"))]
+        lengths = [n for e in entries if (n := e.get("lengths"))]
+        rows = (self.manifest["n_rows"],) if "n_rows" in self.manifest else ()
+        return (*fields, *masks, *lengths, *rows, *((SOURCE_ARRAY,) if self.sources else ()))
+
+    def _ranks(self, rank: int | None, world_size: int | None) -> tuple[int, int]:
+        """This view's rank and world size: as given, else the framework's (:meth:`default_ranks`)."""
+        default = self.default_ranks()
+        return check_ranks(default[0] if rank is None else rank, default[1] if world_size is None else world_size)
 
     # --- what a framework layer decides ---------------------------------------------------------------
     def default_ranks(self) -> tuple[int, int]:
@@ -389,3 +391,12 @@ def positive(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def _chosen_fields(manifest: dict[str, Any], fields: Sequence[str] | None, epoch: int, where: str) -> tuple[str, ...]:
+    """The fields asked for (every one by default), each checked to be the epoch's."""
+    available = list(manifest_fields(manifest, where))  # every entry checked before a name is taken
+    unknown = [f for f in fields or () if f not in available]
+    if unknown:
+        raise ConfigError(f"unknown field {unknown[0]!r}: epoch {epoch} has fields {', '.join(available)}")
+    return tuple(fields or available)

@@ -121,43 +121,16 @@ class ArrayLayout:
         shape = _sizes(meta.get("shape"), where, "shape", least=0)
         if len(shape) < 2:
             raise _damaged(where, f"shape {list(shape)} has no (batches, batch size) dimensions")
-        data_type = meta.get("data_type")
-        try:
-            if not isinstance(data_type, str):  # zarr's other forms (an object) are not what pgprefetch writes
-                raise TypeError(data_type)
-            dtype = np.dtype(data_type)
-        except (TypeError, ValueError, SyntaxError):
-            raise _damaged(where, f"data_type {_shown(data_type)} is not a dtype") from None
+        dtype = _data_type(meta.get("data_type"), where)
         grid = meta.get("chunk_grid")
         conf = grid.get("configuration") if isinstance(grid, dict) else None
         outer = _sizes(conf.get("chunk_shape") if isinstance(conf, dict) else None, where, "chunk_grid chunk_shape")
         if len(outer) != len(shape):
             raise _damaged(where, f"chunk_grid chunk_shape {list(outer)} does not match shape {list(shape)}")
-        encoding = meta.get("chunk_key_encoding", {"name": "default"})
-        if not isinstance(encoding, dict) or encoding.get("name") not in ("default", "v2"):
-            raise _damaged(where, f"chunk_key_encoding {_shown(encoding)} is not one zarr defines")
-        default = encoding.get("name") == "default"
-        options = encoding.get("configuration", {})
-        separator = options.get("separator", "/" if default else ".") if isinstance(options, dict) else None
-        if not isinstance(separator, str) or separator not in SEPARATORS:  # "/../../" would leave the array
-            raise StoreError(f"{path}: chunk key separator {separator!r} is not one zarr defines (a damaged store)")
-        codecs = meta.get("codecs")
-        if not isinstance(codecs, list) or not all(isinstance(c, dict) and type(c.get("name")) is str for c in codecs):
-            raise _damaged(where, f"codecs {_shown(codecs)} is not a list of codecs")
-        per_file, sharded, raw = outer[0], False, codecs in _RAW
-        if len(codecs) == 1 and codecs[0]["name"] == "sharding_indexed":
-            inner = codecs[0].get("configuration")
-            if not isinstance(inner, dict):
-                raise _damaged(where, "the sharding codec has no configuration")
-            sharded = True
-            raw = (
-                inner.get("codecs") in _RAW
-                and inner.get("index_codecs") == _INDEX_CODECS
-                and inner.get("index_location", "end") == "end"
-                and inner.get("chunk_shape") == [1, *outer[1:]]
-            )
+        separator, default = _key_encoding(meta.get("chunk_key_encoding", {"name": "default"}), path, where)
+        sharded, raw = _codecs(meta.get("codecs"), outer, where)
         raw = raw and outer[1:] == shape[1:] and (sharded or outer[0] == 1)
-        return cls(path, dtype, shape, per_file, sharded, raw, separator, "c" if default else "")
+        return cls(path, dtype, shape, outer[0], sharded, raw, separator, "c" if default else "")
 
     def open_file(self, path: PurePath) -> int:
         """A read-only descriptor of ``path``, one of this array's files; the caller closes it.
@@ -292,3 +265,43 @@ def _sizes(value: object, where: str, what: str, *, least: int = 1) -> tuple[int
     if not isinstance(value, list) or not all(type(v) is int and v >= least for v in value):
         raise _damaged(where, f"{what} {_shown(value)} is not a list of integers >= {least}")
     return tuple(value)
+
+
+def _data_type(data_type: object, where: str) -> np.dtype:
+    """The array's dtype, from the plain string form pgprefetch writes (zarr's other forms are not its)."""
+    try:
+        if not isinstance(data_type, str):
+            raise TypeError(data_type)
+        return np.dtype(data_type)
+    except (TypeError, ValueError, SyntaxError):
+        raise _damaged(where, f"data_type {_shown(data_type)} is not a dtype") from None
+
+
+def _key_encoding(encoding: object, path: PurePath, where: str) -> tuple[str, bool]:
+    """The chunk keys' separator, and whether they are zarr v3's default (``c/0/0``) rather than v2's (``0.0``)."""
+    if not isinstance(encoding, dict) or encoding.get("name") not in ("default", "v2"):
+        raise _damaged(where, f"chunk_key_encoding {_shown(encoding)} is not one zarr defines")
+    default = encoding.get("name") == "default"
+    options = encoding.get("configuration", {})
+    separator = options.get("separator", "/" if default else ".") if isinstance(options, dict) else None
+    if not isinstance(separator, str) or separator not in SEPARATORS:  # "/../../" would leave the array
+        raise StoreError(f"{path}: chunk key separator {separator!r} is not one zarr defines (a damaged store)")
+    return separator, default
+
+
+def _codecs(codecs: object, outer: tuple[int, ...], where: str) -> tuple[bool, bool]:
+    """Whether the chunks are shards, and whether their bytes are pgprefetch's raw layout (else zarr reads them)."""
+    if not isinstance(codecs, list) or not all(isinstance(c, dict) and type(c.get("name")) is str for c in codecs):
+        raise _damaged(where, f"codecs {_shown(codecs)} is not a list of codecs")
+    if not (len(codecs) == 1 and codecs[0]["name"] == "sharding_indexed"):
+        return False, codecs in _RAW
+    inner = codecs[0].get("configuration")
+    if not isinstance(inner, dict):
+        raise _damaged(where, "the sharding codec has no configuration")
+    raw = (
+        inner.get("codecs") in _RAW
+        and inner.get("index_codecs") == _INDEX_CODECS
+        and inner.get("index_location", "end") == "end"
+        and inner.get("chunk_shape") == [1, *outer[1:]]
+    )
+    return True, raw

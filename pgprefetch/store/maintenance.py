@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import difflib
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pgprefetch.config.model import SOURCE_ARRAY
@@ -199,11 +201,6 @@ def _recorded_checksums(store: Store, epoch: int, manifest: dict[str, Any]) -> d
     return {name: table[i].tolist() for i, name in enumerate(entry["arrays"])}
 
 
-def plan_ahead(store: Store, ahead: int, consumer: str | None = None) -> list[int]:
-    """The epochs ``--ahead`` dumps: the ``ahead`` epochs after the newest started one, not yet complete."""
-    return [e for e in ahead_window(store, ahead, consumer) if not store.is_complete(e)]
-
-
 def ahead_window(store: Store, ahead: int, consumer: str | None = None) -> range:
     """The ``ahead`` epochs after the newest one started, complete or not (what "nothing to do" names).
 
@@ -286,50 +283,64 @@ def prune(
     no dump holds its lock (a live dump's partial epoch is never touched). Two kinds no dump will ever
     resume are removed anyway: the partial epoch of an epoch that is complete (what a dump killed while
     publishing leaves, or one that lost its lease to another dump), and one older than the oldest epoch
-    kept (``dump --ahead`` only dumps the epochs after the newest one opened). So are the keys a dump killed
-    while ordering them on disk left without a partial epoch (:meth:`~pgprefetch.store.base.Store.orphaned_keys`).
+    kept (``dump --ahead`` only dumps the epochs after the newest one opened). So is the spill folder a dump
+    killed before its first batch left (:meth:`~pgprefetch.store.base.Store.orphaned_spills`).
     """
     if consumer is not None:
         check_consumer(store, consumer)
     records = store.consumer_records()
     started, unknown = positions(records), damaged(records)
-    removed: list[int] = []
     unread = [] if started or unknown else store.epochs()
     slowest = min(started.items(), key=lambda item: (item[1], item[0])) if started and not unknown else None
     oldest_kept = slowest[1] - keep if slowest else None
-    if oldest_kept is not None:
-        for epoch in store.epochs():
-            if epoch < oldest_kept:
-                if not dry_run:
-                    store.remove_epoch(epoch)
-                removed.append(epoch)
-    dead, kept = [], []
+    removed = [] if oldest_kept is None else [e for e in store.epochs() if e < oldest_kept]
+    if not dry_run:
+        for epoch in removed:
+            store.remove_epoch(epoch)
     now = time.time()
+
+    def asked(written: float) -> bool:  # partial work the caller asked to remove: all, or the old
+        return partials or (partials_older_than is not None and now - written > partials_older_than)
+
+    dead, kept = _dead_partials(store, oldest_kept, asked, dry_run)
+    for epoch in store.orphaned_spills():  # nothing to resume there: removed as a dead partial epoch would be
+        written = _mtime(store.spill_path(epoch))
+        if epoch not in dead and written is not None and asked(written) and _remove_partial(store, epoch, dry_run):
+            dead.append(epoch)
+    return PruneResult(removed, sorted(dead), kept, dry_run, unread, slowest, unknown)
+
+
+def _dead_partials(
+    store: Store, oldest_kept: int | None, asked: Callable[[float], bool], dry_run: bool
+) -> tuple[list[int], list[int]]:
+    """The partial epochs removed (no dump holds them) and those kept for the next dump to resume.
+
+    Removed whatever was asked: the partial epoch of a complete epoch, or of one older than the oldest kept.
+    """
+    dead, kept = [], []
     for epoch in store.partial_epochs():
         abandoned = store.is_complete(epoch) or (oldest_kept is not None and epoch < oldest_kept)
-        age = now - store.partial_info(epoch)[1]
-        if not (abandoned or partials or (partials_older_than is not None and age > partials_older_than)):
+        if not (abandoned or asked(store.partial_info(epoch)[1])):
             kept.append(epoch)
-            continue
-        with store.writer_lock(epoch) as held:
-            if held:
-                if not dry_run:
-                    store.remove_partial(epoch)
-                dead.append(epoch)
-    for epoch in store.orphaned_spills():  # nothing to resume there: removed as a dead partial epoch would be
-        if epoch in dead:
-            continue  # its partial epoch was just removed (listed once)
-        try:
-            age = now - store.spill_path(epoch).stat().st_mtime
-        except OSError:
-            continue
-        if partials or (partials_older_than is not None and age > partials_older_than):
-            with store.writer_lock(epoch) as held:
-                if held:
-                    if not dry_run:
-                        store.remove_partial(epoch)
-                    dead.append(epoch)
-    return PruneResult(removed, sorted(dead), kept, dry_run, unread, slowest, unknown)
+        elif _remove_partial(store, epoch, dry_run):
+            dead.append(epoch)
+    return dead, kept
+
+
+def _remove_partial(store: Store, epoch: int, dry_run: bool) -> bool:
+    """Remove epoch ``epoch``'s partial work if no dump holds its lock; whether it was (or would be)."""
+    with store.writer_lock(epoch) as held:
+        if held and not dry_run:
+            store.remove_partial(epoch)
+        return held
+
+
+def _mtime(path: Path) -> float | None:
+    """When ``path`` was last written (None: it is gone)."""
+    try:
+        return float(path.stat().st_mtime)
+    except OSError:
+        return None
 
 
 def _listed(epochs: list[int]) -> str:

@@ -85,17 +85,31 @@ class CheckReport:
 
     def lines(self, verbose: bool = False) -> list[str]:
         """The report as printed; ``verbose``: each checked batch's problems on lines of their own too."""
+        out = [*self._epoch_lines(), *self._read_lines(), *self._expected_lines()]
+        out += [f"note: {n}" for n in self.notes]
+        out += [f"warning: {w}" for w in self.warnings]
+        out += [f"error: {e}" for e in self.errors]
+        if verbose:
+            out += [f"error in batch {b}: {e}" for b, e in self.batch_errors]
+        return out
+
+    def _epoch_lines(self) -> list[str]:
+        """The keys, the epoch, its sources and its fields."""
         dropped = f" ({self.duplicates_dropped:,} repeated, dropped)" if self.duplicates_dropped else ""
         out = [f"keys: {self.n_keys:,}{dropped}"] if self.n_keys is not None else []
         if self.n_samples is not None and self.n_batches is not None:
             size = f", about {show_size(self.epoch_bytes)} of arrays, uncompressed" if self.epoch_bytes else ""
             batches = f"batch{'es' if self.n_batches != 1 else ''}"
             out.append(f"epoch: {self.n_samples:,} samples in {self.n_batches:,} {batches}{size}")
-        for s in self.sources:
-            out.append(source_line(s))
+        out += [source_line(s) for s in self.sources]
         for name, f in self.fields.items():
             extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
             out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
+        return out
+
+    def _read_lines(self) -> list[str]:
+        """What the check read: the batches it checked, and a scan's rows."""
+        out = []
         if self.batches_checked:
             out.append(f"checked {self.batches_checked} batch(es) with every type, cast and NULL check of the dump")
         if self.rows_read is not None:
@@ -103,6 +117,11 @@ class CheckReport:
                 f"read: the key columns of every row and the checked batches' rows ({self.rows_read:,} table rows "
                 "in all); a dump reads the whole table"
             )
+        return out
+
+    def _expected_lines(self) -> list[str]:
+        """What a dump is expected to take: its time and its peak memory."""
+        out = []
         if self.expected_seconds is not None and self.expected_rate is not None and self.expected_range:
             low, high = self.expected_range
             out.append(
@@ -117,11 +136,6 @@ class CheckReport:
                 f"the interpreter, {_mib(working)} of --memory {_mib(self.memory)}; at most {_mib(self.peak_bound)} "
                 f"with {_mib(SLACK)} of slack"
             )
-        out += [f"note: {n}" for n in self.notes]
-        out += [f"warning: {w}" for w in self.warnings]
-        out += [f"error: {e}" for e in self.errors]
-        if verbose:
-            out += [f"error in batch {b}: {e}" for b, e in self.batch_errors]
         return out
 
     def summarize_batches(self) -> None:

@@ -30,13 +30,13 @@ from pgprefetch.store.maintenance import source_counts
 from pgprefetch.store.open import open_store
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, Progress
-from pgprefetch.write.executor import Executor
+from pgprefetch.write.executor import Executor, Spread
 from pgprefetch.write.files.stats import EpochStats
 from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.manifest import epoch_manifest
 from pgprefetch.write.memory import heap
 from pgprefetch.write.memory.policy import LEAST_BUDGET, heap_bytes
-from pgprefetch.write.plan import Vocabulary
+from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.sources import ReadCache, open_source
 from pgprefetch.write.spill.folder import SpillFolder
@@ -346,59 +346,29 @@ async def _write_epoch(
     plan = source.plan
     specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.arrays]
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
-    identity: dict[str, Any] = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
-    if plan.categories:  # batches coded with other lists are not resumed (the store's vocabulary grew meanwhile)
-        identity["categories"] = plan.categories
     stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
     owned = executor.driver_owns(store) if executor else None
     discard = fresh or bool(executor and executor.starts_over(store))  # (fresh: --force's first attempt)
-    spread = None
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await finish_in_thread(
             EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-            compression=cfg.store.compression, identity=identity, fresh=discard, uploader=uploader, stats=stats,
-            owned=owned,
+            compression=cfg.store.compression, identity=_identity(cfg, plan), fresh=discard, uploader=uploader,
+            stats=stats, owned=owned,
         )  # fmt: skip
         with writer:  # a failure keeps the partial epoch: the next dump resumes it
-            if writer.restarted:
-                log.warning("epoch %d: an interrupted dump was started over: %s", epoch, writer.restarted)
-            if writer.resumed:
-                log.info("epoch %d: resuming: %d of %d batches kept from an interrupted dump", epoch, writer.resumed,
-                         plan.n_batches)  # fmt: skip
-            writer.begin(source.snapshot)
-            for warning in source.warnings:  # once, before the long part
-                log.warning("epoch %d: %s", epoch, warning)
+            _announce(writer, source, epoch)
             todo = [b for b in range(plan.n_batches) if not writer.done[b]]
-            if progress:
-                progress.start(epoch, plan.used)
-                progress.advance(min(plan.used, writer.resumed * size), 0)
-            try:
-                if executor is None:
-                    await write_batches(source, writer, todo, size, progress)
-                else:
-                    spread = await executor.write(cfg, store, source, writer, todo, progress, fresh=fresh)
-            finally:
-                if progress:
-                    progress.close()
-            total = source.epoch_bytes(size)
-            manifest = epoch_manifest(cfg, source, total, time.monotonic() - started)
-            manifest["stats"] = stats.result()
-            resumed = writer.resumed + (spread.kept if spread else 0)
-            manifest["resumed_batches"] = resumed
-            # More than one when batches were kept from an earlier dump (its journal, or its parts' records).
-            earlier = [s for s in (spread.snapshots if spread else ()) if s not in writer.snapshots]
-            manifest["snapshots"] = [*earlier, *writer.snapshots]
-            if spread is not None and executor is not None:
-                manifest.update(executor=executor.name, parts=spread.parts)
+            spread = await _write_todo(cfg, store, source, writer, todo, progress, executor, fresh=fresh)
+            manifest = _manifest(cfg, source, stats, writer, spread, executor, started)
             path = await finish_in_thread(writer.publish, manifest, spread.elsewhere if spread else ())
     return DumpResult(
         epoch=epoch,
         path=path,
         n_batches=plan.n_batches,
         n_samples=plan.used,
-        bytes=total,
+        bytes=manifest["bytes"],
         seconds=time.monotonic() - started,
-        resumed=resumed,
+        resumed=manifest["resumed_batches"],
         restarted=writer.restarted or (spread.restarted if spread else None),
         duplicates_dropped=plan.duplicates_dropped,
         last_dropped=plan.last_dropped,
@@ -409,3 +379,70 @@ async def _write_epoch(
         sources=source_counts(manifest),
         peak_rss=heap.peak_rss(),
     )
+
+
+def _identity(cfg: Config, plan: EpochPlan) -> dict[str, Any]:
+    """What a partial epoch's journal must match for its batches to be resumed: the config and the key list."""
+    identity: dict[str, Any] = {"config_sha256": cfg.sha256(), "n_keys": plan.used, "keys_sha256": plan.keys_sha256}
+    if plan.categories:  # batches coded with other lists are not resumed (the store's vocabulary grew meanwhile)
+        identity["categories"] = plan.categories
+    return identity
+
+
+def _announce(writer: EpochWriter, source: BatchSource, epoch: int) -> None:
+    """Say, once before the long part, what the writer kept or started over, and what planning found."""
+    if writer.restarted:
+        log.warning("epoch %d: an interrupted dump was started over: %s", epoch, writer.restarted)
+    if writer.resumed:
+        log.info("epoch %d: resuming: %d of %d batches kept from an interrupted dump", epoch, writer.resumed,
+                 source.plan.n_batches)  # fmt: skip
+    writer.begin(source.snapshot)
+    for warning in source.warnings:
+        log.warning("epoch %d: %s", epoch, warning)
+
+
+async def _write_todo(
+    cfg: Config,
+    store: Store,
+    source: BatchSource,
+    writer: EpochWriter,
+    todo: list[int],
+    progress: Progress | None,
+    executor: Executor | None,
+    *,
+    fresh: bool,
+) -> Spread | None:
+    """Write the batches ``todo`` in this process, or spread over ``executor``'s cluster (its parts' account)."""
+    size, plan = cfg.batches.size, source.plan
+    if progress:
+        progress.start(plan.epoch, plan.used)
+        progress.advance(min(plan.used, writer.resumed * size), 0)
+    try:
+        if executor is None:
+            await write_batches(source, writer, todo, size, progress)
+            return None
+        return await executor.write(cfg, store, source, writer, todo, progress, fresh=fresh)
+    finally:
+        if progress:
+            progress.close()
+
+
+def _manifest(
+    cfg: Config,
+    source: BatchSource,
+    stats: EpochStats,
+    writer: EpochWriter,
+    spread: Spread | None,
+    executor: Executor | None,
+    started: float,
+) -> dict[str, Any]:
+    """The published epoch's manifest: the plan, the statistics, what was resumed, every snapshot read."""
+    manifest = epoch_manifest(cfg, source, source.epoch_bytes(cfg.batches.size), time.monotonic() - started)
+    manifest["stats"] = stats.result()
+    manifest["resumed_batches"] = writer.resumed + (spread.kept if spread else 0)
+    # More than one when batches were kept from an earlier dump (its journal, or its parts' records).
+    earlier = [s for s in (spread.snapshots if spread else ()) if s not in writer.snapshots]
+    manifest["snapshots"] = [*earlier, *writer.snapshots]
+    if spread is not None and executor is not None:
+        manifest.update(executor=executor.name, parts=spread.parts)
+    return manifest

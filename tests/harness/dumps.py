@@ -99,7 +99,7 @@ def kill_9_mid_dump(cfg: Path, dsn: str, when: Callable[[], object], epoch: int 
     victim = start_dump(cfg, dsn, epoch)
     wait_for(when)
     victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    victim.communicate(timeout=10)  # reaped, and its pipes closed
 
 
 def kill_9_after(cfg: Path, dsn: str, store: Path, batches: int = 3, epoch: int = 0) -> None:

@@ -122,11 +122,15 @@ class EpochWriter:
         self._submitted: set[tuple[str, int]] = set()  # (array, file number) finished: closed, handed to an uploader
         self.stats = stats  # each batch's field statistics, as it is written or kept
         self._zarr_arrays: dict[str, zarr.Array[Any]] | None = None  # compressed arrays, opened on first use
-        with io_errors(self.path):
-            if part is None:
-                self._open(arrays, fresh)
-            else:
-                self._open_part(arrays)
+        try:
+            with io_errors(self.path):
+                if part is None:
+                    self._open(arrays, fresh)
+                else:
+                    self._open_part(arrays)
+        except BaseException:  # refused half-way (a planted journal): nothing it opened is left open
+            self.close()
+            raise
 
     def _open_part(self, arrays: list[ArraySpec]) -> None:
         """Join the partial epoch a driver created: its arrays, the shard files this part owns, its journal."""
@@ -430,8 +434,9 @@ class EpochWriter:
         buffered line too), and a lost line only means a batch fetched again.
         """
         self._files.close_all()
-        with contextlib.suppress(OSError):
-            self._journal.close()
+        if getattr(self, "_journal", None) is not None:
+            with contextlib.suppress(OSError):
+                self._journal.close()
         if self.dir is not None:
             self.dir.close()
 

@@ -133,6 +133,21 @@ class RayExecutor:
         plan = source.plan
         remote = store if isinstance(store, S3Store) else None
         force = remote is not None and remote.is_complete(plan.epoch)  # staged, then uploaded (.staged)
+        ranges = self._ranges(cfg, store, source, writer)
+        kept, restarted = _kept(remote, writer, ranges, progress, fresh) if remote and not force else ([], None)
+        pending = set(todo) - {b for r in kept for b in r.owned}
+        specs = self._specs(cfg, store, source, writer, ranges, pending, force)
+        results, attempts = await self._run(cfg, source, writer, specs, progress, remote if force else None)
+        finished: list[PartResult | PartRecord] = [*results, *kept]
+        _merge(writer, finished)
+        files = tuple(f for r in finished for f in r.files)
+        retries = tuple(max(0, a - 1) for a in attempts)
+        earlier = tuple(dict.fromkeys(r.snapshot for r in kept))
+        return Spread(len(specs), retries, files, sum(len(r.owned) for r in kept), restarted, earlier)
+
+    def _ranges(self, cfg: Config, store: Store, source: BatchSource, writer: EpochWriter) -> list[range]:
+        """The parts' batch ranges: ``parts`` (or the cluster's CPUs, or more where a part's rows need it)."""
+        plan = source.plan
         step = 1 if store.local_root is not None else _file_step(writer)
         wanted = self.parts or cluster_cpus()
         if isinstance(source.spread, SpreadRead):  # a part's rows must fit [source] memory
@@ -141,12 +156,24 @@ class RayExecutor:
         if self.parts and len(ranges) < self.parts:
             log.info("epoch %d: %d parts (shard files are not shared between parts on an object store)",
                      plan.epoch, len(ranges))  # fmt: skip
+        return ranges
+
+    def _specs(
+        self,
+        cfg: Config,
+        store: Store,
+        source: BatchSource,
+        writer: EpochWriter,
+        ranges: list[range],
+        pending: set[int],
+        force: bool,
+    ) -> list[PartSpec]:
+        """What each part is sent: its batches still to write, the plan without its keys, the arrays, the config."""
+        plan = source.plan
         bare = dataclasses.replace(plan, keys=np.empty((plan.keys.shape[0], 0), dtype=np.int64))
         metadata = {}
         if store.local_root is None:
             metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
-        kept, restarted = _kept(remote, writer, ranges, progress, fresh) if remote and not force else ([], None)
-        pending = set(todo) - {b for r in kept for b in r.owned}
         arrays = tuple(
             ArraySpec(name, np.dtype(spec[0]), tuple(spec[1])) for name, spec in writer.header["arrays"].items()
         )
@@ -154,33 +181,48 @@ class RayExecutor:
         identity = {k: v for k, v in writer.header.items() if k not in layout_keys}
         run = f"{self._id}/{plan.epoch}"  # the epoch's counts in the tracker
         sent, dsn = sealed(cfg)  # the parts' config names the server without the password
-        specs = []
-        for i, owned in enumerate(ranges):
-            specs.append(PartSpec(
+        return [
+            PartSpec(
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), sent, plan.epoch, store.location,
                 source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, force, run,
                 dsn,
-            ))  # fmt: skip
+            )
+            for i, owned in enumerate(ranges)
+        ]  # fmt: skip
+
+    async def _run(
+        self,
+        cfg: Config,
+        source: BatchSource,
+        writer: EpochWriter,
+        specs: list[PartSpec],
+        progress: Progress | None,
+        staged: S3Store | None,
+    ) -> tuple[list[PartResult], list[int]]:
+        """Run the parts with batches to write; their results and each part's attempts.
+
+        ``staged`` (``--force`` on an object store): the parts staged their files, uploaded once every part is
+        done and the published epoch removed; a part whose staging was lost meanwhile is written again.
+        """
+        plan = source.plan
+        run = f"{self._id}/{plan.epoch}"  # the epoch's counts in the tracker
         track = tracker()
         options: dict[str, Any] = {"runtime_env": {"env_vars": self.env}} if self.env else {}
         scans: list[ScanPart | None] = [None] * len(specs)
         if isinstance(source.spread, SpreadRead) and any(spec.batches for spec in specs):  # (else: all kept)
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
-        refs = {
-            run_part.options(**options).remote(spec, _part_keys(plan, spec), track, *_scan_args(scan)): spec
-            for spec, scan in zip(specs, scans, strict=True)
-            if spec.batches
-        }
+
+        def start(spec: PartSpec) -> Any:
+            return run_part.options(**options).remote(
+                spec, _part_keys(plan, spec), track, *_scan_args(scans[spec.index])
+            )
+
+        refs = {start(spec): spec for spec in specs if spec.batches}
         try:
             results = await self._wait(refs, track, progress, run, len(specs))
-            if force and remote is not None:  # the published epoch removed only now; parts whose staging was lost
-                again = upload_staged(remote, specs, results, writer.header, options)  # are written again
-                redo = {
-                    run_part.options(**options).remote(
-                        spec, _part_keys(plan, spec), track, *_scan_args(scans[spec.index])
-                    ): spec
-                    for spec in again
-                }
+            if staged is not None:  # the published epoch removed only now; parts whose staging was lost
+                again = upload_staged(staged, specs, results, writer.header, options)  # are written again
+                redo = {start(spec): spec for spec in again}
                 refs.update(redo)
                 results = [r for r in results if r.index not in {spec.index for spec in again}]
                 results += await self._wait(redo, track, None, run, len(specs))
@@ -189,16 +231,7 @@ class RayExecutor:
             for ref in refs:
                 ray.cancel(ref, force=True)
             track.forget.remote(run)
-        finished: list[PartResult | PartRecord] = [*results, *kept]
-        for result in sorted(finished, key=lambda r: r.index):
-            writer.checksums[:, result.batches] = result.checksums
-            writer.done[result.batches] = True
-            if writer.stats is not None:
-                writer.stats.put(result.batches, result.figures)
-        files = tuple(f for r in finished for f in r.files)
-        retries = tuple(max(0, a - 1) for a in attempts)
-        earlier = tuple(dict.fromkeys(r.snapshot for r in kept))
-        return Spread(len(specs), retries, files, sum(len(r.owned) for r in kept), restarted, earlier)
+        return results, attempts
 
     async def _wait(
         self, refs: dict[Any, PartSpec], track: Any, progress: Progress | None, run: str, parts: int
@@ -298,3 +331,12 @@ def _file_step(writer: EpochWriter) -> int:
 
 
 __all__ = ["RayExecutor", "split"]
+
+
+def _merge(writer: EpochWriter, finished: list[PartResult | PartRecord]) -> None:
+    """Every finished part's checksums and statistics into the driver's writer, in part order."""
+    for result in sorted(finished, key=lambda r: r.index):
+        writer.checksums[:, result.batches] = result.checksums
+        writer.done[result.batches] = True
+        if writer.stats is not None:
+            writer.stats.put(result.batches, result.figures)

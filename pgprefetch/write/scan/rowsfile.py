@@ -63,37 +63,41 @@ class RowsFile:
 
         A column without a NULL in this table has no mask here (the read leaves it out): its mask is all False.
         """
-        n = table.keys.shape[1]
         if self._entries is None:
-            self._blocks = [columns for _, columns in table.blocks()]
-            entries: list[_Entry] = [("b", k, b.dtype, b.shape[1:]) for k, (b, _) in enumerate(table.blocks())]
-            in_blocks = {c for columns in self._blocks for c, _ in columns}
-            for j, c in enumerate(self.columns):
-                if c in table.values and c not in in_blocks:
-                    entries.append(("v", j, table.values[c].dtype, table.values[c].shape[1:]))
-                if c.nullable:
-                    entries.append(("m", j, np.dtype(bool), ()))
-                if c in table.lengths:
-                    entries.append(("n", j, table.lengths[c].dtype, table.lengths[c].shape[1:]))
-            self._entries = entries
+            self._entries = self._entries_of(table)
         blocks = {tuple(c for c, _ in columns): b for b, columns in table.blocks()}
-        out = []
-        for kind, i, dtype, shape in self._entries:
-            if kind == "b":
-                found = blocks.get(tuple(c for c, _ in self._blocks[i]))
-                if found is None:  # decoded column by column this time: put the block together
-                    found = np.stack([table.values[c] for c, _ in self._blocks[i]], axis=1)
-                out.append(found)
-            elif kind == "v":
-                out.append(table.values[self.columns[i]])
-            elif kind == "m":
-                c = self.columns[i]
-                if c in table.masks:
-                    self._nulls.add(c)
-                out.append(table.masks.get(c, np.zeros((n, *shape), dtype)))
-            else:
-                out.append(table.lengths[self.columns[i]])
-        return out
+        return [self._array(table, entry, blocks) for entry in self._entries]
+
+    def _entries_of(self, table: Table) -> list[_Entry]:
+        """The file's columns, from the first table: its blocks, then each column's values, mask and lengths."""
+        self._blocks = [columns for _, columns in table.blocks()]
+        entries: list[_Entry] = [("b", k, b.dtype, b.shape[1:]) for k, (b, _) in enumerate(table.blocks())]
+        in_blocks = {c for columns in self._blocks for c, _ in columns}
+        for j, c in enumerate(self.columns):
+            if c in table.values and c not in in_blocks:
+                entries.append(("v", j, table.values[c].dtype, table.values[c].shape[1:]))
+            if c.nullable:
+                entries.append(("m", j, np.dtype(bool), ()))
+            if c in table.lengths:
+                entries.append(("n", j, table.lengths[c].dtype, table.lengths[c].shape[1:]))
+        return entries
+
+    def _array(self, table: Table, entry: _Entry, blocks: dict[tuple[Column, ...], np.ndarray]) -> np.ndarray:
+        """``table``'s array for the file's column ``entry``."""
+        kind, i, dtype, shape = entry
+        if kind == "b":
+            found = blocks.get(tuple(c for c, _ in self._blocks[i]))
+            if found is None:  # decoded column by column this time: put the block together
+                found = np.stack([table.values[c] for c, _ in self._blocks[i]], axis=1)
+            return found
+        c = self.columns[i]
+        if kind == "v":
+            return table.values[c]
+        if kind == "n":
+            return table.lengths[c]
+        if c in table.masks:
+            self._nulls.add(c)
+        return table.masks.get(c, np.zeros((table.keys.shape[1], *shape), dtype))
 
     def open(self) -> None:
         """Ready the rows for :meth:`read` (nothing to do: the file is read at offsets)."""

@@ -229,8 +229,8 @@ async def page_ranges(snap: Snapshot, shape: ScanShape, n: int) -> list[str]:
 def assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False, *, by_key: bool = True) -> Table:
     """The table's columns from the ranges' chunks, sorted by (key, order) (a ``lexsort``: no server sort).
 
-    ``by_key`` False: left as they came, for rows put in the epoch's order next (:mod:`.stretches`), where a
-    sort by key would be a copy of every column for nothing.
+    ``by_key`` False: left as they came, for rows put in the epoch's order next (:mod:`.strategy.stretches`),
+    where a sort by key would be a copy of every column for nothing.
     """
     rows = [p for p in parts if p["k0"].size]
     n = sum(p["k0"].size for p in rows)
@@ -238,35 +238,40 @@ def assemble(shape: ScanShape, parts: list[Columns], empty_ok: bool = False, *, 
         raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
     if not n:
         return Table(keys=np.empty((len(shape.key_names), 0), dtype=np.int64))
+    keys = _joined_keys(shape, rows, n)
+    sorted_keys, order = sort_keys(keys) if by_key else (keys, None)
+    table = Table(keys=sorted_keys, rows_read=n)
+
+    def joined(name: str) -> np.ndarray:  # one column's chunks, in the keys' order
+        column = np.concatenate([p[name] for p in rows])
+        return column if order is None else column[order]
+
+    for j, c in enumerate(shape.columns):
+        if f"b{j}" in rows[0]:  # a run of columns decoded as one row-major block: each column a view of it
+            block = joined(f"b{j}")
+            for i in range(block.shape[1]):
+                table.values[shape.columns[j + i]] = block[:, i]
+        if c not in table.values:
+            table.values[c] = joined(f"c{j}")
+        if c.padded is not None:
+            table.lengths[c] = joined(f"n{j}")
+        if c.nullable and any(p[f"m{j}"].any() for p in rows):  # a column without a NULL needs no mask, no check
+            table.masks[c] = joined(f"m{j}")
+    table.nbytes = (
+        keys.nbytes + sum(v.nbytes for v in table.values.values()) + sum(m.nbytes for m in table.masks.values())
+    )
+    return table
+
+
+def _joined_keys(shape: ScanShape, rows: list[Columns], n: int) -> np.ndarray:
+    """The key and order columns of the chunks ``rows`` (``n`` rows) as one ``(width, n)`` int64 array."""
     n_keys = len(shape.key_names)
     keys = np.empty((n_keys, n), dtype=np.int64)
     for i in range(n_keys):
         np.concatenate([p[f"k{i}"] for p in rows] or [np.empty(0)], out=keys[i], casting="unsafe")
     if shape.order_wire is not None and shape.order_offset:
         keys[-1] += shape.order_offset
-    sorted_keys, order = sort_keys(keys) if by_key else (keys, None)
-    sorted_order = order is None
-    table = Table(keys=sorted_keys, rows_read=n)
-    for j, c in enumerate(shape.columns):
-        if f"b{j}" in rows[0]:  # a run of columns decoded as one row-major block: each column a view of it
-            block = np.concatenate([p[f"b{j}"] for p in rows])
-            block = block if sorted_order else block[order]
-            for i in range(block.shape[1]):
-                table.values[shape.columns[j + i]] = block[:, i]
-        if c not in table.values:
-            values = np.concatenate([p[f"c{j}"] for p in rows])
-            table.values[c] = values if sorted_order else values[order]
-        if c.padded is not None:
-            lengths = np.concatenate([p[f"n{j}"] for p in rows])
-            table.lengths[c] = lengths if sorted_order else lengths[order]
-        if c.nullable:
-            masks = np.concatenate([p[f"m{j}"] for p in rows])
-            if masks.any():  # a column without a NULL in the whole table needs no mask, and no check
-                table.masks[c] = masks if sorted_order else masks[order]
-    table.nbytes = (
-        keys.nbytes + sum(v.nbytes for v in table.values.values()) + sum(m.nbytes for m in table.masks.values())
-    )
-    return table
+    return keys
 
 
 def sort_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

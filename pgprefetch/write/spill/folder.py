@@ -32,6 +32,7 @@ class SpillFolder:
         self.place = as_place(place)
         self._parent = parent
         self._folder: Folder | None = None
+        self._subs: list[SpillFolder] = []  # closed with this one
         self._lock = threading.Lock()
 
     @classmethod
@@ -53,7 +54,10 @@ class SpillFolder:
 
     def sub(self, name: str) -> SpillFolder:
         """The folder ``name`` in this one, for one algorithm's files (made afresh on first use)."""
-        return SpillFolder(self.place / name, parent=self)
+        sub = SpillFolder(self.place / name, parent=self)
+        with self._lock:
+            self._subs.append(sub)
+        return sub
 
     def folder(self) -> Folder:
         """This folder, open, made afresh (private) the first time it is asked for."""
@@ -70,12 +74,19 @@ class SpillFolder:
         """A new file ``name`` here: ``O_EXCL``, 0600, by the folder's descriptor, never through a link."""
         return SpillFile(self, name)
 
-    def remove(self) -> None:
-        """Close the folder and remove it with every file in it (also what a killed dump left under its name)."""
+    def close(self) -> None:
+        """Close this folder's descriptor and its sub-folders' (they stay on disk)."""
         with self._lock:
+            subs, self._subs = self._subs, []
             if self._folder is not None:
                 self._folder.close()
                 self._folder = None
+        for sub in subs:
+            sub.close()
+
+    def remove(self) -> None:
+        """Close the folder and remove it with every file in it (also what a killed dump left under its name)."""
+        self.close()
         if self._parent is not None and self._parent._folder is not None:
             self._parent._folder.remove(self.place.name)
         else:
