@@ -26,6 +26,7 @@ from .harness.configs import operations_config as config
 from .harness.configs import s_config
 from .harness.db import S_ROWS, execute
 from .harness.dumps import (
+    StopAfter,
     chunk_bytes,
     dump,
     dump_argv,
@@ -209,24 +210,6 @@ def test_resume_refetches_exactly_the_damaged_batches_and_equals_a_clean_dump(
         for p in (resumed, clean.path)
     ]
     assert checksums[0] == checksums[1]
-
-
-class StopAfter:
-    """A progress hook that fails the dump after ``batches`` writes (an interrupted dump).
-
-    A write is a unit of batches: one batch each only when fetching a batch is slow (``slow=True``).
-    """
-
-    def __init__(self, batches: int) -> None:
-        self.left = batches
-
-    def start(self, epoch: int, n_samples: int) -> None: ...
-    def close(self) -> None: ...
-    def advance(self, samples: int, nbytes: int) -> None:
-        if nbytes:
-            self.left -= 1
-            if self.left == 0:
-                raise RuntimeError("interrupted")
 
 
 def test_a_cut_journal_line_loses_no_snapshot_of_a_later_resume(s_table: str, tmp_path: Path) -> None:

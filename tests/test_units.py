@@ -15,7 +15,7 @@ from pgprefetch.write.schedule import UNIT_SECONDS, Units
 
 from .harness.configs import s_config
 from .harness.db import S_ROWS, fetch
-from .harness.dumps import chunk_bytes, dump, read_arrays
+from .harness.dumps import StopAfter, chunk_bytes, dump, read_arrays
 
 
 def drain(units: Units, seconds: float) -> list[tuple[int, int]]:
@@ -95,20 +95,6 @@ def test_small_batches_share_statements_and_each_sample_equals_the_database(s_ta
     assert not v[S_ROWS:].any()  # the padded last batch
     statements = np.unique(arrays["t"].reshape(-1)[:S_ROWS]).size
     assert statements <= result.n_batches // 4, f"{statements} statements for {result.n_batches} batches"
-
-
-class StopAfter:
-    """A progress hook that fails the dump after ``writes`` units were written (an interrupted dump)."""
-
-    def __init__(self, writes: int) -> None:
-        self.left = writes
-
-    def start(self, epoch: int, n_samples: int) -> None: ...
-    def close(self) -> None: ...
-    def advance(self, samples: int, nbytes: int) -> None:
-        self.left -= 1
-        if self.left == 0:
-            raise RuntimeError("interrupted")
 
 
 def test_a_resumed_epoch_of_small_batches_with_gaps_is_byte_identical(s_table: str, tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from pgprefetch.errors import EpochNotFoundError, EpochNotReadyError, FormatVers
 from pgprefetch.store.consumers import positions
 from pgprefetch.store.folders import Place
 from pgprefetch.store.layout import MISSING, ArrayLayout
+from pgprefetch.store.objects import ObjectStore
 
 log = logging.getLogger("pgprefetch")
 
@@ -89,6 +90,15 @@ class Store(abc.ABC):
 
         The read side maps a local epoch's files and reads an object store's with ranged requests: it asks
         this, not which backend it holds.
+        """
+        return None
+
+    @property
+    def object_store(self) -> ObjectStore | None:
+        """This store as an object store (its epochs staged locally and uploaded, parts' records in the bucket).
+
+        None for a folder on this machine's disk. The dump's spread over a cluster asks this capability, never
+        the backend's class (:mod:`pgprefetch.store.objects`).
         """
         return None
 

@@ -118,11 +118,10 @@ def _recorded(store: Store, epoch: int, header: dict[str, Any]) -> set[int] | No
     if store.local_root is not None or not header:
         return None
     from pgprefetch.store.records import judged  # here: a local store's ls never loads the S3 client
-    from pgprefetch.store.s3 import S3Store
 
-    if not isinstance(store, S3Store):
+    if store.object_store is None:
         return None
-    kept, dropped, _ = judged(store, epoch, header, None)
+    kept, dropped, _ = judged(store.object_store, epoch, header, None)
     if not (kept or dropped or part_journals(store.journal_path(epoch))):
         return None  # a single-process dump's partial epoch: its journal is what a rerun resumes
     return {b for record in kept for b in record.owned}

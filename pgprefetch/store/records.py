@@ -14,7 +14,7 @@ split's ranges and whose files are all in the store with their sizes; it merges 
 results (same checksums, same statistics, in batch order), so the published epoch is byte for byte the
 same, and runs only the other parts. A record that does not match is deleted and its part runs again; the
 epoch's ``restarted`` says why, as for a journal. Publication deletes every object under the epoch that is
-not one of its files, records included (:meth:`~pgprefetch.store.s3.S3Store.publish`), before the manifest.
+not one of its files, records included (:meth:`~pgprefetch.store.base.Store.publish`), before the manifest.
 
 A record is an ``.npz`` of plain arrays, read without pickles: a bucket holds data, never code to run.
 """
@@ -32,7 +32,7 @@ import numpy as np
 
 from pgprefetch.store.base import epoch_name
 from pgprefetch.store.journal import difference
-from pgprefetch.store.s3 import S3Store
+from pgprefetch.store.objects import ObjectStore
 
 log = logging.getLogger("pgprefetch")
 FOLDER = "_parts"  # under the partial epoch's prefix; never part of a published epoch
@@ -91,13 +91,13 @@ def record_key(epoch: int, index: int) -> str:
     return f"{epoch_name(epoch)}/{FOLDER}/part-{index:05d}.npz"
 
 
-def put_record(store: S3Store, epoch: int, record: PartRecord) -> None:
+def put_record(store: ObjectStore, epoch: int, record: PartRecord) -> None:
     """Record a finished part (every file it lists already uploaded)."""
     store.put(record_key(epoch, record.index), record.encode())
 
 
 def usable(
-    store: S3Store, epoch: int, header: dict[str, Any], ranges: list[range]
+    store: ObjectStore, epoch: int, header: dict[str, Any], ranges: list[range]
 ) -> tuple[list[PartRecord], str | None]:
     """The records of ``epoch``'s parts a rerun keeps, and why others were not kept (None: all were).
 
@@ -110,7 +110,7 @@ def usable(
 
 
 def judged(
-    store: S3Store, epoch: int, header: dict[str, Any], ranges: list[range] | None
+    store: ObjectStore, epoch: int, header: dict[str, Any], ranges: list[range] | None
 ) -> tuple[list[PartRecord], list[str], str | None]:
     """The records :func:`usable` keeps, the keys of the others, and why; nothing deleted.
 

@@ -76,6 +76,11 @@ def staging_name(location: str) -> str:
 class S3Store(Store):
     """Epochs under ``s3://bucket/prefix``."""
 
+    @property
+    def object_store(self) -> S3Store:
+        """An object store: itself."""
+        return self
+
     def __init__(self, location: str) -> None:
         self.location = str(store_location(location, "store"))  # s3://bucket/prefix, normalised
         self.bucket, _, self.prefix = self.location.removeprefix("s3://").partition("/")

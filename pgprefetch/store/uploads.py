@@ -12,13 +12,11 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
 
 import google_crc32c
 
 from pgprefetch.store.base import Uploader, epoch_name
-from pgprefetch.store.folders import Place
-from pgprefetch.store.lease import Lease
+from pgprefetch.store.objects import ObjectStore
 
 UPLOAD_THREADS = 4  # files in flight; each is read whole (a shard, about 64 MiB) before its PUT
 
@@ -28,25 +26,6 @@ def upload_log(partial: Path) -> Path:
     return partial.with_name(f"{partial.name}.uploads")
 
 
-class Bucket(Protocol):
-    """What uploading needs of an object store: the staged epoch, the epoch's lease, sizes and puts."""
-
-    def partial_path(self, epoch: int) -> Path:
-        """The local folder the epoch is staged in."""
-
-    def place(self, path: Path) -> Place:
-        """A path of the staging folder, as the place it is written at (no link followed below the anchor)."""
-
-    def held_lease(self, epoch: int) -> Lease | None:
-        """The lease this process holds on the epoch, if any."""
-
-    def size(self, key: str) -> int | None:
-        """The size of the object at ``key``, None if there is none."""
-
-    def put(self, key: str, data: bytes) -> None:
-        """Store ``data`` at ``key`` (errors mapped to the store's own, once, by the backend)."""
-
-
 class Uploads(Uploader):
     """Uploads the files of a staged epoch from a few threads, skipping those already uploaded unchanged.
 
@@ -54,7 +33,7 @@ class Uploads(Uploader):
     file whole). Leaving the block waits for every upload and raises the first failure.
     """
 
-    def __init__(self, store: Bucket, epoch: int) -> None:
+    def __init__(self, store: ObjectStore, epoch: int) -> None:
         self.store = store
         self.epoch = epoch
         self.partial = store.partial_path(epoch)

@@ -123,3 +123,22 @@ def dump_on_a_full_disk(argv: list[str], limit: int, timeout: float = 60) -> sub
 
 # What a dump that could not write says after its error, on any store.
 RESUME_HINT = "free some space and run the dump again: it resumes where it stopped"
+
+
+class StopAfter:
+    """A progress hook that fails the dump after ``writes`` units were written (an interrupted dump).
+
+    A unit is one batch only when fetching a batch is slow (``slow=True`` configs). The resumed batches a
+    dump announces first (no bytes) are not a write.
+    """
+
+    def __init__(self, writes: int) -> None:
+        self.left = writes
+
+    def start(self, epoch: int, n_samples: int) -> None: ...
+    def close(self) -> None: ...
+    def advance(self, samples: int, nbytes: int) -> None:
+        if nbytes:
+            self.left -= 1
+            if self.left == 0:
+                raise RuntimeError("interrupted")

@@ -41,8 +41,8 @@ from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import ArraySpec, Store
+from pgprefetch.store.objects import ObjectStore
 from pgprefetch.store.records import PartRecord, usable
-from pgprefetch.store.s3 import S3Store
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.files.writer import EpochWriter
@@ -131,7 +131,7 @@ class RayExecutor:
         if not ray.is_initialized():
             self._started = join(self.address) or self._started
         plan = source.plan
-        remote = store if isinstance(store, S3Store) else None
+        remote = store.object_store
         force = remote is not None and remote.is_complete(plan.epoch)  # staged, then uploaded (.staged)
         ranges = self._ranges(cfg, store, source, writer)
         kept, restarted = _kept(remote, writer, ranges, progress, fresh) if remote and not force else ([], None)
@@ -197,7 +197,7 @@ class RayExecutor:
         writer: EpochWriter,
         specs: list[PartSpec],
         progress: Progress | None,
-        staged: S3Store | None,
+        staged: ObjectStore | None,
     ) -> tuple[list[PartResult], list[int]]:
         """Run the parts with batches to write; their results and each part's attempts.
 
@@ -275,7 +275,7 @@ class RayExecutor:
 
 
 def _kept(
-    store: S3Store, writer: EpochWriter, ranges: list[range], progress: Progress | None, fresh: bool
+    store: ObjectStore, writer: EpochWriter, ranges: list[range], progress: Progress | None, fresh: bool
 ) -> tuple[list[PartRecord], str | None]:
     """The parts an interrupted dump finished and recorded in the object store, kept; why others were not.
 

@@ -29,7 +29,6 @@ from pgprefetch.pg.session import BatchReader
 from pgprefetch.store.base import ArraySpec
 from pgprefetch.store.open import open_store
 from pgprefetch.store.records import PartRecord, put_record
-from pgprefetch.store.s3 import S3Store
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.files.stats import EpochStats
@@ -142,7 +141,7 @@ async def _write_part(
     plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
     async with _source(spec, plan, scan) as source:
-        bucket = store if isinstance(store, S3Store) and not spec.defer else None  # (open_store: S3Store or local)
+        bucket = store.object_store if not spec.defer else None  # (an object store's parts upload their files)
         # Up to the object store (unless --force stages), or back to the shared disk, as each file is finished.
         if store.local_root is not None:
             sending: Any = store.uploader(spec.epoch)

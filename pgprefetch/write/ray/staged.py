@@ -23,9 +23,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pgprefetch.errors import PgprefetchError
+from pgprefetch.store.objects import ObjectStore
 from pgprefetch.store.open import open_store
 from pgprefetch.store.records import put_record
-from pgprefetch.store.s3 import S3Store
 from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.ray.cluster import TASK_RETRIES, failure
 from pgprefetch.write.ray.part import PartResult, PartSpec, record
@@ -34,8 +34,8 @@ from pgprefetch.write.ray.part import PartResult, PartSpec, record
 @ray.remote(num_cpus=0, max_retries=TASK_RETRIES)
 def upload_part(spec: PartSpec, header: dict[str, Any], result: PartResult) -> None:
     """On the node that staged part ``spec``: upload its files, then record it."""
-    store = open_store(spec.location)
-    assert isinstance(store, S3Store)
+    store = open_store(spec.location).object_store
+    assert store is not None, "staged parts upload to an object store"
     partial = store.partial_path(spec.epoch)
     with Uploads(store, spec.epoch) as uploads:
         for relative in result.files:
@@ -44,7 +44,11 @@ def upload_part(spec: PartSpec, header: dict[str, Any], result: PartResult) -> N
 
 
 def upload_staged(
-    store: S3Store, specs: list[PartSpec], results: list[PartResult], header: dict[str, Any], options: dict[str, Any]
+    store: ObjectStore,
+    specs: list[PartSpec],
+    results: list[PartResult],
+    header: dict[str, Any],
+    options: dict[str, Any],
 ) -> list[PartSpec]:
     """Remove the published epoch, then upload every part's staged files from its node.
 
