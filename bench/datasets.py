@@ -14,7 +14,7 @@ import numpy as np
 
 from pgprefetch.demo.data import load_rows, load_sequences, row_count, sequence_counts
 from pgprefetch.sqltext import replace_params
-from pgprefetch.write.order.shuffle import n_batches, shuffle_keys
+from pgprefetch.write.order.shuffle import n_batches, order_part
 
 CONNECTIONS = 8
 SEED = 0
@@ -118,7 +118,7 @@ class Dataset:
         """The dump's epoch-0 keys in its order, shape ``(n_key_columns, n)``: only the samples it writes."""
         records = await conn.fetch(self.keys)
         keys = np.ascontiguousarray(np.array(records, dtype=np.int64).reshape(len(records), -1).T)
-        keys = shuffle_keys(keys, seed=SEED, epoch=EPOCH)
+        keys = keys[:, order_part(keys, seed=SEED, epoch=EPOCH)[0]]
         n = keys.shape[1]
         if self.drop_last:
             n = n_batches(n, self.batch_size, True) * self.batch_size

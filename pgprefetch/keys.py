@@ -90,11 +90,6 @@ class KeyColumns:
         """Slots in the ``keys`` array: one per integer column, two per uuid."""
         return len(self.names) + sum(self.uuids)
 
-    @property
-    def has_uuid(self) -> bool:
-        """Whether any key column is a uuid."""
-        return any(self.uuids)
-
     def column_of_slot(self, slot: int) -> str:
         """The name of the column slot ``slot`` belongs to."""
         for name, is_uuid in zip(self.names, self.uuids, strict=True):

@@ -15,7 +15,7 @@ from pgprefetch.decode import wire
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.statement import batch_statement
-from pgprefetch.write.order.shuffle import shuffle_keys
+from pgprefetch.write.order.shuffle import order_part
 from pgprefetch.write.pipeline import dump_epoch
 
 from .harness.configs import SEQUENCES, s_config, write_config
@@ -239,7 +239,8 @@ def test_one_row_samples_arriving_out_of_key_order_are_put_back_in_order(s_table
     execute(
         s_table, f"ALTER DATABASE {name} SET enable_nestloop = off", f"ALTER DATABASE {name} SET enable_hashjoin = off"
     )
-    keys = shuffle_keys(np.arange(1, S_ROWS + 1, dtype=np.int64).reshape(1, -1), seed=0, epoch=0)
+    ids = np.arange(1, S_ROWS + 1, dtype=np.int64).reshape(1, -1)
+    keys = ids[:, order_part(ids, seed=0, epoch=0)[0]]
     column = Column("v", "float4", is_array=False)
     sql = batch_statement("SELECT v FROM s WHERE id = $1", KeyColumns(("id",)), [column], rows=1)
     ordinals = wire.flat(fetch(s_table, sql, keys[0, :16].tolist())[0][0], np.dtype(">i4"))

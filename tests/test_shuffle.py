@@ -8,9 +8,21 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pgprefetch.write.order import shuffle
-from pgprefetch.write.order.shuffle import _tied_runs, epoch_order, n_batches, shuffle_keys, subsample
+from pgprefetch.write.order.shuffle import _tied_runs, epoch_order, n_batches, order_part
 
 from .harness.properties import epochs, key_arrays, seeds
+
+
+def shuffle_keys(keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0) -> np.ndarray:
+    """``keys`` in the epoch's order by the dump's one ordering (:func:`order_part`): repeats once, ``fraction``."""
+    order, _ = order_part(keys, seed=seed, epoch=epoch, fraction=fraction)
+    return keys[:, order]
+
+
+def subsample(keys: np.ndarray, *, seed: int, epoch: int, fraction: float) -> np.ndarray:
+    """The keys ``fraction`` keeps in an epoch, in key order as given (the set :func:`order_part` orders)."""
+    kept = order_part(keys, seed=seed, epoch=epoch, fraction=fraction)[0]
+    return np.ascontiguousarray(keys[:, np.sort(kept)])
 
 
 def keys_of(n: int, columns: int = 2, rng_seed: int = 1) -> np.ndarray:
@@ -50,8 +62,8 @@ def test_order_does_not_depend_on_the_order_keys_arrive_in(
     arrived = np.ascontiguousarray(keys[:, data.draw(st.permutations(range(keys.shape[1])))])
     expected = keys[:, epoch_order(keys, seed=seed, epoch=epoch)]
     assert np.array_equal(arrived[:, epoch_order(arrived, seed=seed, epoch=epoch)], expected)
-    dropped = shuffle_keys(keys.copy(), seed=seed, epoch=epoch, duplicates="drop")  # repeats dropped alike too
-    assert np.array_equal(dropped, shuffle_keys(arrived, seed=seed, epoch=epoch, duplicates="drop"))
+    dropped = shuffle_keys(keys.copy(), seed=seed, epoch=epoch)  # repeats dropped alike too
+    assert np.array_equal(dropped, shuffle_keys(arrived, seed=seed, epoch=epoch))
 
 
 def test_equal_hashes_are_ordered_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,7 +103,7 @@ def test_subsample_is_deterministic_uniform_and_new_each_epoch(
     assert np.array_equal(a, again)
     assert abs(a.shape[1] / 100_000 - fraction) < 0.01  # 6 standard deviations or more
     assert not np.array_equal(a, other)
-    assert subsample(k, seed=seed, epoch=epoch, fraction=1.0) is k
+    assert np.array_equal(subsample(k, seed=seed, epoch=epoch, fraction=1.0), k)
 
 
 @given(keys=key_arrays(repeats=False), seed=seeds, epoch=epochs, fraction=st.floats(0.0, 1.0))

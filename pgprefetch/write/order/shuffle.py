@@ -113,66 +113,6 @@ def _repeats(keys: np.ndarray, order: np.ndarray, runs: list[tuple[int, int]]) -
     return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
 
-def subsample(keys: np.ndarray, *, seed: int, epoch: int, fraction: float) -> np.ndarray:
-    """The keys kept by the epoch's deterministic ``fraction`` subset (all of them when it is 1)."""
-    if fraction >= 1.0:
-        return keys
-    h = key_hash(keys, seed=seed, epoch=epoch, stream=_SAMPLE_STREAM)
-    threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
-    return np.ascontiguousarray(keys[:, h < threshold])  # column-major layout kept: each key column contiguous
-
-
-class DuplicateKeysError(ValueError):
-    """The keys hold ``count`` repeated keys; ``examples`` (``(n_key_columns, m)``) are the first, in key order."""
-
-    def __init__(self, examples: np.ndarray, count: int) -> None:
-        super().__init__(f"{count} duplicate key(s)")
-        self.examples = examples
-        self.count = count
-
-
-def shuffle_keys(
-    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, duplicates: str = "error"
-) -> np.ndarray:
-    """Order, de-duplicate and subsample the epoch's keys, shape ``(n_key_columns, n)`` int64.
-
-    A key present twice would be two samples of one epoch, so repeated keys raise
-    :class:`DuplicateKeysError` (``duplicates="error"``) or are kept once (``"drop"``). Equal keys hash
-    alike, so they are found among the tied hashes the sort looks at anyway, on every key whatever the
-    ``fraction``. The subsample is taken from the ordered keys: the order of a subset is the full order
-    restricted to it, so this is the same order as shuffling the subset alone.
-
-    Reorders ``keys`` in place (one key column at a time) and returns it, or a smaller copy: the extra
-    memory is two int64 per key (hash and order), never a second copy of the keys unless keys are dropped.
-    """
-    return shuffle_and_count(keys, seed=seed, epoch=epoch, fraction=fraction, duplicates=duplicates)[0]
-
-
-def shuffle_and_count(
-    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, duplicates: str = "error"
-) -> tuple[np.ndarray, int]:
-    """:func:`shuffle_keys`, also returning how many repeated keys were dropped."""
-    index, dropped = epoch_indices(keys, seed=seed, epoch=epoch, fraction=fraction, duplicates=duplicates)
-    if index.size < keys.shape[1]:
-        return np.ascontiguousarray(keys[:, index]), dropped
-    for column in keys:  # a permutation: in place, one key column at a time
-        column[:] = column[index]
-    return keys, dropped
-
-
-def epoch_indices(
-    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, duplicates: str = "error"
-) -> tuple[np.ndarray, int]:
-    """The indices of the epoch's samples in ``keys``, in the epoch's order, and the repeats dropped.
-
-    What :func:`shuffle_keys` orders, as indices: scan mode gathers its samples' rows with them.
-    """
-    order, repeats = order_part(keys, seed=seed, epoch=epoch, fraction=fraction)
-    if repeats.count and duplicates != "drop":
-        raise DuplicateKeysError(repeats.examples, repeats.count)
-    return order, repeats.count
-
-
 @dataclass(frozen=True)
 class Repeats:
     """Repeated keys found while ordering: how many, and the first few (``(n_key_columns, <= 5)``, in key order)."""
