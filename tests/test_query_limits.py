@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,19 +27,17 @@ BIG = 20 * MIB  # each big value: 20 MB (5M real elements, 20M bytes of text and
 CHARACTERS = "aé日🎉"  # 1..4-byte UTF-8 characters: a cut at 16 bytes lands inside some
 
 
-def peak_dump(cfg: Path, dsn: str) -> tuple[int, str, int, float]:
-    """``pgprefetch dump`` of epoch 0 in a subprocess: exit code, stderr, peak RSS in bytes, seconds.
+def peak_dump(cfg: Path, dsn: str) -> tuple[int, str, int]:
+    """``pgprefetch dump`` of epoch 0 in a subprocess: exit code, stderr, peak RSS in bytes.
 
     The child is waited for with ``wait4``, which gives its own peak (not that of every child so far).
     """
     argv = [sys.executable, "-m", "pgprefetch", "dump", "--config", str(cfg), "--epoch", "0", "--dsn", dsn]
-    start = time.monotonic()
     with open(cfg.parent / "stderr.txt", "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, cwd=cfg.parent)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
-    seconds = time.monotonic() - start
-    return proc.returncode, (cfg.parent / "stderr.txt").read_text(), usage.ru_maxrss * 1024, seconds
+    return proc.returncode, (cfg.parent / "stderr.txt").read_text(), usage.ru_maxrss * 1024
 
 
 @pytest.fixture
@@ -75,14 +72,13 @@ def test_big_values_cut_by_max_length_are_cut_on_the_server(big: str, tmp_path: 
     small_folder, big_folder = tmp_path / "small", tmp_path / "big"
     small_folder.mkdir()
     big_folder.mkdir()
-    code, err, baseline, _ = peak_dump(big_config(small_folder, "> 100", truncate=truncate), big)
+    code, err, baseline = peak_dump(big_config(small_folder, "> 100", truncate=truncate), big)
     assert code == 0, err
-    code, err, peak, seconds = peak_dump(big_config(big_folder, "<= 4", truncate=truncate), big)
+    code, err, peak = peak_dump(big_config(big_folder, "<= 4", truncate=truncate), big)
     assert code == 0, err
     # Sent whole, the 4 samples are 4 x 60 MB on the wire (arrays with their element lengths: 40 MB each),
     # read into one batch: hundreds of MiB above the small dump. Cut on the server, they are 16 elements.
     assert peak - baseline < 48 * MIB, f"peak RSS {peak / MIB:.0f} MiB against {baseline / MIB:.0f} MiB"
-    assert seconds < 60
     # The bytes are those the client's cut keeps from the whole values
     arrays = read_arrays(dump_in_process(big_config(tmp_path, "<= 4", truncate=truncate, size=4), big))
     stored = {name: v.reshape(-1, *v.shape[2:]) for name, v in arrays.items()}
@@ -101,9 +97,9 @@ def test_big_values_cut_by_max_length_are_cut_on_the_server(big: str, tmp_path: 
 def test_a_big_value_longer_than_max_length_is_an_error_without_reading_it_whole(big: str, tmp_path: Path) -> None:
     folder = tmp_path / "small"
     folder.mkdir()
-    code, err, baseline, _ = peak_dump(big_config(folder, "> 100", truncate="error"), big)
+    code, err, baseline = peak_dump(big_config(folder, "> 100", truncate="error"), big)
     assert code == 0, err
-    code, err, peak, _ = peak_dump(big_config(tmp_path, "<= 4", truncate="error"), big)
+    code, err, peak = peak_dump(big_config(tmp_path, "<= 4", truncate="error"), big)
     assert code != 0
     assert "field a, column a has more elements than max_length 16" in err, err
     assert "sample (id=" in err
@@ -141,16 +137,14 @@ def test_a_sample_with_millions_of_rows_is_an_error_before_they_are_read(many: s
         "connections": 1,
     }
     base = write_config(small_folder, keys="SELECT id FROM many WHERE id BETWEEN 8 AND 23 GROUP BY id", **shape)
-    code, err, baseline, _ = peak_dump(base, many)
+    code, err, baseline = peak_dump(base, many)
     assert code == 0, err
     cfg = write_config(tmp_path, keys="SELECT DISTINCT id FROM many WHERE id <= 16", **shape)
-    code, err, peak, seconds = peak_dump(cfg, many)
+    code, err, peak = peak_dump(cfg, many)
     assert code != 0
     # Read whole, 3M rows are 36 MB of values and 24 MB of ordinals on the wire, then copies of them
     assert peak - baseline < 32 * MIB, f"peak RSS {peak / MIB:.0f} MiB against {baseline / MIB:.0f} MiB"
     assert f"sample (id=7): returned more than {rows} rows, expected {rows} ([samples] rows)" in err, err
-    # A loose bound (the peak above is the proof): 10 s alone, 31 s once under the whole suite on 2 cores
-    assert seconds < 90
 
 
 def test_a_sample_with_too_many_rows_in_the_row_wise_statement_is_named(many: str, tmp_path: Path) -> None:
@@ -164,10 +158,9 @@ def test_a_sample_with_too_many_rows_in_the_row_wise_statement_is_named(many: st
         size=16,
         connections=1,
     )
-    code, err, _, seconds = peak_dump(cfg, many)
+    code, err, _ = peak_dump(cfg, many)
     assert code != 0
     assert "sample (id=7): returned more than 1 rows, expected 1 ([samples] rows)" in err, err
-    assert seconds < 30
 
 
 @pytest.mark.parametrize("truncate", ["right", "left"])

@@ -234,11 +234,16 @@ def test_wait_blocks_until_the_epoch_is_published(store: Path, tmp_path: Path) -
     copy = tmp_path / "s.zarr"
     shutil.copytree(store, copy)
     (copy / "epoch-00001").rename(copy / "later")
-    t = threading.Timer(0.5, lambda: (copy / "later").rename(copy / "epoch-00001"))
+    published = threading.Event()
+
+    def publish() -> None:
+        published.set()  # set first: a reader that returns has seen it, or returned before publication
+        (copy / "later").rename(copy / "epoch-00001")
+
+    t = threading.Timer(0.5, publish)
     t.start()
-    started = time.monotonic()
     ds = EpochDataset(copy, epoch=1, wait=True, timeout=30)
-    assert time.monotonic() - started >= 0.4
+    assert published.is_set()  # it waited for the epoch, not returned before it was there
     assert len(ds) > 0
 
 

