@@ -12,6 +12,8 @@ Jobs (issue #39's table; ``--quick`` divides the rows by 10):
 - *rows3*: scan mode, one row a sample, 3M rows of ``bigint`` + 2 ``int``.
 - *rows17*: scan mode, 2M rows of ``bigint`` + 16 ``real`` + 1 ``int``.
 - *windows8* / *windows1*: scan mode, 48-row windows of a 3.6M-row table at stride 8 (and 1).
+- *mixed*: the new user's case of #52, a 3.19M-row scan source (``bigint`` + 2 ``int``) beside two query
+  sources of 20,000 keys. A budget it does not hold is a refusal naming the least ``--memory``: recorded.
 """
 
 from __future__ import annotations
@@ -90,6 +92,28 @@ JOBS = {
         + STORE,
     ),
 }
+MIXED_SOURCE = (
+    '[samples.{name}]\nweight = 1\nkeys = "SELECT id FROM {t}_{name}"\n'
+    'query = "SELECT a, b FROM {t}_{name} WHERE id = $1"\n\n'
+)
+SMALL = _rows_table("a int NOT NULL, b int NOT NULL", "i % 1000, i % 77").replace("{n}", "20000")
+JOBS["mixed"] = Job(
+    "mixed",
+    3_190_000,
+    ";".join(
+        [
+            _rows_table("a int NOT NULL, b int NOT NULL", "i % 1000, i % 77"),
+            SMALL.replace("{t}", "{t}_web"),
+            SMALL.replace("{t}", "{t}_docs"),
+        ]
+    ),
+    '[samples.events]\nweight = 2\ntable = "{t}"\nkey = ["id"]\n\n'
+    + MIXED_SOURCE.format(name="web", t="{t}")
+    + MIXED_SOURCE.format(name="docs", t="{t}")
+    + '[fields.x]\ncolumns = ["a", "b"]\ndtype = "int32"\n\n'
+    + BATCHES.format(size=1024)
+    + STORE,
+)
 WINDOWS_TABLE = (
     "CREATE TABLE {t} (series_id int NOT NULL, t int NOT NULL, f0 real NOT NULL, f1 real NOT NULL, "
     "label smallint NOT NULL);"
@@ -110,12 +134,16 @@ for _stride in (8, 1):
 
 @dataclass(frozen=True)
 class Run:
-    """One dump: wall seconds, peak RSS (bytes), the dump's own peak report, the epoch's digest."""
+    """One dump: wall seconds, peak RSS (bytes), the dump's own peak report, the epoch's digest.
+
+    ``refused``: the dump's one-line refusal (a budget a mixed epoch's scan source does not fit), if any.
+    """
 
     seconds: float
     peak: int
     reported: int
     digest: str
+    refused: str = ""
 
 
 def epoch_digest(store: Path) -> str:
@@ -142,6 +170,8 @@ def dump(job: Job, table: str, dsn: str, workdir: Path, memory: str) -> Run:
     seconds = time.perf_counter() - started
     *lines, last = p.stdout.strip().splitlines() or ["MAXRSS_KIB 0 RC -1"]
     _, kib, _, rc = last.split()
+    if int(rc) != 0 and lines and '"error"' in lines[-1]:
+        return Run(seconds, int(kib) * 1024, 0, "", refused=json.loads(lines[-1])["error"])
     if int(rc) != 0 or not lines:
         raise RuntimeError(f"dump of {table} under {memory} failed: {p.stderr.strip()[-1500:]}")
     result = json.loads(lines[-1])
@@ -196,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{job.name}: {base} in {free.seconds:.2f} s")
             for b in budgets:
                 r = best(f"{job.name}_t", b)
+                if r.refused:
+                    least = r.refused.rsplit("--memory ", 1)[-1] if "--memory " in r.refused else "?"
+                    line = f"| {job.name} | {rows:,} | {b} | | | | | | | refused: least --memory {least} |"
+                    log(line)
+                    lines.append(line)
+                    continue
                 limit = floor.peak + parse_size(b) + SLACK
                 line = (
                     f"| {job.name} | {rows:,} | {b} | {r.peak / MIB:.0f} | {floor.peak / MIB:.0f} | "
