@@ -40,11 +40,14 @@ SORT_BYTES_PER_ROW = 16  # the sort of a read's keys: its order and the sorted c
 PASS_COPIES = 4  # a data pass's rows: the chunks, the joined columns, their sorted copy, the windows cut
 STRETCH_COPIES = 2  # a stretch's rows: the chunks, then the joined columns (put in order, never sorted by key)
 GATHER_BYTES = 8 * MIB  # the most samples gathered at once (a stretch's, a group of windows' piece)
+# The most rows a stretch holds, however large the budget: a stretch's gather misses the caches less than a
+# gather over the whole table (what makes rows past STRETCHES_ABOVE faster in stretches: docs/memory.md).
+STRETCH_MOST = 256 * MIB
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
 PLAN_BYTES_PER_SAMPLE = 32
-# Per row of a stretch (rows beyond memory, :mod:`pgprefetch.write.scan.strategy.stretches`): its order's hash, packed
-# copy and index, its tie runs, the ordered keys' copy and the gathered rows' index.
+# Per row of a stretch (:mod:`pgprefetch.write.scan.strategy.stretches`): its order's hash, packed copy and
+# index, its tie runs, the ordered keys' copy and the gathered rows' index.
 ORDER_BYTES_PER_ROW = 48
 
 
@@ -156,24 +159,19 @@ class Policy:
         """A stretch's decoded rows: :data:`STRETCH_COPIES` of them and their order, beside a gather of samples.
 
         Rows beyond memory read in the epoch's order hold no keys of the whole epoch, and the stretches are
-        all written before the writer's units are allocated: a stretch has what the heap leaves of the
-        budget, but the samples it gathers at once (a 16th of the data's share). (With a data pass's four
-        copies and the data's share alone, rows17 under 32 MiB took 42 stretches and peaked 19 MiB under
-        its budget, at twice the time in memory.)
+        all written before the writer's units exist: a stretch has what cutting may hold
+        (:meth:`cutting_bytes`) less the samples it gathers at once (a 16th of the data's share).
         """
         room = self.cutting_bytes() - self.data // 16
         rows = max(1.0, room / (STRETCH_COPIES * max(1.0, row_bytes) + ORDER_BYTES_PER_ROW))
-        return max(1, int(rows * row_bytes))
+        return max(1, min(STRETCH_MOST, int(rows * row_bytes)))
 
     def partition_hold_bytes(self) -> int:
         """The rows a partition holds before it writes them (twice at most: a block written, the next gathered).
 
-        While the table streams in, the writer's units are not allocated and nothing else is held but the
-        COPYs' undecoded bytes (:func:`~pgprefetch.write.scan.table.copy_drain_bytes`, a 4th of the data's
-        share, and their decoded rows): larger blocks are fewer writes, and fewer reads when a pass loads them
-        (at a 16th, rows17 under 32 MiB wrote 113 blocks a stretch: 1.84x the time in memory, 1.33x at a
-        4th). At most 16 MiB: a block is written while the COPYs' threads wait for the next to be taken, and
-        51 MB blocks (a 4th under 256 MiB) made rows17 1.55x the time in memory, 1.03x at 16 MiB.
+        While the table streams in, nothing else is held but the COPYs' undecoded bytes (a 4th of the data's
+        share): larger blocks are fewer writes, and fewer reads when a pass loads them. At most 16 MiB: a
+        block is written while the COPYs' threads wait for the next to be taken (docs/memory.md).
         """
         return max(MIB, min(self.data // 4, 16 * MIB))
 

@@ -1,16 +1,10 @@
 """The data passes of windows beyond memory, each loaded once: sorted, cut, and its rows kept for the batches.
 
 A table of windows larger than ``[source] memory`` is split by series into the data passes' files as it is
-read (:mod:`.partition`). Each pass is then loaded once (:func:`cut_passes`): its rows joined and sorted by
+read (:mod:`.partition`). Each pass is loaded once (:func:`cut_passes`): its rows joined and sorted by
 (key, order), cut into windows, and the sorted rows appended to the rows file (:mod:`.rowsfile`). Each
 window's key goes on to be ordered (:mod:`.keyspill`) with its start row in the rows file carried beside it,
-so the epoch's order hands the batches their windows' start rows directly, and the batches are gathered
-from the rows file (:mod:`.sweep`).
-
-Once: the keys pass used to read and sort each pass's key columns to cut its windows, and the data passes
-then loaded, sorted and cut the same rows again to find them (a third of the time beyond memory). Carried:
-each used window's start row was then found by its key, pass by pass, and spooled into the epoch's order (a
-sixth of the time under 32 MiB).
+so the epoch's order hands the batches their windows' start rows directly, and no pass is read twice.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""A table larger than ``[source] memory``, read once and split into passes of whole series on local disk.
+"""A table larger than ``[source] memory``, read once and split on local disk into passes that each fit it.
 
-The data passes of a table that does not fit (:mod:`pgprefetch.write.scan.passes`) used to COPY each key
-range of the table on its own (``WHERE (key) >= (lo) AND (key) < (hi)``), after a first COPY of the keys.
-Without an index on the key every such COPY scanned the whole table (a 3.6M-row table of windows under
-64 MiB: 4x the time of the dump in memory); with one, a table not stored in key order was read by index
-lookups scattered over its pages.
-
-Now the keys pass COPYs every column, once: its keys go to the keys pass as before, and each decoded chunk
-is split by a hash of its series key into buckets, appended column by column to the bucket's files (a
-distribution sort, as the spool does for batches). A bucket holds whole series, so a pass loads one
-bucket's files and joins, sorts and cuts them as a read range is. The number of buckets comes from the
-planner's row estimate; a bucket that still came out larger than a pass's share of the budget (a SELECT
-has no estimate) is split again on disk, a chunk of rows at a time, before any pass is loaded. The server
-reads the table once; the client writes and reads the decoded table once on local disk.
+Each decoded chunk of the one COPY is split by a hash into buckets, each appended to its bucket's column
+file (:mod:`pgprefetch.write.spill.columns`) a block at a time: a distribution sort. By the series key
+(:class:`Partition`), a bucket holds whole series, so a pass of windows loads one bucket and joins, sorts
+and cuts it as a table read whole is; by ranges of the epoch's order (:class:`EpochRanges`), a bucket is a
+stretch of the epoch. The server reads the table once, whatever its indexes, and no range of it is read by
+an index scattered over its pages. The number of buckets comes from the planner's row estimate; a bucket
+that still came out larger than a pass's share (a SELECT has no estimate) is split again on disk, a block of
+rows at a time, before any pass is loaded.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """The data passes' sorted rows, one after another on local disk, read back a stretch of rows at a time.
 
-A table larger than ``[source] memory`` is cut pass by pass (:mod:`.multipass`). The samples of an epoch are
-in no order a pass knows, so they used to be gathered pass by pass and spooled by batch group: for windows the
-spool was the epoch (64 times the table at stride 1), written, read back and written again; under a small
-budget its groups were many and its writes tiny (a 2.8 GB epoch of stride-1 windows under 32 MiB: 22x the
-time in memory). Now each pass's rows, sorted and cut, are appended here once (the table's size, not the
-epoch's); each window's start row here is carried with its key through the epoch's order (8 bytes a sample);
-and the batches are gathered from rows read back here in order (:mod:`.sweep`) by the code that gathers from
-a table in memory, so their bytes are the same.
+A table of windows larger than ``[source] memory`` is cut pass by pass (:mod:`.cutpasses`), and the epoch's
+windows lie in no order a pass knows. So each pass's sorted rows are appended here once (the table's size,
+not the epoch's, which is the table times the window at stride 1); each window's start row here is carried
+with its key through the epoch's order; and the batches are gathered from rows read back here in order
+(:mod:`.sweep`) by the code that gathers from a table in memory, so their bytes are the same.
 
-The rows are read with ``preadv`` into buffers held for the dump, not mapped: a window's rows are 1-2 pages
-of each file, and a gather from a mapping faulted them in one at a time (and out again, to hold the budget),
-10 µs a fault on a virtual machine, most of the time of the dump.
+The rows are read with ``pread`` into buffers held for the dump, not mapped: a window's rows are a page or
+two of each column, and a gather from a mapping faults them in one at a time (and out again, to hold the
+budget).
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Windows beyond memory gathered a group of batches at a time, by reading the rows file forward.
 
-The data passes (:mod:`.multipass`) leave the table's rows sorted on local disk (:mod:`.rowsfile`), and the
-epoch's order carries each window's start row there (:mod:`.keyspill`). The epoch's windows lie anywhere
-in the rows. Gathered a batch at a time, from a mapping, each window faulted its 1-2 pages of each file in,
-and the pages went out again after the batch to hold the budget: 7 million faults for 2.8 GB of 48-row
-windows at stride 1, at 10 µs each on a virtual machine, three times the dump's time in memory.
-
-Here the writer's batches are gathered a *group* at a time, as many as the budget holds: the group's windows
-are sorted by start row, the rows file is read forward in pieces (skipping stretches no window of the group
-starts in), and each piece's windows are gathered by the code that gathers from a table in memory
-(:func:`~.table.gather`), into the group's arrays in start order. A unit's batches are then taken from them in
-the epoch's order. A group costs one read of the rows it touches (6 GB/s from the page cache), shared by its
-thousands of windows, instead of a fault per page per window.
+The data passes leave the table's rows sorted on local disk (:mod:`.rowsfile`), and the epoch's order carries
+each window's start row there (:mod:`.keyspill`); the epoch's windows lie anywhere in the rows. Gathered a
+batch at a time, each window would fault its page or two of each column in, and out again to hold the
+budget. So the writer's batches are gathered a *group* at a time, as many as the budget holds: the group's
+windows are sorted by start row, the rows file is read forward in pieces (skipping stretches no window of
+the group starts in), and each piece's windows are gathered by the code that gathers from a table in memory
+(:func:`~.table.gather`), into the group's arrays in start order. A unit's batches are then taken from them
+in the epoch's order: one read of the rows a group touches, shared by its thousands of windows.
 """
 
 from __future__ import annotations
