@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -109,3 +110,41 @@ def test_a_read_that_outgrows_memory_goes_on_beyond_it_and_reads_the_table_once(
     assert any("outgrew [source] memory" in r.getMessage() for r in caplog.records)  # and went on beyond it
     whole = dump(scan_config(tmp_path / "w", **samples), db)
     assert chunk_bytes(spilled.path) == chunk_bytes(whole.path)
+
+
+def test_a_read_coded_again_with_a_new_category_then_handed_over_records_the_lists_it_coded_with(
+    db: str, tmp_path: Path
+) -> None:
+    """The store's lists lack a value: the read coded against them outgrows 1 MiB, and is read beyond memory.
+
+    The read coded against the store's lists is given up (rows kept on disk must be coded for good); the
+    values are read and the table read again beyond memory. The epoch's plan (and manifest) must carry the
+    lists the rows were coded with, not the store's older ones.
+    """
+    from .harness.db import execute
+
+    execute(
+        db,
+        "CREATE TABLE tagged (id bigint NOT NULL, v real NOT NULL, tag text NOT NULL)",
+        "INSERT INTO tagged SELECT i, i * 0.5, 't' || (i % 3) FROM generate_series(1, 60000) i",
+    )
+    samples = {
+        "table": "SELECT * FROM tagged",  # no estimate: read as if it fit
+        "key": "id",
+        "fields": {"v": (["v"], "float32"), "tag": (["tag"], "int8")},
+    }
+
+    def config(folder: Path, extra: str) -> Path:
+        path = scan_config(folder, **samples, extra=extra)
+        path.write_text(path.read_text().replace('columns = ["tag"]', 'columns = ["tag"]\ncategories = "auto"'))
+        return path
+
+    tiny, whole = config(tmp_path / "s", TINY_SOURCE), config(tmp_path / "w", "")
+    for cfg in (tiny, whole):
+        dump(cfg, db, 0, memory="1GiB")  # the store's lists: t0, t1, t2
+    execute(db, "UPDATE tagged SET tag = 'new' WHERE id = 5")
+    spilled, held = dump(tiny, db, 1), dump(whole, db, 1)
+    assert 2 * 60000 < spilled.rows_read < 3 * 60000  # part of a read given up, the distinct values, the read
+    stored = json.loads((spilled.path / "zarr.json").read_text())["attributes"]["pgprefetch"]
+    assert stored["fields"]["tag"]["categories"] == ["t0", "t1", "t2", "new"]
+    assert chunk_bytes(spilled.path) == chunk_bytes(held.path)

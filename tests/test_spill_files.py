@@ -105,3 +105,26 @@ def test_a_file_name_taken_in_the_folder_is_refused_not_written_through(tmp_path
     with pytest.raises((StoreError, FileExistsError)):
         ColumnFile(folder.create("planted")).append(_chunk(0, 2))
     assert (tmp_path / "target").read_text() == "x"
+
+
+def test_a_short_write_goes_on_from_where_it_stopped_without_copying_the_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pwritev`` may write less than asked (2 GiB at most a call, a signal): the rest follows, byte for byte."""
+    import os
+
+    from pgprefetch.write.files import io
+
+    real = os.pwritev
+
+    def at_most_7(fd: int, buffers: list[memoryview], offset: int) -> int:
+        return real(fd, [bytes(b"".join(bytes(b) for b in buffers[:2]))[:7]], offset)
+
+    pieces = [np.arange(n, dtype=np.uint8).data for n in (3, 0, 10, 1, 25)]
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        monkeypatch.setattr(io.os, "pwritev", at_most_7)
+        assert io.pwritev_all(fd, pieces, 4) == 39
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"\0" * 4 + b"".join(bytes(p) for p in pieces)

@@ -60,8 +60,8 @@ memory_options = [
         "--scratch",
         metavar="FOLDER",
         type=click.Path(file_okay=False),
-        help="Where keys beyond --memory are ordered on disk (default: beside the store's partial epoch; check's, "
-        "a temporary folder); overrides [source].",
+        help="Where every file beyond --memory goes (keys, a scan's rows; default: beside the store's partial "
+        "epoch; check's, a temporary folder); overrides [source].",
     ),
 ]
 

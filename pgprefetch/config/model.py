@@ -73,8 +73,8 @@ class SourceConfig:
     """What a dump holds at once. Query mode: the keys and the shuffle's temporaries; more keys are ordered on
     disk (:mod:`pgprefetch.write.order.spill`). Scan mode: the table data; a larger table is read in range passes."""
     scratch: Path | None = None
-    """The local folder keys beyond ``memory`` are ordered in (``dump --scratch``); None: beside the store's
-    partial epoch. Each epoch's files are removed when it is published or the dump fails."""
+    """The local folder every file a dump writes beyond ``memory`` goes in (``dump --scratch``: keys, a scan's
+    rows); None: beside the store's partial epoch. Removed when the epoch is published or the dump fails."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,6 +47,8 @@ log = logging.getLogger("pgprefetch")
 FORMAT_VERSION = 1
 WAIT_NOTICE_S = 60.0  # a reader waiting for an epoch says so this often (and at once when no store is there)
 KEYS_ARRAY = "keys"
+# A partial epoch's spill folder, and the keys folder a dump before the one spill folder (#52) left in its place.
+SPILL_SUFFIXES = (".spill", ".keys")
 META_DIR = ".pgprefetch"
 ROOT_ATTRIBUTES = {"pgprefetch_store": {"format_version": FORMAT_VERSION}}
 VOCABULARY = f"{META_DIR}/categories.json"  # the store's category vocabularies (Store.vocabulary)
@@ -283,7 +285,7 @@ class Store(abc.ABC):
             return []
         with folder:
             names = folder.names()
-        found = epochs_in(n.removesuffix(".spill") for n in names if n.endswith(".spill"))
+        found = epochs_in(n.rsplit(".", 1)[0] for n in names if n.endswith(SPILL_SUFFIXES))
         partial = set(self.partial_epochs()) if found else set()
         return [e for e in found if e not in partial]
 

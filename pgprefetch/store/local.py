@@ -24,6 +24,7 @@ from pgprefetch.errors import ConfigError, StoreError, StoreNotFoundError
 from pgprefetch.store.base import (
     META_DIR,
     ROOT_ATTRIBUTES,
+    SPILL_SUFFIXES,
     Store,
     epoch_name,
     epochs_in,
@@ -214,7 +215,8 @@ class LocalStore(Store):
         with partial:
             self._remove(partial, name)
             partial.unlink(f"{name}.journal")
-            partial.remove(f"{name}.spill")
+            for suffix in SPILL_SUFFIXES:
+                partial.remove(f"{name}{suffix}")
             for old in partial.names():
                 if old.endswith(".replaced"):
                     partial.remove(old)

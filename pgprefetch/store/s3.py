@@ -39,6 +39,7 @@ from pgprefetch.errors import StoreError, StoreNotFoundError
 from pgprefetch.store.base import (
     META_DIR,
     ROOT_ATTRIBUTES,
+    SPILL_SUFFIXES,
     Store,
     Uploader,
     epoch_name,
@@ -257,7 +258,8 @@ class S3Store(Store):
         return folder_bytes(self.partial_path(epoch)) + sum(int(m["size"]) for m in remote), mtime
 
     def remove_partial(self, epoch: int) -> None:
-        for path in (self.spill_path(epoch), self.journal_path(epoch)):
+        spills = [self.partial_path(epoch).with_name(f"{epoch_name(epoch)}{suffix}") for suffix in SPILL_SUFFIXES]
+        for path in (*spills, self.journal_path(epoch)):
             self.place(path).remove()  # no link followed below the staging folder (store.folders)
         self.remove_partial_staging(epoch)
         if not self.is_complete(epoch):

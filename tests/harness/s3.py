@@ -119,6 +119,7 @@ def moto_process() -> Iterator[tuple[int, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 @contextmanager

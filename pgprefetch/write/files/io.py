@@ -53,28 +53,27 @@ def pwritev_all(fd: int, pieces: Sequence[memoryview], offset: int) -> int:
     most of the time of splitting a table.
     """
     start = offset
-    for lo in range(0, len(pieces), IOV_MAX):
-        group = [p for p in pieces[lo : lo + IOV_MAX] if p.nbytes]
-        total = sum(p.nbytes for p in group)
-        done = os.pwritev(fd, group, offset) if group else 0
-        if done < total:  # a short write: the rest one call at a time
-            rest = memoryview(b"".join(group))[done:]
-            while rest:
-                written = os.pwrite(fd, rest, offset + total - rest.nbytes)
-                if written == 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                rest = rest[written:]
-        offset += total
+    left = [p.cast("B") for p in pieces if p.nbytes]
+    while left:
+        written = os.pwritev(fd, left[:IOV_MAX], offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        offset += written
+        while left and written >= left[0].nbytes:  # the pieces written whole go; a piece cut short is sliced
+            written -= left[0].nbytes
+            left.pop(0)
+        if written:
+            left[0] = left[0][written:]
     return offset - start
 
 
 @contextmanager
-def io_errors(where: Path | Place) -> Iterator[None]:
-    """Turn a failed read or write (a full disk, a read-only or vanished folder) into one line naming ``where``."""
+def io_errors(where: Path | Place, doing: str = "write") -> Iterator[None]:
+    """Turn a failed write (or read: ``doing``) into one line naming ``where``: a full disk, a vanished folder."""
     try:
         yield
     except OSError as e:
         hint = ""
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             hint = "; free some space and run the dump again: it resumes where it stopped"
-        raise StoreError(f"cannot write {where}: {e.strerror or e}{hint}") from None
+        raise StoreError(f"cannot {doing} {where}: {e.strerror or e}{hint}") from None

@@ -63,6 +63,7 @@ class MemoryPool:
 
     def _change(self, reservation: Reservation, delta: int) -> None:
         with self._lock:
+            delta = max(delta, -reservation.size)  # a shrink past what is held frees it, once
             total = self.held + delta
             if delta > 0 and self.checked and self.budget and total > self.budget:
                 holders = ", ".join(f"{r.name} {r.size / MIB:.1f} MiB" for r in self._holders.values() if r.size)
@@ -95,7 +96,6 @@ class Reservation:
 
     def shrink(self, nbytes: int) -> None:
         """Hold ``nbytes`` less (at most what is held)."""
-        nbytes = min(nbytes, self.size)
         if nbytes > 0:
             self.pool._change(self, -nbytes)
 
@@ -108,7 +108,7 @@ class Reservation:
 
     def free(self) -> None:
         """Hold nothing (the allocation is gone)."""
-        self.shrink(self.size)
+        self.shrink(1 << 62)
 
     def __enter__(self) -> Reservation:
         return self

@@ -23,8 +23,7 @@ from pgprefetch.pg.session import Shape, Snapshot
 from pgprefetch.write.memory.policy import MIB, Policy
 from pgprefetch.write.mix.passes import Chosen, Passes, choose
 from pgprefetch.write.plan import Vocabulary
-from pgprefetch.write.scan.shape import keys_only
-from pgprefetch.write.scan.table import TableTooLarge, read_table
+from pgprefetch.write.scan.table import TableTooLarge
 from pgprefetch.write.scan.whole import Coding, ScanRead, read_whole
 
 
@@ -154,8 +153,8 @@ async def _read_whole(
     try:
         read = await read_whole(cfg, snap, coding, shape)
     except TableTooLarge as e:
-        keys = await read_table(cfg, snap, keys_only(shape), budget=0)  # its rows, for the least budget
-        rows = int(keys.keys.shape[1])
+        # Its rows, for the least budget: counted by the server (a table beyond memory is not read here).
+        rows = int((await snap.fetch(f"SELECT count(*) FROM {shape.relation}", f"rows of {shape.relation}"))[0][0])
         raise _too_large(cfg, rows, len(shape.key_names), e, where, budget, held, scan_sources) from None
     assert read is not None, "read whole or refused: no hand-over"
     return read

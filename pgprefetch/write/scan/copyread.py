@@ -40,12 +40,13 @@ async def copy_ranges(
     decoders: list[CopyDecoder],
     *,
     take: Callable[[list[Columns]], None] | None = None,
-    check: Callable[[], None] | None = None,
+    check: Callable[[], Callable[[], None] | None] | None = None,
 ) -> None:
     """COPY each of ``ranges`` (a ``WHERE`` clause each) of ``shape`` on ``snapshot`` into its decoder.
 
     ``take``: each drain's decoded parts are handed to it (on a thread, one call at a time) and not kept.
-    ``check``: called on the loop after every chunk; what it raises stops the read and is raised.
+    ``check``: called on the loop after every chunk; what it raises stops the read and is raised, and what it
+    returns (work too long for the loop: handing a read over to disk) is run on a thread before the next chunk.
     The decoders are finished (trailer checked, the rest decoded) before this returns.
     """
     failed: list[BaseException] = []
@@ -65,8 +66,8 @@ async def copy_ranges(
                 if take is not None:
                     parts, decoder.parts = decoder.parts, []
                     await asyncio.to_thread(hand, parts)
-            if check is not None:
-                check()
+            if check is not None and (work := check()) is not None:
+                await asyncio.to_thread(work)
 
         return fed
 

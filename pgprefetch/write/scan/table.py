@@ -178,22 +178,29 @@ async def read_ranges(
     limit = budget
     outgrown = over if over is not None else (lambda rows, held: held > limit)
 
-    def check() -> None:
+    def measure() -> tuple[int, float]:
+        for d in decoders:
+            d.drain()  # decode what is held, to measure the rows' size
+        rows = sum(d.rows for d in decoders)
+        first = decoders[0].row
+        decoded = sum(d.decoded_bytes for d in decoders)
+        return rows, decoded / rows if rows else float(first.itemsize if first else 64)
+
+    def hand_over() -> None:  # on a thread: the rows decoded so far go to disk
+        assert overflow is not None
+        overflow.partition = partition = overflow.make(*measure())
+        for d in decoders:
+            d.overflow_into(partition.add)
+
+    def check() -> Callable[[], None] | None:
         nonlocal limit
-        held = sum(d.held_bytes for d in decoders)
-        if limit and outgrown(sum(d.rows for d in decoders), held):
-            for d in decoders:
-                d.drain()  # decode what is held, to measure the rows' size
-            rows = sum(d.rows for d in decoders)
-            decoded = sum(d.decoded_bytes for d in decoders)
-            first = decoders[0].row
-            per_row = decoded / rows if rows else float(first.itemsize if first else 64)
-            if overflow is None:
-                raise TableTooLarge(per_row, rows)
-            overflow.partition = partition = overflow.make(rows, per_row)
-            for d in decoders:
-                d.overflow_into(partition.add)
-            limit = 0  # the rest streams into the partition
+        if not (limit and outgrown(sum(d.rows for d in decoders), sum(d.held_bytes for d in decoders))):
+            return None
+        if overflow is None:
+            rows, per_row = measure()
+            raise TableTooLarge(per_row, rows)
+        limit = 0  # once: the rest streams into the partition
+        return hand_over
 
     with memory.current().reserve("copy", drain * len(ranges)):
         await copy_ranges(cfg.source, snapshot, shape, ranges, decoders, check=check)

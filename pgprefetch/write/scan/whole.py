@@ -86,18 +86,26 @@ class Coding:
         # The store's vocabulary has every "auto" field: code against it while reading, and read for the
         # distinct values only if the data holds one it lacks. Otherwise, one read for them all first.
         self.optimistic = known_vocabulary(cfg, vocabulary) is not None
+        self._current: ScanShape | None = None
+
+    @property
+    def current(self) -> ScanShape:
+        """The described table with the lists the COPY codes against now (the whole ones once completed)."""
+        assert self._current is not None, "shape() describes the table first"
+        return self._current
 
     async def shape(self) -> ScanShape:
         """The described table with its category lists (the store's, or read whole unless optimistic)."""
         shape = await describe_scan(self.cfg, self.snap)
-        return await self._coded(shape, whole=not self.optimistic)
+        self._current = await self._coded(shape, whole=not self.optimistic)
+        return self._current
 
-    async def complete(self, shape: ScanShape) -> ScanShape:
-        """``shape`` with whole category lists (a read of the distinct values, if the lists were the store's)."""
-        if not self.optimistic:
-            return shape
-        self.optimistic = False
-        return await self._coded(shape, whole=True)
+    async def complete(self) -> ScanShape:
+        """The table with whole category lists (a read of the distinct values, if the lists were the store's)."""
+        if self.optimistic:
+            self.optimistic = False
+            self._current = await self._coded(self.current, whole=True)
+        return self.current
 
     async def _coded(self, shape: ScanShape, *, whole: bool) -> ScanShape:
         async def distinct(columns: list[str]) -> dict[str, set[str]]:
@@ -121,7 +129,8 @@ async def read_whole(
 
     Raises :class:`~.table.TableTooLarge` when it outgrows the budget and there is no ``overflow``. A value
     of an ``"auto"`` field the store's lists lack (optimistic coding) makes it read the lists and the table
-    again; so does outgrowing the budget with such lists (the rows handed on must be coded whole).
+    again; so does outgrowing the budget with such lists (the rows handed on must be coded whole). The
+    lists the rows were coded against, handed over or not, are ``coding.current``'s.
     """
     assert isinstance(cfg.samples, ScanConfig)
     handover = overflow if not coding.optimistic else None
@@ -132,7 +141,7 @@ async def read_whole(
         coding.rows_read += table.rows_read  # the read given up: the server read those rows all the same
         del table
         heap.release()
-        shape = await coding.complete(shape)
+        shape = await coding.complete()
         table = await read_table(cfg, snap, shape, on_rows=on_rows, overflow=overflow)
         if overflow is not None and overflow.partition is not None:
             return None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pgprefetch.errors import StoreError
 from pgprefetch.store.folders import Folder, Place, as_place
 from pgprefetch.write.files.io import io_errors, pread_into, pwrite_all, pwritev_all
 
@@ -33,6 +34,7 @@ class SpillFolder:
         self._parent = parent
         self._folder: Folder | None = None
         self._subs: list[SpillFolder] = []  # closed with this one
+        self._removed = False  # once removed, never made again (a thread still routing rows is refused)
         self._lock = threading.Lock()
 
     @classmethod
@@ -62,6 +64,8 @@ class SpillFolder:
     def folder(self) -> Folder:
         """This folder, open, made afresh (private) the first time it is asked for."""
         with self._lock:
+            if self._removed or (self._parent is not None and self._parent._removed):
+                raise StoreError(f"{self.place}: the dump's spill folder was removed (the dump is ending)")
             if self._folder is None:
                 with io_errors(self.place):
                     if self._parent is not None:
@@ -87,6 +91,7 @@ class SpillFolder:
     def remove(self) -> None:
         """Close the folder and remove it with every file in it (also what a killed dump left under its name)."""
         self.close()
+        self._removed = True
         if self._parent is not None and self._parent._folder is not None:
             self._parent._folder.remove(self.place.name)
         else:
@@ -109,20 +114,22 @@ class SpillFile:
         self.folder, self.name = folder, name
         self._fd = -1
         self._made = False
+        self._lock = threading.Lock()  # the writer's threads read one file at once: it is opened once
 
     @property
     def fd(self) -> int:
         """The open descriptor (the file created by the first use, reopened after :meth:`park`)."""
-        if self._fd < 0:
-            flags = os.O_RDWR | (0 if self._made else os.O_CREAT | os.O_EXCL)
-            with io_errors(self.folder.place):
-                self._fd = self.folder.folder().open(self.name, flags, 0o600)
-            self._made = True
-        return self._fd
+        with self._lock:
+            if self._fd < 0:
+                flags = os.O_RDWR | (0 if self._made else os.O_CREAT | os.O_EXCL)
+                with io_errors(self.folder.place):
+                    self._fd = self.folder.folder().open(self.name, flags, 0o600)
+                self._made = True
+            return self._fd
 
     def read_into(self, out: np.ndarray, offset: int) -> None:
         """Fill the contiguous ``out`` from ``offset``."""
-        with io_errors(self.folder.place):
+        with io_errors(self.folder.place / self.name, "read"):
             pread_into(self.fd, out, offset)
 
     def write(self, data: np.ndarray, offset: int) -> None:
@@ -137,9 +144,10 @@ class SpillFile:
 
     def park(self) -> None:
         """Close the descriptor until the next use."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     close = park
 

@@ -55,7 +55,7 @@ class InMemory:
             assert isinstance(overflow.partition, Partition), "the read was handed over to a partition"
             heap.release()
             rows_read = overflow.rows + job.coding.rows_read
-            async with self.fallback.open_from(job, overflow.partition, rows_read) as source:
+            async with self.fallback.open_from(job.coded(), overflow.partition, rows_read) as source:
                 yield source
             return
         self.keep.append(read)

@@ -39,7 +39,11 @@ class ScanJob:
 
     async def coded_whole(self) -> ScanJob:
         """The job with whole category lists: a strategy that codes rows it keeps on disk needs them."""
-        return dataclasses.replace(self, shape=await self.coding.complete(self.shape))
+        return dataclasses.replace(self, shape=await self.coding.complete())
+
+    def coded(self) -> ScanJob:
+        """The job with the lists its read coded the rows against (the whole ones, after a second read)."""
+        return dataclasses.replace(self, shape=self.coding.current)
 
 
 class Strategy(Protocol):
