@@ -24,6 +24,16 @@ def test_the_dump_path_does_not_import_torch() -> None:
     assert result.stdout.strip() == "False"
 
 
+def test_the_dump_path_of_a_local_store_does_not_load_the_s3_client() -> None:
+    """obstore's native module is 5 MiB of the dump's floor: only an S3 store's dump pays for it."""
+    code = (
+        "import sys, pgprefetch.cli.dump, pgprefetch.write.pipeline, pgprefetch.write.sources, pgprefetch.write.cron\n"
+        "print('obstore' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
 def test_python_dash_m_runs_the_cli() -> None:
     result = subprocess.run([sys.executable, "-m", "pgprefetch", "--version"], capture_output=True, text=True)
     assert result.returncode == 0

@@ -10,10 +10,11 @@ this protocol and one test class running the store contract suite.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pgprefetch.store.folders import Place
-from pgprefetch.store.lease import Lease
+if TYPE_CHECKING:  # (the lease module loads the S3 client: a local store's dump never imports it)
+    from pgprefetch.store.folders import Place
+    from pgprefetch.store.lease import Lease
 
 
 class ObjectStore(Protocol):

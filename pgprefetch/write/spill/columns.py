@@ -10,6 +10,7 @@ columns: a run of keys sorted by hash is a block, the epoch's ordered keys a blo
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -122,7 +123,7 @@ class ColumnFile:
                 got[name] = got[name].reshape(n, *shape)
             else:
                 got[name] = np.empty((n, *shape), dtype)
-        b = int(np.searchsorted(self._firsts, first, side="right")) - 1 if n else 0
+        b = bisect.bisect_right(self._firsts, first) - 1 if n else 0
         at = first
         while at < stop:
             block_first, block_rows, offset = self._block(b)
