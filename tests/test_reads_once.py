@@ -8,14 +8,13 @@ once. ``rows_read`` counts every row the server was asked for.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from .harness.db import execute, fetch
+from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
-from .harness.faults import DUMP_BACKENDS
+from .harness.faults import seq_read
 
 N = 600
 
@@ -65,44 +64,34 @@ def _config(folder: Path, mode: str) -> Path:
     return path
 
 
-def _seq_read(dsn: str, table: str = "t") -> int:
-    """The rows sequential scans of ``table`` have read, once every pgprefetch backend of its database has gone."""
-    deadline = time.monotonic() + 20
-    while fetch(dsn, DUMP_BACKENDS.format(what="count(*)"))[0][0]:
-        assert time.monotonic() < deadline, "pgprefetch's connections did not go"
-        time.sleep(0.05)
-    time.sleep(0.3)  # a backend flushes its counts as it exits
-    return int(fetch(dsn, "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = $1", table)[0][0])
-
-
 def test_scan_mode_reads_the_table_once_when_the_store_knows_every_value(labelled: str, tmp_path: Path) -> None:
     cfg = _config(tmp_path, "scan")
-    before = _seq_read(labelled)
+    before = seq_read(labelled, "t")
     first = dump(cfg, labelled, 0)
-    after_first = _seq_read(labelled)
+    after_first = seq_read(labelled, "t")
     # A fresh store: one read for both fields' values, one COPY; and rows_read says so.
     assert after_first - before == 2 * N
     assert first.rows_read == 2 * N
     second = dump(cfg, labelled, 1)
-    after_second = _seq_read(labelled)
+    after_second = seq_read(labelled, "t")
     assert after_second - after_first == N  # exactly once: the vocabulary had every value
     assert second.rows_read == N
     # A value the store lacks: found, and every row read counted.
     execute(labelled, "UPDATE t SET a = 'new' WHERE id = 5")
-    before = _seq_read(labelled)
+    before = seq_read(labelled, "t")
     third = dump(cfg, labelled, 2)
-    assert third.rows_read == _seq_read(labelled) - before
+    assert third.rows_read == seq_read(labelled, "t") - before
     vocabulary = fetch_vocabulary(tmp_path / "store.zarr")
     assert vocabulary["a"] == ["a0", "a1", "a2", "new"]
 
 
 def test_query_mode_finds_every_auto_field_in_one_statement(labelled: str, tmp_path: Path) -> None:
     cfg = _config(tmp_path, "query")
-    before = _seq_read(labelled, "k")
+    before = seq_read(labelled, "k")
     dump(cfg, labelled, 0)
     # The keys query runs once for the keys, once in the one statement of both fields' values (it ran once
     # per field). (The batches' own reads of t depend on the planner, so k, which only the keys query reads.)
-    assert _seq_read(labelled, "k") - before == 2 * N
+    assert seq_read(labelled, "k") - before == 2 * N
 
 
 def fetch_vocabulary(store: Path) -> dict[str, list[str]]:

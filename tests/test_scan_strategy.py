@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from pgprefetch.write.scan.strategy.stretches import InStretches
 from .harness.configs import scan_config
 from .harness.db import fetch
 from .harness.dumps import chunk_bytes, dump
-from .harness.faults import DUMP_BACKENDS
+from .harness.faults import seq_read
 from .harness.spill import TINY_SOURCE, load_tables
 
 ROWS = {"table": "flat", "key": "id", "fields": {"v": (["v"], "float32"), "w": (["w"], "int64")}}
@@ -83,15 +82,6 @@ def test_rows_past_the_cost_line_are_read_in_stretches_even_where_memory_holds_t
 # ---- an estimate too low: the read goes on beyond memory, the table read once ----------------------------------
 
 
-def _seq_read(dsn: str, table: str) -> int:
-    deadline = time.monotonic() + 20
-    while fetch(dsn, DUMP_BACKENDS.format(what="count(*)"))[0][0]:
-        assert time.monotonic() < deadline, "pgprefetch's connections did not go"
-        time.sleep(0.05)
-    time.sleep(0.3)  # a backend flushes its counts as it exits
-    return int(fetch(dsn, "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = $1", table)[0][0])
-
-
 @pytest.mark.parametrize("kind", ["rows", "windows"])
 def test_a_read_that_outgrows_memory_goes_on_beyond_it_and_reads_the_table_once(
     db: str, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
@@ -101,10 +91,10 @@ def test_a_read_that_outgrows_memory_goes_on_beyond_it_and_reads_the_table_once(
     table = "flat" if kind == "rows" else "big"
     samples = {**(ROWS if kind == "rows" else WINDOWS), "table": f"SELECT * FROM {table}"}
     rows = int(fetch(db, f"SELECT count(*) FROM {table}")[0][0])
-    before = _seq_read(db, table)
+    before = seq_read(db, table)
     with caplog.at_level(logging.DEBUG, logger="pgprefetch"):
         spilled = dump(scan_config(tmp_path / "s", **samples, extra=TINY_SOURCE), db)
-    assert _seq_read(db, table) - before == rows  # read once, as the server counts it
+    assert seq_read(db, table) - before == rows  # read once, as the server counts it
     assert spilled.rows_read == rows
     assert any("read as the table in memory" in r.getMessage() for r in caplog.records)
     assert any("outgrew [source] memory" in r.getMessage() for r in caplog.records)  # and went on beyond it

@@ -13,15 +13,26 @@ import pwd
 import selectors
 import socket
 import threading
+import time
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from .db import execute
+from .db import execute, fetch
 
 # pgprefetch's backends on the database a DSN names (a test's own): ``what`` is selected over them.
 DUMP_BACKENDS = (
     "SELECT {what} FROM pg_stat_activity WHERE application_name = 'pgprefetch' AND datname = current_database()"
 )
+
+
+def seq_read(dsn: str, table: str) -> int:
+    """The rows sequential scans of ``table`` have read, once every pgprefetch backend of its database has gone."""
+    deadline = time.monotonic() + 20
+    while fetch(dsn, DUMP_BACKENDS.format(what="count(*)"))[0][0]:
+        assert time.monotonic() < deadline, "pgprefetch's connections did not go"
+        time.sleep(0.05)
+    time.sleep(0.3)  # a backend flushes its counts as it exits
+    return int(fetch(dsn, "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = $1", table)[0][0])
 
 
 def kill_every_connection(dsn: str) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -12,6 +13,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import EpochPlan
+from pgprefetch.write.scan.keyspill import stream
 from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.strategy.choice import Estimate
@@ -70,3 +72,30 @@ class BeyondMemory(Strategy, Protocol):
     ) -> AbstractAsyncContextManager[BatchSource | EpochPlan]:
         """The batch source of a table whose ``rows_read`` rows are all in ``partition``."""
         ...
+
+
+class SplitRead:
+    """A beyond-memory strategy whose one read of the table is split into files (:meth:`partition`) as it streams.
+
+    The table is read once into them, straight away (the estimate said the table is beyond memory) or from
+    where a read in memory outgrew the budget (:meth:`open_from`, which both ways end in).
+    """
+
+    takes_over = True
+
+    def partition(self, job: ScanJob) -> Partition:
+        """The files the table's rows are split into."""
+        raise NotImplementedError
+
+    def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AbstractAsyncContextManager[BatchSource]:
+        """The batch source of a table whose ``rows_read`` rows are all in ``partition``."""
+        raise NotImplementedError
+
+    @contextlib.asynccontextmanager
+    async def open(self, job: ScanJob) -> AsyncIterator[BatchSource]:
+        """Read the table once into :meth:`partition`'s files, with whole category lists, then go on from them."""
+        job = await job.coded_whole()
+        partition = self.partition(job)
+        n_rows = await stream(job.cfg, job.snap, job.shape, lambda chunk: None, job.on_rows, partition, keep=())
+        async with self.open_from(job, partition, n_rows + job.coding.rows_read) as source:
+            yield source

@@ -21,10 +21,10 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, local_unit_batches
 from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.plan import EpochPlan
-from pgprefetch.write.scan.keyspill import SpilledKeys, cut_passes_and_order, stream
+from pgprefetch.write.scan.keyspill import SpilledKeys, cut_passes_and_order
 from pgprefetch.write.scan.partition import Partition, bucket_count
 from pgprefetch.write.scan.shape import ScanShape
-from pgprefetch.write.scan.strategy.job import ScanJob
+from pgprefetch.write.scan.strategy.job import ScanJob, SplitRead
 from pgprefetch.write.scan.sweep import Groups
 from pgprefetch.write.scan.whole import scan_layout, scan_plan
 
@@ -70,11 +70,10 @@ def _gathered(cfg: Config, plan: EpochPlan, layout: BatchLayout, keys: SpilledKe
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, threads, threads, unit)
 
 
-class InPasses:
+class InPasses(SplitRead):
     """Windows beyond memory: the table split by series as it is read, each pass cut once, then gathered."""
 
     name = "windows in passes of whole series"
-    takes_over = True
 
     def partition(self, job: ScanJob) -> Partition:
         """The data passes' files for the estimated rows, each pass a share of the budget."""
@@ -82,15 +81,6 @@ class InPasses:
         room = policy.pass_bytes()
         buckets = bucket_count(job.guess.rows, max(1.0, job.guess.row_bytes), room)
         return Partition(job.spill.sub("partition"), buckets, job.shape.n_key, room, hold=policy.partition_hold_bytes())
-
-    @contextlib.asynccontextmanager
-    async def open(self, job: ScanJob) -> AsyncIterator[BatchSource]:
-        """Read the table once into the passes' files, then cut them and gather the windows."""
-        job = await job.coded_whole()
-        partition = self.partition(job)
-        n_rows = await stream(job.cfg, job.snap, job.shape, lambda chunk: None, job.on_rows, partition, keep=())
-        async with self.open_from(job, partition, n_rows + job.coding.rows_read) as source:
-            yield source
 
     @contextlib.asynccontextmanager
     async def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AsyncIterator[BatchSource]:

@@ -31,10 +31,9 @@ from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import Repeats, order_part
 from pgprefetch.write.plan import EpochPlan, ordered_fields
-from pgprefetch.write.scan.keyspill import stream
 from pgprefetch.write.scan.partition import EpochRanges, Partition, bucket_count
 from pgprefetch.write.scan.shape import ScanShape
-from pgprefetch.write.scan.strategy.job import ScanJob
+from pgprefetch.write.scan.strategy.job import ScanJob, SplitRead
 from pgprefetch.write.scan.table import Table, array_lengths, assemble, cut, gather
 from pgprefetch.write.scan.whole import scan_plan
 from pgprefetch.write.spill.columns import ColumnFile
@@ -176,11 +175,10 @@ def _source(
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 2, 2, unit)
 
 
-class InStretches:
+class InStretches(SplitRead):
     """Rows beyond memory: the table split by ranges of the epoch's order as it is read, then a stretch at a time."""
 
     name = "rows in stretches of the epoch's order"
-    takes_over = True
 
     def partition(self, job: ScanJob) -> EpochRanges:
         """Ranges of the epoch's order for the estimated rows, each a stretch's share of the budget."""
@@ -191,15 +189,6 @@ class InStretches:
         hold = policy.partition_hold_bytes()
         seed = job.cfg.batches.seed
         return EpochRanges(job.spill.sub("ranges"), buckets, job.shape.n_key, room, hold, seed=seed, epoch=job.epoch)
-
-    @contextlib.asynccontextmanager
-    async def open(self, job: ScanJob) -> AsyncIterator[BatchSource]:
-        """Read the table once into the ranges, then order and write each stretch."""
-        job = await job.coded_whole()
-        ranges = self.partition(job)
-        n_rows = await stream(job.cfg, job.snap, job.shape, lambda chunk: None, job.on_rows, ranges, keep=())
-        async with self.open_from(job, ranges, n_rows + job.coding.rows_read) as source:
-            yield source
 
     @contextlib.asynccontextmanager
     async def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AsyncIterator[BatchSource]:
