@@ -34,7 +34,6 @@ import numpy as np
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.memory.policy import FLOOR, Policy, key_bytes, writer_bytes
 from pgprefetch.write.order.spill import bytes_per_key
-from pgprefetch.write.scan.strategy.choice import STRETCHES_ABOVE
 
 # A scan beyond the budget (stretches, passes) takes up to this many times its time in memory: the target
 # bench.memory measures it against (docs/memory.md).
@@ -144,13 +143,8 @@ def unchecked_scan_forecast(budget: int, width: int, table: TableRead) -> Foreca
 
 
 def _scan_way(account: Policy, table: TableRead, width: int, writer: int) -> Forecast:
-    """The way a scan dump reads ``table`` under ``account`` (the dump's own choice) and what it holds, untimed.
-
-    Rows of a table past the cost line are read in stretches even where they fit (:mod:`~.scan.strategy.choice`).
-    """
-    costly = not table.windows and table.rows is not None and table.rows * table.row_bytes > STRETCHES_ABOVE
-    fits = table.rows is not None and account.fits_in_memory(table.rows, table.row_bytes, table.samples, width)
-    if fits and not costly and table.rows is not None:
+    """The way a scan dump reads ``table`` under ``account`` (the dump's own test) and what it holds, untimed."""
+    if table.rows is not None and account.fits_in_memory(table.rows, table.row_bytes, table.samples, width):
         return Forecast(IN_MEMORY, account.in_memory_bytes(table.rows, table.row_bytes, table.samples, width) + writer)
     return Forecast("windows in passes" if table.windows else "rows in stretches", account.budget)
 
