@@ -93,7 +93,8 @@ def dump(
     if executor not in ("process", "ray"):
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
     cfg = build_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
-    due = schedule.due(cfg, open_store(cfg.store.path))
+    target = open_store(cfg.store.path)
+    due = schedule.due(cfg, target)
     if executor == "process":
         results = _run(dump_epochs(cfg, due.epochs, force=force, retries=retries, parents=parents))
     else:
@@ -101,7 +102,7 @@ def dump(
 
         with ray_executor(parts, env=ray_env) as spread:
             results = _run(dump_epochs(cfg, due.epochs, force=force, retries=retries, executor=spread, parents=parents))
-    schedule.tidy(open_store(cfg.store.path))
+    schedule.tidy(target)
     return results
 
 

@@ -106,7 +106,9 @@ class KeyRuns:
         order = shuffle.epoch_order(keys[: self.width], seed=self.seed, epoch=self.epoch, h=h)
         m = keys.shape[1]
         first = self.file.rows
-        self.file.append_lazily(m, itertools.chain([h[order]], (column[order] for column in keys)))
+        hashes = h[order]
+        del h  # the unordered hashes go before a slot is copied
+        self.file.append_lazily(m, itertools.chain([hashes], (column[order] for column in keys)))
         self.runs.append(_Run(first, m))
         self.n += m
 

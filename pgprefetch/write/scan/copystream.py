@@ -24,13 +24,13 @@ import numpy as np
 
 from pgprefetch.decode.layout import empty_for_null
 from pgprefetch.errors import SampleError, SourceError
+from pgprefetch.write.memory.policy import DRAIN_BYTES  # a range's stream decoded this often, not at its end
 
 if TYPE_CHECKING:
     from pgprefetch.write.scan.shape import ScanShape
 
 _HEADER = b"PGCOPY\n\xff\r\n\x00"
 _HEADER_BYTES = 19  # signature, flags, header extension length
-DRAIN_BYTES = 8 << 20  # decode a range's stream every 8 MiB, not all at its end
 
 # A chunk of rows, column by column: "k0".. keys and order, "c0".. values, "m0".. masks; "b3": columns c3..c(3+w-1)
 # (a run of one scalar wire type) as one row-major (n, w) block, in place of their "c" entries.
