@@ -1,8 +1,9 @@
-"""A mixed epoch's budget is shared by what each source needs, and a refusal names the least ``--memory`` (#52).
+"""A mixed epoch's budget is shared by what each source needs, and a scan source beyond its share spills (#52).
 
 The new user's case, scaled down: a large scan source beside two small query sources. Dividing the budget
 equally among three sources refused the scan source a share that its table fits once the query sources'
-keys (a few KB) are counted for what they are.
+keys (a few KB) are counted for what they are; a table past what is left is read once into buckets on disk
+(:mod:`pgprefetch.write.mix.spilled`) and gives the bytes the epoch in memory gives.
 """
 
 from __future__ import annotations
@@ -50,23 +51,65 @@ def test_a_scan_source_takes_what_the_query_sources_leave_not_a_third(big_mix_db
     assert chunk_bytes(shared.path) == chunk_bytes(whole.path)
 
 
-def test_a_scan_source_beyond_its_share_is_refused_naming_the_least_memory_that_holds_it(
+def test_a_scan_source_beyond_its_share_is_read_once_to_disk_and_dumps_the_same_bytes(
     big_mix_db: str, tmp_path: Path
 ) -> None:
+    """Under 24 MiB the table (22 MB as read and cut) is past its share: it spills, started as users start a dump."""
     config = _config(tmp_path, "24MiB", "small.zarr")
     proc = subprocess.run([*dump_argv(config, big_mix_db), "--json"], capture_output=True, text=True, check=False)
-    assert proc.returncode != 0
-    error = json.loads(proc.stdout)["error"]
-    assert "Traceback" not in proc.stderr
-    m = re.fullmatch(
-        r"\[samples\.events\] table: 250,000 rows need about (\d+) MiB in memory, more than its share of \[source\] "
-        r"memory \(24 MiB beside the other sources\); a mixed epoch's scan sources are read whole: the least "
-        r"budget that holds it is --memory (\d+)MiB",
-        error,
-    )
-    assert m is not None, error
-    least = int(m.group(2))
-    assert 24 < least <= 256
-    named = dump(_config(tmp_path, f"{least}MiB", "least.zarr"), big_mix_db)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\[samples\.events\] table: 250,000 rows beyond its share .* \d+ buckets on disk", proc.stderr)
+    assert json.loads(proc.stdout.splitlines()[-1])["rows_read"] == ROWS  # the table read once
     whole = dump(_config(tmp_path, "4GiB", "whole.zarr"), big_mix_db)
-    assert chunk_bytes(named.path) == chunk_bytes(whole.path)  # the budget it names is enough
+    small = tmp_path / "small.zarr" / "epoch-00000"
+    assert chunk_bytes(small) == chunk_bytes(whole.path)
+    assert not list((tmp_path / "small.zarr").rglob("*.spill"))  # its spill folder went with the dump
+
+
+def test_a_spilled_scan_source_continues_from_epoch_to_epoch_as_in_memory(big_mix_db: str, tmp_path: Path) -> None:
+    """Epochs 1 and 2 continue each source from the record of the epoch before: found on disk, as in memory.
+
+    With ``fraction`` and repeated keys dropped, which the index applies bucket by bucket.
+    """
+    repeated = "INSERT INTO events SELECT * FROM events WHERE id % 997 = 0"  # the same rows twice: either kept
+    execute(big_mix_db, "ALTER TABLE events DROP CONSTRAINT events_pkey", repeated)
+    sources = {
+        "web": {"weight": 1, **WEB},
+        "events": {"weight": 3, **BIG, "fraction": 0.5, "duplicates": "drop"},
+    }
+    results = {}
+    for memory in ("24MiB", "4GiB"):
+        config = mix_config(tmp_path, sources, size=100, samples=3000, store=f"{memory}.zarr", name=f"{memory}.toml")
+        config.write_text(config.read_text().replace("[source]\n", f'[source]\nmemory = "{memory}"\n', 1))
+        results[memory] = [dump(config, big_mix_db, epoch) for epoch in range(3)]
+    for small, whole in zip(results["24MiB"], results["4GiB"], strict=True):
+        assert small.sources == whole.sources
+        assert chunk_bytes(small.path) == chunk_bytes(whole.path)
+
+
+def test_a_spilled_windows_source_keeps_each_series_whole_and_dumps_the_same_bytes(db: str, tmp_path: Path) -> None:
+    """Windows beyond the share: a bucket holds whole series, so each window is cut from all of its rows."""
+    execute(
+        db,
+        "CREATE TABLE ticks (sid int NOT NULL, t int NOT NULL, a float8 NOT NULL, b real NOT NULL, tag int NOT NULL)",
+        "INSERT INTO ticks SELECT i / 500, i % 500, 1000000 + i, i * 0.5, i % 7 FROM generate_series(0, 249999) i "
+        "ORDER BY random()",
+        "CREATE TABLE short_ticks (sid int NOT NULL, t int NOT NULL, a float8 NOT NULL, b real NOT NULL, "
+        "tag int NOT NULL)",
+        "INSERT INTO short_ticks SELECT i / 50, i % 50, 2000000 + i, i * 0.25, i % 5 FROM generate_series(0, 999) i",
+        "ANALYZE ticks",
+    )
+    windows = {"key": "sid", "order": "t", "window": 8, "stride": 4}
+    sources = {
+        "ticks": {"weight": 3, "table": "ticks", **windows},
+        "short": {"weight": 1, "table": "short_ticks", **windows},
+    }
+    stores = {}
+    for memory in ("24MiB", "4GiB"):
+        config = mix_config(tmp_path, sources, size=64, samples=4096, store=f"{memory}.zarr", name=f"{memory}.toml")
+        config.write_text(config.read_text().replace("[source]\n", f'[source]\nmemory = "{memory}"\n', 1))
+        proc = subprocess.run([*dump_argv(config, db), "--json"], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert ("[samples.ticks] table: 250,000 rows beyond its share" in proc.stderr) == (memory == "24MiB")
+        stores[memory] = tmp_path / f"{memory}.zarr" / "epoch-00000"
+    assert chunk_bytes(stores["24MiB"]) == chunk_bytes(stores["4GiB"])

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from .harness.configs import scan_config
+from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump, dump_argv
+from .harness.mixing import MIX_TABLES, WEB, mix_config
 from .harness.spill import TINY_SOURCE, WINDOWS, load_tables, numbers_config
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="traces the dump's system calls: needs strace")
@@ -59,12 +61,30 @@ def outside(paths: set[Path], *allowed: Path) -> list[Path]:
     return sorted(p for p in paths if not any(p.is_relative_to(a) for a in allowed) and not p.is_relative_to("/dev"))
 
 
-@pytest.mark.parametrize("kind", ["windows in passes", "rows in stretches", "query keys"])
+def _mixed_config(db: str, folder: Path) -> Path:
+    """A query source beside a scan source of 250,000 rows, under a budget their share of which it is past."""
+    execute(
+        db,
+        *MIX_TABLES,
+        "CREATE TABLE events (id bigint PRIMARY KEY, a float8 NOT NULL, b real NOT NULL, tag int NOT NULL)",
+        "INSERT INTO events SELECT i, 3000000 + i, i * 0.125, i % 3 FROM generate_series(1, 250000) i",
+    )
+    folder.mkdir()
+    sources = {"web": {"weight": 1, **WEB}, "events": {"weight": 2, "table": "events", "key": "id"}}
+    config = mix_config(folder, sources, size=100, samples=2000, store=str(folder / "store.zarr"))
+    config.write_text(config.read_text().replace("[source]\n", '[source]\nmemory = "24MiB"\n', 1))
+    return config
+
+
+@pytest.mark.parametrize("kind", ["windows in passes", "rows in stretches", "query keys", "a mixed scan source"])
 def test_with_scratch_a_dump_beyond_memory_creates_files_only_in_the_scratch_and_the_store(
     db: str, tmp_path: Path, kind: str
 ) -> None:
     if kind == "query keys":
         config = numbers_config(tmp_path / "c", n=120_000, extra_source=TINY_SOURCE)
+        store = tmp_path / "c" / "store.zarr"
+    elif kind == "a mixed scan source":
+        config = _mixed_config(db, tmp_path / "c")
         store = tmp_path / "c" / "store.zarr"
     else:
         load_tables(db)

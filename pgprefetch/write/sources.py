@@ -63,7 +63,7 @@ async def open_source(
     async with _values_named(cfg, snap):
         if cfg.mix is not None:  # every source read on this epoch's snapshot (a scan source's table too)
             assert snap is not None, "a mixed epoch is read on its own snapshot"
-            async with mixed_source(cfg, snap, epoch, vocabulary) as mixed:
+            async with mixed_source(cfg, snap, epoch, spill, vocabulary) as mixed:
                 yield mixed
             return
         if cfg.mode == "scan" and executor is not None:

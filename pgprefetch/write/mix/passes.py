@@ -15,7 +15,9 @@ pass is a pass over the chosen ones.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -37,6 +39,18 @@ def key_hash(keys: np.ndarray, salt: np.uint64) -> np.ndarray:
             finalise(h)
             h += salt
         return finalise(h)
+
+
+def pass_hash(keys: np.ndarray, seed: int, name: str, p: int) -> np.ndarray:
+    """The hash that orders pass ``p`` of source ``name`` (ties by key)."""
+    return key_hash(keys, _salt(seed, name, "pass", p))
+
+
+def fraction_kept(keys: np.ndarray, seed: int, name: str, fraction: float) -> np.ndarray:
+    """Which of ``keys`` ``fraction`` chooses: the same ones in every pass, by a hash of each key alone."""
+    h = key_hash(keys, _salt(seed, name, "fraction"))
+    kept: np.ndarray = (h >> np.uint64(11)) < np.uint64(int(fraction * (1 << 53)))
+    return kept
 
 
 def slot_hash(seed: int, name: str, epoch: int, first: int, n: int) -> np.ndarray:
@@ -94,19 +108,22 @@ def choose(keys: np.ndarray, *, seed: int, name: str, fraction: float, drop: boo
     else:
         same, repeats = np.zeros(0, dtype=bool), 0
     if repeats and not drop:
-        example = ordered[:, 1:][:, same][:, 0].tolist()
-        raise SampleError(
-            f"{where} returned {repeats} repeated key(s), e.g. {tuple(example)}: each sample must come once per "
-            'pass; fix its keys, or set duplicates = "drop" to keep one of each'
-        )
+        raise repeated_keys(where, repeats, ordered[:, 1:][:, same][:, 0].tolist())
     if repeats:
         keep = np.concatenate([[True], ~same])
         order, ordered = order[keep], ordered[:, keep]
     if fraction < 1.0:
-        h = key_hash(ordered, _salt(seed, name, "fraction"))
-        keep = (h >> np.uint64(11)) < np.uint64(int(fraction * (1 << 53)))
+        keep = fraction_kept(ordered, seed, name, fraction)
         order, ordered = order[keep], ordered[:, keep]
     return Chosen(np.ascontiguousarray(ordered), order, int(keys.shape[1]), repeats)
+
+
+def repeated_keys(where: str, repeats: int, example: list[int]) -> SampleError:
+    """The error of a source whose keys repeat (``example``: the first repeated one, in key order)."""
+    return SampleError(
+        f"{where} returned {repeats} repeated key(s), e.g. {tuple(example)}: each sample must come once per "
+        'pass; fix its keys, or set duplicates = "drop" to keep one of each'
+    )
 
 
 @dataclass(frozen=True)
@@ -117,6 +134,48 @@ class Position:
     index: int
 
 
+def advance(m: int, at: Position, n: int) -> Position:
+    """The position ``n`` keys on from ``at`` in passes of ``m`` keys, counting whole passes."""
+    index = min(at.index, m) + n
+    return Position(at.pass_ + index // m, index % m)
+
+
+def segments(m: int, at: Position, n: int) -> Iterator[tuple[int, int, int]]:
+    """The next ``n`` keys from ``at`` as ``(pass, first, stop)`` ranges of pass orders of ``m`` keys."""
+    p, index, left = at.pass_, min(at.index, m), n
+    while left:
+        if index == m:
+            p, index = p + 1, 0
+        step = min(left, m - index)
+        yield p, index, index + step
+        index, left = index + step, left - step
+
+
+class PassOrder(Protocol):
+    """A source's passes as a mixed epoch walks them: in memory (:class:`Passes`) or on disk (:mod:`.spilled`)."""
+
+    @property
+    def m(self) -> int:
+        """How many keys a pass walks."""
+        ...
+
+    def locate(self, p: int, after: tuple[int, list[int]] | None) -> Position:
+        """The position of "pass ``p``, every key up to ``after`` (its hash and slots) taken"."""
+        ...
+
+    def advance(self, at: Position, n: int) -> Position:
+        """The position ``n`` keys on."""
+        ...
+
+    def take(self, at: Position, n: int) -> tuple[np.ndarray, Position]:
+        """The next ``n`` keys from ``at`` (the source's own handles on them, in order) and the position after."""
+        ...
+
+    def after(self, at: Position) -> tuple[int, list[int]] | None:
+        """What a record says of ``at``: the hash and slots of the last key taken in its pass (None: none)."""
+        ...
+
+
 class Passes:
     """The pass orders of one source's chosen keys, computed as they are needed."""
 
@@ -124,12 +183,17 @@ class Passes:
         self.chosen, self.seed, self.name = chosen, seed, name
         self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
+    @property
+    def m(self) -> int:
+        """How many keys a pass walks."""
+        return self.chosen.m
+
     def order(self, p: int) -> tuple[np.ndarray, np.ndarray]:
         """Pass ``p``: the chosen keys' columns in its order, and their hashes in that order."""
         if p not in self._orders:
             if len(self._orders) > 4:
                 self._orders.clear()
-            h = key_hash(self.chosen.keys, _salt(self.seed, self.name, "pass", p))
+            h = pass_hash(self.chosen.keys, self.seed, self.name, p)
             order = by_hash(h)
             self._orders[p] = (order, h[order])
         return self._orders[p]
@@ -150,25 +214,13 @@ class Passes:
 
     def advance(self, at: Position, n: int) -> Position:
         """The position ``n`` keys on, counting whole passes without computing their orders."""
-        m = self.chosen.m
-        index = min(at.index, m) + n
-        return Position(at.pass_ + index // m, index % m)
+        return advance(self.m, at, n)
 
     def take(self, at: Position, n: int) -> tuple[np.ndarray, Position]:
         """The next ``n`` keys from ``at`` (columns of ``chosen.keys``, in order) and the position after them."""
-        m = self.chosen.m
-        out, got = np.empty(n, dtype=np.int64), 0
-        p, index = at.pass_, min(at.index, m)
-        while got < n:
-            if index == m:
-                p, index = p + 1, 0
-            order, _ = self.order(p)
-            step = min(n - got, m - index)
-            out[got : got + step] = order[index : index + step]
-            got, index = got + step, index + step
-        if index == m:  # a pass taken to its end: the next one begins (as :meth:`advance` counts it)
-            p, index = p + 1, 0
-        return out, Position(p, index)
+        out = [self.order(p)[0][first:stop] for p, first, stop in segments(self.m, at, n)]
+        taken = np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+        return taken.astype(np.int64, copy=False), self.advance(at, n)
 
     def after(self, at: Position) -> tuple[int, list[int]] | None:
         """What a record says of ``at``: the hash and slots of the last key taken in its pass (None: none)."""

@@ -25,7 +25,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import Store
 from pgprefetch.write.mix.apportion import Apportionment, Weight, first_pass_batches
-from pgprefetch.write.mix.passes import Passes, Position
+from pgprefetch.write.mix.passes import PassOrder, Position
 
 _MAX = (1 << 63) - 1
 _HASH = re.compile(r"[0-9]{1,20}")  # 2**64 - 1 has 20 digits
@@ -106,7 +106,7 @@ def _steps(cfg: Config, first: int, last: int) -> list[int]:
 
 
 def starts(
-    cfg: Config, epoch: int, passes: dict[str, Passes], record: tuple[int, dict[str, Any]] | None, where: str
+    cfg: Config, epoch: int, passes: dict[str, PassOrder], record: tuple[int, dict[str, Any]] | None, where: str
 ) -> Starts:
     """Each source's position at the start of ``epoch`` (see the module's rules)."""
     assert cfg.mix is not None
@@ -117,7 +117,7 @@ def starts(
         for name, end in _ends(record[1], where).items():
             if name in passes:
                 positions[name] = passes[name].locate(end[0], end[1])
-    sizes = {name: p.chosen.m for name, p in passes.items()}
+    sizes = {name: p.m for name, p in passes.items()}
     for e in range(first, epoch):
         for name, q in quotas(cfg, e, sizes).items():
             if q:

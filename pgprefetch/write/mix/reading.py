@@ -1,14 +1,20 @@
 """Each source of a mixed epoch read on the epoch's snapshot by its own mode's machinery.
 
-A query-mode source is described and its keys read (:meth:`~pgprefetch.pg.session.Snapshot.read_keys`);
-a scan-mode source's table is read whole and cut (:func:`~pgprefetch.write.scan.whole.read_whole`). Each is read
-with the config of its own (:meth:`~pgprefetch.config.model.Config.for_source`), the memory budget shared
-out among the sources, and any error it raises is prefixed with the source's table: ``[samples.web]: ...``.
+A query-mode source is described and its keys read (:meth:`~pgprefetch.pg.session.Snapshot.read_keys`).
+A scan-mode source's table is read whole and cut (:func:`~pgprefetch.write.scan.whole.read_whole`) where
+it fits its share of the budget, and otherwise into a partition on disk (:mod:`.spilled`): the choice is
+made before the read from the planner's estimate (:mod:`pgprefetch.write.scan.strategy.choice`), and a read
+in memory that outgrows its share goes on into the partition, so the table is read once either way. Each
+source is read with the config of its own (:meth:`~pgprefetch.config.model.Config.for_source`), the memory
+budget shared out among the sources, and any error it raises is prefixed with the source's table:
+``[samples.web]: ...``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,14 +23,23 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import Config, SamplesConfig
-from pgprefetch.errors import ConfigError, PgprefetchError, SourceError
+from pgprefetch.errors import ConfigError, PgprefetchError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Shape, Snapshot
+from pgprefetch.write.memory import heap
 from pgprefetch.write.memory.policy import MIB, Policy
-from pgprefetch.write.mix.passes import Chosen, Passes, choose
+from pgprefetch.write.mix.passes import Chosen, Passes, PassOrder, choose
+from pgprefetch.write.mix.spilled import SpilledIndex, SpilledPasses, SpilledScan, index_partition
 from pgprefetch.write.plan import Vocabulary
-from pgprefetch.write.scan.table import TableTooLarge
+from pgprefetch.write.scan.keyspill import stream
+from pgprefetch.write.scan.partition import Partition, bucket_count
+from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.strategy.choice import Estimate, beyond_memory, estimate
+from pgprefetch.write.scan.table import Overflow, TableTooLarge
 from pgprefetch.write.scan.whole import Coding, ScanRead, read_whole
+from pgprefetch.write.spill.folder import SpillFolder
+
+log = logging.getLogger("pgprefetch")
 
 
 @dataclass
@@ -35,15 +50,23 @@ class SourceRead:
     code: int  # its position in [samples]: the value of its samples in the ``source`` array
     cfg: Config  # its own single-source config
     key_columns: KeyColumns
-    chosen: Chosen
-    passes: Passes
+    chosen: Chosen | SpilledIndex  # in memory, or on disk (a scan source beyond its share)
+    passes: PassOrder
     shape: Shape | None = None  # query mode
-    scan: ScanRead | None = None  # scan mode
+    scan: ScanRead | None = None  # scan mode, read whole
+    spilled: SpilledScan | None = None  # scan mode, beyond its share
 
     @property
     def where(self) -> str:
         """How messages name it."""
         return f"[samples.{self.name}]"
+
+    @property
+    def scan_shape(self) -> ScanShape | None:
+        """A scan source's described table (None: a query source)."""
+        if self.scan is not None:
+            return self.scan.shape
+        return self.spilled.shape if self.spilled is not None else None
 
 
 @asynccontextmanager
@@ -70,7 +93,12 @@ def source_config(cfg: Config, name: str, memory: int, query_sources: int) -> Co
 
 
 def held_bytes(read: SourceRead) -> int:
-    """What a source holds for the epoch once read: its chosen keys and index, and a pass's hash and order."""
+    """What a source holds for the epoch once read: its chosen keys and index, and a pass's hash and order.
+
+    A source beyond its share holds them on disk; what it holds of its run is reserved as it is taken.
+    """
+    if not isinstance(read.chosen, Chosen):
+        return 0
     return int(read.chosen.keys.nbytes + read.chosen.index.nbytes + 16 * read.chosen.m)
 
 
@@ -101,76 +129,109 @@ async def read_source(
     code: int,
     snap: Snapshot,
     vocabulary: Vocabulary | None,
-    epoch: int,
     counts: dict[str, Any],
-    *,
-    budget: int = 0,
-    held: int = 0,
-    scan_sources: int = 1,
+    spill: SpillFolder,
 ) -> SourceRead:
     """Read source ``name`` (its own config ``cfg``) on ``snap``: its keys, or its table cut into samples.
 
-    ``counts`` hears the table rows a scan read (``rows_read``). ``budget``: the mixed epoch's, of which the
-    query sources read before it hold ``held`` and ``scan_sources`` scan sources share the rest (for the least
-    budget a refusal names).
+    ``counts`` hears the table rows a scan read (``rows_read``). A scan source beyond its share of the
+    budget spills to ``spill``, a folder of its own.
 
     Raises:
         ConfigError: it returned no keys (a source of weight > 0 must give samples).
-        SourceError: its table does not fit its share of ``[source] memory``.
         SampleError: a key came twice and repeats are not dropped.
     """
     where = f"[samples.{name}]"
-    shape, scan = None, None
-    if isinstance(cfg.samples, SamplesConfig):
-        shape = await snap.describe(cfg)
-        keys, key_columns = await snap.read_keys(cfg, shape.keys), shape.keys
-    else:
-        read = await _read_whole(cfg, snap, vocabulary, where, budget, held, scan_sources)
-        scan, keys, key_columns = read, read.sample_keys, read.shape.key_columns
-        counts["rows_read"] = counts.get("rows_read", 0) + read.table.rows_read
     samples = cfg.samples
     drop = samples.duplicates == "drop"
-    chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
-    if chosen.m == 0:
-        what = "no keys" if not chosen.n_keys else f"{chosen.n_keys} keys of which fraction chose none"
+    if isinstance(samples, SamplesConfig):
+        shape = await snap.describe(cfg)
+        keys = await snap.read_keys(cfg, shape.keys)
+        chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
+        read = SourceRead(name, code, cfg, shape.keys, chosen, Passes(chosen, seed=cfg.batches.seed, name=name))
+        read.shape = shape
+    else:
+        scan = await _read_scan(cfg, name, snap, vocabulary, spill, where)
+        if isinstance(scan, SpilledScan):
+            counts["rows_read"] = counts.get("rows_read", 0) + scan.rows_read
+            spilled = SpilledPasses(scan.index, seed=cfg.batches.seed, name=name)
+            read = SourceRead(name, code, cfg, scan.shape.key_columns, scan.index, spilled, spilled=scan)
+        else:
+            counts["rows_read"] = counts.get("rows_read", 0) + scan.table.rows_read
+            keys = scan.sample_keys
+            chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
+            passes = Passes(chosen, seed=cfg.batches.seed, name=name)
+            read = SourceRead(name, code, cfg, scan.shape.key_columns, chosen, passes, scan=scan)
+    if read.chosen.m == 0:
+        n_keys = read.chosen.n_keys
+        what = "no keys" if not n_keys else f"{n_keys} keys of which fraction chose none"
         raise ConfigError(f"{where} returned {what}: a source needs samples (weight = 0 leaves it out)")
-    passes = Passes(chosen, seed=cfg.batches.seed, name=name)
-    return SourceRead(name, code, cfg, key_columns, chosen, passes, shape=shape, scan=scan)
-
-
-async def _read_whole(
-    cfg: Config,
-    snap: Snapshot,
-    vocabulary: Vocabulary | None,
-    where: str,
-    budget: int,
-    held: int,
-    scan_sources: int,
-) -> ScanRead:
-    """A scan source's table read whole within its share, or refused naming the least budget (:func:`_too_large`)."""
-    coding = Coding(cfg, snap, vocabulary)
-    shape = await coding.shape()
-    try:
-        read = await read_whole(cfg, snap, coding, shape)
-    except TableTooLarge as e:
-        # Its rows, for the least budget: counted by the server (a table beyond memory is not read here).
-        rows = int((await snap.fetch(f"SELECT count(*) FROM {shape.relation}", f"rows of {shape.relation}"))[0][0])
-        raise _too_large(cfg, rows, len(shape.key_names), e, where, budget, held, scan_sources) from None
-    assert read is not None, "read whole or refused: no hand-over"
     return read
 
 
-def _too_large(
-    cfg: Config, rows: int, width: int, e: TableTooLarge, where: str, budget: int, held: int, scan_sources: int
-) -> SourceError:
-    """The refusal of a scan source beyond its share of ``budget``, naming the least ``--memory`` that holds it."""
-    need = Policy.for_scan(cfg.source.memory_bytes).in_memory_bytes(rows, e.bytes_per_row, rows, width)
-    least = least_budget(need, held, scan_sources)
-    return SourceError(
-        f"{where} table: {rows:,} rows need about {need / MIB:,.0f} MiB in memory, more than its share of "
-        f"[source] memory ({budget / MIB:,.0f} MiB beside the other sources); a mixed epoch's scan sources are "
-        f"read whole: the least budget that holds it is --memory {least // MIB}MiB"
-    )
+async def _read_scan(
+    cfg: Config, name: str, snap: Snapshot, vocabulary: Vocabulary | None, spill: SpillFolder, where: str
+) -> ScanRead | SpilledScan:
+    """A scan source's table read whole within its share, or into a partition beyond it (the table read once).
+
+    As a scan epoch chooses (:mod:`pgprefetch.write.scan.strategy`): straight into the partition where the
+    estimate puts the table past the share; else read whole, handed over midway if it outgrows the share
+    (read again with whole category lists only where it was coded against the store's).
+    """
+    coding = Coding(cfg, snap, vocabulary)
+    shape = await coding.shape()
+    guess = await estimate(snap, shape)
+    if not beyond_memory(cfg, shape, guess):
+        overflow = Overflow(lambda rows, row_bytes: _partition(cfg, shape, spill, _measured(guess, rows, row_bytes)))
+        try:
+            read = await read_whole(cfg, snap, coding, shape, overflow=overflow)
+        except TableTooLarge as e:  # coded against the store's lists: read again, with whole ones
+            heap.release()
+            coding.rows_read += e.rows
+            guess = _measured(guess, e.rows, e.bytes_per_row)
+        else:
+            if read is not None:
+                return read
+            heap.release()
+            assert isinstance(overflow.partition, Partition), "the read was handed over to a partition"
+            rows_read = overflow.rows + coding.rows_read
+            return await _indexed(cfg, name, coding.current, overflow.partition, rows_read, spill, where)
+    shape = await coding.complete()
+    partition = _partition(cfg, shape, spill, guess)
+    try:
+        rows = await stream(cfg, snap, shape, lambda chunk: None, None, partition, keep=())
+    except BaseException:
+        partition.remove()
+        raise
+    return await _indexed(cfg, name, shape, partition, rows + coding.rows_read, spill, where)
+
+
+def _measured(guess: Estimate, rows: int, row_bytes: float) -> Estimate:
+    """The estimate corrected by a read that outgrew its share after ``rows`` rows of ``row_bytes``."""
+    return Estimate(max(guess.rows, 2.0 * rows), row_bytes or guess.row_bytes)
+
+
+def _partition(cfg: Config, shape: ScanShape, spill: SpillFolder, guess: Estimate) -> Partition:
+    """The partition by series a scan source beyond its share is read into: buckets of a data pass's share."""
+    policy = Policy.for_scan(cfg.source.memory_bytes)
+    room = policy.pass_bytes()
+    buckets = bucket_count(guess.rows, max(1.0, guess.row_bytes), room)
+    return Partition(spill.sub("partition"), buckets, shape.n_key, room, hold=policy.partition_hold_bytes())
+
+
+async def _indexed(
+    cfg: Config, name: str, shape: ScanShape, partition: Partition, rows_read: int, spill: SpillFolder, where: str
+) -> SpilledScan:
+    """The partition settled and its chosen samples indexed (:func:`~.spilled.index_partition`)."""
+    try:
+        await asyncio.to_thread(partition.settle)
+        spilled = await asyncio.to_thread(index_partition, cfg, name, shape, partition, spill, rows_read, where)
+    except BaseException:
+        partition.remove()
+        raise
+    message = "%s table: %s rows beyond its share of [source] memory: read once into %d buckets on disk"
+    log.info(message, where, f"{partition.rows:,}", partition.passes)
+    return spilled
 
 
 def widest(sources: list[SourceRead]) -> KeyColumns:

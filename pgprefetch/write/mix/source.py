@@ -8,8 +8,9 @@ places in their source's run are held for the epoch (9 bytes a sample), as are t
 
 Serving: a unit's ``fetch`` runs one statement per query-mode source with samples in it (concurrently,
 each source on its own connections); ``produce`` decodes each source's run of samples into buffers of its
-own and scatters them into the unit's slots, then fills the ``source`` array. The writer sees an ordinary
-:class:`~pgprefetch.write.batches.BatchSource`.
+own (a scan source's: gathered from its table, or read from its run file beyond its share,
+:mod:`.spilled`) and scatters them into the unit's slots, then fills the ``source`` array. The writer sees
+an ordinary :class:`~pgprefetch.write.batches.BatchSource`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pgprefetch.pg.statement import Fetched
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, local_unit_batches, unit_batches
 from pgprefetch.write.mix.apportion import shares
-from pgprefetch.write.mix.passes import by_hash, slot_hash
+from pgprefetch.write.mix.passes import Chosen, by_hash, slot_hash
 from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_record, needed, starts, weights_at
 from pgprefetch.write.mix.reading import (
     SourceRead,
@@ -50,6 +51,8 @@ from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, query_statement
 from pgprefetch.write.scan.table import array_lengths, gather
 from pgprefetch.write.scan.whole import scan_layout
+from pgprefetch.write.spill.columns import ColumnFile
+from pgprefetch.write.spill.folder import SpillFolder
 
 
 @dataclasses.dataclass
@@ -59,8 +62,9 @@ class _Served:
     read: SourceRead
     layout: BatchLayout
     keys: np.ndarray  # (its slots, its samples): the keys it gives the epoch, in the order it gives them
-    starts: np.ndarray | None  # scan mode: the row each of them starts at
+    starts: np.ndarray | None  # scan mode, in memory: the row each of them starts at
     reader: BatchReader | None  # query mode: the workers running its batch statement
+    run: ColumnFile | None = None  # scan mode, beyond its share: its run's samples, in order
 
 
 def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,13 +87,20 @@ def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.
 
 
 async def _read_sources(
-    cfg: Config, snap: Snapshot, vocabulary: Vocabulary | None, epoch: int, names: list[str], counts: dict[str, Any]
+    cfg: Config,
+    snap: Snapshot,
+    vocabulary: Vocabulary | None,
+    names: list[str],
+    counts: dict[str, Any],
+    spill: SpillFolder,
+    stack: contextlib.AsyncExitStack,
 ) -> list[SourceRead]:
     """Every source the epoch draws on, in ``[samples]`` order: query sources first, scan sources after them.
 
     The budget is shared by what each needs: the query sources' keys are read and held first (each
-    reserved in the pool), and the scan sources share what is left of the data's share, equally, since a
-    scan source is read whole.
+    reserved in the pool), and the scan sources share what is left of the data's share, equally. A scan
+    source whose table does not fit its share spills to a folder of its own (:mod:`.spilled`), removed
+    when the epoch is written.
     """
     assert cfg.mix is not None
     pool = memory.current()
@@ -102,18 +113,19 @@ async def _read_sources(
     for code, s in queries:
         async with prefixed(s.name):
             own = source_config(cfg, s.name, budget // max(1, len(sources)), len(queries))
-            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, epoch, counts)
+            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, counts, spill)
             pool.reserve(f"keys of {s.name}", held_bytes(read))  # held for the epoch
             held += held_bytes(read)
     share = scan_share(budget, held, len(scans))
     for code, s in scans:
         async with prefixed(s.name):
             own = source_config(cfg, s.name, _budget_for(share), len(queries))
-            reads[code] = read = await read_source(
-                own, s.name, code, snap, vocabulary, epoch, counts, budget=budget, held=held, scan_sources=len(scans)
-            )
-            assert read.scan is not None, "a scan source is read whole"
-            pool.reserve(f"table of {s.name}", read.scan.table.nbytes + held_bytes(read))  # held for the epoch
+            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, counts, spill.sub(f"{code}"))
+            if read.spilled is not None:
+                stack.callback(read.spilled.remove)
+            else:
+                assert read.scan is not None, "a scan source is read whole or spilled"
+                pool.reserve(f"table of {s.name}", read.scan.table.nbytes + held_bytes(read))  # held for the epoch
     return [reads[code] for code, _ in sources]
 
 
@@ -124,12 +136,13 @@ def _budget_for(share: int) -> int:
 
 @asynccontextmanager
 async def mixed_source(
-    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None = None
+    cfg: Config, snap: Snapshot, epoch: int, spill: SpillFolder, vocabulary: Vocabulary | None = None
 ) -> AsyncIterator[BatchSource]:
     """The batch source of mixed epoch ``epoch`` on ``snap`` (see the module's docstring).
 
-    ``vocabulary``: the store the ``"auto"`` categories extend, whose records of earlier epochs say where
-    each source stands (:mod:`.positions`); None: a fresh store's.
+    ``spill``: the dump's spill folder, for a scan source beyond its share. ``vocabulary``: the store the
+    ``"auto"`` categories extend, whose records of earlier epochs say where each source stands
+    (:mod:`.positions`); None: a fresh store's.
     """
     assert cfg.mix is not None
     store = vocabulary.store if vocabulary is not None else None
@@ -137,22 +150,22 @@ async def mixed_source(
     record = find_record(cfg, store, epoch)
     names = needed(cfg, epoch, record)
     counts: dict[str, Any] = {}
-    reads = await _read_sources(cfg, snap, vocabulary, epoch, names, counts)
-    passes = {r.name: r.passes for r in reads}
-    begun = starts(cfg, epoch, passes, record, where)
-    sizes = {r.name: r.chosen.m for r in reads}
-    n = epoch_samples(cfg, epoch, sizes)
-    size = cfg.batches.size
-    weights = weights_at(cfg, epoch)
-    per_batch = apportionment(weights).per_batch(n, size)
-    quota = per_batch.sum(axis=0)
-    codes, index = _slots(per_batch, cfg.batches.seed, epoch, size)
-    categories = await _categories(cfg, reads, snap, vocabulary)
     async with contextlib.AsyncExitStack() as stack:
+        reads = await _read_sources(cfg, snap, vocabulary, names, counts, spill, stack)
+        passes = {r.name: r.passes for r in reads}
+        begun = starts(cfg, epoch, passes, record, where)
+        sizes = {r.name: r.chosen.m for r in reads}
+        n = epoch_samples(cfg, epoch, sizes)
+        size = cfg.batches.size
+        weights = weights_at(cfg, epoch)
+        per_batch = apportionment(weights).per_batch(n, size)
+        quota = per_batch.sum(axis=0)
+        codes, index = _slots(per_batch, cfg.batches.seed, epoch, size)
+        categories = await _categories(cfg, reads, snap, vocabulary)
         served: dict[int, _Served] = {}
         ends = {}
         for r in reads:
-            taken, ends[r.name] = r.passes.take(begun.positions[r.name], int(quota[r.code]))
+            taken, ends[r.name] = await asyncio.to_thread(r.passes.take, begun.positions[r.name], int(quota[r.code]))
             async with prefixed(r.name):
                 served[r.code] = await _serve(r, taken, snap, categories, stack)
         check_same_arrays([(s.read.name, s.layout.arrays()) for s in served.values()])
@@ -168,8 +181,9 @@ async def _categories(
     lists: dict[str, list[str]] = {}
     for r in reads:
         async with prefixed(r.name):
-            if r.scan is not None:
-                found = r.scan.shape.categories
+            scan = r.scan_shape
+            if scan is not None:
+                found = scan.categories
             else:
                 assert r.shape is not None
                 found = (await query_statement(r.cfg, snap, r.shape, vocabulary))["categories"]
@@ -182,7 +196,14 @@ async def _categories(
 async def _serve(
     r: SourceRead, taken: np.ndarray, snap: Snapshot, categories: dict[str, list[str]], stack: contextlib.AsyncExitStack
 ) -> _Served:
-    """Source ``r`` ready to give the samples ``taken`` (columns of its chosen keys): layout and reader."""
+    """Source ``r`` ready to give the samples ``taken`` (its passes' handles on them): layout and reader."""
+    if r.spilled is not None:
+        keys, buckets, rows = await asyncio.to_thread(r.spilled.index.pick, taken)
+        memory.current().reserve(f"run of {r.name}", keys.nbytes + buckets.nbytes + rows.nbytes)  # for the epoch
+        layout = scan_layout(r.cfg, r.spilled.shape, r.spilled.lengths, _source_plan(r, keys))
+        run = await asyncio.to_thread(r.spilled.gather, layout, keys, buckets, rows)
+        return _Served(r, layout, keys, None, None, run)
+    assert isinstance(r.chosen, Chosen), "a source read in memory"
     keys = np.ascontiguousarray(r.chosen.keys[:, taken])
     plan = _source_plan(r, keys)
     if r.scan is not None:
@@ -202,7 +223,7 @@ async def _serve(
 def _source_plan(r: SourceRead, keys: np.ndarray) -> EpochPlan:
     """A plan of the source's run alone, for the layout builders of its mode."""
     n = keys.shape[1]
-    shape = r.scan.shape if r.scan is not None else None
+    shape = r.scan_shape
     return EpochPlan(
         epoch=0,
         keys=keys,
@@ -361,6 +382,8 @@ def _batch_source(
             keys = s.keys[:, lo:hi]
             if s.reader is not None:
                 collate.decode(s.layout, blobs[s.read.code], keys, scratch)
+            elif s.run is not None:
+                s.run.read(lo, hi, out=scratch)
             else:
                 assert s.read.scan is not None
                 assert s.starts is not None

@@ -36,7 +36,7 @@ def cut_passes(cfg: Config, shape: ScanShape, partition: Partition, rows: RowsFi
     for p in range(partition.passes):
         loaded.resize(PASS_COPIES * partition.room)
         table = pass_table(shape, partition, p)
-        _check_pass_fits(cfg, shape, table, partition.room)
+        check_pass_fits(cfg, shape, table, partition.room)
         keys, starts = cut(table, shape, cfg.scan_samples)
         windows = np.empty((keys.shape[0] + 1, keys.shape[1]), np.int64)
         windows[:-1] = keys
@@ -52,7 +52,7 @@ def cut_passes(cfg: Config, shape: ScanShape, partition: Partition, rows: RowsFi
     loaded.free()
 
 
-def _check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> None:
+def check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> None:
     """Refuse a pass that is one series larger than a pass may be: no budget split could make it fit.
 
     A pass of several series larger than its share (an unlucky hash) is read as it is; one series is the

@@ -175,10 +175,13 @@ class Partition:
 
     def load(self, p: int) -> list[Columns]:
         """Pass ``p``'s rows, a chunk of columns a block (none if it has no rows); its file is removed."""
-        prefix = self._prefix(p)
-        chunks = list(self._read(prefix))
-        self._unlink(prefix)  # read: its disk is given back as the passes go
+        chunks = self.read(p)
+        self._unlink(self._prefix(p))  # read: its disk is given back as the passes go
         return chunks
+
+    def read(self, p: int) -> list[Columns]:
+        """Pass ``p``'s rows, a chunk of columns a block (none if it has no rows); its file stays, to be read again."""
+        return list(self._read(self._prefix(p)))
 
     def _prefix(self, p: int) -> str:
         """The file of pass ``p``: its bucket's, or its part of a split bucket's."""
