@@ -113,3 +113,48 @@ def test_a_spilled_windows_source_keeps_each_series_whole_and_dumps_the_same_byt
         assert ("[samples.ticks] table: 250,000 rows beyond its share" in proc.stderr) == (memory == "24MiB")
         stores[memory] = tmp_path / f"{memory}.zarr" / "epoch-00000"
     assert chunk_bytes(stores["24MiB"]) == chunk_bytes(stores["4GiB"])
+
+
+def test_a_series_no_bucket_of_its_share_holds_is_refused_naming_the_least_memory_of_the_whole_mix(
+    db: str, tmp_path: Path
+) -> None:
+    """The one refusal left: a series cannot be split from its windows. The --memory it names reads it (whole).
+
+    The smaller source, read first, takes what it holds: the larger has the rest of the budget, not half.
+    """
+    execute(
+        db,
+        "CREATE TABLE ticks (sid int NOT NULL, t int NOT NULL, a float8 NOT NULL, b real NOT NULL, tag int NOT NULL)",
+        "INSERT INTO ticks SELECT i / 1000000, i % 1000000, 1000000 + i, i * 0.5, i % 7 "
+        "FROM generate_series(0, 1049999) i",
+        "CREATE TABLE short_ticks (sid int NOT NULL, t int NOT NULL, a float8 NOT NULL, b real NOT NULL, "
+        "tag int NOT NULL)",
+        "INSERT INTO short_ticks SELECT i / 50, i % 50, 2000000 + i, i * 0.25, i % 5 FROM generate_series(0, 999) i",
+        "ANALYZE ticks",
+        "ANALYZE short_ticks",  # the smaller table is read first, and leaves the larger the rest
+    )
+    windows = {"key": "sid", "order": "t", "window": 8, "stride": 4}
+    sources = {
+        "ticks": {"weight": 3, "table": "ticks", **windows},
+        "short": {"weight": 1, "table": "short_ticks", **windows},
+    }
+
+    def run(memory: str) -> subprocess.CompletedProcess[str]:
+        config = mix_config(tmp_path, sources, size=64, samples=4096, store=f"{memory}.zarr", name=f"{memory}.toml")
+        config.write_text(config.read_text().replace("[source]\n", f'[source]\nmemory = "{memory}"\n', 1))
+        return subprocess.run([*dump_argv(config, db), "--json"], capture_output=True, text=True, check=False)
+
+    proc = run("24MiB")
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    m = re.fullmatch(
+        r"\[samples\.ticks\] table: series \(sid=0\) has 1,000,000 rows \([\d.]+ MiB decoded\), more than "
+        r"a data pass holds under \[source\] memory 24 MiB; the least budget that reads it is --memory (\d+)MiB",
+        error,
+    )
+    assert m is not None, error
+    least = int(m.group(1))
+    assert not (tmp_path / "24MiB.zarr" / "epoch-00000").exists()  # nothing published
+    assert run(f"{least}MiB").returncode == 0, "the budget it names reads it"
+    assert run(f"{least - 16}MiB").returncode != 0, "and a budget well under it does not"

@@ -22,6 +22,7 @@ A way of reading whose holders do not fit is not taken (:mod:`pgprefetch.write.s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIB = 1 << 20
@@ -43,6 +44,10 @@ GATHER_BYTES = 8 * MIB  # the most samples gathered at once (a stretch's, a grou
 # The most rows a stretch holds, however large the budget: beyond it, larger stretches only hold more memory
 # (20M rows of 17 columns: 21.5 s in 11 stretches under 512 MiB, 22.9 s in 8 of this size under 16 GiB).
 STRETCH_MOST = 256 * MIB
+# The estimate must put the table this far past memory before the read is skipped: an estimate a little
+# high would cost a slower dump of the same bytes; one too low is caught by the read itself. A refusal's
+# least budget for a read in memory counts the rows this much larger, for the same reason.
+ESTIMATE_MARGIN = 1.1
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
 PLAN_BYTES_PER_SAMPLE = 32
@@ -195,20 +200,25 @@ class Policy:
         return max(1, min(GATHER_BYTES, self.data // 16) // max(1, sample_bytes))
 
 
+def least_budget(fits: Callable[[Policy], bool]) -> int:
+    """The least budget (a whole MiB) whose scan policy ``fits`` says holds what is asked (for one-line refusals)."""
+    high = MIB
+    while not fits(Policy.for_scan(high)):
+        high *= 2
+    low = high // 2
+    while high - low > MIB:
+        mid = (low + high) // 2 // MIB * MIB
+        if fits(Policy.for_scan(mid)):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 def smallest_budget(pass_rows_bytes: int) -> int:
     """The least budget (a whole MiB) whose data passes hold ``pass_rows_bytes`` of decoded rows at once.
 
     For the one-line error of a series no pass under the budget can hold (it cannot be split: its windows
     would be).
     """
-    high = MIB
-    while Policy.for_scan(high).pass_bytes() < pass_rows_bytes:
-        high *= 2
-    low = high // 2
-    while high - low > MIB:
-        mid = (low + high) // 2 // MIB * MIB
-        if Policy.for_scan(mid).pass_bytes() >= pass_rows_bytes:
-            high = mid
-        else:
-            low = mid
-    return high
+    return least_budget(lambda policy: policy.pass_bytes() >= pass_rows_bytes)

@@ -108,6 +108,29 @@ def scan_share(budget: int, held: int, scan_sources: int) -> int:
     return max(1, (data - held) // max(1, scan_sources)) if budget else 0
 
 
+@dataclass(frozen=True)
+class Share:
+    """A scan source's part of a mixed epoch's ``--memory``: the data's share less the query sources' keys, split.
+
+    The source is read with a config of its own whose ``[source] memory`` gives it this share
+    (:attr:`own_budget`); a refusal names the ``--memory`` of the whole epoch (:meth:`least`).
+    """
+
+    budget: int  # the epoch's --memory
+    held: int  # the query sources' keys
+    scan_sources: int
+
+    @property
+    def own_budget(self) -> int:
+        """The ``[source] memory`` whose data share is the source's share (0: no budget)."""
+        share = scan_share(self.budget, self.held, self.scan_sources)
+        return least_budget(share, 0, 1) if share else 0
+
+    def least(self, own: int) -> int:
+        """The least ``--memory`` under which the source's own ``[source] memory`` is at least ``own``."""
+        return least_budget(Policy.for_scan(own).data, self.held, self.scan_sources)
+
+
 def least_budget(need: int, held: int, scan_sources: int) -> int:
     """The least ``--memory`` (a whole MiB) under which each scan source's share holds ``need`` bytes."""
     high = MIB
@@ -123,6 +146,27 @@ def least_budget(need: int, held: int, scan_sources: int) -> int:
     return high
 
 
+@dataclass(frozen=True)
+class ScanTable:
+    """A scan source's table described before it is read: its category lists and the planner's estimate."""
+
+    coding: Coding
+    shape: ScanShape
+    guess: Estimate
+
+    @property
+    def size_order(self) -> tuple[bool, float]:
+        """The order the scan sources are read in: the smallest first, a table of unknown size last."""
+        return (not self.guess.known, self.guess.table_bytes)
+
+
+async def describe_table(cfg: Config, snap: Snapshot, vocabulary: Vocabulary | None) -> ScanTable:
+    """A scan source's table described and coded (its ``[source] memory`` plays no part yet)."""
+    coding = Coding(cfg, snap, vocabulary)
+    shape = await coding.shape()
+    return ScanTable(coding, shape, await estimate(snap, shape))
+
+
 async def read_source(
     cfg: Config,
     name: str,
@@ -131,11 +175,13 @@ async def read_source(
     vocabulary: Vocabulary | None,
     counts: dict[str, Any],
     spill: SpillFolder,
+    scan: tuple[ScanTable, Share] | None = None,
 ) -> SourceRead:
     """Read source ``name`` (its own config ``cfg``) on ``snap``: its keys, or its table cut into samples.
 
-    ``counts`` hears the table rows a scan read (``rows_read``). A scan source beyond its share of the
-    budget spills to ``spill``, a folder of its own.
+    ``counts`` hears the table rows a scan read (``rows_read``). A scan source's table, described
+    (:func:`describe_table`), is read within its share of the budget or spills to ``spill``, a folder of its
+    own (``scan``).
 
     Raises:
         ConfigError: it returned no keys (a source of weight > 0 must give samples).
@@ -151,17 +197,18 @@ async def read_source(
         read = SourceRead(name, code, cfg, shape.keys, chosen, Passes(chosen, seed=cfg.batches.seed, name=name))
         read.shape = shape
     else:
-        scan = await _read_scan(cfg, name, snap, vocabulary, spill, where)
-        if isinstance(scan, SpilledScan):
-            counts["rows_read"] = counts.get("rows_read", 0) + scan.rows_read
-            spilled = SpilledPasses(scan.index, seed=cfg.batches.seed, name=name)
-            read = SourceRead(name, code, cfg, scan.shape.key_columns, scan.index, spilled, spilled=scan)
+        assert scan is not None, "a scan source's table is described first"
+        got = await _read_scan(cfg, name, snap, spill, where, *scan)
+        if isinstance(got, SpilledScan):
+            counts["rows_read"] = counts.get("rows_read", 0) + got.rows_read
+            spilled = SpilledPasses(got.index, seed=cfg.batches.seed, name=name)
+            read = SourceRead(name, code, cfg, got.shape.key_columns, got.index, spilled, spilled=got)
         else:
-            counts["rows_read"] = counts.get("rows_read", 0) + scan.table.rows_read
-            keys = scan.sample_keys
+            counts["rows_read"] = counts.get("rows_read", 0) + got.table.rows_read
+            keys = got.sample_keys
             chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
             passes = Passes(chosen, seed=cfg.batches.seed, name=name)
-            read = SourceRead(name, code, cfg, scan.shape.key_columns, chosen, passes, scan=scan)
+            read = SourceRead(name, code, cfg, got.shape.key_columns, chosen, passes, scan=got)
     if read.chosen.m == 0:
         n_keys = read.chosen.n_keys
         what = "no keys" if not n_keys else f"{n_keys} keys of which fraction chose none"
@@ -170,7 +217,7 @@ async def read_source(
 
 
 async def _read_scan(
-    cfg: Config, name: str, snap: Snapshot, vocabulary: Vocabulary | None, spill: SpillFolder, where: str
+    cfg: Config, name: str, snap: Snapshot, spill: SpillFolder, where: str, table: ScanTable, share: Share
 ) -> ScanRead | SpilledScan:
     """A scan source's table read whole within its share, or into a partition beyond it (the table read once).
 
@@ -178,9 +225,7 @@ async def _read_scan(
     estimate puts the table past the share; else read whole, handed over midway if it outgrows the share
     (read again with whole category lists only where it was coded against the store's).
     """
-    coding = Coding(cfg, snap, vocabulary)
-    shape = await coding.shape()
-    guess = await estimate(snap, shape)
+    coding, shape, guess = table.coding, table.shape, table.guess
     if not beyond_memory(cfg, shape, guess):
         overflow = Overflow(lambda rows, row_bytes: _partition(cfg, shape, spill, _measured(guess, rows, row_bytes)))
         try:
@@ -195,7 +240,7 @@ async def _read_scan(
             heap.release()
             assert isinstance(overflow.partition, Partition), "the read was handed over to a partition"
             rows_read = overflow.rows + coding.rows_read
-            return await _indexed(cfg, name, coding.current, overflow.partition, rows_read, spill, where)
+            return await _indexed(cfg, name, coding.current, overflow.partition, rows_read, spill, where, share)
     shape = await coding.complete()
     partition = _partition(cfg, shape, spill, guess)
     try:
@@ -203,7 +248,7 @@ async def _read_scan(
     except BaseException:
         partition.remove()
         raise
-    return await _indexed(cfg, name, shape, partition, rows + coding.rows_read, spill, where)
+    return await _indexed(cfg, name, shape, partition, rows + coding.rows_read, spill, where, share)
 
 
 def _measured(guess: Estimate, rows: int, row_bytes: float) -> Estimate:
@@ -220,12 +265,22 @@ def _partition(cfg: Config, shape: ScanShape, spill: SpillFolder, guess: Estimat
 
 
 async def _indexed(
-    cfg: Config, name: str, shape: ScanShape, partition: Partition, rows_read: int, spill: SpillFolder, where: str
+    cfg: Config,
+    name: str,
+    shape: ScanShape,
+    partition: Partition,
+    rows_read: int,
+    spill: SpillFolder,
+    where: str,
+    share: Share,
 ) -> SpilledScan:
     """The partition settled and its chosen samples indexed (:func:`~.spilled.index_partition`)."""
+    budget, least = share.budget, share.least
     try:
         await asyncio.to_thread(partition.settle)
-        spilled = await asyncio.to_thread(index_partition, cfg, name, shape, partition, spill, rows_read, where)
+        spilled = await asyncio.to_thread(
+            index_partition, cfg, name, shape, partition, spill, rows_read, where, budget=budget, least=least
+        )
     except BaseException:
         partition.remove()
         raise

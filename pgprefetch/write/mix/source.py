@@ -37,13 +37,13 @@ from pgprefetch.write.mix.apportion import shares
 from pgprefetch.write.mix.passes import Chosen, by_hash, slot_hash
 from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_record, needed, starts, weights_at
 from pgprefetch.write.mix.reading import (
+    Share,
     SourceRead,
     check_same_arrays,
+    describe_table,
     held_bytes,
-    least_budget,
     prefixed,
     read_source,
-    scan_share,
     source_config,
     widest,
 )
@@ -98,9 +98,11 @@ async def _read_sources(
     """Every source the epoch draws on, in ``[samples]`` order: query sources first, scan sources after them.
 
     The budget is shared by what each needs: the query sources' keys are read and held first (each
-    reserved in the pool), and the scan sources share what is left of the data's share, equally. A scan
-    source whose table does not fit its share spills to a folder of its own (:mod:`.spilled`), removed
-    when the epoch is written.
+    reserved in the pool); then the scan sources, the smallest table first (as the planner estimates
+    them), each sharing what those before it left equally with those after it, so that a small table
+    takes what it holds and the largest what is left. A scan source whose table does not fit its share
+    spills to a folder of its own (:mod:`.spilled`), removed when the epoch is written; what its gather
+    will hold counts against the shares of the sources read after it.
     """
     assert cfg.mix is not None
     pool = memory.current()
@@ -116,22 +118,26 @@ async def _read_sources(
             reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, counts, spill)
             pool.reserve(f"keys of {s.name}", held_bytes(read))  # held for the epoch
             held += held_bytes(read)
-    share = scan_share(budget, held, len(scans))
+    tables = []
     for code, s in scans:
         async with prefixed(s.name):
-            own = source_config(cfg, s.name, _budget_for(share), len(queries))
-            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, counts, spill.sub(f"{code}"))
-            if read.spilled is not None:
-                stack.callback(read.spilled.remove)
-            else:
-                assert read.scan is not None, "a scan source is read whole or spilled"
-                pool.reserve(f"table of {s.name}", read.scan.table.nbytes + held_bytes(read))  # held for the epoch
+            own = source_config(cfg, s.name, budget, len(queries))
+            tables.append((code, s, await describe_table(own, snap, vocabulary)))
+    tables.sort(key=lambda t: t[2].size_order)  # each takes what it needs of what those before it left
+    for i, (code, s, table) in enumerate(tables):
+        share = Share(budget, held, len(tables) - i)
+        async with prefixed(s.name):
+            own = source_config(cfg, s.name, share.own_budget, len(queries))
+            folder = spill.sub(f"{code}")
+            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, counts, folder, (table, share))
+        if read.spilled is not None:
+            stack.callback(read.spilled.remove)
+            held += read.spilled.working_bytes  # reserved by its gather, after the sources read after it
+        else:
+            assert read.scan is not None, "a scan source is read whole or spilled"
+            pool.reserve(f"table of {s.name}", read.scan.table.nbytes + held_bytes(read))  # held for the epoch
+            held += read.scan.table.nbytes + held_bytes(read)
     return [reads[code] for code, _ in sources]
-
-
-def _budget_for(share: int) -> int:
-    """The ``[source] memory`` whose data share is ``share`` (a scan source's read measures against that)."""
-    return least_budget(share, 0, 1) if share else 0
 
 
 @asynccontextmanager

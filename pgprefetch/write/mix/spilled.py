@@ -23,7 +23,7 @@ keys (which the epoch's plan holds anyway) and a range of the run.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,6 +120,11 @@ class SpilledScan:
         """The source's share of the budget, shared out as a scan's."""
         return Policy.for_scan(self.cfg.source.memory_bytes)
 
+    @property
+    def working_bytes(self) -> int:
+        """What :meth:`gather` holds at its peak: a bucket loaded (as a data pass is) and a piece gathered from it."""
+        return PASS_COPIES * self.partition.room + self.policy.data // 16
+
     def load(self, bucket: int) -> Table:
         """Bucket ``bucket``'s rows, sorted by (key, order) as the index cut them (its file stays)."""
         return assemble(self.shape, self.partition.read(bucket), empty_ok=True)
@@ -181,9 +186,21 @@ def _placed(part: ColumnFile, layout: BatchLayout, first: int, n: int) -> dict[s
 
 
 def index_partition(
-    cfg: Config, name: str, shape: ScanShape, partition: Partition, folder: SpillFolder, rows_read: int, where: str
+    cfg: Config,
+    name: str,
+    shape: ScanShape,
+    partition: Partition,
+    folder: SpillFolder,
+    rows_read: int,
+    where: str,
+    *,
+    budget: int | None = None,
+    least: Callable[[int], int] | None = None,
 ) -> SpilledScan:
     """The chosen samples of every bucket of ``partition`` indexed (see the module's step 1).
+
+    ``budget`` and ``least``: what a series too large for a bucket is refused naming
+    (:func:`~pgprefetch.write.scan.cutpasses.check_pass_fits`).
 
     Raises:
         SourceError: the table has no rows or no window, or a series larger than a bucket may be.
@@ -199,7 +216,7 @@ def index_partition(
             table = assemble(shape, partition.read(bucket), empty_ok=True)
             if not table.keys.shape[1]:
                 continue
-            check_pass_fits(cfg, shape, table, partition.room)
+            check_pass_fits(cfg, shape, table, partition, budget=budget, least=least, where=where)
             lengths = array_lengths(table) if lengths is None else lengths
             longest = max(longest, longest_series(table.keys))
             keys, starts = cut(table, shape, cfg.scan_samples)

@@ -9,7 +9,7 @@ so the epoch's order hands the batches their windows' start rows directly, and n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from pgprefetch.errors import SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.write import memory
 from pgprefetch.write.memory import heap
-from pgprefetch.write.memory.policy import PASS_COPIES, smallest_budget
+from pgprefetch.write.memory.policy import ESTIMATE_MARGIN, PASS_COPIES, least_budget, smallest_budget
 from pgprefetch.write.scan.partition import Partition, pass_table
 from pgprefetch.write.scan.rowsfile import RowsFile
 from pgprefetch.write.scan.shape import ScanShape
@@ -36,7 +36,7 @@ def cut_passes(cfg: Config, shape: ScanShape, partition: Partition, rows: RowsFi
     for p in range(partition.passes):
         loaded.resize(PASS_COPIES * partition.room)
         table = pass_table(shape, partition, p)
-        check_pass_fits(cfg, shape, table, partition.room)
+        check_pass_fits(cfg, shape, table, partition)
         keys, starts = cut(table, shape, cfg.scan_samples)
         windows = np.empty((keys.shape[0] + 1, keys.shape[1]), np.int64)
         windows[:-1] = keys
@@ -52,18 +52,45 @@ def cut_passes(cfg: Config, shape: ScanShape, partition: Partition, rows: RowsFi
     loaded.free()
 
 
-def check_pass_fits(cfg: Config, shape: ScanShape, table: Table, room: int) -> None:
+def check_pass_fits(
+    cfg: Config,
+    shape: ScanShape,
+    table: Table,
+    partition: Partition,
+    *,
+    budget: int | None = None,
+    least: Callable[[int], int] | None = None,
+    where: str = "[samples]",
+) -> None:
     """Refuse a pass that is one series larger than a pass may be: no budget split could make it fit.
 
     A pass of several series larger than its share (an unlucky hash) is read as it is; one series is the
-    least a pass can hold, since its windows cannot be split from its rows.
+    least a pass can hold, since its windows cannot be split from its rows. The refusal names ``budget``
+    (default: ``[source] memory``) and the least ``--memory`` that reads the table: in passes large enough
+    for the series, or whole in memory where that takes less (:func:`least_reading`); ``least`` of that
+    where a mixed epoch's source has a share of the ``--memory`` named.
     """
     rows = table.keys.shape[1]
-    if cfg.scan_samples.window is None or table.nbytes <= 2 * room or longest_series(table.keys) < rows:
+    if cfg.scan_samples.window is None or table.nbytes <= 2 * partition.room or longest_series(table.keys) < rows:
         return
-    need = smallest_budget(table.nbytes)
+    need = least_reading(cfg, table.nbytes, partition.rows, partition.row_bytes, len(shape.key_names))
+    need = least(need) if least is not None else need
+    named = cfg.source.memory_bytes if budget is None else budget
     raise SourceError(
-        f"[samples] table: series ({KeyColumns(shape.key_names[:-1]).show(table.keys[:-1, 0])}) has {rows:,} rows "
+        f"{where} table: series ({KeyColumns(shape.key_names[:-1]).show(table.keys[:-1, 0])}) has {rows:,} rows "
         f"({table.nbytes / 2**20:,.1f} MiB decoded), more than a data pass holds under [source] memory "
-        f"{cfg.source.memory_bytes / 2**20:,.0f} MiB; the least budget that reads it is --memory {need >> 20}MiB"
+        f"{named / 2**20:,.0f} MiB; the least budget that reads it is --memory {need >> 20}MiB"
     )
+
+
+def least_reading(cfg: Config, series_bytes: int, rows: int, row_bytes: int, width: int) -> int:
+    """The least budget that reads a table of ``rows`` rows whose largest series has ``series_bytes``.
+
+    In passes, a pass must hold the series; whole, the table and its epoch must fit (with the margin an
+    estimate is given: the rows' size in the partition is not quite their size in a read).
+    """
+    passes = smallest_budget(series_bytes)
+    stride = cfg.scan_samples.stride if cfg.scan_samples.window is not None else 1
+    n = int(rows * ESTIMATE_MARGIN)
+    whole = least_budget(lambda policy: policy.fits_in_memory(n, row_bytes, -(-n // stride), width))
+    return min(passes, whole)

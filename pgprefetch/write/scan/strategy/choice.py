@@ -5,9 +5,10 @@ The planner's row count (``reltuples``, -1 before the first ``ANALYZE``) times t
 choice, in order:
 
 - a ``check`` reads the keys only (:class:`~.keysonly.KeysOnly`), whatever the size;
-- a table the estimate puts past the budget (with a margin: :data:`ESTIMATE_MARGIN`) is read beyond memory:
-  rows in stretches of the epoch's order (:class:`~.stretches.InStretches`), windows in passes of whole
-  series (:class:`~.passes.InPasses`);
+- a table the estimate puts past the budget (with the policy's margin,
+  :data:`~pgprefetch.write.memory.policy.ESTIMATE_MARGIN`) is read beyond memory: rows in stretches of the
+  epoch's order (:class:`~.stretches.InStretches`), windows in passes of whole series
+  (:class:`~.passes.InPasses`);
 - anything else is read whole (:class:`~.inmemory.InMemory`), with the beyond-memory strategy of its kind
   as the fallback an estimate too low hands the read to, midway (the table is read once either way).
 
@@ -22,12 +23,8 @@ from dataclasses import dataclass
 
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
-from pgprefetch.write.memory.policy import Policy
+from pgprefetch.write.memory.policy import ESTIMATE_MARGIN, Policy
 from pgprefetch.write.scan.shape import ScanShape
-
-# The estimate must put the table this far past memory before the read is skipped: an estimate a little
-# high would cost a slower dump of the same bytes; one too low is caught by the read itself.
-ESTIMATE_MARGIN = 1.1
 
 
 @dataclass(frozen=True)
