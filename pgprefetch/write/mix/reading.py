@@ -1,10 +1,10 @@
 """Each source of a mixed epoch read on the epoch's snapshot by its own mode's machinery.
 
 A query-mode source is described and its keys read (:meth:`~pgprefetch.pg.session.Snapshot.read_keys`).
-A scan-mode source's table is read whole and cut (:func:`~pgprefetch.write.scan.whole.read_whole`) where
-it fits its share of the budget, and otherwise into a partition on disk (:mod:`.spilled`): the choice is
-made before the read from the planner's estimate (:mod:`pgprefetch.write.scan.strategy.choice`), and a read
-in memory that outgrows its share goes on into the partition, so the table is read once either way. Each
+A scan-mode source's table is read by a scan epoch's strategies: whole where it fits its share of the
+budget, otherwise into buckets on disk (:class:`~.spilled.InBuckets`), the choice made before the read from
+the planner's estimate, and a read in memory that outgrows its share going on into the buckets, so the
+table is read once either way (:mod:`pgprefetch.write.scan.strategy`). Each
 source is read with the config of its own (:meth:`~pgprefetch.config.model.Config.for_source`), the memory
 budget shared out among the sources, and any error it raises is prefixed with the source's table:
 ``[samples.web]: ...``.
@@ -12,13 +12,11 @@ budget shared out among the sources, and any error it raises is prefixed with th
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -26,20 +24,16 @@ from pgprefetch.config.model import Config, SamplesConfig
 from pgprefetch.errors import ConfigError, PgprefetchError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Shape, Snapshot
-from pgprefetch.write.memory import heap
 from pgprefetch.write.memory.policy import MIB, Policy
 from pgprefetch.write.mix.passes import Chosen, Passes, PassOrder, choose
-from pgprefetch.write.mix.spilled import SpilledIndex, SpilledPasses, SpilledScan, index_partition
+from pgprefetch.write.mix.spilled import InBuckets, SpilledIndex, SpilledPasses, SpilledScan
 from pgprefetch.write.plan import Vocabulary
-from pgprefetch.write.scan.keyspill import stream
-from pgprefetch.write.scan.partition import Partition, bucket_count
 from pgprefetch.write.scan.shape import ScanShape
-from pgprefetch.write.scan.strategy.choice import Estimate, beyond_memory, estimate
-from pgprefetch.write.scan.table import Overflow, TableTooLarge
-from pgprefetch.write.scan.whole import Coding, ScanRead, read_whole
+from pgprefetch.write.scan.strategy import either
+from pgprefetch.write.scan.strategy.choice import Estimate, estimate
+from pgprefetch.write.scan.strategy.job import BeyondMemory, ScanJob
+from pgprefetch.write.scan.whole import Coding, ScanRead
 from pgprefetch.write.spill.folder import SpillFolder
-
-log = logging.getLogger("pgprefetch")
 
 
 @dataclass
@@ -60,6 +54,13 @@ class SourceRead:
     def where(self) -> str:
         """How messages name it."""
         return f"[samples.{self.name}]"
+
+    @property
+    def rows_read(self) -> int:
+        """The table rows its read made the server read (0: a query source)."""
+        if self.scan is not None:
+            return self.scan.table.rows_read
+        return self.spilled.rows_read if self.spilled is not None else 0
 
     @property
     def scan_shape(self) -> ScanShape | None:
@@ -150,6 +151,7 @@ def least_budget(need: int, held: int, scan_sources: int) -> int:
 class ScanTable:
     """A scan source's table described before it is read: its category lists and the planner's estimate."""
 
+    snap: Snapshot
     coding: Coding
     shape: ScanShape
     guess: Estimate
@@ -164,129 +166,81 @@ async def describe_table(cfg: Config, snap: Snapshot, vocabulary: Vocabulary | N
     """A scan source's table described and coded (its ``[source] memory`` plays no part yet)."""
     coding = Coding(cfg, snap, vocabulary)
     shape = await coding.shape()
-    return ScanTable(coding, shape, await estimate(snap, shape))
+    return ScanTable(snap, coding, shape, await estimate(snap, shape))
 
 
-async def read_source(
-    cfg: Config,
-    name: str,
-    code: int,
-    snap: Snapshot,
-    vocabulary: Vocabulary | None,
-    counts: dict[str, Any],
-    spill: SpillFolder,
-    scan: tuple[ScanTable, Share] | None = None,
-) -> SourceRead:
-    """Read source ``name`` (its own config ``cfg``) on ``snap``: its keys, or its table cut into samples.
-
-    ``counts`` hears the table rows a scan read (``rows_read``). A scan source's table, described
-    (:func:`describe_table`), is read within its share of the budget or spills to ``spill``, a folder of its
-    own (``scan``).
+async def read_query_source(cfg: Config, name: str, code: int, snap: Snapshot) -> SourceRead:
+    """Read query source ``name`` (its own config ``cfg``) on ``snap``: its keys, chosen for its passes.
 
     Raises:
         ConfigError: it returned no keys (a source of weight > 0 must give samples).
         SampleError: a key came twice and repeats are not dropped.
     """
+    assert isinstance(cfg.samples, SamplesConfig)
+    shape = await snap.describe(cfg)
+    chosen = _choose(cfg, name, await snap.read_keys(cfg, shape.keys))
+    read = SourceRead(name, code, cfg, shape.keys, chosen, Passes(chosen, seed=cfg.batches.seed, name=name))
+    read.shape = shape
+    return _has_samples(read)
+
+
+async def read_scan_source(
+    cfg: Config,
+    name: str,
+    code: int,
+    table: ScanTable,
+    share: Share,
+    spill: SpillFolder,
+    stack: contextlib.AsyncExitStack,
+) -> SourceRead:
+    """Read scan source ``name`` (its own config ``cfg``, its ``share`` of the budget): whole, or into buckets.
+
+    The choice is a scan epoch's (:func:`~pgprefetch.write.scan.strategy.either`): in memory where the table
+    fits the share, else into buckets on disk in ``spill``, a folder of its own (:class:`~.spilled.InBuckets`);
+    a read in memory that outgrows the share goes on into the buckets, so the table is read once. The
+    buckets are removed when ``stack`` closes (the epoch is written).
+
+    Raises:
+        ConfigError: it gave no samples.
+        SampleError: a key came twice and repeats are not dropped.
+    """
     where = f"[samples.{name}]"
-    samples = cfg.samples
-    drop = samples.duplicates == "drop"
-    if isinstance(samples, SamplesConfig):
-        shape = await snap.describe(cfg)
-        keys = await snap.read_keys(cfg, shape.keys)
-        chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
-        read = SourceRead(name, code, cfg, shape.keys, chosen, Passes(chosen, seed=cfg.batches.seed, name=name))
-        read.shape = shape
-    else:
-        assert scan is not None, "a scan source's table is described first"
-        got = await _read_scan(cfg, name, snap, spill, where, *scan)
-        if isinstance(got, SpilledScan):
-            counts["rows_read"] = counts.get("rows_read", 0) + got.rows_read
-            spilled = SpilledPasses(got.index, seed=cfg.batches.seed, name=name)
-            read = SourceRead(name, code, cfg, got.shape.key_columns, got.index, spilled, spilled=got)
-        else:
-            counts["rows_read"] = counts.get("rows_read", 0) + got.table.rows_read
-            keys = got.sample_keys
-            chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
-            passes = Passes(chosen, seed=cfg.batches.seed, name=name)
-            read = SourceRead(name, code, cfg, got.shape.key_columns, chosen, passes, scan=got)
-    if read.chosen.m == 0:
-        n_keys = read.chosen.n_keys
-        what = "no keys" if not n_keys else f"{n_keys} keys of which fraction chose none"
-        raise ConfigError(f"{where} returned {what}: a source needs samples (weight = 0 leaves it out)")
+    job = ScanJob(cfg, table.snap, 0, table.shape, table.coding, table.guess, spill)
+    beyond: BeyondMemory[ScanRead | SpilledScan] = InBuckets(name, where, share.budget, share.least)
+    strategy = either(job, beyond, _as_read)
+    got = await stack.enter_async_context(strategy.open(job))
+    if isinstance(got, SpilledScan):
+        spilled = SpilledPasses(got.index, seed=cfg.batches.seed, name=name)
+        return _has_samples(SourceRead(name, code, cfg, got.shape.key_columns, got.index, spilled, spilled=got))
+    chosen = _choose(cfg, name, got.sample_keys)
+    passes = Passes(chosen, seed=cfg.batches.seed, name=name)
+    return _has_samples(SourceRead(name, code, cfg, got.shape.key_columns, chosen, passes, scan=got))
+
+
+def _as_read(job: ScanJob, read: ScanRead) -> ScanRead | SpilledScan:
+    """A table read whole, as a mixed source holds it (its epochs are cut by the mix)."""
     return read
 
 
-async def _read_scan(
-    cfg: Config, name: str, snap: Snapshot, spill: SpillFolder, where: str, table: ScanTable, share: Share
-) -> ScanRead | SpilledScan:
-    """A scan source's table read whole within its share, or into a partition beyond it (the table read once).
+def _choose(cfg: Config, name: str, keys: np.ndarray) -> Chosen:
+    """The keys a source's passes walk (:func:`~.passes.choose`), by its ``fraction`` and ``duplicates``."""
+    samples = cfg.samples
+    drop = samples.duplicates == "drop"
+    where = f"[samples.{name}]"
+    return choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
 
-    As a scan epoch chooses (:mod:`pgprefetch.write.scan.strategy`): straight into the partition where the
-    estimate puts the table past the share; else read whole, handed over midway if it outgrows the share
-    (read again with whole category lists only where it was coded against the store's).
+
+def _has_samples(read: SourceRead) -> SourceRead:
+    """``read``, which must give samples.
+
+    Raises:
+        ConfigError: its keys (or those ``fraction`` chose) are none.
     """
-    coding, shape, guess = table.coding, table.shape, table.guess
-    if not beyond_memory(cfg, shape, guess):
-        overflow = Overflow(lambda rows, row_bytes: _partition(cfg, shape, spill, _measured(guess, rows, row_bytes)))
-        try:
-            read = await read_whole(cfg, snap, coding, shape, overflow=overflow)
-        except TableTooLarge as e:  # coded against the store's lists: read again, with whole ones
-            heap.release()
-            coding.rows_read += e.rows
-            guess = _measured(guess, e.rows, e.bytes_per_row)
-        else:
-            if read is not None:
-                return read
-            heap.release()
-            assert isinstance(overflow.partition, Partition), "the read was handed over to a partition"
-            rows_read = overflow.rows + coding.rows_read
-            return await _indexed(cfg, name, coding.current, overflow.partition, rows_read, spill, where, share)
-    shape = await coding.complete()
-    partition = _partition(cfg, shape, spill, guess)
-    try:
-        rows = await stream(cfg, snap, shape, lambda chunk: None, None, partition, keep=())
-    except BaseException:
-        partition.remove()
-        raise
-    return await _indexed(cfg, name, shape, partition, rows + coding.rows_read, spill, where, share)
-
-
-def _measured(guess: Estimate, rows: int, row_bytes: float) -> Estimate:
-    """The estimate corrected by a read that outgrew its share after ``rows`` rows of ``row_bytes``."""
-    return Estimate(max(guess.rows, 2.0 * rows), row_bytes or guess.row_bytes)
-
-
-def _partition(cfg: Config, shape: ScanShape, spill: SpillFolder, guess: Estimate) -> Partition:
-    """The partition by series a scan source beyond its share is read into: buckets of a data pass's share."""
-    policy = Policy.for_scan(cfg.source.memory_bytes)
-    room = policy.pass_bytes()
-    buckets = bucket_count(guess.rows, max(1.0, guess.row_bytes), room)
-    return Partition(spill.sub("partition"), buckets, shape.n_key, room, hold=policy.partition_hold_bytes())
-
-
-async def _indexed(
-    cfg: Config,
-    name: str,
-    shape: ScanShape,
-    partition: Partition,
-    rows_read: int,
-    spill: SpillFolder,
-    where: str,
-    share: Share,
-) -> SpilledScan:
-    """The partition settled and its chosen samples indexed (:func:`~.spilled.index_partition`)."""
-    budget, least = share.budget, share.least
-    try:
-        await asyncio.to_thread(partition.settle)
-        spilled = await asyncio.to_thread(
-            index_partition, cfg, name, shape, partition, spill, rows_read, where, budget=budget, least=least
-        )
-    except BaseException:
-        partition.remove()
-        raise
-    message = "%s table: %s rows beyond its share of [source] memory: read once into %d buckets on disk"
-    log.info(message, where, f"{partition.rows:,}", partition.passes)
-    return spilled
+    if read.chosen.m == 0:
+        n_keys = read.chosen.n_keys
+        what = "no keys" if not n_keys else f"{n_keys} keys of which fraction chose none"
+        raise ConfigError(f"{read.where} returned {what}: a source needs samples (weight = 0 leaves it out)")
+    return read
 
 
 def widest(sources: list[SourceRead]) -> KeyColumns:

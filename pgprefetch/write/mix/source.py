@@ -43,7 +43,8 @@ from pgprefetch.write.mix.reading import (
     describe_table,
     held_bytes,
     prefixed,
-    read_source,
+    read_query_source,
+    read_scan_source,
     source_config,
     widest,
 )
@@ -115,7 +116,7 @@ async def _read_sources(
     for code, s in queries:
         async with prefixed(s.name):
             own = source_config(cfg, s.name, budget // max(1, len(sources)), len(queries))
-            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, counts, spill)
+            reads[code] = read = await read_query_source(own, s.name, code, snap)
             pool.reserve(f"keys of {s.name}", held_bytes(read))  # held for the epoch
             held += held_bytes(read)
     tables = []
@@ -128,13 +129,12 @@ async def _read_sources(
         share = Share(budget, held, len(tables) - i)
         async with prefixed(s.name):
             own = source_config(cfg, s.name, share.own_budget, len(queries))
-            folder = spill.sub(f"{code}")
-            reads[code] = read = await read_source(own, s.name, code, snap, vocabulary, counts, folder, (table, share))
+            reads[code] = read = await read_scan_source(own, s.name, code, table, share, spill.sub(f"{code}"), stack)
+        counts["rows_read"] = counts.get("rows_read", 0) + read.rows_read
         if read.spilled is not None:
-            stack.callback(read.spilled.remove)
             held += read.spilled.working_bytes  # reserved by its gather, after the sources read after it
         else:
-            assert read.scan is not None, "a scan source is read whole or spilled"
+            assert read.scan is not None, "a scan source is read whole or into buckets"
             pool.reserve(f"table of {s.name}", read.scan.table.nbytes + held_bytes(read))  # held for the epoch
             held += read.scan.table.nbytes + held_bytes(read)
     return [reads[code] for code, _ in sources]

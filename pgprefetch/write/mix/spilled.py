@@ -22,8 +22,11 @@ keys (which the epoch's plan holds anyway) and a range of the run.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +42,13 @@ from pgprefetch.write.mix.passes import Position, advance, choose, pass_hash, re
 from pgprefetch.write.scan.cutpasses import check_pass_fits
 from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.shape import ScanShape
+from pgprefetch.write.scan.strategy.job import ScanJob, SplitRead
+from pgprefetch.write.scan.strategy.passes import series_partition
 from pgprefetch.write.scan.table import Table, array_lengths, assemble, cut, gather, longest_series, no_windows
 from pgprefetch.write.spill.columns import ColumnFile, Schema
 from pgprefetch.write.spill.folder import SpillFolder
+
+log = logging.getLogger("pgprefetch")
 
 BITS = 16  # the top bits of a pass hash a walk counts by
 BINS = 1 << BITS
@@ -193,7 +200,6 @@ def index_partition(
     folder: SpillFolder,
     rows_read: int,
     where: str,
-    *,
     budget: int | None = None,
     least: Callable[[int], int] | None = None,
 ) -> SpilledScan:
@@ -329,3 +335,41 @@ class SpilledPasses:
             return self._last[2], self._last[3]
         _, hashes, keys = self.select(at.pass_, at.index - 1, at.index)
         return int(hashes[0]), keys[:, 0].tolist()
+
+
+class InBuckets(SplitRead[SpilledScan]):
+    """A mixed epoch's scan source beyond its share: its table split by series as it is read, then indexed.
+
+    The beyond-memory strategy of a mixed source (:func:`~pgprefetch.write.scan.strategy.either` chooses it, or
+    hands it a read in memory that outgrew the share). It yields the :class:`SpilledScan`, whose files go
+    when it closes. ``budget`` and ``least``: what a series too large for a bucket is refused naming.
+    """
+
+    name = "a mixed source's table in buckets on disk"
+
+    def __init__(self, source: str, where: str, budget: int, least: Callable[[int], int]) -> None:
+        self.source, self.where, self.budget, self.least = source, where, budget, least
+
+    def partition(self, job: ScanJob) -> Partition:
+        """Buckets of whole series, each a data pass's share of the source's budget."""
+        return series_partition(job)
+
+    @contextlib.asynccontextmanager
+    async def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AsyncIterator[SpilledScan]:
+        """The source's chosen samples indexed from ``partition`` (which holds all its ``rows_read`` rows)."""
+        try:
+            await asyncio.to_thread(partition.settle)
+            spilled = await asyncio.to_thread(self._index, job, partition, rows_read)
+        except BaseException:
+            partition.remove()
+            raise
+        message = "%s table: %s rows beyond its share of [source] memory: read once into %d buckets on disk"
+        log.info(message, self.where, f"{partition.rows:,}", partition.passes)
+        try:
+            yield spilled
+        finally:
+            spilled.remove()
+
+    def _index(self, job: ScanJob, partition: Partition, rows_read: int) -> SpilledScan:
+        cfg, shape, where = job.cfg, job.shape, self.where
+        return index_partition(cfg, self.source, shape, partition, job.spill, rows_read, where, self.budget, self.least)

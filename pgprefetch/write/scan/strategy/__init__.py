@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
@@ -29,26 +30,38 @@ from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.scan.strategy.choice import Estimate, beyond_memory, estimate
 from pgprefetch.write.scan.strategy.inmemory import InMemory
-from pgprefetch.write.scan.strategy.job import BeyondMemory, ScanJob, Strategy
+from pgprefetch.write.scan.strategy.job import BeyondMemory, Epoch, ScanJob, Strategy
 from pgprefetch.write.scan.strategy.keysonly import KeysOnly
 from pgprefetch.write.scan.strategy.passes import InPasses
 from pgprefetch.write.scan.strategy.stretches import InStretches
-from pgprefetch.write.scan.whole import Coding, ScanRead
+from pgprefetch.write.scan.whole import Coding, ScanRead, scan_source
 from pgprefetch.write.spill.folder import SpillFolder
 
 log = logging.getLogger("pgprefetch")
 
+T = TypeVar("T")
 
-def choose(cfg: Config, job: ScanJob, *, write: bool, keep: list[ScanRead]) -> Strategy:
-    """The strategy for ``job``'s table: see :mod:`.choice` for the rule."""
-    beyond: BeyondMemory
+
+def choose(cfg: Config, job: ScanJob, *, write: bool, keep: list[ScanRead]) -> Strategy[Epoch]:
+    """The strategy for ``job``'s table: see :mod:`.choice` for the rule. A table read whole goes to ``keep``."""
+    beyond: BeyondMemory[Epoch]
     if not write:
         beyond = KeysOnly()
     elif cfg.scan_samples.window is not None:
         beyond = InPasses()
     else:
         beyond = InStretches()
-    return beyond if beyond_memory(cfg, job.shape, job.guess) else InMemory(beyond, keep)
+
+    def cut(job: ScanJob, read: ScanRead) -> Epoch:
+        keep.append(read)  # for the next epochs of the run
+        return scan_source(job.cfg, read, job.epoch)
+
+    return either(job, beyond, cut)
+
+
+def either(job: ScanJob, beyond: BeyondMemory[T], cut: Callable[[ScanJob, ScanRead], T]) -> Strategy[T]:
+    """``beyond`` where the estimate puts the table past the budget (:mod:`.choice`), else in memory, ``cut``."""
+    return beyond if beyond_memory(job.cfg, job.shape, job.guess) else InMemory(beyond, cut)
 
 
 @contextlib.asynccontextmanager
@@ -76,4 +89,4 @@ async def open_scan(
         yield source
 
 
-__all__ = ["Estimate", "ScanJob", "Strategy", "choose", "estimate", "open_scan"]
+__all__ = ["Estimate", "ScanJob", "Strategy", "choose", "either", "estimate", "open_scan"]

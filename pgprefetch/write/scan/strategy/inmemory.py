@@ -12,32 +12,33 @@ must be coded for good. A check's fallback reads the keys alone again.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import Generic, TypeVar
 
-from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.memory import heap
-from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.strategy.job import BeyondMemory, ScanJob
 from pgprefetch.write.scan.table import Overflow, TableTooLarge
-from pgprefetch.write.scan.whole import read_whole, scan_source
+from pgprefetch.write.scan.whole import ScanRead, read_whole
 
-if TYPE_CHECKING:
-    from pgprefetch.write.scan.whole import ScanRead
+T = TypeVar("T")
 
 
-class InMemory:
-    """The table read whole (its read handed to ``fallback`` if it outgrows the budget), kept in ``cache``."""
+class InMemory(Generic[T]):
+    """The table read whole and ``cut`` (its read handed to ``fallback`` if it outgrows the budget).
+
+    ``cut`` makes what the caller reads from the table in memory: a scan epoch's batch source (its read kept
+    for the run's next epochs), or the read itself (a mixed epoch's scan source).
+    """
 
     name = "the table in memory"
 
-    def __init__(self, fallback: BeyondMemory, keep: list[ScanRead]) -> None:
+    def __init__(self, fallback: BeyondMemory[T], cut: Callable[[ScanJob, ScanRead], T]) -> None:
         self.fallback = fallback
-        self.keep = keep  # the read, for the next epochs of the run (the caller's cache)
+        self.cut = cut
 
     @contextlib.asynccontextmanager
-    async def open(self, job: ScanJob) -> AsyncIterator[BatchSource | EpochPlan]:
+    async def open(self, job: ScanJob) -> AsyncIterator[T]:
         """Read the table whole and cut the epoch from it; or go on beyond memory, from where the read got to."""
         overflow = (
             Overflow(lambda rows, row_bytes: self._handover(job, rows, row_bytes)) if self.fallback.takes_over else None
@@ -58,8 +59,7 @@ class InMemory:
             async with self.fallback.open_from(job.coded(), overflow.partition, rows_read) as source:
                 yield source
             return
-        self.keep.append(read)
-        yield scan_source(job.cfg, read, job.epoch)
+        yield self.cut(job, read)
 
     def _handover(self, job: ScanJob, rows: int, row_bytes: float) -> Partition:
         partition = self.fallback.partition(job.measured(rows, row_bytes))

@@ -1,4 +1,9 @@
-"""What every scan strategy is handed: the epoch, the described table, where it may spill, and what it must yield."""
+"""What every scan strategy is handed: the epoch, the described table, where it may spill, and what it must yield.
+
+A strategy yields what its caller reads the epoch from: a scan epoch's batch source (a check's: its plan),
+or, for a mixed epoch's scan source (:mod:`pgprefetch.write.mix.spilled`), the table read whole or its
+buckets on disk. So the protocols are generic in it (``T``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
@@ -48,17 +53,22 @@ class ScanJob:
         return dataclasses.replace(self, shape=self.coding.current)
 
 
-class Strategy(Protocol):
-    """A way of reading a scan's table: its name (logged, and ``check``'s way) and its batch source."""
+T = TypeVar("T", covariant=True)
+# What a scan epoch's strategies yield: its batch source, or a check's plan.
+Epoch = BatchSource | EpochPlan
+
+
+class Strategy(Protocol[T]):
+    """A way of reading a scan's table: its name (logged, and ``check``'s way) and what it yields."""
 
     name: str
 
-    def open(self, job: ScanJob) -> AbstractAsyncContextManager[BatchSource | EpochPlan]:
-        """Read the table and yield the epoch's batch source (a check: its plan)."""
+    def open(self, job: ScanJob) -> AbstractAsyncContextManager[T]:
+        """Read the table and yield the epoch's batch source (a check: its plan; a mixed source: its read)."""
         ...
 
 
-class BeyondMemory(Strategy, Protocol):
+class BeyondMemory(Strategy[T], Protocol[T]):
     """A strategy for a table beyond the budget, which may take over a read in memory that outgrew it."""
 
     takes_over: bool  # whether :meth:`partition` gives files for an outgrown read to go on into
@@ -67,14 +77,15 @@ class BeyondMemory(Strategy, Protocol):
         """The files the rest of an outgrown read streams into (None: it cannot take a read over)."""
         ...
 
-    def open_from(
-        self, job: ScanJob, partition: Partition, rows_read: int
-    ) -> AbstractAsyncContextManager[BatchSource | EpochPlan]:
-        """The batch source of a table whose ``rows_read`` rows are all in ``partition``."""
+    def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AbstractAsyncContextManager[T]:
+        """What a table whose ``rows_read`` rows are all in ``partition`` yields."""
         ...
 
 
-class SplitRead:
+S = TypeVar("S")
+
+
+class SplitRead(Generic[S]):
     """A beyond-memory strategy whose one read of the table is split into files (:meth:`partition`) as it streams.
 
     The table is read once into them, straight away (the estimate said the table is beyond memory) or from
@@ -87,12 +98,12 @@ class SplitRead:
         """The files the table's rows are split into."""
         raise NotImplementedError
 
-    def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AbstractAsyncContextManager[BatchSource]:
-        """The batch source of a table whose ``rows_read`` rows are all in ``partition``."""
+    def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AbstractAsyncContextManager[S]:
+        """What a table whose ``rows_read`` rows are all in ``partition`` yields."""
         raise NotImplementedError
 
     @contextlib.asynccontextmanager
-    async def open(self, job: ScanJob) -> AsyncIterator[BatchSource]:
+    async def open(self, job: ScanJob) -> AsyncIterator[S]:
         """Read the table once into :meth:`partition`'s files, with whole category lists, then go on from them."""
         job = await job.coded_whole()
         partition = self.partition(job)

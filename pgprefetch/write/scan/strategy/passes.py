@@ -70,17 +70,22 @@ def _gathered(cfg: Config, plan: EpochPlan, layout: BatchLayout, keys: SpilledKe
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, threads, threads, unit)
 
 
-class InPasses(SplitRead):
+def series_partition(job: ScanJob) -> Partition:
+    """Files of whole series for ``job``'s estimated rows, each a data pass's share of the budget."""
+    policy = Policy.for_scan(job.cfg.source.memory_bytes)
+    room = policy.pass_bytes()
+    buckets = bucket_count(job.guess.rows, max(1.0, job.guess.row_bytes), room)
+    return Partition(job.spill.sub("partition"), buckets, job.shape.n_key, room, hold=policy.partition_hold_bytes())
+
+
+class InPasses(SplitRead[BatchSource]):
     """Windows beyond memory: the table split by series as it is read, each pass cut once, then gathered."""
 
     name = "windows in passes of whole series"
 
     def partition(self, job: ScanJob) -> Partition:
         """The data passes' files for the estimated rows, each pass a share of the budget."""
-        policy = Policy.for_scan(job.cfg.source.memory_bytes)
-        room = policy.pass_bytes()
-        buckets = bucket_count(job.guess.rows, max(1.0, job.guess.row_bytes), room)
-        return Partition(job.spill.sub("partition"), buckets, job.shape.n_key, room, hold=policy.partition_hold_bytes())
+        return series_partition(job)
 
     @contextlib.asynccontextmanager
     async def open_from(self, job: ScanJob, partition: Partition, rows_read: int) -> AsyncIterator[BatchSource]:

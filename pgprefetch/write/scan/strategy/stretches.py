@@ -175,7 +175,7 @@ def _source(
     return BatchSource(plan, layout, snap.id, snap.server_version, rows_read, fetch, produce, 2, 2, unit)
 
 
-class InStretches(SplitRead):
+class InStretches(SplitRead[BatchSource]):
     """Rows beyond memory: the table split by ranges of the epoch's order as it is read, then a stretch at a time."""
 
     name = "rows in stretches of the epoch's order"
