@@ -158,3 +158,49 @@ def test_a_series_no_bucket_of_its_share_holds_is_refused_naming_the_least_memor
     assert not (tmp_path / "24MiB.zarr" / "epoch-00000").exists()  # nothing published
     assert run(f"{least}MiB").returncode == 0, "the budget it names reads it"
     assert run(f"{least - 16}MiB").returncode != 0, "and a budget well under it does not"
+
+
+def test_a_connection_terminated_while_a_scan_source_streams_into_buckets_is_retried_to_the_same_bytes(
+    big_mix_db: str, tmp_path: Path
+) -> None:
+    """Killed once its read was handed over to the buckets (their files seen in the scratch): one retry, same bytes.
+
+    The source is a SELECT (no estimate), so its read starts in memory and outgrows the share midway; a pause
+    every 1,000 rows keeps its COPY going for about 1.5 s.
+    """
+    import asyncio
+    import threading
+    import time
+
+    from pgprefetch import dump_epoch, load_config
+    from pgprefetch.pg.retry import RetryPolicy
+
+    from .harness.faults import kill_every_connection
+
+    slow = "SELECT id, a, b, tag, CASE WHEN id % 1000 = 0 THEN pg_sleep(0.006) END AS pause FROM events"
+    sources = {"web": {"weight": 1, **WEB}, "events": {"weight": 2, "table": slow, "key": "id"}}
+    config = mix_config(tmp_path, sources, size=100, samples=2000, store="killed.zarr", name="killed.toml")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    cfg = load_config(config, dsn=big_mix_db, memory="24MiB", scratch=scratch)
+    done = threading.Event()
+
+    def kill_once_the_buckets_fill() -> None:
+        while not done.is_set():
+            if any(p.parent.name == "partition" for p in scratch.rglob("*") if p.is_file()):
+                kill_every_connection(big_mix_db)
+                return
+            time.sleep(0.002)
+
+    killer = threading.Thread(target=kill_once_the_buckets_fill)
+    killer.start()
+    try:
+        result = asyncio.run(dump_epoch(cfg, 0, retries=RetryPolicy(first_wait=0.1)))
+    finally:
+        done.set()
+        killer.join()
+    assert result.retries == 1
+    assert set(result.retry_causes) <= {"terminated", "connection lost"}  # as the backend's end reached the COPY
+    whole = dump(config, big_mix_db, memory="4GiB", store=str(tmp_path / "whole.zarr"))
+    assert chunk_bytes(result.path) == chunk_bytes(whole.path)
+    assert list(scratch.iterdir()) == []
