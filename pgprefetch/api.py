@@ -19,7 +19,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError
 from pgprefetch.store.maintenance import EpochInfo, PruneResult, forget_consumer, list_epochs, verify_epoch
 from pgprefetch.store.maintenance import prune as prune_store
-from pgprefetch.store.open import open_store
+from pgprefetch.store.open import config_store, open_store
 from pgprefetch.write.cron import Schedule
 from pgprefetch.write.pipeline import RETRIES, DumpResult, dump_epochs
 
@@ -35,16 +35,19 @@ def build_config(
     store: str | os.PathLike[str] | None = None,
     memory: str | None = None,
     scratch: str | os.PathLike[str] | None = None,
+    split: str | None = None,
 ) -> Config:
     """A validated :class:`Config` from a file path, a dict shaped like the TOML file, or a Config.
 
     The overrides are the command line's (``--dsn``, ``--connections``, ``--store``, ``--memory``,
-    ``--scratch``); None leaves the config's own.
+    ``--scratch``, ``--split``); None leaves the config's own.
     """
     if isinstance(spec, Config | dict):
         cfg = spec if isinstance(spec, Config) else parse_config(spec)
-        return with_overrides(cfg, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
-    return load_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
+        return with_overrides(
+            cfg, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split
+        )
+    return load_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split)
 
 
 def dump(
@@ -66,6 +69,7 @@ def dump(
     store: str | os.PathLike[str] | None = None,
     memory: str | None = None,
     scratch: str | os.PathLike[str] | None = None,
+    split: str | None = None,
 ) -> list[DumpResult]:
     """Dump ``epochs`` of a config (``pgprefetch dump``), or the next ``ahead`` ones; scan mode cuts them from one read.
 
@@ -78,8 +82,9 @@ def dump(
     'pgprefetch[ray]'``). ``ray_env``: environment variables for the parts' workers (an object store's
     credentials, when the cluster's own are not the ones to use). ``parents``: create a local store's missing
     parent folders too (``--parents``); by default only the store's own folder is made, so that a mistyped
-    path is an error, not a new store. ``dsn``, ``connections``, ``store``, ``memory``, ``scratch``: the
-    command line's overrides (:func:`build_config`).
+    path is an error, not a new store. ``split``: the split to dump, required where the config has
+    ``[splits]`` (``--split``; docs/splits.md). ``dsn``, ``connections``, ``store``, ``memory``, ``scratch``:
+    the command line's overrides (:func:`build_config`).
 
     Example::
 
@@ -92,8 +97,8 @@ def dump(
     schedule = Schedule(given, ahead, keep, consumer, new_consumer, force)
     if executor not in ("process", "ray"):
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
-    cfg = build_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
-    target = open_store(cfg.store.path)
+    cfg = build_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split)
+    target = config_store(cfg)
     due = schedule.due(cfg, target)
     if executor == "process":
         results = _run(dump_epochs(cfg, due.epochs, force=force, retries=retries, parents=parents))

@@ -27,6 +27,7 @@ from pgprefetch.cli.options import (
     dsn_option,
     named_store,
     scale_option,
+    split_option,
     with_memory_options,
     with_store_options,
 )
@@ -209,6 +210,7 @@ def forget(config_path: Path | None, store: str | None, consumer: str, as_json: 
 
 @cli.command()
 @config_option
+@split_option
 @dsn_option
 @with_memory_options
 @click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True, help="The epoch to plan.")
@@ -219,6 +221,7 @@ def forget(config_path: Path | None, store: str | None, consumer: str, as_json: 
 @json_option("Print one JSON object.")
 def check(
     config_path: Path,
+    split: str | None,
     dsn: str | None,
     memory: str | None,
     scratch: str | None,
@@ -235,7 +238,7 @@ def check(
     from pgprefetch.config.load import load_config
     from pgprefetch.write.check import check_config
 
-    cfg = load_config(config_path, dsn=dsn, memory=memory, scratch=scratch)
+    cfg = load_config(config_path, dsn=dsn, memory=memory, scratch=scratch, split=split)
     report = asyncio.run(check_config(cfg, epoch, batches))
     click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines(verbose)))
     if report.errors:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgprefetch.cli.console import json_option, log_to_stderr, run, stop_on_sigterm
-from pgprefetch.cli.options import config_option, dsn_option, with_memory_options
+from pgprefetch.cli.options import config_option, dsn_option, split_option, with_memory_options
 from pgprefetch.cli.progress import BarProgress, LogProgress
 from pgprefetch.cli.words import parse_epochs, summary
 from pgprefetch.errors import ConfigError
@@ -62,6 +62,7 @@ RETRIES = 5
     is_flag=True,
     help="Create the store's missing parent folders too (otherwise only the store's own folder is created).",
 )
+@split_option
 @dsn_option
 @click.option("--connections", type=click.IntRange(min=1), help="Batches in flight; overrides [source].")
 @with_memory_options
@@ -113,6 +114,7 @@ def dump(
     new_consumer: bool,
     store: str | None,
     parents: bool,
+    split: str | None,
     dsn: str | None,
     connections: int | None,
     memory: str | None,
@@ -134,6 +136,7 @@ def dump(
         pgprefetch dump --config configs/demo.toml --ahead 2 --keep 1 --quiet   # from cron
         pgprefetch dump --config configs/demo.toml --ahead 2 --consumer run2 --new   # before run2 reads
         pgprefetch dump --config configs/demo.toml --epoch 3 --executor ray --parts 8
+        pgprefetch dump --config configs/splits.toml --split train --epoch 3
     """
     if parts is not None and executor != "ray":
         raise ConfigError("--parts needs --executor ray")
@@ -142,12 +145,14 @@ def dump(
     given = _given(epoch, epoch_range)
     schedule = Schedule(given, ahead, keep, consumer, new_consumer, force)  # every flag checked here, at once
     from pgprefetch.config.load import load_config
-    from pgprefetch.store.open import open_store
+    from pgprefetch.store.open import config_store
     from pgprefetch.write.memory import heap
 
-    cfg = load_config(config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch)
+    cfg = load_config(
+        config_path, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split
+    )
     heap.fit(cfg.source.memory_bytes)  # the heap's kept memory is the budget's too (pgprefetch.write.memory.policy)
-    target = open_store(cfg.store.path)
+    target = config_store(cfg)
     due = schedule.due(cfg, target)  # everything that can refuse the run, before an epoch is dumped
     log_to_stderr(quiet, log_format)
     stop_on_sigterm()

@@ -31,6 +31,11 @@ config_option = click.option(
 dsn_option = click.option(
     "--dsn", help="PostgreSQL URI; wins over PGPREFETCH_DSN and [source] dsn.", envvar=None, default=None
 )
+split_option = click.option(
+    "--split",
+    metavar="NAME",
+    help="The split: one of the config's [splits] (train, val, ...); required where it has them.",
+)
 dir_option = click.option(
     "--dir",
     "folder",

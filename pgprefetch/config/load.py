@@ -28,6 +28,7 @@ def load_config(
     store: str | os.PathLike[str] | None = None,
     memory: str | None = None,
     scratch: str | os.PathLike[str] | None = None,
+    split: str | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
     """Read, validate and freeze a config file, then apply command-line overrides.
@@ -39,6 +40,7 @@ def load_config(
         store: ``--store``, overriding ``[store] path`` (relative to the working directory, as typed).
         memory: ``--memory``, overriding ``[source] memory`` (the keys held, and a scan's table data).
         scratch: ``--scratch``, overriding ``[source] scratch`` (where keys beyond it are ordered on disk).
+        split: ``--split``, one of ``[splits]``'s names: the split dumped or checked.
         environ: the environment to read ``PGPREFETCH_DSN`` from (``os.environ`` by default).
 
     Returns:
@@ -58,7 +60,7 @@ def load_config(
         raise ConfigError(f"{file}: invalid TOML: {e}") from None
     cfg = parse_config(raw, file=file)
     return with_overrides(
-        cfg, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, environ=environ
+        cfg, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split, environ=environ
     )
 
 
@@ -70,6 +72,7 @@ def with_overrides(
     store: str | os.PathLike[str] | None = None,
     memory: str | None = None,
     scratch: str | os.PathLike[str] | None = None,
+    split: str | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
     """``cfg`` with the command-line (or API) overrides applied; see :func:`load_config`."""
@@ -91,4 +94,24 @@ def with_overrides(
         source = dataclasses.replace(source, scratch=folder.resolve())
     source = dataclasses.replace(source, dsn=chosen_dsn)
     store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=store_location(store, "--store"))
-    return dataclasses.replace(cfg, source=source, store=store_cfg)
+    chosen = chosen_split(cfg, split)
+    out = dataclasses.replace(cfg, source=source, store=store_cfg, split=chosen)
+    if out.evaluation:  # an evaluation split keeps every sample: its short last batch is padded, not dropped
+        out = dataclasses.replace(out, batches=dataclasses.replace(out.batches, drop_last=False))
+    return out
+
+
+def chosen_split(cfg: Config, split: str | None) -> str | None:
+    """``--split``, checked against ``[splits]`` (None: the config has none, or none was asked for yet).
+
+    Raises:
+        ConfigError: a split the config does not name, or ``--split`` for a config without ``[splits]``.
+    """
+    if split is None:
+        return cfg.split
+    where = f"{cfg.file}: " if cfg.file else ""
+    if cfg.splits is None:
+        raise ConfigError(f"--split {split}: {where}the config has no [splits]")
+    if split not in cfg.splits.names:
+        raise ConfigError(f"--split {split}: {where}[splits] names {', '.join(cfg.splits.names)}")
+    return split

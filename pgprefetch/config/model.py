@@ -215,6 +215,32 @@ class StoreConfig:
     compression: str = "none"
 
 
+TRAIN = "train"  # the split that is shuffled anew every epoch; every other split is an evaluation split
+SPLIT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a split's name is a folder's name in the store: no path
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitsConfig:
+    """``[splits]``: each sample's split a pure function of its key (of its series' key, windows) and ``seed``.
+
+    The shares are cut points on a 53-bit hash of the key, in the config's order: a key's split never depends
+    on the other keys, so a row added later lands in one split for good and no key ever moves.
+    """
+
+    shares: tuple[tuple[str, float], ...]  # (name, share), in the config's order; the shares sum to 1
+    seed: int = 0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The splits, in the config's order."""
+        return tuple(name for name, _ in self.shares)
+
+    @staticmethod
+    def evaluation(name: str) -> bool:
+        """Whether split ``name`` is an evaluation split: written once, in a fixed order, every sample kept."""
+        return name != TRAIN
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """A whole, validated config."""
@@ -229,6 +255,15 @@ class Config:
     """The file it came from, for messages; None when built in code."""
     mix: MixConfig | None = None
     """Several sources mixed into each epoch (``[samples.NAME]`` tables); None: the one ``[samples]``."""
+    splits: SplitsConfig | None = None
+    """``[splits]``: train, validation and test by a hash of each key; None: one set of samples."""
+    split: str | None = None
+    """The split this dump or check is of (``--split``); None where the config has no splits."""
+
+    @property
+    def evaluation(self) -> bool:
+        """Whether this is an evaluation split's dump: one fixed epoch, every sample (:class:`SplitsConfig`)."""
+        return self.split is not None and SplitsConfig.evaluation(self.split)
 
     def for_source(self, name: str) -> Config:
         """The single-source config of a mixed config's source ``name``: its samples, the shared rest.
@@ -289,7 +324,9 @@ class Config:
         }
 
     def _shared_content(self) -> dict[str, Any]:
-        return {
+        rule = self.splits
+        splits = {"splits": {"shares": [list(s) for s in rule.shares], "seed": rule.seed}} if rule is not None else {}
+        return splits | {
             "fields": [
                 _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate"))
                 | {"columns": list(f.columns)}

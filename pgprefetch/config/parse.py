@@ -26,6 +26,7 @@ from pgprefetch.config.model import (
     N_ROWS,
     POSTGRES_DTYPES,
     RESERVED_FIELDS,
+    SPLIT_NAME,
     TRUNCATES,
     BatchesConfig,
     Config,
@@ -33,6 +34,7 @@ from pgprefetch.config.model import (
     SamplesConfig,
     ScanConfig,
     SourceConfig,
+    SplitsConfig,
     StoreConfig,
     VocabularyFrom,
 )
@@ -47,7 +49,7 @@ _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     """Validate a config already parsed from TOML (see :func:`load_config`)."""
     p = _Parser(file)
-    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix"))
+    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix", "splits"))
     source = p.section(raw, "source", required=False)
     samples = p.section(raw, "samples")
     batches = p.section(raw, "batches")
@@ -93,6 +95,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             drop_last=p.boolean(batches, "batches", "drop_last", default=True),
         ),
         mix=mix,
+        splits=p.splits(raw["splits"]) if "splits" in raw else None,
         store=StoreConfig(
             path=p.location(store, "store", "path"),
             compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
@@ -234,6 +237,28 @@ class _Parser:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
             self.fail(f"[{section}] {key}", f"expected a number with 0 < {key} <= 1, got {show(value)}")
         return float(value)
+
+    def splits(self, table: Any) -> SplitsConfig:
+        """``[splits]``: named shares that sum to 1 (``train`` among them, or evaluation splits only), a seed."""
+        if not isinstance(table, dict):
+            self.fail("[splits]", f"expected a table of shares (train = 0.9), got {show(table)}")
+        seed = self.integer(table, "splits", "seed", default=0)
+        shares = []
+        for name, value in table.items():
+            if name == "seed":
+                continue
+            if not SPLIT_NAME.match(name):
+                self.fail(f"[splits] {name}", "a split's name is lower-case letters, digits and _ (it names a folder)")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+                self.fail(f"[splits] {name}", f"expected a share with 0 < share <= 1, got {show(value)}")
+            shares.append((name, float(value)))
+        if not shares:
+            self.fail("[splits]", "names no split: give each a share (train = 0.9, val = 0.1)")
+        total = math.fsum(v for _, v in shares)
+        if abs(total - 1.0) > 1e-9:
+            listed = " + ".join(f"{n} {v:g}" for n, v in shares)
+            self.fail("[splits]", f"the shares must sum to 1, not {total:g} ({listed})")
+        return SplitsConfig(shares=tuple(shares), seed=seed)
 
     def boolean(self, table: dict[str, Any], section: str, key: str, default: bool) -> bool:
         value = table.get(key, default)

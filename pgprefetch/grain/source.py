@@ -34,6 +34,7 @@ class EpochSource:
         timeout: how long ``wait`` waits.
         consumer: the name this training run is recorded under in the store; None records nothing.
         prefetch: object stores: records fetched at once by Grain's batched read, as concurrent ranged GETs.
+        split: one of the store's splits (a config's ``[splits]``).
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class EpochSource:
         timeout: float = 600.0,
         consumer: str | None = "default",
         prefetch: int = 4,
+        split: str | None = None,
     ) -> None:
         self.epoch_arrays = EpochArrays(
             store,
@@ -62,6 +64,7 @@ class EpochSource:
             consumer=consumer,
             prefetch=prefetch,
             trim=trim,
+            split=split,
         )
         self.keys = keys
 

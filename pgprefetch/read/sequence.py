@@ -24,6 +24,7 @@ from pgprefetch.read.view import B, Batch, EpochView, positive
 from pgprefetch.store.base import epoch_name
 from pgprefetch.store.checks import manifest_fields, manifest_int, manifest_sources
 from pgprefetch.store.open import open_store
+from pgprefetch.store.splits import served_epoch
 
 
 class EpochSequence(Generic[B]):
@@ -46,6 +47,7 @@ class EpochSequence(Generic[B]):
         consumer: the name this training run is recorded under as it opens each epoch (each rank records its
             own), which keeps ``pgprefetch dump --ahead`` driving; None records nothing.
         timeout: how long to wait for an epoch to be published before giving up with an error.
+        split: one of the store's splits (a config's ``[splits]``); required for a store that has them.
     """
 
     reader: type[EpochView[Any]]  # the class that reads one epoch
@@ -65,6 +67,7 @@ class EpochSequence(Generic[B]):
         buffers: int = 0,
         consumer: str | None = "default",
         timeout: float = 600.0,
+        split: str | None = None,
     ) -> None:
         if isinstance(start_epoch, bool) or not isinstance(start_epoch, int) or start_epoch < 0:
             raise ConfigError(f"start_epoch must be an integer >= 0, got {start_epoch!r}")
@@ -73,6 +76,7 @@ class EpochSequence(Generic[B]):
         if batch_size is not None:
             positive("batch_size", batch_size)  # the epoch readers' check and message
         self.store = store
+        self.split = split
         self.start_epoch = start_epoch
         self.end = None if epochs is None else start_epoch + epochs  # the first epoch not in the stream
         self.batch_size = batch_size
@@ -145,9 +149,10 @@ class EpochSequence(Generic[B]):
             timeout=self.timeout,
             consumer=None,
             trim=self.trim,
+            split=self.split,
         )
         if sample:
-            ds.load_state_dict({"epoch": epoch, "next_sample": sample})
+            ds.load_state_dict({"epoch": ds.epoch, "next_sample": sample})  # (an evaluation split's: epoch 0)
         if record and self.consumer is not None:
             ds.record_consumer(self.consumer)
         return ds
@@ -277,7 +282,7 @@ class EpochSequence(Generic[B]):
         Every epoch of a store has the same sources (they are part of its config), so the stream's first
         epoch tells; with none published yet it waits for it (``timeout``).
         """
-        backend = open_store(self.store)
+        backend = open_store(self.store, self.split)
         epochs = [e for e in backend.epochs() if e >= self.start_epoch and (self.end is None or e < self.end)]
         epoch = epochs[0] if epochs else self.start_epoch
         manifest = backend.wait_manifest(epoch, None if epochs else self.timeout)
@@ -298,7 +303,7 @@ class EpochSequence(Generic[B]):
             StoreError: two of the stream's epochs code a field differently (epochs of another config
                 written with ``--force``, or written before stores kept their vocabulary).
         """
-        backend = open_store(self.store)
+        backend = open_store(self.store, self.split)
         epochs = [e for e in backend.epochs() if e >= self.start_epoch and (self.end is None or e < self.end)]
         lists: dict[str, list[str]] = {}
         source: dict[str, int] = {}  # the epoch each list comes from
@@ -323,7 +328,8 @@ class EpochSequence(Generic[B]):
 
     def _sizes(self, epoch: int) -> tuple[int, int]:
         """Epoch ``epoch``'s samples and stored batch size, from its manifest, checked (the store may be anyone's)."""
-        backend = open_store(self.store)
+        backend = open_store(self.store, self.split)
+        epoch = served_epoch(backend, epoch)
         manifest, where = backend.manifest(epoch), f"{backend.location}/{epoch_name(epoch)}"
         return manifest_int(manifest, "n_samples", where), manifest_int(manifest, "batch_size", where, least=1)
 

@@ -37,6 +37,7 @@ from pgprefetch.store.base import KEYS_ARRAY, epoch_name
 from pgprefetch.store.checks import check_layouts, manifest_fields, manifest_int, manifest_sources
 from pgprefetch.store.layout import plain_name
 from pgprefetch.store.open import open_store
+from pgprefetch.store.splits import served_epoch
 
 B = TypeVar("B", bound=Sliced)  # the array type of a batch: numpy.ndarray, torch.Tensor
 Batch = dict[str, B]
@@ -60,6 +61,8 @@ class EpochView(abc.ABC, Generic[B]):
         prefetch: object stores: batches fetched ahead during iteration, as concurrent ranged GETs.
         trim: cut each padded field (``max_length``) to the batch's longest sample, and padded rows
             (``max_rows``) to its most rows: views, nothing more read.
+        split: one of the store's splits (``train``, ``val``: a config's ``[splits]``); required for a
+            store that has them. An evaluation split's one epoch is every epoch number's (docs/splits.md).
     """
 
     def __init__(
@@ -76,10 +79,13 @@ class EpochView(abc.ABC, Generic[B]):
         consumer: str | None = "default",
         prefetch: int = 4,
         trim: bool = False,
+        split: str | None = None,
     ) -> None:
-        self._backend = open_store(store)
+        self._backend = open_store(store, split)
         self._remote = self._backend.local_root is None
-        self.store: Path | str = self._backend.location if self._remote else Path(store)
+        self.store: Path | str = self._backend.location if self._remote else Path(self._backend.location)
+        self.split = split
+        epoch = served_epoch(self._backend, epoch)  # an evaluation split's one epoch serves every number
         self.epoch = epoch
         self.prefetch = max(1, prefetch)
         self.manifest = self._backend.wait_manifest(epoch, timeout if wait else None)

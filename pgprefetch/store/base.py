@@ -85,6 +85,15 @@ class Store(abc.ABC):
     """Where the epochs of one config live: the interface both backends implement (:func:`open_store` picks one)."""
 
     location: str  # as messages show it: the folder, or s3://bucket/prefix
+    parent: Store | None = None  # a split's store: the store it is a split of, whose vocabulary it shares
+    split_name: str | None = None  # a split's store: its split
+
+    @abc.abstractmethod
+    def sub_store(self, relative: str) -> Store:
+        """The store in folder (prefix) ``relative`` of this one, a store of its own (a split's: :mod:`.splits`).
+
+        A local folder on the way that is a link is refused: a store's folders are never reached through one.
+        """
 
     @property
     def local_root(self) -> Path | None:
@@ -360,7 +369,8 @@ class Store(abc.ABC):
         store: it outlives the epochs (``prune`` and ``--keep`` delete none of it), and it only ever grows at
         the end (:meth:`grow_vocabulary`). Empty before the first dump of a store.
         """
-        return _parse_vocabulary(self.read(VOCABULARY), self.location)
+        owner = self.parent or self  # the splits of a store share its vocabulary: a code means one value in each
+        return _parse_vocabulary(owner.read(VOCABULARY), owner.location)
 
     def grow_vocabulary(self, grow: Callable[[dict[str, list[str]]], dict[str, list[str]]]) -> dict[str, list[str]]:
         """Replace the vocabulary by ``grow(current)``, atomically, and return what the store now holds.
@@ -382,7 +392,8 @@ class Store(abc.ABC):
                 return raw  # nothing new: nothing written
             return (json.dumps({"format_version": FORMAT_VERSION, "fields": grown}, ensure_ascii=False) + "\n").encode()
 
-        return _parse_vocabulary(self.swap(VOCABULARY, change), self.location)
+        owner = self.parent or self
+        return _parse_vocabulary(owner.swap(VOCABULARY, change), owner.location)
 
     @abc.abstractmethod
     def swap(self, key: str, change: Callable[[bytes | None], bytes]) -> bytes:

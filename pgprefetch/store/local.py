@@ -47,6 +47,15 @@ class LocalStore(Store):
         self.location = str(self.path)
         self._made: list[Path] = []  # the folders create() made (the store's, and parents asked for)
 
+    def sub_store(self, relative: str) -> LocalStore:
+        here = self.path
+        for part in relative.split("/"):
+            here = here / part
+            if here.is_symlink():
+                raise StoreError(f"{here} is a link: a store's folders are never reached through links")
+        sub = LocalStore(here)
+        return sub
+
     @property
     def meta(self) -> Path:
         """Pgprefetch's own folder in the store: partial epochs, locks and consumer records."""

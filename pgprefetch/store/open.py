@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import os
 
+from pgprefetch.config.model import Config
 from pgprefetch.config.values import store_location
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import Store
+from pgprefetch.store.splits import config_store as of_split
+from pgprefetch.store.splits import open_split
 
 
-def open_store(location: str | os.PathLike[str]) -> Store:
+def open_store(location: str | os.PathLike[str], split: str | None = None) -> Store:
     """The store at ``location``: ``s3://bucket/prefix`` an object store, anything else a local folder.
 
     Nothing is read or created: :meth:`Store.require` checks that a store is there, :meth:`Store.create`
-    makes one.
+    makes one. ``split``: the store of that split of the store there, which must exist and have it
+    (:mod:`.splits`: a reader's ``split=``).
 
     Raises:
-        StoreError: the location is not a folder or a valid ``s3://bucket/prefix``.
+        StoreError: the location is not a folder or a valid ``s3://bucket/prefix``; no such split.
     """
+    if split is not None:
+        return open_split(open_store(location), split)
     try:
         where = store_location(location, "store")
     except ConfigError as e:
@@ -34,3 +40,8 @@ def open_store(location: str | os.PathLike[str]) -> Store:
     from pgprefetch.store.local import LocalStore
 
     return LocalStore(location)  # as given: messages show the folder as the user typed it
+
+
+def config_store(cfg: Config) -> Store:
+    """The store ``cfg``'s epochs go in: ``[store] path``, or its split's store (``cfg.split``; :mod:`.splits`)."""
+    return of_split(open_store(cfg.store.path), cfg.splits, cfg.split)

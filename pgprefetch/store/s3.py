@@ -88,9 +88,12 @@ class S3Store(Store):
         self._client: Any = None
         self._leases: dict[int, Lease] = {}
 
+    def sub_store(self, relative: str) -> S3Store:
+        return S3Store(f"{self.location}/{relative}")
+
     def __getstate__(self) -> dict[str, Any]:  # DataLoader workers open their own client
-        return {"location": self.location, "bucket": self.bucket, "prefix": self.prefix, "_client": None,
-                "_leases": {}}  # fmt: skip
+        state = {"location": self.location, "bucket": self.bucket, "prefix": self.prefix, "_client": None}
+        return state | {"_leases": {}, "parent": self.parent, "split_name": self.split_name}
 
     @property
     def client(self) -> Any:

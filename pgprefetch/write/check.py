@@ -29,7 +29,7 @@ from pgprefetch.config.values import show_size
 from pgprefetch.decode.layout import UnknownCategoryError
 from pgprefetch.errors import SourceError, StoreError
 from pgprefetch.pg.session import Snapshot
-from pgprefetch.store.open import open_store
+from pgprefetch.store.open import config_store
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.forecast import (
     Forecast,
@@ -305,8 +305,8 @@ def _vocabulary(cfg: Config) -> Vocabulary:
     """
     if not any(f.categories == "auto" for f in cfg.fields) and cfg.mix is None:
         return Vocabulary()
-    store = open_store(cfg.store.path)
-    return Vocabulary(store if store.exists() else None)
+    store = config_store(cfg)  # a split's: its epochs, and the vocabulary of the store it is in
+    return Vocabulary(store if (store.parent or store).exists() else None)
 
 
 def _per_store_notes(cfg: Config, report: CheckReport) -> list[str]:

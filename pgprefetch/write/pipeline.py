@@ -27,7 +27,8 @@ from pgprefetch.pg.retry import RetryPolicy, count
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
 from pgprefetch.store.maintenance import source_counts
-from pgprefetch.store.open import open_store
+from pgprefetch.store.open import config_store
+from pgprefetch.store.splits import create_store, served_epoch
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor, Spread
@@ -176,13 +177,14 @@ async def dump_epoch(
         raise ConfigError(f"epoch must be 0 or more, got {epoch}")
     if executor is not None:
         executor.check(cfg)
-    store = open_store(cfg.store.path)
+    store = config_store(cfg)
+    epoch = served_epoch(store, epoch)  # an evaluation split's one epoch serves every epoch number
     if not force:  # first: another config's epoch is not "already complete"
         check_same_config(store, cfg, epoch)
     if store.is_complete(epoch) and not force:
         return _skipped(store, epoch)
     created = not store.exists()
-    store.create(parents=parents)
+    create_store(store, cfg.splits, parents)
     try:
         policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
         return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache(), executor)

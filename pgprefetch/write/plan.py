@@ -32,6 +32,7 @@ from pgprefetch.store.open import open_store
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import Repeats, n_batches, order_part
 from pgprefetch.write.order.spill import KeyRuns
+from pgprefetch.write.order.splits import split_keep
 
 log = logging.getLogger("pgprefetch")
 
@@ -166,8 +167,8 @@ async def resolve_categories(
             if known:  # a field's first vocabulary is all new values: only those appended to one are news
                 for code, value in enumerate(new, known):
                     log.info("[fields.%s] categories: new value %r gets code %d", name, value, code)
-            elif new:  # this store's codes were fixed just now: say they are this store's alone
-                log.info("%s", per_store_notice(name, store.location, len(new)))
+            elif new and store.parent is None:  # this store's codes were fixed just now: they are its alone
+                log.info("%s", per_store_notice(name, store.location, len(new)))  # (a split's are all splits')
     else:
         auto = grow(store.vocabulary())
     categories = {}
@@ -290,7 +291,8 @@ def order_keys(
     if n_keys == 0:
         raise SourceError("the keys query returned no rows: there is nothing to dump")
     samples = cfg.samples
-    index, repeats = order_part(keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction)
+    keep = split_keep(cfg)
+    index, repeats = order_part(keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction, keep=keep)
     n = index.size
     counts = _counts(cfg, key_columns, n_keys, n, repeats)
     if in_place and n == n_keys:
@@ -312,7 +314,8 @@ def order_spilled(cfg: Config, runs: KeyRuns, key_columns: KeyColumns, epoch: in
     (the caller closes it and removes its folder).
     """
     drop_last = cfg.batches.drop_last
-    ordered, repeats, buckets = runs.order(fraction=cfg.samples.fraction, quantum=cfg.batches.size if drop_last else 1)
+    quantum = cfg.batches.size if drop_last else 1
+    ordered, repeats, buckets = runs.order(fraction=cfg.samples.fraction, quantum=quantum, keep=split_keep(cfg))
     fields = ordered_fields(cfg, key_columns, runs.n, ordered, repeats)
     log.info(
         "epoch %d: %s keys outgrew [source] memory (%s): ordered on disk in %d runs and %d buckets, %.1f s",

@@ -15,7 +15,7 @@ pass is a pass over the chosen ones.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,8 +94,17 @@ class Chosen:
         return int(self.keys.shape[1])
 
 
-def choose(keys: np.ndarray, *, seed: int, name: str, fraction: float, drop: bool, where: str) -> Chosen:
-    """The keys a source's passes walk, from the keys it returned.
+def choose(
+    keys: np.ndarray,
+    *,
+    seed: int,
+    name: str,
+    fraction: float,
+    drop: bool,
+    where: str,
+    keep: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> Chosen:
+    """The keys a source's passes walk, from the keys it returned (``keep``: a split's, each key alone).
 
     Raises:
         SampleError: a key came twice and repeats are not dropped.
@@ -110,11 +119,14 @@ def choose(keys: np.ndarray, *, seed: int, name: str, fraction: float, drop: boo
     if repeats and not drop:
         raise repeated_keys(where, repeats, ordered[:, 1:][:, same][:, 0].tolist())
     if repeats:
-        keep = np.concatenate([[True], ~same])
-        order, ordered = order[keep], ordered[:, keep]
+        first = np.concatenate([[True], ~same])
+        order, ordered = order[first], ordered[:, first]
+    if keep is not None:
+        kept = keep(ordered)
+        order, ordered = order[kept], ordered[:, kept]
     if fraction < 1.0:
-        keep = fraction_kept(ordered, seed, name, fraction)
-        order, ordered = order[keep], ordered[:, keep]
+        kept = fraction_kept(ordered, seed, name, fraction)
+        order, ordered = order[kept], ordered[:, kept]
     return Chosen(np.ascontiguousarray(ordered), order, int(keys.shape[1]), repeats)
 
 

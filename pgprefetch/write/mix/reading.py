@@ -27,6 +27,7 @@ from pgprefetch.pg.session import Shape, Snapshot
 from pgprefetch.write.memory.policy import MIB, Policy
 from pgprefetch.write.mix.passes import Chosen, Passes, PassOrder, choose
 from pgprefetch.write.mix.spilled import InBuckets, SpilledIndex, SpilledPasses, SpilledScan
+from pgprefetch.write.order.splits import split_keep
 from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.scan.shape import ScanShape
 from pgprefetch.write.scan.strategy import either
@@ -227,7 +228,8 @@ def _choose(cfg: Config, name: str, keys: np.ndarray) -> Chosen:
     samples = cfg.samples
     drop = samples.duplicates == "drop"
     where = f"[samples.{name}]"
-    return choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=drop, where=where)
+    fraction, keep = samples.fraction, split_keep(cfg)
+    return choose(keys, seed=cfg.batches.seed, name=name, fraction=fraction, drop=drop, where=where, keep=keep)
 
 
 def _has_samples(read: SourceRead) -> SourceRead:

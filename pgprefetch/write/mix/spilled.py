@@ -39,6 +39,7 @@ from pgprefetch.write import memory
 from pgprefetch.write.memory import heap
 from pgprefetch.write.memory.policy import PASS_COPIES, Policy
 from pgprefetch.write.mix.passes import Position, advance, choose, pass_hash, repeated_keys, segments
+from pgprefetch.write.order.splits import split_keep
 from pgprefetch.write.scan.cutpasses import check_pass_fits
 from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.shape import ScanShape
@@ -227,7 +228,10 @@ def index_partition(
             longest = max(longest, longest_series(table.keys))
             keys, starts = cut(table, shape, cfg.scan_samples)
             del table
-            chosen = choose(keys, seed=cfg.batches.seed, name=name, fraction=samples.fraction, drop=True, where=where)
+            keep, fraction = split_keep(cfg), samples.fraction
+            chosen = choose(
+                keys, seed=cfg.batches.seed, name=name, fraction=fraction, drop=True, where=where, keep=keep
+            )
             if chosen.repeats:
                 repeated.append(_first_repeat(keys))
             index.n_keys += chosen.n_keys

@@ -14,6 +14,7 @@ Keys are held column-major, shape ``(n_key_columns, n)``, int64: 8 bytes per key
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,20 +130,29 @@ class Repeats:
 
 
 def order_part(
-    keys: np.ndarray, *, seed: int, epoch: int, fraction: float = 1.0, h: np.ndarray | None = None
+    keys: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    fraction: float = 1.0,
+    h: np.ndarray | None = None,
+    keep: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, Repeats]:
     """Indices putting ``keys`` in the epoch's order, repeated keys and the keys ``fraction`` leaves out removed.
 
     ``keys`` may be all of an epoch's keys, or a *part* holding every key whose order hash lies in one range
     (``h``: their hashes): equal keys hash alike and ties are broken inside a part, so the parts' orders,
-    one after another, are the whole's. Returns the order and the :class:`Repeats` found (the caller
-    refuses them or not).
+    one after another, are the whole's. ``keep``: which keys are the epoch's at all (a split's,
+    :mod:`.splits`), a function of each key alone. Returns the order and the :class:`Repeats` found (the
+    caller refuses them or not).
     """
     order, runs = _sorted(keys, seed, epoch, h=h)
     repeats = _repeats(keys, order, runs)
     found = Repeats(int(repeats.size), _first_in_key_order(keys[:, order[repeats]]))
     if repeats.size:
         order = np.delete(order, repeats)
+    if keep is not None:
+        order = order[keep(keys)[order]]
     if fraction < 1.0:
         kept = key_hash(keys, seed=seed, epoch=epoch, stream=_SAMPLE_STREAM)
         order = order[kept[order] < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))]

@@ -26,7 +26,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,11 +176,14 @@ class KeyRuns:
             pos += m
         return keys, hashes
 
-    def order(self, *, fraction: float, quantum: int) -> tuple[OrderedKeys, shuffle.Repeats, int]:
+    def order(
+        self, *, fraction: float, quantum: int, keep: Callable[[np.ndarray], np.ndarray] | None = None
+    ) -> tuple[OrderedKeys, shuffle.Repeats, int]:
         """Write the epoch's order into the ordered key file; return it, the repeats found and the buckets.
 
         ``quantum``: see :class:`~pgprefetch.write.order.keyfile.OrderedKeys`. A repeated key is written once,
-        and counted in the repeats: the caller refuses them or not.
+        and counted in the repeats: the caller refuses them or not. ``keep``: a split's keys
+        (:func:`~.shuffle.order_part`).
         """
         cap = keys_in_budget(self.budget, self.slots)
         out = OrderedKeys(self.folder, "ordered", self.width, quantum, self.slots - self.width)
@@ -192,7 +195,9 @@ class KeyRuns:
                     continue
                 buckets += 1
                 key = keys[: self.width]  # (the payload is carried, not ordered by)
-                order, repeats = shuffle.order_part(key, seed=self.seed, epoch=self.epoch, fraction=fraction, h=hashes)
+                order, repeats = shuffle.order_part(
+                    key, seed=self.seed, epoch=self.epoch, fraction=fraction, h=hashes, keep=keep
+                )
                 del hashes
                 if repeats.count:
                     found.append(repeats)

@@ -30,6 +30,7 @@ from pgprefetch.write.memory import heap
 from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import Repeats, order_part
+from pgprefetch.write.order.splits import split_keep
 from pgprefetch.write.plan import EpochPlan, ordered_fields
 from pgprefetch.write.scan.partition import EpochRanges, Partition, bucket_count
 from pgprefetch.write.scan.shape import ScanShape
@@ -145,7 +146,8 @@ def _stretch(
 ) -> None:
     """Order one stretch's samples, append their keys to ``keys`` and their gathered samples to ``files``."""
     sample_keys, starts = cut(table, shape, cfg.scan_samples)
-    order, repeats = order_part(sample_keys, seed=cfg.batches.seed, epoch=epoch, fraction=cfg.samples.fraction)
+    seed, fraction = cfg.batches.seed, cfg.samples.fraction
+    order, repeats = order_part(sample_keys, seed=seed, epoch=epoch, fraction=fraction, keep=split_keep(cfg))
     if repeats.count:
         found.append(repeats)
     keys.append(sample_keys, order)

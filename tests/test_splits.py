@@ -1,0 +1,203 @@
+"""Splits against PostgreSQL (#53): disjoint and covering as the database counts, stable as rows come and go,
+one vocabulary, evaluation splits written once, windows split by series, mixed sources split per source.
+
+The expected split of a key is computed by the assignment itself (:func:`split_codes`, proved a partition on
+the fast tier): what is checked here is that every way of dumping hands each split exactly its keys.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pgprefetch import EpochArrays
+from pgprefetch.config.model import SplitsConfig
+from pgprefetch.write.order.splits import split_codes
+
+from .harness.configs import scan_config
+from .harness.db import execute, fetch
+from .harness.dumps import dump, read_arrays, run_cli
+from .harness.mixing import CODE, MIX_TABLES, WEB, mix_config
+
+RULE = SplitsConfig(shares=(("train", 0.9), ("val", 0.05), ("test", 0.05)), seed=0)
+SPLITS = "[splits]\ntrain = 0.9\nval = 0.05\ntest = 0.05\n"
+N = 100_000
+
+
+@pytest.fixture
+def items(db: str) -> str:
+    execute(
+        db,
+        "CREATE TABLE items (id bigint PRIMARY KEY, v real NOT NULL, label text NOT NULL)",
+        "INSERT INTO items SELECT i, i * 0.5, CASE WHEN i % 3 = 0 THEN 'a' ELSE 'b' END "
+        f"FROM generate_series(1, {N}) i",
+    )
+    return db
+
+
+def _config(folder: Path, splits: str = SPLITS, name: str = "c.toml") -> Path:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(
+        "[source]\nconnections = 2\n"
+        '[samples]\nkeys = "SELECT id FROM items"\nquery = "SELECT v, label FROM items WHERE id = $1"\n'
+        '[fields.v]\ncolumns = ["v"]\ndtype = "float32"\n'
+        '[fields.label]\ncolumns = ["label"]\ndtype = "int8"\ncategories = "auto"\n'
+        "[batches]\nsize = 1000\ndrop_last = false\n"
+        f"{splits}"
+        '[store]\npath = "store.zarr"\n'
+    )
+    return path
+
+
+def _keys(arrays: dict[str, np.ndarray], n: int) -> np.ndarray:
+    return arrays["keys"].reshape(-1, arrays["keys"].shape[-1])[:n, 0]
+
+
+def _expected(db: str, table: str = "items") -> dict[str, set[int]]:
+    ids = np.array([r[0] for r in fetch(db, f"SELECT id FROM {table}")], dtype=np.int64)
+    codes = split_codes(ids[None, :], RULE)
+    return {name: set(ids[codes == i].tolist()) for i, name in enumerate(RULE.names)}
+
+
+def test_the_splits_are_disjoint_cover_every_key_and_hold_their_shares(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    got = {}
+    for name in RULE.names:
+        result = dump(config, items, split=name)
+        got[name] = set(_keys(read_arrays(result), result.n_samples).tolist())
+        assert len(got[name]) == result.n_samples  # each key once
+    assert got == _expected(items)
+    assert set().union(*got.values()) == set(range(1, N + 1))  # every key the database has, in one split
+    for name, share in RULE.shares:
+        assert abs(len(got[name]) / N - share) < 0.01
+
+
+def test_no_key_moves_when_rows_are_inserted_and_deleted_between_epochs(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    before = set(_keys(read_arrays(r := dump(config, items, split="train")), r.n_samples).tolist())
+    execute(
+        items,
+        "DELETE FROM items WHERE id % 7 = 0",
+        "INSERT INTO items SELECT i, i * 0.5, 'b' FROM generate_series(100001, 120000) i",
+    )
+    after = set(_keys(read_arrays(r := dump(config, items, 1, split="train")), r.n_samples).tolist())
+    assert after == _expected(items)["train"]
+    assert before - after == {k for k in before if k % 7 == 0}  # only the deleted left
+    assert all(k > N for k in after - before)  # only inserted keys came in
+
+
+def test_auto_categories_code_one_value_alike_in_every_split(items: str, tmp_path: Path) -> None:
+    """A value present only in a validation key is in the train split's list too: one vocabulary per store."""
+    rare = min(_expected(items)["val"])
+    execute(items, f"UPDATE items SET label = 'rare' WHERE id = {rare}")
+    config = _config(tmp_path / "c")
+    train = dump(config, items, split="train")
+    val = dump(config, items, split="val")
+    store = tmp_path / "c" / "store.zarr"
+    lists = [
+        EpochArrays(store, 0, split=r, consumer=None).manifest["fields"]["label"]["categories"]
+        for r in ("train", "val")
+    ]
+    assert train.n_samples > val.n_samples
+    assert lists[0] == lists[1] == ["a", "b", "rare"]
+    arrays = read_arrays(val)
+    keys = _keys(arrays, val.n_samples)
+    assert arrays["label"].reshape(-1)[: val.n_samples][keys == rare].tolist() == [2]
+
+
+def test_an_evaluation_split_is_written_once_and_serves_every_epoch_number(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--split", "val", "--epoch", "7", "--json")
+    assert code == 0, out
+    said = json.loads(out.strip().splitlines()[-1])
+    assert (said["epoch"], said["status"]) == (0, "written")
+    store = tmp_path / "c" / "store.zarr" / "splits" / "val"
+    assert sorted(p.name for p in store.glob("epoch-*")) == ["epoch-00000"]
+    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--split", "val", "--epoch", "3", "--json")
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "skipped"
+    seven, zero = (EpochArrays(tmp_path / "c" / "store.zarr", e, split="val", consumer=None) for e in (7, 0))
+    assert seven.epoch == zero.epoch == 0
+    for a, b in zip(seven, zero, strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert seven.n_samples == len(_expected(items)["val"])  # every sample: no short last batch dropped
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([], "--split is required: the config's [splits] are train, val, test"),
+        (["--split", "holdout"], "--split holdout: "),
+        (["--split", "train", "--config-splits", "train = 0.8\nval = 0.1\ntest = 0.1"], "[splits] train is 0.9 there"),
+    ],
+)
+def test_split_mistakes_are_one_line(items: str, tmp_path: Path, args: list[str], said: str) -> None:
+    config = _config(tmp_path / "c")
+    if "--config-splits" in args:
+        assert dump(config, items, split="val").n_samples  # the store's rule, recorded
+        rule = args[args.index("--config-splits") + 1]
+        config = _config(tmp_path / "c", f"[splits]\n{rule}\n", name="changed.toml")
+        args = args[: args.index("--config-splits")]
+    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--epoch", "0", *args)
+    assert code == 2, out
+    line = out.strip().splitlines()[-1]
+    assert said in line, out
+    assert "Traceback" not in out
+
+
+def test_a_split_asked_of_a_config_without_splits_is_one_line(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c", splits="")
+    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--epoch", "0", "--split", "train")
+    assert code == 2, out
+    assert "the config has no [splits]" in out.strip().splitlines()[-1]
+
+
+def test_windows_are_split_by_series(ticks: str, tmp_path: Path) -> None:
+    config = scan_config(tmp_path / "w", table="ticks", key=["series_id"], order="t", window=8, stride=4)
+    config.write_text(config.read_text() + SPLITS)
+    series = {}
+    for name in RULE.names:
+        result = dump(config, ticks, split=name)
+        keys = read_arrays(result)["keys"].reshape(-1, 2)[: result.n_samples]
+        series[name] = set(keys[:, 0].tolist())
+        codes = split_codes(keys[:, :1].T.copy(), RULE)
+        assert (codes == RULE.names.index(name)).all()  # a window's split is its series'
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert not series[a] & series[b]
+
+
+def test_mixed_sources_are_each_split_by_the_same_rule(db: str, tmp_path: Path) -> None:
+    execute(db, *MIX_TABLES)
+    sources = {"web": {"weight": 1, **WEB}, "code": {"weight": 1, **CODE}}
+    config = mix_config(tmp_path, sources, size=10, samples=100)
+    config.write_text(config.read_text() + SPLITS)
+    for name in ("train", "val"):
+        arrays = read_arrays(result := dump(config, db, split=name))
+        keys = arrays["keys"].reshape(-1, arrays["keys"].shape[-1])[: result.n_samples, 0]
+        source = arrays["source"].reshape(-1)[: result.n_samples]
+        for code, table in enumerate(("web", "code_docs")):
+            mine = keys[source == code]
+            assert mine.size, f"{name}: no sample of {table}"
+            codes = split_codes(mine[None, :].astype(np.int64), RULE)
+            assert (codes == RULE.names.index(name)).all()
+
+
+def test_readers_open_a_split_and_refuse_one_the_store_lacks(items: str, tmp_path: Path) -> None:
+    from pgprefetch.errors import StoreError
+    from pgprefetch.torch import EpochStream
+
+    config = _config(tmp_path / "c")
+    dump(config, items, split="test")
+    store = tmp_path / "c" / "store.zarr"
+    stream = EpochStream(store, 0, 2, split="test", keys=True, consumer=None)  # its epochs 0 and 1: the one epoch
+    seen = [int(k) for batch in stream for k in batch["keys"][:, 0]]
+    expected = sorted(_expected(items)["test"])
+    assert sorted(seen) == sorted(expected * 2)
+    with pytest.raises(StoreError, match="has no split 'holdout'; its splits: train, val, test"):
+        EpochArrays(store, 0, split="holdout")
+    with pytest.raises(StoreError, match="has no splits: open it without split="):
+        EpochArrays(tmp_path / "c" / "store.zarr" / "splits" / "test", 0, split="train")
