@@ -201,3 +201,43 @@ def test_readers_open_a_split_and_refuse_one_the_store_lacks(items: str, tmp_pat
         EpochArrays(store, 0, split="holdout")
     with pytest.raises(StoreError, match="has no splits: open it without split="):
         EpochArrays(tmp_path / "c" / "store.zarr" / "splits" / "test", 0, split="train")
+
+
+def test_store_commands_show_every_split_or_the_one_asked_for(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    dump(config, items, split="train")
+    dump(config, items, 1, split="train")
+    dump(config, items, split="val")
+    code, out = run_cli("ls", "--config", str(config))
+    assert code == 0, out
+    assert [line for line in out.splitlines() if line.startswith("split ")] == ["split train:", "split val:"]
+    code, out = run_cli("ls", "--config", str(config), "--json")
+    listed = json.loads(out)["splits"]
+    assert [e["epoch"] for e in listed["train"]["epochs"]] == [0, 1]
+    assert [e["epoch"] for e in listed["val"]["epochs"]] == [0]
+    code, out = run_cli("verify", "--config", str(config), "--split", "val", "--epoch", "5", "--json")
+    assert code == 0, out
+    assert json.loads(out) == {"epoch": 0, "problems": [], "ok": True}  # an evaluation split's one epoch
+    code, out = run_cli("stats", "--config", str(config), "--epoch", "0", "--json")
+    assert code == 0, out
+    assert set(json.loads(out)["splits"]) == {"train", "val"}
+    EpochArrays(tmp_path / "c" / "store.zarr", 1, split="train")  # a training run records it opened epoch 1
+    code, out = run_cli("prune", "--config", str(config), "--split", "train", "--keep", "0", "--json")
+    assert code == 0, out
+    assert [
+        e["epoch"] for e in json.loads(run_cli("ls", "--config", str(config), "--json")[1])["splits"]["train"]["epochs"]
+    ] == [1]
+    code, out = run_cli("ls", "--config", str(config), "--split", "holdout")
+    assert code != 0
+    assert "has no split 'holdout'; its splits: train, val, test" in out.strip().splitlines()[-1]
+
+
+def test_check_goes_through_every_split_or_the_one_asked_for(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    code, out = run_cli("check", "--config", str(config), "--dsn", items, "--batches", "2", "--json")
+    assert code == 0, out
+    checked = json.loads(out)["splits"]
+    assert list(checked) == ["train", "val", "test"]
+    code, out = run_cli("check", "--config", str(config), "--dsn", items, "--batches", "2", "--split", "val")
+    assert code == 0, out
+    assert "split " not in out

@@ -14,7 +14,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,15 +25,18 @@ from pgprefetch.cli.options import (
     config_option,
     dir_option,
     dsn_option,
-    named_store,
     scale_option,
     split_option,
     with_memory_options,
     with_store_options,
 )
 from pgprefetch.cli.progress import BarProgress
+from pgprefetch.cli.splits import Shown, per_split
 from pgprefetch.cli.words import consumer_lines, summary
 from pgprefetch.config.values import parse_duration, show_size
+
+if TYPE_CHECKING:
+    from pgprefetch.store.base import Store
 
 # Each command imports the library it calls when it runs: `pgprefetch --version` and `--help` load neither
 # zarr, numpy nor asyncpg (tests/test_public_api.py). pgprefetch.write.check.SAMPLE_BATCHES, checked there:
@@ -60,78 +63,84 @@ cli.add_command(dump)  # the longest command, in a module of its own (pgprefetch
 @cli.command("ls")
 @with_store_options
 @json_option('Print {"epochs": [...]} instead of a table.')
-def ls(config_path: Path | None, store: str | None, as_json: bool) -> None:
-    """List the epochs of a store: state, batches, samples, size, created, seconds."""
+def ls(config_path: Path | None, store: str | None, split: str | None, as_json: bool) -> None:
+    """List the epochs of a store (of each of its splits): state, batches, samples, size, created, seconds."""
+    per_split(config_path, store, split, as_json, _listed)
+
+
+def _listed(target: Store) -> Shown:
     from pgprefetch.store.maintenance import consumer_infos, list_epochs
 
-    target = named_store(config_path, store)
     infos = list_epochs(target)
     readers = consumer_infos(target)
     now = datetime.now(UTC)
-    if as_json:
-        click.echo(json.dumps({"epochs": [i.to_json() for i in infos], "consumers": [r.to_json(now) for r in readers]}))
-        return
-    click.echo(
+    lines = [
         f"{'epoch':>5}  {'state':<8} {'batches':>9} {'samples':>11} {'on disk':>10}  {'created':<25} {'seconds':>8}"
-    )
+    ]
     for i in infos:
         batches = f"{i.batches_written}/{i.n_batches}" if i.state == "partial" else f"{i.n_batches}"
         seconds = f"{i.seconds:.1f}" if i.seconds is not None else "-"
-        click.echo(
+        lines.append(
             f"{i.epoch:>5}  {i.state:<8} {batches:>9} {i.n_samples or 0:>11,} {show_size(i.bytes):>10}"
             f"  {i.created or '-':<25} {seconds:>8}"
             + ("  " + ", ".join(f"{name} {n:,}" for name, n in i.sources.items()) if i.sources else "")
         )
     if readers:
-        click.echo("\n".join(consumer_lines(readers, now)))
+        lines += consumer_lines(readers, now)
+    return Shown({"epochs": [i.to_json() for i in infos], "consumers": [r.to_json(now) for r in readers]}, lines)
 
 
 @cli.command()
 @with_store_options
 @click.option("--epoch", type=int, required=True, help="The epoch to check.")
 @json_option('Print {"epoch", "problems": [...], "ok"}.')
-def verify(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
+def verify(config_path: Path | None, store: str | None, split: str | None, epoch: int, as_json: bool) -> None:
     """Recompute every chunk's checksum; name each corrupt or missing chunk (exit 1 if any)."""
     from pgprefetch.store.maintenance import verify_epoch
+    from pgprefetch.store.splits import served_epoch
 
-    problems = verify_epoch(named_store(config_path, store), epoch)
-    if as_json:
-        click.echo(json.dumps({"epoch": epoch, "problems": problems, "ok": not problems}))
+    def one(target: Store) -> Shown:
+        served = served_epoch(target, epoch)  # an evaluation split's one epoch
+        problems = verify_epoch(target, served)
+        said = {"epoch": served, "problems": problems, "ok": not problems}
         if problems:
-            raise click.exceptions.Exit(1)
-        return
-    for line in problems:
-        click.echo(line)
-    if problems:
-        raise fail(f"epoch {epoch}: {len(problems)} corrupt or missing chunk(s)", 1)
-    click.echo(f"epoch {epoch}: every chunk matches its checksum")
+            return Shown(said, problems, f"epoch {served}: {len(problems)} corrupt or missing chunk(s)")
+        return Shown(said, [f"epoch {served}: every chunk matches its checksum"])
+
+    per_split(config_path, store, split, as_json, one)
 
 
 @cli.command()
 @with_store_options
 @click.option("--epoch", type=int, required=True, help="The epoch whose statistics to print.")
 @json_option('Print {"epoch", "stats": {field: {column: {count, mean, std, min, max}}}}.')
-def stats(config_path: Path | None, store: str | None, epoch: int, as_json: bool) -> None:
+def stats(config_path: Path | None, store: str | None, split: str | None, epoch: int, as_json: bool) -> None:
     """Per field and column: count, mean, std, min and max over an epoch's real values (padding excluded).
 
     std is the population standard deviation (NumPy's default, ddof=0); pandas' .std() and R's sd() give
     the sample one (ddof=1), larger by sqrt(count / (count - 1)).
     """
-    manifest = named_store(config_path, store).manifest(epoch)
+    per_split(config_path, store, split, as_json, lambda target: _stats(target, epoch))
+
+
+def _stats(target: Store, epoch: int) -> Shown:
+    from pgprefetch.store.splits import served_epoch
+
+    epoch = served_epoch(target, epoch)  # an evaluation split's one epoch
+    manifest = target.manifest(epoch)
     figures = manifest.get("stats")
     if figures is None:
-        raise fail(f"epoch {epoch} has no statistics: a pgprefetch that did not compute them wrote it", 1)
-    if as_json:
-        click.echo(json.dumps({"epoch": epoch, "stats": figures}))
-        return
-    click.echo(f"{'field':<16} {'column':<16} {'count':>12} {'mean':>14} {'std':>14} {'min':>14} {'max':>14}")
+        failure = f"epoch {epoch} has no statistics: a pgprefetch that did not compute them wrote it"
+        return Shown({"epoch": epoch, "stats": None}, [], failure)
+    lines = [f"{'field':<16} {'column':<16} {'count':>12} {'mean':>14} {'std':>14} {'min':>14} {'max':>14}"]
     for field, columns in figures.items():
         for column, s in columns.items():
             cells = (f"{s[k]:>14.6g}" if s[k] is not None else f"{'-':>14}" for k in ("mean", "std", "min", "max"))
-            click.echo(f"{field:<16} {column:<16} {s['count']:>12,} {' '.join(cells)}")
+            lines.append(f"{field:<16} {column:<16} {s['count']:>12,} {' '.join(cells)}")
     left = [f"{name} ({_why_no_stats(entry)})" for name, entry in manifest["fields"].items() if name not in figures]
     if left:
-        click.echo(f"not summarised: {', '.join(left)}")
+        lines.append(f"not summarised: {', '.join(left)}")
+    return Shown({"epoch": epoch, "stats": figures}, lines)
 
 
 def _why_no_stats(entry: dict[str, Any]) -> str:
@@ -168,6 +177,7 @@ def _why_no_stats(entry: dict[str, Any]) -> str:
 def prune_command(
     config_path: Path | None,
     store: str | None,
+    split: str | None,
     keep: int,
     consumer: str | None,
     partials: bool,
@@ -180,20 +190,18 @@ def prune_command(
     age = parse_duration(partials_age, "--partials-older-than") / 1000 if partials_age is not None else None
     from pgprefetch.store.maintenance import prune
 
-    result = prune(
-        named_store(config_path, store), keep, consumer, partials=partials, partials_older_than=age, dry_run=dry_run
-    )
-    if as_json:
-        click.echo(json.dumps(result.to_json()))
-    elif not quiet:
-        click.echo("\n".join(result.lines(keep)) or "nothing to delete")
+    def one(target: Store) -> Shown:
+        result = prune(target, keep, consumer, partials=partials, partials_older_than=age, dry_run=dry_run)
+        return Shown(result.to_json(), [] if quiet else result.lines(keep) or ["nothing to delete"])
+
+    per_split(config_path, store, split, as_json, one)
 
 
 @cli.command("forget")
 @with_store_options
 @click.argument("consumer")
 @json_option('Print {"forgotten": [...]}: the records removed.')
-def forget(config_path: Path | None, store: str | None, consumer: str, as_json: bool) -> None:
+def forget(config_path: Path | None, store: str | None, split: str | None, consumer: str, as_json: bool) -> None:
     """Remove a training run's consumer records (every rank), so that --keep and prune stop keeping its epochs.
 
     Only for a run gone for good: until then its records keep every epoch it may still read, whatever other
@@ -201,11 +209,12 @@ def forget(config_path: Path | None, store: str | None, consumer: str, as_json: 
     """
     from pgprefetch.store.maintenance import forget_consumer
 
-    removed = forget_consumer(named_store(config_path, store), consumer)
-    if as_json:
-        click.echo(json.dumps({"forgotten": removed}))
-    else:
-        click.echo(f"forgot consumer {consumer} ({len(removed)} record{'s' if len(removed) != 1 else ''})")
+    def one(target: Store) -> Shown:
+        removed = forget_consumer(target, consumer)
+        records = f"{len(removed)} record{'s' if len(removed) != 1 else ''}"
+        return Shown({"forgotten": removed}, [f"forgot consumer {consumer} ({records})"])
+
+    per_split(config_path, store, split, as_json, one)
 
 
 @cli.command()
@@ -233,16 +242,26 @@ def check(
     """Run everything a dump would decide against the database, on a sample of batches; write nothing.
 
     Exits 0 when a dump of this config would go through, 1 with the errors otherwise. It predicts the
-    dump's peak memory and time under the dump's --memory and --scratch.
+    dump's peak memory and time under the dump's --memory and --scratch. A config with [splits] is checked
+    split by split (--split: the one named).
     """
     from pgprefetch.config.load import load_config
     from pgprefetch.write.check import check_config
 
     cfg = load_config(config_path, dsn=dsn, memory=memory, scratch=scratch, split=split)
-    report = asyncio.run(check_config(cfg, epoch, batches))
-    click.echo(json.dumps(report.to_json()) if as_json else "\n".join(report.lines(verbose)))
-    if report.errors:
-        raise fail(f"{config_path}: {len(report.errors)} problem(s) found", 1)
+    names = [split] if split is not None or cfg.splits is None else list(cfg.splits.names)
+    reports = {}
+    for name in names:
+        one = cfg if name == split else load_config(config_path, dsn=dsn, memory=memory, scratch=scratch, split=name)
+        reports[name] = report = asyncio.run(check_config(one, epoch, batches))
+        if not as_json:
+            click.echo((f"split {name}:\n" if len(names) > 1 else "") + "\n".join(report.lines(verbose)))
+    if as_json:
+        said = {n: r.to_json() for n, r in reports.items()}
+        click.echo(json.dumps({"splits": said} if len(names) > 1 else next(iter(said.values()))))
+    errors = sum(len(r.errors) for r in reports.values())
+    if errors:
+        raise fail(f"{config_path}: {errors} problem(s) found", 1)
 
 
 @cli.command("demo-data")

@@ -71,16 +71,16 @@ memory_options = [
 ]
 
 
-def named_store(config_path: Path | None, store: str | None) -> Store:
-    """The store named by --store, or by the config's [store] path; it must exist."""
+def named_store(config_path: Path | None, store: str | None, split: str | None = None) -> Store:
+    """The store named by --store, or by the config's [store] path (``split``: its split's); it must exist."""
     from pgprefetch.config.load import load_config  # here, not at start-up: the store loads zarr
     from pgprefetch.store.open import open_store
 
     if store is not None:
-        return open_store(store).require()
+        return open_store(store, split).require()
     if config_path is None:
         raise ConfigError("give --config or --store")
-    return open_store(load_config(config_path).store.path).require()
+    return open_store(load_config(config_path).store.path, split).require()
 
 
 store_options = [
@@ -91,6 +91,7 @@ store_options = [
         help="The config whose [store] path to use.",
     ),
     click.option("--store", metavar="FOLDER|s3://BUCKET/PREFIX", help="The store: a folder or an S3 URL."),
+    click.option("--split", metavar="NAME", help="One split of a store with [splits] (default: every split)."),
 ]
 
 
