@@ -49,7 +49,7 @@ def test_the_readme_example_runs_as_written(db: str, tmp_path: Path) -> None:
     (tmp_path / "read.py").write_text(shown["read.py"])
     done = subprocess.run([sys.executable, "read.py"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "11 {'island': ['Biscoe', 'Dream', 'Torgersen'], 'sex': ['female', 'male']}"
+    assert done.stdout.strip() == "10 {'island': ['Biscoe', 'Dream', 'Torgersen'], 'sex': ['female', 'male']}"
     scan, query = (chunk_bytes(tmp_path / "prefetch" / s / "epoch-00000") for s in ("co2.zarr", "co2-query.zarr"))
     assert scan == query  # the date-keyed query-mode twin gives the scan's epoch, byte for byte
 
