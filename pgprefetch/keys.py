@@ -163,3 +163,26 @@ def uuid_slots(values: Sequence[uuid.UUID | str]) -> np.ndarray:
     """Uuids as their two slots, ``(n, 2)`` int64 (the inverse of :func:`uuid_bytes`)."""
     raw = b"".join((v if isinstance(v, uuid.UUID) else uuid.UUID(v)).bytes for v in values)
     return np.frombuffer(raw, dtype=">i8").astype(np.int64).reshape(len(values), 2)
+
+
+def order_slot(kind: str, value: str | int) -> int | None:
+    """A value given for an order column of type ``kind`` as its slot (None: not a value of that kind).
+
+    An integer column's is the integer; a ``date``'s an ISO date, its days since 1970-01-01; a ``timestamp``'s
+    an ISO date or date-time, its microseconds since 1970-01-01 (``timestamptz``: UTC where no offset is given).
+    """
+    if kind in INTEGER_TYPES:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind not in TIME_TYPES or not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if kind == "date":
+        if len(value) != 10:
+            return None  # a date column is cut at a date, not a time of day
+        return (when.date() - _EPOCH_DAY).days
+    if when.tzinfo is not None:
+        when = when.astimezone(dt.UTC).replace(tzinfo=None)
+    return (when - _EPOCH) // dt.timedelta(microseconds=1)

@@ -278,3 +278,75 @@ def test_a_mixed_split_epoch_read_by_four_ranks_resumes_on_three_at_another_batc
     assert Counter(seen) == Counter(everything[:120])
     assert result.n_samples - len(seen) - len(rest) < 3 * 7  # the remainder three ranks cannot share
     assert {s for s, _ in seen + rest} == {1, 2}  # both sources, each split by the rule
+
+
+TIME_CUT = '[splits]\nby = "order"\ntrain = {}\nval = { from = "2024-02-15" }\ntest = { from = "2024-03-20" }\n'
+
+
+def test_a_time_cut_gives_each_split_the_windows_wholly_inside_its_range(ticks: str, tmp_path: Path) -> None:
+    """``by = "order"``: a window is in the split whose range holds all its rows' days; one across a cut, in none."""
+    import datetime as dt
+
+    window, stride = 8, 4
+    config = scan_config(tmp_path / "t", table="ticks", key=["series_id"], order="day", window=window, stride=stride)
+    config.write_text(config.read_text() + TIME_CUT)
+    cuts = [dt.date(2024, 2, 15), dt.date(2024, 3, 20)]
+    rows: dict[int, list[dt.date]] = {}
+    for series, day in fetch(ticks, "SELECT series_id, day FROM ticks ORDER BY series_id, day"):
+        rows.setdefault(series, []).append(day)
+    expected: dict[str, set[tuple[int, dt.date]]] = {"train": set(), "val": set(), "test": set()}
+    across = 0
+    for series, days in rows.items():
+        for i in range(0, len(days) - window + 1, stride):
+            first, last = days[i], days[i + window - 1]
+            ranges = zip(RULE.names, [None, *cuts], [*cuts, None], strict=True)
+            which = [name for name, lo, hi in ranges if (lo is None or first >= lo) and (hi is None or last < hi)]
+            if which:
+                expected[which[0]].add((series, first))
+            else:
+                across += 1
+    assert across  # the cuts fall inside some series' windows: those are in no split
+    for name in RULE.names:
+        result = dump(config, ticks, split=name)
+        keys = read_arrays(result)["keys"].reshape(-1, 2)[: result.n_samples]
+        got = {(int(s), dt.date(1970, 1, 1) + dt.timedelta(days=int(d))) for s, d in keys}
+        assert got == expected[name], name
+
+
+@pytest.mark.parametrize(
+    ("splits", "said"),
+    [
+        (
+            '[splits]\nby = "order"\ntrain = {}\nval = { from = 50 }\n',
+            "[splits] val from = 50: the order column is date",
+        ),
+        ('[splits]\nby = "order"\ntrain = { from = "2024-01-01" }\nval = { from = "2024-02-01" }\n', "starts at the"),
+        (
+            '[splits]\nby = "order"\ntrain = {}\nval = { from = "2024-03-01" }\ntest = { from = "2024-02-01" }\n',
+            "must come after the split before it's",
+        ),
+    ],
+)
+def test_a_time_cut_that_cannot_be_applied_is_one_line(ticks: str, tmp_path: Path, splits: str, said: str) -> None:
+    config = scan_config(tmp_path / "t", table="ticks", key=["series_id"], order="day", window=8)
+    config.write_text(config.read_text() + splits)
+    code, out = run_cli("dump", "--config", str(config), "--dsn", ticks, "--epoch", "0", "--split", "val")
+    assert code == 2, out
+    assert said in out.strip().splitlines()[-1]
+
+
+def test_a_time_cut_of_samples_without_times_is_one_line(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "q", splits='[splits]\nby = "order"\ntrain = {}\nval = { from = 3 }\n')
+    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--epoch", "0", "--split", "val")
+    assert code == 2, out
+    assert '[splits] by: "order" cuts windows by their rows\' times' in out.strip().splitlines()[-1]
+
+
+def test_a_store_cut_in_time_refuses_a_moved_cut_naming_it(ticks: str, tmp_path: Path) -> None:
+    config = scan_config(tmp_path / "t", table="ticks", key=["series_id"], order="day", window=8)
+    config.write_text(config.read_text() + TIME_CUT)
+    assert dump(config, ticks, split="val").n_samples
+    config.write_text(config.read_text().replace('"2024-02-15"', '"2024-02-20"'))
+    code, out = run_cli("dump", "--config", str(config), "--dsn", ticks, "--epoch", "0", "--split", "train")
+    assert code == 2, out
+    assert "[splits] val from is 2024-02-15 there, 2024-02-20 in the config" in out.strip().splitlines()[-1]

@@ -8,6 +8,7 @@ because a config is edited by hand and read by cron.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import re
@@ -219,26 +220,53 @@ TRAIN = "train"  # the split that is shuffled anew every epoch; every other spli
 SPLIT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a split's name is a folder's name in the store: no path
 
 
+SPLIT_BY = ("key", "order")
+
+
+def cut_point(value: object) -> int | dt.date | dt.datetime | None:
+    """A time cut's ``from`` as a comparable value: an integer, or an ISO date or date-time (None: neither)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.date.fromisoformat(value) if len(value) == 10 else dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class SplitsConfig:
-    """``[splits]``: each sample's split a pure function of its key (of its series' key, windows) and ``seed``.
+    """``[splits]``: which split each sample is in, a pure function of the sample, never of the other samples.
 
-    The shares are cut points on a 53-bit hash of the key, in the config's order: a key's split never depends
-    on the other keys, so a row added later lands in one split for good and no key ever moves.
+    ``by = "key"`` (the default): shares, cut points on a 53-bit hash of the key (of a window's series' key)
+    and ``seed``, in the config's order: a row added later lands in one split for good, no key ever moves.
+    ``by = "order"``: a time cut (scan-mode windows): each split from its ``from`` value of the order column on
+    (the first from the beginning), in the config's order; a window across a cut is in no split.
     """
 
-    shares: tuple[tuple[str, float], ...]  # (name, share), in the config's order; the shares sum to 1
+    shares: tuple[tuple[str, float], ...] = ()  # by key: (name, share), the shares summing to 1
     seed: int = 0
+    by: str = "key"
+    starts: tuple[tuple[str, str | int | None], ...] = ()  # by order: (name, from), None for the first
 
     @property
     def names(self) -> tuple[str, ...]:
         """The splits, in the config's order."""
-        return tuple(name for name, _ in self.shares)
+        return tuple(name for name, _ in (self.shares if self.by == "key" else self.starts))
 
     @staticmethod
     def evaluation(name: str) -> bool:
         """Whether split ``name`` is an evaluation split: written once, in a fixed order, every sample kept."""
         return name != TRAIN
+
+    def content(self) -> dict[str, Any]:
+        """The rule as a config's identity and the store's record hold it."""
+        if self.by == "key":
+            return {"shares": [list(s) for s in self.shares], "seed": self.seed}
+        return {"by": "order", "starts": [list(s) for s in self.starts]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -324,8 +352,7 @@ class Config:
         }
 
     def _shared_content(self) -> dict[str, Any]:
-        rule = self.splits
-        splits = {"splits": {"shares": [list(s) for s in rule.shares], "seed": rule.seed}} if rule is not None else {}
+        splits = {"splits": self.splits.content()} if self.splits is not None else {}
         return splits | {
             "fields": [
                 _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate"))

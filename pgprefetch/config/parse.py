@@ -26,6 +26,7 @@ from pgprefetch.config.model import (
     N_ROWS,
     POSTGRES_DTYPES,
     RESERVED_FIELDS,
+    SPLIT_BY,
     SPLIT_NAME,
     TRUNCATES,
     BatchesConfig,
@@ -37,6 +38,7 @@ from pgprefetch.config.model import (
     SplitsConfig,
     StoreConfig,
     VocabularyFrom,
+    cut_point,
 )
 from pgprefetch.config.values import parse_duration, parse_size, show, store_location
 from pgprefetch.errors import ConfigError
@@ -78,6 +80,12 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             p.fail("[mix]", "mixes [samples.NAME] sources: put each source in a [samples.NAME] table")
         samples_cfg = p.samples(samples)
         p.variable_lengths(samples_cfg, fields_cfg)
+    splits = p.splits(raw["splits"]) if "splits" in raw else None
+    if splits is not None and splits.by == "order":
+        for s in mix.sources if mix is not None else ():
+            p.time_cut_fits(s.samples, f"samples.{s.name}")
+        if mix is None:
+            p.time_cut_fits(samples_cfg, "samples")
     return Config(
         source=SourceConfig(
             dsn=p.optional_str(source, "source", "dsn"),
@@ -95,7 +103,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             drop_last=p.boolean(batches, "batches", "drop_last", default=True),
         ),
         mix=mix,
-        splits=p.splits(raw["splits"]) if "splits" in raw else None,
+        splits=splits,
         store=StoreConfig(
             path=p.location(store, "store", "path"),
             compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
@@ -239,26 +247,64 @@ class _Parser:
         return float(value)
 
     def splits(self, table: Any) -> SplitsConfig:
-        """``[splits]``: named shares that sum to 1 (``train`` among them, or evaluation splits only), a seed."""
+        """``[splits]``: named shares that sum to 1 and a seed, or (``by = "order"``) a ``from`` per split."""
         if not isinstance(table, dict):
             self.fail("[splits]", f"expected a table of shares (train = 0.9), got {show(table)}")
-        seed = self.integer(table, "splits", "seed", default=0)
-        shares = []
-        for name, value in table.items():
-            if name == "seed":
-                continue
+        by = self.choice(table, "splits", "by", SPLIT_BY, default="key")
+        named = {k: v for k, v in table.items() if k not in ("seed", "by")}
+        for name in named:
             if not SPLIT_NAME.match(name):
                 self.fail(f"[splits] {name}", "a split's name is lower-case letters, digits and _ (it names a folder)")
+        if not named:
+            self.fail("[splits]", "names no split: give each a share (train = 0.9, val = 0.1)")
+        if by == "order":
+            if "seed" in table:
+                self.fail("[splits] seed", 'a time cut (by = "order") has no seed: a window\'s split is its time')
+            return SplitsConfig(by="order", starts=self._cuts(named))
+        shares = []
+        for name, value in named.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
                 self.fail(f"[splits] {name}", f"expected a share with 0 < share <= 1, got {show(value)}")
             shares.append((name, float(value)))
-        if not shares:
-            self.fail("[splits]", "names no split: give each a share (train = 0.9, val = 0.1)")
         total = math.fsum(v for _, v in shares)
         if abs(total - 1.0) > 1e-9:
             listed = " + ".join(f"{n} {v:g}" for n, v in shares)
             self.fail("[splits]", f"the shares must sum to 1, not {total:g} ({listed})")
-        return SplitsConfig(shares=tuple(shares), seed=seed)
+        return SplitsConfig(shares=tuple(shares), seed=self.integer(table, "splits", "seed", default=0))
+
+    def time_cut_fits(self, samples: SamplesConfig | ScanConfig, section: str) -> None:
+        """Refuse a time cut of samples that are not scan-mode windows: only a window's rows have times."""
+        if not isinstance(samples, ScanConfig) or samples.window is None:
+            self.fail(
+                "[splits] by",
+                f'"order" cuts windows by their rows\' times: [{section}] must be scan-mode windows (table, order, '
+                'window); split other samples by key (by = "key")',
+            )
+
+    def _cuts(self, named: dict[str, Any]) -> tuple[tuple[str, str | int | None], ...]:
+        """Each split's ``from`` on the order column: none for the first, rising after it (ISO dates or integers)."""
+        cuts: list[tuple[str, str | int | None]] = []
+        last: Any = None
+        for i, (name, value) in enumerate(named.items()):
+            where = f"[splits] {name}"
+            if not isinstance(value, dict) or set(value) - {"from"}:
+                self.fail(where, f'expected {{ from = "2024-07-01" }} (a time cut), got {show(value)}')
+            start = value.get("from")
+            if i == 0:
+                if start is not None:
+                    self.fail(where, "the first split starts at the beginning: give it {} and the next ones a from")
+                cuts.append((name, None))
+                continue
+            point: Any = cut_point(start)
+            if point is None:
+                self.fail(where, f"from: expected an ISO date or time, or an integer, got {show(start)}")
+            if last is not None and (type(point) is not type(last) or not last < point):
+                self.fail(where, f"from {show(start)} must come after the split before it's, of the same kind")
+            last = point
+            cuts.append((name, start))
+        if len(cuts) < 2:
+            self.fail("[splits]", "a time cut needs two splits or more: the first, and one with a from")
+        return tuple(cuts)
 
     def boolean(self, table: dict[str, Any], section: str, key: str, default: bool) -> bool:
         value = table.get(key, default)

@@ -113,30 +113,42 @@ def served_epoch(store: Store, epoch: int) -> int:
 
 
 def _written(rule: SplitsConfig) -> bytes:
-    record = {"format_version": FORMAT_VERSION, "seed": rule.seed, "shares": [list(s) for s in rule.shares]}
-    return (json.dumps(record) + "\n").encode()
+    return (json.dumps({"format_version": FORMAT_VERSION, **rule.content()}) + "\n").encode()
 
 
 def _parse(raw: bytes, location: str) -> SplitsConfig:
     damaged = StoreError(f"{location}/{SPLITS} is damaged; restore it from a backup")
     try:
         record: Any = json.loads(raw)
-        version, seed, shares = record["format_version"], record["seed"], record["shares"]
-    except (ValueError, KeyError, TypeError):
+        if record["format_version"] != FORMAT_VERSION:
+            raise damaged
+        by = record.get("by", "key")
+        entries = record["shares"] if by == "key" else record["starts"]
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise damaged from None
-    if version != FORMAT_VERSION or isinstance(seed, bool) or not isinstance(seed, int) or not isinstance(shares, list):
+    if by not in ("key", "order") or not isinstance(entries, list) or not entries:
         raise damaged
-    parsed = []
-    for entry in shares:
+    parsed: list[tuple[str, Any]] = []
+    for entry in entries:
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
             raise damaged
-        name, share = entry
-        if not SPLIT_NAME.match(name) or isinstance(share, bool) or not isinstance(share, int | float):
+        name, value = entry
+        if not SPLIT_NAME.match(name) or not _value_ok(by, value):
             raise damaged
-        parsed.append((name, float(share)))
-    if not parsed:
+        parsed.append((name, float(value) if by == "key" else value))
+    if by == "order":
+        return SplitsConfig(by="order", starts=tuple(parsed))
+    seed = record.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
         raise damaged
     return SplitsConfig(shares=tuple(parsed), seed=seed)
+
+
+def _value_ok(by: str, value: Any) -> bool:
+    """Whether a recorded share (by key) or ``from`` (by order) is one a config could give."""
+    if by == "key":
+        return not isinstance(value, bool) and isinstance(value, int | float)
+    return value is None or (not isinstance(value, bool) and isinstance(value, int | str))
 
 
 def _check_same(stored: SplitsConfig, rule: SplitsConfig, location: str) -> None:
@@ -144,14 +156,17 @@ def _check_same(stored: SplitsConfig, rule: SplitsConfig, location: str) -> None
 
     A config error (exit 2), as a store holding another config's epochs is: the config is what must change.
     """
-    prefix = f"{location} was split by another rule, and a key's split must never move:"
+    prefix = f"{location} was split by another rule, and a sample's split must never move:"
+    if stored.by != rule.by:
+        raise ConfigError(f'{prefix} [splits] by is "{stored.by}" there, "{rule.by}" in the config')
     if stored.seed != rule.seed:
         raise ConfigError(f"{prefix} [splits] seed is {stored.seed} there, {rule.seed} in the config")
-    theirs, mine = dict(stored.shares), dict(rule.shares)
+    theirs = dict(stored.shares or stored.starts)
+    mine = dict(rule.shares or rule.starts)
     for name in dict.fromkeys([*stored.names, *rule.names]):
-        if theirs.get(name) != mine.get(name):
-            there = theirs.get(name, "absent")
-            here = mine.get(name, "absent")
-            raise ConfigError(f"{prefix} [splits] {name} is {there} there, {here} in the config")
+        if theirs.get(name, "absent") != mine.get(name, "absent"):
+            there, here = theirs.get(name, "absent"), mine.get(name, "absent")
+            what = "" if stored.by == "key" else " from"
+            raise ConfigError(f"{prefix} [splits] {name}{what} is {there} there, {here} in the config")
     if stored.names != rule.names:
         raise ConfigError(f"{prefix} [splits] are in the order {', '.join(stored.names)} there")

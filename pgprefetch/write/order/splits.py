@@ -55,8 +55,12 @@ class SplitFilter:
 
 
 def split_filter(cfg: Config, width: int) -> SplitFilter | None:
-    """The filter of ``cfg``'s split over sample keys of ``width`` slots (None: the config has no splits)."""
-    if cfg.splits is None:
+    """The filter of ``cfg``'s split over sample keys of ``width`` slots.
+
+    None: the config has no splits, or cuts them in time, which the windows' cut applies
+    (:func:`~pgprefetch.write.scan.table.cut`): a window's split is its rows' times, not its key.
+    """
+    if cfg.splits is None or cfg.splits.by != "key":
         return None
     assert cfg.split is not None, "a config with [splits] is dumped or checked one split at a time"
     windows = cfg.mode == "scan" and cfg.scan_samples.window is not None
@@ -64,8 +68,8 @@ def split_filter(cfg: Config, width: int) -> SplitFilter | None:
 
 
 def split_keep(cfg: Config) -> Callable[[np.ndarray], np.ndarray] | None:
-    """Which sample keys are ``cfg``'s split's (the ``keep`` of :func:`~.shuffle.order_part`); None: no splits."""
-    if cfg.splits is None:
+    """Which sample keys are ``cfg``'s split's (the ``keep`` of :func:`~.shuffle.order_part`); None: all of them."""
+    if cfg.splits is None or cfg.splits.by != "key":
         return None
 
     def keeps(keys: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 
 from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.errors import ConfigError
-from pgprefetch.keys import KeyColumns
+from pgprefetch.keys import INTEGER_TYPES, KeyColumns, order_slot
 from pgprefetch.pg.columns import Column, plan_columns
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.pg.statement import distinct_values_statement, vocabulary_sql
@@ -60,6 +60,7 @@ class ScanShape:
     by_field: dict[str, tuple[Column, ...]]
     categories: dict[str, list[str]] = field(default_factory=dict)  # fixed by mode.read_scan (resolve_categories)
     order_type: str = ""  # the order column's PostgreSQL type (windows): a date or timestamp comes back as one
+    span: tuple[int | None, int | None] | None = None  # a time cut's split: its windows' order range, as slots
 
     @property
     def key_columns(self) -> KeyColumns:
@@ -123,7 +124,37 @@ async def describe_scan(cfg: Config, snap: Snapshot) -> ScanShape:
         order_type=returned[samples.order][0] if samples.order else "",
         columns=columns,
         by_field=by_field,
+        span=time_span(cfg, returned[samples.order][0]) if samples.order else None,
     )
+
+
+def time_span(cfg: Config, order_type: str) -> tuple[int | None, int | None] | None:
+    """The order range ``[from, next split's from)`` of ``cfg``'s split under a time cut, as the order's slots.
+
+    None: no time cut. A ``from`` the order column cannot hold (a date for an integer column) is refused.
+
+    Raises:
+        ConfigError: naming the split and the column's type.
+    """
+    rule, split = cfg.splits, cfg.split
+    if rule is None or rule.by != "order" or split is None:
+        return None
+    names = rule.names
+    i = names.index(split)
+    bounds = [rule.starts[i][1], rule.starts[i + 1][1] if i + 1 < len(names) else None]
+    slots: list[int | None] = []
+    for at, value in zip((i, i + 1), bounds, strict=True):
+        if value is None:
+            slots.append(None)
+            continue
+        slot = order_slot(order_type, value)
+        if slot is None:
+            raise ConfigError(
+                f"[splits] {names[at]} from = {value!r}: the order column is {order_type}; give "
+                + ("an integer" if order_type in INTEGER_TYPES else "an ISO date or time")
+            )
+        slots.append(slot)
+    return slots[0], slots[1]
 
 
 def scan_relation(samples: ScanConfig) -> str:

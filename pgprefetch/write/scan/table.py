@@ -329,7 +329,8 @@ def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray
 
     Rows: every row is a sample, keyed by its key columns. Windows: a series is the rows sharing the key;
     its samples start at rows ``0, stride, 2 * stride, ...`` while a whole window fits, and a sample's key
-    is the series' key plus the order value of its first row.
+    is the series' key plus the order value of its first row. Under a time cut (``shape.span``) only the
+    windows wholly inside the split's range are its (:func:`within_span`).
 
     Raises:
         SampleError: two rows of one series have the same order value (windows).
@@ -356,7 +357,24 @@ def cut(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray
     ends = np.cumsum(per_series)
     within = np.arange(total, dtype=np.int64) - np.repeat(ends - per_series, per_series)
     starts = np.repeat(first, per_series) + within * stride
+    if shape.span is not None:
+        starts = within_span(order, starts, window, shape.span)
     return keys[:, starts], starts
+
+
+def within_span(order: np.ndarray, starts: np.ndarray, window: int, span: tuple[int | None, int | None]) -> np.ndarray:
+    """The window starts whose every row lies in a time cut's split, ``[from, next from)`` of the order values.
+
+    A window across a cut is in no split: its first rows are one split's past, its last the next one's.
+    """
+    lo, hi = span
+    keep = np.ones(starts.size, dtype=bool)
+    if lo is not None:
+        keep &= order[starts] >= lo
+    if hi is not None:
+        keep &= order[starts + window - 1] < hi
+    kept: np.ndarray = starts[keep]
+    return kept
 
 
 def cut_whole(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -368,6 +386,11 @@ def cut_whole(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.n
     """
     sample_keys, starts = cut(table, shape, samples)
     if not sample_keys.shape[1] and samples.window is not None:
+        if shape.span is not None and table.keys.shape[1]:
+            raise SourceError(
+                f"[splits]: no window of {samples.window} rows lies wholly inside this split's range of "
+                f"{shape.key_names[-1]}; check its from, and the next split's"
+            )
         raise no_windows(samples, longest_series(table.keys))
     return sample_keys, starts
 
