@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pgprefetch import EpochArrays
 from pgprefetch.config.model import SplitsConfig
+from pgprefetch.errors import StoreError
 from pgprefetch.write.order.splits import split_codes
 
 from .harness.configs import scan_config
@@ -188,7 +190,6 @@ def test_mixed_sources_are_each_split_by_the_same_rule(db: str, tmp_path: Path) 
 
 
 def test_readers_open_a_split_and_refuse_one_the_store_lacks(items: str, tmp_path: Path) -> None:
-    from pgprefetch.errors import StoreError
     from pgprefetch.torch import EpochStream
 
     config = _config(tmp_path / "c")
@@ -198,6 +199,16 @@ def test_readers_open_a_split_and_refuse_one_the_store_lacks(items: str, tmp_pat
     seen = [int(k) for batch in stream for k in batch["keys"][:, 0]]
     expected = sorted(_expected(items)["test"])
     assert sorted(seen) == sorted(expected * 2)
+    from pgprefetch import ArrayStream, EpochDataset
+    from pgprefetch.grain import EpochSource
+
+    one = sorted(expected)
+    torch_reader = EpochDataset(store, 5, split="test", consumer=None)  # the test split's one epoch, as epoch 5
+    assert sorted(int(k[0]) for i in range(len(torch_reader)) for k in torch_reader.sample_keys(i)) == one
+    arrays = ArrayStream(store, 0, 1, split="test", keys=True, consumer=None)
+    assert sorted(int(k) for batch in arrays for k in batch["keys"][:, 0]) == one
+    source = EpochSource(store, 3, split="test", keys=True, consumer=None)
+    assert sorted(int(k) for i in range(len(source)) for k in source[i]["keys"][:, 0]) == one
     with pytest.raises(StoreError, match="has no split 'holdout'; its splits: train, val, test"):
         EpochArrays(store, 0, split="holdout")
     with pytest.raises(StoreError, match="has no splits: open it without split="):
@@ -350,3 +361,39 @@ def test_a_store_cut_in_time_refuses_a_moved_cut_naming_it(ticks: str, tmp_path:
     code, out = run_cli("dump", "--config", str(config), "--dsn", ticks, "--epoch", "0", "--split", "train")
     assert code == 2, out
     assert "[splits] val from is 2024-02-15 there, 2024-02-20 in the config" in out.strip().splitlines()[-1]
+
+
+def test_splits_in_an_object_store_hold_the_local_splits_bytes(items: str, s3: Any, tmp_path: Path) -> None:
+    """The splits of an S3 store: the same rule record, a prefix per split, the local store's bytes."""
+    from .harness.dumps import chunk_bytes
+    from .harness.s3 import epoch_objects
+
+    bucket = s3.bucket()
+    local_config = _config(tmp_path / "c")
+    remote_config = _config(tmp_path / "c", name="s3.toml")
+    remote_config.write_text(remote_config.read_text().replace('"store.zarr"', f'"s3://{bucket}/runs/s"'))
+    for name in ("train", "val"):
+        local = dump(local_config, items, split=name)
+        remote = dump(remote_config, items, split=name)
+        assert remote.path == f"s3://{bucket}/runs/s/splits/{name}/epoch-00000"
+        assert epoch_objects(s3, bucket, f"runs/s/splits/{name}") == chunk_bytes(local.path)
+    assert json.loads(s3.objects(bucket, "runs/s/.pgprefetch/splits.json")[""])["shares"][1] == ["val", 0.05]
+    val = EpochArrays(f"s3://{bucket}/runs/s", 9, split="val", consumer=None)
+    assert val.epoch == 0
+    assert val.n_samples == len(_expected(items)["val"])
+
+
+def test_a_split_folder_planted_as_a_link_is_refused_and_nothing_is_written_through_it(
+    items: str, tmp_path: Path
+) -> None:
+    config = _config(tmp_path / "c")
+    dump(config, items, split="train")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "c" / "store.zarr" / "splits" / "val").symlink_to(elsewhere)
+    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--epoch", "0", "--split", "val")
+    assert code != 0
+    assert "is a link: a store's folders are never reached through links" in out.strip().splitlines()[-1]
+    assert list(elsewhere.iterdir()) == []
+    with pytest.raises(StoreError, match="is a link"):
+        EpochArrays(tmp_path / "c" / "store.zarr", 0, split="val")
