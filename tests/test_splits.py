@@ -107,6 +107,8 @@ def test_auto_categories_code_one_value_alike_in_every_split(items: str, tmp_pat
     ]
     assert train.n_samples > val.n_samples
     assert lists[0] == lists[1] == ["a", "b", "rare"]
+    recorded = EpochArrays(store, 0, split="val", consumer=None).manifest["split"]
+    assert recorded == {"name": "val", "shares": [["train", 0.9], ["val", 0.05], ["test", 0.05]], "seed": 0}
     arrays = read_arrays(val)
     keys = _keys(arrays, val.n_samples)
     assert arrays["label"].reshape(-1)[: val.n_samples][keys == rare].tolist() == [2]

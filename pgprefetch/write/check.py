@@ -314,6 +314,8 @@ def _per_store_notes(cfg: Config, report: CheckReport) -> list[str]:
 
     Said before the first dump, where a user can still share another store's codes instead.
     """
+    if cfg.splits is not None:
+        return []  # a split's codes are every split's: the store's one vocabulary (docs/splits.md)
     planned = [f.name for f in cfg.fields if f.categories == "auto" and "categories" in report.fields.get(f.name, {})]
     store = _vocabulary(cfg).store if planned else None
     recorded = store.vocabulary() if store is not None else {}

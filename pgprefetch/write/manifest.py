@@ -88,5 +88,6 @@ def epoch_manifest(cfg: Config, source: BatchSource, total: int, elapsed: float)
         "bytes": total,
         **({"rows_read": source.rows_read} if source.rows_read is not None else {}),
         **(source.records or {}),
+        **({"split": {"name": cfg.split, **cfg.splits.content()}} if cfg.splits is not None else {}),
         "complete": True,
     }
