@@ -399,3 +399,14 @@ def test_a_split_folder_planted_as_a_link_is_refused_and_nothing_is_written_thro
     assert list(elsewhere.iterdir()) == []
     with pytest.raises(StoreError, match="is a link"):
         EpochArrays(tmp_path / "c" / "store.zarr", 0, split="val")
+
+
+def test_the_python_api_dumps_one_split_as_the_command_does(items: str, tmp_path: Path) -> None:
+    import pgprefetch
+
+    config = _config(tmp_path / "c")
+    (result,) = pgprefetch.dump(config, 4, split="val", dsn=items)
+    assert result.epoch == 0  # an evaluation split's one epoch
+    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--split", "val", "--epoch", "0", "--json")
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "skipped"  # the API's epoch, found complete
