@@ -56,6 +56,14 @@ def _config(folder: Path, splits: str = SPLITS, name: str = "c.toml") -> Path:
     return path
 
 
+def _refused(config: Path, dsn: str, *args: str) -> str:
+    """The one line ``pgprefetch dump --epoch 0 ARGS`` ends with, having refused (exit 2, no traceback)."""
+    code, out = run_cli("dump", "--config", str(config), "--dsn", dsn, "--epoch", "0", *args)
+    assert code == 2, out
+    assert "Traceback" not in out
+    return out.strip().splitlines()[-1]
+
+
 def _keys(arrays: dict[str, np.ndarray], n: int) -> np.ndarray:
     return arrays["keys"].reshape(-1, arrays["keys"].shape[-1])[:n, 0]
 
@@ -147,18 +155,12 @@ def test_split_mistakes_are_one_line(items: str, tmp_path: Path, args: list[str]
         rule = args[args.index("--config-splits") + 1]
         config = _config(tmp_path / "c", f"[splits]\n{rule}\n", name="changed.toml")
         args = args[: args.index("--config-splits")]
-    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--epoch", "0", *args)
-    assert code == 2, out
-    line = out.strip().splitlines()[-1]
-    assert said in line, out
-    assert "Traceback" not in out
+    assert said in _refused(config, items, *args)
 
 
 def test_a_split_asked_of_a_config_without_splits_is_one_line(items: str, tmp_path: Path) -> None:
     config = _config(tmp_path / "c", splits="")
-    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--epoch", "0", "--split", "train")
-    assert code == 2, out
-    assert "the config has no [splits]" in out.strip().splitlines()[-1]
+    assert "the config has no [splits]" in _refused(config, items, "--split", "train")
 
 
 def test_windows_are_split_by_series(ticks: str, tmp_path: Path) -> None:
@@ -343,16 +345,12 @@ def test_a_time_cut_gives_each_split_the_windows_wholly_inside_its_range(ticks: 
 def test_a_time_cut_that_cannot_be_applied_is_one_line(ticks: str, tmp_path: Path, splits: str, said: str) -> None:
     config = scan_config(tmp_path / "t", table="ticks", key=["series_id"], order="day", window=8)
     config.write_text(config.read_text() + splits)
-    code, out = run_cli("dump", "--config", str(config), "--dsn", ticks, "--epoch", "0", "--split", "val")
-    assert code == 2, out
-    assert said in out.strip().splitlines()[-1]
+    assert said in _refused(config, ticks, "--split", "val")
 
 
 def test_a_time_cut_of_samples_without_times_is_one_line(items: str, tmp_path: Path) -> None:
     config = _config(tmp_path / "q", splits='[splits]\nby = "order"\ntrain = {}\nval = { from = 3 }\n')
-    code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--epoch", "0", "--split", "val")
-    assert code == 2, out
-    assert '[splits] by: "order" cuts windows by their rows\' times' in out.strip().splitlines()[-1]
+    assert '[splits] by: "order" cuts windows by their rows\' times' in _refused(config, items, "--split", "val")
 
 
 def test_a_store_cut_in_time_refuses_a_moved_cut_naming_it(ticks: str, tmp_path: Path) -> None:
@@ -360,9 +358,9 @@ def test_a_store_cut_in_time_refuses_a_moved_cut_naming_it(ticks: str, tmp_path:
     config.write_text(config.read_text() + TIME_CUT)
     assert dump(config, ticks, split="val").n_samples
     config.write_text(config.read_text().replace('"2024-02-15"', '"2024-02-20"'))
-    code, out = run_cli("dump", "--config", str(config), "--dsn", ticks, "--epoch", "0", "--split", "train")
-    assert code == 2, out
-    assert "[splits] val from is 2024-02-15 there, 2024-02-20 in the config" in out.strip().splitlines()[-1]
+    assert "[splits] val from is 2024-02-15 there, 2024-02-20 in the config" in _refused(
+        config, ticks, "--split", "train"
+    )
 
 
 def test_splits_in_an_object_store_hold_the_local_splits_bytes(items: str, s3: Any, tmp_path: Path) -> None:

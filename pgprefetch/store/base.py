@@ -149,6 +149,13 @@ class Store(abc.ABC):
     def read(self, key: str) -> bytes | None:
         """The object (file) ``key``, relative to the store; None if it does not exist."""
 
+    def read_own(self, name: str) -> bytes | None:
+        """A record of pgprefetch's own in the store's ``.pgprefetch`` folder; None when it is not there.
+
+        As the consumer records are read: a link in the folder's place is not the store's, so no record.
+        """
+        return self.read(f"{META_DIR}/{name}")
+
     @abc.abstractmethod
     def read_range(self, key: str, start: int, length: int) -> Any:
         """``length`` bytes of ``key`` from ``start``, as a bytes-like buffer (numpy views it as is)."""

@@ -306,6 +306,13 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
+    def read_own(self, name: str) -> bytes | None:
+        folder = self._own().find()  # a link in its place is not the store's: no record
+        if folder is None:
+            return None
+        with folder:
+            return folder.read(name)
+
     def consumer_records(self) -> dict[str, bytes]:
         folder = self._own("consumers").find()  # a link in its place is not the store's: no records
         records: dict[str, bytes] = {}

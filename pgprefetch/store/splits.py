@@ -21,7 +21,8 @@ from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import FORMAT_VERSION, META_DIR, Store
 
 SPLITS_DIR = "splits"
-SPLITS = f"{META_DIR}/splits.json"
+SPLITS_RECORD = "splits.json"
+SPLITS = f"{META_DIR}/{SPLITS_RECORD}"
 
 
 def split_store(root: Store, name: str) -> Store:
@@ -43,7 +44,7 @@ def split_rule(root: Store) -> SplitsConfig | None:
     Raises:
         StoreError: the record is damaged (a store may be written by anyone: it is checked, not trusted).
     """
-    raw = root.read(SPLITS)
+    raw = root.read_own(SPLITS_RECORD)
     return None if raw is None else _parse(raw, root.location)
 
 
