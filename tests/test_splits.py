@@ -22,7 +22,7 @@ from pgprefetch.write.order.splits import split_codes
 
 from .harness.configs import scan_config
 from .harness.db import execute, fetch
-from .harness.dumps import dump, read_arrays, run_cli
+from .harness.dumps import chunk_bytes, dump, read_arrays, run_cli
 from .harness.mixing import CODE, MIX_TABLES, WEB, mix_config
 
 RULE = SplitsConfig(shares=(("train", 0.9), ("val", 0.05), ("test", 0.05)), seed=0)
@@ -365,7 +365,6 @@ def test_a_store_cut_in_time_refuses_a_moved_cut_naming_it(ticks: str, tmp_path:
 
 def test_splits_in_an_object_store_hold_the_local_splits_bytes(items: str, s3: Any, tmp_path: Path) -> None:
     """The splits of an S3 store: the same rule record, a prefix per split, the local store's bytes."""
-    from .harness.dumps import chunk_bytes
     from .harness.s3 import epoch_objects
 
     bucket = s3.bucket()
@@ -408,3 +407,27 @@ def test_the_python_api_dumps_one_split_as_the_command_does(items: str, tmp_path
     code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--split", "val", "--epoch", "0", "--json")
     assert code == 0, out
     assert json.loads(out.strip().splitlines()[-1])["status"] == "skipped"  # the API's epoch, found complete
+
+
+def test_query_mode_windows_split_by_series_as_their_scan_mode_twin(db: str, tmp_path: Path) -> None:
+    """co2_query.toml writes co2.toml's epochs byte for byte (the README's twins): split, they stay twins."""
+    root = Path(__file__).resolve().parent.parent / "configs"
+    execute(db, (root / "penguins.sql").read_text())
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "prefetch").mkdir()
+    rule = "[splits]\ntrain = 0.5\nval = 0.5\nseed = 2\n"
+    for name in ("co2.toml", "co2_query.toml"):
+        (tmp_path / "configs" / name).write_text((root / name).read_text() + rule)
+    for split in ("train", "val"):
+        scan = dump(tmp_path / "configs" / "co2.toml", db, split=split)
+        query = dump(tmp_path / "configs" / "co2_query.toml", db, split=split)
+        assert scan.n_samples
+        assert chunk_bytes(scan.path) == chunk_bytes(query.path)
+    stations = {
+        split: {int(k) for k in read_arrays(r)["keys"].reshape(-1, 2)[: r.n_samples, 0]}
+        for split in ("train", "val")
+        if (r := dump(tmp_path / "configs" / "co2_query.toml", db, split=split))
+    }
+    assert stations["train"]
+    assert stations["val"]
+    assert not stations["train"] & stations["val"]  # no station in both

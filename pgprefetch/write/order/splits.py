@@ -7,7 +7,7 @@ are disjoint and cover every key by construction, a key's split depends on no ot
 lands in one split for good, a row deleted moves none), and the shares hold to a binomial's accuracy.
 
 A window's split is its series' (every key slot but the order value): no series is in two splits, so no
-window of a validation series is ever trained on.
+window of a validation series is ever trained on (:func:`windowed` says which samples are windows).
 """
 
 from __future__ import annotations
@@ -63,8 +63,19 @@ def split_filter(cfg: Config, width: int) -> SplitFilter | None:
     if cfg.splits is None or cfg.splits.by != "key":
         return None
     assert cfg.split is not None, "a config with [splits] is dumped or checked one split at a time"
-    windows = cfg.mode == "scan" and cfg.scan_samples.window is not None
-    return SplitFilter(cfg.splits, cfg.split, width - 1 if windows else width)
+    return SplitFilter(cfg.splits, cfg.split, width - 1 if windowed(cfg, width) else width)
+
+
+def windowed(cfg: Config, width: int) -> bool:
+    """Whether ``cfg``'s samples are windows, split by their series: every key slot but the last (a start).
+
+    Scan mode says so (``window``). In query mode a sample of several rows keyed by more than one column is
+    taken as one: its key's last column is where it starts (an order value: one slot), the rest its series,
+    as in the scan-mode twin whose epochs it writes byte for byte; so the twins split alike too.
+    """
+    if cfg.mode == "scan":
+        return cfg.scan_samples.window is not None
+    return cfg.samples.rows > 1 and width > 1
 
 
 def split_keep(cfg: Config) -> Callable[[np.ndarray], np.ndarray] | None:
