@@ -1,7 +1,7 @@
 """A store's splits: each a store of its own in ``splits/NAME``, sharing the store's vocabulary and split rule.
 
-A config with ``[splits]`` writes one store: the root holds the split rule (``.pgprefetch/splits.json``:
-each split's share and the seed) and the ``"auto"`` categories' vocabulary; each split's epochs, partial
+A config with ``[splits]`` writes one store: the root holds the split rule (``.pgprefetch/splits.json``: the
+shares and the seed, or a time cut's points) and the ``"auto"`` vocabulary; each split's epochs, partial
 epochs, locks and consumers live in its own store below (:meth:`~.base.Store.sub_store`), so every command and
 reader that works on a store works on a split unchanged. The rule is written by the first dump and compared by
 every later one: a changed share or seed would move keys between splits (a validation key trained on), so a
