@@ -431,3 +431,32 @@ def test_query_mode_windows_split_by_series_as_their_scan_mode_twin(db: str, tmp
     assert stations["train"]
     assert stations["val"]
     assert not stations["train"] & stations["val"]  # no station in both
+
+
+def test_a_split_dumped_on_a_ray_cluster_is_the_single_process_split_byte_for_byte(
+    ray_cluster: object, items: str, tmp_path: Path
+) -> None:
+    from .harness.raycluster import on_ray
+
+    config = _config(tmp_path / "c")
+    spread = _config(tmp_path / "c", name="ray.toml")
+    spread.write_text(spread.read_text().replace('"store.zarr"', '"ray.zarr"'))
+    for name in ("train", "val"):
+        single = dump(config, items, split=name)
+        result = on_ray(spread, items, parts=2, split=name)
+        assert (result.executor, result.parts) == ("ray", 2)
+        assert chunk_bytes(Path(result.path)) == chunk_bytes(single.path)
+
+
+def test_a_failed_first_dump_of_a_split_leaves_no_store(items: str, tmp_path: Path) -> None:
+    """A wrong DSN: the split's store and the store made for it go; a store with another split stays."""
+    config = _config(tmp_path / "c")
+    wrong = items.replace("/t_", "/no_such_database_")
+    code, _ = run_cli("dump", "--config", str(config), "--dsn", wrong, "--epoch", "0", "--split", "val")
+    assert code != 0
+    assert not (tmp_path / "c" / "store.zarr").exists()
+    dump(config, items, split="train")
+    code, _ = run_cli("dump", "--config", str(config), "--dsn", wrong, "--epoch", "0", "--split", "val")
+    assert code != 0
+    assert sorted(p.name for p in (tmp_path / "c" / "store.zarr" / "splits").iterdir()) == ["train"]
+    assert EpochArrays(tmp_path / "c" / "store.zarr", 0, split="train", consumer=None).n_samples

@@ -107,6 +107,21 @@ def create_store(store: Store, rule: SplitsConfig | None, parents: bool) -> None
     store.create(parents=True)  # the splits' folder in the store, and the split's own
 
 
+def remove_unused(store: Store, root_made: bool) -> None:
+    """Remove the store a failed first dump made (:meth:`~.base.Store.remove_if_unused`).
+
+    A split's goes, and the store it is in where this dump made that too and no split of it is there now
+    (another dump's may be: its store and rule stay).
+    """
+    store.remove_if_unused()
+    root = store.parent
+    if root is None or not root_made:
+        return
+    rule = split_rule(root)
+    if rule is None or not any(split_store(root, name).exists() for name in rule.names):
+        root.remove_if_unused()
+
+
 def served_epoch(store: Store, epoch: int) -> int:
     """The epoch that serves epoch ``epoch`` of ``store``: an evaluation split's one epoch (0) serves them all."""
     name = store.split_name

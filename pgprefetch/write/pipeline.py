@@ -28,7 +28,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import KEYS_ARRAY, ArraySpec, Store
 from pgprefetch.store.maintenance import source_counts
 from pgprefetch.store.open import config_store
-from pgprefetch.store.splits import create_store, served_epoch
+from pgprefetch.store.splits import create_store, remove_unused, served_epoch
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor, Spread
@@ -184,13 +184,14 @@ async def dump_epoch(
     if store.is_complete(epoch) and not force:
         return _skipped(store, epoch)
     created = not store.exists()
+    root_created = store.parent is not None and not store.parent.exists()  # a split's, in a store made now
     create_store(store, cfg.splits, parents)
     try:
         policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
         return await _dump_with_retries(cfg, store, epoch, force, progress, policy, cache or ReadCache(), executor)
     except BaseException:
-        if created:
-            store.remove_if_unused()  # a dump that wrote no batch leaves no trace (a wrong DSN, RAY_ADDRESS)
+        if created:  # a dump that wrote no batch leaves no trace (a wrong DSN, RAY_ADDRESS)
+            remove_unused(store, root_created)
         raise
 
 
