@@ -199,6 +199,9 @@ def test_readers_open_a_split_and_refuse_one_the_store_lacks(items: str, tmp_pat
     config = _config(tmp_path / "c")
     dump(config, items, split="test")
     store = tmp_path / "c" / "store.zarr"
+    later = EpochStream(store, 3, 2, split="test", consumer=None, timeout=1)  # its epochs 3 and 4: the one epoch
+    assert later.categories == {"label": ["a", "b"]}
+    assert later.sources == []
     stream = EpochStream(store, 0, 2, split="test", keys=True, consumer=None)  # its epochs 0 and 1: the one epoch
     seen = [int(k) for batch in stream for k in batch["keys"][:, 0]]
     expected = sorted(_expected(items)["test"])

@@ -21,7 +21,7 @@ from typing import Any, Generic
 from pgprefetch.errors import ConfigError, EpochNotFoundError, EpochNotReadyError, StoreError
 from pgprefetch.read.padding import trim as trim_padding
 from pgprefetch.read.view import B, Batch, EpochView, positive
-from pgprefetch.store.base import epoch_name
+from pgprefetch.store.base import Store, epoch_name
 from pgprefetch.store.checks import manifest_fields, manifest_int, manifest_sources
 from pgprefetch.store.open import open_store
 from pgprefetch.store.splits import served_epoch
@@ -283,8 +283,8 @@ class EpochSequence(Generic[B]):
         epoch tells; with none published yet it waits for it (``timeout``).
         """
         backend = open_store(self.store, self.split)
-        epochs = [e for e in backend.epochs() if e >= self.start_epoch and (self.end is None or e < self.end)]
-        epoch = epochs[0] if epochs else self.start_epoch
+        epochs, first = self._published(backend)
+        epoch = epochs[0] if epochs else first
         manifest = backend.wait_manifest(epoch, None if epochs else self.timeout)
         return manifest_sources(manifest, f"{backend.location}/{epoch_name(epoch)}")
 
@@ -304,10 +304,10 @@ class EpochSequence(Generic[B]):
                 written with ``--force``, or written before stores kept their vocabulary).
         """
         backend = open_store(self.store, self.split)
-        epochs = [e for e in backend.epochs() if e >= self.start_epoch and (self.end is None or e < self.end)]
+        epochs, first = self._published(backend)
         lists: dict[str, list[str]] = {}
         source: dict[str, int] = {}  # the epoch each list comes from
-        for epoch in epochs or [self.start_epoch]:
+        for epoch in epochs or [first]:
             try:
                 manifest = backend.wait_manifest(epoch, None if epochs else self.timeout)
             except EpochNotFoundError:  # pruned since it was listed
@@ -322,6 +322,17 @@ class EpochSequence(Generic[B]):
                 if values is not None and (name not in lists or len(values) > len(known)):
                     lists[name], source[name] = values, epoch
         return lists
+
+    def _published(self, backend: Store) -> tuple[list[int], int]:
+        """The stream's epochs published now, and the one to wait for while there is none.
+
+        An evaluation split's one epoch (0) is every epoch of its stream
+        (:func:`~pgprefetch.store.splits.served_epoch`).
+        """
+        first = served_epoch(backend, self.start_epoch)
+        last = None if self.end is None else served_epoch(backend, self.end - 1)
+        epochs = [e for e in backend.epochs() if e >= first and (last is None or e <= last)]
+        return epochs, first
 
     def _stored_size(self, epoch: int) -> int:
         return self._sizes(epoch)[1]
