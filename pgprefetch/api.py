@@ -20,6 +20,7 @@ from pgprefetch.errors import ConfigError
 from pgprefetch.store.maintenance import EpochInfo, PruneResult, forget_consumer, list_epochs, verify_epoch
 from pgprefetch.store.maintenance import prune as prune_store
 from pgprefetch.store.open import config_store, open_store
+from pgprefetch.store.splits import served_epoch
 from pgprefetch.write.cron import Schedule
 from pgprefetch.write.pipeline import RETRIES, DumpResult, dump_epochs
 
@@ -111,18 +112,19 @@ def dump(
     return results
 
 
-def ls(store: str | os.PathLike[str]) -> list[EpochInfo]:
-    """The epochs of a store, complete and partial (``pgprefetch ls``).
+def ls(store: str | os.PathLike[str], *, split: str | None = None) -> list[EpochInfo]:
+    """The epochs of a store (of its split ``split``), complete and partial (``pgprefetch ls``).
 
     Raises:
         StoreNotFoundError: nothing is there (or no pgprefetch store): the path is wrong.
     """
-    return list_epochs(open_store(store).require())
+    return list_epochs(open_store(store, split).require())
 
 
-def verify(store: str | os.PathLike[str], epoch: int) -> list[str]:
-    """One line per corrupt or missing chunk of a published epoch; empty when all is well."""
-    return verify_epoch(open_store(store).require(), epoch)
+def verify(store: str | os.PathLike[str], epoch: int, *, split: str | None = None) -> list[str]:
+    """One line per corrupt or missing chunk of a published epoch (of split ``split``); empty when all is well."""
+    target = open_store(store, split).require()
+    return verify_epoch(target, served_epoch(target, epoch))
 
 
 def prune(
@@ -133,16 +135,18 @@ def prune(
     partials: bool = False,
     partials_older_than: float | None = None,
     dry_run: bool = False,
+    split: str | None = None,
 ) -> PruneResult:
     """Delete complete epochs more than ``keep`` behind the slowest consumer (``pgprefetch prune``).
 
     Every recorded consumer counts: nothing any training run may still read is deleted. ``consumer`` is
     checked as a recorded run's name (a typo is refused) and narrows nothing. ``partials``: also delete
     partial epochs no dump is writing; ``partials_older_than``: those last written more than this many
-    seconds ago. ``dry_run``: say what would be deleted; delete nothing.
+    seconds ago. ``dry_run``: say what would be deleted; delete nothing. ``split``: the store's split of
+    that name (a store with ``[splits]`` is pruned a split at a time).
     """
     return prune_store(
-        open_store(store).require(),
+        open_store(store, split).require(),
         keep,
         consumer,
         partials=partials,
@@ -151,13 +155,13 @@ def prune(
     )
 
 
-def forget(store: str | os.PathLike[str], consumer: str) -> list[str]:
+def forget(store: str | os.PathLike[str], consumer: str, *, split: str | None = None) -> list[str]:
     """Remove every record of training run ``consumer`` (``pgprefetch forget``); the records removed.
 
     Only for a run gone for good: until then its records keep, against every ``prune`` and ``--keep``, each
     epoch it may still read. A name with no record raises ConfigError naming the closest recorded one.
     """
-    return forget_consumer(open_store(store).require(), consumer)
+    return forget_consumer(open_store(store, split).require(), consumer)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

@@ -407,6 +407,10 @@ def test_the_python_api_dumps_one_split_as_the_command_does(items: str, tmp_path
     config = _config(tmp_path / "c")
     (result,) = pgprefetch.dump(config, 4, split="val", dsn=items)
     assert result.epoch == 0  # an evaluation split's one epoch
+    store = tmp_path / "c" / "store.zarr"
+    assert [i.epoch for i in pgprefetch.ls(store, split="val")] == [0]
+    assert pgprefetch.verify(store, 4, split="val") == []
+    assert pgprefetch.prune(store, 0, split="val").epochs == []
     code, out = run_cli("dump", "--config", str(config), "--dsn", items, "--split", "val", "--epoch", "0", "--json")
     assert code == 0, out
     assert json.loads(out.strip().splitlines()[-1])["status"] == "skipped"  # the API's epoch, found complete
