@@ -184,5 +184,7 @@ def order_slot(kind: str, value: str | int) -> int | None:
             return None  # a date column is cut at a date, not a time of day
         return (when.date() - _EPOCH_DAY).days
     if when.tzinfo is not None:
+        if kind == "timestamp":
+            return None  # a timestamp without time zone has no offset: PostgreSQL would drop the one given
         when = when.astimezone(dt.UTC).replace(tzinfo=None)
     return (when - _EPOCH) // dt.timedelta(microseconds=1)

@@ -143,7 +143,7 @@ def test_an_evaluation_split_is_written_once_and_serves_every_epoch_number(items
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        ([], "--split is required: the config's [splits] are train, val, test"),
+        ([], "--split is required (split= in Python): the config's [splits] are train, val, test"),
         (["--split", "holdout"], "--split holdout: "),
         (["--split", "train", "--config-splits", "train = 0.8\nval = 0.1\ntest = 0.1"], "[splits] train is 0.9 there"),
     ],
@@ -467,3 +467,78 @@ def test_a_failed_first_dump_of_a_split_leaves_no_store(items: str, tmp_path: Pa
     assert code != 0
     assert sorted(p.name for p in (tmp_path / "c" / "store.zarr" / "splits").iterdir()) == ["train"]
     assert EpochArrays(tmp_path / "c" / "store.zarr", 0, split="train", consumer=None).n_samples
+
+
+def test_an_evaluation_split_stream_saves_its_own_epoch_and_resumes_the_rest(items: str, tmp_path: Path) -> None:
+    from pgprefetch import ArrayStream
+
+    config = _config(tmp_path / "c")
+    dump(config, items, split="val")
+    store = tmp_path / "c" / "store.zarr"
+    first = ArrayStream(store, 3, 2, split="val", consumer=None)
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    assert state["epoch"] == 3  # the stream's epoch, though the split's one epoch (0) is what it reads
+    rest = ArrayStream(store, 3, 2, split="val", consumer=None)
+    rest.load_state_dict(state)
+    per_epoch = len(EpochArrays(store, 0, split="val", consumer=None))
+    assert sum(1 for _ in rest) == 2 * per_epoch - 2  # epochs 3 and 4, less the two batches read
+
+
+def test_a_reader_of_a_split_waits_for_the_first_dump_and_a_store_with_splits_needs_one_named(
+    items: str, tmp_path: Path
+) -> None:
+    import threading
+
+    config = _config(tmp_path / "c")
+    store = tmp_path / "c" / "store.zarr"
+    opened: list[EpochArrays] = []
+    reader = threading.Thread(
+        target=lambda: opened.append(EpochArrays(store, 0, split="test", wait=True, timeout=120, consumer=None))
+    )
+    reader.start()  # before the store exists, as a training job started before cron's first dump
+    dump(config, items, split="test")
+    reader.join()
+    assert opened[0].n_samples == len(_expected(items)["test"])
+    with pytest.raises(StoreError, match=r"has splits \(train, val, test\): open one with split=NAME"):
+        EpochArrays(store, 0)
+
+
+def test_forget_goes_through_the_splits_that_know_the_run(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    dump(config, items, split="train")
+    dump(config, items, split="val")
+    store = tmp_path / "c" / "store.zarr"
+    EpochArrays(store, 0, split="train", consumer="runA")
+    code, out = run_cli("forget", "--config", str(config), "runA", "--json")
+    assert code == 0, out
+    said = json.loads(out)["splits"]
+    assert said["train"]["forgotten"]
+    assert "skipped" in said["val"]  # val never saw runA: said, not the end
+    code, out = run_cli("forget", "--config", str(config), "runA")
+    assert code == 2, out  # no split knows it now
+
+
+def test_an_evaluation_split_takes_no_subsample(items: str, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    config.write_text(config.read_text().replace('query = "SELECT', 'fraction = 0.5\nquery = "SELECT'))
+    val = dump(config, items, split="val")
+    assert val.n_samples == len(_expected(items)["val"])  # every sample, whatever fraction says
+    train = dump(config, items, split="train")
+    assert train.n_samples < 0.6 * len(_expected(items)["train"])  # training's epochs still subsample
+
+
+def test_cut_points_with_and_without_an_offset_are_one_line(tmp_path: Path) -> None:
+    from pgprefetch.config.load import load_config
+    from pgprefetch.errors import ConfigError
+
+    config = scan_config(tmp_path / "t", table="ticks", key=["series_id"], order="ts", window=8)
+    cuts = (
+        '[splits]\nby = "order"\ntrain = {}\nval = { from = "2024-01-02T00:00" }\n'
+        'test = { from = "2024-01-03T00:00+00:00" }\n'
+    )
+    config.write_text(config.read_text() + cuts)
+    with pytest.raises(ConfigError, match="must come after the split before it's, of the same kind"):
+        load_config(config)

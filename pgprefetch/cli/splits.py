@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgprefetch.cli.console import fail
+from pgprefetch.errors import ConfigError, StoreNotFoundError
 
 if TYPE_CHECKING:
     from pgprefetch.store.base import Store
@@ -41,7 +42,28 @@ def stores(config_path: Path | None, store: str | None, split: str | None) -> li
     rule = split_rule(root)
     if rule is None:
         return [(None, root)]
-    return [(name, s) for name in rule.names if (s := split_store(root, name)).exists()]
+    found: list[tuple[str | None, Store]] = [(n, s) for n in rule.names if (s := split_store(root, n)).exists()]
+    if not found:
+        raise StoreNotFoundError(f"{root.location}: no split of {', '.join(rule.names)} has been dumped yet")
+    return found
+
+
+def _run(one: Callable[[Store], Shown], targets: list[tuple[str | None, Store]]) -> list[tuple[str | None, Shown]]:
+    """``one`` on every split; a split that refuses it (a run it has no record of) is said, not the end.
+
+    Only when every split refuses is it the command's error: a run that reads ``train`` alone is known there.
+    """
+    shown: list[tuple[str | None, Shown]] = []
+    refused: list[ConfigError] = []
+    for name, target in targets:
+        try:
+            shown.append((name, one(target)))
+        except ConfigError as e:
+            refused.append(e)
+            shown.append((name, Shown({"skipped": str(e)}, [f"skipped: {e}"])))
+    if len(refused) == len(targets):
+        raise refused[0]
+    return shown
 
 
 def per_split(
@@ -49,13 +71,13 @@ def per_split(
 ) -> None:
     """Run ``one`` on each store :func:`stores` names and print what it says; exit 1 if any failed."""
     targets = stores(config_path, store, split)
-    shown = [(name, one(target)) for name, target in targets]
     several = any(name is not None for name, _ in targets) and split is None
+    shown = _run(one, targets) if several else [(name, one(target)) for name, target in targets]
     if as_json:
         click.echo(json.dumps({"splits": {n: s.json for n, s in shown}} if several else shown[0][1].json))
     else:
         for name, s in shown:
-            if several:
+            if several and s.lines:
                 click.echo(f"split {name}:")
             if s.lines:
                 click.echo("\n".join(s.lines))

@@ -96,8 +96,10 @@ def with_overrides(
     store_cfg = cfg.store if store is None else dataclasses.replace(cfg.store, path=store_location(store, "--store"))
     chosen = chosen_split(cfg, split)
     out = dataclasses.replace(cfg, source=source, store=store_cfg, split=chosen)
-    if out.evaluation:  # an evaluation split keeps every sample: its short last batch is padded, not dropped
+    if out.evaluation:  # an evaluation split keeps every sample: no subsample, a short last batch padded
         out = dataclasses.replace(out, batches=dataclasses.replace(out.batches, drop_last=False))
+        if out.mix is None and out.samples.fraction < 1.0:
+            out = dataclasses.replace(out, samples=dataclasses.replace(out.samples, fraction=1.0))
     return out
 
 

@@ -217,7 +217,7 @@ class StoreConfig:
 
 
 TRAIN = "train"  # the split that is shuffled anew every epoch; every other split is an evaluation split
-SPLIT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a split's name is a folder's name in the store: no path
+SPLIT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")  # a split's name is a folder's name in the store: no path
 
 
 SPLIT_BY = ("key", "order")

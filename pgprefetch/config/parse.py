@@ -298,7 +298,7 @@ class _Parser:
             point: Any = cut_point(start)
             if point is None:
                 self.fail(where, f"from: expected an ISO date or time, or an integer, got {show(start)}")
-            if last is not None and (type(point) is not type(last) or not last < point):
+            if last is not None and (type(point) is not type(last) or not _before(last, point)):
                 self.fail(where, f"from {show(start)} must come after the split before it's, of the same kind")
             last = point
             cuts.append((name, start))
@@ -464,6 +464,14 @@ class _Parser:
         base = self.file.resolve().parent if self.file is not None else None
         store = store_location(written, f"{self.prefix}{where} categories", base)
         return VocabularyFrom(store=store, written=written)
+
+
+def _before(a: Any, b: Any) -> bool:
+    """Whether cut point ``a`` comes before ``b`` (False for two that do not compare: with and without an offset)."""
+    try:
+        return bool(a < b)
+    except TypeError:
+        return False
 
 
 def _default(value: int | None, default: int) -> int:

@@ -24,7 +24,7 @@ from pgprefetch.read.view import B, Batch, EpochView, positive
 from pgprefetch.store.base import Store, epoch_name
 from pgprefetch.store.checks import manifest_fields, manifest_int, manifest_sources
 from pgprefetch.store.open import open_store
-from pgprefetch.store.splits import served_epoch
+from pgprefetch.store.splits import refuse_whole, served_epoch
 
 
 class EpochSequence(Generic[B]):
@@ -93,6 +93,7 @@ class EpochSequence(Generic[B]):
         self._epoch, self._sample, self._size = start_epoch, 0, batch_size
         # ...or, while an epoch is read, after the first _done batches of _live (worked out when asked for).
         self._live: EpochView[B] | None = None
+        self._live_epoch = 0  # the stream's number of _live's epoch (an evaluation split's view reads epoch 0)
         self._done = 0
         self._offset: int | None = None  # in a worker: batches between the position and this worker's next
         self._finished = False  # this object read to the end: the next pass starts over
@@ -110,7 +111,7 @@ class EpochSequence(Generic[B]):
             for i, batch in zip(indices, self._epoch_batches(ds, indices, worker=worker), strict=True):
                 # Whoever holds this batch has consumed everything before it: the position is after it.
                 if self._live is not ds:  # and from a worker's first batch on, its next is k batches away
-                    self._live, self._offset = ds, (k - 1 if worker else None)
+                    self._live, self._live_epoch, self._offset = ds, epoch, (k - 1 if worker else None)
                 self._done = i + 1
                 yield batch
             skip = (indices[-1] + k if indices else skip) - len(ds)  # this worker's first batch of the next epoch
@@ -216,8 +217,8 @@ class EpochSequence(Generic[B]):
         if ds is None:
             return self._epoch, self._sample, self._size
         if self._done < len(ds):
-            return ds.epoch, ds.next_sample(self._done), ds.batch_size
-        return ds.epoch + 1, 0, ds.batch_size  # the next epoch may not be published yet: the size read so far
+            return self._live_epoch, ds.next_sample(self._done), ds.batch_size
+        return self._live_epoch + 1, 0, ds.batch_size  # the next epoch may not be published yet: the size read so far
 
     def _move(self, epoch: int, sample: int, size: int | None, offset: int | None = None) -> None:
         """Set the position (and, in a worker, the distance to its next batch)."""
@@ -282,7 +283,7 @@ class EpochSequence(Generic[B]):
         Every epoch of a store has the same sources (they are part of its config), so the stream's first
         epoch tells; with none published yet it waits for it (``timeout``).
         """
-        backend = open_store(self.store, self.split)
+        backend = self._backend()
         epochs, first = self._published(backend)
         epoch = epochs[0] if epochs else first
         manifest = backend.wait_manifest(epoch, None if epochs else self.timeout)
@@ -303,7 +304,7 @@ class EpochSequence(Generic[B]):
             StoreError: two of the stream's epochs code a field differently (epochs of another config
                 written with ``--force``, or written before stores kept their vocabulary).
         """
-        backend = open_store(self.store, self.split)
+        backend = self._backend()
         epochs, first = self._published(backend)
         lists: dict[str, list[str]] = {}
         source: dict[str, int] = {}  # the epoch each list comes from
@@ -323,6 +324,13 @@ class EpochSequence(Generic[B]):
                     lists[name], source[name] = values, epoch
         return lists
 
+    def _backend(self) -> Store:
+        """The store read (its split's), refused where it has splits and none is named (:func:`refuse_whole`)."""
+        backend = open_store(self.store, self.split)
+        if self.split is None:
+            refuse_whole(backend)
+        return backend
+
     def _published(self, backend: Store) -> tuple[list[int], int]:
         """The stream's epochs published now, and the one to wait for while there is none.
 
@@ -339,7 +347,7 @@ class EpochSequence(Generic[B]):
 
     def _sizes(self, epoch: int) -> tuple[int, int]:
         """Epoch ``epoch``'s samples and stored batch size, from its manifest, checked (the store may be anyone's)."""
-        backend = open_store(self.store, self.split)
+        backend = self._backend()
         epoch = served_epoch(backend, epoch)
         manifest, where = backend.manifest(epoch), f"{backend.location}/{epoch_name(epoch)}"
         return manifest_int(manifest, "n_samples", where), manifest_int(manifest, "batch_size", where, least=1)

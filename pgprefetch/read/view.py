@@ -37,7 +37,7 @@ from pgprefetch.store.base import KEYS_ARRAY, epoch_name
 from pgprefetch.store.checks import check_layouts, manifest_fields, manifest_int, manifest_sources
 from pgprefetch.store.layout import plain_name
 from pgprefetch.store.open import open_store
-from pgprefetch.store.splits import served_epoch
+from pgprefetch.store.splits import refuse_whole, served_epoch
 
 B = TypeVar("B", bound=Sliced)  # the array type of a batch: numpy.ndarray, torch.Tensor
 Batch = dict[str, B]
@@ -82,6 +82,8 @@ class EpochView(abc.ABC, Generic[B]):
         split: str | None = None,
     ) -> None:
         self._backend = open_store(store, split)
+        if split is None:
+            refuse_whole(self._backend)
         self._remote = self._backend.local_root is None
         self.store: Path | str = self._backend.location if self._remote else Path(self._backend.location)
         self.split = split
@@ -373,7 +375,7 @@ class EpochView(abc.ABC, Generic[B]):
         The state may come from another world size, batch size or reader (NumPy or torch); one without
         ``next_sample`` (an older pgprefetch's) counts ``next_global_batch`` in its ``batch_size``, or the dump's.
         """
-        if state["epoch"] != self.epoch:
+        if served_epoch(self._backend, state["epoch"]) != self.epoch:  # (an evaluation split: any, its one)
             raise ConfigError(f"resume state is for epoch {state['epoch']}, this dataset reads epoch {self.epoch}")
         if "next_sample" in state:
             sample = int(state["next_sample"])

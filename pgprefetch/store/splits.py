@@ -65,17 +65,32 @@ def record_split_rule(root: Store, rule: SplitsConfig) -> None:
 
 
 def open_split(root: Store, name: str) -> Store:
-    """The store of split ``name`` of an existing store ``root``, for reading.
+    """The store of split ``name`` of ``root``, for reading.
+
+    A store not there yet is the split's to come (a reader may wait for cron's first dump); one that is
+    there must record the split, or hold nothing yet.
 
     Raises:
-        StoreError: ``root`` has no splits, or none of that name.
+        StoreError: ``root`` is a store without splits, or without one of that name.
     """
-    rule = split_rule(root.require())
-    if rule is None:
-        raise StoreError(f"{root.location} has no splits: open it without split=")
-    if name not in rule.names:
-        raise StoreError(f"{root.location} has no split {name!r}; its splits: {', '.join(rule.names)}")
+    if root.exists():
+        rule = split_rule(root)
+        if rule is None and root.epochs():  # (none yet: a first dump is making it, its rule comes next)
+            raise StoreError(f"{root.location} has no splits: open it without split=")
+        if rule is not None and name not in rule.names:
+            raise StoreError(f"{root.location} has no split {name!r}; its splits: {', '.join(rule.names)}")
     return split_store(root, name)
+
+
+def refuse_whole(root: Store) -> None:
+    """Refuse to read a store with splits as one: its epochs are its splits' (a reader names one).
+
+    Raises:
+        StoreError: naming the splits.
+    """
+    rule = split_rule(root) if root.exists() else None
+    if rule is not None:
+        raise StoreError(f"{root.location} has splits ({', '.join(rule.names)}): open one with split=NAME")
 
 
 def config_store(root: Store, rule: SplitsConfig | None, split: str | None) -> Store:
@@ -88,7 +103,7 @@ def config_store(root: Store, rule: SplitsConfig | None, split: str | None) -> S
     if rule is None:
         return root
     if split is None:
-        raise ConfigError(f"--split is required: the config's [splits] are {', '.join(rule.names)}")
+        raise ConfigError(f"--split is required (split= in Python): the config's [splits] are {', '.join(rule.names)}")
     if root.exists():
         recorded = split_rule(root)
         if recorded is not None:

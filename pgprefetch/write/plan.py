@@ -364,6 +364,8 @@ def _counts(cfg: Config, key_columns: KeyColumns, n_keys: int, n: int, repeats: 
     nb = n_batches(n, size, cfg.batches.drop_last)
     if nb == 0:
         hint = "lower [batches] size or set drop_last = false" if n else "raise [samples] fraction"
+        if not n and cfg.split is not None and n_keys:
+            hint = f"[splits] {cfg.split} holds none of the {n_keys:,} keys: check its share"
         raise SourceError(f"{n} samples make no full batch of {size}: {hint}")
     used = nb * size if cfg.batches.drop_last else n
     return {

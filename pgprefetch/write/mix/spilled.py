@@ -241,7 +241,7 @@ def index_partition(
     if lengths is None:
         raise SourceError(f"{shape.relation} has no rows: there is nothing to dump")
     if not index.n_keys and cfg.scan_samples.window is not None:
-        raise no_windows(cfg.scan_samples, longest)
+        raise no_windows(cfg.scan_samples, longest, shape)
     if index.repeats and samples.duplicates != "drop":
         raise repeated_keys(where, index.repeats, min(repeated))
     return SpilledScan(cfg, shape, partition, index, lengths, rows_read, folder)

@@ -228,7 +228,7 @@ def _order_windows(
         raise
     if isinstance(got, np.ndarray):  # the windows fit: ordered in memory, as a table's are
         if not got.shape[1]:
-            raise no_windows(cfg.scan_samples, longest)
+            raise no_windows(cfg.scan_samples, longest, shape)
         order_fields = order_keys(cfg, got[:width], key_columns, epoch, in_place=True)
         index = order_fields.pop("index")
         carried = got[width:]

@@ -149,10 +149,9 @@ def time_span(cfg: Config, order_type: str) -> tuple[int | None, int | None] | N
             continue
         slot = order_slot(order_type, value)
         if slot is None:
-            raise ConfigError(
-                f"[splits] {names[at]} from = {value!r}: the order column is {order_type}; give "
-                + ("an integer" if order_type in INTEGER_TYPES else "an ISO date or time")
-            )
+            expected = {"date": "an ISO date", "timestamp": "an ISO date or time without an offset"}
+            wanted = "an integer" if order_type in INTEGER_TYPES else expected.get(order_type, "an ISO date or time")
+            raise ConfigError(f"[splits] {names[at]} from = {value!r}: the order column is {order_type}; give {wanted}")
         slots.append(slot)
     return slots[0], slots[1]
 

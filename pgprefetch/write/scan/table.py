@@ -311,11 +311,17 @@ def longest_series(keys: np.ndarray) -> int:
     return int(np.diff(np.concatenate([[0], change, [n]])).max())
 
 
-def no_windows(samples: ScanConfig, longest: int) -> SourceError:
+def no_windows(samples: ScanConfig, longest: int, shape: ScanShape | None = None) -> SourceError:
     """The error for a table no window fits in: the window, the longest series, the fix.
 
     Scan mode has no keys query: "the keys query returned no rows" would send the user looking for one.
+    Under a time cut (``shape.span``) the windows may fit and lie across the split's range: said so.
     """
+    if shape is not None and shape.span is not None and longest >= (samples.window or 1):
+        return SourceError(
+            f"[splits]: no window of {samples.window} rows lies wholly inside this split's range of "
+            f"{shape.key_names[-1]}; check its from, and the next split's"
+        )
     if not longest:
         return SourceError(f"[samples] table {samples.table}: returned no rows; there is nothing to dump")
     return SourceError(
@@ -386,12 +392,7 @@ def cut_whole(table: Table, shape: ScanShape, samples: ScanConfig) -> tuple[np.n
     """
     sample_keys, starts = cut(table, shape, samples)
     if not sample_keys.shape[1] and samples.window is not None:
-        if shape.span is not None and table.keys.shape[1]:
-            raise SourceError(
-                f"[splits]: no window of {samples.window} rows lies wholly inside this split's range of "
-                f"{shape.key_names[-1]}; check its from, and the next split's"
-            )
-        raise no_windows(samples, longest_series(table.keys))
+        raise no_windows(samples, longest_series(table.keys), shape)
     return sample_keys, starts
 
 
