@@ -104,3 +104,16 @@ def test_a_split_named_on_the_command_line_must_be_the_configs(tmp_path: Path) -
     assert load_config(path, split="train").sha256() != load_config(_config(tmp_path, "", "plain.toml")).sha256()
     with pytest.raises(ConfigError, match=r"--split test: .*\[splits\] names train, val"):
         load_config(path, split="test")
+
+
+def test_a_query_sample_keyed_by_a_uuid_last_is_no_window_and_is_split_by_its_whole_key(tmp_path: Path) -> None:
+    """A window's last key column is where it starts, an order value: a uuid there means the key is no window."""
+    from pgprefetch.keys import KeyColumns
+    from pgprefetch.write.order.splits import windowed
+
+    path = _config(tmp_path, "[splits]\ntrain = 0.5\nval = 0.5\n")
+    path.write_text(path.read_text().replace('query = "SELECT v', 'rows = 8\nquery = "SELECT v'))
+    cfg = load_config(path, split="val")
+    assert windowed(cfg, 2, KeyColumns.of_types(["station", "week"], ["int4", "date"]))
+    assert not windowed(cfg, 2, KeyColumns.of_types(["user"], ["uuid"]))  # one column, two slots
+    assert not windowed(cfg, 3, KeyColumns.of_types(["shop", "user"], ["int4", "uuid"]))

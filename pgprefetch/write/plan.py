@@ -291,7 +291,7 @@ def order_keys(
     if n_keys == 0:
         raise SourceError("the keys query returned no rows: there is nothing to dump")
     samples = cfg.samples
-    keep = split_keep(cfg)
+    keep = split_keep(cfg, key_columns)
     index, repeats = order_part(keys, seed=cfg.batches.seed, epoch=epoch, fraction=samples.fraction, keep=keep)
     n = index.size
     counts = _counts(cfg, key_columns, n_keys, n, repeats)
@@ -315,7 +315,9 @@ def order_spilled(cfg: Config, runs: KeyRuns, key_columns: KeyColumns, epoch: in
     """
     drop_last = cfg.batches.drop_last
     quantum = cfg.batches.size if drop_last else 1
-    ordered, repeats, buckets = runs.order(fraction=cfg.samples.fraction, quantum=quantum, keep=split_keep(cfg))
+    ordered, repeats, buckets = runs.order(
+        fraction=cfg.samples.fraction, quantum=quantum, keep=split_keep(cfg, key_columns)
+    )
     fields = ordered_fields(cfg, key_columns, runs.n, ordered, repeats)
     log.info(
         "epoch %d: %s keys outgrew [source] memory (%s): ordered on disk in %d runs and %d buckets, %.1f s",

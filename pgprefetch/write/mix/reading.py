@@ -179,7 +179,7 @@ async def read_query_source(cfg: Config, name: str, code: int, snap: Snapshot) -
     """
     assert isinstance(cfg.samples, SamplesConfig)
     shape = await snap.describe(cfg)
-    chosen = _choose(cfg, name, await snap.read_keys(cfg, shape.keys))
+    chosen = _choose(cfg, name, await snap.read_keys(cfg, shape.keys), shape.keys)
     read = SourceRead(name, code, cfg, shape.keys, chosen, Passes(chosen, seed=cfg.batches.seed, name=name))
     read.shape = shape
     return _has_samples(read)
@@ -213,7 +213,7 @@ async def read_scan_source(
     if isinstance(got, SpilledScan):
         spilled = SpilledPasses(got.index, seed=cfg.batches.seed, name=name)
         return _has_samples(SourceRead(name, code, cfg, got.shape.key_columns, got.index, spilled, spilled=got))
-    chosen = _choose(cfg, name, got.sample_keys)
+    chosen = _choose(cfg, name, got.sample_keys, got.shape.key_columns)
     passes = Passes(chosen, seed=cfg.batches.seed, name=name)
     return _has_samples(SourceRead(name, code, cfg, got.shape.key_columns, chosen, passes, scan=got))
 
@@ -223,12 +223,12 @@ def _as_read(job: ScanJob, read: ScanRead) -> ScanRead | SpilledScan:
     return read
 
 
-def _choose(cfg: Config, name: str, keys: np.ndarray) -> Chosen:
+def _choose(cfg: Config, name: str, keys: np.ndarray, key_columns: KeyColumns) -> Chosen:
     """The keys a source's passes walk (:func:`~.passes.choose`), by its ``fraction`` and ``duplicates``."""
     samples = cfg.samples
     drop = samples.duplicates == "drop"
     where = f"[samples.{name}]"
-    fraction, keep = samples.fraction, split_keep(cfg)
+    fraction, keep = samples.fraction, split_keep(cfg, key_columns)
     return choose(keys, seed=cfg.batches.seed, name=name, fraction=fraction, drop=drop, where=where, keep=keep)
 
 

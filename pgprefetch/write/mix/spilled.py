@@ -228,7 +228,7 @@ def index_partition(
             longest = max(longest, longest_series(table.keys))
             keys, starts = cut(table, shape, cfg.scan_samples)
             del table
-            keep, fraction = split_keep(cfg), samples.fraction
+            keep, fraction = split_keep(cfg, shape.key_columns), samples.fraction
             chosen = choose(
                 keys, seed=cfg.batches.seed, name=name, fraction=fraction, drop=True, where=where, keep=keep
             )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgprefetch.config.model import Config, SplitsConfig
+from pgprefetch.keys import KeyColumns
 from pgprefetch.write.order.shuffle import key_hash
 
 _SPLIT_STREAM = 0x73706C697473  # "splits"
@@ -54,7 +55,7 @@ class SplitFilter:
         return kept
 
 
-def split_filter(cfg: Config, width: int) -> SplitFilter | None:
+def split_filter(cfg: Config, width: int, key_columns: KeyColumns | None = None) -> SplitFilter | None:
     """The filter of ``cfg``'s split over sample keys of ``width`` slots.
 
     None: the config has no splits, or cuts them in time, which the windows' cut applies
@@ -63,28 +64,30 @@ def split_filter(cfg: Config, width: int) -> SplitFilter | None:
     if cfg.splits is None or cfg.splits.by != "key":
         return None
     assert cfg.split is not None, "a config with [splits] is dumped or checked one split at a time"
-    return SplitFilter(cfg.splits, cfg.split, width - 1 if windowed(cfg, width) else width)
+    return SplitFilter(cfg.splits, cfg.split, width - 1 if windowed(cfg, width, key_columns) else width)
 
 
-def windowed(cfg: Config, width: int) -> bool:
+def windowed(cfg: Config, width: int, key_columns: KeyColumns | None = None) -> bool:
     """Whether ``cfg``'s samples are windows, split by their series: every key slot but the last (a start).
 
     Scan mode says so (``window``). In query mode a sample of several rows keyed by more than one column is
-    taken as one: its key's last column is where it starts (an order value: one slot), the rest its series,
-    as in the scan-mode twin whose epochs it writes byte for byte; so the twins split alike too.
+    taken as one: its key's last column is where it starts (an order value: one slot, never a ``uuid``), the
+    rest its series, as in the scan-mode twin whose epochs it writes byte for byte; so the twins split alike.
     """
     if cfg.mode == "scan":
         return cfg.scan_samples.window is not None
+    if key_columns is not None and (len(key_columns.names) < 2 or key_columns.uuids[-1]):
+        return False
     return cfg.samples.rows > 1 and width > 1
 
 
-def split_keep(cfg: Config) -> Callable[[np.ndarray], np.ndarray] | None:
+def split_keep(cfg: Config, key_columns: KeyColumns | None = None) -> Callable[[np.ndarray], np.ndarray] | None:
     """Which sample keys are ``cfg``'s split's (the ``keep`` of :func:`~.shuffle.order_part`); None: all of them."""
     if cfg.splits is None or cfg.splits.by != "key":
         return None
 
     def keeps(keys: np.ndarray) -> np.ndarray:
-        rule = split_filter(cfg, keys.shape[0])
+        rule = split_filter(cfg, keys.shape[0], key_columns)
         assert rule is not None
         return rule.keeps(keys)
 

@@ -147,7 +147,9 @@ def _stretch(
     """Order one stretch's samples, append their keys to ``keys`` and their gathered samples to ``files``."""
     sample_keys, starts = cut(table, shape, cfg.scan_samples)
     seed, fraction = cfg.batches.seed, cfg.samples.fraction
-    order, repeats = order_part(sample_keys, seed=seed, epoch=epoch, fraction=fraction, keep=split_keep(cfg))
+    order, repeats = order_part(
+        sample_keys, seed=seed, epoch=epoch, fraction=fraction, keep=split_keep(cfg, shape.key_columns)
+    )
     if repeats.count:
         found.append(repeats)
     keys.append(sample_keys, order)
