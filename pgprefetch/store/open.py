@@ -13,8 +13,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.config.values import store_location
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import Store
-from pgprefetch.store.splits import config_store as of_split
-from pgprefetch.store.splits import open_split
+from pgprefetch.store.splits import dump_store, open_split
 
 
 def open_store(location: str | os.PathLike[str], split: str | None = None) -> Store:
@@ -44,4 +43,4 @@ def open_store(location: str | os.PathLike[str], split: str | None = None) -> St
 
 def config_store(cfg: Config) -> Store:
     """The store ``cfg``'s epochs go in: ``[store] path``, or its split's store (``cfg.split``; :mod:`.splits`)."""
-    return of_split(open_store(cfg.store.path), cfg.splits, cfg.split)
+    return dump_store(open_store(cfg.store.path), cfg.splits, cfg.split)

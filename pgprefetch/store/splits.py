@@ -88,12 +88,12 @@ def refuse_whole(root: Store) -> None:
     Raises:
         StoreError: naming the splits.
     """
-    rule = split_rule(root) if root.exists() else None
+    rule = split_rule(root)  # (one small read; none where no store is there yet)
     if rule is not None:
         raise StoreError(f"{root.location} has splits ({', '.join(rule.names)}): open one with split=NAME")
 
 
-def config_store(root: Store, rule: SplitsConfig | None, split: str | None) -> Store:
+def dump_store(root: Store, rule: SplitsConfig | None, split: str | None) -> Store:
     """The store a config's epochs go in: ``root``, or the store of its split ``split`` in it.
 
     Raises:
