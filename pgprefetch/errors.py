@@ -7,6 +7,7 @@ expected, because it is what a user reads at 3 a.m. in a cron mail::
     ├── ConfigError (ValueError)      exit 2   bad config file or option
     ├── SourceError                  exit 1   PostgreSQL refused, failed or returned unusable data
     │   └── SampleError              exit 1   one sample's rows don't fit the fields (names the key)
+    ├── TransformError               exit 1   a [transforms.NAME] raised or returned what its fields cannot hold
     ├── ExecutorError                exit 1   a part of an epoch spread over a cluster failed beyond its retries
     └── StoreError                   exit 1   the Zarr store is unwritable, unreadable or not ours
         ├── StoreNotFoundError       exit 2   no store where one was given to read (a wrong path)
@@ -51,6 +52,21 @@ class SourceError(PgprefetchError):
 
 class SampleError(SourceError):
     """One sample's rows do not fit the fields: a NULL, a wrong row count or a wrong array length."""
+
+
+class TransformError(PgprefetchError):
+    """A ``[transforms.NAME]`` raised, or returned what its fields cannot hold; names the transform and the sample.
+
+    ``traceback``: the exception's traceback as text, from whichever process ran it (shown under ``--debug``).
+    """
+
+    def __init__(self, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.traceback = traceback
+
+    def __reduce__(self) -> tuple[type[TransformError], tuple[str, str]]:
+        """Pickled whole: a worker process raises it, the dump reports it."""
+        return type(self), (str(self), self.traceback)
 
 
 class ExecutorError(PgprefetchError):

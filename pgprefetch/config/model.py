@@ -14,11 +14,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from pgprefetch.sqltext import find_params
 
-DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "float16", "float32", "float64")
 
 # PostgreSQL's own names of a column type, as a user copying them from \d would type them: the dtype that
 # holds the type exactly. Closeness of spelling would suggest "int8" for "int" and "float64" for "float4".
@@ -37,7 +38,7 @@ POSTGRES_DTYPES = {
     "float8": "float64",
     "boolean": "bool",
 }
-INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 COMPRESSIONS = ("none", "zstd", "lz4")
 CASTS = ("safe", "unsafe")
@@ -187,6 +188,10 @@ class FieldConfig:
     """The value of the padding (``max_length``, ``max_rows``)."""
     truncate: str = "error"
     """A longer array is an error naming the sample, or keeps its first (``right``) or last (``left``) elements."""
+    transform: str | None = None
+    """The ``[transforms.NAME]`` whose output of this field's name it stores (``columns`` is then empty)."""
+    shape: tuple[int, ...] = ()
+    """A transform's output of a fixed shape per sample (``()``: a scalar); ``max_length`` for any length."""
 
     @property
     def null_mask(self) -> str | None:
@@ -197,6 +202,55 @@ class FieldConfig:
     def length_array(self) -> str | None:
         """The name of the int32 array of each sample's real length, or None for fixed-length fields."""
         return f"{self.name}{LENGTH_SUFFIX}" if self.max_length is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformConfig:
+    """``[transforms.NAME]``: Python run on each sample's input columns before the write (:mod:`pgprefetch.write.transform`).
+
+    Its outputs are the fields that name it (``transform = "NAME"``). Everything here but ``workers`` decides
+    the epoch's bytes; ``workers`` only how fast (a random transform draws from the sample's key, not from
+    the worker that ran it).
+    """
+
+    name: str
+    function: str | Callable[..., Any]
+    """``module:callable`` (the config file's folder on the import path), or a function object (the Python API)."""
+    inputs: tuple[str, ...]
+    """Columns of the query (or the scan table) handed to it, by name; no field need store them."""
+    random: bool = False
+    """An augmentation: drawn anew each epoch from ``ctx.rng(i)``, never cached."""
+    workers: int | None = None
+    """Processes that run it (0: the dump's own process); None: one per core."""
+    version: str = ""
+    """Part of the cache key beside the function's source: bump it for what the source does not show."""
+    setup: str | Callable[..., Any] | None = None
+    """Run once per worker with ``options``; its return value is ``ctx.state``."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """``[transforms.NAME.options]``: handed to ``setup`` and kept at ``ctx.options``."""
+    folder: Path | None = None
+    """The config file's folder: on the import path of ``function`` and ``setup``; None when built in code."""
+
+    @property
+    def option_values(self) -> dict[str, Any]:
+        """``options`` as a dict."""
+        return dict(self.options)
+
+    def content(self) -> dict[str, Any]:
+        """What decides its outputs, as the config's identity records it (the code's hash is the cache's)."""
+        out: dict[str, Any] = {"function": callable_name(self.function), "inputs": list(self.inputs)}
+        out |= {"random": True} if self.random else {}
+        out |= {"version": self.version} if self.version else {}
+        out |= {"setup": callable_name(self.setup)} if self.setup is not None else {}
+        out |= {"options": dict(self.options)} if self.options else {}
+        return out
+
+
+def callable_name(function: str | Callable[..., Any] | None) -> str:
+    """``module:callable`` as the config writes it, or a function object's own ``module:qualname``."""
+    if function is None or isinstance(function, str):
+        return function or ""
+    return f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,6 +341,17 @@ class Config:
     """``[splits]``: train, validation and test by a hash of each key; None: one set of samples."""
     split: str | None = None
     """The split this dump or check is of (``--split``); None where the config has no splits."""
+    transforms: tuple[TransformConfig, ...] = ()
+    """``[transforms.NAME]``: Python run on input columns before the write; their outputs are fields."""
+
+    @property
+    def column_fields(self) -> tuple[FieldConfig, ...]:
+        """The fields read from result columns (not a transform's outputs)."""
+        return tuple(f for f in self.fields if f.transform is None)
+
+    def transform(self, name: str) -> TransformConfig:
+        """The transform called ``name``."""
+        return next(t for t in self.transforms if t.name == name)
 
     @property
     def evaluation(self) -> bool:
@@ -353,10 +418,12 @@ class Config:
 
     def _shared_content(self) -> dict[str, Any]:
         splits = {"splits": self.splits.content()} if self.splits is not None else {}
-        return splits | {
+        transforms = {"transforms": {t.name: t.content() for t in self.transforms}} if self.transforms else {}
+        return splits | transforms | {
             "fields": [
-                _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate"))
+                _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate", "transform", "shape"))
                 | {"columns": list(f.columns)}
+                | ({"shape": list(f.shape)} if f.shape else {})
                 | _borrowed(f)
                 for f in self.fields
             ],

@@ -40,6 +40,7 @@ from pgprefetch.config.model import (
     VocabularyFrom,
     cut_point,
 )
+from pgprefetch.config.transforms import check_samples_fit, check_transform_fields, parse_transforms
 from pgprefetch.config.values import parse_duration, parse_size, show, store_location
 from pgprefetch.errors import ConfigError
 from pgprefetch.sqltext import find_params, strip_statement
@@ -51,7 +52,7 @@ _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     """Validate a config already parsed from TOML (see :func:`load_config`)."""
     p = _Parser(file)
-    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix", "splits"))
+    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix", "splits", "transforms"))
     source = p.section(raw, "source", required=False)
     samples = p.section(raw, "samples")
     batches = p.section(raw, "batches")
@@ -80,6 +81,12 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             p.fail("[mix]", "mixes [samples.NAME] sources: put each source in a [samples.NAME] table")
         samples_cfg = p.samples(samples)
         p.variable_lengths(samples_cfg, fields_cfg)
+    transforms = parse_transforms(p, raw["transforms"]) if "transforms" in raw else ()
+    check_transform_fields(p, fields_cfg, transforms)
+    if transforms:
+        if mix is not None:
+            p.fail("[transforms]", "a mixed epoch's sources take no transforms yet: dump each source's store apart")
+        check_samples_fit(p, samples_cfg, "samples")
     splits = p.splits(raw["splits"]) if "splits" in raw else None
     if splits is not None and splits.by == "order":
         for s in mix.sources if mix is not None else ():
@@ -104,6 +111,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
         ),
         mix=mix,
         splits=splits,
+        transforms=transforms,
         store=StoreConfig(
             path=p.location(store, "store", "path"),
             compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
@@ -360,13 +368,7 @@ class _Parser:
                 self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")
             if not isinstance(spec, dict):
                 self.fail(where, f"expected a table with columns and dtype, got {_kind(spec)}")
-            optional = ("cast", "null", "categories", "max_length", "pad", "truncate")
-            self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=optional)
-            columns = spec["columns"]
-            if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
-                self.fail(f"{where} columns", f"expected a non-empty list of column names, got {show(columns)}")
-            if len(set(columns)) != len(columns):
-                self.fail(f"{where} columns", f"a column is listed twice in {columns}")
+            columns = self.field_source(spec, name)
             dtype = spec["dtype"]
             if dtype not in DTYPES:
                 named = POSTGRES_DTYPES.get(" ".join(str(dtype).lower().split()))
@@ -382,6 +384,7 @@ class _Parser:
                     null=self.null_policy(spec, where, dtype),
                     categories=self.categories(spec, where, dtype),
                     **self.padding(spec, where, dtype),
+                    **self.transform_output(spec, where),
                 )
             )
         names = {f.name for f in out}
@@ -391,6 +394,38 @@ class _Parser:
             if f.length_array in names:
                 self.fail(f"[fields.{f.length_array}]", f"the name is taken by the lengths of [fields.{f.name}]")
         return tuple(out)
+
+    def field_source(self, spec: dict[str, Any], name: str) -> list[str]:
+        """A field's ``columns``; none for a transform's output (``transform = "NAME"``)."""
+        where = f"[fields.{name}]"
+        if "transform" in spec:
+            optional = ("cast", "max_length", "pad", "truncate", "shape")
+            self.keys(spec, f"fields.{name}", required=("transform", "dtype"), optional=optional)
+            return []
+        optional = ("cast", "null", "categories", "max_length", "pad", "truncate")
+        self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=optional)
+        columns = spec["columns"]
+        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
+            self.fail(f"{where} columns", f"expected a non-empty list of column names, got {show(columns)}")
+        if len(set(columns)) != len(columns):
+            self.fail(f"{where} columns", f"a column is listed twice in {columns}")
+        return columns
+
+    def transform_output(self, spec: dict[str, Any], where: str) -> dict[str, Any]:
+        """A transform's output field: the transform's name, and its fixed ``shape`` (not with ``max_length``)."""
+        if "transform" not in spec:
+            return {}
+        name = spec["transform"]
+        if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name):
+            self.fail(f"{where} transform", f"expected a [transforms.NAME]'s name, got {show(name)}")
+        shape = spec.get("shape", [])
+        if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape
+        ):
+            self.fail(f"{where} shape", f"expected a list of positive integers ([3, 32, 32]), got {show(shape)}")
+        if shape and "max_length" in spec:
+            self.fail(f"{where} shape", "give a fixed shape or max_length (one dimension of any length), not both")
+        return {"transform": name, "shape": tuple(shape)}
 
     def variable_lengths(self, samples: SamplesConfig | ScanConfig, fields: tuple[FieldConfig, ...]) -> None:
         """What ``max_length`` and ``max_rows`` need beyond their own sections."""

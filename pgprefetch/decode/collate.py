@@ -74,6 +74,8 @@ def fill(
     if n_rows is not None:
         out[N_ROWS][:n] = n_rows
     for f in layout.fields:
+        if f.config.transform is not None:  # its transform fills it (pgprefetch.write.transform)
+            continue
         target = out[f.name][:n].reshape(n * layout.rows, len(f.columns), f.array_length)
         mask_out = out[f.config.null_mask][:n].reshape(target.shape) if f.config.null_mask else None
         block = _one_block(f, values)

@@ -36,6 +36,11 @@ class FieldLayout:
         """The field's name."""
         return self.config.name
 
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """The names of its columns; a transform's output is one column of the field's own name."""
+        return tuple(c.name for c in self.columns) if self.config.transform is None else (self.name,)
+
 
 class UnknownCategoryError(SampleError):
     """A categorical value is not in the field's list; the pipeline looks the value up to name it.
@@ -85,6 +90,10 @@ class BatchLayout:
         """
         layouts = []
         for f in fields:
+            if f.transform is not None:  # filled by its transform (pgprefetch.write.transform), not by columns
+                shape = (f.max_length,) if f.max_length is not None else f.shape
+                layouts.append(FieldLayout(f, np.dtype(f.dtype), (), shape, math.prod(shape)))
+                continue
             cols = by_field[f.name]
             if f.max_length is not None:
                 if len({c.is_array for c in cols}) != 1 or not all(c.is_array or c.is_bytes for c in cols):

@@ -160,3 +160,34 @@ def samples_rows(keys: str, query: str, n_params: int) -> str:
 def sample_text_statement(query: str, column: str) -> str:
     """``column::text`` of one sample's rows (the per-sample query with its own parameters)."""
     return f"SELECT {Q}.{quote_ident(column)}::text FROM ({query}) AS {Q}"
+
+
+WANT = "_pgpf_want"  # the inputs statement's flag per key: 1 sends the input values, 0 only their digests
+
+
+def inputs_statement(
+    keys: KeyColumns, digests: Sequence[Sequence[str]], inputs: Sequence[str], *, query: str | None, relation: str = ""
+) -> str:
+    """The transforms' statement: per key, its ordinal, each digest's SHA-256 and (when wanted) the inputs.
+
+    The keys travel as the batch statement's do, with one more ``int8[]`` after them: 1 where the client
+    wants the sample's input values, 0 where their digests do (a cached output is looked up by them, so a
+    cached epoch sends 32 bytes a sample, not its text). A digest is ``sha256(record_send(ROW(...)))`` of
+    a transform's inputs: PostgreSQL's own binary form of the values, the same in both modes.
+    ``query``: query mode's per-sample query, run LATERAL; else scan mode's ``relation`` joined on its key
+    columns (integers: a slot is the value).
+    """
+    width = keys.width
+    names = [f"k{i}" for i in range(1, width + 1)]
+    arrays = ", ".join(f"${i}::int8[]" for i in range(1, width + 2))
+    source = f"FROM unnest({arrays}) WITH ORDINALITY AS {K}({', '.join(names)}, {WANT}, ord)\n"
+    if query is not None:
+        values = keys.value_sql([f"{K}.{n}" for n in names])
+        source += f"CROSS JOIN LATERAL (\n{replace_params(query, lambda n: values[n - 1])}\n) AS {Q}"
+    else:
+        on = " AND ".join(f"{Q}.{quote_ident(c)} = {K}.{n}" for c, n in zip(keys.names, names, strict=True))
+        source += f"JOIN {relation} AS {Q} ON {on}"
+    selects = [f"{K}.ord::int4"]
+    selects += [f"sha256(record_send(ROW({', '.join(f'{Q}.{quote_ident(c)}' for c in d)})))" for d in digests]
+    selects += [f"CASE WHEN {K}.{WANT} = 1 THEN {Q}.{quote_ident(c)} END" for c in inputs]
+    return f"SELECT {', '.join(selects)}\n{source}\nLIMIT cardinality($1::int8[]) + 1"

@@ -28,6 +28,8 @@ def field_entries(source: BatchSource) -> dict[str, dict[str, Any]]:
             "shape": list(f.sample_shape),
             "columns": [c.name for c in f.columns],
         }
+        if f.config.transform is not None:
+            entry["transform"] = f.config.transform
         if f.config.null_mask:
             entry["null"] = {"policy": f.config.null, "mask": f.config.null_mask}
         if f.name in plan.categories:

@@ -42,6 +42,7 @@ from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.sources import ReadCache, open_source
 from pgprefetch.write.spill.folder import SpillFolder
 from pgprefetch.write.tasks import finish_in_thread
+from pgprefetch.write.transform.cache import cache_folder
 
 log = logging.getLogger("pgprefetch")
 
@@ -275,6 +276,15 @@ def spill_folder(cfg: Config, store: Store, epoch: int) -> SpillFolder:
     return SpillFolder.in_scratch(cfg.source.scratch, str(store.location), epoch)
 
 
+def transforms_folder(cfg: Config, store: Store) -> Path:
+    """Where the store's transform cache lives: in a local store (the root's, for a split), else on local disk.
+
+    See :mod:`pgprefetch.write.transform.cache`.
+    """
+    root = store.parent or store
+    return cache_folder(root.local_root, str(root.location), cfg.source.scratch)
+
+
 def check_same_config(store: Store, cfg: Config, epoch: int | None = None) -> None:
     """Refuse to add epochs of one config to a store holding another config's epochs, or to call them done.
 
@@ -324,7 +334,15 @@ async def _dump_locked(
             connected = True
             spill = stack.enter_context(spill_folder(cfg, store, epoch))  # removed when the epoch is written
             opened = open_source(
-                cfg, epoch, snap, cache, spill=spill, progress=progress, vocabulary=vocabulary, executor=executor
+                cfg,
+                epoch,
+                snap,
+                cache,
+                spill=spill,
+                progress=progress,
+                vocabulary=vocabulary,
+                executor=executor,
+                transforms_cache=transforms_folder(cfg, store),
             )
             source = await stack.enter_async_context(opened)
             assert isinstance(source, BatchSource)  # (a plan alone comes only without a spool)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import UnknownCategoryError
@@ -24,6 +25,7 @@ from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.strategy import open_scan
 from pgprefetch.write.scan.whole import ScanRead, scan_source
 from pgprefetch.write.spill.folder import SpillFolder
+from pgprefetch.write.transform.stage import transformed
 
 
 class ReadCache:
@@ -35,7 +37,9 @@ class ReadCache:
 
     def covers(self, cfg: Config) -> bool:
         """Whether an epoch of ``cfg`` can be cut from what is cached (no snapshot needed)."""
-        return cfg.mix is None and cfg.mode == "scan" and (self.read is not None or self.spread is not None)
+        cached = self.read is not None or self.spread is not None
+        # (a transform reads its inputs on the epoch's snapshot: no epoch of a config with one goes without)
+        return cfg.mix is None and cfg.mode == "scan" and cached and not cfg.transforms
 
 
 @asynccontextmanager
@@ -50,6 +54,7 @@ async def open_source(
     progress: Progress | None = None,
     vocabulary: Vocabulary | None = None,
     executor: Executor | None = None,
+    transforms_cache: Path | None = None,
 ) -> AsyncIterator[BatchSource | EpochPlan]:
     """The batch source of ``epoch``, in the way its config and the table's size call for.
 
@@ -59,7 +64,31 @@ async def open_source(
     ``vocabulary`` is the store the ``"auto"`` categories extend (:func:`~pgprefetch.write.plan.resolve_categories`).
     ``executor``: a scan is read and cut on its cluster (:meth:`~pgprefetch.write.executor.Executor.read_scan`).
     A scan's value outside a category list is named by value (:func:`_values_named`), whichever way it is read.
+    ``[transforms]`` add their outputs to the batches (:mod:`pgprefetch.write.transform`), their cache in
+    ``transforms_cache`` (None: every output computed).
     """
+    async with _opened(cfg, epoch, snap, cache, spill, write, progress, vocabulary, executor) as source:
+        if not cfg.transforms or not isinstance(source, BatchSource):
+            yield source
+            return
+        assert snap is not None, "an epoch with transforms has its snapshot (ReadCache.covers)"
+        async with transformed(cfg, snap, source, epoch, transforms_cache) as with_outputs:
+            yield with_outputs
+
+
+@asynccontextmanager
+async def _opened(
+    cfg: Config,
+    epoch: int,
+    snap: Snapshot | None,
+    cache: ReadCache,
+    spill: SpillFolder,
+    write: bool,
+    progress: Progress | None,
+    vocabulary: Vocabulary | None,
+    executor: Executor | None,
+) -> AsyncIterator[BatchSource | EpochPlan]:
+    """The batch source of the epoch's columns, chosen as :func:`open_source` says."""
     async with _values_named(cfg, snap):
         if cfg.mix is not None:  # every source read on this epoch's snapshot (a scan source's table too)
             assert snap is not None, "a mixed epoch is read on its own snapshot"

@@ -59,7 +59,7 @@ class EpochStats:
         fields = tuple(
             FieldStats(
                 f.name,
-                tuple(c.name for c in f.columns),
+                f.column_names,
                 layout.rows,
                 f.array_length,
                 f.config.null_mask,

@@ -1,0 +1,7 @@
+"""``[transforms]``: Python run on each sample's input columns before the write, once for every epoch.
+
+``loading`` (the callables and the fingerprint of what decides their outputs), ``outputs`` (a return value
+checked against its fields and packed), ``runner`` (in the dump's process or worker processes; ``ctx``),
+``cache`` (deterministic outputs by content, in one SQLite file), ``stage`` (the batch source that adds
+the outputs to each unit), ``ready`` (the tokenizers users write first).
+"""

@@ -1,0 +1,205 @@
+"""The cache of deterministic transforms' outputs: one SQLite file, entries addressed by what made them.
+
+An entry's address is ``(fingerprint, digest)``: the fingerprint hashes the transform's code, ``version``,
+options and output declarations (:func:`~pgprefetch.write.transform.loading.fingerprint`); the digest is
+the server's SHA-256 of the sample's input values (``sha256(record_send(ROW(inputs)))``). So an entry is
+found again whatever the epoch, the order, the worker count or the key, and an edited row, function or
+``version`` addresses a new entry: exactly what changed is recomputed, nothing is invalidated by hand.
+
+Each entry carries the CRC-32 of its bytes; an entry that does not match (a damaged disk, a hand edit) is
+deleted and recomputed, never used. SQLite, from the standard library, because it gives what a cache shared
+by runs needs and a hand-written file would have to earn: atomic commits (a dump killed mid-write leaves
+the cache as of its last commit), readers beside a writer (WAL; two dumps on one store wait on each
+other's commits, not on a lock file), and lookups by key without an index in memory. Its page cache is
+capped (``CACHE_KIB``), counted in ``--memory`` as the dump's fixed costs are.
+
+The file lives in the store's folder (``<store>/.transforms/``) for a local store, so that it goes where the
+epochs go and ``pgprefetch cache --clear`` finds it; for an object store, in ``--scratch``'s folder, else
+in ``$XDG_CACHE_HOME/pgprefetch`` (``~/.cache``) under a hash of the store's URL: an object store has no
+place for a file updated a row at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import stat
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pgprefetch.errors import StoreError
+from pgprefetch.write.transform.outputs import Packed
+
+FILE = "transforms.sqlite3"
+FOLDER = ".transforms"  # beside the epochs of a local store
+CACHE_KIB = 4096  # SQLite's page cache: what the cache holds of --memory
+_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outputs (
+    fingerprint TEXT NOT NULL, digest BLOB NOT NULL, data BLOB NOT NULL, crc INTEGER NOT NULL,
+    PRIMARY KEY (fingerprint, digest)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS transforms (fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL) WITHOUT ROWID;
+"""
+_LOOKUP = 500  # digests per lookup statement (well under SQLite's bound-parameter limit)
+
+
+def cache_folder(store_root: Path | None, store_url: str, scratch: Path | None) -> Path:
+    """Where a store's transform cache lives (see the module's doc)."""
+    if store_root is not None:
+        return store_root / FOLDER
+    base = scratch if scratch is not None else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "pgprefetch" / hashlib.sha256(store_url.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CacheCount:
+    """What a transform's cache holds."""
+
+    name: str
+    fingerprint: str
+    entries: int
+    nbytes: int
+
+
+class TransformCache:
+    """One open cache file; safe to call from the dump's threads (one statement at a time)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.path = path
+        self.damaged = 0  # entries found damaged (and deleted) since it was opened
+
+    @classmethod
+    @contextmanager
+    def open(cls, folder: Path, *, create: bool = True) -> Iterator[TransformCache]:
+        """The cache in ``folder`` (made if ``create``); a link where the folder or its files are is refused."""
+        _refuse_links(folder, create)
+        path = folder / FILE
+        try:
+            conn = sqlite3.connect(path, timeout=60, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open the transform cache {path}: {e}") from None
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+            conn.execute("PRAGMA mmap_size = 0")
+            conn.executescript(_SCHEMA)
+            yield cls(conn, path)
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"the transform cache {path} is not readable ({e}); remove it: pgprefetch cache --clear") from None
+        finally:
+            conn.close()
+
+    def get(self, fingerprint: str, digests: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The entries of ``digests`` that are there and whole; a damaged one is deleted and left out."""
+        found: dict[bytes, bytes] = {}
+        damaged = []
+        with self._lock:
+            for i in range(0, len(digests), _LOOKUP):
+                chunk = list(dict.fromkeys(digests[i : i + _LOOKUP]))
+                marks = ",".join("?" * len(chunk))
+                sql = f"SELECT digest, data, crc FROM outputs WHERE fingerprint = ? AND digest IN ({marks})"
+                for digest, data, crc in self._conn.execute(sql, (fingerprint, *chunk)):
+                    if zlib.crc32(data) == crc:
+                        found[digest] = data
+                    else:
+                        damaged.append(digest)
+            if damaged:
+                self._conn.executemany(
+                    "DELETE FROM outputs WHERE fingerprint = ? AND digest = ?", [(fingerprint, d) for d in damaged]
+                )
+                self.damaged += len(damaged)
+        return found
+
+    def put(self, name: str, fingerprint: str, entries: Sequence[tuple[bytes, bytes]]) -> None:
+        """Add ``(digest, data)`` entries in one commit (an entry already there is kept)."""
+        rows = [(fingerprint, digest, data, zlib.crc32(data)) for digest, data in entries]
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("INSERT OR IGNORE INTO transforms VALUES (?, ?)", (fingerprint, name))
+                self._conn.executemany("INSERT OR IGNORE INTO outputs VALUES (?, ?, ?, ?)", rows)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def counts(self) -> list[CacheCount]:
+        """Each transform's entries and bytes (a transform edited since holds one count per fingerprint)."""
+        sql = (
+            "SELECT t.name, t.fingerprint, count(o.digest), coalesce(sum(length(o.data)), 0) FROM transforms t "
+            "LEFT JOIN outputs o ON o.fingerprint = t.fingerprint GROUP BY t.fingerprint ORDER BY t.name"
+        )
+        with self._lock:
+            return [CacheCount(*row) for row in self._conn.execute(sql)]
+
+    def clear(self, names: Sequence[str] = ()) -> int:
+        """Remove the entries of transforms ``names`` (all if empty); returns how many went."""
+        where, args = (f"WHERE name IN ({','.join('?' * len(names))})", tuple(names)) if names else ("", ())
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            prints = [r[0] for r in self._conn.execute(f"SELECT fingerprint FROM transforms {where}", args)]
+            removed = 0
+            for p in prints:
+                removed += self._conn.execute("DELETE FROM outputs WHERE fingerprint = ?", (p,)).rowcount
+                self._conn.execute("DELETE FROM transforms WHERE fingerprint = ?", (p,))
+            self._conn.execute("COMMIT")
+            self._conn.execute("VACUUM")
+        return removed
+
+
+def _refuse_links(folder: Path, create: bool) -> None:
+    """The cache's folder made (0700) if need be, neither it nor its files a link (a planted one is refused)."""
+    if create:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot make the transform cache's folder {folder}: {e.strerror or e}") from None
+    for path in (folder, *(folder / f"{FILE}{side}" for side in _SIDE_FILES)):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode):
+            raise StoreError(f"refusing the transform cache: {path} is a link")
+
+
+def encode_entries(fields: Sequence[str], outputs: dict[str, Packed], positions: np.ndarray) -> list[bytes]:
+    """Each sample at ``positions`` of ``outputs`` as one entry: its lengths (int64 per field), then its values."""
+    starts = {f: outputs[f].starts for f in fields}
+    out = []
+    for i in positions.tolist():
+        lengths = [int(outputs[f].lengths[i]) for f in fields]
+        parts = [np.asarray(lengths, np.int64).tobytes()]
+        for f, n in zip(fields, lengths, strict=True):
+            s = int(starts[f][i])
+            parts.append(outputs[f].values[s : s + n].tobytes())
+        out.append(b"".join(parts))
+    return out
+
+
+def decode_entries(fields: Sequence[str], dtypes: Sequence[np.dtype], entries: Sequence[bytes]) -> dict[str, Packed]:
+    """The entries' outputs packed per field (the inverse of :func:`encode_entries`)."""
+    k = len(fields)
+    lengths = np.zeros((len(entries), k), np.int64)
+    pieces: list[list[np.ndarray]] = [[] for _ in fields]
+    for i, data in enumerate(entries):
+        lengths[i] = np.frombuffer(data, np.int64, k)
+        at = 8 * k
+        for j, dtype in enumerate(dtypes):
+            n = int(lengths[i, j]) * dtype.itemsize
+            pieces[j].append(np.frombuffer(data, dtype, int(lengths[i, j]), at))
+            at += n
+    return {
+        f: Packed(np.concatenate(pieces[j]) if entries else np.zeros(0, dtypes[j]), lengths[:, j])
+        for j, f in enumerate(fields)
+    }

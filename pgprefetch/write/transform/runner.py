@@ -1,0 +1,211 @@
+"""Where transforms run: in the dump's own process, or in worker processes that never fork after threads.
+
+A :class:`Loaded` transform is its function, its set-up's state and the fields it fills, ready to :meth:`call`
+on one run of samples: it builds the :class:`Context`, calls the function, and checks and packs the outputs
+(:mod:`pgprefetch.write.transform.outputs`), so a worker returns arrays, not Python lists, and an error
+is found where it happened. A call that raises is retried a sample at a time to name the sample that fails.
+
+:class:`Runner` spreads a unit's samples over ``workers`` processes in equal runs and joins the results by
+position, never by completion order, so an epoch's bytes do not depend on who finished first. The workers
+start with ``forkserver`` (``spawn`` where there is none): a process forked after the dump's threads or a
+tokenizer's Rust thread pool exist can deadlock, and Hugging Face ``tokenizers`` disables itself when it
+sees a fork. Each worker runs one thread of a tokenizer's pool (``RAYON_NUM_THREADS=1``): the workers are
+the parallelism, and two pools on two cores only take turns.
+
+A random transform's ``ctx.rng(i)`` is a Philox generator keyed by (the batches' seed, the epoch, the
+transform's name, the sample's key slots): the draws are the same whichever worker, unit or retry runs
+the sample, and another epoch draws anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import multiprocessing
+import os
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import Config, FieldConfig, TransformConfig
+from pgprefetch.errors import PgprefetchError, TransformError
+from pgprefetch.keys import KeyColumns, KeyValue
+from pgprefetch.write.transform.loading import output_fields, resolve
+from pgprefetch.write.transform.outputs import Packed, pack_outputs
+
+Inputs = dict[str, list[Any]]  # each input column's values, one per sample
+
+
+@dataclass
+class Context:
+    """What a transform is handed beside its inputs (``ctx``)."""
+
+    keys: list[tuple[KeyValue, ...]]  # each sample's key, as the database has it
+    epoch: int
+    state: Any  # what the set-up returned (None without one)
+    options: dict[str, Any]
+    _seeds: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 2), np.uint64))
+
+    def rng(self, i: int) -> np.random.Generator:
+        """A generator for sample ``i`` drawn from its key, the epoch, the seed and the transform's name."""
+        if not self._seeds.size:
+            raise TransformError("ctx.rng() is for a random transform: set random = true in its [transforms] table")
+        return np.random.Generator(np.random.Philox(key=[int(k) for k in self._seeds[i]]))
+
+
+def rng_seeds(seed: int, epoch: int, name: str, slots: np.ndarray) -> np.ndarray:
+    """Each sample's 128-bit Philox key (``(n, 2)`` uint64) from its key slots (``(width, n)`` int64)."""
+    prefix = f"pgprefetch.rng\0{seed}\0{epoch}\0{name}\0".encode()
+    rows = np.ascontiguousarray(slots.T.astype("<i8"))
+    out = np.empty((rows.shape[0], 2), np.uint64)
+    for i, row in enumerate(rows):
+        out[i] = np.frombuffer(hashlib.blake2b(prefix + row.tobytes(), digest_size=16).digest(), "<u8")
+    return out
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of samples for one transform: its inputs, the samples' key slots, the epoch."""
+
+    name: str
+    inputs: Inputs
+    slots: np.ndarray  # (width, n) int64
+    epoch: int
+    seed: int
+
+
+class Loaded:
+    """A transform ready to call: its function, its set-up's state, the fields it fills, how keys read."""
+
+    def __init__(self, t: TransformConfig, fields: tuple[FieldConfig, ...], keys: KeyColumns, where: str) -> None:
+        self.config, self.fields, self.keys = t, fields, keys
+        self.function = resolve(t.function, t.folder, where)
+        setup = resolve(t.setup, t.folder, where) if t.setup is not None else None
+        try:
+            self.state = setup(t.option_values) if setup is not None else None
+        except Exception as e:
+            raise TransformError(f"transform {t.name}: its setup raised {_shown(e)}", traceback.format_exc()) from None
+
+    def call(self, task: Task) -> dict[str, Packed]:
+        """Run the function on ``task``'s samples and pack its outputs; an error names the sample."""
+        n = task.slots.shape[1]
+        seeds = rng_seeds(task.seed, task.epoch, task.name, task.slots) if self.config.random else None
+        try:
+            result = self.function(task.inputs, self._context(task, range(n), seeds))
+        except Exception as e:
+            raise self._failed(task, e) from None
+        return pack_outputs(task.name, self.fields, result, n, lambda i: self._named(task, i))
+
+    def _context(self, task: Task, samples: Sequence[int], seeds: np.ndarray | None) -> Context:
+        keys = [self.keys.values(task.slots[:, i]) for i in samples]
+        own = seeds[list(samples)] if seeds is not None else np.zeros((0, 2), np.uint64)
+        return Context(keys, task.epoch, self.state, self.config.option_values, own)
+
+    def _named(self, task: Task, i: int) -> str:
+        return f"sample ({self.keys.show(task.slots[:, i])})"
+
+    def _failed(self, task: Task, error: Exception) -> TransformError:
+        """The error of a call: the first sample that raises alone names it (else the run's first sample)."""
+        n = task.slots.shape[1]
+        seeds = rng_seeds(task.seed, task.epoch, task.name, task.slots) if self.config.random else None
+        for i in range(n) if n > 1 else ():
+            alone = {c: v[i : i + 1] for c, v in task.inputs.items()}
+            try:
+                self.function(alone, self._context(task, [i], seeds))
+            except Exception as e:
+                return _error(self._named(task, i), task.name, e)
+        return _error(self._named(task, 0) + ("" if n == 1 else f" and the {n - 1} after it"), task.name, error)
+
+
+def _error(named: str, name: str, e: Exception) -> TransformError:
+    return TransformError(f"{named}: transform {name} raised {_shown(e)}", "".join(traceback.format_exception(e)))
+
+
+def _shown(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+# A worker process's transforms, loaded once by its initializer (or why one could not be).
+_LOADED: dict[str, Loaded | PgprefetchError] = {}
+
+
+def _start(transforms: list[tuple[TransformConfig, tuple[FieldConfig, ...], KeyColumns, str]]) -> None:
+    os.environ["RAYON_NUM_THREADS"] = "1"  # read by a tokenizer's thread pool at its first use
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    for t, fields, keys, where in transforms:
+        try:
+            _LOADED[t.name] = Loaded(t, fields, keys, where)
+        except PgprefetchError as e:  # raised by its first task: an initializer that raises breaks the pool
+            _LOADED[t.name] = e
+
+
+def _run(task: Task) -> dict[str, Packed]:
+    loaded = _LOADED[task.name]
+    if isinstance(loaded, PgprefetchError):
+        raise loaded
+    return loaded.call(task)
+
+
+class Runner:
+    """Calls transforms on runs of samples: in this process (``workers = 0``) or over worker processes."""
+
+    def __init__(self, cfg: Config, keys: KeyColumns) -> None:
+        where = f"{cfg.file}: " if cfg.file else ""
+        self._specs = [(t, output_fields(cfg, t.name), keys, f"{where}[transforms.{t.name}]") for t in cfg.transforms]
+        self._local: dict[str, Loaded] = {}
+        self._pools: dict[str, ProcessPoolExecutor] = {}
+        self.workers = {t.name: _workers(t) for t in cfg.transforms}
+
+    def start(self) -> None:
+        """Load the in-process transforms and start the worker processes (each loads its own)."""
+        for spec in self._specs:
+            t = spec[0]
+            if self.workers[t.name] == 0:
+                self._local[t.name] = Loaded(*spec)
+            else:
+                self._pools[t.name] = _pool(self.workers[t.name], spec)
+
+    def close(self) -> None:
+        """Stop the workers (waiting for none: a failed dump is not held up by a long transform)."""
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._pools.clear()
+
+    async def call(self, task: Task) -> dict[str, Packed]:
+        """``task``'s outputs, in its samples' order, from equal runs over the transform's workers."""
+        n = task.slots.shape[1]
+        if task.name in self._local:
+            return await asyncio.to_thread(self._local[task.name].call, task)
+        pool = self._pools[task.name]
+        runs = np.array_split(np.arange(n), max(1, min(self.workers[task.name], n)))
+        loop = asyncio.get_running_loop()
+        parts = await asyncio.gather(
+            *(loop.run_in_executor(pool, _run, _part(task, r)) for r in runs if r.size), return_exceptions=True
+        )
+        for p in parts:
+            if isinstance(p, BaseException):
+                if isinstance(p, PgprefetchError):
+                    raise p
+                raise TransformError(f"transform {task.name}: a worker process failed ({_shown(p)})") from None
+        outputs = [p for p in parts if not isinstance(p, BaseException)]
+        return {f: Packed.join([o[f] for o in outputs]) for f in outputs[0]} if outputs else {}
+
+
+def _part(task: Task, run: np.ndarray) -> Task:
+    lo, hi = int(run[0]), int(run[-1]) + 1
+    return Task(task.name, {c: v[lo:hi] for c, v in task.inputs.items()}, task.slots[:, lo:hi], task.epoch, task.seed)
+
+
+def _workers(t: TransformConfig) -> int:
+    return t.workers if t.workers is not None else (os.cpu_count() or 1)
+
+
+def _pool(workers: int, spec: tuple[TransformConfig, tuple[FieldConfig, ...], KeyColumns, str]) -> ProcessPoolExecutor:
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=_start, initargs=([spec],))

@@ -1,0 +1,245 @@
+"""The transform stage: a batch source whose units also carry their transforms' outputs, cached or computed.
+
+It wraps the epoch's batch source (query mode or scan mode) and adds to each unit, on the event loop while
+the unit's batches are fetched:
+
+1. **Digests.** One statement on the epoch's snapshot returns, per sample, the SHA-256 of each transform's
+   input values (:func:`~pgprefetch.pg.statement.inputs_statement`).
+2. **Cache.** Each deterministic transform's outputs are looked up by ``(fingerprint, digest)``
+   (:mod:`~pgprefetch.write.transform.cache`); a random transform has none.
+3. **Inputs.** The samples with an output to compute (a miss, or any sample of a random transform) are sent
+   again with their input values, decoded by asyncpg (text as ``str``, ``bytea`` as ``bytes``, arrays as
+   NumPy arrays, NULL as None).
+4. **Run.** The :class:`~pgprefetch.write.transform.runner.Runner` runs each transform over them, and new
+   deterministic outputs go to the cache in one commit.
+
+``produce`` then lets the wrapped source fill its column fields and puts each transform field's outputs
+beside them, padded, with its lengths. Outputs are placed by the sample's position in the unit, never by
+arrival; nothing of a unit reaches a batch before every transform of it has returned and been checked, so
+a failure publishes nothing, and the batches already written are kept for the resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from pgprefetch.config.model import Config, TransformConfig
+from pgprefetch.errors import ConfigError, SampleError
+from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.pg.statement import inputs_statement
+from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.scan.shape import scan_relation
+from pgprefetch.write.transform.cache import TransformCache, decode_entries, encode_entries
+from pgprefetch.write.transform.loading import fingerprint, output_fields
+from pgprefetch.write.transform.outputs import Packed, fill_field
+from pgprefetch.write.transform.runner import Inputs, Runner, Task
+
+CONNECTIONS = 2  # the stage's own connections: a statement or two a unit, beside the batches'
+
+
+@dataclass(frozen=True)
+class _Transform:
+    config: TransformConfig
+    fingerprint: str
+    fields: tuple[str, ...]
+    dtypes: tuple[np.dtype, ...]
+    digest: int  # its digest's place among the statement's digests
+
+
+class Stage:
+    """One epoch's transforms: the statement, the cache, the runner; :meth:`unit` computes a unit's outputs."""
+
+    def __init__(
+        self, cfg: Config, reader: BatchReader, cache: TransformCache | None, runner: Runner, keys: KeyColumns, inputs: tuple[str, ...], epoch: int
+    ) -> None:
+        self.cfg, self._reader, self._cache, self._runner, self._keys, self._epoch = cfg, reader, cache, runner, keys, epoch
+        self._inputs = inputs
+        self._transforms = [
+            _Transform(
+                t,
+                fingerprint(cfg, t),
+                tuple(f.name for f in output_fields(cfg, t.name)),
+                tuple(np.dtype(f.dtype) for f in output_fields(cfg, t.name)),
+                i,
+            )
+            for i, t in enumerate(cfg.transforms)
+        ]
+        # What the manifest records of each transform, counted as the units go (this run's units: a resumed
+        # epoch counts what it wrote).
+        self.summary: dict[str, dict[str, Any]] = {
+            t.config.name: {"fingerprint": t.fingerprint, "random": t.config.random, "computed": 0, "cached": 0}
+            for t in self._transforms
+        }
+
+    async def unit(self, batch: int, keys: np.ndarray) -> dict[str, Packed]:
+        """Every transform field's outputs for the unit's samples ``keys`` (``(width, n)``), in their order."""
+        n = keys.shape[1]
+        cached = [t for t in self._transforms if not t.config.random]
+        found: dict[str, dict[bytes, bytes]] = {}
+        digests: list[list[bytes]] = []
+        if cached and self._cache is not None:
+            rows = await self._rows(batch, keys, np.zeros(n, np.int64))
+            digests = [cast("list[bytes]", list(column)) for column in rows[1 : 1 + len(self._transforms)]]
+            cache = self._cache
+            found = {t.config.name: await asyncio.to_thread(cache.get, t.fingerprint, digests[t.digest]) for t in cached}
+        missing = {
+            t.config.name: np.array(
+                [i for i in range(n) if t.config.random or not digests or digests[t.digest][i] not in found[t.config.name]],
+                np.int64,
+            )
+            for t in self._transforms
+        }
+        wanted = np.unique(np.concatenate([*missing.values(), np.zeros(0, np.int64)]))
+        inputs = await self._inputs_of(batch, keys, wanted, n) if wanted.size else {}
+        outputs: dict[str, Packed] = {}
+        for t in self._transforms:
+            outputs |= await self._outputs(t, keys, missing[t.config.name], wanted, inputs, digests, found.get(t.config.name, {}))
+        return outputs
+
+    async def _outputs(
+        self,
+        t: _Transform,
+        keys: np.ndarray,
+        missing: np.ndarray,
+        wanted: np.ndarray,
+        inputs: Inputs,
+        digests: list[list[bytes]],
+        found: dict[bytes, bytes],
+    ) -> dict[str, Packed]:
+        """``t``'s outputs for every sample: found ones decoded, missing ones computed (and cached)."""
+        n = keys.shape[1]
+        name = t.config.name
+        computed: dict[str, Packed] = {}
+        if missing.size:
+            at = np.searchsorted(wanted, missing)
+            own = {c: [inputs[c][i] for i in at.tolist()] for c in t.config.inputs}
+            task = Task(name, own, np.ascontiguousarray(keys[:, missing]), self._epoch, self.cfg.batches.seed)
+            computed = await self._runner.call(task)
+            if not t.config.random and self._cache is not None:
+                entries = encode_entries(t.fields, computed, np.arange(missing.size))
+                pairs = [(digests[t.digest][i], e) for i, e in zip(missing.tolist(), entries, strict=True)]
+                await asyncio.to_thread(self._cache.put, name, t.fingerprint, pairs)
+        hits = np.setdiff1d(np.arange(n), missing, assume_unique=True)
+        self.summary[name]["computed"] += int(missing.size)
+        self.summary[name]["cached"] += int(hits.size)
+        if not hits.size:
+            return computed
+        decoded = decode_entries(t.fields, t.dtypes, [found[digests[t.digest][i]] for i in hits.tolist()])
+        if not missing.size:
+            return decoded
+        order = np.argsort(np.concatenate([hits, missing]), kind="stable")
+        return {f: Packed.join([decoded[f], computed[f]]).take(order) for f in t.fields}
+
+    async def _inputs_of(self, batch: int, keys: np.ndarray, wanted: np.ndarray, n: int) -> Inputs:
+        """The input values of the samples at positions ``wanted`` (sorted), in that order."""
+        rows = await self._rows(batch, keys[:, wanted], np.ones(wanted.size, np.int64))
+        first = 1 + len(self._transforms)
+        return {c: [_value(v) for v in rows[first + j]] for j, c in enumerate(self._inputs)}
+
+    async def _rows(self, batch: int, keys: np.ndarray, want: np.ndarray) -> list[Sequence[Any]]:
+        """The statement's columns for ``keys``, one row per key in the keys' order; a key without one is named."""
+        n = keys.shape[1]
+        columns = await self._reader.fetch(batch, np.vstack([keys, want[None, :]]))
+        ordinals = np.asarray(columns[0] if columns else (), np.int64)
+        counts = np.bincount(ordinals - 1, minlength=n)[:n] if ordinals.size else np.zeros(n, np.int64)
+        wrong = np.flatnonzero(counts != 1)
+        if wrong.size or ordinals.size != n:
+            i = int(wrong[0]) if wrong.size else 0
+            got = "no row" if counts[i] == 0 else "more than one row"
+            raise SampleError(
+                f"sample ({self._keys.show(keys[:, i])}): the transforms' inputs ({', '.join(self._inputs)}) "
+                f"came as {got}; a transform takes one row per sample"
+            )
+        order = np.argsort(ordinals)
+        return [[column[i] for i in order.tolist()] for column in columns] if columns else []
+
+
+def _value(v: Any) -> Any:
+    """An input value as a transform gets it: an array (a list from the server) as a NumPy array."""
+    return np.asarray(v) if isinstance(v, list) else v
+
+
+async def check_inputs(cfg: Config, snap: Snapshot) -> tuple[str, ...]:
+    """Every transform's inputs, each once, checked against the columns the query or table returns."""
+    where = f"{cfg.file}: " if cfg.file else ""
+    if cfg.mode == "query":
+        returned = (await snap.describe(cfg)).returned
+        what = "[samples] query"
+    else:
+        returned = await snap.describe_sql(f"SELECT * FROM {scan_relation(cfg.scan_samples)} LIMIT 0", f"{where}[samples] table")
+        what = "[samples] table"
+    for t in cfg.transforms:
+        for c in t.inputs:
+            if c not in returned:
+                raise ConfigError(
+                    f'{where}[transforms.{t.name}] inputs: {what} returns no column "{c}" '
+                    f"(it returns {', '.join(returned) or 'nothing'})"
+                )
+    return tuple(dict.fromkeys(c for t in cfg.transforms for c in t.inputs))
+
+
+def _statement(cfg: Config, keys: KeyColumns, inputs: tuple[str, ...]) -> str:
+    digests = [t.inputs for t in cfg.transforms]
+    if cfg.mode == "query":
+        return inputs_statement(keys, digests, inputs, query=cfg.query_samples.query)
+    return inputs_statement(keys, digests, inputs, query=None, relation=scan_relation(cfg.scan_samples))
+
+
+@asynccontextmanager
+async def transformed(
+    cfg: Config, snap: Snapshot, source: BatchSource, epoch: int, cache_folder: Path | None
+) -> AsyncIterator[BatchSource]:
+    """``source`` with its transforms' outputs: the stage's statement, cache and workers open while it serves.
+
+    ``cache_folder``: where the deterministic transforms' cache lives (None: no cache, every output computed).
+    """
+    keys = source.plan.key_columns
+    inputs = await check_inputs(cfg, snap)
+    sql = _statement(cfg, keys, inputs)
+    stage_source = dataclasses.replace(cfg.source, connections=min(CONNECTIONS, cfg.source.connections))
+    runner = Runner(cfg, keys)
+    async with BatchReader.open(stage_source, snap.id, sql, row_wise=True) as reader:
+        with _open_cache(cfg, cache_folder) as cache:
+            runner.start()
+            try:
+                stage = Stage(cfg, reader, cache, runner, keys, inputs, epoch)
+                yield _wrapped(cfg, source, stage)
+            finally:
+                runner.close()
+
+
+def _open_cache(cfg: Config, folder: Path | None) -> AbstractContextManager[TransformCache | None]:
+    if folder is None or all(t.random for t in cfg.transforms):
+        return nullcontext(None)
+    return TransformCache.open(folder)
+
+
+def _wrapped(cfg: Config, source: BatchSource, stage: Stage) -> BatchSource:
+    """``source`` whose ``fetch`` also computes the unit's outputs, and whose ``produce`` also places them."""
+    size = cfg.batches.size
+    fields = {f.name: f for f in cfg.fields if f.transform is not None}
+
+    async def fetch(batch: int, count: int) -> object:
+        keys = source.plan.batch_keys(batch, size, count)
+        inner, outputs = await asyncio.gather(source.fetch(batch, count), stage.unit(batch, keys))
+        return inner, outputs
+
+    def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
+        inner, outputs = cast("tuple[object, dict[str, Packed]]", fetched)
+        source.produce(batch, count, inner, buffers)
+        for name, packed in outputs.items():
+            f = fields[name]
+            fill_field(f, packed, buffers[name], buffers[f.length_array] if f.length_array else None)
+
+    # (the summary's counts grow as units are written: the manifest, written last, has the final ones)
+    records = (source.records or {}) | {"transforms": stage.summary}
+    return dataclasses.replace(source, fetch=fetch, produce=produce, records=records)
