@@ -9,8 +9,9 @@ cell) the dump runs on a thread of its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -37,18 +38,37 @@ def build_config(
     memory: str | None = None,
     scratch: str | os.PathLike[str] | None = None,
     split: str | None = None,
+    transforms: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Config:
     """A validated :class:`Config` from a file path, a dict shaped like the TOML file, or a Config.
 
     The overrides are the command line's (``--dsn``, ``--connections``, ``--store``, ``--memory``,
-    ``--scratch``, ``--split``); None leaves the config's own.
+    ``--scratch``, ``--split``); None leaves the config's own. ``transforms``: function objects for
+    ``[transforms.NAME]`` (a notebook's ``{"tok": tokenize}``), in place of their ``function``; a dict spec may
+    also hold the function itself as ``function``.
     """
     if isinstance(spec, Config | dict):
         cfg = spec if isinstance(spec, Config) else parse_config(spec)
-        return with_overrides(
+        cfg = with_overrides(
             cfg, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split
         )
-    return load_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split)
+    else:
+        cfg = load_config(
+            spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split
+        )
+    return with_functions(cfg, transforms or {})
+
+
+def with_functions(cfg: Config, functions: Mapping[str, Callable[..., Any]]) -> Config:
+    """``cfg`` whose ``[transforms.NAME]`` run ``functions[NAME]``; a name it has no transform of is refused."""
+    unknown = sorted(set(functions) - {t.name for t in cfg.transforms})
+    if unknown:
+        known = ", ".join(t.name for t in cfg.transforms) or "none"
+        raise ConfigError(f"transforms={{{unknown[0]!r}: ...}}: the config has no [transforms.{unknown[0]}] ({known})")
+    replaced = tuple(
+        dataclasses.replace(t, function=functions[t.name]) if t.name in functions else t for t in cfg.transforms
+    )
+    return dataclasses.replace(cfg, transforms=replaced)
 
 
 def dump(
@@ -71,6 +91,7 @@ def dump(
     memory: str | None = None,
     scratch: str | os.PathLike[str] | None = None,
     split: str | None = None,
+    transforms: Mapping[str, Callable[..., Any]] | None = None,
 ) -> list[DumpResult]:
     """Dump ``epochs`` of a config (``pgprefetch dump``), or the next ``ahead`` ones; scan mode cuts them from one read.
 
@@ -85,7 +106,7 @@ def dump(
     parent folders too (``--parents``); by default only the store's own folder is made, so that a mistyped
     path is an error, not a new store. ``split``: the split to dump, required where the config has
     ``[splits]`` (``--split``; docs/splits.md). ``dsn``, ``connections``, ``store``, ``memory``, ``scratch``:
-    the command line's overrides (:func:`build_config`).
+    the command line's overrides; ``transforms``: function objects for ``[transforms.NAME]`` (:func:`build_config`).
 
     Example::
 
@@ -98,7 +119,16 @@ def dump(
     schedule = Schedule(given, ahead, keep, consumer, new_consumer, force)
     if executor not in ("process", "ray"):
         raise ConfigError(f'executor must be "process" or "ray", got {executor!r}')
-    cfg = build_config(spec, dsn=dsn, connections=connections, store=store, memory=memory, scratch=scratch, split=split)
+    cfg = build_config(
+        spec,
+        dsn=dsn,
+        connections=connections,
+        store=store,
+        memory=memory,
+        scratch=scratch,
+        split=split,
+        transforms=transforms,
+    )
     target = config_store(cfg)
     due = schedule.due(cfg, target)
     if executor == "process":

@@ -17,7 +17,7 @@ from pgprefetch.errors import ConfigError
 
 from .harness.loading import DELETE, VALID, changed, error, load
 
-DTYPE_LIST = "bool, int8, int16, int32, int64, uint8, float16, float32, float64"
+DTYPE_LIST = "bool, int8, int16, int32, int64, uint8, uint16, uint32, float16, float32, float64"
 
 
 # ---------------------------------------------------------------- errors: file and TOML
@@ -66,7 +66,7 @@ def test_misspelt_section_suggests_the_closest_name(cfg: Path) -> None:
 def test_unknown_section_lists_the_known_sections(cfg: Path) -> None:
     data = copy.deepcopy(VALID) | {"extra": {"a": 1}}
     assert error(cfg, data) == (
-        f'{cfg}: top level: unknown key "extra" (expected one of: samples, fields, batches, store, source, mix, splits)'
+        f'{cfg}: top level: unknown key "extra" (expected one of: samples, fields, batches, store, source, mix, splits, transforms)'
     )
 
 

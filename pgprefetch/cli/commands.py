@@ -32,6 +32,7 @@ from pgprefetch.cli.options import (
 )
 from pgprefetch.cli.progress import BarProgress
 from pgprefetch.cli.splits import Shown, per_split
+from pgprefetch.cli.transforms import cache, transform
 from pgprefetch.cli.words import consumer_lines, summary
 from pgprefetch.config.values import parse_duration, show_size
 
@@ -58,6 +59,8 @@ def cli(debug: bool) -> None:
 
 
 cli.add_command(dump)  # the longest command, in a module of its own (pgprefetch.cli.dump)
+cli.add_command(transform)  # the commands of [transforms] (pgprefetch.cli.transforms)
+cli.add_command(cache)
 
 
 @cli.command("ls")
@@ -87,7 +90,24 @@ def _listed(target: Store) -> Shown:
         )
     if readers:
         lines += consumer_lines(readers, now)
-    return Shown({"epochs": [i.to_json() for i in infos], "consumers": [r.to_json(now) for r in readers]}, lines)
+    shown: dict[str, Any] = {"epochs": [i.to_json() for i in infos], "consumers": [r.to_json(now) for r in readers]}
+    cached = _transform_cache(target)
+    if cached is not None:
+        path, counts = cached
+        lines.append(f"transform cache {path}:")
+        lines += [
+            f"  {c.name} (code {c.fingerprint[:12]}): {c.entries:,} outputs, {show_size(c.nbytes)}" for c in counts
+        ]
+        shown["transform_cache"] = {"path": str(path), "transforms": [c.to_json() for c in counts]}
+    return Shown(shown, lines)
+
+
+def _transform_cache(target: Store) -> tuple[Path, list[Any]] | None:
+    """The transform cache of a local store (its root's, for a split) and its counts; None where it has none."""
+    from pgprefetch.write.transform.cache import stored_counts
+
+    root = (target.parent or target).local_root
+    return stored_counts(root) if root is not None else None
 
 
 @cli.command()

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from pgprefetch.cli.progress import JsonFormatter
-from pgprefetch.errors import PgprefetchError
+from pgprefetch.errors import PgprefetchError, TransformError
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])  # a click command function, under a decorator
@@ -46,6 +46,8 @@ class Group(click.Group):
             return super().invoke(ctx)
         except PgprefetchError as e:
             if ctx.params.get("debug"):
+                if isinstance(e, TransformError) and e.traceback:  # the function's, from the process that ran it
+                    click.echo(e.traceback.rstrip(), err=True)
                 raise
             raise fail(str(e), e.exit_code) from None
         except KeyboardInterrupt:

@@ -12,9 +12,9 @@ import datetime as dt
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from pgprefetch.sqltext import find_params
@@ -206,7 +206,7 @@ class FieldConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TransformConfig:
-    """``[transforms.NAME]``: Python run on each sample's input columns before the write (:mod:`pgprefetch.write.transform`).
+    """``[transforms.NAME]``: Python run on each sample's inputs before the write (:mod:`pgprefetch.write.transform`).
 
     Its outputs are the fields that name it (``transform = "NAME"``). Everything here but ``workers`` decides
     the epoch's bytes; ``workers`` only how fast (a random transform draws from the sample's key, not from
@@ -419,17 +419,23 @@ class Config:
     def _shared_content(self) -> dict[str, Any]:
         splits = {"splits": self.splits.content()} if self.splits is not None else {}
         transforms = {"transforms": {t.name: t.content() for t in self.transforms}} if self.transforms else {}
-        return splits | transforms | {
-            "fields": [
-                _without_defaults(f, ("cast", "null", "categories", "max_length", "pad", "truncate", "transform", "shape"))
-                | {"columns": list(f.columns)}
-                | ({"shape": list(f.shape)} if f.shape else {})
-                | _borrowed(f)
-                for f in self.fields
-            ],
-            "batches": dataclasses.asdict(self.batches),
-            "compression": self.store.compression,
-        }
+        return (
+            splits
+            | transforms
+            | {
+                "fields": [
+                    _without_defaults(
+                        f, ("cast", "null", "categories", "max_length", "pad", "truncate", "transform", "shape")
+                    )
+                    | {"columns": list(f.columns)}
+                    | ({"shape": list(f.shape)} if f.shape else {})
+                    | _borrowed(f)
+                    for f in self.fields
+                ],
+                "batches": dataclasses.asdict(self.batches),
+                "compression": self.store.compression,
+            }
+        )
 
     def sha256(self) -> str:
         """Hash of :meth:`content`, recorded in every epoch to tell which config wrote it."""

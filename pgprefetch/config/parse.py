@@ -52,7 +52,9 @@ _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     """Validate a config already parsed from TOML (see :func:`load_config`)."""
     p = _Parser(file)
-    p.keys(raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix", "splits", "transforms"))
+    p.keys(
+        raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix", "splits", "transforms")
+    )
     source = p.section(raw, "source", required=False)
     samples = p.section(raw, "samples")
     batches = p.section(raw, "batches")
@@ -399,8 +401,8 @@ class _Parser:
         """A field's ``columns``; none for a transform's output (``transform = "NAME"``)."""
         where = f"[fields.{name}]"
         if "transform" in spec:
-            optional = ("cast", "max_length", "pad", "truncate", "shape")
-            self.keys(spec, f"fields.{name}", required=("transform", "dtype"), optional=optional)
+            outputs = ("cast", "max_length", "pad", "truncate", "shape")
+            self.keys(spec, f"fields.{name}", required=("transform", "dtype"), optional=outputs)
             return []
         optional = ("cast", "null", "categories", "max_length", "pad", "truncate")
         self.keys(spec, f"fields.{name}", required=("columns", "dtype"), optional=optional)

@@ -11,6 +11,7 @@ server's description of the query.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -22,7 +23,9 @@ TOKENIZERS = {
     "huggingface": ("path", f"{READY}:encode", f"{READY}:load_huggingface"),
     "tiktoken": ("encoding", f"{READY}:encode", f"{READY}:load_tiktoken"),
 }
-_CALLABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+_CALLABLE = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z"
+)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _KEYS = ("function", "tokenizer", "path", "encoding", "inputs", "random", "workers", "version", "setup", "options")
 MAX_WORKERS = 256
@@ -64,8 +67,12 @@ def _transform(p: _Parser, name: str, spec: Any, folder: Path | None) -> Transfo
     if len(set(inputs)) != len(inputs):
         p.fail(f"{where} inputs", f"a column is listed twice in {inputs}")
     workers = spec.get("workers")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= MAX_WORKERS):
-        p.fail(f"{where} workers", f"expected 0 (the dump's own process) to {MAX_WORKERS} processes, got {show(workers)}")
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= MAX_WORKERS
+    ):
+        p.fail(
+            f"{where} workers", f"expected 0 (the dump's own process) to {MAX_WORKERS} processes, got {show(workers)}"
+        )
     version = spec.get("version", "")
     if not isinstance(version, str | int) or isinstance(version, bool):
         p.fail(f"{where} version", f"expected a string, got {show(version)}")
@@ -84,7 +91,7 @@ def _transform(p: _Parser, name: str, spec: Any, folder: Path | None) -> Transfo
 
 def _callables(
     p: _Parser, spec: dict[str, Any], where: str, folder: Path | None
-) -> tuple[str, str | None, tuple[tuple[str, Any], ...]]:
+) -> tuple[str | Callable[..., Any], str | Callable[..., Any] | None, tuple[tuple[str, Any], ...]]:
     """The function, the set-up and the options: as written, or a ready tokenizer's."""
     options = spec.get("options", {})
     if not isinstance(options, dict):
@@ -119,8 +126,10 @@ def _tokenizer(
     return function, setup, tuple(sorted({**options, needed: value, "tokenizer": kind}.items()))
 
 
-def _callable(p: _Parser, spec: dict[str, Any], where: str, key: str) -> str:
+def _callable(p: _Parser, spec: dict[str, Any], where: str, key: str) -> str | Callable[..., Any]:
     value = spec[key]
+    if callable(value):  # a config built in Python (a notebook): the function itself
+        return value  # type: ignore[no-any-return]
     if not isinstance(value, str) or not _CALLABLE.fullmatch(value.strip()):
         p.fail(f"{where} {key}", f'expected "module:callable" (prep:tokenize), got {show(value)}')
     return value.strip()
@@ -136,8 +145,16 @@ def check_transform_fields(
             known = ", ".join(sorted(named)) or "none"
             p.fail(f"[fields.{f.name}] transform", f"no [transforms.{f.transform}] (transforms: {known})")
     for t in transforms:
-        if not any(f.transform == t.name for f in fields):
+        filled = [f.name for f in fields if f.transform == t.name]
+        if not filled:
             p.fail(f"[transforms.{t.name}]", f'no field stores its output: add a field with transform = "{t.name}"')
+        kind = t.option_values.get("tokenizer") if t.function == TOKENIZERS["huggingface"][1] else None
+        if kind is not None and (len(t.inputs) != 1 or len(filled) != 1):
+            p.fail(
+                f"[transforms.{t.name}]",
+                f"a ready tokenizer takes one text input and fills one field (inputs {list(t.inputs)}, "
+                f"fields {filled})",
+            )
 
 
 def check_samples_fit(p: _Parser, samples: SamplesConfig | ScanConfig, section: str) -> None:

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import re
 import time
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 from pgprefetch.config.model import Config
 from pgprefetch.config.values import show_size
 from pgprefetch.decode.layout import UnknownCategoryError
-from pgprefetch.errors import SourceError, StoreError
+from pgprefetch.errors import SourceError, StoreError, TransformError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.open import config_store
 from pgprefetch.write.batches import BatchSource
@@ -48,6 +49,7 @@ from pgprefetch.write.scan.table import TableTooLarge
 from pgprefetch.write.sources import ReadCache, open_source
 from pgprefetch.write.spill.folder import SpillFolder
 from pgprefetch.write.tasks import first_error
+from pgprefetch.write.transform.stage import transformed
 
 SAMPLE_BATCHES = 8
 
@@ -187,7 +189,8 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
                 if sampled.source is None:
                     forecast = _keys_only(cfg, sampled.plan, table, report)
                 else:
-                    timed = await _sample(cfg, snap, sampled.source, sampled.chosen, report)
+                    async with with_transforms(cfg, snap, sampled.source, epoch) as source:
+                        timed = await _sample(cfg, snap, source, sampled.chosen, report)
                     _fewer(cfg, report, sampled.plan, sampled.chosen, batches)
                     report.rows_read = sampled.source.rows_read
                     forecast = scan_forecast(budget, sampled.source, size, table, timed)
@@ -236,7 +239,8 @@ async def _check_beyond(
     table = TableRead(None, plan.n_keys, windows, row_bytes, 8.0 * plan.key_columns.width, planned, planned)
     if source is None:
         return _keys_only(cfg, plan, table, report)
-    timed = await _sample(cfg, snap, source, chosen, report)
+    async with with_transforms(cfg, snap, source, plan.epoch) as transformed_source:
+        timed = await _sample(cfg, snap, transformed_source, chosen, report)
     _fewer(cfg, report, plan, chosen, batches)
     report.notes.append("the table does not fit --memory: its keys ordered as a dump orders them")
     return scan_forecast(cfg.source.memory_bytes, source, cfg.batches.size, table, timed)
@@ -327,6 +331,13 @@ def _per_store_notes(cfg: Config, report: CheckReport) -> list[str]:
     ]
 
 
+def with_transforms(
+    cfg: Config, snap: Snapshot, source: BatchSource, epoch: int
+) -> AbstractAsyncContextManager[BatchSource]:
+    """``source`` with its transforms' outputs, computed and never cached (a check writes nothing)."""
+    return transformed(cfg, snap, source, epoch, None) if cfg.transforms else nullcontext(source)
+
+
 def spread(n_batches: int, count: int) -> list[int]:
     """``count`` batches (at most all) spread evenly over an epoch of ``n_batches``, first and last included."""
     return sorted({int(b) for b in np.linspace(0, n_batches - 1, min(count, n_batches))})
@@ -378,6 +389,8 @@ async def _sample(
         except SourceError as e:
             if e.transient:
                 raise
+            report.batch_errors.append((batch, str(e)))
+        except TransformError as e:  # the dump would stop there: the sample and the transform named
             report.batch_errors.append((batch, str(e)))
         report.batches_checked += 1
 

@@ -26,6 +26,7 @@ import os
 import sqlite3
 import stat
 import threading
+import urllib.request
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -51,6 +52,15 @@ CREATE TABLE IF NOT EXISTS transforms (fingerprint TEXT PRIMARY KEY, name TEXT N
 _LOOKUP = 500  # digests per lookup statement (well under SQLite's bound-parameter limit)
 
 
+def stored_counts(store_root: Path) -> tuple[Path, list[CacheCount]] | None:
+    """The cache of the local store at ``store_root`` and its counts, if it has one (``ls``)."""
+    folder = store_root / FOLDER
+    if not (folder / FILE).exists():
+        return None
+    with TransformCache.open(folder, create=False, read_only=True) as cache:
+        return cache.path, cache.counts()
+
+
 def cache_folder(store_root: Path | None, store_url: str, scratch: Path | None) -> Path:
     """Where a store's transform cache lives (see the module's doc)."""
     if store_root is not None:
@@ -68,6 +78,10 @@ class CacheCount:
     entries: int
     nbytes: int
 
+    def to_json(self) -> dict[str, object]:
+        """As ``cache --json`` and ``ls --json`` print it."""
+        return {"name": self.name, "fingerprint": self.fingerprint, "entries": self.entries, "bytes": self.nbytes}
+
 
 class TransformCache:
     """One open cache file; safe to call from the dump's threads (one statement at a time)."""
@@ -80,24 +94,35 @@ class TransformCache:
 
     @classmethod
     @contextmanager
-    def open(cls, folder: Path, *, create: bool = True) -> Iterator[TransformCache]:
-        """The cache in ``folder`` (made if ``create``); a link where the folder or its files are is refused."""
-        _refuse_links(folder, create)
+    def open(cls, folder: Path, *, create: bool = True, read_only: bool = False) -> Iterator[TransformCache]:
+        """The cache in ``folder`` (made if ``create``); a link where the folder or its files are is refused.
+
+        ``read_only``: for counting (``ls``), on a store this user may not write.
+        """
+        _refuse_links(folder, create and not read_only)
         path = folder / FILE
         try:
-            conn = sqlite3.connect(path, timeout=60, check_same_thread=False, isolation_level=None)
+            where = f"file:{urllib.request.pathname2url(str(path))}?mode=ro" if read_only else str(path)
+            conn = sqlite3.connect(where, timeout=60, check_same_thread=False, isolation_level=None, uri=read_only)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open the transform cache {path}: {e}") from None
         try:
-            conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             conn.execute("PRAGMA mmap_size = 0")
-            conn.executescript(_SCHEMA)
-            yield cls(conn, path)
+            if not read_only:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.executescript(_SCHEMA)
+            cache = cls(conn, path)
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"the transform cache {path} is not readable ({e}); remove it: pgprefetch cache --clear") from None
-        finally:
             conn.close()
+            raise StoreError(
+                f"the transform cache {path} is not readable ({e}); remove it: pgprefetch cache --clear"
+            ) from None
+        try:
+            yield cache
+        finally:
+            with cache._lock:  # a thread still in a call (a unit of a failed dump) finishes it first
+                conn.close()
 
     def get(self, fingerprint: str, digests: Sequence[bytes]) -> dict[bytes, bytes]:
         """The entries of ``digests`` that are there and whole; a damaged one is deleted and left out."""

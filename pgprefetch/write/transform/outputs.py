@@ -51,7 +51,12 @@ class Packed:
 
 
 Naming = Callable[[int], str]
-"""Sample ``i`` of a call as an error names it: ``sample (id=4)``."""
+"""Sample ``i`` of a call's key as an error names it: ``id=4``."""
+
+
+def _bad(named: Naming, i: int, message: str) -> TransformError:
+    """The error for sample ``i``'s output, naming its key."""
+    return TransformError(f"sample ({named(i)}): {message}", sample=named(i))
 
 
 def pack_outputs(
@@ -68,8 +73,8 @@ def pack_outputs(
             raise TransformError(f"{where} returned no output {f.name!r} for [fields.{f.name}] (its outputs: {got})")
         values = result[f.name]
         if not hasattr(values, "__len__") or len(values) != n:
-            got = len(values) if hasattr(values, "__len__") else type(values).__name__
-            raise TransformError(f"{where}, field {f.name}: {got} values for {n} samples; expected one per sample")
+            count = str(len(values)) if hasattr(values, "__len__") else type(values).__name__
+            raise TransformError(f"{where}, field {f.name}: {count} values for {n} samples; expected one per sample")
         out[f.name] = _pack(where, f, values, n, named)
     return out
 
@@ -81,9 +86,11 @@ def _pack(where: str, f: FieldConfig, values: Any, n: int, named: Naming) -> Pac
         over = np.flatnonzero(lengths > f.max_length)
         if over.size and f.truncate == "error":
             i = int(over[0])
-            raise TransformError(
-                f"{named(i)}: {where}, field {f.name}: {lengths[i]} values, more than max_length {f.max_length}; "
-                f'[fields.{f.name}] truncate = "right" or "left" keeps that many'
+            raise _bad(
+                named,
+                i,
+                f"{where}, field {f.name}: {lengths[i]} values, more than max_length {f.max_length}; "
+                f'[fields.{f.name}] truncate = "right" or "left" keeps that many',
             )
         if over.size:
             cut = slice(None, f.max_length) if f.truncate == "right" else slice(-f.max_length, None)
@@ -96,7 +103,7 @@ def _pack(where: str, f: FieldConfig, values: Any, n: int, named: Naming) -> Pac
 def _as_array(where: str, f: FieldConfig, value: Any, i: int, named: Naming) -> np.ndarray:
     """One sample's output as a flat array, its shape checked (text and bytes as their UTF-8 bytes)."""
     if value is None:
-        raise TransformError(f"{named(i)}: {where}, field {f.name}: returned None; expected a value")
+        raise _bad(named, i, f"{where}, field {f.name}: returned None; expected a value")
     if isinstance(value, str):
         value = value.encode()
     if isinstance(value, bytes | bytearray | memoryview):
@@ -105,13 +112,13 @@ def _as_array(where: str, f: FieldConfig, value: Any, i: int, named: Naming) -> 
         try:
             a = np.asarray(value)
         except (ValueError, TypeError) as e:  # ragged nested lists
-            raise TransformError(f"{named(i)}: {where}, field {f.name}: not an array ({e})") from None
+            raise _bad(named, i, f"{where}, field {f.name}: not an array ({e})") from None
     if a.dtype.kind not in "biuf":
-        raise TransformError(f"{named(i)}: {where}, field {f.name}: values of type {a.dtype}; expected numbers")
+        raise _bad(named, i, f"{where}, field {f.name}: values of type {a.dtype}; expected numbers")
     expected = (None,) if f.max_length is not None else f.shape
     if len(a.shape) != len(expected) or any(e is not None and e != s for e, s in zip(expected, a.shape, strict=True)):
         shown = "[any length]" if f.max_length is not None else list(f.shape)
-        raise TransformError(f"{named(i)}: {where}, field {f.name}: shape {list(a.shape)}; expected {shown}")
+        raise _bad(named, i, f"{where}, field {f.name}: shape {list(a.shape)}; expected {shown}")
     return a.reshape(-1)
 
 
@@ -127,9 +134,11 @@ def _cast(where: str, f: FieldConfig, flat: np.ndarray, lengths: np.ndarray, nam
         index, why = bad
         sample = int(np.searchsorted(np.cumsum(lengths), index, side="right"))
         value = flat[index].item()
-        raise TransformError(
-            f"{named(sample)}: {where}, field {f.name}: value {value} does not fit {dtype.name}{why}; "
-            f'set [fields.{f.name}] dtype = "{holding_dtype(value, dtype)}" to hold it'
+        raise _bad(
+            named,
+            sample,
+            f"{where}, field {f.name}: value {value} does not fit {dtype.name}{why}; "
+            f'set [fields.{f.name}] dtype = "{holding_dtype(value, dtype)}" to hold it',
         )
     return out
 

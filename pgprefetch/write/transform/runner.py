@@ -48,6 +48,7 @@ class Context:
     epoch: int
     state: Any  # what the set-up returned (None without one)
     options: dict[str, Any]
+    outputs: tuple[str, ...]  # the fields it fills: the outputs it returns
     _seeds: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 2), np.uint64))
 
     def rng(self, i: int) -> np.random.Generator:
@@ -88,7 +89,7 @@ class Loaded:
         try:
             self.state = setup(t.option_values) if setup is not None else None
         except Exception as e:
-            raise TransformError(f"transform {t.name}: its setup raised {_shown(e)}", traceback.format_exc()) from None
+            raise TransformError(f"transform {t.name}: its setup raised {_shown(e)}", _traceback(e)) from None
 
     def call(self, task: Task) -> dict[str, Packed]:
         """Run the function on ``task``'s samples and pack its outputs; an error names the sample."""
@@ -98,15 +99,13 @@ class Loaded:
             result = self.function(task.inputs, self._context(task, range(n), seeds))
         except Exception as e:
             raise self._failed(task, e) from None
-        return pack_outputs(task.name, self.fields, result, n, lambda i: self._named(task, i))
+        return pack_outputs(task.name, self.fields, result, n, lambda i: self.keys.show(task.slots[:, i]))
 
     def _context(self, task: Task, samples: Sequence[int], seeds: np.ndarray | None) -> Context:
         keys = [self.keys.values(task.slots[:, i]) for i in samples]
         own = seeds[list(samples)] if seeds is not None else np.zeros((0, 2), np.uint64)
-        return Context(keys, task.epoch, self.state, self.config.option_values, own)
-
-    def _named(self, task: Task, i: int) -> str:
-        return f"sample ({self.keys.show(task.slots[:, i])})"
+        outputs = tuple(f.name for f in self.fields)
+        return Context(keys, task.epoch, self.state, self.config.option_values, outputs, own)
 
     def _failed(self, task: Task, error: Exception) -> TransformError:
         """The error of a call: the first sample that raises alone names it (else the run's first sample)."""
@@ -117,12 +116,19 @@ class Loaded:
             try:
                 self.function(alone, self._context(task, [i], seeds))
             except Exception as e:
-                return _error(self._named(task, i), task.name, e)
-        return _error(self._named(task, 0) + ("" if n == 1 else f" and the {n - 1} after it"), task.name, error)
+                return self._error(task, i, e)
+        if n == 1:
+            return self._error(task, 0, error)
+        named = f"samples ({self.keys.show(task.slots[:, 0])}) and the {n - 1} after it (none fails alone)"
+        return TransformError(f"{named}: transform {task.name} raised {_shown(error)}", _traceback(error))
+
+    def _error(self, task: Task, i: int, e: Exception) -> TransformError:
+        shown = self.keys.show(task.slots[:, i])
+        return TransformError(f"sample ({shown}): transform {task.name} raised {_shown(e)}", _traceback(e), shown)
 
 
-def _error(named: str, name: str, e: Exception) -> TransformError:
-    return TransformError(f"{named}: transform {name} raised {_shown(e)}", "".join(traceback.format_exception(e)))
+def _traceback(e: BaseException) -> str:
+    return "".join(traceback.format_exception(e))
 
 
 def _shown(e: BaseException) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shlex
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Any, cast
 import numpy as np
 
 from pgprefetch.config.model import Config, TransformConfig
-from pgprefetch.errors import ConfigError, SampleError
+from pgprefetch.errors import ConfigError, SampleError, TransformError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import inputs_statement
@@ -59,9 +60,23 @@ class Stage:
     """One epoch's transforms: the statement, the cache, the runner; :meth:`unit` computes a unit's outputs."""
 
     def __init__(
-        self, cfg: Config, reader: BatchReader, cache: TransformCache | None, runner: Runner, keys: KeyColumns, inputs: tuple[str, ...], epoch: int
+        self,
+        cfg: Config,
+        reader: BatchReader,
+        cache: TransformCache | None,
+        runner: Runner,
+        keys: KeyColumns,
+        inputs: tuple[str, ...],
+        epoch: int,
     ) -> None:
-        self.cfg, self._reader, self._cache, self._runner, self._keys, self._epoch = cfg, reader, cache, runner, keys, epoch
+        self.cfg, self._reader, self._cache, self._runner, self._keys, self._epoch = (
+            cfg,
+            reader,
+            cache,
+            runner,
+            keys,
+            epoch,
+        )
         self._inputs = inputs
         self._transforms = [
             _Transform(
@@ -90,10 +105,16 @@ class Stage:
             rows = await self._rows(batch, keys, np.zeros(n, np.int64))
             digests = [cast("list[bytes]", list(column)) for column in rows[1 : 1 + len(self._transforms)]]
             cache = self._cache
-            found = {t.config.name: await asyncio.to_thread(cache.get, t.fingerprint, digests[t.digest]) for t in cached}
+            found = {
+                t.config.name: await asyncio.to_thread(cache.get, t.fingerprint, digests[t.digest]) for t in cached
+            }
         missing = {
             t.config.name: np.array(
-                [i for i in range(n) if t.config.random or not digests or digests[t.digest][i] not in found[t.config.name]],
+                [
+                    i
+                    for i in range(n)
+                    if t.config.random or not digests or digests[t.digest][i] not in found[t.config.name]
+                ],
                 np.int64,
             )
             for t in self._transforms
@@ -102,8 +123,22 @@ class Stage:
         inputs = await self._inputs_of(batch, keys, wanted, n) if wanted.size else {}
         outputs: dict[str, Packed] = {}
         for t in self._transforms:
-            outputs |= await self._outputs(t, keys, missing[t.config.name], wanted, inputs, digests, found.get(t.config.name, {}))
+            try:
+                outputs |= await self._outputs(
+                    t, keys, missing[t.config.name], wanted, inputs, digests, found.get(t.config.name, {})
+                )
+            except TransformError as e:
+                raise self._rerun_hint(t.config, e) from None
         return outputs
+
+    def _rerun_hint(self, t: TransformConfig, e: TransformError) -> TransformError:
+        """``e`` with the command that reruns ``t`` on the failed sample alone (a config from a file only)."""
+        if self.cfg.file is None or e.sample is None:
+            return e
+        command = ["pgprefetch", "transform", "--config", str(self.cfg.file), "--transform", t.name, "--key", e.sample]
+        command += ["--epoch", str(self._epoch)] if t.random else []
+        command += ["--split", self.cfg.split] if self.cfg.split is not None else []
+        return TransformError(f"{e}; rerun it alone: {shlex.join(command)}", e.traceback, e.sample)
 
     async def _outputs(
         self,
@@ -143,12 +178,12 @@ class Stage:
         """The input values of the samples at positions ``wanted`` (sorted), in that order."""
         rows = await self._rows(batch, keys[:, wanted], np.ones(wanted.size, np.int64))
         first = 1 + len(self._transforms)
-        return {c: [_value(v) for v in rows[first + j]] for j, c in enumerate(self._inputs)}
+        return {c: [input_value(v) for v in rows[first + j]] for j, c in enumerate(self._inputs)}
 
     async def _rows(self, batch: int, keys: np.ndarray, want: np.ndarray) -> list[Sequence[Any]]:
         """The statement's columns for ``keys``, one row per key in the keys' order; a key without one is named."""
         n = keys.shape[1]
-        columns = await self._reader.fetch(batch, np.vstack([keys, want[None, :]]))
+        columns = cast("Sequence[Sequence[Any]]", await self._reader.fetch(batch, np.vstack([keys, want[None, :]])))
         ordinals = np.asarray(columns[0] if columns else (), np.int64)
         counts = np.bincount(ordinals - 1, minlength=n)[:n] if ordinals.size else np.zeros(n, np.int64)
         wrong = np.flatnonzero(counts != 1)
@@ -160,10 +195,10 @@ class Stage:
                 f"came as {got}; a transform takes one row per sample"
             )
         order = np.argsort(ordinals)
-        return [[column[i] for i in order.tolist()] for column in columns] if columns else []
+        return [[column[i] for i in order.tolist()] for column in columns]
 
 
-def _value(v: Any) -> Any:
+def input_value(v: Any) -> Any:
     """An input value as a transform gets it: an array (a list from the server) as a NumPy array."""
     return np.asarray(v) if isinstance(v, list) else v
 
@@ -175,7 +210,9 @@ async def check_inputs(cfg: Config, snap: Snapshot) -> tuple[str, ...]:
         returned = (await snap.describe(cfg)).returned
         what = "[samples] query"
     else:
-        returned = await snap.describe_sql(f"SELECT * FROM {scan_relation(cfg.scan_samples)} LIMIT 0", f"{where}[samples] table")
+        returned = await snap.describe_sql(
+            f"SELECT * FROM {scan_relation(cfg.scan_samples)} LIMIT 0", f"{where}[samples] table"
+        )
         what = "[samples] table"
     for t in cfg.transforms:
         for c in t.inputs:
@@ -187,7 +224,8 @@ async def check_inputs(cfg: Config, snap: Snapshot) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c for t in cfg.transforms for c in t.inputs))
 
 
-def _statement(cfg: Config, keys: KeyColumns, inputs: tuple[str, ...]) -> str:
+def statement_of(cfg: Config, keys: KeyColumns, inputs: tuple[str, ...]) -> str:
+    """The stage's statement for ``cfg``'s transforms (:func:`~pgprefetch.pg.statement.inputs_statement`)."""
     digests = [t.inputs for t in cfg.transforms]
     if cfg.mode == "query":
         return inputs_statement(keys, digests, inputs, query=cfg.query_samples.query)
@@ -204,7 +242,7 @@ async def transformed(
     """
     keys = source.plan.key_columns
     inputs = await check_inputs(cfg, snap)
-    sql = _statement(cfg, keys, inputs)
+    sql = statement_of(cfg, keys, inputs)
     stage_source = dataclasses.replace(cfg.source, connections=min(CONNECTIONS, cfg.source.connections))
     runner = Runner(cfg, keys)
     async with BatchReader.open(stage_source, snap.id, sql, row_wise=True) as reader:
@@ -212,6 +250,9 @@ async def transformed(
             runner.start()
             try:
                 stage = Stage(cfg, reader, cache, runner, keys, inputs, epoch)
+                # The first batch's samples before any batch is written: a function that fails on every
+                # sample, or returns what its fields cannot hold, stops the dump here, not midway.
+                await stage.unit(0, source.plan.batch_keys(0, cfg.batches.size))
                 yield _wrapped(cfg, source, stage)
             finally:
                 runner.close()
