@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[torch,jax,ray,demo,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[torch,jax,ray,demo,tokenizers,dev]'
 	touch $(STAMP)
 
 # The suite over every core (pytest-xdist), 2 workers a core: the tests wait on servers and processes about

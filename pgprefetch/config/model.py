@@ -237,10 +237,14 @@ class TransformConfig:
         return dict(self.options)
 
     def content(self) -> dict[str, Any]:
-        """What decides its outputs, as the config's identity records it (the code's hash is the cache's)."""
+        """What the config's identity records of it: what it is, not which version of its code.
+
+        The code and ``version`` key the cache instead: an edited function or a bumped ``version``
+        recomputes its outputs in the same store, as a changed row does, rather than making the store
+        refuse the config as another's.
+        """
         out: dict[str, Any] = {"function": callable_name(self.function), "inputs": list(self.inputs)}
         out |= {"random": True} if self.random else {}
-        out |= {"version": self.version} if self.version else {}
         out |= {"setup": callable_name(self.setup)} if self.setup is not None else {}
         out |= {"options": dict(self.options)} if self.options else {}
         return out

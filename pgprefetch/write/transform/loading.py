@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pgprefetch.config.model import Config, FieldConfig, TransformConfig, callable_name
@@ -29,14 +31,20 @@ FINGERPRINT_VERSION = 1  # how outputs are packed and hashed: a change of it is 
 
 
 def resolve(function: str | Callable[..., Any], folder: Path | None, where: str) -> Callable[..., Any]:
-    """The callable ``module:callable`` names (``folder`` first on the import path), or ``function`` itself."""
+    """The callable ``module:callable`` names (``folder`` first on the import path), or ``function`` itself.
+
+    A module that is a file in the config's folder (``prep.py``) is executed from that file each time, never
+    taken from ``sys.modules``: what runs is what the fingerprint hashed, even after an edit in a long-lived
+    process (a notebook, a test run), and two configs' ``prep.py`` in one process are their own.
+    """
     if not isinstance(function, str):
         return function
     module_name, _, attribute = function.partition(":")
     if folder is not None and str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+    path = module_file(module_name, folder)
     try:
-        value: Any = importlib.import_module(module_name)
+        value: Any = _load_file(module_name, path) if path is not None else importlib.import_module(module_name)
         for part in attribute.split("."):
             value = getattr(value, part)
     except ImportError as e:
@@ -46,6 +54,25 @@ def resolve(function: str | Callable[..., Any], folder: Path | None, where: str)
     if not callable(value):
         raise ConfigError(f"{where}: {function!r} is not callable")
     return value  # type: ignore[no-any-return]
+
+
+def module_file(module_name: str, folder: Path | None) -> Path | None:
+    """The file of ``module_name`` in the config's folder (``prep.py``, ``a/b.py`` for ``a.b``), if it is one."""
+    if folder is None:
+        return None
+    path = folder.joinpath(*module_name.split(".")).with_suffix(".py")
+    return path if path.is_file() else None
+
+
+def _load_file(module_name: str, path: Path) -> ModuleType:
+    """``path`` executed as module ``module_name`` (registered: a dataclass or a pickle in it finds its module)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def output_fields(cfg: Config, name: str) -> tuple[FieldConfig, ...]:
@@ -59,13 +86,15 @@ def fingerprint(cfg: Config, t: TransformConfig) -> str:
     h = hashlib.sha256()
     described = {
         "version": FINGERPRINT_VERSION,
-        "transform": t.content(),
+        "transform": t.content() | {"version": t.version},
         "fields": [_declared(f) for f in output_fields(cfg, t.name)],
     }
     h.update(json.dumps(described, sort_keys=True, default=str).encode())
     for function in (t.function, t.setup):
-        if function is not None:
-            h.update(_source(resolve(function, t.folder, where)))
+        if function is None:
+            continue
+        own = module_file(function.partition(":")[0], t.folder) if isinstance(function, str) else None
+        h.update(own.read_bytes() if own is not None else _source(resolve(function, t.folder, where)))
     path = t.option_values.get("path")
     if isinstance(path, str) and Path(path).is_file():
         h.update(hashlib.sha256(Path(path).read_bytes()).digest())

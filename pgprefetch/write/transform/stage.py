@@ -88,6 +88,7 @@ class Stage:
             )
             for i, t in enumerate(cfg.transforms)
         ]
+        self._first: tuple[np.ndarray, dict[str, Packed]] | None = None  # the first batch's, computed ahead
         # What the manifest records of each transform, counted as the units go (this run's units: a resumed
         # epoch counts what it wrote).
         self.summary: dict[str, dict[str, Any]] = {
@@ -95,8 +96,20 @@ class Stage:
             for t in self._transforms
         }
 
+    async def first_batch(self, keys: np.ndarray) -> None:
+        """Compute the first batch's outputs now, before any batch is written; the unit that holds it takes them."""
+        self._first = (keys, await self.unit(0, keys))
+
     async def unit(self, batch: int, keys: np.ndarray) -> dict[str, Packed]:
         """Every transform field's outputs for the unit's samples ``keys`` (``(width, n)``), in their order."""
+        first, self._first = self._first, None
+        if batch == 0 and first is not None and np.array_equal(keys[:, : first[0].shape[1]], first[0]):
+            taken = first[0].shape[1]
+            rest = await self.unit(1, keys[:, taken:]) if keys.shape[1] > taken else {}
+            return {f: Packed.join([p, rest[f]]) if rest else p for f, p in first[1].items()}
+        return await self._computed(batch, keys)
+
+    async def _computed(self, batch: int, keys: np.ndarray) -> dict[str, Packed]:
         n = keys.shape[1]
         cached = [t for t in self._transforms if not t.config.random]
         found: dict[str, dict[bytes, bytes]] = {}
@@ -252,7 +265,7 @@ async def transformed(
                 stage = Stage(cfg, reader, cache, runner, keys, inputs, epoch)
                 # The first batch's samples before any batch is written: a function that fails on every
                 # sample, or returns what its fields cannot hold, stops the dump here, not midway.
-                await stage.unit(0, source.plan.batch_keys(0, cfg.batches.size))
+                await stage.first_batch(source.plan.batch_keys(0, cfg.batches.size))
                 yield _wrapped(cfg, source, stage)
             finally:
                 runner.close()
