@@ -66,7 +66,8 @@ def test_misspelt_section_suggests_the_closest_name(cfg: Path) -> None:
 def test_unknown_section_lists_the_known_sections(cfg: Path) -> None:
     data = copy.deepcopy(VALID) | {"extra": {"a": 1}}
     assert error(cfg, data) == (
-        f'{cfg}: top level: unknown key "extra" (expected one of: samples, fields, batches, store, source, mix, splits, transforms)'
+        f'{cfg}: top level: unknown key "extra" '
+        "(expected one of: samples, fields, batches, store, source, mix, splits, transforms)"
     )
 
 
