@@ -338,3 +338,26 @@ def test_an_object_store_keeps_its_cache_in_the_scratch_folder(docs: tuple[str, 
     second = dump(config, db, epoch=1, store=store, scratch=str(scratch))
     assert second.n_samples == n
     assert len(list(scratch.glob(f"pgprefetch/*/{FILE}"))) == 1
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["query", "scan"])
+def test_the_ray_executor_writes_the_same_bytes_and_shares_the_cache_on_one_machine(
+    ray_cluster: object, docs: tuple[str, int], tmp_path: Path, scan: bool
+) -> None:
+    from .harness.raycluster import on_ray
+
+    db, _ = docs
+    tokenizer = gpt2_tokenizer_file(tmp_path)
+    transforms = (
+        f'[transforms.gpt2]\ntokenizer = "huggingface"\npath = "{tokenizer}"\ninputs = ["body"]\nworkers = 1\n'
+        + NOISE.format(workers=0)
+    )
+    fields = '[fields.gpt2]\ntransform = "gpt2"\ndtype = "uint16"\nmax_length = 64\ntruncate = "left"\n' + NOISE_FIELDS
+    single = dump(_config(tmp_path / "single", transforms, fields, scan=scan), db, epoch=1)
+    config = _config(tmp_path / "ray", transforms, fields, scan=scan)
+    spread = on_ray(config, db, epoch=1, parts=3)
+    assert chunk_bytes(Path(spread.path)) == chunk_bytes(Path(single.path))
+    again = on_ray(config, db, epoch=2, parts=3)
+    counts = _manifest(again.path, 2)["transforms"]
+    assert counts["gpt2"]["computed"] == 0  # every part found the first epoch's outputs
+    assert counts["gpt2"]["cached"] == counts["aug"]["computed"] == single.n_samples

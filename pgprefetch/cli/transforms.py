@@ -52,8 +52,7 @@ def cache(config_path: Path, split: str | None, clear: bool, names: tuple[str, .
     """Count the outputs a store's transform cache holds (where it is, per transform), or remove them."""
     from pgprefetch.config.load import load_config
     from pgprefetch.store.open import config_store
-    from pgprefetch.write.pipeline import transforms_folder
-    from pgprefetch.write.transform.cache import FILE, TransformCache
+    from pgprefetch.write.transform.cache import FILE, TransformCache, transforms_folder
 
     cfg = load_config(config_path, split=split)
     folder = transforms_folder(cfg, config_store(cfg))

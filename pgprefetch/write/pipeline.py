@@ -42,7 +42,7 @@ from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.sources import ReadCache, open_source
 from pgprefetch.write.spill.folder import SpillFolder
 from pgprefetch.write.tasks import finish_in_thread
-from pgprefetch.write.transform.cache import cache_folder
+from pgprefetch.write.transform.cache import transforms_folder
 
 log = logging.getLogger("pgprefetch")
 
@@ -274,15 +274,6 @@ def spill_folder(cfg: Config, store: Store, epoch: int) -> SpillFolder:
     if cfg.source.scratch is None:
         return SpillFolder(store.place(store.spill_path(epoch)))
     return SpillFolder.in_scratch(cfg.source.scratch, str(store.location), epoch)
-
-
-def transforms_folder(cfg: Config, store: Store) -> Path:
-    """Where the store's transform cache lives: in a local store (the root's, for a split), else on local disk.
-
-    See :mod:`pgprefetch.write.transform.cache`.
-    """
-    root = store.parent or store
-    return cache_folder(root.local_root, str(root.location), cfg.source.scratch)
 
 
 def check_same_config(store: Store, cfg: Config, epoch: int | None = None) -> None:

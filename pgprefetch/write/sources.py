@@ -96,7 +96,7 @@ async def _opened(
                 yield mixed
             return
         if cfg.mode == "scan" and executor is not None:
-            if cache.spread is None:
+            if cache.spread is None or cfg.transforms:  # (a transform's inputs: on this epoch's snapshot)
                 assert snap is not None, "a snapshot is needed unless the table read is cached"
                 if progress:
                     progress.reading(epoch)

@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import socket
 import uuid
 from itertools import pairwise
 from typing import Any
@@ -140,6 +141,7 @@ class RayExecutor:
         results, attempts = await self._run(cfg, source, writer, specs, progress, remote if force else None)
         finished: list[PartResult | PartRecord] = [*results, *kept]
         _merge(writer, finished)
+        _count_transformed(source, results)
         files = tuple(f for r in finished for f in r.files)
         retries = tuple(max(0, a - 1) for a in attempts)
         earlier = tuple(dict.fromkeys(r.snapshot for r in kept))
@@ -185,7 +187,7 @@ class RayExecutor:
             PartSpec(
                 i, len(ranges), owned, tuple(b for b in owned if b in pending), sent, plan.epoch, store.location,
                 source.snapshot, source.server_version, bare, source.layout, arrays, identity, metadata, force, run,
-                dsn,
+                dsn, socket.gethostname(),
             )
             for i, owned in enumerate(ranges)
         ]  # fmt: skip
@@ -331,6 +333,21 @@ def _file_step(writer: EpochWriter) -> int:
 
 
 __all__ = ["RayExecutor", "split"]
+
+
+def _count_transformed(source: BatchSource, results: list[PartResult]) -> None:
+    """The epoch's figures (the manifest's) are what the parts' transforms computed and found cached.
+
+    The driver's own trial of the first batch (:func:`~pgprefetch.write.transform.stage.stage_over`) wrote
+    nothing: the part holding that batch computed or found it again, and counts it.
+    """
+    summary = (source.records or {}).get("transforms", {})
+    for counts in summary.values():
+        counts["computed"] = counts["cached"] = 0
+    for r in results:
+        for name, counts in r.transformed.items():
+            for what, n in counts.items():
+                summary[name][what] += n
 
 
 def _merge(writer: EpochWriter, finished: list[PartResult | PartRecord]) -> None:

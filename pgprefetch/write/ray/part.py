@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import StoreError
 from pgprefetch.pg.session import BatchReader
-from pgprefetch.store.base import ArraySpec
+from pgprefetch.store.base import ArraySpec, Store
 from pgprefetch.store.open import open_store
 from pgprefetch.store.records import PartRecord, put_record
 from pgprefetch.store.uploads import Uploads
@@ -40,6 +41,8 @@ from pgprefetch.write.ray.secret import opened
 from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.whole import cut_source
 from pgprefetch.write.schedule import write_batches
+from pgprefetch.write.transform.cache import transforms_folder
+from pgprefetch.write.transform.stage import stage_over
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class PartSpec:
     defer: bool = False  # object store, --force: stage only; the driver has the files uploaded (.staged)
     run: str = ""  # the epoch's counts in the driver's tracker
     dsn: tuple[Any, ...] = ()  # ``cfg``'s DSN carries no password: the whole one is in the object store (.secret)
+    host: str = ""  # the driver's machine: a part on it shares the store's transform cache, others their own
 
     def name(self) -> str:
         """The part, in messages."""
@@ -80,6 +84,7 @@ class PartResult:
     files: tuple[str, ...]
     node: str
     node_id: str = ""  # the Ray node that staged the files (--force on an object store uploads them there)
+    transformed: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # per transform: computed, cached
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ async def _write_part(
     cfg, size = spec.cfg, spec.cfg.batches.size
     plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
-    async with _source(spec, plan, scan) as source:
+    async with _source(spec, plan, scan) as source, _transformed(spec, store, source) as source:
         bucket = store.object_store if not spec.defer else None  # (an object store's parts upload their files)
         # Up to the object store (unless --force stages), or back to the shared disk, as each file is finished.
         if store.local_root is not None:
@@ -159,7 +164,12 @@ async def _write_part(
                 files = writer.finish_part()
     done = np.array(spec.batches, dtype=np.int64)
     here = ray.get_runtime_context().get_node_id()
-    result = PartResult(spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node, here)
+    counted = {
+        name: {k: v for k, v in s.items() if k in ("computed", "cached")} for name, s in _summary(source).items()
+    }
+    result = PartResult(
+        spec.index, done, writer.checksums[:, done], stats.taken(done), tuple(files), node, here, counted
+    )
     if bucket is not None and spec.batches == tuple(spec.owned):  # all files up: a rerun after the driver died keeps it
         put_record(bucket, spec.epoch, record(spec, writer.header, result, partial))
     return result
@@ -170,6 +180,27 @@ def record(spec: PartSpec, header: dict[str, Any], result: PartResult, partial: 
     files = {f: (partial / f).stat().st_size for f in result.files}
     return PartRecord(spec.index, spec.owned, header, spec.snapshot, result.batches, result.checksums, result.figures,
                       files)  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _transformed(spec: PartSpec, store: Store, source: BatchSource) -> AsyncIterator[BatchSource]:
+    """The part's source with its transforms' outputs, run on this node (the driver checked the inputs).
+
+    A part on the driver's machine shares the store's cache with it; one on another node keeps its own, on
+    that node's disk: SQLite is not to be shared over a network filesystem.
+    """
+    if not spec.cfg.transforms:
+        yield source
+        return
+    cfg = opened(spec.cfg, spec.dsn)
+    folder = transforms_folder(cfg, store, local=socket.gethostname() != spec.host)
+    async with stage_over(cfg, spec.snapshot, source, spec.epoch, folder, first=False) as staged:
+        yield staged
+
+
+def _summary(source: BatchSource) -> dict[str, dict[str, Any]]:
+    """What the source's transforms did (:attr:`~pgprefetch.write.transform.stage.Stage.summary`), if any."""
+    return dict((source.records or {}).get("transforms", {}))
 
 
 @contextlib.asynccontextmanager

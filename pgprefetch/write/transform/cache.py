@@ -35,7 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pgprefetch.config.model import Config
 from pgprefetch.errors import StoreError
+from pgprefetch.store.base import Store
 from pgprefetch.write.transform.outputs import Packed
 
 FILE = "transforms.sqlite3"
@@ -59,6 +61,15 @@ def stored_counts(store_root: Path) -> tuple[Path, list[CacheCount]] | None:
         return None
     with TransformCache.open(folder, create=False, read_only=True) as cache:
         return cache.path, cache.counts()
+
+
+def transforms_folder(cfg: Config, store: Store, *, local: bool = False) -> Path:
+    """Where ``store``'s transform cache lives: in a local store (the root's, for a split), else on local disk.
+
+    ``local``: on this machine's disk whatever the store (a Ray part on a node other than the driver's).
+    """
+    root = store.parent or store
+    return cache_folder(None if local else root.local_root, str(root.location), cfg.source.scratch)
 
 
 def cache_folder(store_root: Path | None, store_url: str, scratch: Path | None) -> Path:

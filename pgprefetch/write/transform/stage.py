@@ -37,7 +37,9 @@ from pgprefetch.errors import ConfigError, SampleError, TransformError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import inputs_statement
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.memory.pool import Reservation
 from pgprefetch.write.scan.shape import scan_relation
 from pgprefetch.write.transform.cache import TransformCache, decode_entries, encode_entries
 from pgprefetch.write.transform.loading import fingerprint, output_fields
@@ -133,15 +135,16 @@ class Stage:
             for t in self._transforms
         }
         wanted = np.unique(np.concatenate([*missing.values(), np.zeros(0, np.int64)]))
-        inputs = await self._inputs_of(batch, keys, wanted, n) if wanted.size else {}
-        outputs: dict[str, Packed] = {}
-        for t in self._transforms:
-            try:
-                outputs |= await self._outputs(
-                    t, keys, missing[t.config.name], wanted, inputs, digests, found.get(t.config.name, {})
-                )
-            except TransformError as e:
-                raise self._rerun_hint(t.config, e) from None
+        with memory.current().reserve("transform inputs") as held:  # a unit's, while its transforms run
+            inputs = await self._inputs_of(batch, keys, wanted, held) if wanted.size else {}
+            outputs: dict[str, Packed] = {}
+            for t in self._transforms:
+                try:
+                    outputs |= await self._outputs(
+                        t, keys, missing[t.config.name], wanted, inputs, digests, found.get(t.config.name, {})
+                    )
+                except TransformError as e:
+                    raise self._rerun_hint(t.config, e) from None
         return outputs
 
     def _rerun_hint(self, t: TransformConfig, e: TransformError) -> TransformError:
@@ -187,11 +190,13 @@ class Stage:
         order = np.argsort(np.concatenate([hits, missing]), kind="stable")
         return {f: Packed.join([decoded[f], computed[f]]).take(order) for f in t.fields}
 
-    async def _inputs_of(self, batch: int, keys: np.ndarray, wanted: np.ndarray, n: int) -> Inputs:
-        """The input values of the samples at positions ``wanted`` (sorted), in that order."""
+    async def _inputs_of(self, batch: int, keys: np.ndarray, wanted: np.ndarray, held: Reservation) -> Inputs:
+        """The input values of the samples at positions ``wanted`` (sorted), in that order (``held``: their bytes)."""
         rows = await self._rows(batch, keys[:, wanted], np.ones(wanted.size, np.int64))
         first = 1 + len(self._transforms)
-        return {c: [input_value(v) for v in rows[first + j]] for j, c in enumerate(self._inputs)}
+        inputs = {c: [input_value(v) for v in rows[first + j]] for j, c in enumerate(self._inputs)}
+        held.grow(sum(_size(v) for values in inputs.values() for v in values))
+        return inputs
 
     async def _rows(self, batch: int, keys: np.ndarray, want: np.ndarray) -> list[Sequence[Any]]:
         """The statement's columns for ``keys``, one row per key in the keys' order; a key without one is named."""
@@ -209,6 +214,13 @@ class Stage:
             )
         order = np.argsort(ordinals)
         return [[column[i] for i in order.tolist()] for column in columns]
+
+
+def _size(v: Any) -> int:
+    """About what an input value holds: its bytes (text, bytea, an array), or a word."""
+    if isinstance(v, str | bytes):
+        return len(v)
+    return int(v.nbytes) if isinstance(v, np.ndarray) else 8
 
 
 def input_value(v: Any) -> Any:
@@ -234,6 +246,11 @@ async def check_inputs(cfg: Config, snap: Snapshot) -> tuple[str, ...]:
                     f'{where}[transforms.{t.name}] inputs: {what} returns no column "{c}" '
                     f"(it returns {', '.join(returned) or 'nothing'})"
                 )
+    return input_columns(cfg)
+
+
+def input_columns(cfg: Config) -> tuple[str, ...]:
+    """Every transform's inputs, each once, in the config's order: the statement's value columns."""
     return tuple(dict.fromkeys(c for t in cfg.transforms for c in t.inputs))
 
 
@@ -253,19 +270,32 @@ async def transformed(
 
     ``cache_folder``: where the deterministic transforms' cache lives (None: no cache, every output computed).
     """
+    await check_inputs(cfg, snap)
+    async with stage_over(cfg, snap.id, source, epoch, cache_folder) as staged:
+        yield staged
+
+
+@asynccontextmanager
+async def stage_over(
+    cfg: Config, snapshot: str, source: BatchSource, epoch: int, cache_folder: Path | None, *, first: bool = True
+) -> AsyncIterator[BatchSource]:
+    """:func:`transformed` on the exported ``snapshot``, its inputs checked already (a Ray part's way).
+
+    ``first``: compute the first batch's outputs before yielding (the dump's driver does; its parts do not).
+    """
     keys = source.plan.key_columns
-    inputs = await check_inputs(cfg, snap)
+    inputs = input_columns(cfg)
     sql = statement_of(cfg, keys, inputs)
     stage_source = dataclasses.replace(cfg.source, connections=min(CONNECTIONS, cfg.source.connections))
     runner = Runner(cfg, keys)
-    async with BatchReader.open(stage_source, snap.id, sql, row_wise=True) as reader:
+    async with BatchReader.open(stage_source, snapshot, sql, row_wise=True) as reader:
         with _open_cache(cfg, cache_folder) as cache:
             runner.start()
             try:
                 stage = Stage(cfg, reader, cache, runner, keys, inputs, epoch)
-                # The first batch's samples before any batch is written: a function that fails on every
-                # sample, or returns what its fields cannot hold, stops the dump here, not midway.
-                await stage.first_batch(source.plan.batch_keys(0, cfg.batches.size))
+                if first:  # a function that fails on every sample, or returns what its fields cannot hold,
+                    # stops the dump here, before any batch is written, not midway
+                    await stage.first_batch(source.plan.batch_keys(0, cfg.batches.size))
                 yield _wrapped(cfg, source, stage)
             finally:
                 runner.close()
@@ -285,14 +315,17 @@ def _wrapped(cfg: Config, source: BatchSource, stage: Stage) -> BatchSource:
     async def fetch(batch: int, count: int) -> object:
         keys = source.plan.batch_keys(batch, size, count)
         inner, outputs = await asyncio.gather(source.fetch(batch, count), stage.unit(batch, keys))
-        return inner, outputs
+        held = memory.current().reserve("transform outputs")  # a unit's, from its fetch until it is produced
+        held.grow(sum(p.values.nbytes + p.lengths.nbytes for p in outputs.values()))
+        return inner, outputs, held
 
     def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
-        inner, outputs = cast("tuple[object, dict[str, Packed]]", fetched)
-        source.produce(batch, count, inner, buffers)
-        for name, packed in outputs.items():
-            f = fields[name]
-            fill_field(f, packed, buffers[name], buffers[f.length_array] if f.length_array else None)
+        inner, outputs, held = cast("tuple[object, dict[str, Packed], Reservation]", fetched)
+        with held:
+            source.produce(batch, count, inner, buffers)
+            for name, packed in outputs.items():
+                f = fields[name]
+                fill_field(f, packed, buffers[name], buffers[f.length_array] if f.length_array else None)
 
     # (the summary's counts grow as units are written: the manifest, written last, has the final ones)
     records = (source.records or {}) | {"transforms": stage.summary}
