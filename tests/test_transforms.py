@@ -260,6 +260,7 @@ def test_an_output_its_field_cannot_hold_stops_the_dump_before_the_first_batch(
 ) -> None:
     db, _ = docs
     big = PREP.replace("[ord(c) for c in b[:5]]", "[70000]")
+    assert big != PREP
     config = _config(tmp_path / "c", WORDS.format(workers=1, log=tmp_path / "log"), WORDS_FIELDS, prep=big)
     code, out = run_cli("dump", "--config", str(config), "--dsn", db, "--epoch", "0")
     assert code == 1
@@ -272,7 +273,8 @@ def test_an_output_its_field_cannot_hold_stops_the_dump_before_the_first_batch(
 
 def test_check_runs_the_transforms_and_names_what_they_return_wrong(docs: tuple[str, int], tmp_path: Path) -> None:
     db, _ = docs
-    short = PREP.replace('"first": [[ord(c) for c in b[:5]] for b in batch["body"]]', '"first": [[1]]')
+    short = PREP.replace('first = [[ord(c) for c in b[:5]] for b in batch["body"]]', "first = [[1]]")
+    assert short != PREP
     config = _config(tmp_path / "c", WORDS.format(workers=0, log=tmp_path / "log"), WORDS_FIELDS, prep=short)
     code, out = run_cli("check", "--config", str(config), "--dsn", db)
     assert code == 1
