@@ -25,6 +25,7 @@ from pgprefetch.write.memory.policy import UNIT_BYTES, unit_bytes
 from pgprefetch.write.plan import EpochPlan
 
 UNIT_SAMPLES = 1024  # the most samples a unit of small batches holds
+UNIT_SECONDS = 0.05  # the fetch time units aim at: a statement's round trip
 
 
 def unit_batches(size: int, sample_bytes: int = 1, statements: int = 1) -> int:
@@ -68,6 +69,7 @@ class BatchSource:
     spread: object | None = None  # an executor's read, on its cluster, that the batches are cut from there
     extra_arrays: tuple[tuple[str, np.dtype, tuple[int, ...]], ...] = ()  # filled by produce beside the layout's
     records: dict[str, Any] | None = None  # what the manifest records beyond the plan (a mixed epoch's sources)
+    unit_seconds: float = UNIT_SECONDS  # the fetch time units aim at (:class:`~pgprefetch.write.schedule.Units`)
 
     @property
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:

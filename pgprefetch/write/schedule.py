@@ -21,28 +21,29 @@ import numpy as np
 
 from pgprefetch.store.base import KEYS_ARRAY
 from pgprefetch.write import memory
-from pgprefetch.write.batches import Advances, BatchSource
+from pgprefetch.write.batches import UNIT_SECONDS, Advances, BatchSource
 from pgprefetch.write.files.writer import EpochWriter
 from pgprefetch.write.tasks import first_error
-
-UNIT_SECONDS = 0.05  # the fetch time units aim at
 
 
 class Units:
     """Hands out the pending batches as units, runs of consecutive batches, sized by how long a fetch takes.
 
-    Units start at one batch and double while a fetch takes under ``UNIT_SECONDS / 2``, up to ``most``
-    batches (:func:`unit_batches`); they halve when one takes over twice that. Small,
+    Units start at one batch and double while a fetch takes under half the source's ``unit_seconds`` (50 ms:
+    a statement's round trip), up to ``most`` batches (:func:`unit_batches`); they halve when one takes over
+    twice that. A source whose fetch also runs transforms aims higher: its units carry a second of work to
+    worker processes, or the hand-offs would cost what the workers save. Small,
     fast batches so travel about a thousand samples at a time, while a slow per-sample query keeps units of
     one batch: a statement stays short, and a killed dump loses little work. Only speed depends on the
     unit size, never the bytes written.
     """
 
-    def __init__(self, batches: list[int], most: int) -> None:
+    def __init__(self, batches: list[int], most: int, seconds: float = UNIT_SECONDS) -> None:
         self._batches = batches  # ascending; with gaps where a resumed epoch already has batches
         self._at = 0
         self.most = most
         self.count = 1
+        self.seconds = seconds
 
     def next(self) -> tuple[int, int] | None:
         """The next unit, ``(first batch, count)``, or None when every batch was handed out."""
@@ -56,9 +57,9 @@ class Units:
 
     def took(self, count: int, seconds: float) -> None:
         """Note that fetching a unit of ``count`` batches took ``seconds``."""
-        if seconds < UNIT_SECONDS / 2 and count == self.count:
+        if seconds < self.seconds / 2 and count == self.count:
             self.count = min(self.most, self.count * 2)
-        elif seconds > UNIT_SECONDS * 2:
+        elif seconds > self.seconds * 2:
             self.count = max(1, min(self.count, count) // 2)
 
 
@@ -68,7 +69,7 @@ async def write_batches(
     """Fetch, produce and write ``batches`` a unit at a time, ``source.concurrency`` units in flight."""
     total = 0
     keys = source.plan.keys
-    todo = Units(batches, source.unit)  # shared by the workers: each takes the next unit
+    todo = Units(batches, source.unit, source.unit_seconds)  # shared by the workers: each takes the next unit
     # The dump's own threads (one in query mode: on a few cores more only fight over the GIL while the
     # event loop decodes; see BatchSource.threads); an executor of its own cannot outlive the dump.
     with ThreadPoolExecutor(max_workers=source.threads, thread_name_prefix="pgprefetch-write") as pool:

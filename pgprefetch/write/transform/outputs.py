@@ -14,6 +14,7 @@ one form.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,8 +81,13 @@ def pack_outputs(
 
 
 def _pack(where: str, f: FieldConfig, values: Any, n: int, named: Naming) -> Packed:
-    arrays = [_as_array(where, f, v, i, named) for i, v in enumerate(values)]
-    lengths = np.fromiter((a.size for a in arrays), np.int64, n)
+    flat = _lists_of_numbers(f, values)
+    if flat is not None:  # what a tokenizer returns: one list of ints a sample, taken in one pass
+        lengths = np.fromiter(map(len, values), np.int64, n)
+        arrays = np.split(flat, np.cumsum(lengths)[:-1]) if n else []
+    else:
+        arrays = [_as_array(where, f, v, i, named) for i, v in enumerate(values)]
+        lengths = np.fromiter((a.size for a in arrays), np.int64, n)
     if f.max_length is not None:
         over = np.flatnonzero(lengths > f.max_length)
         if over.size and f.truncate == "error":
@@ -98,6 +104,14 @@ def _pack(where: str, f: FieldConfig, values: Any, n: int, named: Naming) -> Pac
             lengths = np.minimum(lengths, f.max_length)
     flat = np.concatenate(arrays) if arrays else np.zeros(0)
     return Packed(_cast(where, f, flat, lengths, named), lengths)
+
+
+def _lists_of_numbers(f: FieldConfig, values: Any) -> np.ndarray | None:
+    """Every sample's values back to back, where each is a list of plain numbers (else None: judged one by one)."""
+    if f.max_length is None or not all(type(v) is list for v in values):
+        return None
+    flat = np.asarray(list(itertools.chain.from_iterable(values)))
+    return flat if flat.ndim == 1 and flat.dtype.kind in "biuf" else None
 
 
 def _as_array(where: str, f: FieldConfig, value: Any, i: int, named: Naming) -> np.ndarray:

@@ -47,6 +47,7 @@ from pgprefetch.write.transform.outputs import Packed, fill_field
 from pgprefetch.write.transform.runner import Inputs, Runner, Task
 
 CONNECTIONS = 2  # the stage's own connections: a statement or two a unit, beside the batches'
+UNIT_SECONDS = 1.0  # what a unit's fetch, transforms included, aims at: enough work to hand to the workers
 
 
 @dataclass(frozen=True)
@@ -329,4 +330,4 @@ def _wrapped(cfg: Config, source: BatchSource, stage: Stage) -> BatchSource:
 
     # (the summary's counts grow as units are written: the manifest, written last, has the final ones)
     records = (source.records or {}) | {"transforms": stage.summary}
-    return dataclasses.replace(source, fetch=fetch, produce=produce, records=records)
+    return dataclasses.replace(source, fetch=fetch, produce=produce, records=records, unit_seconds=UNIT_SECONDS)
