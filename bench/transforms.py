@@ -67,7 +67,8 @@ def load(dsn: str, texts: list[str], tokenizer: Path) -> None:
     async def run() -> None:
         conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute("CREATE TABLE docs (id int PRIMARY KEY, body text NOT NULL, year int NOT NULL, ids int[])")
+            table = "CREATE TABLE docs (id int PRIMARY KEY, body text NOT NULL, year int NOT NULL, ids int[])"
+            await conn.execute(table)
             rows = [(i, t, 1990 + i % 30, ids) for i, (t, ids) in enumerate(zip(texts, encoded, strict=True), 1)]
             await conn.copy_records_to_table("docs", records=rows)
             await conn.execute("VACUUM ANALYZE docs")
@@ -113,7 +114,8 @@ def config(folder: Path, name: str, *, tokenizer: Path | None, workers: int = 2,
         query = "SELECT year, body FROM docs WHERE id = $1"
     elif tokenizer is not None:
         ids = (
-            f'[transforms.tok]\ntokenizer = "huggingface"\npath = "{tokenizer}"\ninputs = ["body"]\nworkers = {workers}\n'
+            f'[transforms.tok]\ntokenizer = "huggingface"\npath = "{tokenizer}"\ninputs = ["body"]\n'
+            f"workers = {workers}\n"
             f'[fields.ids]\ntransform = "tok"\ndtype = "uint16"\nmax_length = {MAX_LENGTH}\ntruncate = "right"\n'
         )
         query = "SELECT year, body FROM docs WHERE id = $1"
@@ -209,9 +211,7 @@ def theirs(dsn: str, folder: Path, tokenizer: Path) -> tuple[float, float]:
     uri = dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
     started = time.perf_counter()
     ds = datasets.Dataset.from_sql("SELECT id, year, body FROM docs ORDER BY id", con=uri)
-    mapped = ds.map(
-        _hf_encode, batched=True, num_proc=2, remove_columns=["body"], fn_kwargs={"path": str(tokenizer)}
-    )
+    mapped = ds.map(_hf_encode, batched=True, num_proc=2, remove_columns=["body"], fn_kwargs={"path": str(tokenizer)})
     mapped.shuffle(seed=0).flatten_indices().save_to_disk(str(folder / "hf-epoch-0"))
     first = time.perf_counter() - started
     started = time.perf_counter()
