@@ -8,6 +8,7 @@ import asyncio
 import copy
 import os
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +222,7 @@ def test_cache_entries_round_trip_and_a_damaged_one_is_dropped(tmp_path: Path) -
         cache.put("tok", "fp", [(b"a" * 32, entries[0]), (b"b" * 32, entries[1])])
         assert set(cache.get("fp", [b"a" * 32, b"b" * 32, b"c" * 32])) == {b"a" * 32, b"b" * 32}
         assert cache.get("other", [b"a" * 32]) == {}  # another fingerprint: another code's outputs
-    with sqlite3.connect(tmp_path / "c" / FILE) as conn:
+    with closing(sqlite3.connect(tmp_path / "c" / FILE)) as conn, conn:
         conn.execute("UPDATE outputs SET data = zeroblob(length(data)) WHERE digest = ?", (b"a" * 32,))
     with TransformCache.open(tmp_path / "c") as cache:
         assert set(cache.get("fp", [b"a" * 32, b"b" * 32])) == {b"b" * 32}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,10 @@ def test_a_damaged_cache_entry_is_recomputed_never_used(docs: tuple[str, int], t
     config = _config(tmp_path / "c", WORDS.format(workers=0, log=tmp_path / "log"), WORDS_FIELDS)
     first = dump(config, db, epoch=0)
     cache = tmp_path / "c" / "store.zarr" / FOLDER / FILE
-    with sqlite3.connect(cache) as conn:  # every entry's bytes changed, their checksums left as they were
+    with (
+        closing(sqlite3.connect(cache)) as conn,
+        conn,
+    ):  # every entry's bytes changed, their checksums left as they were
         conn.execute("UPDATE outputs SET data = CAST(zeroblob(length(data)) AS BLOB)")
     second = dump(config, db, epoch=1)
     m = _manifest(second.path, 1)["transforms"]["w"]

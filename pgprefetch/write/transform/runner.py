@@ -177,7 +177,7 @@ class Runner:
                 self._pools[t.name] = _pool(self.workers[t.name], spec)
 
     def close(self) -> None:
-        """Stop the workers (waiting for none: a failed dump is not held up by a long transform)."""
+        """Stop the workers: the runs not started are cancelled, the ones running (a unit's share) finish first."""
         for pool in self._pools.values():
             pool.shutdown(wait=True, cancel_futures=True)
         self._pools.clear()
