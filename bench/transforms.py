@@ -204,13 +204,17 @@ _HF: dict[str, Any] = {}
 
 
 def theirs(dsn: str, folder: Path, tokenizer: Path) -> tuple[float, float]:
-    """Hugging Face ``datasets``: the first epoch (read, map on 2 processes, save), then a new shuffle saved."""
-    os.environ["HF_DATASETS_CACHE"] = str(folder / "hf-cache")
+    """Hugging Face ``datasets``: the first epoch (read, map on 2 processes, save), then a new shuffle saved.
+
+    Each call reads into a cache folder of its own: in one folder, a later round's ``from_sql`` and ``map`` find
+    the first round's files and compute nothing (what ``datasets`` is for, and not a first epoch).
+    """
     import datasets
 
     uri = dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
     started = time.perf_counter()
-    ds = datasets.Dataset.from_sql("SELECT id, year, body FROM docs ORDER BY id", con=uri)
+    sql = "SELECT id, year, body FROM docs ORDER BY id"
+    ds = datasets.Dataset.from_sql(sql, con=uri, cache_dir=str(folder / "hf-cache"))
     mapped = ds.map(_hf_encode, batched=True, num_proc=2, remove_columns=["body"], fn_kwargs={"path": str(tokenizer)})
     mapped.shuffle(seed=0).flatten_indices().save_to_disk(str(folder / "hf-epoch-0"))
     first = time.perf_counter() - started
