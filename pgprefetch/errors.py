@@ -58,17 +58,21 @@ class TransformError(PgprefetchError):
     """A ``[transforms.NAME]`` raised, or returned what its fields cannot hold; names the transform and the sample.
 
     ``traceback``: the exception's traceback as text, from whichever process ran it (shown under ``--debug``);
-    ``sample``: the failed sample's key as messages show it (``id=4``), None where no one sample is to blame.
+    ``sample``: the failed sample's key as messages show it (``id=4``), None where no one sample is to blame;
+    ``transform``: its name, where known.
     """
 
-    def __init__(self, message: str, traceback: str = "", sample: str | None = None) -> None:
+    def __init__(
+        self, message: str, traceback: str = "", sample: str | None = None, transform: str | None = None
+    ) -> None:
         super().__init__(message)
         self.traceback = traceback
         self.sample = sample
+        self.transform = transform
 
-    def __reduce__(self) -> tuple[type[TransformError], tuple[str, str, str | None]]:
+    def __reduce__(self) -> tuple[type[TransformError], tuple[str, str, str | None, str | None]]:
         """Pickled whole: a worker process raises it, the dump reports it."""
-        return type(self), (str(self), self.traceback, self.sample)
+        return type(self), (str(self), self.traceback, self.sample, self.transform)
 
 
 class ExecutorError(PgprefetchError):

@@ -87,6 +87,7 @@ def _listed(target: Store) -> Shown:
             f"{i.epoch:>5}  {i.state:<8} {batches:>9} {i.n_samples or 0:>11,} {show_size(i.bytes):>10}"
             f"  {i.created or '-':<25} {seconds:>8}"
             + ("  " + ", ".join(f"{name} {n:,}" for name, n in i.sources.items()) if i.sources else "")
+            + (f"  left out {i.left_out:,}" if i.left_out else "")
         )
     if readers:
         lines += consumer_lines(readers, now)

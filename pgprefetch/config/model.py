@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pgprefetch.sqltext import find_params
 
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "float16", "float32", "float64")
@@ -230,6 +232,8 @@ class TransformConfig:
     """``[transforms.NAME.options]``: handed to ``setup`` and kept at ``ctx.options``."""
     folder: Path | None = None
     """The config file's folder: on the import path of ``function`` and ``setup``; None when built in code."""
+    on_error: str = "error"
+    """``error``: a sample it fails on stops the dump; ``skip``: such samples are left out of every epoch."""
 
     @property
     def option_values(self) -> dict[str, Any]:
@@ -245,6 +249,7 @@ class TransformConfig:
         """
         out: dict[str, Any] = {"function": callable_name(self.function), "inputs": list(self.inputs)}
         out |= {"random": True} if self.random else {}
+        out |= {"on_error": self.on_error} if self.on_error != "error" else {}
         out |= {"setup": callable_name(self.setup)} if self.setup is not None else {}
         out |= {"options": dict(self.options)} if self.options else {}
         return out
@@ -347,6 +352,9 @@ class Config:
     """The split this dump or check is of (``--split``); None where the config has no splits."""
     transforms: tuple[TransformConfig, ...] = ()
     """``[transforms.NAME]``: Python run on input columns before the write; their outputs are fields."""
+    left_out: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The sample keys (``(n_slots, n)`` int64, sorted) an epoch leaves out: those an ``on_error = "skip"``
+    transform failed on, found before the epoch is planned. Set by the dump for one epoch; never in a file."""
 
     @property
     def column_fields(self) -> tuple[FieldConfig, ...]:

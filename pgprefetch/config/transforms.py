@@ -27,7 +27,20 @@ _CALLABLE = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z"
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-_KEYS = ("function", "tokenizer", "path", "encoding", "inputs", "random", "workers", "version", "setup", "options")
+_KEYS = (
+    "function",
+    "tokenizer",
+    "path",
+    "encoding",
+    "inputs",
+    "random",
+    "workers",
+    "version",
+    "setup",
+    "options",
+    "on_error",
+)
+ON_ERROR = ("error", "skip")
 MAX_WORKERS = 256
 
 
@@ -76,11 +89,22 @@ def _transform(p: _Parser, name: str, spec: Any, folder: Path | None) -> Transfo
     version = spec.get("version", "")
     if not isinstance(version, str | int) or isinstance(version, bool):
         p.fail(f"{where} version", f"expected a string, got {show(version)}")
+    on_error = spec.get("on_error", "error")
+    if on_error not in ON_ERROR:
+        p.fail(f"{where} on_error", f"expected one of {', '.join(ON_ERROR)}; got {show(on_error)}")
+    random = p.boolean(spec, f"transforms.{name}", "random", default=False)
+    if random and on_error == "skip":
+        p.fail(
+            f"{where} on_error",
+            '"skip" is for deterministic transforms: a random one\'s failures would change with its draws, '
+            "and the epoch's samples with them",
+        )
     return TransformConfig(
         name=name,
         function=function,
         inputs=tuple(inputs),
-        random=p.boolean(spec, f"transforms.{name}", "random", default=False),
+        random=random,
+        on_error=str(on_error),
         workers=workers,
         version=str(version),
         setup=setup,

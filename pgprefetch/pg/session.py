@@ -206,11 +206,22 @@ class Snapshot:
         A chunk at a time, so that the caller decides what to hold (keys beyond ``[source] memory`` go to
         disk). Each cursor round trip is bounded by ``io_timeout`` on its own: a long key list is not a stall.
         """
-        where = f"{_where(cfg)}[samples] keys"
-        k = keys.width
-        seen = 0
         statement = self._keys
         assert statement is not None, "describe() prepares the keys statement first"
+        async for chunk in self._slot_chunks(statement, keys, f"{_where(cfg)}[samples] keys"):
+            yield chunk
+
+    async def slot_chunks(self, sql: str, keys: KeyColumns, what: str) -> AsyncGenerator[np.ndarray, None]:
+        """:meth:`key_chunks` of another statement returning key slots (a scan table's keys, for a sweep)."""
+        statement = await self._prepare(sql, what)
+        async for chunk in self._slot_chunks(statement, keys, what):
+            yield chunk
+
+    async def _slot_chunks(
+        self, statement: asyncpg.prepared_stmt.PreparedStatement, keys: KeyColumns, where: str
+    ) -> AsyncGenerator[np.ndarray, None]:
+        k = keys.width
+        seen = 0
         cursor = await self._run(lambda: statement.cursor(), where)
         while records := await self._run(lambda: cursor.fetch(KEYS_PREFETCH), where):
             # chain() flattens the records in C: no per-row tuple or list, about 5x faster than np.array.

@@ -41,14 +41,16 @@ class EpochInfo:
     batches_written: int | None = None
     n_samples_total: int | None = None
     sources: dict[str, int] | None = None  # a mixed epoch: each source's samples in it
+    left_out: int | None = None  # samples its transforms failed on, left out (on_error = "skip")
 
     def to_json(self) -> dict[str, object]:
         """The entry ``ls --json`` prints."""
         out = asdict(self)
         if self.state == "complete":
             del out["batches_written"], out["n_samples_total"]
-        if self.sources is None:
-            del out["sources"]
+        for optional in ("sources", "left_out"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
 
@@ -66,6 +68,16 @@ def source_counts(manifest: dict[str, Any]) -> dict[str, int] | None:
     return counts
 
 
+def left_out_count(manifest: dict[str, Any]) -> int | None:
+    """The samples an epoch's skipping transforms left out (None: none of its transforms skips, or unreadable)."""
+    record = manifest.get("transforms")
+    if not isinstance(record, dict):
+        return None
+    counts = [t.get("left_out") for t in record.values() if isinstance(t, dict) and "left_out" in t]
+    whole = [c for c in counts if type(c) is int]
+    return max(whole) if whole and len(whole) == len(counts) else None
+
+
 def list_epochs(store: Store) -> list[EpochInfo]:
     """Every epoch in the store, complete or partial, in epoch order (bytes as allocated on disk)."""
     infos = []
@@ -81,6 +93,7 @@ def list_epochs(store: Store) -> list[EpochInfo]:
                 m.get("created"),
                 m.get("seconds"),
                 sources=source_counts(m),
+                left_out=left_out_count(m),
             )
         )
     for epoch in store.partial_epochs():

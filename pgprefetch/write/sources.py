@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,7 +26,7 @@ from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.strategy import open_scan
 from pgprefetch.write.scan.whole import ScanRead, scan_source
 from pgprefetch.write.spill.folder import SpillFolder
-from pgprefetch.write.transform.stage import transformed
+from pgprefetch.write.transform.stage import check_inputs, sample_key_columns, sample_keys, stage_for
 
 
 class ReadCache:
@@ -67,13 +68,18 @@ async def open_source(
     ``[transforms]`` add their outputs to the batches (:mod:`pgprefetch.write.transform`), their cache in
     ``transforms_cache`` (None: every output computed).
     """
-    async with _opened(cfg, epoch, snap, cache, spill, write, progress, vocabulary, executor) as source:
-        if not cfg.transforms or not isinstance(source, BatchSource):
+    if not cfg.transforms:
+        async with _opened(cfg, epoch, snap, cache, spill, write, progress, vocabulary, executor) as source:
             yield source
-            return
-        assert snap is not None, "an epoch with transforms has its snapshot (ReadCache.covers)"
-        async with transformed(cfg, snap, source, epoch, transforms_cache) as with_outputs:
-            yield with_outputs
+        return
+    assert snap is not None, "an epoch with transforms has its snapshot (ReadCache.covers)"
+    keys = await sample_key_columns(cfg, snap)
+    await check_inputs(cfg, snap)
+    async with stage_for(cfg, snap.id, keys, epoch, transforms_cache) as stage:
+        if stage.skips and write:  # the samples a transform fails on, found first, left out of the plan
+            cfg = dataclasses.replace(cfg, left_out=await stage.sweep(sample_keys(cfg, snap, keys)))
+        async with _opened(cfg, epoch, snap, cache, spill, write, progress, vocabulary, executor) as source:
+            yield await stage.serve(source, first=write) if isinstance(source, BatchSource) else source
 
 
 @asynccontextmanager

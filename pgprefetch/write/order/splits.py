@@ -82,13 +82,33 @@ def windowed(cfg: Config, width: int, key_columns: KeyColumns | None = None) -> 
 
 
 def split_keep(cfg: Config, key_columns: KeyColumns | None = None) -> Callable[[np.ndarray], np.ndarray] | None:
-    """Which sample keys are ``cfg``'s split's (the ``keep`` of :func:`~.shuffle.order_part`); None: all of them."""
-    if cfg.splits is None or cfg.splits.by != "key":
+    """Which sample keys the epoch keeps (the ``keep`` of :func:`~.shuffle.order_part`); None: all of them.
+
+    Its split's (``[splits]`` by key), less the keys an ``on_error = "skip"`` transform failed on
+    (``cfg.left_out``). Both are a pure function of the key, applied wherever the keys are chosen, before the
+    shuffle: so a mixed source's share, drawn from its kept keys, stays exact.
+    """
+    by_key = cfg.splits is not None and cfg.splits.by == "key"
+    left_out = cfg.left_out
+    if not by_key and (left_out is None or not left_out.size):
         return None
 
     def keeps(keys: np.ndarray) -> np.ndarray:
-        rule = split_filter(cfg, keys.shape[0], key_columns)
-        assert rule is not None
-        return rule.keeps(keys)
+        kept = np.ones(keys.shape[1], dtype=bool)
+        if by_key:
+            rule = split_filter(cfg, keys.shape[0], key_columns)
+            assert rule is not None
+            kept &= rule.keeps(keys)
+        if left_out is not None and left_out.size:
+            kept &= ~among(keys, left_out)
+        return kept
 
     return keeps
+
+
+def among(keys: np.ndarray, these: np.ndarray) -> np.ndarray:
+    """Which keys (``(width, n)``) are among ``these`` (``(width, m)``): whole keys compared, every slot."""
+    if keys.shape[0] == 1:
+        return np.isin(keys[0], these[0])
+    row = np.dtype((np.void, 8 * keys.shape[0]))  # a key's slots as one opaque value
+    return np.isin(np.ascontiguousarray(keys.T).view(row).ravel(), np.ascontiguousarray(these.T).view(row).ravel())

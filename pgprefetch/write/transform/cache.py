@@ -46,7 +46,7 @@ CACHE_KIB = 4096  # SQLite's page cache: what the cache holds of --memory
 _SIDE_FILES = ("", "-wal", "-shm", "-journal")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outputs (
-    fingerprint TEXT NOT NULL, digest BLOB NOT NULL, data BLOB NOT NULL, crc INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL, digest BLOB NOT NULL, data BLOB NOT NULL, crc INTEGER NOT NULL, error TEXT,
     PRIMARY KEY (fingerprint, digest)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS transforms (fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL) WITHOUT ROWID;
@@ -137,33 +137,52 @@ class TransformCache:
 
     def get(self, fingerprint: str, digests: Sequence[bytes]) -> dict[bytes, bytes]:
         """The entries of ``digests`` that are there and whole; a damaged one is deleted and left out."""
+        return self.lookup(fingerprint, digests)[0]
+
+    def lookup(self, fingerprint: str, digests: Sequence[bytes]) -> tuple[dict[bytes, bytes], dict[bytes, str]]:
+        """The outputs of ``digests`` that are there and whole, and the inputs recorded as failing (their errors).
+
+        A failure is recorded by an ``on_error = "skip"`` transform (:meth:`put_failures`), so that later epochs
+        leave the sample out without running the function on it again. A damaged entry is deleted, left out.
+        """
         found: dict[bytes, bytes] = {}
+        failed: dict[bytes, str] = {}
         damaged = []
         with self._lock:
             for i in range(0, len(digests), _LOOKUP):
                 chunk = list(dict.fromkeys(digests[i : i + _LOOKUP]))
                 marks = ",".join("?" * len(chunk))
-                sql = f"SELECT digest, data, crc FROM outputs WHERE fingerprint = ? AND digest IN ({marks})"
-                for digest, data, crc in self._conn.execute(sql, (fingerprint, *chunk)):
-                    if zlib.crc32(data) == crc:
-                        found[digest] = data
-                    else:
+                sql = f"SELECT digest, data, crc, error FROM outputs WHERE fingerprint = ? AND digest IN ({marks})"
+                for digest, data, crc, error in self._conn.execute(sql, (fingerprint, *chunk)):
+                    if zlib.crc32(data) != crc or (error is not None and data):
                         damaged.append(digest)
+                    elif error is not None:
+                        failed[digest] = error
+                    else:
+                        found[digest] = data
             if damaged:
                 self._conn.executemany(
                     "DELETE FROM outputs WHERE fingerprint = ? AND digest = ?", [(fingerprint, d) for d in damaged]
                 )
                 self.damaged += len(damaged)
-        return found
+        return found, failed
 
     def put(self, name: str, fingerprint: str, entries: Sequence[tuple[bytes, bytes]]) -> None:
         """Add ``(digest, data)`` entries in one commit (an entry already there is kept)."""
-        rows = [(fingerprint, digest, data, zlib.crc32(data)) for digest, data in entries]
+        self._insert(
+            name, fingerprint, [(fingerprint, digest, data, zlib.crc32(data), None) for digest, data in entries]
+        )
+
+    def put_failures(self, name: str, fingerprint: str, failures: Sequence[tuple[bytes, str]]) -> None:
+        """Record ``(digest, error)``: inputs the transform fails on (no output; its error, for the record)."""
+        self._insert(name, fingerprint, [(fingerprint, digest, b"", zlib.crc32(b""), e) for digest, e in failures])
+
+    def _insert(self, name: str, fingerprint: str, rows: Sequence[tuple[object, ...]]) -> None:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.execute("INSERT OR IGNORE INTO transforms VALUES (?, ?)", (fingerprint, name))
-                self._conn.executemany("INSERT OR IGNORE INTO outputs VALUES (?, ?, ?, ?)", rows)
+                self._conn.executemany("INSERT OR IGNORE INTO outputs VALUES (?, ?, ?, ?, ?)", rows)
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise

@@ -24,10 +24,10 @@ import hashlib
 import multiprocessing
 import os
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from pgprefetch.write.transform.loading import output_fields, resolve
 from pgprefetch.write.transform.outputs import Packed, pack_outputs
 
 Inputs = dict[str, list[Any]]  # each input column's values, one per sample
+T = TypeVar("T")
 
 
 @dataclass
@@ -66,6 +67,14 @@ def rng_seeds(seed: int, epoch: int, name: str, slots: np.ndarray) -> np.ndarray
     for i, row in enumerate(rows):
         out[i] = np.frombuffer(hashlib.blake2b(prefix + row.tobytes(), digest_size=16).digest(), "<u8")
     return out
+
+
+@dataclass(frozen=True)
+class Spared:
+    """A run's outputs less the samples it failed on: ``failed`` holds each one's position in the run and error."""
+
+    outputs: dict[str, Packed]  # the other samples', in their order
+    failed: tuple[tuple[int, str], ...]
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,27 @@ class Loaded:
         except Exception as e:
             raise self._failed(task, e) from None
         return pack_outputs(task.name, self.fields, result, n, lambda i: self.keys.show(task.slots[:, i]))
+
+    def call_sparing(self, task: Task) -> Spared:
+        """:meth:`call`, but a sample it fails on (raising, or returning what its fields cannot hold) is left out.
+
+        The run is called whole first; only when that fails is each sample called alone, to tell the ones that
+        fail from the rest (``on_error = "skip"``).
+        """
+        try:
+            return Spared(self.call(task), ())
+        except TransformError:
+            pass
+        kept: list[dict[str, Packed]] = []
+        failed: list[tuple[int, str]] = []
+        for i in range(task.slots.shape[1]):
+            try:
+                kept.append(self.call(_part(task, np.array([i]))))
+            except TransformError as e:
+                failed.append((i, str(e)))
+        fields = [f.name for f in self.fields]
+        empty = {f.name: Packed(np.zeros(0, np.dtype(f.dtype)), np.zeros(0, np.int64)) for f in self.fields}
+        return Spared({f: Packed.join([k[f] for k in kept]) for f in fields} if kept else empty, tuple(failed))
 
     def _context(self, task: Task, samples: Sequence[int], seeds: np.ndarray | None) -> Context:
         keys = [self.keys.values(task.slots[:, i]) for i in samples]
@@ -151,10 +181,18 @@ def _start(transforms: list[tuple[TransformConfig, tuple[FieldConfig, ...], KeyC
 
 
 def _run(task: Task) -> dict[str, Packed]:
-    loaded = _LOADED[task.name]
+    return _loaded(task.name).call(task)
+
+
+def _run_sparing(task: Task) -> Spared:
+    return _loaded(task.name).call_sparing(task)
+
+
+def _loaded(name: str) -> Loaded:
+    loaded = _LOADED[name]
     if isinstance(loaded, PgprefetchError):
         raise loaded
-    return loaded.call(task)
+    return loaded
 
 
 class Runner:
@@ -184,22 +222,35 @@ class Runner:
 
     async def call(self, task: Task) -> dict[str, Packed]:
         """``task``'s outputs, in its samples' order, from equal runs over the transform's workers."""
-        n = task.slots.shape[1]
         if task.name in self._local:
             return await asyncio.to_thread(self._local[task.name].call, task)
+        outputs = [p for _, p in await self._runs(task, _run)]
+        return {f: Packed.join([o[f] for o in outputs]) for f in outputs[0]} if outputs else {}
+
+    async def call_sparing(self, task: Task) -> Spared:
+        """:meth:`call`, leaving out the samples it fails on (:meth:`Loaded.call_sparing`); positions in ``task``."""
+        if task.name in self._local:
+            return await asyncio.to_thread(self._local[task.name].call_sparing, task)
+        parts = await self._runs(task, _run_sparing)
+        failed = tuple((start + i, error) for start, p in parts for i, error in p.failed)
+        fields = parts[0][1].outputs if parts else {}
+        return Spared({f: Packed.join([p.outputs[f] for _, p in parts]) for f in fields}, failed)
+
+    async def _runs(self, task: Task, run: Callable[[Task], T]) -> list[tuple[int, T]]:
+        """``run`` over equal runs of ``task`` on its transform's workers: each run's start, and its result."""
+        n = task.slots.shape[1]
         pool = self._pools[task.name]
-        runs = np.array_split(np.arange(n), max(1, min(self.workers[task.name], n)))
+        runs = [r for r in np.array_split(np.arange(n), max(1, min(self.workers[task.name], n))) if r.size]
         loop = asyncio.get_running_loop()
         parts = await asyncio.gather(
-            *(loop.run_in_executor(pool, _run, _part(task, r)) for r in runs if r.size), return_exceptions=True
+            *(loop.run_in_executor(pool, run, _part(task, r)) for r in runs), return_exceptions=True
         )
         for p in parts:
             if isinstance(p, BaseException):
                 if isinstance(p, PgprefetchError):
                     raise p
                 raise TransformError(f"transform {task.name}: a worker process failed ({_shown(p)})") from None
-        outputs = [p for p in parts if not isinstance(p, BaseException)]
-        return {f: Packed.join([o[f] for o in outputs]) for f in outputs[0]} if outputs else {}
+        return [(int(r[0]), cast("T", p)) for r, p in zip(runs, parts, strict=True)]
 
 
 def _part(task: Task, run: np.ndarray) -> Task:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shlex
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +37,11 @@ from pgprefetch.errors import ConfigError, SampleError, TransformError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import inputs_statement
+from pgprefetch.sqltext import quote_ident
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.memory.pool import Reservation
+from pgprefetch.write.order.splits import split_keep
 from pgprefetch.write.scan.shape import scan_relation
 from pgprefetch.write.transform.cache import TransformCache, decode_entries, encode_entries
 from pgprefetch.write.transform.loading import fingerprint, output_fields
@@ -48,6 +50,9 @@ from pgprefetch.write.transform.runner import Inputs, Runner, Task
 
 CONNECTIONS = 2  # the stage's own connections: a statement or two a unit, beside the batches'
 UNIT_SECONDS = 1.0  # what a unit's fetch, transforms included, aims at: enough work to hand to the workers
+SWEEP_SAMPLES = 1024  # samples a sweep's step takes at once
+SWEEPS_IN_FLIGHT = 4  # its steps under way at once: the workers kept busy while the next inputs arrive
+LEFT_OUT_SHOWN = 1000  # keys of the samples left out that the manifest lists (it counts them all)
 
 
 @dataclass(frozen=True)
@@ -92,12 +97,28 @@ class Stage:
             for i, t in enumerate(cfg.transforms)
         ]
         self._first: tuple[np.ndarray, dict[str, Packed]] | None = None  # the first batch's, computed ahead
+        self._swept = False  # every sample's deterministic outputs found or computed before the plan
         # What the manifest records of each transform, counted as the units go (this run's units: a resumed
         # epoch counts what it wrote).
         self.summary: dict[str, dict[str, Any]] = {
             t.config.name: {"fingerprint": t.fingerprint, "random": t.config.random, "computed": 0, "cached": 0}
             for t in self._transforms
         }
+
+    @property
+    def skips(self) -> bool:
+        """Whether a transform leaves out the samples it fails on: the epoch is swept before it is planned."""
+        return any(t.config.on_error == "skip" for t in self._transforms)
+
+    async def serve(self, source: BatchSource, *, first: bool = True) -> BatchSource:
+        """``source`` whose units carry the transforms' outputs.
+
+        ``first``: the first batch's outputs computed now: a function that fails on every sample, or returns
+        what its fields cannot hold, stops the dump here, before any batch is written, not midway.
+        """
+        if first:
+            await self.first_batch(source.plan.batch_keys(0, self.cfg.batches.size))
+        return _wrapped(self.cfg, source, self)
 
     async def first_batch(self, keys: np.ndarray) -> None:
         """Compute the first batch's outputs now, before any batch is written; the unit that holds it takes them."""
@@ -110,43 +131,81 @@ class Stage:
             taken = first[0].shape[1]
             rest = await self.unit(1, keys[:, taken:]) if keys.shape[1] > taken else {}
             return {f: Packed.join([p, rest[f]]) if rest else p for f, p in first[1].items()}
-        return await self._computed(batch, keys)
+        return (await self._computed(batch, keys))[0]
 
-    async def _computed(self, batch: int, keys: np.ndarray) -> dict[str, Packed]:
+    async def sweep(self, chunks: AsyncIterator[np.ndarray]) -> np.ndarray:
+        """Every sample's deterministic outputs computed or found, before the epoch is planned: the keys left out.
+
+        ``chunks``: every sample key of the source (``(width, m)`` each). A sample an ``on_error = "skip"``
+        transform fails on is recorded in the cache as failing (later epochs find it there, and run nothing on
+        it) and returned, sorted, for the plan to leave out (``Config.left_out``); its outputs, and every other
+        sample's, are in the cache for the epoch's units to find.
+        """
+        left: list[np.ndarray] = []
+        running: set[asyncio.Task[np.ndarray]] = set()
+        try:
+            async for chunk in chunks:
+                for start in range(0, chunk.shape[1], SWEEP_SAMPLES):
+                    part = np.ascontiguousarray(chunk[:, start : start + SWEEP_SAMPLES])
+                    running.add(asyncio.ensure_future(self._sweep_part(part)))
+                    if len(running) >= SWEEPS_IN_FLIGHT:
+                        done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                        left += [d.result() for d in done]
+            left += await asyncio.gather(*running)
+            running = set()
+        finally:
+            for task in running:
+                task.cancel()
+        out = np.concatenate(left, axis=1) if left else np.zeros((self._keys.width, 0), np.int64)
+        out = out[:, np.lexsort(out[::-1])] if out.size else out
+        for t in self._transforms:
+            if t.config.on_error == "skip":
+                self.summary[t.config.name]["left_out"] = int(out.shape[1])
+                shown = [self._keys.show(out[:, i]) for i in range(min(out.shape[1], LEFT_OUT_SHOWN))]
+                self.summary[t.config.name]["left_out_keys"] = shown
+        self._swept = True
+        return out
+
+    async def _sweep_part(self, keys: np.ndarray) -> np.ndarray:
+        _, failed = await self._computed(-1, keys, sweeping=True)
+        return keys[:, failed]
+
+    async def _computed(
+        self, batch: int, keys: np.ndarray, *, sweeping: bool = False
+    ) -> tuple[dict[str, Packed], np.ndarray]:
+        """The unit's outputs, and the positions of the samples a skipping transform failed on.
+
+        ``sweeping``: only the deterministic transforms run, for the cache and the failures (no outputs).
+        """
         n = keys.shape[1]
-        cached = [t for t in self._transforms if not t.config.random]
-        found: dict[str, dict[bytes, bytes]] = {}
+        transforms = [t for t in self._transforms if not (sweeping and t.config.random)]
+        cached = [t for t in transforms if not t.config.random]
+        found: dict[str, tuple[dict[bytes, bytes], dict[bytes, str]]] = {}
         digests: list[list[bytes]] = []
         if cached and self._cache is not None:
             rows = await self._rows(batch, keys, np.zeros(n, np.int64))
             digests = [cast("list[bytes]", list(column)) for column in rows[1 : 1 + len(self._transforms)]]
             cache = self._cache
             found = {
-                t.config.name: await asyncio.to_thread(cache.get, t.fingerprint, digests[t.digest]) for t in cached
+                t.config.name: await asyncio.to_thread(cache.lookup, t.fingerprint, digests[t.digest]) for t in cached
             }
-        missing = {
-            t.config.name: np.array(
-                [
-                    i
-                    for i in range(n)
-                    if t.config.random or not digests or digests[t.digest][i] not in found[t.config.name]
-                ],
-                np.int64,
-            )
-            for t in self._transforms
-        }
+        missing = {t.config.name: _missing(t, n, digests, found) for t in transforms}
         wanted = np.unique(np.concatenate([*missing.values(), np.zeros(0, np.int64)]))
+        outputs: dict[str, Packed] = {}
+        failed = np.zeros(0, np.int64)
         with memory.current().reserve("transform inputs") as held:  # a unit's, while its transforms run
             inputs = await self._inputs_of(batch, keys, wanted, held) if wanted.size else {}
-            outputs: dict[str, Packed] = {}
-            for t in self._transforms:
+            for t in transforms:
+                lookup = found.get(t.config.name, ({}, {}))
                 try:
-                    outputs |= await self._outputs(
-                        t, keys, missing[t.config.name], wanted, inputs, digests, found.get(t.config.name, {})
+                    own, failing = await self._outputs(
+                        t, keys, missing[t.config.name], wanted, inputs, digests, lookup, sweeping
                     )
                 except TransformError as e:
                     raise self._rerun_hint(t.config, e) from None
-        return outputs
+                outputs |= own
+                failed = np.union1d(failed, failing)
+        return outputs, failed
 
     def _rerun_hint(self, t: TransformConfig, e: TransformError) -> TransformError:
         """``e`` with the command that reruns ``t`` on the failed sample alone (a config from a file only)."""
@@ -155,7 +214,7 @@ class Stage:
         command = ["pgprefetch", "transform", "--config", str(self.cfg.file), "--transform", t.name, "--key", e.sample]
         command += ["--epoch", str(self._epoch)] if t.random else []
         command += ["--split", self.cfg.split] if self.cfg.split is not None else []
-        return TransformError(f"{e}; rerun it alone: {shlex.join(command)}", e.traceback, e.sample)
+        return TransformError(f"{e}; rerun it alone: {shlex.join(command)}", e.traceback, e.sample, t.name)
 
     async def _outputs(
         self,
@@ -165,31 +224,79 @@ class Stage:
         wanted: np.ndarray,
         inputs: Inputs,
         digests: list[list[bytes]],
-        found: dict[bytes, bytes],
-    ) -> dict[str, Packed]:
-        """``t``'s outputs for every sample: found ones decoded, missing ones computed (and cached)."""
+        lookup: tuple[dict[bytes, bytes], dict[bytes, str]],
+        sweeping: bool,
+    ) -> tuple[dict[str, Packed], np.ndarray]:
+        """``t``'s outputs for every sample, found ones decoded and missing ones computed; and where it fails.
+
+        Where it fails: a skipping transform's failures, recorded in the cache now, or found there. Serving a
+        unit, a sample that fails is an error (the plan left out every failing one: this one failed since, or
+        is a check's); sweeping, the outputs are only cached, not returned.
+        """
         n = keys.shape[1]
         name = t.config.name
+        found, failures = lookup
+        known = [i for i in range(n) if digests[t.digest][i] in failures] if failures else []
         computed: dict[str, Packed] = {}
+        failed: dict[int, str] = {i: failures[digests[t.digest][i]] for i in known}
         if missing.size:
-            at = np.searchsorted(wanted, missing)
-            own = {c: [inputs[c][i] for i in at.tolist()] for c in t.config.inputs}
-            task = Task(name, own, np.ascontiguousarray(keys[:, missing]), self._epoch, self.cfg.batches.seed)
-            computed = await self._runner.call(task)
-            if not t.config.random and self._cache is not None:
-                entries = encode_entries(t.fields, computed, np.arange(missing.size))
-                pairs = [(digests[t.digest][i], e) for i, e in zip(missing.tolist(), entries, strict=True)]
-                await asyncio.to_thread(self._cache.put, name, t.fingerprint, pairs)
-        hits = np.setdiff1d(np.arange(n), missing, assume_unique=True)
-        self.summary[name]["computed"] += int(missing.size)
-        self.summary[name]["cached"] += int(hits.size)
+            computed, newly = await self._compute(t, keys, missing, wanted, inputs, digests)
+            failed |= newly
+        hits = np.setdiff1d(np.setdiff1d(np.arange(n), missing, assume_unique=True), known, assume_unique=True)
+        if sweeping or not self._swept or t.config.random:  # a swept epoch's figures are its sweep's
+            self.summary[name]["computed"] += int(missing.size)
+            self.summary[name]["cached"] += int(hits.size + len(known))
+        if failed and not sweeping:
+            first = min(failed)
+            shown = self._keys.show(keys[:, first])
+            raise TransformError(
+                f'{failed[first]} (on_error = "skip" leaves out the samples found failing before the epoch is '
+                "planned; this one was not)",
+                sample=shown,
+                transform=name,
+            )
+        if sweeping:
+            return {}, np.array(sorted(failed), np.int64)
         if not hits.size:
-            return computed
+            return computed, np.zeros(0, np.int64)
         decoded = decode_entries(t.fields, t.dtypes, [found[digests[t.digest][i]] for i in hits.tolist()])
         if not missing.size:
-            return decoded
+            return decoded, np.zeros(0, np.int64)
         order = np.argsort(np.concatenate([hits, missing]), kind="stable")
-        return {f: Packed.join([decoded[f], computed[f]]).take(order) for f in t.fields}
+        return {f: Packed.join([decoded[f], computed[f]]).take(order) for f in t.fields}, np.zeros(0, np.int64)
+
+    async def _compute(
+        self,
+        t: _Transform,
+        keys: np.ndarray,
+        missing: np.ndarray,
+        wanted: np.ndarray,
+        inputs: Inputs,
+        digests: list[list[bytes]],
+    ) -> tuple[dict[str, Packed], dict[int, str]]:
+        """Run ``t`` on the samples at ``missing``: their outputs (the failed ones' left out) cached; the failed.
+
+        A transform that stops on errors raises; a skipping one has its failures recorded in the cache.
+        """
+        name = t.config.name
+        at = np.searchsorted(wanted, missing)
+        own = {c: [inputs[c][i] for i in at.tolist()] for c in t.config.inputs}
+        task = Task(name, own, np.ascontiguousarray(keys[:, missing]), self._epoch, self.cfg.batches.seed)
+        failed: dict[int, str] = {}
+        if t.config.on_error != "skip":
+            computed = await self._runner.call(task)
+        else:
+            spared = await self._runner.call_sparing(task)
+            computed, failed = spared.outputs, {int(missing[i]): e for i, e in spared.failed}
+            if self._cache is not None and spared.failed:
+                errors = [(digests[t.digest][int(missing[i])], e) for i, e in spared.failed]
+                await asyncio.to_thread(self._cache.put_failures, name, t.fingerprint, errors)
+        if not t.config.random and self._cache is not None:
+            done = np.setdiff1d(missing, np.array(list(failed), np.int64), assume_unique=True)
+            entries = encode_entries(t.fields, computed, np.arange(done.size))
+            pairs = [(digests[t.digest][i], e) for i, e in zip(done.tolist(), entries, strict=True)]
+            await asyncio.to_thread(self._cache.put, name, t.fingerprint, pairs)
+        return computed, failed
 
     async def _inputs_of(self, batch: int, keys: np.ndarray, wanted: np.ndarray, held: Reservation) -> Inputs:
         """The input values of the samples at positions ``wanted`` (sorted), in that order (``held``: their bytes)."""
@@ -215,6 +322,17 @@ class Stage:
             )
         order = np.argsort(ordinals)
         return [[column[i] for i in order.tolist()] for column in columns]
+
+
+def _missing(
+    t: _Transform, n: int, digests: list[list[bytes]], found: dict[str, tuple[dict[bytes, bytes], dict[bytes, str]]]
+) -> np.ndarray:
+    """The positions of the samples ``t`` must compute: every one (random), or those the cache has nothing of."""
+    if t.config.random or not digests:
+        return np.arange(n, dtype=np.int64)
+    outputs, failures = found[t.config.name]
+    own = digests[t.digest]
+    return np.array([i for i in range(n) if own[i] not in outputs and own[i] not in failures], np.int64)
 
 
 def _size(v: Any) -> int:
@@ -248,6 +366,33 @@ async def check_inputs(cfg: Config, snap: Snapshot) -> tuple[str, ...]:
                     f"(it returns {', '.join(returned) or 'nothing'})"
                 )
     return input_columns(cfg)
+
+
+async def sample_key_columns(cfg: Config, snap: Snapshot) -> KeyColumns:
+    """The key columns the epoch's plan will have: the keys query's (query mode), or the scan key's."""
+    if cfg.mode == "query":
+        return (await snap.describe(cfg)).keys
+    return KeyColumns(cfg.scan_samples.key)
+
+
+def sample_keys(cfg: Config, snap: Snapshot, keys: KeyColumns) -> AsyncIterator[np.ndarray]:
+    """Every sample key of ``cfg``'s source, in chunks, on ``snap`` (its split's only: the sweep's keys)."""
+    if cfg.mode == "query":
+        chunks = snap.key_chunks(cfg, keys)
+    else:
+        relation = scan_relation(cfg.scan_samples)
+        slots = keys.slot_sql([quote_ident(c) for c in keys.names])
+        where = f"{cfg.file}: " if cfg.file else ""
+        chunks = snap.slot_chunks(f"SELECT {', '.join(slots)} FROM {relation}", keys, f"{where}[samples] table")
+    keep = split_keep(cfg, keys)
+    return chunks if keep is None else _kept(chunks, keep)
+
+
+async def _kept(
+    chunks: AsyncIterator[np.ndarray], keep: Callable[[np.ndarray], np.ndarray]
+) -> AsyncIterator[np.ndarray]:
+    async for chunk in chunks:
+        yield chunk[:, keep(chunk)]
 
 
 def input_columns(cfg: Config) -> tuple[str, ...]:
@@ -284,7 +429,15 @@ async def stage_over(
 
     ``first``: compute the first batch's outputs before yielding (the dump's driver does; its parts do not).
     """
-    keys = source.plan.key_columns
+    async with stage_for(cfg, snapshot, source.plan.key_columns, epoch, cache_folder) as stage:
+        yield await stage.serve(source, first=first)
+
+
+@asynccontextmanager
+async def stage_for(
+    cfg: Config, snapshot: str, keys: KeyColumns, epoch: int, cache_folder: Path | None
+) -> AsyncIterator[Stage]:
+    """The epoch's :class:`Stage` on the exported ``snapshot``: its statement's connections, cache and workers."""
     inputs = input_columns(cfg)
     sql = statement_of(cfg, keys, inputs)
     stage_source = dataclasses.replace(cfg.source, connections=min(CONNECTIONS, cfg.source.connections))
@@ -293,11 +446,7 @@ async def stage_over(
         with _open_cache(cfg, cache_folder) as cache:
             runner.start()
             try:
-                stage = Stage(cfg, reader, cache, runner, keys, inputs, epoch)
-                if first:  # a function that fails on every sample, or returns what its fields cannot hold,
-                    # stops the dump here, before any batch is written, not midway
-                    await stage.first_batch(source.plan.batch_keys(0, cfg.batches.size))
-                yield _wrapped(cfg, source, stage)
+                yield Stage(cfg, reader, cache, runner, keys, inputs, epoch)
             finally:
                 runner.close()
 
