@@ -100,6 +100,11 @@ def test_the_issue_config_parses_as_written(tmp_path: Path) -> None:
         ({"fields.ids.columns": ["title"]}, '[fields.ids]: unknown key "columns"'),
         ({"fields.ids.shape": [3], "fields.ids.max_length": 4}, "[fields.ids] shape: give a fixed shape or max_length"),
         ({"samples.rows": 2}, "transforms take samples of one row each"),
+        ({"transforms.tok.on_error": "ignore"}, "[transforms.tok] on_error: expected one of error, skip"),
+        (
+            {"transforms.tok.on_error": "skip", "transforms.tok.random": True},
+            '[transforms.tok] on_error: "skip" is for deterministic transforms',
+        ),
     ],
 )
 def test_a_transform_config_mistake_is_one_line(changes: dict[str, Any], message: str) -> None:
@@ -290,3 +295,36 @@ def test_a_key_that_is_not_one_is_one_line() -> None:
         parse_key(KeyColumns(("id",)), "idx=4")
     with pytest.raises(ConfigError, match="expected 2 value"):
         parse_key(KeyColumns(("a", "b")), "1")
+
+
+def test_keys_left_out_are_compared_whole_over_every_slot() -> None:
+    from pgprefetch.write.order.splits import among
+
+    keys = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert among(keys, np.array([[2, 4], [6, 9]])).tolist() == [False, True, False, False]
+    assert among(keys[:1], np.array([[2, 4]])).tolist() == [False, True, False, True]
+
+
+def test_a_sparing_call_keeps_the_samples_that_do_not_fail(tmp_path: Path) -> None:
+    (tmp_path / "prep.py").write_text(
+        "def odd(batch, ctx):\n"
+        "    if any(x % 2 for x in batch['x']):\n"
+        "        raise ValueError('odd')\n"
+        "    return {'x2': [2 * x for x in batch['x']]}\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[samples]\nkeys = "SELECT 1"\nquery = "SELECT $1 AS x"\n'
+        '[transforms.t]\nfunction = "prep:odd"\ninputs = ["x"]\nworkers = 0\non_error = "skip"\n'
+        '[fields.x2]\ntransform = "t"\ndtype = "int64"\n[batches]\nsize = 2\n[store]\npath = "s"\n'
+    )
+    runner = Runner(load_config(path), KeyColumns(("id",)))
+    runner.start()
+    try:
+        task = Task("t", {"x": [0, 1, 2, 3, 4]}, np.arange(5, dtype=np.int64)[None, :], 0, 0)
+        spared = asyncio.run(runner.call_sparing(task))
+    finally:
+        runner.close()
+    assert spared.outputs["x2"].values.tolist() == [0, 4, 8]
+    assert [i for i, _ in spared.failed] == [1, 3]
+    assert "sample (id=1): transform t raised ValueError: odd" in spared.failed[0][1]

@@ -367,3 +367,56 @@ def test_the_ray_executor_writes_the_same_bytes_and_shares_the_cache_on_one_mach
     counts = _manifest(again.path, 2)["transforms"]
     assert counts["gpt2"]["computed"] == 0  # every part found the first epoch's outputs
     assert counts["gpt2"]["cached"] == counts["aug"]["computed"] == single.n_samples
+
+
+SKIPPING = (
+    PREP
+    + "\ndef picky(batch, ctx):\n"
+    + "    with open(ctx.options['log'] + '.tried', 'a') as tried:\n"
+    + "        tried.write(f\"{len(batch['body'])}\\n\")\n"
+    + "    if any(len(b) % 7 == 0 for b in batch['body']):\n"
+    + "        raise ValueError('a multiple of seven')\n"
+    + "    return words(batch, ctx)\n"
+)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["query", "scan"])
+def test_a_skipping_transform_leaves_out_the_samples_it_fails_on_in_every_epoch(
+    docs: tuple[str, int], tmp_path: Path, scan: bool
+) -> None:
+    db, n = docs
+    log = tmp_path / "calls"
+    transforms = WORDS.format(workers=2, log=log).replace("prep:words", "prep:picky") + 'on_error = "skip"\n'
+    config = _config(tmp_path / "c", transforms, WORDS_FIELDS, prep=SKIPPING, scan=scan)
+    failing = {key for key, text in bodies(db).items() if len(text) % 7 == 0}
+    assert 0 < len(failing) < n
+    first = dump(config, db, epoch=0)
+    words = _by_key(first.path, 0, "n_words")
+    assert set(words) == set(bodies(db)) - failing  # every other sample, each once
+    assert all(words[k] == len(t.split()) for k, t in bodies(db).items() if k not in failing)
+    record = _manifest(first.path, 0)["transforms"]["w"]
+    assert record["left_out"] == len(failing)
+    assert record["left_out_keys"] == [f"id={k}" for k in sorted(failing)]
+    code, out = run_cli("ls", "--config", str(config), "--json")
+    assert code == 0
+    assert json.loads(out)["epochs"][0]["left_out"] == len(failing)
+    tried = Path(f"{log}.tried")
+    tried.unlink()
+    second = dump(config, db, epoch=1)
+    assert not tried.exists()  # the outputs were cached and the failures recorded: nothing ran again
+    assert set(_by_key(second.path, 1, "n_words")) == set(words)
+    fixed = min(failing)
+    execute(db, f"UPDATE docs SET body = body || 'x' WHERE id = {fixed}")  # a length no longer a multiple of 7
+    third = dump(config, db, epoch=2)
+    assert fixed in _by_key(third.path, 2, "n_words")
+    assert _manifest(third.path, 2)["transforms"]["w"]["left_out"] == len(failing) - 1
+
+
+def test_check_notes_the_samples_a_skipping_transform_would_leave_out(docs: tuple[str, int], tmp_path: Path) -> None:
+    db, _ = docs
+    transforms = WORDS.format(workers=0, log=tmp_path / "log").replace("prep:words", "prep:picky")
+    config = _config(tmp_path / "c", transforms + 'on_error = "skip"\n', WORDS_FIELDS, prep=SKIPPING, size=64)
+    code, out = run_cli("check", "--config", str(config), "--dsn", db)
+    assert code == 0, out
+    assert 'hold samples a transform with on_error = "skip" fails on, which the dump leaves out' in out
+    assert "ValueError: a multiple of seven" in out
