@@ -264,11 +264,11 @@ def test_the_runner_places_outputs_by_position_whoever_ran_them(tmp_path: Path, 
         '[batches]\nsize = 2\n[store]\npath = "s"\n'
     )
     cfg = load_config(path)
-    runner = Runner(cfg, KeyColumns(("id",)))
+    runner = Runner(cfg)
     runner.start()
     try:
         n = 101
-        task = Task("t", {"x": list(range(n))}, np.arange(n, dtype=np.int64)[None, :], 0, 0)
+        task = Task("t", {"x": list(range(n))}, np.arange(n, dtype=np.int64)[None, :], 0, 0, KeyColumns(("id",)))
         out = asyncio.run(runner.call(task))
     finally:
         runner.close()
@@ -318,10 +318,10 @@ def test_a_sparing_call_keeps_the_samples_that_do_not_fail(tmp_path: Path) -> No
         '[transforms.t]\nfunction = "prep:odd"\ninputs = ["x"]\nworkers = 0\non_error = "skip"\n'
         '[fields.x2]\ntransform = "t"\ndtype = "int64"\n[batches]\nsize = 2\n[store]\npath = "s"\n'
     )
-    runner = Runner(load_config(path), KeyColumns(("id",)))
+    runner = Runner(load_config(path))
     runner.start()
     try:
-        task = Task("t", {"x": [0, 1, 2, 3, 4]}, np.arange(5, dtype=np.int64)[None, :], 0, 0)
+        task = Task("t", {"x": [0, 1, 2, 3, 4]}, np.arange(5, dtype=np.int64)[None, :], 0, 0, KeyColumns(("id",)))
         spared = asyncio.run(runner.call_sparing(task))
     finally:
         runner.close()

@@ -420,3 +420,46 @@ def test_check_notes_the_samples_a_skipping_transform_would_leave_out(docs: tupl
     assert code == 0, out
     assert 'hold samples a transform with on_error = "skip" fails on, which the dump leaves out' in out
     assert "ValueError: a multiple of seven" in out
+
+
+def _mixed_config(folder: Path, transforms: str, fields: str, prep: str = SKIPPING) -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / "prep.py").write_text(prep)
+    path = folder / "c.toml"
+    path.write_text(
+        "[source]\nconnections = 3\n"
+        '[samples.odd]\nkeys = "SELECT id FROM docs WHERE id % 2 = 1"\n'
+        'query = "SELECT body, year FROM docs WHERE id = $1"\n'
+        '[samples.even]\ntable = "SELECT id, body, year FROM docs WHERE id % 2 = 0"\nkey = ["id"]\n'
+        f'{transforms}[fields.year]\ncolumns = ["year"]\ndtype = "int16"\n{fields}'
+        '[batches]\nsize = 16\n[store]\npath = "store.zarr"\n'
+    )
+    return path
+
+
+def test_a_mixed_epoch_transforms_each_source_and_keeps_its_shares_while_skipping(
+    docs: tuple[str, int], tmp_path: Path
+) -> None:
+    db, _ = docs
+    picky = WORDS.format(workers=2, log=tmp_path / "log").replace("prep:words", "prep:picky") + 'on_error = "skip"\n'
+    config = _mixed_config(tmp_path / "m", picky + NOISE.format(workers=1), WORDS_FIELDS + NOISE_FIELDS)
+    result = dump(config, db, epoch=0)
+    texts = bodies(db)
+    failing = {k for k, t in texts.items() if len(t) % 7 == 0}
+    a = EpochArrays(_store(result.path), 0)
+    record = a.manifest["transforms"]["w"]
+    assert record["left_out"] == len(failing)
+    for b in range(len(a)):
+        batch = a.batch(b, keys=True)
+        keys, sources = batch["keys"][:, 0].tolist(), batch["source"].tolist()
+        assert sources.count(0) == sources.count(1) == 8  # weights 1:1: each batch holds each source's share
+        for i, key in enumerate(keys):
+            assert key not in failing
+            assert key % 2 == (1 if sources[i] == 0 else 0)  # odd from the query source, even from the table
+            assert batch["n_words"][i] == len(texts[key].split())
+            seeds = rng_seeds(0, 0, "aug", np.array([[key]], np.int64), "odd" if sources[i] == 0 else "even")[0]
+            drawn = np.random.Generator(np.random.Philox(key=[int(s) for s in seeds])).random(2)
+            assert batch["noise"][i].tolist() == drawn.tolist()
+    in_process = picky.replace("workers = 2", "workers = 0") + NOISE.format(workers=0)
+    again = _mixed_config(tmp_path / "w0", in_process, WORDS_FIELDS + NOISE_FIELDS)
+    assert chunk_bytes(dump(again, db, epoch=0).path) == chunk_bytes(result.path)

@@ -355,6 +355,8 @@ class Config:
     left_out: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
     """The sample keys (``(n_slots, n)`` int64, sorted) an epoch leaves out: those an ``on_error = "skip"``
     transform failed on, found before the epoch is planned. Set by the dump for one epoch; never in a file."""
+    left_out_by_source: tuple[tuple[str, np.ndarray], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    """A mixed epoch's ``left_out``, per source (each source's keys are its own)."""
 
     @property
     def column_fields(self) -> tuple[FieldConfig, ...]:
@@ -376,7 +378,10 @@ class Config:
         Each source is read, ordered and decoded by the machinery of its own mode with this config.
         """
         assert self.mix is not None
-        return dataclasses.replace(self, samples=self.mix.source(name).samples, mix=None)
+        left_out = dict(self.left_out_by_source).get(name)
+        return dataclasses.replace(
+            self, samples=self.mix.source(name).samples, mix=None, left_out=left_out, left_out_by_source=()
+        )
 
     @property
     def mode(self) -> str:

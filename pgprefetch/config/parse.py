@@ -85,9 +85,9 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
         p.variable_lengths(samples_cfg, fields_cfg)
     transforms = parse_transforms(p, raw["transforms"]) if "transforms" in raw else ()
     check_transform_fields(p, fields_cfg, transforms)
-    if transforms:
-        if mix is not None:
-            p.fail("[transforms]", "a mixed epoch's sources take no transforms yet: dump each source's store apart")
+    for s in mix.sources if mix is not None and transforms else ():
+        check_samples_fit(p, s.samples, f"samples.{s.name}")
+    if transforms and mix is None:
         check_samples_fit(p, samples_cfg, "samples")
     splits = p.splits(raw["splits"]) if "splits" in raw else None
     if splits is not None and splits.by == "order":

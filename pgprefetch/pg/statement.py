@@ -186,7 +186,7 @@ def inputs_statement(
         source += f"CROSS JOIN LATERAL (\n{replace_params(query, lambda n: values[n - 1])}\n) AS {Q}"
     else:
         on = " AND ".join(f"{Q}.{quote_ident(c)} = {K}.{n}" for c, n in zip(keys.names, names, strict=True))
-        source += f"JOIN {relation} AS {Q} ON {on}"
+        source += f"JOIN (SELECT * FROM {relation}) AS {Q} ON {on}"  # (a SELECT as [samples] table: its own alias)
     selects = [f"{K}.ord::int4"]
     selects += [f"sha256(record_send(ROW({', '.join(f'{Q}.{quote_ident(c)}' for c in d)})))" for d in digests]
     selects += [f"CASE WHEN {K}.{WANT} = 1 THEN {Q}.{quote_ident(c)} END" for c in inputs]

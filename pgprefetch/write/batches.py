@@ -70,6 +70,7 @@ class BatchSource:
     extra_arrays: tuple[tuple[str, np.dtype, tuple[int, ...]], ...] = ()  # filled by produce beside the layout's
     records: dict[str, Any] | None = None  # what the manifest records beyond the plan (a mixed epoch's sources)
     unit_seconds: float = UNIT_SECONDS  # the fetch time units aim at (:class:`~pgprefetch.write.schedule.Units`)
+    slot_sources: np.ndarray | None = None  # a mixed epoch: each sample's source code, in epoch order
 
     @property
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:

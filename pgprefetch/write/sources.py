@@ -26,6 +26,7 @@ from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.strategy import open_scan
 from pgprefetch.write.scan.whole import ScanRead, scan_source
 from pgprefetch.write.spill.folder import SpillFolder
+from pgprefetch.write.transform.mixed import mixed_stages
 from pgprefetch.write.transform.stage import check_inputs, sample_key_columns, sample_keys, stage_for
 
 
@@ -73,6 +74,13 @@ async def open_source(
             yield source
         return
     assert snap is not None, "an epoch with transforms has its snapshot (ReadCache.covers)"
+    if cfg.mix is not None:
+        async with mixed_stages(cfg, snap, epoch, transforms_cache) as stages:
+            if stages.skips and write:  # each source's failing samples left out before the mix is planned
+                cfg = await stages.sweep(cfg, snap)
+            async with _opened(cfg, epoch, snap, cache, spill, write, progress, vocabulary, executor) as source:
+                yield await stages.serve(source, first=write) if isinstance(source, BatchSource) else source
+        return
     keys = await sample_key_columns(cfg, snap)
     await check_inputs(cfg, snap)
     async with stage_for(cfg, snap.id, keys, epoch, transforms_cache) as stage:

@@ -412,7 +412,7 @@ def _batch_source(
     return BatchSource(
         plan, layout, snap.id, snap.server_version, rows, fetch, produce, concurrency, threads, unit,
         extra_arrays=((SOURCE_ARRAY, np.dtype(np.int8), ()),), records={"sources": [s.name for s in _all(cfg)],
-        "source_array": SOURCE_ARRAY, "mix": record},
+        "source_array": SOURCE_ARRAY, "mix": record}, slot_sources=codes,
     )  # fmt: skip
 
 

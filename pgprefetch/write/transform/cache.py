@@ -13,8 +13,9 @@ the cache as of its last commit), readers beside a writer (WAL; two dumps on one
 other's commits, not on a lock file), and lookups by key without an index in memory. Its page cache is
 capped (``CACHE_KIB``), counted in ``--memory`` as the dump's fixed costs are.
 
-The file lives in the store's folder (``<store>/.transforms/``) for a local store, so that it goes where the
-epochs go and ``pgprefetch cache --clear`` finds it; for an object store, in ``--scratch``'s folder, else
+The file lives in the store's own folder (``<store>/.pgprefetch/transforms/``) for a local store, so that it goes
+where the epochs go, a failed first dump's store goes with it, and ``pgprefetch cache --clear`` finds it; for an
+object store, in ``--scratch``'s folder, else
 in ``$XDG_CACHE_HOME/pgprefetch`` (``~/.cache``) under a hash of the store's URL: an object store has no
 place for a file updated a row at a time.
 """
@@ -37,11 +38,11 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.errors import StoreError
-from pgprefetch.store.base import Store
+from pgprefetch.store.base import META_DIR, Store
 from pgprefetch.write.transform.outputs import Packed
 
 FILE = "transforms.sqlite3"
-FOLDER = ".transforms"  # beside the epochs of a local store
+FOLDER = f"{META_DIR}/transforms"  # in a local store's own folder: it goes where the store goes
 CACHE_KIB = 4096  # SQLite's page cache: what the cache holds of --memory
 _SIDE_FILES = ("", "-wal", "-shm", "-journal")
 _SCHEMA = """
@@ -213,13 +214,20 @@ class TransformCache:
 
 
 def _refuse_links(folder: Path, create: bool) -> None:
-    """The cache's folder made (0700) if need be, neither it nor its files a link (a planted one is refused)."""
+    """The cache's folder made (0700) if need be; neither it, the folder it is in, nor its files a link.
+
+    A link planted where the cache is (or where a local store's ``.pgprefetch`` is) would have SQLite write
+    wherever it points; it is refused instead.
+    """
+    for path in (folder.parent, folder):
+        if path.is_symlink():
+            raise StoreError(f"refusing the transform cache: {path} is a link")
     if create:
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot make the transform cache's folder {folder}: {e.strerror or e}") from None
-    for path in (folder, *(folder / f"{FILE}{side}" for side in _SIDE_FILES)):
+    for path in (folder.parent, folder, *(folder / f"{FILE}{side}" for side in _SIDE_FILES)):
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:

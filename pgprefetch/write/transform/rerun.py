@@ -68,5 +68,5 @@ async def rerun(cfg: Config, name: str, key: str, epoch: int = 0) -> dict[str, P
     values = {c: input_value(rows[first + j][0]) for j, c in enumerate(inputs)}
     t = cfg.transform(name)
     where = f"{cfg.file}: [transforms.{name}]" if cfg.file else f"[transforms.{name}]"
-    loaded = Loaded(t, output_fields(cfg, name), keys, where)
-    return loaded.call(Task(name, {c: [values[c]] for c in t.inputs}, slots, epoch, cfg.batches.seed))
+    loaded = Loaded(t, output_fields(cfg, name), where)
+    return loaded.call(Task(name, {c: [values[c]] for c in t.inputs}, slots, epoch, cfg.batches.seed, keys))

@@ -20,6 +20,7 @@ the sample, and another epoch draws anew.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -59,9 +60,14 @@ class Context:
         return np.random.Generator(np.random.Philox(key=[int(k) for k in self._seeds[i]]))
 
 
-def rng_seeds(seed: int, epoch: int, name: str, slots: np.ndarray) -> np.ndarray:
-    """Each sample's 128-bit Philox key (``(n, 2)`` uint64) from its key slots (``(width, n)`` int64)."""
+def rng_seeds(seed: int, epoch: int, name: str, slots: np.ndarray, source: str | None = None) -> np.ndarray:
+    """Each sample's 128-bit Philox key (``(n, 2)`` uint64) from its key slots (``(width, n)`` int64).
+
+    ``source``: a mixed epoch's source of the samples, so that equal keys of two tables draw apart.
+    """
     prefix = f"pgprefetch.rng\0{seed}\0{epoch}\0{name}\0".encode()
+    if source is not None:
+        prefix += f"source\0{source}\0".encode()
     rows = np.ascontiguousarray(slots.T.astype("<i8"))
     out = np.empty((rows.shape[0], 2), np.uint64)
     for i, row in enumerate(rows):
@@ -86,13 +92,19 @@ class Task:
     slots: np.ndarray  # (width, n) int64
     epoch: int
     seed: int
+    keys: KeyColumns  # how the slots read: ctx.keys, and the key an error names
+    source: str | None = None  # a mixed epoch's source of the samples (None: the config's one source)
+
+    def seeds(self) -> np.ndarray:
+        """Each sample's generator key (:func:`rng_seeds`)."""
+        return rng_seeds(self.seed, self.epoch, self.name, self.slots, self.source)
 
 
 class Loaded:
     """A transform ready to call: its function, its set-up's state, the fields it fills, how keys read."""
 
-    def __init__(self, t: TransformConfig, fields: tuple[FieldConfig, ...], keys: KeyColumns, where: str) -> None:
-        self.config, self.fields, self.keys = t, fields, keys
+    def __init__(self, t: TransformConfig, fields: tuple[FieldConfig, ...], where: str) -> None:
+        self.config, self.fields = t, fields
         self.function = resolve(t.function, t.folder, where)
         setup = resolve(t.setup, t.folder, where) if t.setup is not None else None
         try:
@@ -103,12 +115,12 @@ class Loaded:
     def call(self, task: Task) -> dict[str, Packed]:
         """Run the function on ``task``'s samples and pack its outputs; an error names the sample."""
         n = task.slots.shape[1]
-        seeds = rng_seeds(task.seed, task.epoch, task.name, task.slots) if self.config.random else None
+        seeds = task.seeds() if self.config.random else None
         try:
             result = self.function(task.inputs, self._context(task, range(n), seeds))
         except Exception as e:
             raise self._failed(task, e) from None
-        return pack_outputs(task.name, self.fields, result, n, lambda i: self.keys.show(task.slots[:, i]))
+        return pack_outputs(task.name, self.fields, result, n, lambda i: task.keys.show(task.slots[:, i]))
 
     def call_sparing(self, task: Task) -> Spared:
         """:meth:`call`, but a sample it fails on (raising, or returning what its fields cannot hold) is left out.
@@ -132,7 +144,7 @@ class Loaded:
         return Spared({f: Packed.join([k[f] for k in kept]) for f in fields} if kept else empty, tuple(failed))
 
     def _context(self, task: Task, samples: Sequence[int], seeds: np.ndarray | None) -> Context:
-        keys = [self.keys.values(task.slots[:, i]) for i in samples]
+        keys = [task.keys.values(task.slots[:, i]) for i in samples]
         own = seeds[list(samples)] if seeds is not None else np.zeros((0, 2), np.uint64)
         outputs = tuple(f.name for f in self.fields)
         return Context(keys, task.epoch, self.state, self.config.option_values, outputs, own)
@@ -140,7 +152,7 @@ class Loaded:
     def _failed(self, task: Task, error: Exception) -> TransformError:
         """The error of a call: the first sample that raises alone names it (else the run's first sample)."""
         n = task.slots.shape[1]
-        seeds = rng_seeds(task.seed, task.epoch, task.name, task.slots) if self.config.random else None
+        seeds = task.seeds() if self.config.random else None
         for i in range(n) if n > 1 else ():
             alone = {c: v[i : i + 1] for c, v in task.inputs.items()}
             try:
@@ -149,11 +161,11 @@ class Loaded:
                 return self._error(task, i, e)
         if n == 1:
             return self._error(task, 0, error)
-        named = f"samples ({self.keys.show(task.slots[:, 0])}) and the {n - 1} after it (none fails alone)"
+        named = f"samples ({task.keys.show(task.slots[:, 0])}) and the {n - 1} after it (none fails alone)"
         return TransformError(f"{named}: transform {task.name} raised {_shown(error)}", _traceback(error))
 
     def _error(self, task: Task, i: int, e: Exception) -> TransformError:
-        shown = self.keys.show(task.slots[:, i])
+        shown = task.keys.show(task.slots[:, i])
         return TransformError(f"sample ({shown}): transform {task.name} raised {_shown(e)}", _traceback(e), shown)
 
 
@@ -170,12 +182,12 @@ def _shown(e: BaseException) -> str:
 _LOADED: dict[str, Loaded | PgprefetchError] = {}
 
 
-def _start(transforms: list[tuple[TransformConfig, tuple[FieldConfig, ...], KeyColumns, str]]) -> None:
+def _start(transforms: list[tuple[TransformConfig, tuple[FieldConfig, ...], str]]) -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"  # read by a tokenizer's thread pool at its first use
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    for t, fields, keys, where in transforms:
+    for t, fields, where in transforms:
         try:
-            _LOADED[t.name] = Loaded(t, fields, keys, where)
+            _LOADED[t.name] = Loaded(t, fields, where)
         except PgprefetchError as e:  # raised by its first task: an initializer that raises breaks the pool
             _LOADED[t.name] = e
 
@@ -198,9 +210,9 @@ def _loaded(name: str) -> Loaded:
 class Runner:
     """Calls transforms on runs of samples: in this process (``workers = 0``) or over worker processes."""
 
-    def __init__(self, cfg: Config, keys: KeyColumns) -> None:
+    def __init__(self, cfg: Config) -> None:
         where = f"{cfg.file}: " if cfg.file else ""
-        self._specs = [(t, output_fields(cfg, t.name), keys, f"{where}[transforms.{t.name}]") for t in cfg.transforms]
+        self._specs = [(t, output_fields(cfg, t.name), f"{where}[transforms.{t.name}]") for t in cfg.transforms]
         self._local: dict[str, Loaded] = {}
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self.workers = {t.name: _workers(t) for t in cfg.transforms}
@@ -255,14 +267,15 @@ class Runner:
 
 def _part(task: Task, run: np.ndarray) -> Task:
     lo, hi = int(run[0]), int(run[-1]) + 1
-    return Task(task.name, {c: v[lo:hi] for c, v in task.inputs.items()}, task.slots[:, lo:hi], task.epoch, task.seed)
+    inputs = {c: v[lo:hi] for c, v in task.inputs.items()}
+    return dataclasses.replace(task, inputs=inputs, slots=task.slots[:, lo:hi])
 
 
 def _workers(t: TransformConfig) -> int:
     return t.workers if t.workers is not None else (os.cpu_count() or 1)
 
 
-def _pool(workers: int, spec: tuple[TransformConfig, tuple[FieldConfig, ...], KeyColumns, str]) -> ProcessPoolExecutor:
+def _pool(workers: int, spec: tuple[TransformConfig, tuple[FieldConfig, ...], str]) -> ProcessPoolExecutor:
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     return ProcessPoolExecutor(workers, mp_context=context, initializer=_start, initargs=([spec],))

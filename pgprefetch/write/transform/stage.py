@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shlex
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +76,7 @@ class Stage:
         keys: KeyColumns,
         inputs: tuple[str, ...],
         epoch: int,
+        source: str | None = None,
     ) -> None:
         self.cfg, self._reader, self._cache, self._runner, self._keys, self._epoch = (
             cfg,
@@ -86,6 +87,7 @@ class Stage:
             epoch,
         )
         self._inputs = inputs
+        self.source = source  # a mixed epoch's source this stage serves (None: the config's one source)
         self._transforms = [
             _Transform(
                 t,
@@ -106,6 +108,11 @@ class Stage:
         }
 
     @property
+    def keys(self) -> KeyColumns:
+        """How its samples' key slots read."""
+        return self._keys
+
+    @property
     def skips(self) -> bool:
         """Whether a transform leaves out the samples it fails on: the epoch is swept before it is planned."""
         return any(t.config.on_error == "skip" for t in self._transforms)
@@ -118,7 +125,7 @@ class Stage:
         """
         if first:
             await self.first_batch(source.plan.batch_keys(0, self.cfg.batches.size))
-        return _wrapped(self.cfg, source, self)
+        return wrapped(self.cfg, source, lambda batch, keys, _: self.unit(batch, keys), self.summary)
 
     async def first_batch(self, keys: np.ndarray) -> None:
         """Compute the first batch's outputs now, before any batch is written; the unit that holds it takes them."""
@@ -281,7 +288,8 @@ class Stage:
         name = t.config.name
         at = np.searchsorted(wanted, missing)
         own = {c: [inputs[c][i] for i in at.tolist()] for c in t.config.inputs}
-        task = Task(name, own, np.ascontiguousarray(keys[:, missing]), self._epoch, self.cfg.batches.seed)
+        slots = np.ascontiguousarray(keys[:, missing])
+        task = Task(name, own, slots, self._epoch, self.cfg.batches.seed, self._keys, self.source)
         failed: dict[int, str] = {}
         if t.config.on_error != "skip":
             computed = await self._runner.call(task)
@@ -438,17 +446,43 @@ async def stage_for(
     cfg: Config, snapshot: str, keys: KeyColumns, epoch: int, cache_folder: Path | None
 ) -> AsyncIterator[Stage]:
     """The epoch's :class:`Stage` on the exported ``snapshot``: its statement's connections, cache and workers."""
+    async with (
+        transform_tools(cfg, cache_folder) as (runner, cache),
+        source_stage(cfg, snapshot, keys, epoch, runner, cache) as stage,
+    ):
+        yield stage
+
+
+@asynccontextmanager
+async def transform_tools(
+    cfg: Config, cache_folder: Path | None
+) -> AsyncIterator[tuple[Runner, TransformCache | None]]:
+    """The workers and the cache the epoch's stages share (a mixed epoch has a stage per source)."""
+    runner = Runner(cfg)
+    with _open_cache(cfg, cache_folder) as cache:
+        runner.start()
+        try:
+            yield runner, cache
+        finally:
+            runner.close()
+
+
+@asynccontextmanager
+async def source_stage(
+    cfg: Config,
+    snapshot: str,
+    keys: KeyColumns,
+    epoch: int,
+    runner: Runner,
+    cache: TransformCache | None,
+    source: str | None = None,
+) -> AsyncIterator[Stage]:
+    """The stage of one source (``cfg``: its config) over shared workers and cache: its statement's connections."""
     inputs = input_columns(cfg)
     sql = statement_of(cfg, keys, inputs)
     stage_source = dataclasses.replace(cfg.source, connections=min(CONNECTIONS, cfg.source.connections))
-    runner = Runner(cfg, keys)
     async with BatchReader.open(stage_source, snapshot, sql, row_wise=True) as reader:
-        with _open_cache(cfg, cache_folder) as cache:
-            runner.start()
-            try:
-                yield Stage(cfg, reader, cache, runner, keys, inputs, epoch)
-            finally:
-                runner.close()
+        yield Stage(cfg, reader, cache, runner, keys, inputs, epoch, source)
 
 
 def _open_cache(cfg: Config, folder: Path | None) -> AbstractContextManager[TransformCache | None]:
@@ -457,14 +491,26 @@ def _open_cache(cfg: Config, folder: Path | None) -> AbstractContextManager[Tran
     return TransformCache.open(folder)
 
 
-def _wrapped(cfg: Config, source: BatchSource, stage: Stage) -> BatchSource:
-    """``source`` whose ``fetch`` also computes the unit's outputs, and whose ``produce`` also places them."""
+UnitOutputs = Callable[[int, np.ndarray, np.ndarray | None], Awaitable[dict[str, Packed]]]
+"""A unit's outputs from its first batch, its keys and (a mixed epoch) each sample's source code."""
+
+
+def wrapped(cfg: Config, source: BatchSource, outputs_of: UnitOutputs, summary: dict[str, Any]) -> BatchSource:
+    """``source`` whose ``fetch`` also computes the unit's outputs, and whose ``produce`` also places them.
+
+    ``summary``: what the manifest records of the transforms (``transforms``), filled as the units go.
+    """
     size = cfg.batches.size
     fields = {f.name: f for f in cfg.fields if f.transform is not None}
 
     async def fetch(batch: int, count: int) -> object:
         keys = source.plan.batch_keys(batch, size, count)
-        inner, outputs = await asyncio.gather(source.fetch(batch, count), stage.unit(batch, keys))
+        codes = (
+            source.slot_sources[batch * size : batch * size + keys.shape[1]]
+            if source.slot_sources is not None
+            else None
+        )
+        inner, outputs = await asyncio.gather(source.fetch(batch, count), outputs_of(batch, keys, codes))
         held = memory.current().reserve("transform outputs")  # a unit's, from its fetch until it is produced
         held.grow(sum(p.values.nbytes + p.lengths.nbytes for p in outputs.values()))
         return inner, outputs, held
@@ -478,5 +524,5 @@ def _wrapped(cfg: Config, source: BatchSource, stage: Stage) -> BatchSource:
                 fill_field(f, packed, buffers[name], buffers[f.length_array] if f.length_array else None)
 
     # (the summary's counts grow as units are written: the manifest, written last, has the final ones)
-    records = (source.records or {}) | {"transforms": stage.summary}
+    records = (source.records or {}) | {"transforms": summary}
     return dataclasses.replace(source, fetch=fetch, produce=produce, records=records, unit_seconds=UNIT_SECONDS)
