@@ -463,3 +463,26 @@ def test_a_mixed_epoch_transforms_each_source_and_keeps_its_shares_while_skippin
     in_process = picky.replace("workers = 2", "workers = 0") + NOISE.format(workers=0)
     again = _mixed_config(tmp_path / "w0", in_process, WORDS_FIELDS + NOISE_FIELDS)
     assert chunk_bytes(dump(again, db, epoch=0).path) == chunk_bytes(result.path)
+
+
+def test_a_mixed_epoch_s_error_names_the_source_and_its_rerun_takes_it(docs: tuple[str, int], tmp_path: Path) -> None:
+    db, _ = docs
+    failing = (
+        PREP + "\ndef fails(batch, ctx):\n    if any(k[0] == 150 for k in ctx.keys):\n        raise ValueError('no')\n"
+    )
+    failing += "    return words(batch, ctx)\n"
+    transforms = WORDS.format(workers=0, log=tmp_path / "log").replace("prep:words", "prep:fails")
+    config = _mixed_config(tmp_path / "m", transforms, WORDS_FIELDS, prep=failing)
+    code, out = run_cli("dump", "--config", str(config), "--dsn", db, "--epoch", "0")
+    assert code == 1
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("Error: sample (id=150) of source even: transform w raised ValueError: no; rerun it")
+    assert line.endswith("--transform w --key id=150 --source even")
+    code, out = run_cli(
+        "transform", "--config", str(config), "--dsn", db, "--transform", "w", "--key", "id=150", "--source", "even"
+    )
+    assert code == 1
+    assert "in fails" in out
+    code, out = run_cli("transform", "--config", str(config), "--dsn", db, "--transform", "w", "--key", "id=151")
+    assert code == 2
+    assert "--source: a mixed config's sample is of one of its sources (odd, even)" in out

@@ -25,7 +25,10 @@ from pgprefetch.config.values import show_size
 @click.option("--transform", "name", required=True, metavar="NAME", help="The [transforms.NAME] to run.")
 @click.option("--key", required=True, help="The sample's key as an error names it: id=4 (a=1, b=2 for several).")
 @click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True, help="A random transform's epoch.")
-def transform(config_path: Path, split: str | None, dsn: str | None, name: str, key: str, epoch: int) -> None:
+@click.option("--source", metavar="NAME", help="A mixed config's source the sample is of ([samples.NAME]).")
+def transform(
+    config_path: Path, split: str | None, dsn: str | None, name: str, key: str, epoch: int, source: str | None
+) -> None:
     """Run one transform on one sample in this process and print its outputs (or its traceback): a dump's rerun."""
     from pgprefetch.config.load import load_config
     from pgprefetch.errors import TransformError
@@ -33,7 +36,7 @@ def transform(config_path: Path, split: str | None, dsn: str | None, name: str, 
 
     cfg = load_config(config_path, dsn=dsn, split=split)
     try:
-        outputs = asyncio.run(rerun(cfg, name, key, epoch))
+        outputs = asyncio.run(rerun(cfg, name, key, epoch, source))
     except TransformError as e:
         if e.traceback:
             click.echo(e.traceback.rstrip(), err=True)

@@ -50,17 +50,27 @@ def _slots(value: str, name: str, is_uuid: bool, time: str, text: str) -> list[i
     return [int(slot)]
 
 
-async def rerun(cfg: Config, name: str, key: str, epoch: int = 0) -> dict[str, Packed]:
-    """Transform ``name``'s outputs for the one sample ``key``; its error, with the traceback, if it fails."""
+async def rerun(cfg: Config, name: str, key: str, epoch: int = 0, source: str | None = None) -> dict[str, Packed]:
+    """Transform ``name``'s outputs for the one sample ``key``; its error, with the traceback, if it fails.
+
+    ``source``: a mixed config's source the sample is of (required there).
+    """
+    if cfg.mix is not None:
+        names = [s.name for s in cfg.mix.sources]
+        if source not in names:
+            raise ConfigError(f"--source: a mixed config's sample is of one of its sources ({', '.join(names)})")
+        cfg = cfg.for_source(source)
+    elif source is not None:
+        raise ConfigError("--source names a source of a mixed config ([samples.NAME]); this config has one")
     if name not in {t.name for t in cfg.transforms}:
         known = ", ".join(t.name for t in cfg.transforms) or "none"
         raise ConfigError(f"no [transforms.{name}] in {cfg.file or 'the config'} (transforms: {known})")
-    source = dataclasses.replace(cfg.source, connections=1)
-    async with Snapshot.open(source) as snap:
+    one = dataclasses.replace(cfg.source, connections=1)
+    async with Snapshot.open(one) as snap:
         keys = (await snap.describe(cfg)).keys if cfg.mode == "query" else KeyColumns(cfg.scan_samples.key)
         slots = parse_key(keys, key)
         inputs = await check_inputs(cfg, snap)
-        async with BatchReader.open(source, snap.id, statement_of(cfg, keys, inputs), row_wise=True) as reader:
+        async with BatchReader.open(one, snap.id, statement_of(cfg, keys, inputs), row_wise=True) as reader:
             rows = cast("Sequence[Sequence[Any]]", await reader.fetch(0, np.vstack([slots, [[1]]])))
     if not rows or not rows[0]:
         raise SampleError(f"no sample ({keys.show(slots[:, 0])}) in {cfg.file or 'the config'}'s [samples]")
@@ -69,4 +79,5 @@ async def rerun(cfg: Config, name: str, key: str, epoch: int = 0) -> dict[str, P
     t = cfg.transform(name)
     where = f"{cfg.file}: [transforms.{name}]" if cfg.file else f"[transforms.{name}]"
     loaded = Loaded(t, output_fields(cfg, name), where)
-    return loaded.call(Task(name, {c: [values[c]] for c in t.inputs}, slots, epoch, cfg.batches.seed, keys))
+    task = Task(name, {c: [values[c]] for c in t.inputs}, slots, epoch, cfg.batches.seed, keys, source)
+    return loaded.call(task)

@@ -166,7 +166,9 @@ class Loaded:
 
     def _error(self, task: Task, i: int, e: Exception) -> TransformError:
         shown = task.keys.show(task.slots[:, i])
-        return TransformError(f"sample ({shown}): transform {task.name} raised {_shown(e)}", _traceback(e), shown)
+        of = f" of source {task.source}" if task.source is not None else ""
+        message = f"sample ({shown}){of}: transform {task.name} raised {_shown(e)}"
+        return TransformError(message, _traceback(e), shown, task.name)
 
 
 def _traceback(e: BaseException) -> str:

@@ -220,6 +220,7 @@ class Stage:
             return e
         command = ["pgprefetch", "transform", "--config", str(self.cfg.file), "--transform", t.name, "--key", e.sample]
         command += ["--epoch", str(self._epoch)] if t.random else []
+        command += ["--source", self.source] if self.source is not None else []
         command += ["--split", self.cfg.split] if self.cfg.split is not None else []
         return TransformError(f"{e}; rerun it alone: {shlex.join(command)}", e.traceback, e.sample, t.name)
 
