@@ -26,8 +26,9 @@ from pgprefetch.write.scan.shape import sample_text
 from pgprefetch.write.scan.strategy import open_scan
 from pgprefetch.write.scan.whole import ScanRead, scan_source
 from pgprefetch.write.spill.folder import SpillFolder
+from pgprefetch.write.transform.inputs import check_inputs, sample_key_columns, sample_keys
 from pgprefetch.write.transform.mixed import mixed_stages
-from pgprefetch.write.transform.stage import check_inputs, sample_key_columns, sample_keys, stage_for
+from pgprefetch.write.transform.stage import stage_for
 
 
 class ReadCache:

@@ -24,17 +24,9 @@ import numpy as np
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.transform.inputs import check_inputs, sample_key_columns, sample_keys
 from pgprefetch.write.transform.outputs import Packed
-from pgprefetch.write.transform.stage import (
-    LEFT_OUT_SHOWN,
-    Stage,
-    check_inputs,
-    sample_key_columns,
-    sample_keys,
-    source_stage,
-    transform_tools,
-    wrapped,
-)
+from pgprefetch.write.transform.stage import LEFT_OUT_SHOWN, Stage, source_stage, transform_tools, wrapped
 
 
 class MixedStage:

@@ -18,10 +18,10 @@ from pgprefetch.config.model import Config
 from pgprefetch.errors import ConfigError, SampleError
 from pgprefetch.keys import KeyColumns, order_slot, uuid_slots
 from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.write.transform.inputs import check_inputs, input_value, statement_of
 from pgprefetch.write.transform.loading import output_fields
 from pgprefetch.write.transform.outputs import Packed
 from pgprefetch.write.transform.runner import Loaded, Task
-from pgprefetch.write.transform.stage import check_inputs, input_value, statement_of
 
 
 def parse_key(keys: KeyColumns, text: str) -> np.ndarray:
