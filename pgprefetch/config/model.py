@@ -15,11 +15,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from pgprefetch.sqltext import find_params
+
+if TYPE_CHECKING:
+    import numpy as np  # (annotations only: loading a config needs no numpy, nor does `pgprefetch --help`)
 
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "float16", "float32", "float64")
 
