@@ -305,9 +305,13 @@ def test_the_cache_is_counted_by_ls_and_cleared_by_its_command(docs: tuple[str, 
     listed = json.loads(out)["transform_cache"]["transforms"]
     assert code == 0
     assert [(t["name"], t["entries"]) for t in listed] == [("w", n)]
-    code, out = run_cli("cache", "--config", str(config), "--clear")
+    code, out = run_cli("cache", "--config", str(config), "--clear", "--transform", "w")
     assert code == 0
     assert f"removed {n:,} outputs" in out
+    code, out = run_cli("cache", "--config", str(config), "--clear")
+    assert code == 0
+    assert "removed" in out
+    assert not list((config.parent / "store.zarr").rglob(FILE))
     code, out = run_cli("cache", "--config", str(config), "--json")
     assert json.loads(out)["transforms"] == []
 

@@ -50,31 +50,31 @@ def transform(
 @split_option
 @click.option("--clear", is_flag=True, help="Remove the cached outputs (of --transform only, if given).")
 @click.option("--transform", "names", multiple=True, metavar="NAME", help="With --clear: only this transform's.")
-@json_option('Print {"path", "transforms": [...]} (or {"removed": N} with --clear).')
+@json_option('Print {"path", "transforms": [...]} (or {"removed": N or "all"} with --clear).')
 def cache(config_path: Path, split: str | None, clear: bool, names: tuple[str, ...], as_json: bool) -> None:
     """Count the outputs a store's transform cache holds (where it is, per transform), or remove them."""
     from pgprefetch.config.load import load_config
     from pgprefetch.store.open import config_store
-    from pgprefetch.write.transform.cache import FILE, TransformCache, transforms_folder
+    from pgprefetch.write.transform.cache import FILE, TransformCache, remove_cache, transforms_folder
 
     cfg = load_config(config_path, split=split)
     folder = transforms_folder(cfg, config_store(cfg))
+    if clear and not names:  # the whole file: whatever it holds, a file of an older layout too
+        removed = remove_cache(folder)
+        said = {"removed": "all" if removed else 0}
+        click.echo(json.dumps(said) if as_json else f"removed {folder / FILE}" if removed else f"no cache at {folder}")
+        return
     if not (folder / FILE).exists():
         click.echo(json.dumps({"path": str(folder / FILE), "transforms": []}) if as_json else f"no cache at {folder}")
         return
     with TransformCache.open(folder, create=False) as opened:
         if clear:
-            removed = opened.clear(names)
-            click.echo(
-                json.dumps({"removed": removed}) if as_json else f"removed {removed:,} outputs from {opened.path}"
-            )
+            count = opened.clear(names)
+            click.echo(json.dumps({"removed": count}) if as_json else f"removed {count:,} outputs from {opened.path}")
             return
         counts = opened.counts()
     if as_json:
-        listed = [
-            {"name": c.name, "fingerprint": c.fingerprint, "entries": c.entries, "bytes": c.nbytes} for c in counts
-        ]
-        click.echo(json.dumps({"path": str(opened.path), "transforms": listed}))
+        click.echo(json.dumps({"path": str(opened.path), "transforms": [c.to_json() for c in counts]}))
         return
     click.echo(f"{opened.path}:")
     for c in counts:
