@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import re
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -328,3 +329,57 @@ def test_a_sparing_call_keeps_the_samples_that_do_not_fail(tmp_path: Path) -> No
     assert spared.outputs["x2"].values.tolist() == [0, 4, 8]
     assert [i for i, _ in spared.failed] == [1, 3]
     assert "sample (id=1): transform t raised ValueError: odd" in spared.failed[0][1]
+
+
+def _sparing_runner(tmp_path: Path, body: str) -> Runner:
+    (tmp_path / "prep.py").write_text(f"def f(batch, ctx):\n{body}")
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[samples]\nkeys = "SELECT 1"\nquery = "SELECT $1 AS x"\n'
+        '[transforms.t]\nfunction = "prep:f"\ninputs = ["x"]\nworkers = 0\non_error = "skip"\n'
+        '[fields.x2]\ntransform = "t"\ndtype = "int64"\n[batches]\nsize = 2\n[store]\npath = "s"\n'
+    )
+    runner = Runner(load_config(path))
+    runner.start()
+    return runner
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("    return [1] * len(batch['x'])\n", "transform t returned list; expected a dict of outputs"),
+        ("    raise NameError('helper')\n", "transform t failed on every one of the 8 samples it was given"),
+    ],
+)
+def test_skipping_never_hides_a_broken_function(tmp_path: Path, body: str, message: str) -> None:
+    runner = _sparing_runner(tmp_path, body)
+    try:
+        task = Task("t", {"x": list(range(8))}, np.arange(8, dtype=np.int64)[None, :], 0, 0, KeyColumns(("id",)))
+        with pytest.raises(TransformError, match=re.escape(message)):
+            asyncio.run(runner.call_sparing(task))
+    finally:
+        runner.close()
+
+
+def test_an_integer_beside_a_float_keeps_every_digit() -> None:
+    f = FieldConfig(name="ids", columns=(), dtype="int64", transform="t", max_length=2)
+    packed = pack_outputs("t", [f], {"ids": [[2**53 + 1], [1.0]]}, 2, _named)["ids"]
+    assert packed.values.tolist() == [2**53 + 1, 1]
+
+
+def test_a_cleared_transform_s_number_is_never_given_to_another(tmp_path: Path) -> None:
+    with TransformCache.open(tmp_path / "c") as cache:
+        cache.put("tok", "old", [(b"a" * 32, b"x" * 16)])
+        with TransformCache.open(tmp_path / "c") as other:
+            other.clear(["tok"])
+        cache.put("tok", "new", [(b"b" * 32, b"y" * 16)])
+        assert cache.get("old", [b"a" * 32, b"b" * 32]) == {}
+        assert cache.get("new", [b"b" * 32]) == {b"b" * 32: b"y" * 16}
+
+
+def test_a_cache_folder_anyone_may_write_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    with pytest.raises(StoreError, match="anyone may write it"), TransformCache.open(folder):
+        pass

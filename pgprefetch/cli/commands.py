@@ -35,6 +35,7 @@ from pgprefetch.cli.splits import Shown, per_split
 from pgprefetch.cli.transforms import cache, transform
 from pgprefetch.cli.words import consumer_lines, summary
 from pgprefetch.config.values import parse_duration, show_size
+from pgprefetch.errors import StoreError
 
 if TYPE_CHECKING:
     from pgprefetch.store.base import Store
@@ -92,7 +93,11 @@ def _listed(target: Store) -> Shown:
     if readers:
         lines += consumer_lines(readers, now)
     shown: dict[str, Any] = {"epochs": [i.to_json() for i in infos], "consumers": [r.to_json(now) for r in readers]}
-    cached = _transform_cache(target)
+    try:
+        cached = _transform_cache(target)
+    except StoreError as e:  # the epochs are listed all the same
+        lines.append(f"transform cache: {e}")
+        cached = None
     if cached is not None:
         path, counts = cached
         lines.append(f"transform cache {path}:")

@@ -238,8 +238,12 @@ class TransformConfig:
 
     @property
     def option_values(self) -> dict[str, Any]:
-        """``options`` as a dict."""
-        return dict(self.options)
+        """``options`` as a dict, an option named ``path`` made absolute (relative to the config's folder)."""
+        values = dict(self.options)
+        path = values.get("path")
+        if isinstance(path, str) and self.folder is not None and not Path(path).is_absolute():
+            values["path"] = str(self.folder / path)
+        return values
 
     def content(self) -> dict[str, Any]:
         """What the config's identity records of it: what it is, not which version of its code.
@@ -252,7 +256,7 @@ class TransformConfig:
         out |= {"random": True} if self.random else {}
         out |= {"on_error": self.on_error} if self.on_error != "error" else {}
         out |= {"setup": callable_name(self.setup)} if self.setup is not None else {}
-        out |= {"options": dict(self.options)} if self.options else {}
+        out |= {"options": dict(self.options)} if self.options else {}  # as written: a path relative
         return out
 
 

@@ -121,7 +121,7 @@ def _callables(
     if not isinstance(options, dict):
         p.fail(f"{where} options", f"expected a table, got {show(options)}")
     if "tokenizer" in spec:
-        return _tokenizer(p, spec, where, folder, options)
+        return _tokenizer(p, spec, where, options)
     for key in ("path", "encoding"):
         if key in spec:
             p.fail(f"{where} {key}", 'belongs to a ready tokenizer: set tokenizer = "huggingface" or "tiktoken"')
@@ -133,7 +133,7 @@ def _callables(
 
 
 def _tokenizer(
-    p: _Parser, spec: dict[str, Any], where: str, folder: Path | None, options: dict[str, Any]
+    p: _Parser, spec: dict[str, Any], where: str, options: dict[str, Any]
 ) -> tuple[str, str | None, tuple[tuple[str, Any], ...]]:
     kind = spec["tokenizer"]
     if kind not in TOKENIZERS:
@@ -145,8 +145,8 @@ def _tokenizer(
     value = spec.get(needed)
     if not isinstance(value, str) or not value.strip():
         p.fail(f"{where} {needed}", f"expected the tokenizer's {'file' if needed == 'path' else 'encoding name'}")
-    if needed == "path":  # relative to the config file, as every path of a config is
-        value = str(Path(value) if Path(value).is_absolute() or folder is None else folder / value)
+    # (a path as written: relative to the config file's folder, resolved where it is used, so that moving the
+    # config and its files together keeps the config's identity)
     return function, setup, tuple(sorted({**options, needed: value, "tokenizer": kind}.items()))
 
 

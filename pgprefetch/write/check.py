@@ -335,7 +335,7 @@ def with_transforms(
     cfg: Config, snap: Snapshot, source: BatchSource, epoch: int
 ) -> AbstractAsyncContextManager[BatchSource]:
     """``source`` with its transforms' outputs, computed and never cached (a check writes nothing)."""
-    return transformed(cfg, snap, source, epoch, None) if cfg.transforms else nullcontext(source)
+    return transformed(cfg, snap, source, epoch, None, first=False) if cfg.transforms else nullcontext(source)
 
 
 def spread(n_batches: int, count: int) -> list[int]:

@@ -33,7 +33,7 @@ def gpt2_tokenizer_file(folder: Path) -> Path:
     return path
 
 
-def texts(files: int = 120) -> list[tuple[str, str]]:
+def texts(files: int = 40) -> list[tuple[str, str]]:
     """``(name, text)``: every pydoc help topic, then ``files`` standard library modules in name order."""
     from pydoc_data.topics import topics
 
@@ -43,7 +43,7 @@ def texts(files: int = 120) -> list[tuple[str, str]]:
     return out
 
 
-def load_docs(dsn: str, files: int = 120) -> int:
+def load_docs(dsn: str, files: int = 40) -> int:
     """A table ``docs(id, name, body, year)`` of :func:`texts`; returns its rows."""
     execute(dsn, "CREATE TABLE docs (id bigint PRIMARY KEY, name text NOT NULL, body text, year int NOT NULL)")
     rows = [(i, name, text, 1990 + i % 30) for i, (name, text) in enumerate(texts(files), start=1)]

@@ -11,7 +11,7 @@ deleted and recomputed, never used. SQLite, from the standard library, because i
 by runs needs and a hand-written file would have to earn: atomic commits (a dump killed mid-write leaves
 the cache as of its last commit), readers beside a writer (WAL; two dumps on one store wait on each
 other's commits, not on a lock file), and lookups by key without an index in memory. Its page cache is
-capped (``CACHE_KIB``), counted in ``--memory`` as the dump's fixed costs are.
+capped (``CACHE_KIB``): a fixed cost within ``--memory``'s slack, as the interpreter's own are.
 
 The file lives in the store's own folder (``<store>/.pgprefetch/transforms/``) for a local store, so that it goes
 where the epochs go, a failed first dump's store goes with it, and ``pgprefetch cache --clear`` finds it; for an
@@ -48,7 +48,9 @@ CACHE_KIB = 4096  # SQLite's page cache: what the cache holds of --memory
 _SIDE_FILES = ("", "-wal", "-shm", "-journal")
 SCHEMA_VERSION = 1  # the file's layout (SQLite's user_version): a file of another layout is refused
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS transforms (id INTEGER PRIMARY KEY, fingerprint TEXT NOT NULL UNIQUE, name TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS transforms (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, fingerprint TEXT NOT NULL UNIQUE, name TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS outputs (
     id INTEGER PRIMARY KEY, transform INTEGER NOT NULL, digest BLOB NOT NULL,
     data BLOB NOT NULL, crc INTEGER NOT NULL, error TEXT
@@ -189,6 +191,7 @@ class TransformCache:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                self._ids.pop(fingerprint, None)  # looked up again in this transaction: a clear may have run since
                 number = self._number(fingerprint, name)
                 self._conn.executemany(
                     "INSERT OR IGNORE INTO outputs (transform, digest, data, crc, error) VALUES (?, ?, ?, ?, ?)",
@@ -277,11 +280,17 @@ def _refuse_links(folder: Path, create: bool) -> None:
             raise StoreError(f"cannot make the transform cache's folder {folder}: {e.strerror or e}") from None
     for path in (folder.parent, folder, *(folder / f"{FILE}{side}" for side in _SIDE_FILES)):
         try:
-            mode = os.lstat(path).st_mode
+            st = os.lstat(path)
         except FileNotFoundError:
             continue
-        if stat.S_ISLNK(mode):
+        if stat.S_ISLNK(st.st_mode):
             raise StoreError(f"refusing the transform cache: {path} is a link")
+        if path != folder.parent and (st.st_uid != os.geteuid() or st.st_mode & 0o002):
+            # (in a shared --scratch such as /tmp, a file another user made could hold outputs of their choosing)
+            raise StoreError(
+                f"refusing the transform cache: {path} belongs to uid {st.st_uid} or anyone may write it; "
+                "remove it, or give --scratch a folder of your own"
+            )
 
 
 def encode_entries(fields: Sequence[str], outputs: dict[str, Packed], positions: np.ndarray) -> list[bytes]:

@@ -51,6 +51,9 @@ def resolve(function: str | Callable[..., Any], folder: Path | None, where: str)
         raise ConfigError(f"{where}: cannot import {module_name!r}: {e}") from None
     except AttributeError:
         raise ConfigError(f"{where}: module {module_name!r} has no {attribute!r}") from None
+    except Exception as e:  # the module itself failed (a SyntaxError, an error at its top level)
+        shown = " ".join(str(e).split())[:300]
+        raise ConfigError(f"{where}: importing {module_name!r} failed: {type(e).__name__}: {shown}") from None
     if not callable(value):
         raise ConfigError(f"{where}: {function!r} is not callable")
     return value  # type: ignore[no-any-return]
@@ -116,7 +119,7 @@ def _source(function: Callable[..., Any]) -> bytes:
     """The bytes of the file defining ``function``; its own source, or its code, where there is no file."""
     module = sys.modules.get(getattr(function, "__module__", "") or "")
     path = getattr(module, "__file__", None)
-    if path and Path(path).is_file() and getattr(module, "__name__", "") != "__main__":
+    if path and Path(path).is_file():  # a script's __main__ too: its helpers count as the function's
         return Path(path).read_bytes()
     try:
         return inspect.getsource(function).encode()

@@ -102,8 +102,16 @@ def _pack(where: str, f: FieldConfig, values: Any, n: int, named: Naming) -> Pac
             cut = slice(None, f.max_length) if f.truncate == "right" else slice(-f.max_length, None)
             arrays = [a[cut] if a.size > f.max_length else a for a in arrays]
             lengths = np.minimum(lengths, f.max_length)
+    if len({a.dtype.kind for a in arrays}) > 1:  # ints beside floats: each cast alone, not promoted together
+        cast = [_cast(where, f, a, lengths[i : i + 1], _only(named, i)) for i, a in enumerate(arrays)]
+        return Packed(np.concatenate(cast), lengths)
     flat = np.concatenate(arrays) if arrays else np.zeros(0)
     return Packed(_cast(where, f, flat, lengths, named), lengths)
+
+
+def _only(named: Naming, i: int) -> Naming:
+    """How sample ``i`` of the run is named, for a cast of its values alone."""
+    return lambda _: named(i)
 
 
 def _lists_of_numbers(f: FieldConfig, values: Any) -> np.ndarray | None:
@@ -111,7 +119,11 @@ def _lists_of_numbers(f: FieldConfig, values: Any) -> np.ndarray | None:
     if f.max_length is None or not all(type(v) is list for v in values):
         return None
     flat = np.asarray(list(itertools.chain.from_iterable(values)))
-    return flat if flat.ndim == 1 and flat.dtype.kind in "biuf" else None
+    if flat.ndim != 1 or flat.dtype.kind not in "biuf":
+        return None
+    # floats among the values of an integer field: judged sample by sample (one sample's ints are not promoted to
+    # floats, and rounded, because another sample returned a float)
+    return None if flat.dtype.kind == "f" and np.dtype(f.dtype).kind != "f" else flat
 
 
 def _as_array(where: str, f: FieldConfig, value: Any, i: int, named: Naming) -> np.ndarray:

@@ -24,6 +24,9 @@ import dataclasses
 import hashlib
 import multiprocessing
 import os
+import signal
+import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -32,13 +35,14 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from pgprefetch.config.model import Config, FieldConfig, TransformConfig
-from pgprefetch.errors import PgprefetchError, TransformError
+from pgprefetch.config.model import Config, FieldConfig, TransformConfig, callable_name
+from pgprefetch.errors import ConfigError, PgprefetchError, TransformError
 from pgprefetch.keys import KeyColumns, KeyValue
 from pgprefetch.write.transform.loading import output_fields, resolve
 from pgprefetch.write.transform.outputs import Packed, pack_outputs
 
 Inputs = dict[str, list[Any]]  # each input column's values, one per sample
+EVERY_SAMPLE_FAILS = 8  # a run of at least this many samples, all failing, is a broken function, not bad data
 T = TypeVar("T")
 
 
@@ -130,15 +134,25 @@ class Loaded:
         """
         try:
             return Spared(self.call(task), ())
-        except TransformError:
-            pass
+        except TransformError as e:
+            if e.sample is None:  # the whole return value is wrong (not a dict, an output missing): no sample's fault
+                raise
         kept: list[dict[str, Packed]] = []
         failed: list[tuple[int, str]] = []
-        for i in range(task.slots.shape[1]):
+        n = task.slots.shape[1]
+        for i in range(n):
             try:
                 kept.append(self.call(_part(task, np.array([i]))))
             except TransformError as e:
+                if e.sample is None:
+                    raise
                 failed.append((i, str(e)))
+        if n >= EVERY_SAMPLE_FAILS and len(failed) == n:  # a broken function, not bad samples: stop, do not skip all
+            raise TransformError(
+                f"transform {task.name} failed on every one of the {n} samples it was given, e.g. {failed[0][1]}; "
+                'on_error = "skip" leaves out samples a transform fails on, not a transform that fails',
+                transform=task.name,
+            )
         fields = [f.name for f in self.fields]
         empty = {f.name: Packed(np.zeros(0, np.dtype(f.dtype)), np.zeros(0, np.int64)) for f in self.fields}
         return Spared({f: Packed.join([k[f] for k in kept]) for f in fields} if kept else empty, tuple(failed))
@@ -187,11 +201,14 @@ _LOADED: dict[str, Loaded | PgprefetchError] = {}
 def _start(transforms: list[tuple[TransformConfig, tuple[FieldConfig, ...], str]]) -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"  # read by a tokenizer's thread pool at its first use
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dump's to handle: it stops the pool
     for t, fields, where in transforms:
         try:
             _LOADED[t.name] = Loaded(t, fields, where)
         except PgprefetchError as e:  # raised by its first task: an initializer that raises breaks the pool
             _LOADED[t.name] = e
+        except Exception as e:  # the user's module failed at import (a SyntaxError, a NameError at top level)
+            _LOADED[t.name] = TransformError(f"{where}: cannot be loaded: {_shown(e)}", _traceback(e), None, t.name)
 
 
 def _run(task: Task) -> dict[str, Packed]:
@@ -216,6 +233,7 @@ class Runner:
         where = f"{cfg.file}: " if cfg.file else ""
         self._specs = [(t, output_fields(cfg, t.name), f"{where}[transforms.{t.name}]") for t in cfg.transforms]
         self._local: dict[str, Loaded] = {}
+        self._one_at_a_time = threading.Lock()  # in-process calls: a function need not be thread-safe
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self.workers = {t.name: _workers(t) for t in cfg.transforms}
 
@@ -223,6 +241,12 @@ class Runner:
         """Load the in-process transforms and start the worker processes (each loads its own)."""
         for spec in self._specs:
             t = spec[0]
+            for function in (t.function, t.setup):
+                if self.workers[t.name] and _unimportable(function):
+                    raise ConfigError(
+                        f"{spec[2]}: {callable_name(function)} is defined where worker processes cannot import it "
+                        "(a notebook's cell): set workers = 0, or put it in a module"
+                    )
             if self.workers[t.name] == 0:
                 self._local[t.name] = Loaded(*spec)
             else:
@@ -237,18 +261,22 @@ class Runner:
     async def call(self, task: Task) -> dict[str, Packed]:
         """``task``'s outputs, in its samples' order, from equal runs over the transform's workers."""
         if task.name in self._local:
-            return await asyncio.to_thread(self._local[task.name].call, task)
+            return await asyncio.to_thread(self._in_process, self._local[task.name].call, task)
         outputs = [p for _, p in await self._runs(task, _run)]
         return {f: Packed.join([o[f] for o in outputs]) for f in outputs[0]} if outputs else {}
 
     async def call_sparing(self, task: Task) -> Spared:
         """:meth:`call`, leaving out the samples it fails on (:meth:`Loaded.call_sparing`); positions in ``task``."""
         if task.name in self._local:
-            return await asyncio.to_thread(self._local[task.name].call_sparing, task)
+            return await asyncio.to_thread(self._in_process, self._local[task.name].call_sparing, task)
         parts = await self._runs(task, _run_sparing)
         failed = tuple((start + i, error) for start, p in parts for i, error in p.failed)
         fields = parts[0][1].outputs if parts else {}
         return Spared({f: Packed.join([p.outputs[f] for _, p in parts]) for f in fields}, failed)
+
+    def _in_process(self, call: Callable[[Task], T], task: Task) -> T:
+        with self._one_at_a_time:
+            return call(task)
 
     async def _runs(self, task: Task, run: Callable[[Task], T]) -> list[tuple[int, T]]:
         """``run`` over equal runs of ``task`` on its transform's workers: each run's start, and its result."""
@@ -271,6 +299,14 @@ def _part(task: Task, run: np.ndarray) -> Task:
     lo, hi = int(run[0]), int(run[-1]) + 1
     inputs = {c: v[lo:hi] for c, v in task.inputs.items()}
     return dataclasses.replace(task, inputs=inputs, slots=task.slots[:, lo:hi])
+
+
+def _unimportable(function: object) -> bool:
+    """A function object of a ``__main__`` with no file (a notebook, ``python -c``): no worker can import it."""
+    if function is None or isinstance(function, str):
+        return False
+    module = sys.modules.get(getattr(function, "__module__", "") or "")
+    return getattr(module, "__name__", "") == "__main__" and not getattr(module, "__file__", None)
 
 
 def _workers(t: TransformConfig) -> int:

@@ -158,7 +158,7 @@ class Stage:
                     running.add(asyncio.ensure_future(self._sweep_part(part)))
                     if len(running) >= SWEEPS_IN_FLIGHT:
                         done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                        left += [d.result() for d in done]
+                        left += _results(done)
             left += await asyncio.gather(*running)
             running = set()
         finally:
@@ -334,6 +334,14 @@ class Stage:
         return [[column[i] for i in order.tolist()] for column in columns]
 
 
+def _results(done: set[asyncio.Task[np.ndarray]]) -> list[np.ndarray]:
+    """The finished tasks' results; the first one's error after every error is retrieved (none logged as lost)."""
+    errors = [e for e in (d.exception() for d in done) if e is not None]
+    if errors:
+        raise errors[0]
+    return [d.result() for d in done]
+
+
 def _missing(
     t: _Transform, n: int, digests: list[list[bytes]], found: dict[str, tuple[dict[bytes, bytes], dict[bytes, str]]]
 ) -> np.ndarray:
@@ -354,14 +362,15 @@ def _size(v: Any) -> int:
 
 @asynccontextmanager
 async def transformed(
-    cfg: Config, snap: Snapshot, source: BatchSource, epoch: int, cache_folder: Path | None
+    cfg: Config, snap: Snapshot, source: BatchSource, epoch: int, cache_folder: Path | None, *, first: bool = True
 ) -> AsyncIterator[BatchSource]:
     """``source`` with its transforms' outputs: the stage's statement, cache and workers open while it serves.
 
     ``cache_folder``: where the deterministic transforms' cache lives (None: no cache, every output computed).
+    ``first``: the first batch computed before it serves (:meth:`Stage.serve`; a check's batches are its own).
     """
     await check_inputs(cfg, snap)
-    async with stage_over(cfg, snap.id, source, epoch, cache_folder) as staged:
+    async with stage_over(cfg, snap.id, source, epoch, cache_folder, first=first) as staged:
         yield staged
 
 
@@ -396,8 +405,8 @@ async def transform_tools(
     """The workers and the cache the epoch's stages share (a mixed epoch has a stage per source)."""
     runner = Runner(cfg)
     with _open_cache(cfg, cache_folder) as cache:
-        runner.start()
         try:
+            runner.start()
             yield runner, cache
         finally:
             runner.close()
