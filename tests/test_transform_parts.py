@@ -383,3 +383,32 @@ def test_a_cache_folder_anyone_may_write_is_refused(tmp_path: Path) -> None:
     folder.chmod(0o777)
     with pytest.raises(StoreError, match="anyone may write it"), TransformCache.open(folder):
         pass
+
+
+def test_a_setup_runs_once_per_worker_with_the_options_and_its_result_is_ctx_state(tmp_path: Path) -> None:
+    (tmp_path / "prep.py").write_text(
+        "import os\n"
+        "def load(options):\n"
+        "    return {'scale': options['scale'], 'pid': os.getpid()}\n"
+        "def scaled(batch, ctx):\n"
+        "    return {'y': [x * ctx.state['scale'] for x in batch['x']], 'pid': [ctx.state['pid']] * len(batch['x'])}\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[samples]\nkeys = "SELECT 1"\nquery = "SELECT $1 AS x"\n'
+        '[transforms.t]\nfunction = "prep:scaled"\nsetup = "prep:load"\ninputs = ["x"]\nworkers = 1\n'
+        "options = { scale = 3 }\n"
+        '[fields.y]\ntransform = "t"\ndtype = "int64"\n[fields.pid]\ntransform = "t"\ndtype = "int64"\n'
+        '[batches]\nsize = 2\n[store]\npath = "s"\n'
+    )
+    runner = Runner(load_config(path))
+    runner.start()
+    try:
+        task = Task("t", {"x": [1, 2, 3]}, np.arange(3, dtype=np.int64)[None, :], 0, 0, KeyColumns(("id",)))
+        first, second = asyncio.run(runner.call(task)), asyncio.run(runner.call(task))
+    finally:
+        runner.close()
+    assert first["y"].values.tolist() == [3, 6, 9]
+    pids = set(first["pid"].values.tolist()) | set(second["pid"].values.tolist())
+    assert len(pids) == 1  # one worker, set up once: the same state for every call
+    assert os.getpid() not in pids

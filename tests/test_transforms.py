@@ -247,6 +247,9 @@ def test_a_failing_transform_is_one_line_naming_it_and_the_rerun_resumes(docs: t
     )
     store = config.parent / "store.zarr"
     assert not (store / "epoch-00000").exists()  # nothing published
+    code, out = run_cli("--debug", "dump", "--config", str(config), "--dsn", db, "--epoch", "0")
+    assert code != 0
+    assert "in fails" in out  # --debug: the function's own traceback, from the worker that ran it
     code, out = run_cli("transform", "--config", str(config), "--dsn", db, "--transform", "w", "--key", "id=100")
     assert code == 1
     assert 'raise ValueError("no good")' not in out
