@@ -286,6 +286,7 @@ def test_check_runs_the_transforms_and_names_what_they_return_wrong(docs: tuple[
     code, out = run_cli("check", "--config", str(config), "--dsn", db)
     assert code == 1
     assert "transform w, field first: 1 values for 16 samples; expected one per sample" in out
+    assert "field first: uint16 (5,) per sample, transform w" in out  # the fields a transform fills, said so
 
 
 def test_inputs_the_query_does_not_return_are_one_line(docs: tuple[str, int], tmp_path: Path) -> None:

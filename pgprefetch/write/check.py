@@ -481,6 +481,8 @@ def _fields(source: BatchSource, report: CheckReport) -> None:
             shown["categories"] = entry["categories"]
         if "categories_from" in entry:
             shown["categories from"] = entry["categories_from"]
+        if "transform" in entry:
+            shown["transform"] = entry["transform"]
         report.fields[name] = shown
 
 
