@@ -102,7 +102,11 @@ def _by_key(path: Path | str, epoch: int, field: str) -> dict[int, Any]:
 
 
 def _distinct(db: str) -> int:
-    """The distinct texts: an output is computed and cached once per distinct input (addressed by content)."""
+    """The distinct texts: the fewest outputs an epoch computes with nothing cached (addressed by content).
+
+    Two samples of one text are computed once when their units follow each other, the later finding the
+    earlier's entry, and twice when one unit holds both: where units end depends on how fast fetches are.
+    """
     return len(set(bodies(db).values()))
 
 
@@ -185,7 +189,7 @@ def test_a_later_epoch_takes_every_output_from_the_cache(docs: tuple[str, int], 
 
 
 def test_an_updated_row_and_a_new_version_recompute_exactly_what_changed(docs: tuple[str, int], tmp_path: Path) -> None:
-    db, _ = docs
+    db, n = docs
     log = tmp_path / "calls"
     config = _config(tmp_path / "c", WORDS.format(workers=1, log=log), WORDS_FIELDS)
     dump(config, db, epoch=0)
@@ -196,23 +200,23 @@ def test_an_updated_row_and_a_new_version_recompute_exactly_what_changed(docs: t
     text = config.read_text().replace('inputs = ["body"]', 'inputs = ["body"]\nversion = "2"')
     config.write_text(text)
     bumped = dump(config, db, epoch=2)
-    assert _manifest(bumped.path, 2)["transforms"]["w"]["computed"] == _distinct(db)
+    assert _distinct(db) <= _manifest(bumped.path, 2)["transforms"]["w"]["computed"] <= n
 
 
 def test_an_edited_function_recomputes_in_the_same_store(docs: tuple[str, int], tmp_path: Path) -> None:
-    db, _ = docs
+    db, n = docs
     config = _config(tmp_path / "c", WORDS.format(workers=0, log=tmp_path / "log"), WORDS_FIELDS)
     dump(config, db, epoch=0)
     prep = config.parent / "prep.py"
     prep.write_text(prep.read_text().replace("len(b.split())", "len(b.split()) + 1"))
     edited = dump(config, db, epoch=1)
-    assert _manifest(edited.path, 1)["transforms"]["w"]["computed"] == _distinct(db)
+    assert _distinct(db) <= _manifest(edited.path, 1)["transforms"]["w"]["computed"] <= n
     words = _by_key(edited.path, 1, "n_words")
     assert all(words[key] == len(text.split()) + 1 for key, text in bodies(db).items())
 
 
 def test_a_damaged_cache_entry_is_recomputed_never_used(docs: tuple[str, int], tmp_path: Path) -> None:
-    db, _ = docs
+    db, n = docs
     config = _config(tmp_path / "c", WORDS.format(workers=0, log=tmp_path / "log"), WORDS_FIELDS)
     first = dump(config, db, epoch=0)
     cache = tmp_path / "c" / "store.zarr" / FOLDER / FILE
@@ -223,7 +227,7 @@ def test_a_damaged_cache_entry_is_recomputed_never_used(docs: tuple[str, int], t
         conn.execute("UPDATE outputs SET data = CAST(zeroblob(length(data)) AS BLOB)")
     second = dump(config, db, epoch=1)
     m = _manifest(second.path, 1)["transforms"]["w"]
-    assert m["computed"] == _distinct(db)  # one sample of a text that two samples hold hits the other's new entry
+    assert _distinct(db) <= m["computed"] <= n
     assert _by_key(second.path, 1, "n_words") == _by_key(first.path, 0, "n_words")
 
 
