@@ -9,6 +9,7 @@ with anything the dump computed; a random transform's draws with a generator see
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -22,7 +23,8 @@ from pgprefetch.write.transform.cache import FILE, FOLDER
 from pgprefetch.write.transform.runner import rng_seeds
 
 from .harness.db import execute
-from .harness.dumps import chunk_bytes, dump, journal_lines, run_cli
+from .harness.dumps import chunk_bytes, dump, journal_lines, run_cli, start_dump, wait_for
+from .harness.faults import kill_every_connection
 from .harness.texts import ENCODING, bodies, gpt2_tokenizer_file, load_docs
 
 PREP = """
@@ -498,3 +500,55 @@ def test_a_mixed_epoch_s_error_names_the_source_and_its_rerun_takes_it(docs: tup
     code, out = run_cli("transform", "--config", str(config), "--dsn", db, "--transform", "w", "--key", "id=151")
     assert code == 2
     assert "--source: a mixed config's sample is of one of its sources (odd, even)" in out
+
+
+SLOW = (
+    PREP
+    + "\nimport time\n\ndef slow(batch, ctx):\n"
+    + "    time.sleep(0.03 * len(batch['body']))\n"
+    + "    return words(batch, ctx)\n"
+)
+
+
+def _slow_config(folder: Path, tmp_path: Path) -> Path:
+    transforms = WORDS.format(workers=2, log=tmp_path / "log").replace("prep:words", "prep:slow")
+    return _config(folder, transforms + NOISE.format(workers=1), WORDS_FIELDS + NOISE_FIELDS, prep=SLOW, size=4)
+
+
+def test_lost_connections_midway_are_retried_and_the_epoch_is_the_clean_one(
+    docs: tuple[str, int], tmp_path: Path
+) -> None:
+    db, _ = docs
+    config = _slow_config(tmp_path / "c", tmp_path)
+    store = config.parent / "store.zarr"
+    proc = start_dump(config, db, 0, "--json")
+    wait_for(lambda: journal_lines(store) >= 3)
+    kill_every_connection(db)  # the batches' connections and the transforms' statement's alike
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["retries"] == 1
+    clean = dump(_slow_config(tmp_path / "clean", tmp_path), db)
+    assert chunk_bytes(store / "epoch-00000") == chunk_bytes(clean.path)
+
+
+def test_sigterm_stops_the_dump_and_its_workers_and_the_rerun_resumes(docs: tuple[str, int], tmp_path: Path) -> None:
+    import psutil
+
+    db, _ = docs
+    config = _slow_config(tmp_path / "c", tmp_path)
+    store = config.parent / "store.zarr"
+    proc = start_dump(config, db, 0)
+    wait_for(lambda: journal_lines(store) >= 2)
+    workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert workers  # the forkserver and its worker processes
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip().splitlines()[-1] == "Terminated."
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers))
+    assert not (store / "epoch-00000").exists()  # nothing published
+    written = journal_lines(store)
+    result = dump(config, db)
+    assert result.resumed == written
+    clean = dump(_slow_config(tmp_path / "clean", tmp_path), db)
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(clean.path)
