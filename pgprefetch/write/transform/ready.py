@@ -14,6 +14,8 @@ special token a model was not meant to see.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from pgprefetch.errors import ConfigError
@@ -21,32 +23,33 @@ from pgprefetch.errors import ConfigError
 
 def load_huggingface(options: dict[str, Any]) -> Any:
     """The ``tokenizers.Tokenizer`` in the JSON file ``options["path"]``."""
-    try:
-        import tokenizers
-    except ImportError:
-        raise ConfigError(
-            'tokenizer = "huggingface" needs the tokenizers package: pip install "pgprefetch[tokenizers]"'
-        ) from None
-    try:
-        return tokenizers.Tokenizer.from_file(str(options["path"]))
-    except Exception as e:  # the library raises a plain Exception for a missing or malformed file
-        raise ConfigError(f"cannot load the tokenizer {options['path']}: {' '.join(str(e).split())}") from None
+    tokenizers = _library("tokenizers", "huggingface")
+    return _loaded(lambda: tokenizers.Tokenizer.from_file(str(options["path"])), f"the tokenizer {options['path']}")
 
 
 def load_tiktoken(options: dict[str, Any]) -> Any:
     """The ``tiktoken`` encoding named ``options["encoding"]``."""
+    tiktoken = _library("tiktoken", "tiktoken")
+    encoding = str(options["encoding"])
+    return _loaded(lambda: tiktoken.get_encoding(encoding), f"the tiktoken encoding {encoding!r}")
+
+
+def _library(module: str, kind: str) -> Any:
+    """The tokenizer's library, or one line saying how to install it (the dump host does not need it)."""
     try:
-        import tiktoken
+        return importlib.import_module(module)
     except ImportError:
         raise ConfigError(
-            'tokenizer = "tiktoken" needs the tiktoken package: pip install "pgprefetch[tokenizers]"'
+            f'tokenizer = "{kind}" needs the {module} package: pip install "pgprefetch[tokenizers]"'
         ) from None
+
+
+def _loaded(load: Callable[[], Any], what: str) -> Any:
+    """What ``load`` returns; its failure one line (the libraries raise plain exceptions for a bad file or name)."""
     try:
-        return tiktoken.get_encoding(str(options["encoding"]))
-    except Exception as e:  # an unknown name is a ValueError; a download refused offline, anything
-        raise ConfigError(
-            f"cannot load the tiktoken encoding {options['encoding']!r}: {' '.join(str(e).split())}"
-        ) from None
+        return load()
+    except Exception as e:  # a missing or malformed file, an unknown name, a download refused offline
+        raise ConfigError(f"cannot load {what}: {' '.join(str(e).split())}") from None
 
 
 def encode(batch: dict[str, list[Any]], ctx: Any) -> dict[str, list[list[int]]]:

@@ -65,6 +65,16 @@ class _Transform:
     digest: int  # its digest's place among the statement's digests
 
 
+@dataclass(frozen=True)
+class _Unit:
+    """A unit's samples as its transforms see them: keys, digests, and the inputs of those sent with them."""
+
+    keys: np.ndarray  # (width, n)
+    wanted: np.ndarray  # the positions whose input values were sent (sorted)
+    inputs: Inputs  # their values, in that order
+    digests: list[list[bytes]]  # per transform, each sample's digest (empty: no cache to look in)
+
+
 class Stage:
     """One epoch's transforms: the statement, the cache, the runner; :meth:`unit` computes a unit's outputs."""
 
@@ -206,9 +216,8 @@ class Stage:
             for t in transforms:
                 lookup = found.get(t.config.name, ({}, {}))
                 try:
-                    own, failing = await self._outputs(
-                        t, keys, missing[t.config.name], wanted, inputs, digests, lookup, sweeping
-                    )
+                    unit = _Unit(keys, wanted, inputs, digests)
+                    own, failing = await self._outputs(t, unit, missing[t.config.name], lookup, sweeping)
                 except TransformError as e:
                     raise self._rerun_hint(t.config, e) from None
                 outputs |= own
@@ -228,11 +237,8 @@ class Stage:
     async def _outputs(
         self,
         t: _Transform,
-        keys: np.ndarray,
+        unit: _Unit,
         missing: np.ndarray,
-        wanted: np.ndarray,
-        inputs: Inputs,
-        digests: list[list[bytes]],
         lookup: tuple[dict[bytes, bytes], dict[bytes, str]],
         sweeping: bool,
     ) -> tuple[dict[str, Packed], np.ndarray]:
@@ -242,6 +248,7 @@ class Stage:
         unit, a sample that fails is an error (the plan left out every failing one: this one failed since, or
         is a check's); sweeping, the outputs are only cached, not returned.
         """
+        keys, digests = unit.keys, unit.digests
         n = keys.shape[1]
         name = t.config.name
         found, failures = lookup
@@ -249,7 +256,7 @@ class Stage:
         computed: dict[str, Packed] = {}
         failed: dict[int, str] = {i: failures[digests[t.digest][i]] for i in known}
         if missing.size:
-            computed, newly = await self._compute(t, keys, missing, wanted, inputs, digests)
+            computed, newly = await self._compute(t, unit, missing)
             failed |= newly
         hits = np.setdiff1d(np.setdiff1d(np.arange(n), missing, assume_unique=True), known, assume_unique=True)
         if sweeping or not self._swept or t.config.random:  # a swept epoch's figures are its sweep's
@@ -275,22 +282,16 @@ class Stage:
         return {f: Packed.join([decoded[f], computed[f]]).take(order) for f in t.fields}, np.zeros(0, np.int64)
 
     async def _compute(
-        self,
-        t: _Transform,
-        keys: np.ndarray,
-        missing: np.ndarray,
-        wanted: np.ndarray,
-        inputs: Inputs,
-        digests: list[list[bytes]],
+        self, t: _Transform, unit: _Unit, missing: np.ndarray
     ) -> tuple[dict[str, Packed], dict[int, str]]:
         """Run ``t`` on the samples at ``missing``: their outputs (the failed ones' left out) cached; the failed.
 
         A transform that stops on errors raises; a skipping one has its failures recorded in the cache.
         """
-        name = t.config.name
-        at = np.searchsorted(wanted, missing)
-        own = {c: [inputs[c][i] for i in at.tolist()] for c in t.config.inputs}
-        slots = np.ascontiguousarray(keys[:, missing])
+        name, digests = t.config.name, unit.digests
+        at = np.searchsorted(unit.wanted, missing)
+        own = {c: [unit.inputs[c][i] for i in at.tolist()] for c in t.config.inputs}
+        slots = np.ascontiguousarray(unit.keys[:, missing])
         task = Task(name, own, slots, self._epoch, self.cfg.batches.seed, self._keys, self.source)
         failed: dict[int, str] = {}
         if t.config.on_error != "skip":
