@@ -204,3 +204,17 @@ def test_a_connection_terminated_while_a_scan_source_streams_into_buckets_is_ret
     whole = dump(config, big_mix_db, memory="4GiB", store=str(tmp_path / "whole.zarr"))
     assert chunk_bytes(result.path) == chunk_bytes(whole.path)
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("memory", ["4GiB", "24MiB"], ids=["scan-source-in-memory", "scan-source-spilled"])
+def test_a_mixed_epoch_spread_over_ray_is_the_single_process_bytes(
+    ray_cluster: object, big_mix_db: str, tmp_path: Path, memory: str
+) -> None:
+    """Two query sources fetched by the parts, a scan source (in memory, or in buckets) decoded by the driver."""
+    from .harness.raycluster import manifest, on_ray
+
+    single = dump(_config(tmp_path, memory, "single.zarr"), big_mix_db, 1)
+    spread = on_ray(_config(tmp_path, memory, "ray.zarr"), big_mix_db, epoch=1, parts=3)
+    assert (spread.executor, spread.parts, spread.sources) == ("ray", 3, single.sources)
+    assert chunk_bytes(spread.path) == chunk_bytes(single.path)
+    assert manifest(spread.path)["mix"] == manifest(single.path)["mix"]

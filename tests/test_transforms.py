@@ -479,6 +479,22 @@ def test_a_mixed_epoch_transforms_each_source_and_keeps_its_shares_while_skippin
     assert chunk_bytes(dump(again, db, epoch=0).path) == chunk_bytes(result.path)
 
 
+def test_a_mixed_epoch_with_transforms_on_ray_is_the_single_process_bytes(
+    ray_cluster: object, docs: tuple[str, int], tmp_path: Path
+) -> None:
+    from .harness.raycluster import on_ray
+
+    db, _ = docs
+    picky = WORDS.format(workers=1, log=tmp_path / "log").replace("prep:words", "prep:picky") + 'on_error = "skip"\n'
+    transforms, fields = picky + NOISE.format(workers=0), WORDS_FIELDS + NOISE_FIELDS
+    single = dump(_mixed_config(tmp_path / "single", transforms, fields), db, epoch=1)
+    spread = on_ray(_mixed_config(tmp_path / "ray", transforms, fields), db, epoch=1, parts=3)
+    assert chunk_bytes(spread.path) == chunk_bytes(single.path)
+    ours, theirs = _manifest(spread.path, 1)["transforms"], _manifest(single.path, 1)["transforms"]
+    assert ours["w"]["left_out_keys"] == theirs["w"]["left_out_keys"]
+    assert ours["aug"]["computed"] == single.n_samples  # a random transform, every sample drawn by its part
+
+
 def test_a_mixed_epoch_s_error_names_the_source_and_its_rerun_takes_it(docs: tuple[str, int], tmp_path: Path) -> None:
     db, _ = docs
     failing = (

@@ -15,6 +15,7 @@ database and the client see units of up to about a thousand samples whatever the
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,7 +71,9 @@ class BatchSource:
     extra_arrays: tuple[tuple[str, np.dtype, tuple[int, ...]], ...] = ()  # filled by produce beside the layout's
     records: dict[str, Any] | None = None  # what the manifest records beyond the plan (a mixed epoch's sources)
     unit_seconds: float = UNIT_SECONDS  # the fetch time units aim at (:class:`~pgprefetch.write.schedule.Units`)
-    slot_sources: np.ndarray | None = None  # a mixed epoch: each sample's source code, in epoch order
+    slot_sources: np.ndarray | None = None  # a mixed epoch: each sample's source code, in epoch order ...
+    slots_from: int = 0  # ... from this sample on (a part of the epoch holds its own batches' alone)
+    cut: Callable[[range], AbstractContextManager[object]] | None = None  # a mixed epoch: what a cluster's part is sent
 
     @property
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
@@ -85,6 +88,12 @@ class BatchSource:
     def allocate(self, n: int) -> dict[str, np.ndarray]:
         """Zeroed buffers of :attr:`arrays` for ``n`` samples."""
         return {name: np.zeros((n, *shape), dtype=dtype) for name, dtype, shape in self.arrays}
+
+    def sources_at(self, start: int, n: int) -> np.ndarray | None:
+        """Samples ``start ... start + n - 1``'s source codes (a mixed epoch), None for a single source."""
+        if self.slot_sources is None:
+            return None
+        return self.slot_sources[start - self.slots_from : start - self.slots_from + n]
 
     def epoch_bytes(self, size: int) -> int:
         """The bytes of the epoch's arrays, keys included, uncompressed: what the dump writes, what check says."""

@@ -9,5 +9,6 @@ A mixed epoch is planned, like any epoch, before a byte is written, and is then 
   keyed hash of the keys, so a position is a place in the hash order that survives rows added or deleted;
 - :mod:`.positions`: where each source stands when an epoch begins, from the store's records of earlier
   epochs (weights edited between epochs continue each source where it was) or, without them, by counting;
-- :mod:`.source`: the epoch's batch source, each source read and decoded by its own mode's machinery.
+- :mod:`.source`: the epoch's batch source, each source read by its own mode's machinery;
+- :mod:`.serving`: each unit filled from the sources' runs; :mod:`.parts`: a cluster's part of the epoch.
 """

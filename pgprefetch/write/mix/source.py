@@ -6,11 +6,9 @@ Planning (:func:`mixed_source`): each source is read (:mod:`.reading`), placed a
 samples are shuffled by a hash of the slot, so that they interleave. The slots' source codes and their
 places in their source's run are held for the epoch (9 bytes a sample), as are the keys.
 
-Serving: a unit's ``fetch`` runs one statement per query-mode source with samples in it (concurrently,
-each source on its own connections); ``produce`` decodes each source's run of samples into buffers of its
-own (a scan source's: gathered from its table, or read from its run file beyond its share,
-:mod:`.spilled`) and scatters them into the unit's slots, then fills the ``source`` array. The writer sees
-an ordinary :class:`~pgprefetch.write.batches.BatchSource`.
+Serving (:mod:`.serving`): each unit draws a run of every source's samples, fetched or decoded in the way the
+source was read, and scatters them into their slots. The writer sees an ordinary
+:class:`~pgprefetch.write.batches.BatchSource`, which a cluster's executor can cut into parts (:mod:`.parts`).
 """
 
 from __future__ import annotations
@@ -18,22 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from pgprefetch.config.model import MIX_VERSION, SOURCE_ARRAY, Config
-from pgprefetch.decode import collate
-from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.pg.statement import Fetched
 from pgprefetch.write import memory
-from pgprefetch.write.batches import BatchSource, local_unit_batches, unit_batches
+from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.mix.apportion import shares
+from pgprefetch.write.mix.parts import cut
 from pgprefetch.write.mix.passes import Chosen, by_hash, slot_hash
 from pgprefetch.write.mix.positions import apportionment, epoch_samples, find_record, needed, starts, weights_at
 from pgprefetch.write.mix.reading import (
@@ -48,27 +44,15 @@ from pgprefetch.write.mix.reading import (
     source_config,
     widest,
 )
+from pgprefetch.write.mix.serving import Served, Slots, Statement, batch_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, query_statement
-from pgprefetch.write.scan.table import array_lengths, gather
+from pgprefetch.write.scan.table import array_lengths
 from pgprefetch.write.scan.whole import scan_layout
-from pgprefetch.write.spill.columns import ColumnFile
 from pgprefetch.write.spill.folder import SpillFolder
 
 
-@dataclasses.dataclass
-class _Served:
-    """One source as the epoch's units draw on it: its run of samples and how to decode them."""
-
-    read: SourceRead
-    layout: BatchLayout
-    keys: np.ndarray  # (its slots, its samples): the keys it gives the epoch, in the order it gives them
-    starts: np.ndarray | None  # scan mode, in memory: the row each of them starts at
-    reader: BatchReader | None  # query mode: the workers running its batch statement
-    run: ColumnFile | None = None  # scan mode, beyond its share: its run's samples, in order
-
-
-def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> Slots:
     """Each slot's source code and its place in that source's run, batch by batch, shuffled within batches."""
     n = int(per_batch.sum())
     n_sources = per_batch.shape[1]
@@ -84,7 +68,7 @@ def _slots(per_batch: np.ndarray, seed: int, epoch: int, size: int) -> tuple[np.
     blocks = h[: full * size].reshape(full, size)
     order[: full * size] = (by_hash(blocks) + np.arange(full)[:, None] * size).ravel()
     order[full * size :] = by_hash(h[full * size :]) + full * size
-    return codes[order], index[order]
+    return Slots(codes[order], index[order], per_batch)
 
 
 async def _read_sources(
@@ -166,18 +150,21 @@ async def mixed_source(
         weights = weights_at(cfg, epoch)
         per_batch = apportionment(weights).per_batch(n, size)
         quota = per_batch.sum(axis=0)
-        codes, index = _slots(per_batch, cfg.batches.seed, epoch, size)
+        slots = _slots(per_batch, cfg.batches.seed, epoch, size)
         categories = await _categories(cfg, reads, snap, vocabulary)
-        served: dict[int, _Served] = {}
+        served: dict[int, Served] = {}
         ends = {}
         for r in reads:
             taken, ends[r.name] = await asyncio.to_thread(r.passes.take, begun.positions[r.name], int(quota[r.code]))
             async with prefixed(r.name):
                 served[r.code] = await _serve(r, taken, snap, categories, stack)
-        check_same_arrays([(s.read.name, s.layout.arrays()) for s in served.values()])
-        plan = _plan(cfg, epoch, reads, served, codes, index, categories)
-        record_out = _record(cfg, epoch, reads, begun, ends, quota, weights, n, record)
-        yield _batch_source(cfg, plan, served, codes, index, per_batch, snap, counts, record_out)
+        check_same_arrays([(s.name, s.layout.arrays()) for s in served.values()])
+        plan = _plan(cfg, epoch, reads, served, slots, categories)
+        records = {"sources": [s.name for s in cfg.mix.sources], "source_array": SOURCE_ARRAY,
+                   "mix": _record(cfg, epoch, reads, begun, ends, quota, weights, n, record)}  # fmt: skip
+        parts = functools.partial(cut, size, served, slots)  # a cluster's part of the epoch (:mod:`.parts`)
+        snapshot = (snap.id, snap.server_version)
+        yield batch_source(cfg, plan, served, slots, snapshot, counts.get("rows_read"), records, parts)
 
 
 async def _categories(
@@ -201,20 +188,21 @@ async def _categories(
 
 async def _serve(
     r: SourceRead, taken: np.ndarray, snap: Snapshot, categories: dict[str, list[str]], stack: contextlib.AsyncExitStack
-) -> _Served:
+) -> Served:
     """Source ``r`` ready to give the samples ``taken`` (its passes' handles on them): layout and reader."""
     if r.spilled is not None:
         keys, buckets, rows = await asyncio.to_thread(r.spilled.index.pick, taken)
         memory.current().reserve(f"run of {r.name}", keys.nbytes + buckets.nbytes + rows.nbytes)  # for the epoch
         layout = scan_layout(r.cfg, r.spilled.shape, r.spilled.lengths, _source_plan(r, keys))
         run = await asyncio.to_thread(r.spilled.gather, layout, keys, buckets, rows)
-        return _Served(r, layout, keys, None, None, run)
+        return Served(r.name, r.code, layout, keys, r.key_columns, run=run)
     assert isinstance(r.chosen, Chosen), "a source read in memory"
     keys = np.ascontiguousarray(r.chosen.keys[:, taken])
     plan = _source_plan(r, keys)
     if r.scan is not None:
         layout = scan_layout(r.cfg, r.scan.shape, array_lengths(r.scan.table), plan)
-        return _Served(r, layout, keys, r.scan.starts[r.chosen.index[taken]], None)
+        starts = r.scan.starts[r.chosen.index[taken]]
+        return Served(r.name, r.code, layout, keys, r.key_columns, table=r.scan.table, starts=starts)
     assert r.shape is not None
     statement = await query_statement(r.cfg, snap, r.shape, None, categories)
     plan = dataclasses.replace(plan, **statement)
@@ -223,7 +211,7 @@ async def _serve(
     # The first sample's array lengths fix the shapes; one that gives this epoch nothing uses any key of its own.
     first = keys[:, :1] if keys.shape[1] else r.chosen.keys[:, :1]
     layout = layout_from(r.cfg, plan, await reader.fetch(0, first))
-    return _Served(r, layout, keys, None, reader)
+    return Served(r.name, r.code, layout, keys, r.key_columns, reader, Statement(plan.sql, plan.params, plan.row_wise))
 
 
 def _source_plan(r: SourceRead, keys: np.ndarray) -> EpochPlan:
@@ -251,9 +239,8 @@ def _plan(
     cfg: Config,
     epoch: int,
     reads: list[SourceRead],
-    served: dict[int, _Served],
-    codes: np.ndarray,
-    index: np.ndarray,
+    served: dict[int, Served],
+    slots: Slots,
     categories: dict[str, list[str]],
 ) -> EpochPlan:
     """The mixed epoch's plan: every slot's key (zero slots past a narrower source's), and their hash."""
@@ -265,9 +252,9 @@ def _plan(
     for code, s in sorted(served.items()):
         runs[: s.keys.shape[0], at : at + s.keys.shape[1]] = s.keys
         offset[code], at = at, at + s.keys.shape[1]
-    keys = runs[:, offset[codes] + index]
+    keys = runs[:, offset[slots.codes] + slots.index]
     digest = hashlib.sha256(b"pgprefetch-mix")
-    digest.update(np.ascontiguousarray(codes).data)
+    digest.update(np.ascontiguousarray(slots.codes).data)
     for column in keys:
         digest.update(np.ascontiguousarray(column).data)
     size = cfg.batches.size
@@ -278,8 +265,8 @@ def _plan(
         key_columns=key_columns,
         n_keys=sum(r.chosen.n_keys for r in reads),
         duplicates_dropped=sum(r.chosen.repeats for r in reads),
-        used=int(codes.size),
-        n_batches=-(-codes.size // size),
+        used=int(slots.codes.size),
+        n_batches=-(-slots.codes.size // size),
         keys_sha256=digest.hexdigest(),
         columns=first.layout.columns,
         by_field={f.name: f.columns for f in first.layout.fields},
@@ -347,90 +334,3 @@ def _record(
         "counted": begun.counted,  # epochs counted in between (none written, or none recorded)
         "sources": out,
     }
-
-
-def _batch_source(
-    cfg: Config,
-    plan: EpochPlan,
-    served: dict[int, _Served],
-    codes: np.ndarray,
-    index: np.ndarray,
-    per_batch: np.ndarray,
-    snap: Snapshot,
-    counts: dict[str, Any],
-    record: dict[str, Any],
-) -> BatchSource:
-    """The writer's view of the mixed epoch: units fetched from every source, scattered into their slots."""
-    size = cfg.batches.size
-    # each source's samples before batch b: its run [before[b], before[b + count]) fills batches b...
-    before = np.vstack([np.zeros((1, per_batch.shape[1]), dtype=np.int64), np.cumsum(per_batch, axis=0)])
-    local = threading.local()  # each writer thread's buffers of each source
-    queries = [s for s in served.values() if s.reader is not None]
-    first = next(iter(served.values()))
-
-    def runs(batch: int, count: int) -> list[tuple[_Served, int, int]]:
-        last = min(batch + count, per_batch.shape[0])
-        return [(s, int(before[batch, c]), int(before[last, c])) for c, s in served.items()]
-
-    async def fetch(batch: int, count: int) -> object:
-        wanted = [(s, lo, hi) for s, lo, hi in runs(batch, count) if s.reader is not None and hi > lo]
-        got = await asyncio.gather(*(_fetch(s, batch, lo, hi, count) for s, lo, hi in wanted))
-        return {s.read.code: f for (s, _, _), f in zip(wanted, got, strict=True)}
-
-    def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
-        blobs = cast("dict[int, Fetched]", fetched)
-        a, b = batch * size, min((batch + count) * size, codes.size)
-        unit_codes, unit_index = codes[a:b], index[a:b]
-        for s, lo, hi in runs(batch, count):
-            if hi == lo:
-                continue
-            scratch = _scratch(local, s, count * size)
-            keys = s.keys[:, lo:hi]
-            if s.reader is not None:
-                collate.decode(s.layout, blobs[s.read.code], keys, scratch)
-            elif s.run is not None:
-                s.run.read(lo, hi, out=scratch)
-            else:
-                assert s.read.scan is not None
-                assert s.starts is not None
-                gather(s.read.scan.table, s.layout, s.starts[lo:hi], keys, scratch)
-            at = np.flatnonzero(unit_codes == s.read.code)
-            slot = np.empty(hi - lo, dtype=np.int64)  # the slot of each of its samples, in the order decoded
-            slot[unit_index[at] - lo] = at
-            for name, array in scratch.items():
-                buffers[name][slot] = array[: hi - lo]  # one scatter, straight from the decoded buffer
-        buffers[SOURCE_ARRAY][: b - a] = unit_codes
-
-    if queries:
-        unit = min(unit_batches(size, first.layout.sample_bytes, len(queries)), plan.n_batches)
-        concurrency, threads = min(s.reader.size for s in queries if s.reader), 1
-    else:
-        unit = min(local_unit_batches(size, first.layout.sample_bytes), plan.n_batches)
-        concurrency = threads = 2 if cfg.store.compression == "none" else 1
-    layout = dataclasses.replace(first.layout, keys=plan.key_columns)
-    rows = counts.get("rows_read")
-    return BatchSource(
-        plan, layout, snap.id, snap.server_version, rows, fetch, produce, concurrency, threads, unit,
-        extra_arrays=((SOURCE_ARRAY, np.dtype(np.int8), ()),), records={"sources": [s.name for s in _all(cfg)],
-        "source_array": SOURCE_ARRAY, "mix": record}, slot_sources=codes,
-    )  # fmt: skip
-
-
-async def _fetch(s: _Served, batch: int, lo: int, hi: int, count: int) -> Fetched:
-    """Source ``s``'s samples ``lo ... hi - 1`` of the unit from ``batch``, in one statement."""
-    assert s.reader is not None
-    return await s.reader.fetch(batch, s.keys[:, lo:hi], count)
-
-
-def _all(cfg: Config) -> list[Any]:
-    assert cfg.mix is not None
-    return list(cfg.mix.sources)
-
-
-def _scratch(local: threading.local, s: _Served, n: int) -> dict[str, np.ndarray]:
-    """This thread's buffers for ``n`` samples of source ``s`` (grown when a unit is larger)."""
-    held: dict[int, dict[str, np.ndarray]] = local.__dict__.setdefault("buffers", {})
-    buffers = held.get(s.read.code)
-    if buffers is None or next(iter(buffers.values())).shape[0] < n:
-        buffers = held[s.read.code] = s.layout.allocate(n)
-    return buffers

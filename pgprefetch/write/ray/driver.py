@@ -12,6 +12,7 @@ then:
 - ``ray.put``-s the ordered keys once: every part reads them from its node's object store;
 - in scan mode, routes each part the rows its samples span from the blocks the readers keep
   (:mod:`pgprefetch.write.ray.scan`; :meth:`RayExecutor.read_scan` read them, before the writer was opened);
+- in a mixed epoch, sends each part its run of every source (:mod:`pgprefetch.write.mix.parts`);
 - runs a task per part (:func:`~pgprefetch.write.ray.part.run_part`), retried by Ray when its worker or node
   is lost (at most ``TASK_RETRIES`` times); the first part that fails for another reason (bad data, a lost
   database connection) stops the others, and its error is the epoch's: the same one line as the single
@@ -27,11 +28,13 @@ them from their nodes once the old epoch is removed, as the single process's pub
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
 import socket
 import uuid
+from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -47,6 +50,7 @@ from pgprefetch.store.records import PartRecord, usable
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.files.writer import EpochWriter
+from pgprefetch.write.mix.parts import MixedPart
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
@@ -85,12 +89,10 @@ class RayExecutor:
             self._started = False
 
     def check(self, cfg: Config) -> None:
-        """Every single-source config is spread: query mode by batch ranges, scan mode through the exchange.
+        """Nothing is refused: query mode is cut into batch ranges, scan mode through the exchange, a mix by its parts.
 
-        A mixed epoch is not (yet): its units draw on every source at once, which the parts do not hold.
+        (:mod:`pgprefetch.write.ray.scan`, :mod:`pgprefetch.write.mix.parts`.)
         """
-        if cfg.mix is not None:
-            raise ConfigError("--executor ray does not dump mixed epochs ([samples.NAME] sources) yet: dump them here")
 
     async def read_scan(
         self, cfg: Config, snap: Snapshot, progress: Progress | None, vocabulary: Vocabulary | None
@@ -215,8 +217,10 @@ class RayExecutor:
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
 
         def start(spec: PartSpec) -> Any:
+            with _mixed_part(source, spec) as mixed:  # (held here only until it is in the object store)
+                sent = None if mixed is None else ray.put(mixed)
             return run_part.options(**options).remote(
-                spec, _part_keys(plan, spec), track, *_scan_args(scans[spec.index])
+                spec, _part_keys(plan, spec), track, sent, *_scan_args(scans[spec.index])
             )
 
         refs = {start(spec): spec for spec in specs if spec.batches}
@@ -307,8 +311,19 @@ def _result(future: asyncio.Future[PartResult], spec: PartSpec) -> PartResult:
 
 
 def _scan_args(scan: ScanPart | None) -> tuple[Any, ...]:
-    """A scan part's arguments after the tracker: its samples' starts, then each of its pieces (none in query mode)."""
+    """A scan part's last arguments: its samples' starts, then each of its pieces (none in query mode)."""
     return () if scan is None else (scan.starts, *scan.pieces)
+
+
+@contextlib.contextmanager
+def _mixed_part(source: BatchSource, spec: PartSpec) -> Iterator[MixedPart | None]:
+    """What a part of a mixed epoch is sent (:mod:`pgprefetch.write.mix.parts`); None for a single source."""
+    if source.cut is None:
+        yield None
+        return
+    with source.cut(spec.owned) as part:
+        assert isinstance(part, MixedPart)
+        yield part
 
 
 def _part_keys(plan: EpochPlan, spec: PartSpec) -> Any:

@@ -34,6 +34,7 @@ from pgprefetch.store.uploads import Uploads
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.files.stats import EpochStats
 from pgprefetch.write.files.writer import EpochWriter
+from pgprefetch.write.mix.parts import MixedPart, part_source
 from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
@@ -42,6 +43,7 @@ from pgprefetch.write.scan.exchange import Piece, join_pieces
 from pgprefetch.write.scan.whole import cut_source
 from pgprefetch.write.schedule import write_batches
 from pgprefetch.write.transform.cache import transforms_folder
+from pgprefetch.write.transform.mixed import mixed_stages_over
 from pgprefetch.write.transform.stage import stage_over
 
 
@@ -101,18 +103,24 @@ class ScanPart:
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
 def run_part(
-    spec: PartSpec, keys: np.ndarray, tracker: Any, starts: np.ndarray | None = None, *pieces: Piece
+    spec: PartSpec,
+    keys: np.ndarray,
+    tracker: Any,
+    mixed: MixedPart | None = None,
+    starts: np.ndarray | None = None,
+    *pieces: Piece,
 ) -> PartResult:
     """The Ray task: write ``spec``'s batches (``keys``: those of its ``owned`` batches, from the object store).
 
     Query mode fetches them under the snapshot; scan mode cuts them from the rows routed to it: ``pieces``
-    (resolved by Ray before the task starts) and each sample's first row, ``starts`` (see :class:`ScanPart`).
+    (resolved by Ray before the task starts) and each sample's first row, ``starts`` (see :class:`ScanPart`);
+    a mixed epoch serves them from what the driver sent of each source, ``mixed``.
     """
     with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
         # Received before any work, so a kill from here on counts as a retry. (Sent and not awaited, a call
         # still queued for a tracker that was starting died with the part, and the retry went uncounted.)
         ray.get(tracker.started.remote(spec.run, spec.index))
-    return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces)))
+    return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces), mixed))
 
 
 class _Progress:
@@ -126,7 +134,11 @@ class _Progress:
 
 
 async def _write_part(
-    spec: PartSpec, keys: np.ndarray, tracker: Any, scan: tuple[np.ndarray, tuple[Piece, ...]] | None
+    spec: PartSpec,
+    keys: np.ndarray,
+    tracker: Any,
+    scan: tuple[np.ndarray, tuple[Piece, ...]] | None,
+    mixed: MixedPart | None,
 ) -> PartResult:
     store = open_store(spec.location)
     partial = store.partial_path(spec.epoch)
@@ -145,7 +157,7 @@ async def _write_part(
     cfg, size = spec.cfg, spec.cfg.batches.size
     plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
-    async with _source(spec, plan, scan) as source, _transformed(spec, store, source) as source:
+    async with _source(spec, plan, scan, mixed) as source, _transformed(spec, store, source, mixed) as source:
         bucket = store.object_store if not spec.defer else None  # (an object store's parts upload their files)
         # Up to the object store (unless --force stages), or back to the shared disk, as each file is finished.
         if store.local_root is not None:
@@ -183,7 +195,9 @@ def record(spec: PartSpec, header: dict[str, Any], result: PartResult, partial: 
 
 
 @contextlib.asynccontextmanager
-async def _transformed(spec: PartSpec, store: Store, source: BatchSource) -> AsyncIterator[BatchSource]:
+async def _transformed(
+    spec: PartSpec, store: Store, source: BatchSource, mixed: MixedPart | None
+) -> AsyncIterator[BatchSource]:
     """The part's source with its transforms' outputs, run on this node (the driver checked the inputs).
 
     A part on the driver's machine shares the store's cache with it; one on another node keeps its own, on
@@ -194,6 +208,10 @@ async def _transformed(spec: PartSpec, store: Store, source: BatchSource) -> Asy
         return
     cfg = opened(spec.cfg, spec.dsn)
     folder = transforms_folder(cfg, store, local=socket.gethostname() != spec.host)
+    if mixed is not None:
+        async with mixed_stages_over(cfg, spec.snapshot, spec.epoch, folder, mixed.key_columns) as stages:
+            yield await stages.serve(source, first=False)
+        return
     async with stage_over(cfg, spec.snapshot, source, spec.epoch, folder, first=False) as staged:
         yield staged
 
@@ -205,9 +223,14 @@ def _summary(source: BatchSource) -> dict[str, dict[str, Any]]:
 
 @contextlib.asynccontextmanager
 async def _source(
-    spec: PartSpec, plan: EpochPlan, scan: tuple[np.ndarray, tuple[Piece, ...]] | None
+    spec: PartSpec, plan: EpochPlan, scan: tuple[np.ndarray, tuple[Piece, ...]] | None, mixed: MixedPart | None
 ) -> AsyncIterator[BatchSource]:
-    """The part's batches: fetched on the snapshot (query mode), or cut from its pieces (scan mode)."""
+    """The part's batches: fetched on the snapshot (query mode), cut from its pieces (scan mode) or mixed."""
+    if mixed is not None:
+        cfg = opened(spec.cfg, spec.dsn)
+        async with part_source(cfg, mixed, plan, spec.snapshot, spec.server_version) as source:
+            yield source
+        return
     if scan is None:
         cfg = opened(spec.cfg, spec.dsn)  # the password, in this process's memory only
         async with BatchReader.open(cfg.source, spec.snapshot, plan.sql, plan.params, row_wise=plan.row_wise) as reader:

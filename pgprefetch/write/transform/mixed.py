@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import Config
+from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.transform.inputs import check_inputs, sample_key_columns, sample_keys
@@ -54,10 +55,10 @@ class MixedStage:
 
     async def serve(self, source: BatchSource, *, first: bool = True) -> BatchSource:
         """The mixed ``source`` whose units carry the transforms' outputs (:meth:`Stage.serve`)."""
-        assert source.slot_sources is not None, "a mixed epoch's source says each sample's source"
         if first:
             keys = source.plan.batch_keys(0, self.cfg.batches.size)
-            codes = source.slot_sources[: keys.shape[1]]
+            codes = source.sources_at(0, keys.shape[1])
+            assert codes is not None, "a mixed epoch's source says each sample's source"
             for code, stage in self.stages.items():
                 at = np.flatnonzero(codes == code)
                 if at.size:
@@ -95,13 +96,29 @@ class MixedStage:
 async def mixed_stages(cfg: Config, snap: Snapshot, epoch: int, cache_folder: Path | None) -> AsyncIterator[MixedStage]:
     """A stage for each source of mixed ``cfg``, their inputs checked, over one set of workers and one cache."""
     assert cfg.mix is not None
+    keys = {}
+    for code, s in enumerate(cfg.mix.sources):
+        own = cfg.for_source(s.name)
+        keys[code] = await sample_key_columns(own, snap)
+        await check_inputs(own, snap)
+    async with mixed_stages_over(cfg, snap.id, epoch, cache_folder, keys) as stages:
+        yield stages
+
+
+@contextlib.asynccontextmanager
+async def mixed_stages_over(
+    cfg: Config, snapshot: str, epoch: int, cache_folder: Path | None, keys: dict[int, KeyColumns]
+) -> AsyncIterator[MixedStage]:
+    """The stages of the sources in ``keys`` (by code: their key columns) on the exported ``snapshot``.
+
+    Their inputs checked already: a cluster's part of a mixed epoch (:mod:`pgprefetch.write.mix.parts`).
+    """
+    assert cfg.mix is not None
     async with contextlib.AsyncExitStack() as stack:
         runner, cache = await stack.enter_async_context(transform_tools(cfg, cache_folder))
         stages = {}
-        for code, s in enumerate(cfg.mix.sources):
-            own = cfg.for_source(s.name)
-            keys = await sample_key_columns(own, snap)
-            await check_inputs(own, snap)
-            opened = source_stage(own, snap.id, keys, epoch, runner, cache, source=s.name)
+        for code, columns in sorted(keys.items()):
+            name = cfg.mix.sources[code].name
+            opened = source_stage(cfg.for_source(name), snapshot, columns, epoch, runner, cache, source=name)
             stages[code] = await stack.enter_async_context(opened)
         yield MixedStage(cfg, stages)

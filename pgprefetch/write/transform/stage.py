@@ -451,11 +451,7 @@ def wrapped(cfg: Config, source: BatchSource, outputs_of: UnitOutputs, summary: 
 
     async def fetch(batch: int, count: int) -> object:
         keys = source.plan.batch_keys(batch, size, count)
-        codes = (
-            source.slot_sources[batch * size : batch * size + keys.shape[1]]
-            if source.slot_sources is not None
-            else None
-        )
+        codes = source.sources_at(batch * size, keys.shape[1])
         inner, outputs = await asyncio.gather(source.fetch(batch, count), outputs_of(batch, keys, codes))
         held = memory.current().reserve("transform outputs")  # a unit's, from its fetch until it is produced
         held.grow(sum(p.values.nbytes + p.lengths.nbytes for p in outputs.values()))
