@@ -207,6 +207,32 @@ class FieldConfig:
         return f"{self.name}{LENGTH_SUFFIX}" if self.max_length is not None else None
 
 
+PACKING_METHODS = ("best-fit", "concat")
+PACKING_GROUP = 65_536  # documents per best-fit group: under 0.01% padding on lognormal lengths (docs/packing.md)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackingConfig:
+    """``[packing]``: documents packed into sequences of ``length`` tokens (:mod:`pgprefetch.write.pack`).
+
+    The epoch holds one sample per sequence: ``tokens``, ``segment_ids``, ``position_ids``, ``segment_keys``
+    and ``segment_offsets``; ``[batches] size`` counts sequences.
+    """
+
+    field: str
+    """The field whose values are each document's tokens (an integer dtype with ``max_length``)."""
+    length: int
+    """Tokens per sequence."""
+    method: str = "best-fit"
+    """``best-fit``: whole documents, best-fit decreasing within groups; ``concat``: the stream cut anywhere."""
+    eos: int | None = None
+    """A token appended after each document (part of its last piece); None: none."""
+    pad: int = 0
+    """The token of the padding after a sequence's last piece."""
+    group: int = PACKING_GROUP
+    """``best-fit``: documents per group packed together (consecutive in the epoch's shuffled order)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TransformConfig:
     """``[transforms.NAME]``: Python run on each sample's inputs before the write (:mod:`pgprefetch.write.transform`).
@@ -357,6 +383,8 @@ class Config:
     """The split this dump or check is of (``--split``); None where the config has no splits."""
     transforms: tuple[TransformConfig, ...] = ()
     """``[transforms.NAME]``: Python run on input columns before the write; their outputs are fields."""
+    packing: PackingConfig | None = None
+    """``[packing]``: documents packed into fixed-length token sequences; None: a sample per key."""
     left_out: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
     """The sample keys (``(n_slots, n)`` int64, sorted) an epoch leaves out: those an ``on_error = "skip"``
     transform failed on, found before the epoch is planned. Set by the dump for one epoch; never in a file."""
@@ -441,9 +469,11 @@ class Config:
     def _shared_content(self) -> dict[str, Any]:
         splits = {"splits": self.splits.content()} if self.splits is not None else {}
         transforms = {"transforms": {t.name: t.content() for t in self.transforms}} if self.transforms else {}
+        packing = {"packing": dataclasses.asdict(self.packing)} if self.packing is not None else {}
         return (
             splits
             | transforms
+            | packing
             | {
                 "fields": [
                     _without_defaults(

@@ -40,6 +40,7 @@ from pgprefetch.config.model import (
     VocabularyFrom,
     cut_point,
 )
+from pgprefetch.config.packing import parse_packing
 from pgprefetch.config.transforms import check_samples_fit, check_transform_fields, parse_transforms
 from pgprefetch.config.values import parse_duration, parse_size, show, store_location
 from pgprefetch.errors import ConfigError
@@ -53,7 +54,10 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     """Validate a config already parsed from TOML (see :func:`load_config`)."""
     p = _Parser(file)
     p.keys(
-        raw, "", required=("samples", "fields", "batches", "store"), optional=("source", "mix", "splits", "transforms")
+        raw,
+        "",
+        required=("samples", "fields", "batches", "store"),
+        optional=("source", "mix", "splits", "transforms", "packing"),
     )
     source = p.section(raw, "source", required=False)
     samples = p.section(raw, "samples")
@@ -90,6 +94,9 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     if transforms and mix is None:
         check_samples_fit(p, samples_cfg, "samples")
     splits = p.splits(raw["splits"]) if "splits" in raw else None
+    packing = None
+    if "packing" in raw:
+        packing = parse_packing(p, p.section(raw, "packing"), fields_cfg, samples_cfg, mix)
     if splits is not None and splits.by == "order":
         for s in mix.sources if mix is not None else ():
             p.time_cut_fits(s.samples, f"samples.{s.name}")
@@ -109,11 +116,12 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
         batches=BatchesConfig(
             size=p.positive_int(batches, "batches", "size"),
             seed=p.integer(batches, "batches", "seed", default=0),
-            drop_last=p.boolean(batches, "batches", "drop_last", default=True),
+            drop_last=p.boolean(batches, "batches", "drop_last", default=packing is None),
         ),
         mix=mix,
         splits=splits,
         transforms=transforms,
+        packing=packing,
         store=StoreConfig(
             path=p.location(store, "store", "path"),
             compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),

@@ -112,7 +112,7 @@ def _rows_grouped(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.n
         i += col.n_blobs
 
 
-def _one_row_each(layout: BatchLayout, ordinals: np.ndarray, keys: np.ndarray) -> np.ndarray | None:
+def one_row_each(layout: BatchLayout, ordinals: np.ndarray, keys: np.ndarray) -> np.ndarray | None:
     """Check that each sample returned one row (``ordinals``: each row's sample, from 1); the rows' order.
 
     Rows arrive in key order; should a plan ever reorder them, sorting by ordinal restores it.
@@ -133,7 +133,7 @@ def _rows_each(layout: BatchLayout, columns: Sequence[Sequence[object]], keys: n
     """Decode a row-wise statement's rows: each column's binary values, one per sample, joined and viewed."""
     n = keys.shape[1]
     ordinals = np.array(columns[0] if columns else (), dtype=np.int64)
-    order = _one_row_each(layout, ordinals, keys)
+    order = one_row_each(layout, ordinals, keys)
     i = 1
     for col in layout.columns:
         sent = cast("Sequence[bytes | None]", columns[i])  # a sent column: a binary value a sample
@@ -166,7 +166,7 @@ def _rows_flat(layout: BatchLayout, blobs: Sequence[bytes | None], keys: np.ndar
     """Decode the statement shape for ``rows = 1``: one array per column over the batch, plus ordinals."""
     n = keys.shape[1]
     ordinals = wire.flat(blobs[0], np.dtype(">i4")).astype(np.int64)
-    order = _one_row_each(layout, ordinals, keys)
+    order = one_row_each(layout, ordinals, keys)
     i = 1
     for col in layout.columns:
         try:

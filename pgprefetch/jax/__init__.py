@@ -11,5 +11,6 @@ except ImportError as e:
     raise ImportError("pgprefetch.jax needs JAX: pip install 'pgprefetch[jax]'", name="jax") from None
 
 from pgprefetch.jax.device import DeviceBatches, device_batches
+from pgprefetch.jax.packed import attention_inputs, packed_inputs
 
-__all__ = ["DeviceBatches", "device_batches"]
+__all__ = ["DeviceBatches", "attention_inputs", "device_batches", "packed_inputs"]

@@ -191,3 +191,22 @@ def inputs_statement(
     selects += [f"sha256(record_send(ROW({', '.join(f'{Q}.{quote_ident(c)}' for c in d)})))" for d in digests]
     selects += [f"CASE WHEN {K}.{WANT} = 1 THEN {Q}.{quote_ident(c)} END" for c in inputs]
     return f"SELECT {', '.join(selects)}\n{source}\nLIMIT cardinality($1::int8[]) + 1"
+
+
+def lengths_statement(keys: KeyColumns, query: str, column: str, *, as_bytes: bool) -> str:
+    """Per key, its ordinal and the length of the query's ``column``: an array's elements, or text's or bytea's bytes.
+
+    A packed epoch is planned from its documents' lengths (:mod:`pgprefetch.write.pack`): the server reads
+    each document and sends 12 bytes of it, not its tokens. The keys travel as the batch statement's do.
+    """
+    width = keys.width
+    names = [f"k{i}" for i in range(1, width + 1)]
+    arrays = ", ".join(f"${i}::int8[]" for i in range(1, width + 1))
+    values = keys.value_sql([f"{K}.{n}" for n in names])
+    length = f"{'octet_length' if as_bytes else 'cardinality'}({Q}.{quote_ident(column)})::int8"
+    return (
+        f"SELECT {K}.ord::int4, {length}\n"
+        f"FROM unnest({arrays}) WITH ORDINALITY AS {K}({', '.join(names)}, ord)\n"
+        f"CROSS JOIN LATERAL (\n{replace_params(query, lambda n: values[n - 1])}\n) AS {Q}\n"
+        "LIMIT cardinality($1::int8[]) + 1"
+    )

@@ -8,7 +8,8 @@ torch; it imports the reading core, ``store`` and ``config``, never the dump, JA
 """
 
 from pgprefetch.torch.dataset import EpochDataset
+from pgprefetch.torch.packed import attention_inputs
 from pgprefetch.torch.padding import lengths_to_mask
 from pgprefetch.torch.stream import EpochStream
 
-__all__ = ["EpochDataset", "EpochStream", "lengths_to_mask"]
+__all__ = ["EpochDataset", "EpochStream", "attention_inputs", "lengths_to_mask"]

@@ -22,7 +22,19 @@ from pgprefetch.torch.workers import by_reference
 
 TORCH_DTYPES: dict[np.dtype[Any], torch.dtype] = {
     np.dtype(name): getattr(torch, name)
-    for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+    for name in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "float16",
+        "float32",
+        "float64",
+    )
 }
 NUMPY_DTYPES = {t: n for n, t in TORCH_DTYPES.items()}
 _HOSTS_KEPT = 64  # tensors whose NumPy views read_into keeps (weakly)

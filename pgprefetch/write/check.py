@@ -79,6 +79,7 @@ class CheckReport:
     connections: int = 0
     rows_read: int | None = None  # scan mode: the table rows the server read for the check
     sources: list[dict[str, Any]] = field(default_factory=list)  # a mixed epoch's: each source's figures
+    packing: dict[str, Any] | None = None  # a packed epoch's: sequences, padding, pieces
     memory: int = 0  # ``[source] memory``: the dump's budget
     expected_peak: int | None = None  # the dump's expected peak RSS, bytes (:mod:`.forecast`)
     peak_bound: int | None = None  # what it stays within whatever the table: floor + budget + slack
@@ -104,6 +105,8 @@ class CheckReport:
             batches = f"batch{'es' if self.n_batches != 1 else ''}"
             out.append(f"epoch: {self.n_samples:,} samples in {self.n_batches:,} {batches}{size}")
         out += [source_line(s) for s in self.sources]
+        if self.packing is not None:
+            out.append(packing_line(self.packing))
         for name, f in self.fields.items():
             extra = "".join(f", {k} {v}" for k, v in f.items() if k not in ("dtype", "shape"))
             out.append(f"field {name}: {f['dtype']} {tuple(f['shape'])} per sample{extra}")
@@ -359,6 +362,8 @@ async def _sample(
     report.warnings += source.warnings
     if source.records and "mix" in source.records:
         report.sources = source.records["mix"]["sources"]
+    if source.records and "packing" in source.records:
+        report.packing = source.records["packing"]
     in_flight = asyncio.Semaphore(max(1, source.concurrency))
     free: asyncio.Queue[dict[str, np.ndarray]] = asyncio.Queue()
     for _ in range(max(1, source.threads)):
@@ -495,6 +500,15 @@ def source_line(s: dict[str, Any]) -> str:
         f"source {s['name']} ({s['mode']}): {s['keys']:,} keys, weight {s['weight']} ({s['share']:.1%}): "
         f"{s['samples']:,} samples this epoch ({s['passes']:.2f} passes), from pass {start['pass']} at "
         f"{start['index']:,}"
+    )
+
+
+def packing_line(p: dict[str, Any]) -> str:
+    """A packed epoch's line: documents into sequences, their tokens, padding, and the documents cut."""
+    return (
+        f"packing: {p['documents']:,} documents ({p['tokens']:,} tokens) into {p['sequences']:,} sequences of "
+        f"{p['length']:,} ({p['method']}): padding {p['padding']:,} tokens ({p['padding_share']:.3%}), "
+        f"{p['pieces']:,} pieces, {p['documents_cut']:,} documents cut, at most {p['max_segments']} a sequence"
     )
 
 

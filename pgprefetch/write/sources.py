@@ -1,6 +1,7 @@
 """The one choice of where an epoch's batches come from, for the dump and for ``pgprefetch check`` alike.
 
 - **a mixed epoch**: every source on the epoch's snapshot, interleaved by weight (:mod:`pgprefetch.write.mix`);
+- **a packed epoch**: documents packed into token sequences (:mod:`pgprefetch.write.pack`);
 - **query mode**: the per-sample query, one statement per unit of batches (:mod:`pgprefetch.write.query`);
 - **scan mode on a cluster**: an executor's readers hold the table; its parts cut the epoch from it;
 - **scan mode, cached**: an earlier epoch of this run read the table whole; this one is cut from it;
@@ -20,6 +21,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
+from pgprefetch.write.pack.source import packed_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
 from pgprefetch.write.query import query_source
 from pgprefetch.write.scan.shape import sample_text
@@ -109,6 +111,11 @@ async def _opened(
             assert snap is not None, "a mixed epoch is read on its own snapshot"
             async with mixed_source(cfg, snap, epoch, spill, vocabulary) as mixed:
                 yield mixed
+            return
+        if cfg.packing is not None:  # documents packed into sequences (query mode)
+            assert snap is not None, "a packed epoch is planned on its own snapshot"
+            async with packed_source(cfg, snap, epoch, vocabulary, spill) as packed:
+                yield packed
             return
         if cfg.mode == "scan" and executor is not None:
             if cache.spread is None or cfg.transforms:  # (a transform's inputs: on this epoch's snapshot)

@@ -67,7 +67,10 @@ class EpochStats:
                 N_ROWS if layout.variable_rows else None,
             )
             for f in layout.fields
-            if f.dtype.kind in "iuf" and f.config.categories is None and not any(c.is_bytes for c in f.columns)
+            if f.dtype.kind in "iuf"
+            and f.config.categories is None
+            and not any(c.is_bytes for c in f.columns)
+            and f.column_names  # (a packed epoch's arrays are no column's: ids and positions, not measurements)
         )
         lengths = tuple(f.config.length_array for f in layout.fields if f.config.length_array)
         return cls(fields, n_batches, batch_size, n_samples, (*lengths, *([N_ROWS] if layout.variable_rows else [])))

@@ -89,10 +89,12 @@ class RayExecutor:
             self._started = False
 
     def check(self, cfg: Config) -> None:
-        """Nothing is refused: query mode is cut into batch ranges, scan mode through the exchange, a mix by its parts.
+        """Query mode is cut into batch ranges, scan mode through the exchange, a mix by its parts; packing waits.
 
         (:mod:`pgprefetch.write.ray.scan`, :mod:`pgprefetch.write.mix.parts`.)
         """
+        if cfg.packing is not None:
+            raise ConfigError("--executor ray does not dump packed epochs ([packing]) yet: dump them here")
 
     async def read_scan(
         self, cfg: Config, snap: Snapshot, progress: Progress | None, vocabulary: Vocabulary | None

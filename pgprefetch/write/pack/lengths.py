@@ -1,0 +1,84 @@
+"""Each document's token count, on the epoch's snapshot, before a token is read.
+
+One statement per chunk of keys (:func:`~pgprefetch.pg.statement.lengths_statement`): the per-document query
+runs LATERAL for each key as the batches' does, and the server sends each document's length instead of its
+tokens. The chunks run concurrently on ``[source] connections``. What the field would refuse at the write (a
+NULL under ``null = "error"``, a document longer than ``max_length`` under ``truncate = "error"``, a query that
+returns no row or two for a key) is refused here, naming the document, before anything is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import cast
+
+import numpy as np
+
+from pgprefetch.config.model import Config
+from pgprefetch.errors import SampleError
+from pgprefetch.pg.columns import Column
+from pgprefetch.pg.session import BatchReader
+from pgprefetch.pg.statement import lengths_statement
+from pgprefetch.write.plan import EpochPlan
+
+CHUNK = 65_536  # documents a statement: 0.8 MB of lengths back, a few MB of keys out
+
+
+async def document_lengths(cfg: Config, snapshot: str, plan: EpochPlan, column: Column) -> np.ndarray:
+    """The token count of each document of ``plan`` (its keys in the epoch's order), as the field keeps it.
+
+    ``plan``: a plan of one document a batch. The count is the field's: cut to ``max_length`` under
+    ``truncate = "right"`` or ``"left"``; a NULL document is empty where the field has a NULL policy.
+    """
+    assert cfg.packing is not None
+    field = cfg.field(cfg.packing.field)
+    sql = lengths_statement(plan.key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
+    lengths = np.empty(plan.used, dtype=np.int64)
+
+    async def chunk(start: int, reader: BatchReader) -> None:
+        keys = plan.batch_keys(start, 1, min(CHUNK, plan.used - start))
+        ords, counts = cast("Sequence[Sequence[int | None]]", await reader.fetch(start, keys, keys.shape[1]))
+        got = np.asarray(ords, dtype=np.int64) - 1
+        _check_rows(plan, keys, got)
+        lengths[start + got] = [-1 if c is None else c for c in counts]  # -1: NULL
+
+    async with BatchReader.open(cfg.source, snapshot, sql, row_wise=True) as reader:
+        await asyncio.gather(*(chunk(start, reader) for start in range(0, plan.used, CHUNK)))
+    nulls = lengths < 0
+    if nulls.any():
+        if field.null == "error":
+            raise _error(plan, int(np.flatnonzero(nulls)[0]), f"field {field.name}, column {column.name} is NULL")
+        lengths[nulls] = 0
+    limit = field.max_length
+    assert limit is not None, "a packed field has a max_length (config.packing)"
+    over = lengths > limit
+    if over.any() and field.truncate == "error":
+        i = int(np.flatnonzero(over)[0])
+        unit = "elements" if column.is_array else "bytes"
+        raise _error(
+            plan,
+            i,
+            f"field {field.name}, column {column.name} has {lengths[i]} {unit}, more than max_length {limit}; "
+            f'[fields.{field.name}] truncate = "right" or "left" keeps that many',
+        )
+    return np.minimum(lengths, limit)
+
+
+def _check_rows(plan: EpochPlan, keys: np.ndarray, got: np.ndarray) -> None:
+    """Every key of the chunk returned exactly one row, or the first that did not is named."""
+    counts = np.bincount(got, minlength=keys.shape[1])
+    if (counts == 1).all():
+        return
+    repeated = np.flatnonzero(counts > 1)  # (first: a LIMIT that stopped at a repeat may leave a key unread)
+    bad = int(repeated[0] if repeated.size else np.flatnonzero(counts == 0)[0])
+    what = "no row" if counts[bad] == 0 else "more than one row"
+    raise SampleError(f"sample ({plan.key_columns.show(keys[:, bad])}): [samples] query returned {what}, expected 1")
+
+
+def _error(plan: EpochPlan, i: int, message: str) -> SampleError:
+    keys = plan.batch_keys(i, 1)
+    return SampleError(f"sample ({plan.key_columns.show(keys[:, 0])}): {message}")
+
+
+__all__ = ["CHUNK", "document_lengths"]

@@ -1,0 +1,127 @@
+"""Packed epochs against PostgreSQL: every document once per epoch, its tokens the database's, arrays consistent.
+
+The documents are rows of token arrays with lengths from 0 to past a sequence (tests/harness/packing.py). Each
+test reads what the epoch holds back into documents (by ``segment_keys`` and ``segment_offsets``) and compares
+them with the table, not with the dump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pgprefetch import EpochArrays, EpochDataset, dump_epochs, load_config
+
+from .harness.dumps import chunk_bytes, dump, run_cli
+from .harness.packing import DOCS, docs_table, documents, packed_config, read_back
+
+
+@pytest.fixture
+def docs_db(db: str) -> str:
+    from .harness.db import execute
+
+    execute(db, *DOCS)
+    return db
+
+
+@pytest.mark.parametrize("method", ["best-fit", "concat"])
+@pytest.mark.parametrize("eos", [None, 7])
+def test_every_document_is_in_the_epoch_once_with_the_databases_tokens(
+    docs_db: str, tmp_path: Path, method: str, eos: int | None
+) -> None:
+    config = packed_config(tmp_path, method=method, eos=eos)
+    result = dump(config, docs_db, epoch=0)
+    table = documents(docs_db)
+    got = read_back(result.path, eos)
+    assert set(got) == {k for k, t in table.items() if len(t) or eos is not None}  # an empty one has no piece
+    for key, tokens in got.items():
+        assert tokens == table[key] + ([eos] if eos is not None else []), key
+
+
+def test_check_reports_the_epochs_sequences_padding_and_pieces_before_a_dump(docs_db: str, tmp_path: Path) -> None:
+    config = packed_config(tmp_path)
+    code, out = run_cli("check", "--config", str(config), "--dsn", docs_db)
+    assert code == 0, out
+    result = dump(config, docs_db, epoch=0)
+    p = EpochArrays(tmp_path / "store.zarr", 0).manifest["packing"]
+    line = next(x for x in out.splitlines() if x.startswith("packing: "))
+    assert line.startswith(f"packing: 300 documents ({p['tokens']:,} tokens) into {p['sequences']:,} sequences of 64")
+    assert f"{p['pieces']:,} pieces, {p['documents_cut']:,} documents cut" in line
+    assert f"epoch: {result.n_samples:,} samples" in out
+    table = documents(docs_db)
+    assert p["tokens"] == sum(len(t) for t in table.values())
+    assert p["padding"] == result.n_samples * 64 - p["tokens"]
+    assert p["documents_cut"] == len({k for k, t in table.items() if len(t) > 64})  # best-fit: only the long ones
+
+
+def test_epochs_differ_and_an_epoch_is_the_same_bytes_alone_or_in_a_run(docs_db: str, tmp_path: Path) -> None:
+    config = packed_config(tmp_path, eos=7)
+    run = asyncio.run(dump_epochs(load_config(config, dsn=docs_db), range(3)))
+    alone = dump(packed_config(tmp_path, eos=7, store="alone.zarr", name="alone.toml"), docs_db, epoch=2)
+    assert chunk_bytes(alone.path) == chunk_bytes(run[2].path)
+    first, second = (EpochArrays(tmp_path / "store.zarr", e) for e in (0, 1))
+    a, b = first[0]["segment_keys"][:, :, 0], second[0]["segment_keys"][:, :, 0]
+    assert not np.array_equal(a, b)  # documents shuffled, packed and the sequences shuffled anew
+    assert read_back(run[0].path, 7) == read_back(run[1].path, 7)  # the same documents, whole, every epoch
+
+
+def test_a_packed_epoch_stopped_midway_resumes_to_the_clean_bytes(db: str, tmp_path: Path) -> None:
+    from .harness.db import execute
+
+    execute(db, *docs_table(20_000))  # units of 25 batches: several units an epoch
+    config = packed_config(tmp_path, length=2048, size=8)
+    clean = dump(packed_config(tmp_path, length=2048, size=8, store="clean.zarr", name="clean.toml"), db)
+    last = int(EpochArrays(tmp_path / "clean.zarr", 0)[-1]["segment_keys"][0, 0, 0])  # a document of the last batch
+    execute(db, f"UPDATE docs SET tokens[1] = 70000 WHERE id = {last}")  # uint16 cannot hold it
+    code, out = run_cli("dump", "--config", str(config), "--dsn", db, "--epoch", "0")
+    assert code != 0
+    assert f"sample (id={last}): field tokens, column tokens value 70000 does not fit uint16" in out
+    assert not (tmp_path / "store.zarr" / "epoch-00000").exists()  # nothing published
+    execute(db, f"UPDATE docs SET tokens[1] = (({last} * 7919 + 104729) % 50000) WHERE id = {last}")
+    result = dump(config, db)
+    assert result.resumed > 0  # the batches written before the failure are kept
+    assert chunk_bytes(result.path) == chunk_bytes(clean.path)
+
+
+def test_a_document_past_max_length_is_one_line_naming_it_before_anything_is_written(
+    docs_db: str, tmp_path: Path
+) -> None:
+    config = packed_config(tmp_path)
+    config.write_text(config.read_text().replace("max_length = 1000", "max_length = 149"))
+    code, out = run_cli("dump", "--config", str(config), "--dsn", docs_db, "--epoch", "0")
+    assert code == 1, out  # bad data, as a column's value past max_length is
+    longest = max((k for k, t in documents(docs_db).items() if len(t) == 150))
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("Error: sample (id="), out
+    assert "has 150 elements, more than max_length 149" in line
+    assert "Traceback" not in out
+    assert not (tmp_path / "store.zarr").exists() or not list((tmp_path / "store.zarr").glob("epoch-*"))
+    config.write_text(config.read_text().replace("max_length = 149", 'max_length = 149\ntruncate = "right"'))
+    kept = read_back(dump(config, docs_db).path, None)
+    assert kept[longest] == documents(docs_db)[longest][:149]
+
+
+def test_the_readers_hand_a_trainer_cu_seqlens_labels_and_masks(docs_db: str, tmp_path: Path) -> None:
+    import torch
+
+    from pgprefetch.torch import attention_inputs
+
+    result = dump(packed_config(tmp_path, eos=7), docs_db)
+    loader = torch.utils.data.DataLoader(EpochDataset(tmp_path / "store.zarr", 0), batch_size=None)
+    seen = 0
+    for batch in loader:
+        got = attention_inputs(batch["tokens"], batch["segment_ids"])
+        cu = got["cu_seqlens"]
+        assert cu.dtype == torch.int32
+        assert bool((cu[1:] > cu[:-1]).all())
+        assert int(cu[-1]) == int((batch["segment_ids"] > 0).sum())
+        labels = got["labels"]
+        same = (batch["segment_ids"][:, 1:] == batch["segment_ids"][:, :-1]) & (batch["segment_ids"][:, :-1] > 0)
+        assert torch.equal(labels[:, :-1][same], batch["tokens"][:, 1:][same].long())
+        assert bool((labels[:, :-1][~same] == -100).all())
+        assert bool((labels[:, -1] == -100).all())
+        seen += batch["tokens"].shape[0]
+    assert seen == result.n_samples
