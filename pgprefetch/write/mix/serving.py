@@ -137,8 +137,12 @@ def batch_source(
     queries = [s for s in served.values() if s.fetches]
     first = next(iter(served.values()))
 
+    def runs(batch: int, count: int) -> list[tuple[Served, int, int]]:
+        """Each source the epoch draws on, and its run of samples in the unit (a source not read has none)."""
+        return [(served[c], lo, hi) for c, lo, hi in slots.runs(batch, count) if c in served]
+
     async def fetch(batch: int, count: int) -> object:
-        wanted = [(served[c], lo, hi) for c, lo, hi in slots.runs(batch, count) if served[c].fetches and hi > lo]
+        wanted = [(s, lo, hi) for s, lo, hi in runs(batch, count) if s.fetches and hi > lo]
         got = await asyncio.gather(*(_fetch(s, batch, lo, hi, count) for s, lo, hi in wanted))
         return {s.code: f for (s, _, _), f in zip(wanted, got, strict=True)}
 
@@ -147,12 +151,11 @@ def batch_source(
         a = (batch - slots.first) * size
         b = min(a + count * size, slots.codes.size)
         unit_codes, unit_index = slots.codes[a:b], slots.index[a:b]
-        for code, lo, hi in slots.runs(batch, count):
+        for s, lo, hi in runs(batch, count):
             if hi == lo:
                 continue
-            s = served[code]
-            decoded = s.decode(lo, hi, blobs.get(code), _scratch(local, s, count * size))
-            at = np.flatnonzero(unit_codes == code)
+            decoded = s.decode(lo, hi, blobs.get(s.code), _scratch(local, s, count * size))
+            at = np.flatnonzero(unit_codes == s.code)
             slot = np.empty(hi - lo, dtype=np.int64)  # the slot of each of its samples, in the order decoded
             slot[unit_index[at] - lo] = at
             for name, array in decoded.items():
