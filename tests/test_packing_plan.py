@@ -9,13 +9,20 @@ padding never a segment, labels the next token of the same segment.
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pgprefetch.config.model import PackingConfig
 from pgprefetch.read.packed import IGNORE, attention_inputs
 from pgprefetch.write.pack.packer import Packing, pack
+
+from .harness.loading import error, load
 
 lengths_st = st.lists(st.integers(0, 700), min_size=1, max_size=300)
 
@@ -166,3 +173,74 @@ def test_cu_seqlens_bound_each_segment_over_the_real_tokens_and_never_the_paddin
 def test_attention_inputs_refuse_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="one \\(batch, length\\) shape"):
         attention_inputs(np.zeros((2, 4)), np.zeros((2, 5)))
+
+
+# --- [packing] in the config: one line for each mistake, before any server is touched ------------------------
+
+PACKED: dict[str, Any] = {
+    "samples": {"keys": "SELECT id FROM docs", "query": "SELECT tokens FROM docs WHERE id = $1"},
+    "fields": {"tokens": {"columns": ["tokens"], "dtype": "uint16", "max_length": 4096}},
+    "packing": {"field": "tokens", "length": 2048},
+    "batches": {"size": 8},
+    "store": {"path": "store.zarr"},
+}
+
+
+def _with(section: str, key: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(PACKED)
+    table = data
+    for part in section.split("."):
+        table = table.setdefault(part, {})
+    table[key] = value
+    return data
+
+
+def test_a_packing_config_loads_with_its_defaults_and_keeps_every_sequence(cfg: Path) -> None:
+    loaded = load(cfg, PACKED)
+    assert loaded.packing == PackingConfig(field="tokens", length=2048)
+    assert (loaded.packing.method, loaded.packing.eos, loaded.packing.pad) == ("best-fit", None, 0)
+    assert loaded.batches.drop_last is False  # the last sequences are a short batch, not dropped documents
+    assert loaded.content()["packing"]["length"] == 2048  # in the config's identity
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_with("packing", "field", "ids"), '[packing] field: expected the name of a [fields.NAME], got "ids"'),
+        (
+            _with("packing", "method", "first-fit"),
+            '[packing] method: expected one of best-fit, concat; got "first-fit"',
+        ),
+        (_with("packing", "length", 0), "[packing] length: expected a positive integer, got 0"),
+        (_with("packing", "eos", 70000), "[packing] eos: 70000 does not fit [fields.tokens] dtype uint16 (0..65535)"),
+        (_with("packing", "pad", -1), "[packing] pad: -1 does not fit [fields.tokens] dtype uint16 (0..65535)"),
+        (
+            _with("packing", "stride", 1),
+            '[packing]: unknown key "stride" (expected one of: field, length, method, eos, pad, group)',
+        ),
+        (
+            _with("fields.tokens", "dtype", "float32"),
+            '[packing] field = "tokens": token ids need an integer dtype, got float32',
+        ),
+        (
+            _with("fields", "title", {"columns": ["title"], "dtype": "int32"}),
+            "[packing]: a packed epoch holds token sequences only: remove [fields.title] (a sequence has no one row)",
+        ),
+        (
+            _with("samples", "max_rows", 4),
+            "[packing]: a document is one row: remove [samples] rows / max_rows",
+        ),
+    ],
+    ids=["field", "method", "length", "eos", "pad", "unknown-key", "dtype", "another-field", "rows"],
+)
+def test_a_packing_mistake_is_one_line(cfg: Path, data: dict[str, Any], message: str) -> None:
+    assert error(cfg, data).endswith(message)
+
+
+def test_a_packed_field_without_max_length_is_told_to_give_one(cfg: Path) -> None:
+    data = copy.deepcopy(PACKED)
+    del data["fields"]["tokens"]["max_length"]
+    assert error(cfg, data).endswith(
+        '[packing] field = "tokens": documents have any length: give [fields.tokens] a max_length'
+        " (the longest it takes)"
+    )
