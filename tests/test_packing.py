@@ -125,3 +125,15 @@ def test_the_readers_hand_a_trainer_cu_seqlens_labels_and_masks(docs_db: str, tm
         assert bool((labels[:, -1] == -100).all())
         seen += batch["tokens"].shape[0]
     assert seen == result.n_samples
+
+
+@pytest.mark.parametrize("method", ["best-fit", "concat"])
+def test_a_scan_table_packs_to_the_bytes_of_its_query_twin(docs_db: str, tmp_path: Path, method: str) -> None:
+    query = dump(packed_config(tmp_path, method=method, eos=3), docs_db, epoch=1)
+    scan = packed_config(tmp_path, method=method, eos=3, scan=True, store="scan.zarr", name="scan.toml")
+    code, out = run_cli("check", "--config", str(scan), "--dsn", docs_db)
+    assert code == 0, out
+    assert "packing: 300 documents" in out
+    result = dump(scan, docs_db, epoch=1)
+    assert chunk_bytes(result.path) == chunk_bytes(query.path)
+    assert EpochArrays(tmp_path / "scan.zarr", 1).manifest["mode"] == "scan"

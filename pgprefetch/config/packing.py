@@ -3,8 +3,8 @@
 A packed config's samples are documents and its one field their tokens; the epoch's samples are sequences
 (:mod:`pgprefetch.write.pack`). So the field must hold integers of any length (``max_length``: the longest
 document it takes, under the field's ``truncate``), ``eos`` and ``pad`` must fit its dtype, and nothing else
-may be a field: a sequence has no single row for another column to come from. What is not built yet (a scan
-table, a mix, a transform's output) is refused here in one line rather than half-served.
+may be a field: a sequence has no single row for another column to come from. What is not built yet (a mix,
+a transform's output) is refused here in one line rather than half-served.
 """
 
 from __future__ import annotations
@@ -106,7 +106,9 @@ def _check_samples(p: _Parser, samples: SamplesConfig | ScanConfig, mix: MixConf
     if mix is not None:
         p.fail("[packing]", "mixing sources by tokens is not built yet: pack one [samples]")
     if isinstance(samples, ScanConfig):
-        p.fail("[packing]", "packing a scan table is not built yet: give [samples] keys and a per-document query")
+        if samples.window is not None or samples.order is not None:
+            p.fail("[packing]", "a document is one row: remove [samples] window / order (windows are not documents)")
+        return
     if samples.rows != 1 or samples.max_rows is not None:
         p.fail("[packing]", "a document is one row: remove [samples] rows / max_rows")
 

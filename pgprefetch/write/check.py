@@ -178,7 +178,7 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
     began = time.perf_counter()  # the dump's clock starts before its snapshot too
     report = CheckReport(connections=cfg.source.connections, memory=cfg.source.memory_bytes)
     budget, size = cfg.source.memory_bytes, cfg.batches.size
-    if cfg.mode == "query" and cfg.mix is None:  # the checked batches in flight at once, as the dump has them
+    if (cfg.mode == "query" or cfg.packing) and cfg.mix is None:  # the checked batches in flight, as the dump has them
         connections = min(cfg.source.connections, batches)
         cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, connections=connections))
     forecast: Forecast | None = None
@@ -296,7 +296,7 @@ def _table_read(cfg: Config, sampled: Sampled, planned: float) -> TableRead:
 
 async def _sampled(cfg: Config, snap: Snapshot, epoch: int, batches: int) -> Sampled | None:
     """Scan mode's check source (:func:`~pgprefetch.write.scan.sampled.sampled_source`), if its keys fit memory."""
-    if cfg.mode != "scan" or cfg.mix is not None:
+    if cfg.mode != "scan" or cfg.mix is not None or cfg.packing is not None:  # (a packed table: read by key)
         return None
     try:
         return await sampled_source(cfg, snap, epoch, _vocabulary(cfg), lambda n: spread(n, batches))
@@ -422,7 +422,8 @@ async def _sample(
     if report.batch_errors or not produces:
         return None
     concurrency = min(source.concurrency, len(chosen))
-    waves = await _fetch_waves(source, chosen, concurrency, wall) if cfg.mode == "query" or cfg.mix else ()
+    fetched = cfg.mode == "query" or cfg.mix or cfg.packing  # (the batches' fetches are timed in waves)
+    waves = await _fetch_waves(source, chosen, concurrency, wall) if fetched else ()
     return Timed(wall, tuple(fetches), tuple(produces), concurrency, source.threads, waves)
 
 

@@ -42,13 +42,18 @@ def packed_config(
     store: str = "store.zarr",
     name: str = "packed.toml",
     extra: str = "",
+    scan: bool = False,
 ) -> Path:
-    """A packed config over the ``docs`` table."""
+    """A packed config over the ``docs`` table (``scan``: the table as a scan's, its documents looked up by key)."""
     eos_line = f"eos = {eos}\n" if eos is not None else ""
+    samples = (
+        '[samples]\ntable = "docs"\nkey = ["id"]\n'
+        if scan
+        else '[samples]\nkeys = "SELECT id FROM docs"\nquery = "SELECT tokens FROM docs WHERE id = $1"\n'
+    )
     path = folder / name
     path.write_text(
-        "[source]\nconnections = 2\n"
-        '[samples]\nkeys = "SELECT id FROM docs"\nquery = "SELECT tokens FROM docs WHERE id = $1"\n'
+        f"[source]\nconnections = 2\n{samples}"
         '[fields.tokens]\ncolumns = ["tokens"]\ndtype = "uint16"\nmax_length = 1000\n'
         f'[packing]\nfield = "tokens"\nlength = {length}\nmethod = "{method}"\n{eos_line}pad = 0\n'
         f'[batches]\nsize = {size}\n{extra}[store]\npath = "{store}"\n'

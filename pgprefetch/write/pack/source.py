@@ -27,13 +27,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from pgprefetch.config.model import Config, FieldConfig, PackingConfig
+from pgprefetch.config.model import Config, FieldConfig, PackingConfig, SamplesConfig, ScanConfig
 from pgprefetch.decode.flat import flat_column
 from pgprefetch.decode.layout import BatchLayout, FieldLayout
 from pgprefetch.errors import SampleError, SourceError
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader, Snapshot
 from pgprefetch.pg.statement import Fetched
+from pgprefetch.sqltext import quote_ident
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, unit_batches
 from pgprefetch.write.order.shuffle import n_batches
@@ -41,6 +42,7 @@ from pgprefetch.write.pack.lengths import document_lengths
 from pgprefetch.write.pack.packer import Packing, pack
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, plan_epoch
+from pgprefetch.write.scan.shape import scan_relation
 from pgprefetch.write.spill.folder import SpillFolder
 
 SEGMENT_IDS = "segment_ids"
@@ -67,19 +69,41 @@ async def packed_source(
     """The batch source of packed epoch ``epoch`` on ``snap`` (see the module's docstring)."""
     packing = cfg.packing
     assert packing is not None
-    one = dataclasses.replace(cfg, batches=dataclasses.replace(cfg.batches, size=1, drop_last=False))
+    one = documents_config(cfg)
     plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
     pool = memory.current()
     # The documents' keys are held for the epoch: a unit looks up those of its pieces by their place.
     pool.reserve("documents' keys", plan.used * plan.key_columns.width * 8)
     keys = np.ascontiguousarray(plan.batch_keys(0, 1, plan.used))
     pool.reserve("documents' lengths", plan.used * 8 * 2)  # theirs, and with eos as packed
-    lengths = await document_lengths(cfg, snap.id, plan, plan.by_field[packing.field][0])
+    lengths = await document_lengths(one, snap.id, plan, plan.by_field[packing.field][0])
     packed = await asyncio.to_thread(_packed, lengths, packing, cfg.batches.seed, epoch, pool)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         layout = layout_from(one, plan, await reader.fetch(0, keys[:, :1]))
         documents = Documents(plan, layout, lengths, keys)
         yield _source(cfg, documents, packed, reader, snap)
+
+
+def documents_config(cfg: Config) -> Config:
+    """The documents as a query-mode config of one document a batch: what plans, counts and fetches them.
+
+    A scan table's documents are looked up by their key (its index), a unit's at a time: the pieces of a
+    unit come from all over the table, so reading the table whole would mean holding it, or spilling it,
+    to gather from; a lookup reads each document a unit needs once, and nothing else.
+    """
+    samples = cfg.samples
+    if isinstance(samples, ScanConfig):
+        relation = scan_relation(samples)
+        names = [quote_ident(k) for k in samples.key]
+        where = " AND ".join(f"{n} = ${i}" for i, n in enumerate(names, 1))
+        samples = SamplesConfig(
+            keys=f"SELECT {', '.join(names)} FROM {relation}",
+            query=f"SELECT * FROM {relation} WHERE {where}",
+            fraction=samples.fraction,
+            duplicates=samples.duplicates,
+        )
+    batches = dataclasses.replace(cfg.batches, size=1, drop_last=False)
+    return dataclasses.replace(cfg, samples=samples, batches=batches)
 
 
 def _packed(lengths: np.ndarray, cfg: PackingConfig, seed: int, epoch: int, pool: memory.MemoryPool) -> Packing:
