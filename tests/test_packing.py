@@ -137,3 +137,15 @@ def test_a_scan_table_packs_to_the_bytes_of_its_query_twin(docs_db: str, tmp_pat
     result = dump(scan, docs_db, epoch=1)
     assert chunk_bytes(result.path) == chunk_bytes(query.path)
     assert EpochArrays(tmp_path / "scan.zarr", 1).manifest["mode"] == "scan"
+
+
+def test_a_packed_epoch_spread_over_ray_is_the_single_process_bytes(
+    ray_cluster: object, docs_db: str, tmp_path: Path
+) -> None:
+    from .harness.raycluster import on_ray
+
+    single = dump(packed_config(tmp_path, eos=7, method="concat"), docs_db, epoch=1)
+    config = packed_config(tmp_path, eos=7, method="concat", store="ray.zarr", name="ray.toml")
+    spread = on_ray(config, docs_db, epoch=1, parts=3)
+    assert (spread.executor, spread.parts) == ("ray", 3)
+    assert chunk_bytes(spread.path) == chunk_bytes(single.path)

@@ -13,6 +13,7 @@ pasted into its text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
@@ -28,6 +29,18 @@ ORD = "_pgpf_ord"
 # What the batch statement returned: its one row of blobs, or for a row-wise statement each result column's
 # values over the rows (the rows transposed).
 Fetched = Sequence[bytes | None] | Sequence[Sequence[object]]
+
+
+@dataclass(frozen=True)
+class BatchStatement:
+    """A batch statement as its reader prepares it: the text, its parameters after the keys, its shape.
+
+    What a cluster's part is sent of a source it fetches itself, to open a reader of its own.
+    """
+
+    sql: str
+    params: tuple[list[str], ...]  # bind parameters after the key arrays: the category lists
+    row_wise: bool  # a row per sample (:func:`row_wise`)
 
 
 def row_wise(columns: Sequence[Column], rows: int, variable_rows: bool) -> bool:

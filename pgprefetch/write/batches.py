@@ -15,12 +15,13 @@ database and the client see units of up to about a thousand samples whatever the
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.write.memory.policy import UNIT_BYTES, unit_bytes
 from pgprefetch.write.plan import EpochPlan
@@ -73,7 +74,7 @@ class BatchSource:
     unit_seconds: float = UNIT_SECONDS  # the fetch time units aim at (:class:`~pgprefetch.write.schedule.Units`)
     slot_sources: np.ndarray | None = None  # a mixed epoch: each sample's source code, in epoch order ...
     slots_from: int = 0  # ... from this sample on (a part of the epoch holds its own batches' alone)
-    cut: Callable[[range], AbstractContextManager[object]] | None = None  # a mixed epoch: what a cluster's part is sent
+    cut: Callable[[range], AbstractContextManager[SourcePart]] | None = None  # what a cluster's part is sent
 
     @property
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
@@ -99,6 +100,19 @@ class BatchSource:
         """The bytes of the epoch's arrays, keys included, uncompressed: what the dump writes, what check says."""
         extra = sum(d.itemsize * int(np.prod(s)) for _, d, s in self.extra_arrays)
         return self.plan.n_batches * size * (self.layout.sample_bytes + extra + 8 * self.plan.key_columns.width)
+
+
+class SourcePart(Protocol):
+    """What :attr:`BatchSource.cut` sends a cluster's part of an epoch whose batches it cannot rebuild alone.
+
+    A mixed epoch's (:mod:`pgprefetch.write.mix.parts`) or a packed one's (:mod:`pgprefetch.write.pack.parts`):
+    the part serves its batches with it, on the driver's exported snapshot.
+    """
+
+    def served(
+        self, cfg: Config, plan: EpochPlan, snapshot: str, server_version: str
+    ) -> AbstractAsyncContextManager[BatchSource]:
+        """The part's batches (``cfg`` with its password: the part's connections are its own)."""
 
 
 class Advances(Protocol):

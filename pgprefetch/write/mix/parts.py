@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,10 +29,11 @@ from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader
+from pgprefetch.pg.statement import BatchStatement
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.mix.reading import source_config
-from pgprefetch.write.mix.serving import Served, Slots, Statement, batch_source
+from pgprefetch.write.mix.serving import Served, Slots, batch_source
 from pgprefetch.write.plan import EpochPlan
 
 
@@ -45,7 +46,7 @@ class SourcePart:
     layout: BatchLayout
     key_columns: KeyColumns
     keys: np.ndarray  # (its key columns, its samples in the part), in its run's order
-    statement: Statement | None  # query mode: fetched by the part
+    statement: BatchStatement | None  # query mode: fetched by the part
     decoded: dict[str, np.ndarray] | None  # scan mode: decoded by the driver
 
 
@@ -55,6 +56,12 @@ class MixedPart:
 
     slots: Slots
     sources: tuple[SourcePart, ...]
+
+    def served(
+        self, cfg: Config, plan: EpochPlan, snapshot: str, server_version: str
+    ) -> AbstractAsyncContextManager[BatchSource]:
+        """The part's batches (:func:`part_source`)."""
+        return part_source(cfg, self, plan, snapshot, server_version)
 
     @property
     def key_columns(self) -> dict[int, KeyColumns]:

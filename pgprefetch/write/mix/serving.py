@@ -29,20 +29,11 @@ from pgprefetch.decode import collate
 from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader
-from pgprefetch.pg.statement import Fetched
-from pgprefetch.write.batches import BatchSource, local_unit_batches, unit_batches
+from pgprefetch.pg.statement import BatchStatement, Fetched
+from pgprefetch.write.batches import BatchSource, SourcePart, local_unit_batches, unit_batches
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.scan.table import Table, gather
 from pgprefetch.write.spill.columns import ColumnFile
-
-
-@dataclass(frozen=True)
-class Statement:
-    """A query-mode source's batch statement: what its reader prepares (a part opens a reader of its own)."""
-
-    sql: str
-    params: tuple[list[str], ...]
-    row_wise: bool
 
 
 @dataclass
@@ -55,7 +46,7 @@ class Served:
     keys: np.ndarray  # (its key columns, its samples): the keys it gives the epoch, in the order it gives them
     key_columns: KeyColumns
     reader: BatchReader | None = None  # query mode: the workers running its batch statement
-    statement: Statement | None = None  # query mode: that statement
+    statement: BatchStatement | None = None  # query mode: that statement
     table: Table | None = None  # scan mode, in memory: the table read ...
     starts: np.ndarray | None = None  # ... and the row each of its samples starts at
     run: ColumnFile | None = None  # scan mode, beyond its share: its run's samples, in order
@@ -125,7 +116,7 @@ def batch_source(
     snapshot: tuple[str, str],
     rows_read: int | None,
     records: dict[str, Any],
-    cut: Callable[[range], AbstractContextManager[object]] | None = None,
+    cut: Callable[[range], AbstractContextManager[SourcePart]] | None = None,
 ) -> BatchSource:
     """The writer's view of a mixed epoch (or of a part's batches): units fetched from every source, scattered.
 
@@ -191,4 +182,4 @@ def _scratch(local: threading.local, s: Served, n: int) -> dict[str, np.ndarray]
     return buffers
 
 
-__all__ = ["Served", "Slots", "Statement", "batch_source"]
+__all__ = ["Served", "Slots", "batch_source"]

@@ -26,6 +26,7 @@ import numpy as np
 
 from pgprefetch.config.model import MIX_VERSION, SOURCE_ARRAY, Config
 from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.pg.statement import BatchStatement
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.mix.apportion import shares
@@ -44,7 +45,7 @@ from pgprefetch.write.mix.reading import (
     source_config,
     widest,
 )
-from pgprefetch.write.mix.serving import Served, Slots, Statement, batch_source
+from pgprefetch.write.mix.serving import Served, Slots, batch_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, query_statement
 from pgprefetch.write.scan.table import array_lengths
@@ -211,7 +212,8 @@ async def _serve(
     # The first sample's array lengths fix the shapes; one that gives this epoch nothing uses any key of its own.
     first = keys[:, :1] if keys.shape[1] else r.chosen.keys[:, :1]
     layout = layout_from(r.cfg, plan, await reader.fetch(0, first))
-    return Served(r.name, r.code, layout, keys, r.key_columns, reader, Statement(plan.sql, plan.params, plan.row_wise))
+    sent = BatchStatement(plan.sql, plan.params, plan.row_wise)
+    return Served(r.name, r.code, layout, keys, r.key_columns, reader, sent)
 
 
 def _source_plan(r: SourceRead, keys: np.ndarray) -> EpochPlan:

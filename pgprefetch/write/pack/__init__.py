@@ -5,7 +5,8 @@ An epoch of a packed config is planned from the documents' lengths alone, before
 - :mod:`.lengths`: each document's token count, on the epoch's snapshot (the server counts; no token is sent);
 - :mod:`.packer`: the documents, in the epoch's shuffled order, laid into sequences (best-fit decreasing
   within groups, or the stream cut every ``length`` tokens), then the sequences shuffled;
-- :mod:`.source`: the batch source that fetches each unit's documents once and places their pieces.
+- :mod:`.source`: the epoch planned; :mod:`.serving` and :mod:`.place`: each unit's documents fetched once and
+  their pieces placed; :mod:`.parts`: a Ray cluster's part of the epoch.
 
 The arrays a trainer's attention needs (``cu_seqlens``, labels, a loss mask) are derived by the readers
 (:mod:`pgprefetch.read.packed`), not stored.

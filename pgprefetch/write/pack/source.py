@@ -6,60 +6,42 @@ by the server (:mod:`.lengths`); :mod:`.packer` lays them into sequences and shu
 samples are the sequences, and its ``keys`` array holds each sequence's number in the packing before the
 shuffle (each piece's document key is in ``segment_keys``).
 
-Serving: a unit of batches of sequences holds pieces of some documents; ``fetch`` runs the per-document
-statement once for those documents (a document cut across two sequences of one unit is fetched once), and
-``produce`` decodes their tokens flat (:mod:`pgprefetch.decode.flat`) and places every piece with one
-vectorised gather: tokens (``eos`` after a document's last token), ``segment_ids`` (1, 2, ... per piece, 0 on
-padding), ``position_ids`` (the token's place in its document), ``segment_keys`` and ``segment_offsets`` (-1
-past the last piece).
+Serving (:mod:`.serving`, :mod:`.place`): a unit of batches of sequences holds pieces of some documents,
+fetched once each in one statement and placed: tokens (``eos`` after a document's last token),
+``segment_ids`` (1, 2, ... per piece, 0 on padding), ``position_ids`` (the token's place in its document),
+``segment_keys`` and ``segment_offsets`` (-1 past the last piece). A cluster's part is cut by :mod:`.parts`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from pgprefetch.config.model import Config, FieldConfig, PackingConfig, SamplesConfig, ScanConfig
-from pgprefetch.decode.flat import flat_column
-from pgprefetch.decode.layout import BatchLayout, FieldLayout
-from pgprefetch.errors import SampleError, SourceError
-from pgprefetch.keys import KeyColumns
+from pgprefetch.config.model import Config, PackingConfig, SamplesConfig, ScanConfig
+from pgprefetch.errors import SourceError
 from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.pg.statement import Fetched
+from pgprefetch.pg.statement import BatchStatement
 from pgprefetch.sqltext import quote_ident
 from pgprefetch.write import memory
-from pgprefetch.write.batches import BatchSource, unit_batches
+from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.order.shuffle import n_batches
 from pgprefetch.write.pack.lengths import document_lengths
 from pgprefetch.write.pack.packer import Packing, pack
+from pgprefetch.write.pack.parts import cut
+from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Documents
+from pgprefetch.write.pack.serving import SEQUENCE_KEY, served
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, plan_epoch
 from pgprefetch.write.scan.shape import scan_relation
 from pgprefetch.write.spill.folder import SpillFolder
-
-SEGMENT_IDS = "segment_ids"
-POSITION_IDS = "position_ids"
-SEGMENT_KEYS = "segment_keys"
-SEGMENT_OFFSETS = "segment_offsets"
-SEQUENCE_KEY = KeyColumns(("sequence",))  # a packed epoch's keys array: each sequence's number in the packing
-
-
-@dataclass(frozen=True)
-class Documents:
-    """The epoch's documents: their plan (keys in the epoch's order, the statement), layout and token counts."""
-
-    plan: EpochPlan
-    layout: BatchLayout
-    lengths: np.ndarray  # tokens each, as the field keeps them (no eos)
-    keys: np.ndarray  # (key slots, documents), in memory
 
 
 @asynccontextmanager
@@ -78,10 +60,16 @@ async def packed_source(
     pool.reserve("documents' lengths", plan.used * 8 * 2)  # theirs, and with eos as packed
     lengths = await document_lengths(one, snap.id, plan, plan.by_field[packing.field][0])
     packed = await asyncio.to_thread(_packed, lengths, packing, cfg.batches.seed, epoch, pool)
+    statement = BatchStatement(plan.sql, plan.params, plan.row_wise)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         layout = layout_from(one, plan, await reader.fetch(0, keys[:, :1]))
-        documents = Documents(plan, layout, lengths, keys)
-        yield _source(cfg, documents, packed, reader, snap)
+        docs = Documents(plan.key_columns, layout, statement, keys, lengths)
+        sequences = _plan(cfg, plan, packed)
+        records = {"packing": _record(packing, docs, packed, sequences.used)}
+        parts = functools.partial(cut, cfg.batches.size, docs, packed, sequences.used)  # a cluster's (.parts)
+        snapshot = (snap.id, snap.server_version)
+        most = max(1, packed.max_segments)
+        yield served(cfg, sequences, docs, packed, reader, snapshot, most, records, parts)
 
 
 def documents_config(cfg: Config) -> Config:
@@ -120,131 +108,33 @@ def _packed(lengths: np.ndarray, cfg: PackingConfig, seed: int, epoch: int, pool
     return shuffled
 
 
-def sequence_layout(cfg: Config, width: int, max_segments: int) -> BatchLayout:
-    """The arrays of a sequence, as fields the readers read: tokens, segment ids and positions, keys, offsets."""
-    packing = cfg.packing
-    assert packing is not None
-    field = cfg.field(packing.field)
-    n = packing.length
-
-    def array(name: str, dtype: str, shape: tuple[int, ...]) -> FieldLayout:
-        config = FieldConfig(name=name, columns=(), dtype=dtype, shape=shape)
-        return FieldLayout(config, np.dtype(dtype), (), shape, int(np.prod(shape)))
-
-    fields = (
-        array(field.name, field.dtype, (n,)),
-        array(SEGMENT_IDS, "int32", (n,)),
-        array(POSITION_IDS, "int32", (n,)),
-        array(SEGMENT_KEYS, "int64", (max_segments, width)),
-        array(SEGMENT_OFFSETS, "int32", (max_segments,)),
-    )
-    return BatchLayout((), fields, 1, SEQUENCE_KEY)
-
-
-def _source(cfg: Config, docs: Documents, packed: Packing, reader: BatchReader, snap: Snapshot) -> BatchSource:
-    """The writer's view of the packed epoch: units of sequences, their documents fetched and placed."""
+def _plan(cfg: Config, documents: EpochPlan, packed: Packing) -> EpochPlan:
+    """The epoch's plan of sequences: the shuffled packing's, in batches of ``[batches] size`` sequences."""
     packing = cfg.packing
     assert packing is not None
     size = cfg.batches.size
-    used_batches = n_batches(packed.n_sequences, size, cfg.batches.drop_last)
-    if not used_batches:
+    batches = n_batches(packed.n_sequences, size, cfg.batches.drop_last)
+    if not batches:
         raise SourceError(
             f"[packing]: {packed.n_sequences} sequences of {packing.length} tokens, fewer than one batch of {size}"
         )
-    used = min(packed.n_sequences, used_batches * size)
+    used = min(packed.n_sequences, batches * size)
     assert packed.numbers is not None, "the sequences were shuffled"
-    numbers = packed.numbers[:used]
-    plan = EpochPlan(
-        epoch=docs.plan.epoch,
-        keys=numbers[None].astype(np.int64),
+    return EpochPlan(
+        epoch=documents.epoch,
+        keys=packed.numbers[None, :used].astype(np.int64),
         key_columns=SEQUENCE_KEY,
-        n_keys=docs.plan.n_keys,
-        duplicates_dropped=docs.plan.duplicates_dropped,
+        n_keys=documents.n_keys,
+        duplicates_dropped=documents.duplicates_dropped,
         used=used,
-        n_batches=used_batches,
-        keys_sha256=_identity(docs.plan, packed, packing),
+        n_batches=batches,
+        keys_sha256=_identity(documents, packed, packing),
         columns=(),
         by_field={},
         categories={},
         sql="",
         params=(),
     )
-    layout = sequence_layout(cfg, docs.keys.shape[0], max(1, packed.max_segments))
-    place = Placer(cfg, docs, packed, used)
-    # (a unit's documents hold about its tokens again, as sent and decoded: the sequences' bytes or fewer)
-    unit = min(unit_batches(size, layout.sample_bytes), used_batches)
-
-    async def fetch(batch: int, count: int) -> object:
-        rows = place.documents(batch * size, min((batch + count) * size, used))
-        return rows, await reader.fetch(batch, docs.keys[:, rows], count)
-
-    def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
-        rows, blobs = cast("tuple[np.ndarray, Fetched]", fetched)
-        place.fill(batch * size, min((batch + count) * size, used), rows, blobs, buffers)
-
-    records = {"packing": _record(packing, docs, packed, used)}
-    return BatchSource(
-        plan, layout, snap.id, snap.server_version, None, fetch, produce, reader.size, unit=unit, records=records
-    )
-
-
-class Placer:
-    """Places a unit's pieces: from the flat tokens of its documents into its sequences' arrays."""
-
-    def __init__(self, cfg: Config, docs: Documents, packed: Packing, used: int) -> None:
-        assert cfg.packing is not None
-        self.packing = cfg.packing
-        self.field = cfg.field(cfg.packing.field)
-        self.docs, self.packed, self.used = docs, packed, used
-
-    def documents(self, first: int, last: int) -> np.ndarray:
-        """The documents (their places in the epoch's order) with a piece in sequences ``first ... last - 1``."""
-        return np.unique(self.packed.doc[self.packed.pieces(first, last)])
-
-    def fill(self, first: int, last: int, rows: np.ndarray, blobs: Fetched, out: dict[str, np.ndarray]) -> None:
-        """Fill ``out`` with sequences ``first ... last - 1`` (and padding past them) from their documents' rows."""
-        n = self.packing.length
-        tokens, counts = flat_column(self.docs.layout, blobs, self.docs.keys[:, rows], np.dtype(self.field.dtype))
-        expected = self.docs.lengths[rows]
-        if not np.array_equal(counts, expected):  # the same snapshot: only a volatile query gives another count
-            i = int(np.flatnonzero(counts != expected)[0])
-            raise SampleError(
-                f"sample ({self.docs.plan.key_columns.show(self.docs.keys[:, rows[i]])}): field {self.field.name} "
-                f"has {counts[i]} tokens, where its length was {expected[i]} when the epoch was packed "
-                "(a per-document query must return the same rows each time it runs)"
-            )
-        p = self.packed
-        at = p.pieces(first, last)
-        doc, offset, size = p.doc[at], p.offset[at], p.size[at]
-        per = np.diff(p.starts[first : last + 1])
-        sequence = np.repeat(np.arange(last - first), per)  # each piece's sequence in the unit
-        segment = np.arange(doc.size) - np.repeat(p.starts[first:last] - p.starts[first], per)  # its place there
-        begins = np.cumsum(size) - size
-        within = begins - np.repeat(begins[p.starts[first:last] - p.starts[first]], per)  # its first token's place
-        piece = np.repeat(np.arange(doc.size), size)  # each token's piece
-        j = np.arange(int(size.sum()), dtype=np.int64) - np.repeat(begins, size)
-        position = offset[piece] + j  # in its document
-        row = np.searchsorted(rows, doc)[piece]  # its document's place among the unit's
-        starts = np.cumsum(counts) - counts
-        real = position < counts[row]  # the others are the eos after the last token
-        value = np.full(position.size, self.packing.eos or 0, dtype=tokens.dtype)
-        value[real] = tokens[starts[row[real]] + position[real]]
-        slot = sequence[piece] * n + within[piece] + j
-        _reset(out, self.field.name, self.packing.pad)
-        out[self.field.name].reshape(-1)[slot] = value
-        out[SEGMENT_IDS].reshape(-1)[slot] = (segment + 1)[piece]
-        out[POSITION_IDS].reshape(-1)[slot] = position
-        out[SEGMENT_KEYS][sequence, segment] = self.docs.keys[:, doc].T
-        out[SEGMENT_OFFSETS][sequence, segment] = offset
-
-
-def _reset(out: dict[str, np.ndarray], tokens: str, pad: int) -> None:
-    """A unit's buffers as padding: ``pad`` tokens, segment 0, position 0, no key (-1), no offset (-1)."""
-    out[tokens].fill(pad)
-    out[SEGMENT_IDS].fill(0)
-    out[POSITION_IDS].fill(0)
-    out[SEGMENT_KEYS].fill(-1)
-    out[SEGMENT_OFFSETS].fill(-1)
 
 
 def _identity(plan: EpochPlan, packed: Packing, cfg: PackingConfig) -> str:
@@ -280,4 +170,4 @@ def _record(cfg: PackingConfig, docs: Documents, packed: Packing, used: int) -> 
     }
 
 
-__all__ = ["POSITION_IDS", "SEGMENT_IDS", "SEGMENT_KEYS", "SEGMENT_OFFSETS", "packed_source", "sequence_layout"]
+__all__ = ["documents_config", "packed_source"]

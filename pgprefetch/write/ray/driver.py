@@ -12,7 +12,8 @@ then:
 - ``ray.put``-s the ordered keys once: every part reads them from its node's object store;
 - in scan mode, routes each part the rows its samples span from the blocks the readers keep
   (:mod:`pgprefetch.write.ray.scan`; :meth:`RayExecutor.read_scan` read them, before the writer was opened);
-- in a mixed epoch, sends each part its run of every source (:mod:`pgprefetch.write.mix.parts`);
+- in a mixed or packed epoch, sends each part what its source cuts for it (:mod:`pgprefetch.write.mix.parts`,
+  :mod:`pgprefetch.write.pack.parts`);
 - runs a task per part (:func:`~pgprefetch.write.ray.part.run_part`), retried by Ray when its worker or node
   is lost (at most ``TASK_RETRIES`` times); the first part that fails for another reason (bad data, a lost
   database connection) stops the others, and its error is the epoch's: the same one line as the single
@@ -47,10 +48,9 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.base import ArraySpec, Store
 from pgprefetch.store.objects import ObjectStore
 from pgprefetch.store.records import PartRecord, usable
-from pgprefetch.write.batches import BatchSource, Progress
+from pgprefetch.write.batches import BatchSource, Progress, SourcePart
 from pgprefetch.write.executor import Spread
 from pgprefetch.write.files.writer import EpochWriter
-from pgprefetch.write.mix.parts import MixedPart
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.ray.cluster import cluster_cpus, failure, join, line, lost_tracker, tracker
 from pgprefetch.write.ray.part import PartResult, PartSpec, ScanPart, run_part
@@ -89,12 +89,11 @@ class RayExecutor:
             self._started = False
 
     def check(self, cfg: Config) -> None:
-        """Query mode is cut into batch ranges, scan mode through the exchange, a mix by its parts; packing waits.
+        """Nothing is refused: every config's epoch is cut into parts.
 
-        (:mod:`pgprefetch.write.ray.scan`, :mod:`pgprefetch.write.mix.parts`.)
+        Query mode by batch ranges, scan mode through the exchange (:mod:`pgprefetch.write.ray.scan`), a mixed
+        or packed epoch by what its source sends each part (:attr:`~pgprefetch.write.batches.BatchSource.cut`).
         """
-        if cfg.packing is not None:
-            raise ConfigError("--executor ray does not dump packed epochs ([packing]) yet: dump them here")
 
     async def read_scan(
         self, cfg: Config, snap: Snapshot, progress: Progress | None, vocabulary: Vocabulary | None
@@ -219,8 +218,8 @@ class RayExecutor:
             scans = exchange(cfg, source.spread, plan, [(spec.owned, spec.batches) for spec in specs])
 
         def start(spec: PartSpec) -> Any:
-            with _mixed_part(source, spec) as mixed:  # (held here only until it is in the object store)
-                sent = None if mixed is None else ray.put(mixed)
+            with _part_of(source, spec) as part:  # (held here only until it is in the object store)
+                sent = None if part is None else ray.put(part)
             return run_part.options(**options).remote(
                 spec, _part_keys(plan, spec), track, sent, *_scan_args(scans[spec.index])
             )
@@ -318,13 +317,12 @@ def _scan_args(scan: ScanPart | None) -> tuple[Any, ...]:
 
 
 @contextlib.contextmanager
-def _mixed_part(source: BatchSource, spec: PartSpec) -> Iterator[MixedPart | None]:
-    """What a part of a mixed epoch is sent (:mod:`pgprefetch.write.mix.parts`); None for a single source."""
+def _part_of(source: BatchSource, spec: PartSpec) -> Iterator[SourcePart | None]:
+    """What a part of a mixed or packed epoch is sent (:attr:`BatchSource.cut`); None where its plan does."""
     if source.cut is None:
         yield None
         return
     with source.cut(spec.owned) as part:
-        assert isinstance(part, MixedPart)
         yield part
 
 

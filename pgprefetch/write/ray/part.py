@@ -31,10 +31,10 @@ from pgprefetch.store.base import ArraySpec, Store
 from pgprefetch.store.open import open_store
 from pgprefetch.store.records import PartRecord, put_record
 from pgprefetch.store.uploads import Uploads
-from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.batches import BatchSource, SourcePart
 from pgprefetch.write.files.stats import EpochStats
 from pgprefetch.write.files.writer import EpochWriter
-from pgprefetch.write.mix.parts import MixedPart, part_source
+from pgprefetch.write.mix.parts import MixedPart
 from pgprefetch.write.plan import EpochPlan, KeyWindow
 from pgprefetch.write.query import served
 from pgprefetch.write.ray.cluster import TASK_RETRIES
@@ -106,7 +106,7 @@ def run_part(
     spec: PartSpec,
     keys: np.ndarray,
     tracker: Any,
-    mixed: MixedPart | None = None,
+    sent: SourcePart | None = None,
     starts: np.ndarray | None = None,
     *pieces: Piece,
 ) -> PartResult:
@@ -114,13 +114,13 @@ def run_part(
 
     Query mode fetches them under the snapshot; scan mode cuts them from the rows routed to it: ``pieces``
     (resolved by Ray before the task starts) and each sample's first row, ``starts`` (see :class:`ScanPart`);
-    a mixed epoch serves them from what the driver sent of each source, ``mixed``.
+    a mixed or packed epoch serves them from what the driver ``sent`` (:class:`~pgprefetch.write.batches.SourcePart`).
     """
     with contextlib.suppress(ray.exceptions.RayError):  # progress is never worth failing a part for
         # Received before any work, so a kill from here on counts as a retry. (Sent and not awaited, a call
         # still queued for a tracker that was starting died with the part, and the retry went uncounted.)
         ray.get(tracker.started.remote(spec.run, spec.index))
-    return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces), mixed))
+    return asyncio.run(_write_part(spec, keys, tracker, None if starts is None else (starts, pieces), sent))
 
 
 class _Progress:
@@ -138,7 +138,7 @@ async def _write_part(
     keys: np.ndarray,
     tracker: Any,
     scan: tuple[np.ndarray, tuple[Piece, ...]] | None,
-    mixed: MixedPart | None,
+    sent: SourcePart | None,
 ) -> PartResult:
     store = open_store(spec.location)
     partial = store.partial_path(spec.epoch)
@@ -157,7 +157,7 @@ async def _write_part(
     cfg, size = spec.cfg, spec.cfg.batches.size
     plan = dataclasses.replace(spec.plan, keys=KeyWindow(keys, spec.owned.start * size))
     stats = EpochStats.of(spec.layout, plan.n_batches, size, plan.used)
-    async with _source(spec, plan, scan, mixed) as source, _transformed(spec, store, source, mixed) as source:
+    async with _source(spec, plan, scan, sent) as source, _transformed(spec, store, source, sent) as source:
         bucket = store.object_store if not spec.defer else None  # (an object store's parts upload their files)
         # Up to the object store (unless --force stages), or back to the shared disk, as each file is finished.
         if store.local_root is not None:
@@ -196,7 +196,7 @@ def record(spec: PartSpec, header: dict[str, Any], result: PartResult, partial: 
 
 @contextlib.asynccontextmanager
 async def _transformed(
-    spec: PartSpec, store: Store, source: BatchSource, mixed: MixedPart | None
+    spec: PartSpec, store: Store, source: BatchSource, sent: SourcePart | None
 ) -> AsyncIterator[BatchSource]:
     """The part's source with its transforms' outputs, run on this node (the driver checked the inputs).
 
@@ -208,8 +208,8 @@ async def _transformed(
         return
     cfg = opened(spec.cfg, spec.dsn)
     folder = transforms_folder(cfg, store, local=socket.gethostname() != spec.host)
-    if mixed is not None:
-        async with mixed_stages_over(cfg, spec.snapshot, spec.epoch, folder, mixed.key_columns) as stages:
+    if isinstance(sent, MixedPart):
+        async with mixed_stages_over(cfg, spec.snapshot, spec.epoch, folder, sent.key_columns) as stages:
             yield await stages.serve(source, first=False)
         return
     async with stage_over(cfg, spec.snapshot, source, spec.epoch, folder, first=False) as staged:
@@ -223,12 +223,12 @@ def _summary(source: BatchSource) -> dict[str, dict[str, Any]]:
 
 @contextlib.asynccontextmanager
 async def _source(
-    spec: PartSpec, plan: EpochPlan, scan: tuple[np.ndarray, tuple[Piece, ...]] | None, mixed: MixedPart | None
+    spec: PartSpec, plan: EpochPlan, scan: tuple[np.ndarray, tuple[Piece, ...]] | None, sent: SourcePart | None
 ) -> AsyncIterator[BatchSource]:
-    """The part's batches: fetched on the snapshot (query mode), cut from its pieces (scan mode) or mixed."""
-    if mixed is not None:
+    """The part's batches: fetched on the snapshot (query mode), cut from its pieces (scan mode), or ``sent``."""
+    if sent is not None:
         cfg = opened(spec.cfg, spec.dsn)
-        async with part_source(cfg, mixed, plan, spec.snapshot, spec.server_version) as source:
+        async with sent.served(cfg, plan, spec.snapshot, spec.server_version) as source:
             yield source
         return
     if scan is None:

@@ -1,0 +1,86 @@
+"""A packed epoch's batch source, for the whole epoch or a cluster's part of it: units of sequences placed.
+
+Each unit's documents are fetched by the per-document statement, once, in one round trip, and placed
+(:class:`~.place.Placer`). The epoch's samples are sequences; their arrays are described to the writer and
+the readers as fields (:func:`sequence_layout`): they come from no column, so they have no statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, cast
+
+import numpy as np
+
+from pgprefetch.config.model import Config, FieldConfig
+from pgprefetch.decode.layout import BatchLayout, FieldLayout
+from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.session import BatchReader
+from pgprefetch.pg.statement import Fetched
+from pgprefetch.write.batches import BatchSource, SourcePart, unit_batches
+from pgprefetch.write.pack.packer import Packing
+from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Documents, Placer
+from pgprefetch.write.plan import EpochPlan
+
+SEQUENCE_KEY = KeyColumns(("sequence",))  # a packed epoch's keys array: each sequence's number in the packing
+
+
+def sequence_layout(cfg: Config, width: int, max_segments: int) -> BatchLayout:
+    """The arrays of a sequence, as fields the readers read: tokens, segment ids and positions, keys, offsets."""
+    packing = cfg.packing
+    assert packing is not None
+    field = cfg.field(packing.field)
+    n = packing.length
+
+    def array(name: str, dtype: str, shape: tuple[int, ...]) -> FieldLayout:
+        config = FieldConfig(name=name, columns=(), dtype=dtype, shape=shape)
+        return FieldLayout(config, np.dtype(dtype), (), shape, int(np.prod(shape)))
+
+    fields = (
+        array(field.name, field.dtype, (n,)),
+        array(SEGMENT_IDS, "int32", (n,)),
+        array(POSITION_IDS, "int32", (n,)),
+        array(SEGMENT_KEYS, "int64", (max_segments, width)),
+        array(SEGMENT_OFFSETS, "int32", (max_segments,)),
+    )
+    return BatchLayout((), fields, 1, SEQUENCE_KEY)
+
+
+def served(
+    cfg: Config,
+    plan: EpochPlan,
+    docs: Documents,
+    packed: Packing,
+    reader: BatchReader,
+    snapshot: tuple[str, str],
+    max_segments: int,
+    records: dict[str, Any],
+    cut: Callable[[range], AbstractContextManager[SourcePart]] | None = None,
+    base: int = 0,
+) -> BatchSource:
+    """The writer's view of a packed epoch (or of a cluster's part: its sequences from ``base`` on).
+
+    Each unit's documents are fetched by ``reader`` in one statement and placed (:class:`~.place.Placer`).
+    ``max_segments``: the epoch's most pieces a sequence (the width of ``segment_keys``).
+    """
+    packing = cfg.packing
+    assert packing is not None
+    size, used = cfg.batches.size, plan.used
+    place = Placer(packing, cfg.field(packing.field), docs, packed, base)
+    layout = sequence_layout(cfg, docs.keys.shape[0], max_segments)
+    # (a unit's documents hold about its tokens again, as sent and decoded: the sequences' bytes or fewer)
+    unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
+
+    async def fetch(batch: int, count: int) -> object:
+        rows = place.documents(batch * size, min((batch + count) * size, used))
+        return rows, await reader.fetch(batch, docs.keys[:, rows], count)
+
+    def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
+        rows, blobs = cast("tuple[np.ndarray, Fetched]", fetched)
+        place.fill(batch * size, min((batch + count) * size, used), rows, blobs, buffers)
+
+    return BatchSource(plan, layout, *snapshot, None, fetch, produce, reader.size, unit=unit, records=records, cut=cut)
+
+
+__all__ = ["SEQUENCE_KEY", "sequence_layout", "served"]
