@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,3 +150,49 @@ def test_a_packed_epoch_spread_over_ray_is_the_single_process_bytes(
     spread = on_ray(config, docs_db, epoch=1, parts=3)
     assert (spread.executor, spread.parts) == ("ray", 3)
     assert chunk_bytes(spread.path) == chunk_bytes(single.path)
+
+
+def test_splits_pack_disjoint_documents_that_cover_the_table(docs_db: str, tmp_path: Path) -> None:
+    import pgprefetch
+
+    config = packed_config(tmp_path, eos=7, extra="")
+    config.write_text(config.read_text() + "[splits]\ntrain = 0.8\nval = 0.2\n")
+    (train,) = pgprefetch.dump(config, epochs=0, dsn=docs_db, split="train")
+    (val,) = pgprefetch.dump(config, epochs=0, dsn=docs_db, split="val")
+    a, b = read_back(train.path, 7), read_back(val.path, 7)
+    assert not set(a) & set(b)
+    table = documents(docs_db)
+    assert set(a) | set(b) == set(table)
+    assert 0.7 < len(a) / len(table) < 0.9
+    assert all(tokens == table[k] + [7] for k, tokens in (a | b).items())
+
+
+def test_a_packed_epoch_on_an_object_store_is_the_local_bytes(docs_db: str, s3: Any, tmp_path: Path) -> None:
+    local = dump(packed_config(tmp_path, method="concat"), docs_db, epoch=2)
+    bucket = s3.bucket()
+    remote = dump(packed_config(tmp_path, method="concat", name="s3.toml"), docs_db, epoch=2, store=f"s3://{bucket}/p")
+    objects = s3.objects(bucket, "p/epoch-00002/")
+    assert {k: v for k, v in objects.items() if "/" in k} == chunk_bytes(local.path)
+    assert remote.n_samples == local.n_samples
+
+
+def test_jax_gets_attention_inputs_whose_shape_is_the_batchs_whatever_its_documents(docs_db: str, tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    from pgprefetch.jax import packed_inputs
+
+    dump(packed_config(tmp_path, eos=7, size=4), docs_db)
+    epoch = EpochArrays(tmp_path / "store.zarr", 0)
+    most = epoch.manifest["packing"]["max_segments"]
+    shapes = set()
+    for b in range(len(epoch)):
+        batch = epoch[b]
+        got = packed_inputs(batch, epoch.manifest)
+        cu = np.asarray(got["cu_seqlens"])
+        real = int((batch["segment_ids"] > 0).sum())
+        assert cu[-1] == real
+        assert (np.diff(cu) >= 0).all()  # strictly increasing, then repeated past the last segment
+        assert int((np.diff(cu) > 0).sum()) == sum(int(s.max()) for s in batch["segment_ids"])
+        rows = batch["tokens"].shape[0]
+        shapes.add((cu.shape, np.asarray(got["labels"]).shape))
+        assert cu.shape == (rows * most + 1,)  # a batch's shape, whatever its documents: jit compiles once a shape
+    assert ((4 * most + 1,), (4, 64)) in shapes
