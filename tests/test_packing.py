@@ -176,7 +176,9 @@ def test_a_packed_epoch_on_an_object_store_is_the_local_bytes(docs_db: str, s3: 
     assert remote.n_samples == local.n_samples
 
 
-def test_jax_gets_attention_inputs_whose_shape_is_the_batchs_whatever_its_documents(docs_db: str, tmp_path: Path) -> None:
+def test_jax_gets_attention_inputs_whose_shape_is_the_batchs_whatever_its_documents(
+    docs_db: str, tmp_path: Path
+) -> None:
     pytest.importorskip("jax")
     from pgprefetch.jax import packed_inputs
 
