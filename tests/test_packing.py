@@ -17,7 +17,7 @@ import pytest
 from pgprefetch import EpochArrays, EpochDataset, dump_epochs, load_config
 
 from .harness.dumps import chunk_bytes, dump, run_cli
-from .harness.packing import DOCS, docs_table, documents, packed_config, read_back
+from .harness.packing import BYTEA_TWIN, DOCS, docs_table, documents, packed_config, read_back
 
 
 @pytest.fixture
@@ -198,3 +198,20 @@ def test_jax_gets_attention_inputs_whose_shape_is_the_batchs_whatever_its_docume
         shapes.add((cu.shape, np.asarray(got["labels"]).shape))
         assert cu.shape == (rows * most + 1,)  # a batch's shape, whatever its documents: jit compiles once a shape
     assert ((4 * most + 1,), (4, 64)) in shapes
+
+
+def test_tokens_in_a_bytea_pack_to_the_bytes_of_the_same_tokens_in_an_array(docs_db: str, tmp_path: Path) -> None:
+    from .harness.db import execute, fetch
+
+    execute(docs_db, BYTEA_TWIN, "ALTER TABLE docs_b ADD PRIMARY KEY (id)")
+    first = fetch(docs_db, "SELECT d.tokens AS a, b.tokens AS b FROM docs d JOIN docs_b b USING (id) WHERE id = 7")[0]
+    assert np.frombuffer(first["b"], "<u2").tolist() == list(first["a"])  # the twin holds the same tokens
+    array = dump(packed_config(tmp_path, eos=7), docs_db, epoch=1)
+    twin = packed_config(tmp_path, eos=7, store="b.zarr", name="b.toml")
+    twin.write_text(twin.read_text().replace("FROM docs", "FROM docs_b"))
+    assert chunk_bytes(dump(twin, docs_db, epoch=1).path) == chunk_bytes(array.path)
+    execute(docs_db, "UPDATE docs_b SET tokens = tokens || '\\x01'::bytea WHERE id = 9")  # half a token more
+    code, out = run_cli("dump", "--config", str(twin), "--dsn", docs_db, "--epoch", "2")
+    assert code == 1
+    assert "sample (id=9): field tokens, column tokens has" in out
+    assert "bytes, not whole uint16 tokens of 2 bytes" in out

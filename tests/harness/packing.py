@@ -30,6 +30,10 @@ def docs_table(n: int = N_DOCS) -> tuple[str, ...]:
 
 
 DOCS = docs_table()
+# the same documents as bytea: each token two bytes, little-endian (an empty document: no bytes)
+BYTEA_TWIN = """CREATE TABLE docs_b AS SELECT id, coalesce((
+    SELECT decode(string_agg(lpad(to_hex(((t & 255) << 8) | (t >> 8)), 4, '0'), '' ORDER BY o), 'hex')
+    FROM unnest(tokens) WITH ORDINALITY AS u(t, o)), '\\x'::bytea) AS tokens FROM docs"""
 
 
 def packed_config(

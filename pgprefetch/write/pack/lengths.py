@@ -15,7 +15,7 @@ from typing import cast
 
 import numpy as np
 
-from pgprefetch.config.model import Config
+from pgprefetch.config.model import Config, FieldConfig
 from pgprefetch.errors import SampleError
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import BatchReader
@@ -25,14 +25,16 @@ from pgprefetch.write.plan import EpochPlan
 CHUNK = 65_536  # documents a statement: 0.8 MB of lengths back, a few MB of keys out
 
 
-async def document_lengths(cfg: Config, snapshot: str, plan: EpochPlan, column: Column) -> np.ndarray:
-    """The token count of each document of ``plan`` (its keys in the epoch's order), as the field keeps it.
+async def document_lengths(
+    cfg: Config, snapshot: str, plan: EpochPlan, field: FieldConfig, width: int = 0
+) -> np.ndarray:
+    """The token count of each document of ``plan`` (its keys in the epoch's order), as ``field`` keeps them.
 
-    ``plan``: a plan of one document a batch. The count is the field's: cut to ``max_length`` under
-    ``truncate = "right"`` or ``"left"``; a NULL document is empty where the field has a NULL policy.
+    ``cfg`` and ``plan``: the documents', one a batch. The count is the field's: cut to ``max_length``
+    under ``truncate = "right"`` or ``"left"``; a NULL document is empty where the field has a NULL policy.
+    ``width``: a token's bytes in a ``bytea`` column (0: an array's elements are its tokens).
     """
-    assert cfg.packing is not None
-    field = cfg.field(cfg.packing.field)
+    column = plan.by_field[field.name][0]
     sql = lengths_statement(plan.key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
     lengths = np.empty(plan.used, dtype=np.int64)
 
@@ -45,6 +47,9 @@ async def document_lengths(cfg: Config, snapshot: str, plan: EpochPlan, column: 
 
     async with BatchReader.open(cfg.source, snapshot, sql, row_wise=True) as reader:
         await asyncio.gather(*(chunk(start, reader) for start in range(0, plan.used, CHUNK)))
+    if width > 1:
+        _whole_tokens(plan, lengths, width, field, column)
+        lengths[lengths > 0] //= width
     nulls = lengths < 0
     if nulls.any():
         if field.null == "error":
@@ -55,7 +60,7 @@ async def document_lengths(cfg: Config, snapshot: str, plan: EpochPlan, column: 
     over = lengths > limit
     if over.any() and field.truncate == "error":
         i = int(np.flatnonzero(over)[0])
-        unit = "elements" if column.is_array else "bytes"
+        unit = "elements" if column.is_array else ("tokens" if width > 1 else "bytes")
         raise _error(
             plan,
             i,
@@ -63,6 +68,19 @@ async def document_lengths(cfg: Config, snapshot: str, plan: EpochPlan, column: 
             f'[fields.{field.name}] truncate = "right" or "left" keeps that many',
         )
     return np.minimum(lengths, limit)
+
+
+def _whole_tokens(plan: EpochPlan, lengths: np.ndarray, width: int, field: FieldConfig, column: Column) -> None:
+    """Every bytea holds whole tokens of ``width`` bytes, or the first that does not is named."""
+    ragged = (lengths > 0) & (lengths % width != 0)
+    if ragged.any():
+        i = int(np.flatnonzero(ragged)[0])
+        raise _error(
+            plan,
+            i,
+            f"field {field.name}, column {column.name} has {lengths[i]} bytes, not whole {field.dtype} tokens "
+            f"of {width} bytes (a bytea holds its tokens little-endian)",
+        )
 
 
 def _check_rows(plan: EpochPlan, keys: np.ndarray, got: np.ndarray) -> None:

@@ -36,10 +36,13 @@ class Documents:
     statement: BatchStatement
     keys: np.ndarray  # (key slots, documents)
     lengths: np.ndarray  # tokens each, as the field keeps them (no eos)
+    width: int = 0  # a token's bytes in a bytea column (little-endian); 0: an array's elements are the tokens
 
     def take(self, rows: np.ndarray) -> Documents:
         """The documents ``rows`` alone (what a cluster's part is sent)."""
-        return Documents(self.key_columns, self.layout, self.statement, self.keys[:, rows], self.lengths[rows])
+        return Documents(
+            self.key_columns, self.layout, self.statement, self.keys[:, rows], self.lengths[rows], self.width
+        )
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,11 @@ class Placer:
     def _tokens(self, rows: np.ndarray, fetched: Fetched) -> tuple[np.ndarray, np.ndarray]:
         """The documents' tokens back to back, and where each begins; checked against the lengths packed."""
         keys = self.docs.keys[:, rows]
-        tokens, counts = flat_column(self.docs.layout, fetched, keys, np.dtype(self.field.dtype))
+        dtype = np.dtype(self.field.dtype)
+        width = self.docs.width
+        tokens, counts = flat_column(self.docs.layout, fetched, keys, np.dtype(np.uint8) if width else dtype)
+        if width:  # a bytea's tokens, little-endian (its length was checked to be whole tokens when packed)
+            tokens, counts = tokens.view(dtype.newbyteorder("<")).astype(dtype, copy=False), counts // width
         expected = self.docs.lengths[rows]
         if not np.array_equal(counts, expected):  # one snapshot: only a query that is not a function of its key
             i = int(np.flatnonzero(counts != expected)[0])

@@ -51,19 +51,20 @@ async def packed_source(
     """The batch source of packed epoch ``epoch`` on ``snap`` (see the module's docstring)."""
     packing = cfg.packing
     assert packing is not None
-    one = documents_config(cfg)
+    width = await token_bytes(cfg, snap)
+    one = documents_config(cfg, width)
     plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
     pool = memory.current()
     # The documents' keys are held for the epoch: a unit looks up those of its pieces by their place.
     pool.reserve("documents' keys", plan.used * plan.key_columns.width * 8)
     keys = np.ascontiguousarray(plan.batch_keys(0, 1, plan.used))
     pool.reserve("documents' lengths", plan.used * 8 * 2)  # theirs, and with eos as packed
-    lengths = await document_lengths(one, snap.id, plan, plan.by_field[packing.field][0])
+    lengths = await document_lengths(one, snap.id, plan, cfg.field(packing.field), width)
     packed = await asyncio.to_thread(_packed, lengths, packing, cfg.batches.seed, epoch, pool)
     statement = BatchStatement(plan.sql, plan.params, plan.row_wise)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         layout = layout_from(one, plan, await reader.fetch(0, keys[:, :1]))
-        docs = Documents(plan.key_columns, layout, statement, keys, lengths)
+        docs = Documents(plan.key_columns, layout, statement, keys, lengths, width)
         sequences = _plan(cfg, plan, packed)
         records = {"packing": _record(packing, docs, packed, sequences.used)}
         parts = functools.partial(cut, cfg.batches.size, docs, packed, sequences.used)  # a cluster's (.parts)
@@ -72,12 +73,27 @@ async def packed_source(
         yield served(cfg, sequences, docs, packed, reader, snapshot, most, records, parts)
 
 
-def documents_config(cfg: Config) -> Config:
+async def token_bytes(cfg: Config, snap: Snapshot) -> int:
+    """The bytes of a token in the packed column: 0 for an array (each element a token), else the dtype's size.
+
+    A ``bytea`` column holds its document's tokens little-endian, ``[fields] dtype`` each: a quarter of an
+    ``int4[]``'s bytes on the wire (each element of an array is sent with a length word), and nothing for
+    the server to unpack; the server reads such a table several times faster (``docs/packing.md``).
+    """
+    assert cfg.packing is not None
+    field = cfg.field(cfg.packing.field)
+    type_name, _ = (await snap.describe(documents_config(cfg, 0))).returned.get(field.columns[0], ("", ""))
+    return np.dtype(field.dtype).itemsize if type_name == "bytea" else 0
+
+
+def documents_config(cfg: Config, width: int) -> Config:
     """The documents as a query-mode config of one document a batch: what plans, counts and fetches them.
 
     A scan table's documents are looked up by their key (its index), a unit's at a time: the pieces of a
     unit come from all over the table, so reading the table whole would mean holding it, or spilling it,
-    to gather from; a lookup reads each document a unit needs once, and nothing else.
+    to gather from; a lookup reads each document a unit needs once, and nothing else. ``width``: a token's
+    bytes in a ``bytea`` column (:func:`token_bytes`), which is then read as bytes, ``max_length`` tokens'
+    worth (0: an array column, read as it is).
     """
     samples = cfg.samples
     if isinstance(samples, ScanConfig):
@@ -91,7 +107,13 @@ def documents_config(cfg: Config) -> Config:
             duplicates=samples.duplicates,
         )
     batches = dataclasses.replace(cfg.batches, size=1, drop_last=False)
-    return dataclasses.replace(cfg, samples=samples, batches=batches)
+    fields = cfg.fields
+    if width:
+        assert cfg.packing is not None
+        field = cfg.field(cfg.packing.field)
+        assert field.max_length is not None, "a packed field has a max_length (config.packing)"
+        fields = (dataclasses.replace(field, dtype="uint8", max_length=field.max_length * width),)
+    return dataclasses.replace(cfg, samples=samples, batches=batches, fields=fields)
 
 
 def _packed(lengths: np.ndarray, cfg: PackingConfig, seed: int, epoch: int, pool: memory.MemoryPool) -> Packing:
