@@ -95,16 +95,25 @@ def pack(lengths: np.ndarray, length: int, method: str, group: int) -> Packing:
 
 
 def concat(lengths: np.ndarray, length: int) -> Packing:
-    """The documents as one stream, cut every ``length`` tokens."""
+    """The documents as one stream, cut every ``length`` tokens.
+
+    A document from token ``b`` to ``e`` of the stream spans sequences ``b // length`` to ``(e - 1) // length``,
+    a piece in each: every piece follows from its document's bounds, in stream order, with no sort.
+    """
     ends = np.cumsum(lengths)
-    total = int(ends[-1]) if ends.size else 0
     begins = ends - lengths
-    cuts = np.union1d(begins[lengths > 0], np.arange(0, total, length, dtype=np.int64))  # where a piece begins
-    stops = np.append(cuts[1:], total)
-    doc = np.searchsorted(ends, cuts, side="right")  # the document each piece begins in (empty ones skipped)
-    sequence = cuts // length
+    docs = np.flatnonzero(lengths)  # (an empty document has no piece)
+    b, e = begins[docs], ends[docs]
+    first = b // length
+    count = (e - 1) // length - first + 1
+    doc = np.repeat(docs, count)
+    k = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    sequence = np.repeat(first, count) + k
+    start = np.maximum(np.repeat(b, count), sequence * length)
+    stop = np.minimum(np.repeat(e, count), (sequence + 1) * length)
+    total = int(ends[-1]) if ends.size else 0
     starts = np.searchsorted(sequence, np.arange(-(-total // length) + 1))
-    return Packing(length, starts.astype(np.int64), doc.astype(np.int64), cuts - begins[doc], stops - cuts)
+    return Packing(length, starts.astype(np.int64), doc.astype(np.int64), start - begins[doc], stop - start)
 
 
 def best_fit(lengths: np.ndarray, length: int, group: int) -> Packing:
