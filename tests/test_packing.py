@@ -215,3 +215,30 @@ def test_tokens_in_a_bytea_pack_to_the_bytes_of_the_same_tokens_in_an_array(docs
     assert code == 1
     assert "sample (id=9): field tokens, column tokens has" in out
     assert "bytes, not whole uint16 tokens of 2 bytes" in out
+
+
+def test_a_tokenizers_output_packs_each_document_whole_and_a_later_epoch_takes_it_from_the_cache(
+    db: str, tmp_path: Path
+) -> None:
+    tiktoken = pytest.importorskip("tiktoken")
+    from .harness.texts import ENCODING, bodies, load_docs
+
+    n = load_docs(db, files=12)
+    config = tmp_path / "tok.toml"
+    config.write_text(
+        '[samples]\nkeys = "SELECT id FROM docs"\nquery = "SELECT body FROM docs WHERE id = $1"\n'
+        f'[transforms.tok]\ntokenizer = "tiktoken"\nencoding = "{ENCODING}"\ninputs = ["body"]\nworkers = 1\n'
+        '[fields.tokens]\ntransform = "tok"\ndtype = "uint32"\nmax_length = 200000\n'
+        '[packing]\nfield = "tokens"\nlength = 1024\neos = 100257\n'
+        '[batches]\nsize = 8\n[store]\npath = "store.zarr"\n'
+    )
+    first = dump(config, db, epoch=0)
+    enc = tiktoken.get_encoding(ENCODING)
+    expected = {k: [*enc.encode_ordinary(t), 100257] for k, t in bodies(db).items()}  # the rows, read back
+    assert read_back(first.path, 100257) == expected
+    record = EpochArrays(tmp_path / "store.zarr", 0).manifest
+    assert record["transforms"]["tok"]["computed"] == n
+    assert record["packing"]["documents_cut"] == sum(len(t) > 1024 for t in expected.values())
+    second = dump(config, db, epoch=1)
+    assert EpochArrays(tmp_path / "store.zarr", 1).manifest["transforms"]["tok"]["computed"] == 0  # all cached
+    assert read_back(second.path, 100257) == expected

@@ -244,3 +244,29 @@ def test_a_packed_field_without_max_length_is_told_to_give_one(cfg: Path) -> Non
         '[packing] field = "tokens": documents have any length: give [fields.tokens] a max_length'
         " (the longest it takes)"
     )
+
+
+def _tokenized(random: bool) -> dict[str, Any]:
+    data = copy.deepcopy(PACKED)
+    data["samples"]["query"] = "SELECT body FROM docs WHERE id = $1"
+    data["transforms"] = {"tok": {"function": "prep:tok", "inputs": ["body"], "random": random}}
+    data["fields"] = {"tokens": {"transform": "tok", "dtype": "uint16", "max_length": 4096}}
+    return data
+
+
+def test_a_random_transforms_output_is_not_packed_and_a_deterministic_ones_is(cfg: Path) -> None:
+    assert error(cfg, _tokenized(True)).endswith(
+        '[packing] field = "tokens": [transforms.tok] is random: an epoch is packed from its tokens\' lengths, '
+        "known before it is written; pack a deterministic transform's output (it is cached)"
+    )
+    assert load(cfg, _tokenized(False)).packing == PackingConfig(field="tokens", length=2048)
+
+
+def test_ray_refuses_an_epoch_packed_from_a_transform_in_one_line(cfg: Path) -> None:
+    pytest.importorskip("ray")
+    from pgprefetch.errors import ConfigError
+    from pgprefetch.write.ray import ray_executor
+
+    with pytest.raises(ConfigError, match="does not dump epochs packed from a transform's output yet"):
+        ray_executor().check(load(cfg, _tokenized(False)))
+    ray_executor().check(load(cfg, PACKED))  # a column of tokens packs on Ray

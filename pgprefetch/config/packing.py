@@ -3,8 +3,9 @@
 A packed config's samples are documents and its one field their tokens; the epoch's samples are sequences
 (:mod:`pgprefetch.write.pack`). So the field must hold integers of any length (``max_length``: the longest
 document it takes, under the field's ``truncate``), ``eos`` and ``pad`` must fit its dtype, and nothing else
-may be a field: a sequence has no single row for another column to come from. What is not built yet (a mix,
-a transform's output) is refused here in one line rather than half-served.
+may be a field: a sequence has no single row for another column to come from. A transform's output packs
+when it is deterministic (a tokenizer): the epoch is planned from its lengths, computed once and cached. What
+is not built yet (a mix) is refused here in one line rather than half-served.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pgprefetch.config.model import (
     PackingConfig,
     SamplesConfig,
     ScanConfig,
+    TransformConfig,
 )
 from pgprefetch.config.values import show
 
@@ -57,6 +59,7 @@ def parse_packing(
     fields: tuple[FieldConfig, ...],
     samples: SamplesConfig | ScanConfig,
     mix: MixConfig | None,
+    transforms: tuple[TransformConfig, ...] = (),
 ) -> PackingConfig:
     """``[packing]`` as a :class:`PackingConfig`, or one line saying what does not fit."""
     p.keys(table, "packing", required=("field", "length"), optional=("method", "eos", "pad", "group"))
@@ -65,7 +68,7 @@ def parse_packing(
     if not isinstance(name, str) or name not in by_name:
         p.fail("[packing] field", f"expected the name of a [fields.NAME], got {show(name)}")
     field = by_name[name]
-    _check_field(p, field, fields)
+    _check_field(p, field, fields, transforms)
     length = p.positive_int(table, "packing", "length")
     if length > MAX_LENGTH:
         p.fail("[packing] length", f"expected at most {MAX_LENGTH:,} tokens a sequence, got {length:,}")
@@ -84,15 +87,19 @@ def parse_packing(
     return PackingConfig(field=name, length=length, method=method, eos=eos, pad=pad, group=group)
 
 
-def _check_field(p: _Parser, field: FieldConfig, fields: tuple[FieldConfig, ...]) -> None:
+def _check_field(
+    p: _Parser, field: FieldConfig, fields: tuple[FieldConfig, ...], transforms: tuple[TransformConfig, ...]
+) -> None:
     where = f"[packing] field = {show(field.name)}"
     if field.dtype not in INTEGER_DTYPES:
         p.fail(where, f"token ids need an integer dtype, got {field.dtype}")
     if field.max_length is None:
         p.fail(where, f"documents have any length: give [fields.{field.name}] a max_length (the longest it takes)")
-    if field.transform is not None:
-        p.fail(where, "packing a transform's output is not built yet: tokenize in SQL, or store the tokens")
-    if len(field.columns) != 1:
+    random = [t.name for t in transforms if t.name == field.transform and t.random]
+    if random:
+        p.fail(where, f"[transforms.{random[0]}] is random: an epoch is packed from its tokens' lengths, known "
+               "before it is written; pack a deterministic transform's output (it is cached)")  # fmt: skip
+    if field.transform is None and len(field.columns) != 1:
         p.fail(where, f"expected one column of tokens, got {len(field.columns)}")
     others = [f.name for f in fields if f.name != field.name]
     if others:

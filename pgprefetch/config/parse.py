@@ -96,7 +96,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
     splits = p.splits(raw["splits"]) if "splits" in raw else None
     packing = None
     if "packing" in raw:
-        packing = parse_packing(p, p.section(raw, "packing"), fields_cfg, samples_cfg, mix)
+        packing = parse_packing(p, p.section(raw, "packing"), fields_cfg, samples_cfg, mix, transforms)
     if splits is not None and splits.by == "order":
         for s in mix.sources if mix is not None else ():
             p.time_cut_fits(s.samples, f"samples.{s.name}")

@@ -72,6 +72,11 @@ async def open_source(
     ``[transforms]`` add their outputs to the batches (:mod:`pgprefetch.write.transform`), their cache in
     ``transforms_cache`` (None: every output computed).
     """
+    if cfg.packing is not None:  # documents packed into sequences (a tokenizing transform's too)
+        assert snap is not None, "a packed epoch is planned on its own snapshot"
+        async with packed_source(cfg, snap, epoch, vocabulary, spill, transforms_cache) as packed:
+            yield packed
+        return
     if not cfg.transforms:
         async with _opened(cfg, epoch, snap, cache, spill, write, progress, vocabulary, executor) as source:
             yield source
@@ -111,11 +116,6 @@ async def _opened(
             assert snap is not None, "a mixed epoch is read on its own snapshot"
             async with mixed_source(cfg, snap, epoch, spill, vocabulary) as mixed:
                 yield mixed
-            return
-        if cfg.packing is not None:  # documents packed into sequences (query mode)
-            assert snap is not None, "a packed epoch is planned on its own snapshot"
-            async with packed_source(cfg, snap, epoch, vocabulary, spill) as packed:
-                yield packed
             return
         if cfg.mode == "scan" and executor is not None:
             if cache.spread is None or cfg.transforms:  # (a transform's inputs: on this epoch's snapshot)

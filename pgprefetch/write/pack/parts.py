@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgprefetch.config.model import Config
-from pgprefetch.pg.session import BatchReader
 from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.pack.documents import ColumnSpec
 from pgprefetch.write.pack.packer import Packing
 from pgprefetch.write.pack.place import Documents
 from pgprefetch.write.pack.serving import served
@@ -31,29 +31,31 @@ class PackedPart:
     packed: Packing  # its sequences' pieces, each naming its document by its place in ``docs``
     docs: Documents
     max_segments: int  # the epoch's
+    spec: ColumnSpec  # how the documents are fetched
 
     @asynccontextmanager
     async def served(
         self, cfg: Config, plan: EpochPlan, snapshot: str, server_version: str
     ) -> AsyncIterator[BatchSource]:
         """The part's batches on the exported ``snapshot``, fetched on connections of its own."""
-        st = self.docs.statement
-        async with BatchReader.open(cfg.source, snapshot, st.sql, st.params, row_wise=st.row_wise) as reader:
+        async with self.spec.opened(cfg.source, snapshot) as tokens:
             yield served(
-                cfg, plan, self.docs, self.packed, reader, (snapshot, server_version), self.max_segments, {},
+                cfg, plan, self.docs, self.packed, tokens, (snapshot, server_version), self.max_segments, {},
                 base=self.first,
             )  # fmt: skip
 
 
 @contextmanager
-def cut(size: int, docs: Documents, packed: Packing, used: int, batches: range) -> Iterator[PackedPart]:
+def cut(
+    size: int, docs: Documents, packed: Packing, used: int, spec: ColumnSpec, batches: range
+) -> Iterator[PackedPart]:
     """The part of the epoch that writes ``batches`` (``used``: the epoch's sequences)."""
     first, last = batches.start * size, min(batches.stop * size, used)
     at = packed.pieces(first, last)
     rows, doc = np.unique(packed.doc[at], return_inverse=True)
     starts = packed.starts[first : last + 1] - packed.starts[first]
     own = Packing(packed.length, starts, doc.astype(np.int64), packed.offset[at], packed.size[at])
-    yield PackedPart(first, own, docs.take(rows), max(1, packed.max_segments))
+    yield PackedPart(first, own, docs.take(rows), max(1, packed.max_segments), spec)
 
 
 __all__ = ["PackedPart", "cut"]

@@ -2,7 +2,7 @@
 
 A unit holds sequences ``first ... last - 1``; their pieces name documents by their place in the epoch's
 order. :meth:`Placer.documents` says which documents a unit needs (each once, however many of its pieces
-they have); :meth:`Placer.fill` decodes them (:mod:`pgprefetch.decode.flat`) and computes, for every token
+they have); :meth:`Placer.fill` takes their tokens (:mod:`.documents`) and computes, for every token
 of every piece at once, the slot it goes to and the place in its document it comes from: one gather and a
 scatter per array, no loop over pieces or tokens.
 """
@@ -14,11 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgprefetch.config.model import FieldConfig, PackingConfig
-from pgprefetch.decode.flat import flat_column
-from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.errors import SampleError
 from pgprefetch.keys import KeyColumns
-from pgprefetch.pg.statement import BatchStatement, Fetched
 from pgprefetch.write.pack.packer import Packing
 
 SEGMENT_IDS = "segment_ids"
@@ -29,20 +26,15 @@ SEGMENT_OFFSETS = "segment_offsets"
 
 @dataclass(frozen=True)
 class Documents:
-    """Documents as a packed epoch (or a part of it) fetches them: by key, with the per-document statement."""
+    """A packed epoch's documents (or a part's), by their place in the epoch's order: keys and token counts."""
 
     key_columns: KeyColumns
-    layout: BatchLayout  # the statement's: the packed field's one column, row-wise
-    statement: BatchStatement
     keys: np.ndarray  # (key slots, documents)
     lengths: np.ndarray  # tokens each, as the field keeps them (no eos)
-    width: int = 0  # a token's bytes in a bytea column (little-endian); 0: an array's elements are the tokens
 
     def take(self, rows: np.ndarray) -> Documents:
         """The documents ``rows`` alone (what a cluster's part is sent)."""
-        return Documents(
-            self.key_columns, self.layout, self.statement, self.keys[:, rows], self.lengths[rows], self.width
-        )
+        return Documents(self.key_columns, self.keys[:, rows], self.lengths[rows])
 
 
 @dataclass(frozen=True)
@@ -82,9 +74,14 @@ class Placer:
         """The documents (their places in ``docs``) with a piece in sequences ``first ... last - 1``, each once."""
         return np.unique(self.packed.doc[self.packed.pieces(first - self.base, last - self.base)])
 
-    def fill(self, first: int, last: int, rows: np.ndarray, fetched: Fetched, out: dict[str, np.ndarray]) -> None:
-        """Fill ``out`` with sequences ``first ... last - 1`` (padding past them) from documents ``rows``, fetched."""
-        tokens, starts = self._tokens(rows, fetched)
+    def fill(
+        self, first: int, last: int, rows: np.ndarray, got: tuple[np.ndarray, np.ndarray], out: dict[str, np.ndarray]
+    ) -> None:
+        """Fill ``out`` with sequences ``first ... last - 1`` (padding past them) from documents ``rows``.
+
+        ``got``: their tokens back to back, and each one's count (:meth:`~.documents.Tokens.decode`).
+        """
+        tokens, starts = self._checked(rows, *got)
         p, lo, hi = self.packed, first - self.base, last - self.base
         where = _Where.of(p, lo, hi)
         doc = p.doc[p.pieces(lo, hi)]
@@ -103,14 +100,9 @@ class Placer:
         out[SEGMENT_KEYS][where.sequence, where.segment] = self.docs.keys[:, doc].T
         out[SEGMENT_OFFSETS][where.sequence, where.segment] = p.offset[p.pieces(lo, hi)]
 
-    def _tokens(self, rows: np.ndarray, fetched: Fetched) -> tuple[np.ndarray, np.ndarray]:
-        """The documents' tokens back to back, and where each begins; checked against the lengths packed."""
+    def _checked(self, rows: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The documents' tokens, and where each begins; their counts checked against the lengths packed."""
         keys = self.docs.keys[:, rows]
-        dtype = np.dtype(self.field.dtype)
-        width = self.docs.width
-        tokens, counts = flat_column(self.docs.layout, fetched, keys, np.dtype(np.uint8) if width else dtype)
-        if width:  # a bytea's tokens, little-endian (its length was checked to be whole tokens when packed)
-            tokens, counts = tokens.view(dtype.newbyteorder("<")).astype(dtype, copy=False), counts // width
         expected = self.docs.lengths[rows]
         if not np.array_equal(counts, expected):  # one snapshot: only a query that is not a function of its key
             i = int(np.flatnonzero(counts != expected)[0])

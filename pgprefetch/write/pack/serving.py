@@ -1,6 +1,6 @@
 """A packed epoch's batch source, for the whole epoch or a cluster's part of it: units of sequences placed.
 
-Each unit's documents are fetched by the per-document statement, once, in one round trip, and placed
+Each unit's documents are asked for once, in one round trip (:mod:`.documents`), and placed
 (:class:`~.place.Placer`). The epoch's samples are sequences; their arrays are described to the writer and
 the readers as fields (:func:`sequence_layout`): they come from no column, so they have no statistics.
 """
@@ -16,9 +16,8 @@ import numpy as np
 from pgprefetch.config.model import Config, FieldConfig
 from pgprefetch.decode.layout import BatchLayout, FieldLayout
 from pgprefetch.keys import KeyColumns
-from pgprefetch.pg.session import BatchReader
-from pgprefetch.pg.statement import Fetched
 from pgprefetch.write.batches import BatchSource, SourcePart, unit_batches
+from pgprefetch.write.pack.documents import Tokens
 from pgprefetch.write.pack.packer import Packing
 from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Documents, Placer
 from pgprefetch.write.plan import EpochPlan
@@ -52,7 +51,7 @@ def served(
     plan: EpochPlan,
     docs: Documents,
     packed: Packing,
-    reader: BatchReader,
+    tokens: Tokens,
     snapshot: tuple[str, str],
     max_segments: int,
     records: dict[str, Any],
@@ -61,7 +60,7 @@ def served(
 ) -> BatchSource:
     """The writer's view of a packed epoch (or of a cluster's part: its sequences from ``base`` on).
 
-    Each unit's documents are fetched by ``reader`` in one statement and placed (:class:`~.place.Placer`).
+    Each unit's documents are asked of ``tokens`` once and placed (:class:`~.place.Placer`).
     ``max_segments``: the epoch's most pieces a sequence (the width of ``segment_keys``).
     """
     packing = cfg.packing
@@ -74,13 +73,14 @@ def served(
 
     async def fetch(batch: int, count: int) -> object:
         rows = place.documents(batch * size, min((batch + count) * size, used))
-        return rows, await reader.fetch(batch, docs.keys[:, rows], count)
+        return rows, await tokens.fetch(batch, docs.keys[:, rows], count)
 
     def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
-        rows, blobs = cast("tuple[np.ndarray, Fetched]", fetched)
-        place.fill(batch * size, min((batch + count) * size, used), rows, blobs, buffers)
+        rows, got = cast("tuple[np.ndarray, object]", fetched)
+        decoded = tokens.decode(got, docs.keys[:, rows])
+        place.fill(batch * size, min((batch + count) * size, used), rows, decoded, buffers)
 
-    return BatchSource(plan, layout, *snapshot, None, fetch, produce, reader.size, unit=unit, records=records, cut=cut)
+    return BatchSource(plan, layout, *snapshot, None, fetch, produce, tokens.size, unit=unit, records=records, cut=cut)
 
 
 __all__ = ["SEQUENCE_KEY", "sequence_layout", "served"]

@@ -21,6 +21,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from pgprefetch.sqltext import quote_ident
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.order.shuffle import n_batches
+from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, Tokens, TransformTokens, transform_lengths
 from pgprefetch.write.pack.lengths import document_lengths
 from pgprefetch.write.pack.packer import Packing, pack
 from pgprefetch.write.pack.parts import cut
@@ -42,35 +44,96 @@ from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import layout_from, plan_epoch
 from pgprefetch.write.scan.shape import scan_relation
 from pgprefetch.write.spill.folder import SpillFolder
+from pgprefetch.write.transform.inputs import check_inputs, sample_key_columns, sample_keys
+from pgprefetch.write.transform.stage import stage_for
 
 
 @asynccontextmanager
 async def packed_source(
-    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None, spill: SpillFolder
+    cfg: Config,
+    snap: Snapshot,
+    epoch: int,
+    vocabulary: Vocabulary | None,
+    spill: SpillFolder,
+    transforms_cache: Path | None = None,
 ) -> AsyncIterator[BatchSource]:
-    """The batch source of packed epoch ``epoch`` on ``snap`` (see the module's docstring)."""
+    """The batch source of packed epoch ``epoch`` on ``snap`` (see the module's docstring).
+
+    ``transforms_cache``: where a tokenizing transform's outputs are cached (:mod:`pgprefetch.write.transform`).
+    """
     packing = cfg.packing
     assert packing is not None
+    field = cfg.field(packing.field)
+    if field.transform is not None:
+        async with _tokenized(cfg, snap, epoch, vocabulary, spill, transforms_cache) as source:
+            yield source
+        return
     width = await token_bytes(cfg, snap)
     one = documents_config(cfg, width)
     plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
-    pool = memory.current()
-    # The documents' keys are held for the epoch: a unit looks up those of its pieces by their place.
-    pool.reserve("documents' keys", plan.used * plan.key_columns.width * 8)
-    keys = np.ascontiguousarray(plan.batch_keys(0, 1, plan.used))
-    pool.reserve("documents' lengths", plan.used * 8 * 2)  # theirs, and with eos as packed
-    lengths = await document_lengths(one, snap.id, plan, cfg.field(packing.field), width)
-    packed = await asyncio.to_thread(_packed, lengths, packing, cfg.batches.seed, epoch, pool)
-    statement = BatchStatement(plan.sql, plan.params, plan.row_wise)
+    keys = _held_keys(plan)
+    lengths = await document_lengths(one, snap.id, plan, field, width)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         layout = layout_from(one, plan, await reader.fetch(0, keys[:, :1]))
-        docs = Documents(plan.key_columns, layout, statement, keys, lengths, width)
-        sequences = _plan(cfg, plan, packed)
-        records = {"packing": _record(packing, docs, packed, sequences.used)}
-        parts = functools.partial(cut, cfg.batches.size, docs, packed, sequences.used)  # a cluster's (.parts)
-        snapshot = (snap.id, snap.server_version)
-        most = max(1, packed.max_segments)
-        yield served(cfg, sequences, docs, packed, reader, snapshot, most, records, parts)
+        spec = ColumnSpec(BatchStatement(plan.sql, plan.params, plan.row_wise), layout, np.dtype(field.dtype), width)
+        yield await _source(
+            cfg, snap, plan, Documents(plan.key_columns, keys, lengths), ColumnTokens(spec, reader), spec
+        )
+
+
+@asynccontextmanager
+async def _tokenized(
+    cfg: Config,
+    snap: Snapshot,
+    epoch: int,
+    vocabulary: Vocabulary | None,
+    spill: SpillFolder,
+    transforms_cache: Path | None,
+) -> AsyncIterator[BatchSource]:
+    """A packed epoch whose tokens a transform makes: every document's computed (or found) before the plan.
+
+    A document an ``on_error = "skip"`` transform fails on is left out of the plan, as a split's are.
+    """
+    assert cfg.packing is not None
+    field = cfg.field(cfg.packing.field)
+    one = documents_config(cfg, 0)
+    key_columns = await sample_key_columns(one, snap)
+    await check_inputs(one, snap)
+    async with stage_for(one, snap.id, key_columns, epoch, transforms_cache) as stage:
+        if stage.skips:
+            one = dataclasses.replace(one, left_out=await stage.sweep(sample_keys(one, snap, key_columns)))
+        plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
+        keys = _held_keys(plan)
+        lengths = await transform_lengths(stage, field.name, plan)
+        tokens = TransformTokens(stage, field.name, np.dtype(field.dtype))
+        source = await _source(cfg, snap, plan, Documents(plan.key_columns, keys, lengths), tokens, None)
+        yield dataclasses.replace(source, records=(source.records or {}) | {"transforms": stage.summary})
+
+
+def _held_keys(plan: EpochPlan) -> np.ndarray:
+    """The documents' keys, held for the epoch (a unit looks up those of its pieces by their place), reserved."""
+    memory.current().reserve("documents' keys", plan.used * plan.key_columns.width * 8)
+    return np.ascontiguousarray(plan.batch_keys(0, 1, plan.used))
+
+
+async def _source(
+    cfg: Config, snap: Snapshot, plan: EpochPlan, docs: Documents, tokens: Tokens, spec: ColumnSpec | None
+) -> BatchSource:
+    """The documents packed, the sequences planned, and the batch source that serves them.
+
+    ``spec``: how a cluster's part fetches a column's documents (None: a transform's, which no part serves).
+    """
+    packing = cfg.packing
+    assert packing is not None
+    pool = memory.current()
+    pool.reserve("documents' lengths", plan.used * 8 * 2)  # theirs, and with eos as packed
+    packed = await asyncio.to_thread(_packed, docs.lengths, packing, cfg.batches.seed, plan.epoch, pool)
+    sequences = _plan(cfg, plan, packed)
+    records = {"packing": _record(packing, docs, packed, sequences.used)}
+    size, used, most = cfg.batches.size, sequences.used, max(1, packed.max_segments)
+    parts = functools.partial(cut, size, docs, packed, used, spec) if spec is not None else None
+    snapshot = (snap.id, snap.server_version)
+    return served(cfg, sequences, docs, packed, tokens, snapshot, most, records, parts)
 
 
 async def token_bytes(cfg: Config, snap: Snapshot) -> int:

@@ -94,6 +94,11 @@ class RayExecutor:
         Query mode by batch ranges, scan mode through the exchange (:mod:`pgprefetch.write.ray.scan`), a mixed
         or packed epoch by what its source sends each part (:attr:`~pgprefetch.write.batches.BatchSource.cut`).
         """
+        if cfg.packing is not None and cfg.field(cfg.packing.field).transform is not None:
+            raise ConfigError(
+                "--executor ray does not dump epochs packed from a transform's output yet: dump them here "
+                "(a column of tokens packs on Ray)"
+            )
 
     async def read_scan(
         self, cfg: Config, snap: Snapshot, progress: Progress | None, vocabulary: Vocabulary | None

@@ -124,6 +124,11 @@ class Stage:
         return self._keys
 
     @property
+    def connections(self) -> int:
+        """The connections its statement runs on (units whose inputs are read at once)."""
+        return self._reader.size
+
+    @property
     def skips(self) -> bool:
         """Whether a transform leaves out the samples it fails on: the epoch is swept before it is planned."""
         return any(t.config.on_error == "skip" for t in self._transforms)
