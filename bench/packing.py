@@ -156,6 +156,11 @@ FROM (SELECT i, greatest(1, least(30000, round(exp(ln({median}) + sqrt(-2 * ln(1
       * cos(2 * pi() * random())))))::int AS n FROM generate_series(1, {docs}) i) d"""
 
 
+BYTEA = """CREATE TABLE docs_b AS SELECT id, coalesce((
+    SELECT decode(string_agg(lpad(to_hex(((t & 255) << 8) | (t >> 8)), 4, '0'), '' ORDER BY o), 'hex')
+    FROM unnest(tokens) WITH ORDINALITY AS u(t, o)), '\\x'::bytea) AS tokens FROM docs"""
+
+
 def load(dsn: str, docs: int) -> int:
     """``docs(id, tokens int[])``: lognormal lengths drawn by the server (seeded); their total tokens."""
 
@@ -165,7 +170,10 @@ def load(dsn: str, docs: int) -> int:
             await conn.execute("SELECT setseed(0.55)")
             await conn.execute(TABLE.format(median=MEDIAN, docs=docs))
             await conn.execute("ALTER TABLE docs ADD PRIMARY KEY (id)")
+            await conn.execute(BYTEA)  # the same tokens, uint16 little-endian
+            await conn.execute("ALTER TABLE docs_b ADD PRIMARY KEY (id)")
             await conn.execute("VACUUM ANALYZE docs")
+            await conn.execute("VACUUM ANALYZE docs_b")
             return int(await conn.fetchval("SELECT sum(cardinality(tokens)) FROM docs"))
         finally:
             await conn.close()
@@ -173,14 +181,14 @@ def load(dsn: str, docs: int) -> int:
     return asyncio.run(run())
 
 
-def config(folder: Path, *, scan: bool) -> Path:
-    """A packed config of the table (``scan``: the table itself, its documents looked up by key)."""
+def config(folder: Path, *, scan: bool, table: str = "docs") -> Path:
+    """A packed config of ``table`` (``scan``: the table itself, its documents looked up by key)."""
     samples = (
-        '[samples]\ntable = "docs"\nkey = ["id"]\n'
+        f'[samples]\ntable = "{table}"\nkey = ["id"]\n'
         if scan
-        else '[samples]\nkeys = "SELECT id FROM docs"\nquery = "SELECT tokens FROM docs WHERE id = $1"\n'
+        else f'[samples]\nkeys = "SELECT id FROM {table}"\nquery = "SELECT tokens FROM {table} WHERE id = $1"\n'
     )
-    path = folder / ("scan.toml" if scan else "query.toml")
+    path = folder / f"{'scan' if scan else 'query'}-{table}.toml"
     path.write_text(
         f"[source]\nconnections = {CONNECTIONS}\n{samples}"
         '[fields.tokens]\ncolumns = ["tokens"]\ndtype = "uint16"\nmax_length = 30000\n'
@@ -226,12 +234,17 @@ def per_document(dsn: str) -> float:
 
 def dump_rows(dsn: str, folder: Path, rounds: int) -> dict[str, float]:
     """Median seconds of each way of reading the table's tokens."""
-    times: dict[str, list[float]] = {"query mode": [], "scan mode": [], "per-document fetch": []}
-    cfgs = {"query mode": config(folder, scan=False), "scan mode": config(folder, scan=True)}
+    cfgs = {
+        "query mode, `int4[]`": config(folder, scan=False),
+        "scan mode, `int4[]`": config(folder, scan=True),
+        "query mode, `bytea`": config(folder, scan=False, table="docs_b"),
+        "scan mode, `bytea`": config(folder, scan=True, table="docs_b"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cfgs} | {"per-document fetch, `int4[]`": []}
     for r in range(rounds):
         for name, cfg in cfgs.items():
             times[name].append(ours(cfg, dsn, r))
-        times["per-document fetch"].append(per_document(dsn))
+        times["per-document fetch, `int4[]`"].append(per_document(dsn))
         log(f"  packing: round {r}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -252,7 +265,7 @@ def render(
     for p in plans:
         lines.append(f"| {p['documents']:,} documents, {p['method']} {p['length']} (packed, sequences shuffled) | "
                      f"{p['seconds']:.1f} |")  # fmt: skip
-    base = dumps["per-document fetch"]
+    base = dumps["per-document fetch, `int4[]`"]
     lines += ["", f"| reading {tokens:,} tokens ({docs:,} documents), {CONNECTIONS} connections | seconds | "
               "tokens/s | against a per-document fetch |", "|---|--:|--:|--:|"]  # fmt: skip
     for name, seconds in dumps.items():
