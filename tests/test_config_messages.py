@@ -67,7 +67,7 @@ def test_unknown_section_lists_the_known_sections(cfg: Path) -> None:
     data = copy.deepcopy(VALID) | {"extra": {"a": 1}}
     assert error(cfg, data) == (
         f'{cfg}: top level: unknown key "extra" '
-        "(expected one of: samples, fields, batches, store, source, mix, splits, transforms)"
+        "(expected one of: samples, fields, batches, store, source, mix, splits, transforms, packing)"
     )
 
 
