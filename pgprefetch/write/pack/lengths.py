@@ -11,49 +11,75 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
 from pgprefetch.config.model import Config, FieldConfig
 from pgprefetch.errors import SampleError
+from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import BatchReader
 from pgprefetch.pg.statement import lengths_statement
-from pgprefetch.write.plan import EpochPlan
 
 CHUNK = 65_536  # documents a statement: 0.8 MB of lengths back, a few MB of keys out
 
 
-async def document_lengths(
-    cfg: Config, snapshot: str, plan: EpochPlan, field: FieldConfig, width: int = 0
-) -> np.ndarray:
-    """The token count of each document of ``plan`` (its keys in the epoch's order), as ``field`` keeps them.
+@dataclass(frozen=True)
+class Counted:
+    """The documents whose tokens are counted: their keys (held in memory), how keys show, the tokens' column."""
 
-    ``cfg`` and ``plan``: the documents', one a batch. The count is the field's: cut to ``max_length``
-    under ``truncate = "right"`` or ``"left"``; a NULL document is empty where the field has a NULL policy.
+    keys: np.ndarray  # (key slots, documents)
+    key_columns: KeyColumns
+    column: Column
+
+    def error(self, i: int, message: str) -> SampleError:
+        """The error for document ``i``, naming its key."""
+        return SampleError(f"sample ({self.key_columns.show(self.keys[:, i])}): {message}")
+
+
+async def document_lengths(cfg: Config, snapshot: str, docs: Counted, field: FieldConfig, width: int = 0) -> np.ndarray:
+    """The token count of each of ``docs``, as ``field`` keeps them.
+
+    ``cfg``: the documents' (query mode, one a batch). The count is the field's: cut to ``max_length`` under
+    ``truncate = "right"`` or ``"left"``; a NULL document is empty where the field has a NULL policy.
     ``width``: a token's bytes in a ``bytea`` column (0: an array's elements are its tokens).
     """
-    column = plan.by_field[field.name][0]
-    sql = lengths_statement(plan.key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
-    lengths = np.empty(plan.used, dtype=np.int64)
+    column = docs.column
+    sql = lengths_statement(docs.key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
+    n = docs.keys.shape[1]
+    lengths = np.empty(n, dtype=np.int64)
 
     async def chunk(start: int, reader: BatchReader) -> None:
-        keys = plan.batch_keys(start, 1, min(CHUNK, plan.used - start))
+        keys = docs.keys[:, start : start + CHUNK]
         ords, counts = cast("Sequence[Sequence[int | None]]", await reader.fetch(start, keys, keys.shape[1]))
         got = np.asarray(ords, dtype=np.int64) - 1
-        _check_rows(plan, keys, got)
+        _check_rows(docs.key_columns, keys, got)
         lengths[start + got] = [-1 if c is None else c for c in counts]  # -1: NULL
 
     async with BatchReader.open(cfg.source, snapshot, sql, row_wise=True) as reader:
-        await asyncio.gather(*(chunk(start, reader) for start in range(0, plan.used, CHUNK)))
+        await asyncio.gather(*(chunk(start, reader) for start in range(0, n, CHUNK)))
+    return _as_tokens(docs, lengths, field, width)
+
+
+def _as_tokens(docs: Counted, lengths: np.ndarray, field: FieldConfig, width: int) -> np.ndarray:
+    """The server's counts (-1: NULL) as the field keeps them, in tokens; what it would refuse, refused here."""
+    column = docs.column
     if width > 1:
-        _whole_tokens(plan, lengths, width, field, column)
+        ragged = (lengths > 0) & (lengths % width != 0)
+        if ragged.any():
+            i = int(np.flatnonzero(ragged)[0])
+            raise docs.error(
+                i,
+                f"field {field.name}, column {column.name} has {lengths[i]} bytes, not whole {field.dtype} tokens "
+                f"of {width} bytes (a bytea holds its tokens little-endian)",
+            )
         lengths[lengths > 0] //= width
     nulls = lengths < 0
     if nulls.any():
         if field.null == "error":
-            raise _error(plan, int(np.flatnonzero(nulls)[0]), f"field {field.name}, column {column.name} is NULL")
+            raise docs.error(int(np.flatnonzero(nulls)[0]), f"field {field.name}, column {column.name} is NULL")
         lengths[nulls] = 0
     limit = field.max_length
     assert limit is not None, "a packed field has a max_length (config.packing)"
@@ -61,29 +87,16 @@ async def document_lengths(
     if over.any() and field.truncate == "error":
         i = int(np.flatnonzero(over)[0])
         unit = "elements" if column.is_array else ("tokens" if width > 1 else "bytes")
-        raise _error(
-            plan,
+        raise docs.error(
             i,
             f"field {field.name}, column {column.name} has {lengths[i]} {unit}, more than max_length {limit}; "
             f'[fields.{field.name}] truncate = "right" or "left" keeps that many',
         )
-    return np.minimum(lengths, limit)
+    kept: np.ndarray = np.minimum(lengths, limit)
+    return kept
 
 
-def _whole_tokens(plan: EpochPlan, lengths: np.ndarray, width: int, field: FieldConfig, column: Column) -> None:
-    """Every bytea holds whole tokens of ``width`` bytes, or the first that does not is named."""
-    ragged = (lengths > 0) & (lengths % width != 0)
-    if ragged.any():
-        i = int(np.flatnonzero(ragged)[0])
-        raise _error(
-            plan,
-            i,
-            f"field {field.name}, column {column.name} has {lengths[i]} bytes, not whole {field.dtype} tokens "
-            f"of {width} bytes (a bytea holds its tokens little-endian)",
-        )
-
-
-def _check_rows(plan: EpochPlan, keys: np.ndarray, got: np.ndarray) -> None:
+def _check_rows(key_columns: KeyColumns, keys: np.ndarray, got: np.ndarray) -> None:
     """Every key of the chunk returned exactly one row, or the first that did not is named."""
     counts = np.bincount(got, minlength=keys.shape[1])
     if (counts == 1).all():
@@ -91,12 +104,7 @@ def _check_rows(plan: EpochPlan, keys: np.ndarray, got: np.ndarray) -> None:
     repeated = np.flatnonzero(counts > 1)  # (first: a LIMIT that stopped at a repeat may leave a key unread)
     bad = int(repeated[0] if repeated.size else np.flatnonzero(counts == 0)[0])
     what = "no row" if counts[bad] == 0 else "more than one row"
-    raise SampleError(f"sample ({plan.key_columns.show(keys[:, bad])}): [samples] query returned {what}, expected 1")
+    raise SampleError(f"sample ({key_columns.show(keys[:, bad])}): [samples] query returned {what}, expected 1")
 
 
-def _error(plan: EpochPlan, i: int, message: str) -> SampleError:
-    keys = plan.batch_keys(i, 1)
-    return SampleError(f"sample ({plan.key_columns.show(keys[:, 0])}): {message}")
-
-
-__all__ = ["CHUNK", "document_lengths"]
+__all__ = ["CHUNK", "Counted", "document_lengths"]

@@ -35,7 +35,7 @@ from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.order.shuffle import n_batches
 from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, Tokens, TransformTokens, transform_lengths
-from pgprefetch.write.pack.lengths import document_lengths
+from pgprefetch.write.pack.lengths import Counted, document_lengths
 from pgprefetch.write.pack.packer import Packing, pack
 from pgprefetch.write.pack.parts import cut
 from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Documents
@@ -72,7 +72,8 @@ async def packed_source(
     one = documents_config(cfg, width)
     plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
     keys = _held_keys(plan)
-    lengths = await document_lengths(one, snap.id, plan, field, width)
+    counted = Counted(keys, plan.key_columns, plan.by_field[field.name][0])
+    lengths = await document_lengths(one, snap.id, counted, field, width)
     async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
         layout = layout_from(one, plan, await reader.fetch(0, keys[:, :1]))
         spec = ColumnSpec(BatchStatement(plan.sql, plan.params, plan.row_wise), layout, np.dtype(field.dtype), width)
