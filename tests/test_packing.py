@@ -17,7 +17,7 @@ import pytest
 from pgprefetch import EpochArrays, EpochDataset, dump_epochs, load_config
 
 from .harness.dumps import chunk_bytes, dump, run_cli
-from .harness.packing import BYTEA_TWIN, DOCS, docs_table, documents, packed_config, read_back
+from .harness.packing import BYTEA_TWIN, CODE_DOCS, DOCS, docs_table, documents, mixed_config, packed_config, read_back
 
 
 @pytest.fixture
@@ -242,3 +242,74 @@ def test_a_tokenizers_output_packs_each_document_whole_and_a_later_epoch_takes_i
     second = dump(config, db, epoch=1)
     assert EpochArrays(tmp_path / "store.zarr", 1).manifest["transforms"]["tok"]["computed"] == 0  # all cached
     assert read_back(second.path, 100257) == expected
+
+
+@pytest.fixture
+def mix_db(docs_db: str) -> str:
+    from .harness.db import execute
+
+    execute(docs_db, *CODE_DOCS)
+    return docs_db
+
+
+def _source_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """Each sequence's real tokens."""
+    return (batch["segment_ids"] > 0).sum(axis=1)
+
+
+@pytest.mark.parametrize("method", ["best-fit", "concat"])
+def test_a_packed_mix_gives_each_source_its_share_of_tokens_in_every_prefix_of_sequences(
+    mix_db: str, tmp_path: Path, method: str
+) -> None:
+    result = dump(mixed_config(tmp_path, 3, 1, method=method), mix_db)
+    epoch = EpochArrays(tmp_path / "mix.zarr", 0)
+    assert epoch.sources == ["web", "code"]
+    batches = [epoch[b] for b in range(len(epoch))]
+    sources = np.concatenate([b["source"] for b in batches])
+    tokens = np.concatenate([_source_tokens(b) for b in batches])
+    web = np.cumsum(np.where(sources == 0, tokens, 0))
+    total = np.cumsum(tokens)
+    tables = {0: documents(mix_db), 1: documents(mix_db, "code_docs")}
+    longest = max(len(t) + 1 for table in tables.values() for t in table.values())  # a document and its eos
+    # every prefix: within one sequence's tokens (the interleave) and one document's (a quota's last document)
+    assert (np.abs(web - 0.75 * total) <= 64 + longest).all()
+    assert (np.abs(web - 0.75 * total)[: len(total) // 2] <= 64).all()  # away from the end: one sequence
+    for b in batches:  # a sequence's pieces are of its own source's documents, with the database's tokens
+        for s in range(b["tokens"].shape[0]):
+            n = int(b["segment_ids"][s].max())
+            for i in range(1, n + 1):
+                key, offset = int(b["segment_keys"][s, i - 1, 0]), int(b["segment_offsets"][s, i - 1])
+                piece = b["tokens"][s][b["segment_ids"][s] == i].tolist()
+                doc = tables[int(b["source"][s])][key] + [7]
+                assert piece == doc[offset : offset + len(piece)]
+    # the epoch: one pass of the source with the fewest tokens per unit of weight; the other, its share of that
+    passes = {name: sum(len(t) + 1 for t in tables[c].values()) for c, name in ((0, "web"), (1, "code"))}
+    shares = {"web": 0.75, "code": 0.25}
+    slowest = min(passes, key=lambda name: passes[name] / shares[name])
+    epoch_tokens = int(passes[slowest] / shares[slowest])
+    for entry in epoch.manifest["mix"]["sources"]:
+        if entry["name"] == slowest:
+            assert entry["documents"] == len(tables[entry["code"]])  # all of it, once
+        assert 0 <= entry["tokens"] - round(shares[entry["name"]] * epoch_tokens) < longest
+    assert result.sources == {"web": int((sources == 0).sum()), "code": int((sources == 1).sum())}
+
+
+def test_a_packed_mix_walks_each_sources_passes_and_an_epoch_alone_is_the_runs(mix_db: str, tmp_path: Path) -> None:
+    config = mixed_config(tmp_path, 1, 1)
+    run = asyncio.run(dump_epochs(load_config(config, dsn=mix_db), range(3)))
+    alone = dump(mixed_config(tmp_path, 1, 1, name="alone.toml", store="alone.zarr"), mix_db, epoch=2)
+    assert chunk_bytes(alone.path) == chunk_bytes(run[2].path)
+    counts: dict[int, int] = {}
+    for e in range(3):  # web's passes span epochs: each of its documents taken once a pass
+        epoch = EpochArrays(tmp_path / "mix.zarr", e)
+        record = next(s for s in epoch.manifest["mix"]["sources"] if s["name"] == "web")
+        taken = []
+        for b in range(len(epoch)):
+            batch = epoch[b]
+            firsts = (batch["segment_offsets"] == 0) & (batch["source"] == 0)[:, None]  # a document's first piece
+            taken += batch["segment_keys"][..., 0][firsts].tolist()
+        assert len(taken) == record["documents"]  # whole documents, each where its pass puts it
+        for k in taken:
+            counts[k] = counts.get(k, 0) + 1
+    assert set(counts) == set(documents(mix_db))  # more than a pass in all: every document
+    assert max(counts.values()) - min(counts.values()) <= 1  # none a pass ahead of another

@@ -5,7 +5,7 @@ A packed config's samples are documents and its one field their tokens; the epoc
 document it takes, under the field's ``truncate``), ``eos`` and ``pad`` must fit its dtype, and nothing else
 may be a field: a sequence has no single row for another column to come from. A transform's output packs
 when it is deterministic (a tokenizer): the epoch is planned from its lengths, computed once and cached. What
-is not built yet (a mix) is refused here in one line rather than half-served.
+is not built yet (a packed mix of a transform's output) is refused here in one line rather than half-served.
 """
 
 from __future__ import annotations
@@ -84,6 +84,10 @@ def parse_packing(
     method = p.choice(table, "packing", "method", PACKING_METHODS, "best-fit")
     group = p.positive_int(table, "packing", "group", PACKING_GROUP)
     _check_samples(p, samples, mix)
+    if mix is not None and field.transform is not None:
+        p.fail(
+            "[packing]", "a packed mix of a transform's output is not built yet: store the tokens, or pack one source"
+        )
     return PackingConfig(field=name, length=length, method=method, eos=eos, pad=pad, group=group)
 
 
@@ -110,8 +114,11 @@ def _check_field(
 
 
 def _check_samples(p: _Parser, samples: SamplesConfig | ScanConfig, mix: MixConfig | None) -> None:
-    if mix is not None:
-        p.fail("[packing]", "mixing sources by tokens is not built yet: pack one [samples]")
+    for each in [s.samples for s in mix.sources] if mix is not None else [samples]:
+        _check_one(p, each)
+
+
+def _check_one(p: _Parser, samples: SamplesConfig | ScanConfig) -> None:
     if isinstance(samples, ScanConfig):
         if samples.window is not None or samples.order is not None:
             p.fail("[packing]", "a document is one row: remove [samples] window / order (windows are not documents)")

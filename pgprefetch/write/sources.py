@@ -21,6 +21,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.write.batches import BatchSource, Progress
 from pgprefetch.write.executor import Executor
 from pgprefetch.write.mix.source import mixed_source
+from pgprefetch.write.pack.mixed import mixed_packed_source
 from pgprefetch.write.pack.source import packed_source
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category
 from pgprefetch.write.query import query_source
@@ -72,9 +73,14 @@ async def open_source(
     ``[transforms]`` add their outputs to the batches (:mod:`pgprefetch.write.transform`), their cache in
     ``transforms_cache`` (None: every output computed).
     """
-    if cfg.packing is not None:  # documents packed into sequences (a tokenizing transform's too)
+    if cfg.packing is not None:  # documents packed into sequences (a tokenizing transform's too; mixed by tokens)
         assert snap is not None, "a packed epoch is planned on its own snapshot"
-        async with packed_source(cfg, snap, epoch, vocabulary, spill, transforms_cache) as packed:
+        opened = (
+            mixed_packed_source(cfg, snap, epoch, vocabulary)
+            if cfg.mix is not None
+            else packed_source(cfg, snap, epoch, vocabulary, spill, transforms_cache)
+        )
+        async with opened as packed:
             yield packed
         return
     if not cfg.transforms:

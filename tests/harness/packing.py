@@ -30,6 +30,13 @@ def docs_table(n: int = N_DOCS) -> tuple[str, ...]:
 
 
 DOCS = docs_table()
+# a second source for a packed mix: 120 documents of 1 .. 200 tokens, ids 50,000 .. 59,999
+CODE_DOCS = (
+    "CREATE TABLE code_docs (id bigint PRIMARY KEY, tokens int[] NOT NULL)",
+    """INSERT INTO code_docs SELECT i, ARRAY(
+           SELECT (50000 + (i * 31 + j * 17) % 10000)::int FROM generate_series(1, 1 + (i * 53) % 200) j)
+       FROM generate_series(1, 120) i""",
+)
 # the same documents as bytea: each token two bytes, little-endian (an empty document: no bytes)
 BYTEA_TWIN = """CREATE TABLE docs_b AS SELECT id, coalesce((
     SELECT decode(string_agg(lpad(to_hex(((t & 255) << 8) | (t >> 8)), 4, '0'), '' ORDER BY o), 'hex')
@@ -65,9 +72,25 @@ def packed_config(
     return path
 
 
-def documents(dsn: str) -> dict[int, list[int]]:
+def documents(dsn: str, table: str = "docs") -> dict[int, list[int]]:
     """Every document's tokens, as the database has them."""
-    return {int(r["id"]): list(r["tokens"]) for r in fetch(dsn, "SELECT id, tokens FROM docs")}
+    return {int(r["id"]): list(r["tokens"]) for r in fetch(dsn, f"SELECT id, tokens FROM {table}")}
+
+
+def mixed_config(folder: Path, web: int, code: int, *, method: str = "best-fit", name: str = "mix.toml",
+                 store: str = "mix.zarr", extra: str = "") -> Path:  # fmt: skip
+    """A packed mix: ``docs`` (query mode) and ``code_docs`` (a scan table) by weight, ``eos`` 7."""
+    path = folder / name
+    path.write_text(
+        "[source]\nconnections = 2\n"
+        f'[samples.web]\nweight = {web}\nkeys = "SELECT id FROM docs"\n'
+        'query = "SELECT tokens FROM docs WHERE id = $1"\n'
+        f'[samples.code]\nweight = {code}\ntable = "code_docs"\nkey = ["id"]\n{extra}'
+        '[fields.tokens]\ncolumns = ["tokens"]\ndtype = "uint16"\nmax_length = 1000\n'
+        f'[packing]\nfield = "tokens"\nlength = {LENGTH}\nmethod = "{method}"\neos = 7\n'
+        f'[batches]\nsize = 4\n[store]\npath = "{store}"\n'
+    )
+    return path
 
 
 def read_back(path: Path | str, eos: int | None) -> dict[int, list[int]]:

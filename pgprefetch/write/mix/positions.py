@@ -110,19 +110,30 @@ def starts(
 ) -> Starts:
     """Each source's position at the start of ``epoch`` (see the module's rules)."""
     assert cfg.mix is not None
-    positions = {name: Position(0, 0) for name in passes}
-    first = 0
-    if record is not None:
-        first = record[0] + 1
-        for name, end in _ends(record[1], where).items():
-            if name in passes:
-                positions[name] = passes[name].locate(end[0], end[1])
+    positions, first = recorded(passes, record, where)
     sizes = {name: p.m for name, p in passes.items()}
     for e in range(first, epoch):
         for name, q in quotas(cfg, e, sizes).items():
             if q:
                 positions[name] = passes[name].advance(positions[name], q)
     return Starts(positions, record[0] if record else None, epoch - first)
+
+
+def recorded(
+    passes: dict[str, PassOrder], record: tuple[int, dict[str, Any]] | None, where: str
+) -> tuple[dict[str, Position], int]:
+    """Each source's position after the epoch ``record`` is of (the start where there is none), and the epoch after.
+
+    The epochs from there to the one being planned are counted by the caller, in samples or (a packed mix) in
+    tokens.
+    """
+    positions = {name: Position(0, 0) for name in passes}
+    if record is None:
+        return positions, 0
+    for name, end in _ends(record[1], where).items():
+        if name in passes:
+            positions[name] = passes[name].locate(end[0], end[1])
+    return positions, record[0] + 1
 
 
 def _ends(record: Any, where: str) -> dict[str, tuple[int, tuple[int, list[int]] | None]]:

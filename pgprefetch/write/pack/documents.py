@@ -26,8 +26,10 @@ import numpy as np
 from pgprefetch.config.model import SourceConfig
 from pgprefetch.decode.flat import flat_column
 from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.session import BatchReader
 from pgprefetch.pg.statement import BatchStatement, Fetched
+from pgprefetch.write.pack.place import Documents
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.transform.outputs import Packed
 from pgprefetch.write.transform.stage import Stage
@@ -42,11 +44,11 @@ class Tokens(Protocol):
     def size(self) -> int:
         """Fetches in flight at once."""
 
-    async def fetch(self, batch: int, keys: np.ndarray, count: int) -> object:
-        """Ask for the documents ``keys`` (``(width, n)``) of the unit from ``batch`` (``count`` batches)."""
+    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
+        """Ask for ``docs`` (a unit's, from ``batch``, ``count`` batches)."""
 
-    def decode(self, fetched: object, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Their tokens back to back, in ``keys`` order, in the field's dtype; and each one's count."""
+    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
+        """Their tokens back to back, in their order, in the field's dtype; and each one's count."""
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,15 @@ class ColumnTokens:
         """The reader's connections."""
         return self.reader.size
 
-    async def fetch(self, batch: int, keys: np.ndarray, count: int) -> object:
-        """The statement's rows for ``keys``."""
-        return await self.reader.fetch(batch, keys, count)
+    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
+        """The statement's rows for ``docs``."""
+        return await self.reader.fetch(batch, docs.keys, count)
 
-    def decode(self, fetched: object, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
         """The rows' tokens, flat; a bytea's viewed as its little-endian tokens."""
         spec = self.spec
         wire = np.dtype(np.uint8) if spec.width else spec.dtype
-        tokens, counts = flat_column(spec.layout, cast("Fetched", fetched), keys, wire)
+        tokens, counts = flat_column(spec.layout, cast("Fetched", fetched), docs.keys, wire)
         if spec.width:  # (each length was checked to be whole tokens when the epoch was planned)
             return tokens.view(spec.dtype.newbyteorder("<")).astype(spec.dtype, copy=False), counts // spec.width
         return tokens, counts
@@ -102,14 +104,48 @@ class TransformTokens:
         """Units in flight: the stage's statement's connections."""
         return self.stage.connections
 
-    async def fetch(self, batch: int, keys: np.ndarray, count: int) -> object:
-        """The transform's outputs for ``keys``."""
-        return (await self.stage.unit(batch, keys))[self.field]
+    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
+        """The transform's outputs for ``docs``."""
+        return (await self.stage.unit(batch, docs.keys))[self.field]
 
-    def decode(self, fetched: object, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
         """The outputs, already flat (checked against the field when they were made)."""
         packed = cast("Packed", fetched)
         return packed.values.astype(self.dtype, copy=False), packed.lengths
+
+
+class MixedTokens:
+    """A packed mix's documents: each unit's asked of their sources, a statement each, at once."""
+
+    def __init__(self, by_source: dict[int, ColumnTokens], keys: dict[int, KeyColumns]) -> None:
+        self.by_source, self.keys = by_source, keys  # keys: each source's own key columns
+
+    @property
+    def size(self) -> int:
+        """Units in flight: the fewest connections of a source."""
+        return min(t.size for t in self.by_source.values())
+
+    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
+        """Each source's documents among ``docs``, fetched concurrently."""
+        assert docs.sources is not None, "a packed mix's documents say their source"
+        codes = [int(c) for c in np.unique(docs.sources)]
+        subsets = {c: self._of(docs, c) for c in codes}
+        got = await asyncio.gather(*(self.by_source[c].fetch(batch, subsets[c], count) for c in codes))
+        return dict(zip(codes, got, strict=True))
+
+    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
+        """Each source's tokens, in the order of ``docs`` (a source's documents lie together, sources in order)."""
+        assert docs.sources is not None
+        by_code = cast("dict[int, object]", fetched)
+        assert (np.diff(docs.sources) >= 0).all(), "a unit's documents come source after source"
+        parts = [self.by_source[c].decode(by_code[c], self._of(docs, c)) for c in sorted(by_code)]
+        return np.concatenate([t for t, _ in parts]), np.concatenate([n for _, n in parts])
+
+    def _of(self, docs: Documents, code: int) -> Documents:
+        """Source ``code``'s documents among ``docs``, with its own key columns (a narrower key's slots only)."""
+        assert docs.sources is not None
+        at, own = np.flatnonzero(docs.sources == code), self.keys[code]
+        return Documents(own, np.ascontiguousarray(docs.keys[: own.width, at]), docs.lengths[at])
 
 
 async def transform_lengths(stage: Stage, field: str, plan: EpochPlan) -> np.ndarray:
@@ -130,4 +166,4 @@ async def transform_lengths(stage: Stage, field: str, plan: EpochPlan) -> np.nda
     return lengths
 
 
-__all__ = ["ColumnSpec", "ColumnTokens", "Tokens", "TransformTokens", "transform_lengths"]
+__all__ = ["ColumnSpec", "ColumnTokens", "MixedTokens", "Tokens", "TransformTokens", "transform_lengths"]

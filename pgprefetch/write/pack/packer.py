@@ -70,16 +70,24 @@ class Packing:
         """What it holds in memory."""
         return int(self.starts.nbytes + self.doc.nbytes + self.offset.nbytes + self.size.nbytes)
 
-    def shuffled(self, seed: int, epoch: int) -> Packing:
-        """The same sequences in the epoch's order: a permutation drawn from (seed, epoch), not from the packing."""
+    def shuffled(self, seed: int, epoch: int, stream: int = PACK_STREAM) -> Packing:
+        """The same sequences in the epoch's order: a permutation drawn from (seed, epoch), not from the packing.
+
+        ``stream``: the draw's own (a packed mix shuffles each source's sequences apart).
+        """
         n = self.n_sequences
-        order = np.argsort(key_hash(np.arange(n, dtype=np.int64)[None], seed=seed, epoch=epoch, stream=PACK_STREAM))
+        return self.reordered(np.argsort(key_hash(np.arange(n, dtype=np.int64)[None], seed=seed, epoch=epoch,
+                                                  stream=stream)))  # fmt: skip
+
+    def reordered(self, order: np.ndarray) -> Packing:
+        """The sequences ``order`` names, in that order; ``numbers``: each one's number before (its own, if any)."""
         counts = np.diff(self.starts)[order]
-        starts = np.zeros(n + 1, dtype=np.int64)
+        starts = np.zeros(order.size + 1, dtype=np.int64)
         np.cumsum(counts, out=starts[1:])
         # each new sequence's pieces: its old run, piece by piece
         take = np.repeat(self.starts[:-1][order] - starts[:-1], counts) + np.arange(int(starts[-1]), dtype=np.int64)
-        return Packing(self.length, starts, self.doc[take], self.offset[take], self.size[take], order)
+        numbers = order if self.numbers is None else self.numbers[order]
+        return Packing(self.length, starts, self.doc[take], self.offset[take], self.size[take], numbers)
 
     def pieces(self, first: int, last: int) -> slice:
         """The pieces of sequences ``first ... last - 1``."""

@@ -31,10 +31,12 @@ class Documents:
     key_columns: KeyColumns
     keys: np.ndarray  # (key slots, documents)
     lengths: np.ndarray  # tokens each, as the field keeps them (no eos)
+    sources: np.ndarray | None = None  # a mixed epoch: each document's source code
 
     def take(self, rows: np.ndarray) -> Documents:
-        """The documents ``rows`` alone (what a cluster's part is sent)."""
-        return Documents(self.key_columns, self.keys[:, rows], self.lengths[rows])
+        """The documents ``rows`` alone (a unit's, or what a cluster's part is sent)."""
+        sources = None if self.sources is None else self.sources[rows]
+        return Documents(self.key_columns, self.keys[:, rows], self.lengths[rows], sources)
 
 
 @dataclass(frozen=True)

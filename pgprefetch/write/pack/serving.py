@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from pgprefetch.config.model import Config, FieldConfig
+from pgprefetch.config.model import SOURCE_ARRAY, Config, FieldConfig
 from pgprefetch.decode.layout import BatchLayout, FieldLayout
 from pgprefetch.keys import KeyColumns
 from pgprefetch.write.batches import BatchSource, SourcePart, unit_batches
@@ -57,11 +57,13 @@ def served(
     records: dict[str, Any],
     cut: Callable[[range], AbstractContextManager[SourcePart]] | None = None,
     base: int = 0,
+    sources: np.ndarray | None = None,
 ) -> BatchSource:
     """The writer's view of a packed epoch (or of a cluster's part: its sequences from ``base`` on).
 
     Each unit's documents are asked of ``tokens`` once and placed (:class:`~.place.Placer`).
-    ``max_segments``: the epoch's most pieces a sequence (the width of ``segment_keys``).
+    ``max_segments``: the epoch's most pieces a sequence (the width of ``segment_keys``). ``sources``: a packed
+    mix's source of each sequence from ``base`` on, for the ``source`` array.
     """
     packing = cfg.packing
     assert packing is not None
@@ -73,14 +75,21 @@ def served(
 
     async def fetch(batch: int, count: int) -> object:
         rows = place.documents(batch * size, min((batch + count) * size, used))
-        return rows, await tokens.fetch(batch, docs.keys[:, rows], count)
+        return rows, await tokens.fetch(batch, docs.take(rows), count)
 
     def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
         rows, got = cast("tuple[np.ndarray, object]", fetched)
-        decoded = tokens.decode(got, docs.keys[:, rows])
-        place.fill(batch * size, min((batch + count) * size, used), rows, decoded, buffers)
+        decoded = tokens.decode(got, docs.take(rows))
+        first, last = batch * size, min((batch + count) * size, used)
+        place.fill(first, last, rows, decoded, buffers)
+        if sources is not None:
+            buffers[SOURCE_ARRAY][: last - first] = sources[first - base : last - base]
 
-    return BatchSource(plan, layout, *snapshot, None, fetch, produce, tokens.size, unit=unit, records=records, cut=cut)
+    extra = ((SOURCE_ARRAY, np.dtype(np.int8), ()),) if sources is not None else ()
+    return BatchSource(
+        plan, layout, *snapshot, None, fetch, produce, tokens.size, unit=unit, records=records, cut=cut,
+        extra_arrays=extra,
+    )  # fmt: skip
 
 
 __all__ = ["SEQUENCE_KEY", "sequence_layout", "served"]

@@ -129,8 +129,8 @@ async def _source(
     pool = memory.current()
     pool.reserve("documents' lengths", plan.used * 8 * 2)  # theirs, and with eos as packed
     packed = await asyncio.to_thread(_packed, docs.lengths, packing, cfg.batches.seed, plan.epoch, pool)
-    sequences = _plan(cfg, plan, packed)
-    records = {"packing": _record(packing, docs, packed, sequences.used)}
+    sequences = plan_of(cfg, plan.epoch, docs, packed, n_keys=plan.n_keys, repeats=plan.duplicates_dropped)
+    records = {"packing": record_of(packing, docs, packed, sequences.used)}
     size, used, most = cfg.batches.size, sequences.used, max(1, packed.max_segments)
     parts = functools.partial(cut, size, docs, packed, used, spec) if spec is not None else None
     snapshot = (snap.id, snap.server_version)
@@ -194,8 +194,11 @@ def _packed(lengths: np.ndarray, cfg: PackingConfig, seed: int, epoch: int, pool
     return shuffled
 
 
-def _plan(cfg: Config, documents: EpochPlan, packed: Packing) -> EpochPlan:
-    """The epoch's plan of sequences: the shuffled packing's, in batches of ``[batches] size`` sequences."""
+def plan_of(cfg: Config, epoch: int, docs: Documents, packed: Packing, n_keys: int, repeats: int = 0) -> EpochPlan:
+    """The epoch's plan of sequences: the packing's, in its order, in batches of ``[batches] size`` sequences.
+
+    ``n_keys`` and ``repeats``: what the documents' keys queries returned, and the repeated keys dropped.
+    """
     packing = cfg.packing
     assert packing is not None
     size = cfg.batches.size
@@ -207,14 +210,14 @@ def _plan(cfg: Config, documents: EpochPlan, packed: Packing) -> EpochPlan:
     used = min(packed.n_sequences, batches * size)
     assert packed.numbers is not None, "the sequences were shuffled"
     return EpochPlan(
-        epoch=documents.epoch,
+        epoch=epoch,
         keys=packed.numbers[None, :used].astype(np.int64),
         key_columns=SEQUENCE_KEY,
-        n_keys=documents.n_keys,
-        duplicates_dropped=documents.duplicates_dropped,
+        n_keys=n_keys,
+        duplicates_dropped=repeats,
         used=used,
         n_batches=batches,
-        keys_sha256=_identity(documents, packed, packing),
+        keys_sha256=_identity(docs, packed, packing),
         columns=(),
         by_field={},
         categories={},
@@ -223,17 +226,16 @@ def _plan(cfg: Config, documents: EpochPlan, packed: Packing) -> EpochPlan:
     )
 
 
-def _identity(plan: EpochPlan, packed: Packing, cfg: PackingConfig) -> str:
-    """The epoch's hash: its documents' order and every piece's place (a partial epoch resumes only under it)."""
+def _identity(docs: Documents, packed: Packing, cfg: PackingConfig) -> str:
+    """The epoch's hash: its documents and every piece's place (a partial epoch resumes only under it)."""
     digest = hashlib.sha256(b"pgprefetch-packing")
-    digest.update(plan.keys_sha256.encode())
     digest.update(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
-    for array in (packed.starts, packed.doc, packed.offset, packed.size):
+    for array in (docs.keys, packed.starts, packed.doc, packed.offset, packed.size):
         digest.update(np.ascontiguousarray(array).data)
     return digest.hexdigest()
 
 
-def _record(cfg: PackingConfig, docs: Documents, packed: Packing, used: int) -> dict[str, Any]:
+def record_of(cfg: PackingConfig, docs: Documents, packed: Packing, used: int) -> dict[str, Any]:
     """What the manifest records of the packing: its settings and figures (``ls`` and ``check`` show them)."""
     kept = slice(0, int(packed.starts[used]))
     tokens = int(packed.size[kept].sum())
@@ -256,4 +258,4 @@ def _record(cfg: PackingConfig, docs: Documents, packed: Packing, used: int) -> 
     }
 
 
-__all__ = ["documents_config", "packed_source"]
+__all__ = ["documents_config", "packed_source", "plan_of", "record_of", "token_bytes"]

@@ -1,0 +1,230 @@
+"""A packed mix: sources weighted by their tokens, each packed into sequences of its own, interleaved fairly.
+
+Each ``[samples.NAME]`` source's documents are read on the epoch's snapshot (a scan table's by key, as a lone
+packed table's), their lengths counted, and their passes walked in tokens (:mod:`.shares`): the source gives
+the epoch the documents, in its pass order from where it stands, that make its share of the epoch's tokens.
+
+A source's documents are packed into sequences of their own (best-fit or concat, as configured), and its
+sequences shuffled by a hash of (seed, epoch, source). The sources' sequences are then interleaved as a fair
+queue: each sequence is stamped with its source's tokens up to and including it over the source's share, and
+the epoch takes them in stamp order (ties in source order). So every prefix of the epoch's sequences holds each
+source's share of its tokens within one sequence's tokens (``length``), whatever the weights: the way
+Megatron's blended datasets interleave samples, in tokens. Each sequence's source is in the ``source`` array.
+
+The manifest records the mix as a mixed epoch's (:mod:`pgprefetch.write.mix`): each source's weight, share,
+tokens, documents and sequences, and where it starts and ends, which the next epoch continues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pgprefetch.config.model import MIX_VERSION, SOURCE_ARRAY, Config
+from pgprefetch.pg.session import BatchReader, Snapshot
+from pgprefetch.pg.statement import BatchStatement
+from pgprefetch.write import memory
+from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.mix.passes import Chosen, Position
+from pgprefetch.write.mix.positions import find_record, needed
+from pgprefetch.write.mix.reading import SourceRead, prefixed, read_query_source, source_config, widest
+from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, MixedTokens
+from pgprefetch.write.pack.lengths import Counted, document_lengths
+from pgprefetch.write.pack.packer import PACK_STREAM, Packing, pack
+from pgprefetch.write.pack.place import Documents
+from pgprefetch.write.pack.serving import served
+from pgprefetch.write.pack.shares import TokenSource, epoch_tokens, quotas, shares_at, token_starts, walk
+from pgprefetch.write.pack.source import documents_config, plan_of, record_of, token_bytes
+from pgprefetch.write.plan import EpochPlan, Vocabulary
+from pgprefetch.write.query import layout_from, query_statement
+
+
+@dataclass
+class _Source:
+    """One source of the mix: its documents read, counted and ready to fetch."""
+
+    read: SourceRead
+    tokens: TokenSource
+    spec: ColumnSpec
+    reader: BatchReader
+
+    @property
+    def chosen(self) -> Chosen:
+        """Its documents' keys, as its passes walk them."""
+        assert isinstance(self.read.chosen, Chosen), "a packed source's keys are held in memory"
+        return self.read.chosen
+
+
+@asynccontextmanager
+async def mixed_packed_source(
+    cfg: Config, snap: Snapshot, epoch: int, vocabulary: Vocabulary | None
+) -> AsyncIterator[BatchSource]:
+    """The batch source of packed mix epoch ``epoch`` on ``snap`` (see the module's docstring)."""
+    assert cfg.mix is not None
+    assert cfg.packing is not None
+    store = vocabulary.store if vocabulary is not None else None
+    where = f"{store.location}/epoch {epoch}" if store is not None else f"epoch {epoch}"
+    record = find_record(cfg, store, epoch)
+    names = needed(cfg, epoch, record)
+    drawn = [(code, s.name) for code, s in enumerate(cfg.mix.sources) if s.name in names]
+    async with contextlib.AsyncExitStack() as stack:
+        sources = {code: await _read(cfg, snap, code, name, len(drawn), stack) for code, name in drawn}
+        counted = [s.tokens for s in sources.values()]
+        begun = token_starts(cfg, epoch, counted, record, where)
+        given = quotas(cfg, epoch, counted)
+        taken, ends, packings = {}, {}, {}
+        for code, s in sources.items():
+            name = s.read.name
+            taken[code], ends[name] = walk(s.tokens, begun.positions[name], given[name])
+            packings[code] = _packed(cfg, s, taken[code], epoch)
+        docs, packed, sources_of = _interleaved(cfg, epoch, sources, taken, packings)
+        repeats = sum(s.chosen.repeats for s in sources.values())
+        plan = plan_of(cfg, epoch, docs, packed, sum(s.chosen.n_keys for s in sources.values()), repeats)
+        mix = _record(cfg, epoch, sources, begun, ends, given, taken, packings, record)
+        records = {"sources": [s.name for s in cfg.mix.sources], "source_array": SOURCE_ARRAY, "mix": mix}
+        records["packing"] = record_of(cfg.packing, docs, packed, plan.used)
+        own = {code: s.read.key_columns for code, s in sources.items()}
+        tokens = MixedTokens({code: ColumnTokens(s.spec, s.reader) for code, s in sources.items()}, own)
+        snapshot = (snap.id, snap.server_version)
+        most = max(1, packed.max_segments)
+        yield served(cfg, plan, docs, packed, tokens, snapshot, most, records, sources=sources_of)
+
+
+async def _read(cfg: Config, snap: Snapshot, code: int, name: str, n: int, stack: contextlib.AsyncExitStack) -> _Source:
+    """Source ``name``: its keys and passes, each document's tokens counted, its reader open."""
+    assert cfg.packing is not None
+    own = source_config(cfg, name, cfg.source.memory_bytes // max(1, n), n)
+    async with prefixed(name):
+        width = await token_bytes(own, snap)
+        docs_cfg = documents_config(own, width)
+        read = await read_query_source(docs_cfg, name, code, snap)
+        assert read.shape is not None, "a packed source is read as a query source"
+        assert isinstance(read.chosen, Chosen)
+        statement = await query_statement(docs_cfg, snap, read.shape, None, {})
+        field = own.field(cfg.packing.field)
+        column = statement["by_field"][field.name][0]
+        keys = read.chosen.keys
+        memory.current().reserve(f"documents of {name}", keys.nbytes + keys.shape[1] * 16)  # keys, lengths
+        lengths = await document_lengths(docs_cfg, snap.id, Counted(keys, read.key_columns, column), field, width)
+        sent = BatchStatement(statement["sql"], statement["params"], statement["row_wise"])
+        opened = BatchReader.open(docs_cfg.source, snap.id, sent.sql, sent.params, row_wise=sent.row_wise)
+        reader = await stack.enter_async_context(opened)
+        plan = EpochPlan(0, keys, read.key_columns, keys.shape[1], 0, keys.shape[1], keys.shape[1], "", **statement)
+        layout = layout_from(docs_cfg, plan, await reader.fetch(0, keys[:, :1]))
+    spec = ColumnSpec(sent, layout, np.dtype(field.dtype), width)
+    with_eos = lengths + (cfg.packing.eos is not None)
+    return _Source(read, TokenSource(name, read.passes, with_eos), spec, reader)
+
+
+def _packed(cfg: Config, s: _Source, taken: np.ndarray, epoch: int) -> Packing:
+    """Source ``s``'s documents ``taken`` (handles, in its pass order) in sequences of its own, shuffled."""
+    assert cfg.packing is not None
+    p = cfg.packing
+    packed = pack(s.tokens.lengths[taken], p.length, p.method, p.group)
+    stream = PACK_STREAM ^ zlib.crc32(s.read.name.encode())  # (each source's sequences in an order of its own)
+    return packed.shuffled(cfg.batches.seed, epoch, stream)
+
+
+def _interleaved(
+    cfg: Config, epoch: int, sources: dict[int, _Source], taken: dict[int, np.ndarray], packings: dict[int, Packing]
+) -> tuple[Documents, Packing, np.ndarray]:
+    """Every source's sequences in one epoch, as a fair queue by tokens; each sequence's source.
+
+    The documents of every source side by side (a narrower key zero-padded), each source's pieces naming
+    them by their place there.
+    """
+    shares = shares_at(cfg, epoch)
+    width = widest([s.read for s in sources.values()]).width  # (a narrower key is zero-padded)
+    keys, lengths, codes, stamps, parts = [], [], [], [], []
+    offset = 0
+    for code, s in sources.items():
+        p, own = packings[code], s.chosen.keys[:, taken[code]]
+        keys.append(np.vstack([own, np.zeros((width - own.shape[0], own.shape[1]), dtype=np.int64)]))
+        lengths.append(s.tokens.lengths[taken[code]] - (cfg.packing is not None and cfg.packing.eos is not None))
+        codes.append(np.full(own.shape[1], code, dtype=np.int8))
+        filled = np.add.reduceat(p.size, p.starts[:-1]) if p.n_sequences else np.zeros(0, dtype=np.int64)
+        stamps.append(np.cumsum(filled) / float(shares[s.read.name]))
+        parts.append(dataclasses.replace(p, doc=p.doc + offset))
+        offset += own.shape[1]
+    order = np.lexsort((np.concatenate([np.full(len(t), c) for c, t in zip(sources, stamps, strict=True)]),
+                        np.concatenate(stamps)))  # fmt: skip
+    joined = _joined(cfg, parts)
+    key_columns = widest([s.read for s in sources.values()])
+    docs = Documents(key_columns, np.hstack(keys), np.concatenate(lengths), np.concatenate(codes))
+    by_sequence = np.concatenate([np.full(p.n_sequences, c, np.int8) for c, p in zip(sources, parts, strict=True)])
+    return docs, joined.reordered(order), by_sequence[order]
+
+
+def _joined(cfg: Config, parts: list[Packing]) -> Packing:
+    """The sources' packings one after the other (their documents already offset)."""
+    assert cfg.packing is not None
+    starts = [np.zeros(1, dtype=np.int64)]
+    at = 0
+    for p in parts:
+        starts.append(p.starts[1:] + at)
+        at += int(p.starts[-1])
+    numbers = np.arange(sum(p.n_sequences for p in parts), dtype=np.int64)
+    return Packing(
+        cfg.packing.length,
+        np.concatenate(starts),
+        np.concatenate([p.doc for p in parts]),
+        np.concatenate([p.offset for p in parts]),
+        np.concatenate([p.size for p in parts]),
+        numbers,
+    )
+
+
+def _record(
+    cfg: Config,
+    epoch: int,
+    sources: dict[int, _Source],
+    begun: Any,
+    ends: dict[str, Position],
+    given: dict[str, int],
+    taken: dict[int, np.ndarray],
+    packings: dict[int, Packing],
+    record: tuple[int, dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """What the manifest records of the mix, as a mixed epoch's record reads (each source's ends continue)."""
+    assert cfg.mix is not None
+    shares = shares_at(cfg, epoch)
+    earlier = {e.get("name"): e for e in (record[1].get("sources", []) if record else []) if isinstance(e, dict)}
+    read = {s.read.name: (code, s) for code, s in sources.items()}
+    out = []
+    for code, m in enumerate(cfg.mix.sources):
+        mode = "query" if hasattr(m.samples, "query") else "scan"
+        entry: dict[str, Any] = {"name": m.name, "code": code, "mode": mode, "weight": m.weight(epoch),
+                                 "share": float(shares[m.name])}  # fmt: skip
+        if m.name not in read:
+            end = earlier.get(m.name, {}).get("end", {"pass": 0, "index": 0, "after": None})
+            out.append(entry | {"samples": 0, "tokens": 0, "start": end, "end": end})
+            continue
+        c, s = read[m.name]
+        at, to = begun.positions[m.name], ends[m.name]
+        after = s.read.passes.after(to)
+        entry.update(
+            samples=packings[c].n_sequences,  # sequences
+            tokens=int(s.tokens.lengths[taken[c]].sum()),
+            asked_tokens=given[m.name],
+            documents=int(taken[c].size),
+            n_keys=s.chosen.n_keys,
+            keys=s.chosen.m,
+            duplicates_dropped=s.chosen.repeats,
+            passes=round(int(taken[c].size) / max(1, s.chosen.m), 6),
+            start={"pass": at.pass_, "index": at.index},
+            end={"pass": to.pass_, "index": to.index, "after": None if after is None else [str(after[0]), after[1]]},
+            **s.read.key_columns.manifest(),
+        )
+        out.append(entry)
+    return {"version": MIX_VERSION, "tokens": epoch_tokens(cfg, epoch, [s.tokens for s in sources.values()]),
+            "continues": begun.record, "counted": begun.counted, "sources": out}  # fmt: skip
+
+
+__all__ = ["mixed_packed_source"]
