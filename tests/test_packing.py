@@ -313,3 +313,14 @@ def test_a_packed_mix_walks_each_sources_passes_and_an_epoch_alone_is_the_runs(m
             counts[k] = counts.get(k, 0) + 1
     assert set(counts) == set(documents(mix_db))  # more than a pass in all: every document
     assert max(counts.values()) - min(counts.values()) <= 1  # none a pass ahead of another
+
+
+def test_a_packed_mix_spread_over_ray_is_the_single_process_bytes(
+    ray_cluster: object, mix_db: str, tmp_path: Path
+) -> None:
+    from .harness.raycluster import on_ray
+
+    single = dump(mixed_config(tmp_path, 2, 1), mix_db, epoch=1)
+    spread = on_ray(mixed_config(tmp_path, 2, 1, name="ray.toml", store="ray.zarr"), mix_db, epoch=1, parts=3)
+    assert chunk_bytes(spread.path) == chunk_bytes(single.path)
+    assert spread.sources == single.sources

@@ -16,6 +16,8 @@ count of a column: :mod:`.lengths`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -114,6 +116,22 @@ class TransformTokens:
         return packed.values.astype(self.dtype, copy=False), packed.lengths
 
 
+@dataclass(frozen=True)
+class MixedSpec:
+    """A packed mix's documents as a cluster's part opens them: each source's spec and key columns."""
+
+    specs: dict[int, ColumnSpec]
+    keys: dict[int, KeyColumns]
+
+    @asynccontextmanager
+    async def opened(self, source: SourceConfig, snapshot: str) -> AsyncIterator[MixedTokens]:
+        """Every source's reader on the exported ``snapshot``, each with its share of the connections."""
+        share = dataclasses.replace(source, connections=max(1, -(-source.connections // len(self.specs))))
+        async with contextlib.AsyncExitStack() as stack:
+            opened = {c: await stack.enter_async_context(s.opened(share, snapshot)) for c, s in self.specs.items()}
+            yield MixedTokens(opened, self.keys)
+
+
 class MixedTokens:
     """A packed mix's documents: each unit's asked of their sources, a statement each, at once."""
 
@@ -166,4 +184,4 @@ async def transform_lengths(stage: Stage, field: str, plan: EpochPlan) -> np.nda
     return lengths
 
 
-__all__ = ["ColumnSpec", "ColumnTokens", "MixedTokens", "Tokens", "TransformTokens", "transform_lengths"]
+__all__ = ["ColumnSpec", "ColumnTokens", "MixedSpec", "MixedTokens", "Tokens", "TransformTokens", "transform_lengths"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,9 +36,10 @@ from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.mix.passes import Chosen, Position
 from pgprefetch.write.mix.positions import find_record, needed
 from pgprefetch.write.mix.reading import SourceRead, prefixed, read_query_source, source_config, widest
-from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, MixedTokens
+from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, MixedSpec, MixedTokens
 from pgprefetch.write.pack.lengths import Counted, document_lengths
 from pgprefetch.write.pack.packer import PACK_STREAM, Packing, pack
+from pgprefetch.write.pack.parts import cut
 from pgprefetch.write.pack.place import Documents
 from pgprefetch.write.pack.serving import served
 from pgprefetch.write.pack.shares import TokenSource, epoch_tokens, quotas, shares_at, token_starts, walk
@@ -94,7 +96,9 @@ async def mixed_packed_source(
         tokens = MixedTokens({code: ColumnTokens(s.spec, s.reader) for code, s in sources.items()}, own)
         snapshot = (snap.id, snap.server_version)
         most = max(1, packed.max_segments)
-        yield served(cfg, plan, docs, packed, tokens, snapshot, most, records, sources=sources_of)
+        spec = MixedSpec({code: s.spec for code, s in sources.items()}, own)  # what a cluster's part opens
+        parts = functools.partial(cut, cfg.batches.size, docs, packed, plan.used, spec, sources_of)
+        yield served(cfg, plan, docs, packed, tokens, snapshot, most, records, parts, sources=sources_of)
 
 
 async def _read(cfg: Config, snap: Snapshot, code: int, name: str, n: int, stack: contextlib.AsyncExitStack) -> _Source:

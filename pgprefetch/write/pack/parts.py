@@ -16,7 +16,7 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.pack.documents import ColumnSpec
+from pgprefetch.write.pack.documents import ColumnSpec, MixedSpec
 from pgprefetch.write.pack.packer import Packing
 from pgprefetch.write.pack.place import Documents
 from pgprefetch.write.pack.serving import served
@@ -31,7 +31,8 @@ class PackedPart:
     packed: Packing  # its sequences' pieces, each naming its document by its place in ``docs``
     docs: Documents
     max_segments: int  # the epoch's
-    spec: ColumnSpec  # how the documents are fetched
+    spec: ColumnSpec | MixedSpec  # how the documents are fetched
+    sources: np.ndarray | None = None  # a packed mix: each of its sequences' source
 
     @asynccontextmanager
     async def served(
@@ -41,21 +42,28 @@ class PackedPart:
         async with self.spec.opened(cfg.source, snapshot) as tokens:
             yield served(
                 cfg, plan, self.docs, self.packed, tokens, (snapshot, server_version), self.max_segments, {},
-                base=self.first,
+                base=self.first, sources=self.sources,
             )  # fmt: skip
 
 
 @contextmanager
 def cut(
-    size: int, docs: Documents, packed: Packing, used: int, spec: ColumnSpec, batches: range
+    size: int,
+    docs: Documents,
+    packed: Packing,
+    used: int,
+    spec: ColumnSpec | MixedSpec,
+    sources: np.ndarray | None,
+    batches: range,
 ) -> Iterator[PackedPart]:
-    """The part of the epoch that writes ``batches`` (``used``: the epoch's sequences)."""
+    """The part of the epoch that writes ``batches`` (``used``: the epoch's sequences; ``sources``: a mix's)."""
     first, last = batches.start * size, min(batches.stop * size, used)
     at = packed.pieces(first, last)
     rows, doc = np.unique(packed.doc[at], return_inverse=True)
     starts = packed.starts[first : last + 1] - packed.starts[first]
     own = Packing(packed.length, starts, doc.astype(np.int64), packed.offset[at], packed.size[at])
-    yield PackedPart(first, own, docs.take(rows), max(1, packed.max_segments), spec)
+    mine = None if sources is None else sources[first:last]
+    yield PackedPart(first, own, docs.take(rows), max(1, packed.max_segments), spec, mine)
 
 
 __all__ = ["PackedPart", "cut"]

@@ -132,7 +132,7 @@ async def _source(
     sequences = plan_of(cfg, plan.epoch, docs, packed, n_keys=plan.n_keys, repeats=plan.duplicates_dropped)
     records = {"packing": record_of(packing, docs, packed, sequences.used)}
     size, used, most = cfg.batches.size, sequences.used, max(1, packed.max_segments)
-    parts = functools.partial(cut, size, docs, packed, used, spec) if spec is not None else None
+    parts = functools.partial(cut, size, docs, packed, used, spec, None) if spec is not None else None
     snapshot = (snap.id, snap.server_version)
     return served(cfg, sequences, docs, packed, tokens, snapshot, most, records, parts)
 
