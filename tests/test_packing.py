@@ -103,6 +103,11 @@ def test_a_document_past_max_length_is_one_line_naming_it_before_anything_is_wri
     config.write_text(config.read_text().replace("max_length = 149", 'max_length = 149\ntruncate = "right"'))
     kept = read_back(dump(config, docs_db).path, None)
     assert kept[longest] == documents(docs_db)[longest][:149]
+    text = config.read_text().replace('truncate = "right"', 'truncate = "left"').replace("store.zarr", "left.zarr")
+    config.write_text(text)
+    last = read_back(dump(config, docs_db, epoch=1).path, None)  # the last 149: each piece from its place
+    assert last[longest] == documents(docs_db)[longest][-149:]
+    assert last == {k: t[-149:] for k, t in documents(docs_db).items() if t}
 
 
 def test_the_readers_hand_a_trainer_cu_seqlens_labels_and_masks(docs_db: str, tmp_path: Path) -> None:

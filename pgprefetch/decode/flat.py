@@ -1,9 +1,9 @@
-"""One column of a row-wise statement, every sample's values back to back: the documents a packed unit places.
+"""Rows of one column, every row's values back to back: the pieces of documents a packed unit places.
 
 The padded decoding (:mod:`.ragged`) writes each value into a row of the field's ``max_length``: right for a
-batch of samples, wasteful for documents whose longest may be a hundred times their median. Packing
-(:mod:`pgprefetch.write.pack`) takes a document's tokens by offset, so here the values stay flat, with each
-sample's count beside them, and are cast to the field's dtype with the same safe-cast checks as any batch.
+batch of samples, wasteful for pieces of documents of any length. Packing (:mod:`pgprefetch.write.pack`) lays
+each piece's tokens out in order, so here the values stay flat, with each row's count beside them, and are cast
+to the field's dtype with the same safe-cast checks as any batch.
 
 The positions of every element are computed with numpy from the rows' sizes. An array's elements sit at a
 stride of 4 + the element's bytes behind a 20-byte header, so every element of an ``int2[]`` or ``int4[]``
@@ -14,54 +14,43 @@ elements are read as two 32-bit halves.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 
 from pgprefetch.decode import ragged, wire
-from pgprefetch.decode.blobs import one_row_each
 from pgprefetch.decode.casts import holding_dtype, misfit_before
-from pgprefetch.decode.layout import BatchLayout
 from pgprefetch.pg.columns import Column
-from pgprefetch.pg.statement import Fetched
 
 
-def flat_column(
-    layout: BatchLayout, fetched: Fetched, keys: np.ndarray, dtype: np.dtype
+def flat_values(
+    col: Column, sent: Sequence[bytes | None], dtype: np.dtype, width: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The layout's one field's values, sample after sample in ``keys`` order, cast to ``dtype``; each one's count.
+    """Rows of one column (each an ``array_send`` or bytes), their values back to back in ``dtype``; each one's count.
 
-    ``fetched``: a row-wise statement's rows (its ordinals, then the column's values, then its NULL mask when
-    it has one). A NULL sent as a mask has no values.
+    ``width``: a ``bytea``'s tokens are little-endian, ``width`` bytes each (0: an array's elements, or bytes).
+    A NULL has no values.
+
+    Raises:
+        wire.BadSample: a row holds no whole tokens, a NULL element, or a value ``dtype`` cannot hold (its row).
     """
-    assert layout.row_wise, "flat values come from a row-wise statement"
-    (f,) = layout.fields
-    (col,) = f.columns
-    rows = cast("Sequence[Sequence[object]]", fetched)
-    ordinals = np.array(rows[0] if rows else (), dtype=np.int64)
-    order = one_row_each(layout, ordinals, keys)
-    sent = cast("list[bytes | None]", list(rows[1]))
-    if order is not None:
-        sent = [sent[i] for i in order]
-    if None in sent:
-        raise layout.sample_error(keys, sent.index(None), f"field {f.name}, column {col.name} is NULL")
-    values = cast("list[bytes]", sent)
+    values = [b"" if v is None else v for v in sent]
     data = b"".join(values)
     sizes = np.fromiter(map(len, values), np.int64, len(values))
-    try:
+    if width:
+        ragged_rows = np.flatnonzero(sizes % width)
+        if ragged_rows.size:
+            row = int(ragged_rows[0])
+            raise wire.BadSample(row, f"has {sizes[row]} bytes, not whole tokens of {width} bytes")
+        v, counts = np.frombuffer(data, dtype=dtype.newbyteorder("<")), sizes // width
+    else:
         v, counts = _elements(col, data, sizes)
-    except wire.BadSample as e:
-        raise layout.bad_value(keys, e.sample, col, e) from None
     bad = misfit_before(v, dtype)
     if bad is not None:
         index, why = bad
-        sample = int(np.searchsorted(np.cumsum(counts), index, side="right"))
         value = int(v[index])
-        raise layout.sample_error(
-            keys,
-            sample,
-            f"field {f.name}, column {col.name} value {value} does not fit {dtype.name}{why}; "
-            f'set [fields.{f.name}] dtype = "{holding_dtype(value, dtype)}" to hold it',
+        raise wire.BadSample(
+            int(np.searchsorted(np.cumsum(counts), index, side="right")),
+            f'value {value} does not fit {dtype.name}{why}; set dtype = "{holding_dtype(value, dtype)}" to hold it',
         )
     return v.astype(dtype, copy=False), counts
 
@@ -85,4 +74,4 @@ def _elements(col: Column, data: bytes, sizes: np.ndarray) -> tuple[np.ndarray, 
     return view[at // width].astype(col.wire.newbyteorder("="), copy=False), counts
 
 
-__all__ = ["flat_column"]
+__all__ = ["flat_values"]

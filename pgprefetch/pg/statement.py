@@ -223,3 +223,33 @@ def lengths_statement(keys: KeyColumns, query: str, column: str, *, as_bytes: bo
         f"CROSS JOIN LATERAL (\n{replace_params(query, lambda n: values[n - 1])}\n) AS {Q}\n"
         "LIMIT cardinality($1::int8[]) + 1"
     )
+
+
+def pieces_statement(keys: KeyColumns, query: str, column: str, *, kind: str, width: int = 0) -> str:
+    """Per (key, first, count): its ordinal and tokens ``first ... first + count - 1`` of the query's ``column``.
+
+    A packed unit asks for the pieces of documents its sequences hold: the server sends those tokens only, so a
+    document cut into many sequences is read whole by the server but sent a piece at a time, each once.
+    ``kind``: ``"array"`` (elements counted from the array's lower bound, sent with ``array_send``), ``"bytea"``
+    (tokens of ``width`` bytes each) or ``"text"`` (its UTF-8 bytes). The keys, the firsts and the counts
+    travel as ``int8[]`` bind parameters, the keys' as the batch statement's do.
+    """
+    width_keys = keys.width
+    names = [f"k{i}" for i in range(1, width_keys + 1)]
+    arrays = ", ".join(f"${i}::int8[]" for i in range(1, width_keys + 3))
+    values = keys.value_sql([f"{K}.{n}" for n in names])
+    col = f"{Q}.{quote_ident(column)}"
+    first, count = f"{K}.{ORD}_first::int4", f"{K}.{ORD}_count::int4"  # (subscripts and substring take int4)
+    if kind == "array":
+        lo = f"coalesce(array_lower({col}, 1), 1)"
+        sent = f"array_send(({col})[{lo} + {first}:{lo} + {first} + {count} - 1])"
+    elif kind == "bytea":
+        sent = f"substring({col} from {first} * {width} + 1 for {count} * {width})"
+    else:
+        sent = f"substring(convert_to({col}, 'UTF8') from {first} + 1 for {count})"
+    return (
+        f"SELECT {K}.ord::int4, {sent}\n"
+        f"FROM unnest({arrays}) WITH ORDINALITY AS {K}({', '.join(names)}, {ORD}_first, {ORD}_count, ord)\n"
+        f"CROSS JOIN LATERAL (\n{replace_params(query, lambda n: values[n - 1])}\n) AS {Q}\n"
+        "LIMIT cardinality($1::int8[]) + 1"
+    )

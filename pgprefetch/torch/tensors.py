@@ -35,6 +35,7 @@ TORCH_DTYPES: dict[np.dtype[Any], torch.dtype] = {
         "float32",
         "float64",
     )
+    if hasattr(torch, name)  # (uint16 and uint32 from torch 2.3)
 }
 NUMPY_DTYPES = {t: n for n, t in TORCH_DTYPES.items()}
 _HOSTS_KEPT = 64  # tensors whose NumPy views read_into keeps (weakly)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SECRET = "s3cr3t-Never-Printed-9f2e"  # the tests check no output, log or object ever shows it
@@ -53,11 +55,34 @@ def epoch_objects(s3: S3, bucket: str, prefix: str, epoch: int = 0) -> dict[str,
     return {key: body for key, body in objects.items() if "/" in key}
 
 
+def atomic_conditional_puts() -> None:
+    """Make moto's conditional put decide as S3 does: its precondition and its write as one step.
+
+    moto checks ``If-Match`` / ``If-None-Match`` and then writes, with no lock between: two puts racing on
+    one key can both pass the check, so a compare-and-swap on it (the store's vocabulary) loses an update,
+    which S3 never does. One lock around moto's put makes it S3's; the store's code is what the tests test.
+    """
+    from moto.s3.responses import S3Response
+
+    original = S3Response.put_object
+    if getattr(original, "atomic", False):
+        return
+    lock = threading.Lock()
+
+    def put_object(self: Any) -> Any:
+        with lock:
+            return original(self)
+
+    put_object.atomic = True  # type: ignore[attr-defined]
+    S3Response.put_object = put_object  # type: ignore[method-assign]
+
+
 @contextmanager
 def s3_server() -> Iterator[S3]:
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    atomic_conditional_puts()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -81,7 +106,10 @@ def _running(endpoint: str) -> S3:
 # moto's threaded server in a process of its own: prints its port, stops when its stdin closes.
 _SERVER = (
     "import logging, sys\n"
+    f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"  # (this harness, from anywhere)
     "from moto.server import ThreadedMotoServer\n"
+    "from tests.harness.s3 import atomic_conditional_puts\n"
+    "atomic_conditional_puts()\n"
     "logging.getLogger('werkzeug').setLevel(logging.ERROR)\n"
     "server = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False)\n"
     "server.start()\n"

@@ -38,7 +38,7 @@ from pgprefetch.write.plan import EpochPlan
 
 
 @dataclass(frozen=True)
-class SourcePart:
+class SourceRun:
     """One source's samples in a part: their keys, and their statement (query mode) or their decoded arrays."""
 
     name: str
@@ -55,7 +55,7 @@ class MixedPart:
     """What a part of a mixed epoch is sent (see the module's docstring)."""
 
     slots: Slots
-    sources: tuple[SourcePart, ...]
+    sources: tuple[SourceRun, ...]
 
     def served(
         self, cfg: Config, plan: EpochPlan, snapshot: str, server_version: str
@@ -84,7 +84,7 @@ def cut(size: int, served: dict[int, Served], slots: Slots, batches: range) -> I
                 held.grow((hi - lo) * s.layout.sample_bytes)
                 decoded = s.decode(lo, hi, None, s.layout.allocate(hi - lo))
             keys = np.ascontiguousarray(s.keys[:, lo:hi])
-            sources.append(SourcePart(s.name, code, s.layout, s.key_columns, keys, s.statement, decoded))
+            sources.append(SourceRun(s.name, code, s.layout, s.key_columns, keys, s.statement, decoded))
         yield MixedPart(part_slots, tuple(sources))
 
 
@@ -113,4 +113,4 @@ async def part_source(
         yield batch_source(cfg, plan, served, part.slots, (snapshot, server_version), None, {})
 
 
-__all__ = ["MixedPart", "SourcePart", "cut", "part_source"]
+__all__ = ["MixedPart", "SourceRun", "cut", "part_source"]

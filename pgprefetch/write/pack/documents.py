@@ -1,16 +1,17 @@
-"""Where a packed epoch's documents' tokens come from: a column of the per-document query, or a transform.
+"""Where a packed epoch's tokens come from: pieces of a column of the per-document query, or of a transform's output.
 
-Either way a unit asks for its documents by key once (:meth:`Tokens.fetch`, on the event loop) and gets their
-tokens back to back with each one's count (:meth:`Tokens.decode`, on a writer thread):
+A unit asks once (:meth:`Tokens.fetch`, on the event loop) for the tokens of the pieces its sequences hold
+(:class:`Wanted`: which document, from which token, how many) and gets them back to back (:meth:`Tokens.decode`,
+on a writer thread). Asking for pieces, not documents, matters for long documents: a document cut into many
+sequences lands in as many units once the sequences are shuffled, and each unit gets only its piece.
 
-- :class:`ColumnTokens`: an integer array column, or a ``bytea`` of little-endian tokens, fetched by the
-  per-document statement and decoded flat (:mod:`pgprefetch.decode.flat`). What a cluster's part needs to
-  open its own reader travels as :class:`ColumnSpec`.
+- :class:`ColumnTokens`: an integer array column, a ``bytea`` of little-endian tokens or text's bytes, each
+  piece sliced by the server (:func:`~pgprefetch.pg.statement.pieces_statement`) and decoded flat
+  (:mod:`pgprefetch.decode.flat`). What a cluster's part needs to open its own reader travels as
+  :class:`ColumnSpec`.
 - :class:`TransformTokens`: a deterministic transform's output (a tokenizer), computed once and cached
-  (:mod:`pgprefetch.write.transform`); a unit's outputs are the cache's, or computed then.
-
-The lengths the epoch is planned from come from the same place (:func:`transform_lengths`, or the server's
-count of a column: :mod:`.lengths`).
+  (:mod:`pgprefetch.write.transform`); a unit takes its documents' outputs from the cache and slices them.
+- :class:`MixedTokens`: a packed mix's, each source's pieces asked of that source, at once.
 """
 
 from __future__ import annotations
@@ -18,20 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol, cast
 
 import numpy as np
 
-from pgprefetch.config.model import SourceConfig
-from pgprefetch.decode.flat import flat_column
-from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.config.model import Config, FieldConfig, SourceConfig
+from pgprefetch.decode import wire
+from pgprefetch.decode.flat import flat_values
+from pgprefetch.errors import SampleError
 from pgprefetch.keys import KeyColumns
+from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import BatchReader
-from pgprefetch.pg.statement import BatchStatement, Fetched
-from pgprefetch.write.pack.place import Documents
+from pgprefetch.pg.statement import pieces_statement
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.transform.outputs import Packed
 from pgprefetch.write.transform.stage import Stage
@@ -39,39 +41,83 @@ from pgprefetch.write.transform.stage import Stage
 CHUNK = 4096  # documents a transform's planning pass asks the stage for at once
 
 
+@dataclass(frozen=True)
+class Documents:
+    """A packed epoch's documents (or a part's, or a unit's), by their place: keys, token counts and more."""
+
+    key_columns: KeyColumns
+    keys: np.ndarray  # (key slots, documents)
+    lengths: np.ndarray  # tokens each, as the field keeps them (no eos)
+    sources: np.ndarray | None = None  # a packed mix: each document's source code
+    skip: np.ndarray | None = None  # ``truncate = "left"``: where each one's kept tokens begin in its column
+
+    def take(self, rows: np.ndarray) -> Documents:
+        """The documents ``rows`` alone, in that order (a row may repeat)."""
+        sources = None if self.sources is None else self.sources[rows]
+        skip = None if self.skip is None else self.skip[rows]
+        return Documents(self.key_columns, self.keys[:, rows], self.lengths[rows], sources, skip)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """The tokens a unit asks for: per piece that holds any, its document, its first token there and its count."""
+
+    docs: Documents  # a row a piece (a document twice where two of its pieces are in the unit)
+    first: np.ndarray  # int64: the piece's first token, counted in the document's kept tokens
+    count: np.ndarray  # int64: its tokens, 1 or more (a document's eos is the placer's, never asked for)
+
+    def where(self, at: np.ndarray) -> Wanted:
+        """The pieces ``at`` alone."""
+        return Wanted(self.docs.take(at), self.first[at], self.count[at])
+
+    def error(self, row: int, message: str) -> SampleError:
+        """The error for piece ``row``'s document, naming its key."""
+        return SampleError(f"sample ({self.docs.key_columns.show(self.docs.keys[:, row])}): {message}")
+
+
 class Tokens(Protocol):
-    """A unit's documents' tokens: fetched by key, then decoded flat."""
+    """A unit's pieces' tokens: asked for once, then decoded flat."""
 
     @property
     def size(self) -> int:
         """Fetches in flight at once."""
 
-    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
-        """Ask for ``docs`` (a unit's, from ``batch``, ``count`` batches)."""
+    async def fetch(self, batch: int, wanted: Wanted, count: int) -> object:
+        """Ask for ``wanted`` (a unit's, from ``batch``, ``count`` batches)."""
 
-    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
-        """Their tokens back to back, in their order, in the field's dtype; and each one's count."""
+    def decode(self, fetched: object, wanted: Wanted) -> np.ndarray:
+        """Their tokens back to back, piece after piece, in the field's dtype (each count checked)."""
 
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """A column's documents as a cluster's part opens them: the statement, its layout, a token's bytes."""
+    """A column's pieces as a cluster's part opens them: the statement, the column, the dtype, a token's bytes."""
 
-    statement: BatchStatement
-    layout: BatchLayout  # the statement's: the packed field's one column, row-wise
+    sql: str  # :func:`~pgprefetch.pg.statement.pieces_statement`
+    column: Column
+    field: str
     dtype: np.dtype
-    width: int = 0  # a token's bytes in a bytea column (little-endian); 0: an array's elements are the tokens
+    width: int = 0  # a token's bytes in a bytea column (little-endian); 0: an array's elements, or text's bytes
 
     @asynccontextmanager
     async def opened(self, source: SourceConfig, snapshot: str) -> AsyncIterator[ColumnTokens]:
         """Its reader's connections on the exported ``snapshot``."""
-        st = self.statement
-        async with BatchReader.open(source, snapshot, st.sql, st.params, row_wise=st.row_wise) as reader:
+        async with BatchReader.open(source, snapshot, self.sql, row_wise=True) as reader:
             yield ColumnTokens(self, reader)
 
 
+def column_spec(cfg: Config, keys: KeyColumns, column: Column, field: FieldConfig, width: int) -> ColumnSpec:
+    """How a unit's pieces are fetched by ``cfg``'s per-document query (the documents' config, query mode).
+
+    ``field``: the packed field as configured (its dtype); ``width``: a token's bytes in a ``bytea``.
+    """
+    kind = "array" if column.is_array else ("text" if column.pg_type == "text" else "bytea")
+    sql = pieces_statement(keys, cfg.query_samples.query, column.name, kind=kind, width=width)
+    return ColumnSpec(sql, column, field.name, np.dtype(field.dtype), width)
+
+
 class ColumnTokens:
-    """Documents fetched by the per-document statement, a unit's in one round trip, decoded flat."""
+    """Pieces sliced by the server, a unit's in one round trip, decoded flat."""
 
     def __init__(self, spec: ColumnSpec, reader: BatchReader) -> None:
         self.spec, self.reader = spec, reader
@@ -81,22 +127,33 @@ class ColumnTokens:
         """The reader's connections."""
         return self.reader.size
 
-    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
-        """The statement's rows for ``docs``."""
-        return await self.reader.fetch(batch, docs.keys, count)
+    async def fetch(self, batch: int, wanted: Wanted, count: int) -> object:
+        """The statement's rows for ``wanted``: keys, then each piece's first token in its column, and count."""
+        docs = wanted.docs
+        first = wanted.first + (docs.skip if docs.skip is not None else 0)
+        return await self.reader.fetch(batch, np.vstack([docs.keys, first[None], wanted.count[None]]), count)
 
-    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
-        """The rows' tokens, flat; a bytea's viewed as its little-endian tokens."""
-        spec = self.spec
-        wire = np.dtype(np.uint8) if spec.width else spec.dtype
-        tokens, counts = flat_column(spec.layout, cast("Fetched", fetched), docs.keys, wire)
-        if spec.width:  # (each length was checked to be whole tokens when the epoch was planned)
-            return tokens.view(spec.dtype.newbyteorder("<")).astype(spec.dtype, copy=False), counts // spec.width
-        return tokens, counts
+    def decode(self, fetched: object, wanted: Wanted) -> np.ndarray:
+        """The rows' tokens, flat and in the pieces' order; each piece's count checked against the one asked."""
+        spec, n = self.spec, wanted.count.size
+        rows = cast("Sequence[Sequence[object]]", fetched) or ((), ())
+        ordinals = np.asarray(rows[0], dtype=np.int64) - 1
+        if ordinals.size != n or not np.array_equal(np.sort(ordinals), np.arange(n)):
+            counts = np.bincount(ordinals, minlength=n)[:n]
+            bad = int(np.flatnonzero(counts != 1)[0])
+            raise wanted.error(bad, f"[samples] query returned {counts[bad]} rows, expected 1")
+        sent = cast("list[bytes | None]", list(rows[1]))
+        ordered = [sent[i] for i in np.argsort(ordinals)]
+        try:
+            tokens, counts = flat_values(spec.column, ordered, spec.dtype, spec.width)
+        except wire.BadSample as e:
+            raise wanted.error(e.sample, f"field {spec.field}, column {spec.column.name} {e}") from None
+        _check_counts(wanted, counts, spec.field)
+        return tokens
 
 
 class TransformTokens:
-    """Documents tokenized by a transform: each unit's outputs found in the cache (or computed) by the stage."""
+    """Pieces of a transform's outputs: each unit's documents' outputs found in the cache (or computed), sliced."""
 
     def __init__(self, stage: Stage, field: str, dtype: np.dtype) -> None:
         self.stage, self.field, self.dtype = stage, field, dtype
@@ -106,14 +163,31 @@ class TransformTokens:
         """Units in flight: the stage's statement's connections."""
         return self.stage.connections
 
-    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
-        """The transform's outputs for ``docs``."""
-        return (await self.stage.unit(batch, docs.keys))[self.field]
+    async def fetch(self, batch: int, wanted: Wanted, count: int) -> object:
+        """The transform's outputs for the documents of ``wanted``, each once."""
+        keys, back = np.unique(wanted.docs.keys, axis=1, return_inverse=True)
+        return (await self.stage.unit(batch, np.ascontiguousarray(keys)))[self.field], back.reshape(-1)
 
-    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
-        """The outputs, already flat (checked against the field when they were made)."""
-        packed = cast("Packed", fetched)
-        return packed.values.astype(self.dtype, copy=False), packed.lengths
+    def decode(self, fetched: object, wanted: Wanted) -> np.ndarray:
+        """Each piece's tokens, sliced from its document's output (checked against the field when it was made)."""
+        packed, back = cast("tuple[Packed, np.ndarray]", fetched)
+        _check_counts(wanted, np.minimum(packed.lengths[back] - wanted.first, wanted.count), self.field)
+        begins = packed.starts[back] + wanted.first
+        at = np.repeat(begins - np.cumsum(wanted.count) + wanted.count, wanted.count) + np.arange(wanted.count.sum())
+        tokens: np.ndarray = packed.values[at].astype(self.dtype, copy=False)
+        return tokens
+
+
+def _check_counts(wanted: Wanted, counts: np.ndarray, field: str) -> None:
+    """Each piece came back with the tokens asked: the epoch was planned from the same lengths."""
+    if np.array_equal(counts, wanted.count):
+        return
+    i = int(np.flatnonzero(counts != wanted.count)[0])
+    raise wanted.error(
+        i,
+        f"field {field}: {wanted.count[i]} tokens from token {wanted.first[i]} were asked and {counts[i]} came (its "
+        "length changed since the epoch was planned: the per-document query must return the same row each time)",
+    )
 
 
 @dataclass(frozen=True)
@@ -133,7 +207,7 @@ class MixedSpec:
 
 
 class MixedTokens:
-    """A packed mix's documents: each unit's asked of their sources, a statement each, at once."""
+    """A packed mix's pieces: each unit's asked of their sources, a statement each, at once."""
 
     def __init__(self, by_source: dict[int, ColumnTokens], keys: dict[int, KeyColumns]) -> None:
         self.by_source, self.keys = by_source, keys  # keys: each source's own key columns
@@ -143,27 +217,34 @@ class MixedTokens:
         """Units in flight: the fewest connections of a source."""
         return min(t.size for t in self.by_source.values())
 
-    async def fetch(self, batch: int, docs: Documents, count: int) -> object:
-        """Each source's documents among ``docs``, fetched concurrently."""
-        assert docs.sources is not None, "a packed mix's documents say their source"
-        codes = [int(c) for c in np.unique(docs.sources)]
-        subsets = {c: self._of(docs, c) for c in codes}
-        got = await asyncio.gather(*(self.by_source[c].fetch(batch, subsets[c], count) for c in codes))
-        return dict(zip(codes, got, strict=True))
+    async def fetch(self, batch: int, wanted: Wanted, count: int) -> object:
+        """Each source's pieces among ``wanted``, fetched concurrently."""
+        parts = self._by_source(wanted)
+        got = await asyncio.gather(*(self.by_source[c].fetch(batch, w, count) for c, (_, w) in parts.items()))
+        return dict(zip(parts, got, strict=True))
 
-    def decode(self, fetched: object, docs: Documents) -> tuple[np.ndarray, np.ndarray]:
-        """Each source's tokens, in the order of ``docs`` (a source's documents lie together, sources in order)."""
-        assert docs.sources is not None
+    def decode(self, fetched: object, wanted: Wanted) -> np.ndarray:
+        """Each source's tokens, put back in the order of the pieces."""
         by_code = cast("dict[int, object]", fetched)
-        assert (np.diff(docs.sources) >= 0).all(), "a unit's documents come source after source"
-        parts = [self.by_source[c].decode(by_code[c], self._of(docs, c)) for c in sorted(by_code)]
-        return np.concatenate([t for t, _ in parts]), np.concatenate([n for _, n in parts])
+        parts = self._by_source(wanted)
+        starts = np.cumsum(wanted.count) - wanted.count
+        out = np.empty(int(wanted.count.sum()), dtype=next(iter(self.by_source.values())).spec.dtype)
+        for c, (at, w) in parts.items():
+            tokens = self.by_source[c].decode(by_code[c], w)
+            out[np.repeat(starts[at] - np.cumsum(w.count) + w.count, w.count) + np.arange(tokens.size)] = tokens
+        return out
 
-    def _of(self, docs: Documents, code: int) -> Documents:
-        """Source ``code``'s documents among ``docs``, with its own key columns (a narrower key's slots only)."""
-        assert docs.sources is not None
-        at, own = np.flatnonzero(docs.sources == code), self.keys[code]
-        return Documents(own, np.ascontiguousarray(docs.keys[: own.width, at]), docs.lengths[at])
+    def _by_source(self, wanted: Wanted) -> dict[int, tuple[np.ndarray, Wanted]]:
+        """Each source's pieces: where they are among ``wanted``, and them with the source's own key slots."""
+        docs = wanted.docs
+        assert docs.sources is not None, "a packed mix's documents say their source"
+        out = {}
+        for c in (int(c) for c in np.unique(docs.sources)):
+            at, own = np.flatnonzero(docs.sources == c), self.keys[c]
+            mine = docs.take(at)
+            mine = dataclasses.replace(mine, key_columns=own, keys=np.ascontiguousarray(mine.keys[: own.width]))
+            out[c] = (at, Wanted(mine, wanted.first[at], wanted.count[at]))
+        return out
 
 
 async def transform_lengths(stage: Stage, field: str, plan: EpochPlan) -> np.ndarray:
@@ -184,4 +265,15 @@ async def transform_lengths(stage: Stage, field: str, plan: EpochPlan) -> np.nda
     return lengths
 
 
-__all__ = ["ColumnSpec", "ColumnTokens", "MixedSpec", "MixedTokens", "Tokens", "TransformTokens", "transform_lengths"]
+__all__ = [
+    "ColumnSpec",
+    "ColumnTokens",
+    "Documents",
+    "MixedSpec",
+    "MixedTokens",
+    "Tokens",
+    "TransformTokens",
+    "Wanted",
+    "column_spec",
+    "transform_lengths",
+]

@@ -39,12 +39,15 @@ class Counted:
         return SampleError(f"sample ({self.key_columns.show(self.keys[:, i])}): {message}")
 
 
-async def document_lengths(cfg: Config, snapshot: str, docs: Counted, field: FieldConfig, width: int = 0) -> np.ndarray:
-    """The token count of each of ``docs``, as ``field`` keeps them.
+async def document_lengths(
+    cfg: Config, snapshot: str, docs: Counted, field: FieldConfig, width: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The token count of each of ``docs``, as ``field`` keeps them, and where in each its kept tokens begin.
 
     ``cfg``: the documents' (query mode, one a batch). The count is the field's: cut to ``max_length`` under
-    ``truncate = "right"`` or ``"left"``; a NULL document is empty where the field has a NULL policy.
-    ``width``: a token's bytes in a ``bytea`` column (0: an array's elements are its tokens).
+    ``truncate = "right"`` or ``"left"`` (which keeps the last ones: they begin past the others); a NULL
+    document is empty where the field has a NULL policy. ``width``: a token's bytes in a ``bytea`` column (0:
+    an array's elements are its tokens).
     """
     column = docs.column
     sql = lengths_statement(docs.key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
@@ -53,14 +56,17 @@ async def document_lengths(cfg: Config, snapshot: str, docs: Counted, field: Fie
 
     async def chunk(start: int, reader: BatchReader) -> None:
         keys = docs.keys[:, start : start + CHUNK]
-        ords, counts = cast("Sequence[Sequence[int | None]]", await reader.fetch(start, keys, keys.shape[1]))
+        got_rows = cast("Sequence[Sequence[int | None]]", await reader.fetch(start, keys, keys.shape[1]))
+        ords, counts = got_rows if got_rows else ((), ())  # (no row at all: every key is named missing below)
         got = np.asarray(ords, dtype=np.int64) - 1
         _check_rows(docs.key_columns, keys, got)
         lengths[start + got] = [-1 if c is None else c for c in counts]  # -1: NULL
 
     async with BatchReader.open(cfg.source, snapshot, sql, row_wise=True) as reader:
         await asyncio.gather(*(chunk(start, reader) for start in range(0, n, CHUNK)))
-    return _as_tokens(docs, lengths, field, width)
+    kept = _as_tokens(docs, lengths, field, width)
+    skip = np.maximum(lengths - kept, 0) if field.truncate == "left" else np.zeros_like(kept)
+    return kept, skip
 
 
 def _as_tokens(docs: Counted, lengths: np.ndarray, field: FieldConfig, width: int) -> np.ndarray:

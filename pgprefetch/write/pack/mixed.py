@@ -29,23 +29,21 @@ from typing import Any
 import numpy as np
 
 from pgprefetch.config.model import MIX_VERSION, SOURCE_ARRAY, Config
-from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.pg.statement import BatchStatement
+from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.mix.passes import Chosen, Position
 from pgprefetch.write.mix.positions import find_record, needed
 from pgprefetch.write.mix.reading import SourceRead, prefixed, read_query_source, source_config, widest
-from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, MixedSpec, MixedTokens
+from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, Documents, MixedSpec, MixedTokens, column_spec
 from pgprefetch.write.pack.lengths import Counted, document_lengths
 from pgprefetch.write.pack.packer import PACK_STREAM, Packing, pack
 from pgprefetch.write.pack.parts import cut
-from pgprefetch.write.pack.place import Documents
 from pgprefetch.write.pack.serving import served
 from pgprefetch.write.pack.shares import TokenSource, epoch_tokens, quotas, shares_at, token_starts, walk
-from pgprefetch.write.pack.source import documents_config, plan_of, record_of, token_bytes
-from pgprefetch.write.plan import EpochPlan, Vocabulary
-from pgprefetch.write.query import layout_from, query_statement
+from pgprefetch.write.pack.source import PACKING_BYTES, documents_config, plan_of, record_of, token_bytes
+from pgprefetch.write.plan import Vocabulary
+from pgprefetch.write.query import query_statement
 
 
 @dataclass
@@ -55,13 +53,25 @@ class _Source:
     read: SourceRead
     tokens: TokenSource
     spec: ColumnSpec
-    reader: BatchReader
+    columns: ColumnTokens  # its reader, open
+    skip: np.ndarray  # by handle: where each document's kept tokens begin (``truncate = "left"``)
 
     @property
     def chosen(self) -> Chosen:
         """Its documents' keys, as its passes walk them."""
         assert isinstance(self.read.chosen, Chosen), "a packed source's keys are held in memory"
         return self.read.chosen
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """What a source gives an epoch: its documents (handles, in pass order), where it ends, their sequences."""
+
+    asked: int  # its share of the epoch's tokens
+    handles: np.ndarray
+    end: Position
+    packed: Packing  # its own sequences, shuffled
+    written: int = 0  # of them, those the epoch writes (all, unless ``drop_last`` cut the last batch)
 
 
 @asynccontextmanager
@@ -81,19 +91,19 @@ async def mixed_packed_source(
         counted = [s.tokens for s in sources.values()]
         begun = token_starts(cfg, epoch, counted, record, where)
         given = quotas(cfg, epoch, counted)
-        taken, ends, packings = {}, {}, {}
-        for code, s in sources.items():
-            name = s.read.name
-            taken[code], ends[name] = walk(s.tokens, begun.positions[name], given[name])
-            packings[code] = _packed(cfg, s, taken[code], epoch)
-        docs, packed, sources_of = _interleaved(cfg, epoch, sources, taken, packings)
+        taken = {
+            code: _take(cfg, epoch, s, begun.positions[s.read.name], given[s.read.name]) for code, s in sources.items()
+        }
+        docs, packed, sources_of = _interleaved(cfg, epoch, sources, taken)
         repeats = sum(s.chosen.repeats for s in sources.values())
         plan = plan_of(cfg, epoch, docs, packed, sum(s.chosen.n_keys for s in sources.values()), repeats)
-        mix = _record(cfg, epoch, sources, begun, ends, given, taken, packings, record)
+        written = np.bincount(sources_of[: plan.used], minlength=max(sources) + 1)
+        taken = {code: dataclasses.replace(t, written=int(written[code])) for code, t in taken.items()}
+        mix = _record(cfg, epoch, sources, begun, taken, record)
         records = {"sources": [s.name for s in cfg.mix.sources], "source_array": SOURCE_ARRAY, "mix": mix}
         records["packing"] = record_of(cfg.packing, docs, packed, plan.used)
         own = {code: s.read.key_columns for code, s in sources.items()}
-        tokens = MixedTokens({code: ColumnTokens(s.spec, s.reader) for code, s in sources.items()}, own)
+        tokens = MixedTokens({code: s.columns for code, s in sources.items()}, own)
         snapshot = (snap.id, snap.server_version)
         most = max(1, packed.max_segments)
         spec = MixedSpec({code: s.spec for code, s in sources.items()}, own)  # what a cluster's part opens
@@ -111,33 +121,31 @@ async def _read(cfg: Config, snap: Snapshot, code: int, name: str, n: int, stack
         read = await read_query_source(docs_cfg, name, code, snap)
         assert read.shape is not None, "a packed source is read as a query source"
         assert isinstance(read.chosen, Chosen)
-        statement = await query_statement(docs_cfg, snap, read.shape, None, {})
         field = own.field(cfg.packing.field)
-        column = statement["by_field"][field.name][0]
+        column = (await query_statement(docs_cfg, snap, read.shape, None, {}))["by_field"][field.name][0]
         keys = read.chosen.keys
-        memory.current().reserve(f"documents of {name}", keys.nbytes + keys.shape[1] * 16)  # keys, lengths
-        lengths = await document_lengths(docs_cfg, snap.id, Counted(keys, read.key_columns, column), field, width)
-        sent = BatchStatement(statement["sql"], statement["params"], statement["row_wise"])
-        opened = BatchReader.open(docs_cfg.source, snap.id, sent.sql, sent.params, row_wise=sent.row_wise)
-        reader = await stack.enter_async_context(opened)
-        plan = EpochPlan(0, keys, read.key_columns, keys.shape[1], 0, keys.shape[1], keys.shape[1], "", **statement)
-        layout = layout_from(docs_cfg, plan, await reader.fetch(0, keys[:, :1]))
-    spec = ColumnSpec(sent, layout, np.dtype(field.dtype), width)
+        memory.current().reserve(f"documents of {name}", keys.nbytes + keys.shape[1] * 24)  # keys, lengths, skips
+        counted = Counted(keys, read.key_columns, column)
+        lengths, skip = await document_lengths(docs_cfg, snap.id, counted, field, width)
+        spec = column_spec(docs_cfg, read.key_columns, column, field, width)
+        columns = await stack.enter_async_context(spec.opened(docs_cfg.source, snap.id))
     with_eos = lengths + (cfg.packing.eos is not None)
-    return _Source(read, TokenSource(name, read.passes, with_eos), spec, reader)
+    return _Source(read, TokenSource(name, read.passes, with_eos), spec, columns, skip)
 
 
-def _packed(cfg: Config, s: _Source, taken: np.ndarray, epoch: int) -> Packing:
-    """Source ``s``'s documents ``taken`` (handles, in its pass order) in sequences of its own, shuffled."""
+def _take(cfg: Config, epoch: int, s: _Source, at: Position, asked: int) -> _Taken:
+    """Source ``s``'s documents from ``at`` that make its ``asked`` tokens, in sequences of their own, shuffled."""
     assert cfg.packing is not None
     p = cfg.packing
-    packed = pack(s.tokens.lengths[taken], p.length, p.method, p.group)
-    stream = PACK_STREAM ^ zlib.crc32(s.read.name.encode())  # (each source's sequences in an order of its own)
-    return packed.shuffled(cfg.batches.seed, epoch, stream)
+    handles, end = walk(s.tokens, at, asked)
+    with memory.current().reserve(f"packing {s.read.name}", handles.size * PACKING_BYTES):
+        packed = pack(s.tokens.lengths[handles], p.length, p.method, p.group)
+        stream = PACK_STREAM ^ zlib.crc32(s.read.name.encode())  # (each source's sequences in an order of its own)
+        return _Taken(asked, handles, end, packed.shuffled(cfg.batches.seed, epoch, stream))
 
 
 def _interleaved(
-    cfg: Config, epoch: int, sources: dict[int, _Source], taken: dict[int, np.ndarray], packings: dict[int, Packing]
+    cfg: Config, epoch: int, sources: dict[int, _Source], taken: dict[int, _Taken]
 ) -> tuple[Documents, Packing, np.ndarray]:
     """Every source's sequences in one epoch, as a fair queue by tokens; each sequence's source.
 
@@ -146,13 +154,16 @@ def _interleaved(
     """
     shares = shares_at(cfg, epoch)
     width = widest([s.read for s in sources.values()]).width  # (a narrower key is zero-padded)
-    keys, lengths, codes, stamps, parts = [], [], [], [], []
+    keys, lengths, codes, skips, stamps, parts = [], [], [], [], [], []
     offset = 0
     for code, s in sources.items():
-        p, own = packings[code], s.chosen.keys[:, taken[code]]
+        p, own = taken[code].packed, s.chosen.keys[:, taken[code].handles]
         keys.append(np.vstack([own, np.zeros((width - own.shape[0], own.shape[1]), dtype=np.int64)]))
-        lengths.append(s.tokens.lengths[taken[code]] - (cfg.packing is not None and cfg.packing.eos is not None))
+        lengths.append(
+            s.tokens.lengths[taken[code].handles] - (cfg.packing is not None and cfg.packing.eos is not None)
+        )
         codes.append(np.full(own.shape[1], code, dtype=np.int8))
+        skips.append(s.skip[taken[code].handles])
         filled = np.add.reduceat(p.size, p.starts[:-1]) if p.n_sequences else np.zeros(0, dtype=np.int64)
         stamps.append(np.cumsum(filled) / float(shares[s.read.name]))
         parts.append(dataclasses.replace(p, doc=p.doc + offset))
@@ -161,7 +172,9 @@ def _interleaved(
                         np.concatenate(stamps)))  # fmt: skip
     joined = _joined(cfg, parts)
     key_columns = widest([s.read for s in sources.values()])
-    docs = Documents(key_columns, np.hstack(keys), np.concatenate(lengths), np.concatenate(codes))
+    docs = Documents(
+        key_columns, np.hstack(keys), np.concatenate(lengths), np.concatenate(codes), np.concatenate(skips)
+    )
     by_sequence = np.concatenate([np.full(p.n_sequences, c, np.int8) for c, p in zip(sources, parts, strict=True)])
     return docs, joined.reordered(order), by_sequence[order]
 
@@ -174,7 +187,10 @@ def _joined(cfg: Config, parts: list[Packing]) -> Packing:
     for p in parts:
         starts.append(p.starts[1:] + at)
         at += int(p.starts[-1])
-    numbers = np.arange(sum(p.n_sequences for p in parts), dtype=np.int64)
+    before = np.cumsum([0] + [p.n_sequences for p in parts])  # each source's first number
+    numbers = np.concatenate(
+        [(p.numbers if p.numbers is not None else 0) + b for p, b in zip(parts, before, strict=False)]
+    )
     return Packing(
         cfg.packing.length,
         np.concatenate(starts),
@@ -190,10 +206,7 @@ def _record(
     epoch: int,
     sources: dict[int, _Source],
     begun: Any,
-    ends: dict[str, Position],
-    given: dict[str, int],
-    taken: dict[int, np.ndarray],
-    packings: dict[int, Packing],
+    taken: dict[int, _Taken],
     record: tuple[int, dict[str, Any]] | None,
 ) -> dict[str, Any]:
     """What the manifest records of the mix, as a mixed epoch's record reads (each source's ends continue)."""
@@ -211,17 +224,19 @@ def _record(
             out.append(entry | {"samples": 0, "tokens": 0, "start": end, "end": end})
             continue
         c, s = read[m.name]
-        at, to = begun.positions[m.name], ends[m.name]
+        t = taken[c]
+        at, to = begun.positions[m.name], t.end
         after = s.read.passes.after(to)
         entry.update(
-            samples=packings[c].n_sequences,  # sequences
-            tokens=int(s.tokens.lengths[taken[c]].sum()),
-            asked_tokens=given[m.name],
-            documents=int(taken[c].size),
+            samples=t.written,  # sequences written (a source's last ones may fall past the last full batch)
+            sequences=t.packed.n_sequences,
+            tokens=int(s.tokens.lengths[t.handles].sum()),
+            asked_tokens=t.asked,
+            documents=int(t.handles.size),
             n_keys=s.chosen.n_keys,
             keys=s.chosen.m,
             duplicates_dropped=s.chosen.repeats,
-            passes=round(int(taken[c].size) / max(1, s.chosen.m), 6),
+            passes=round(int(t.handles.size) / max(1, s.chosen.m), 6),
             start={"pass": at.pass_, "index": at.index},
             end={"pass": to.pass_, "index": to.index, "after": None if after is None else [str(after[0]), after[1]]},
             **s.read.key_columns.manifest(),

@@ -8,7 +8,7 @@ A document's length here counts its ``eos`` when the config appends one. Two met
   (its full pieces are sequences of their own) and a remainder. The remainders are packed by best-fit
   decreasing (OLMo-core's ``InstancePacker``, after arXiv 2404.10830) within *groups* of ``group``
   consecutive documents of the shuffled order: so the sequences differ every epoch, and a group large enough
-  leaves almost no padding (0.003% on 1M lognormal documents at 65,536). Each remainder goes to the open
+  leaves almost no padding (0.01% on 1M lognormal documents at 65,536). Each remainder goes to the open
   sequence whose free space fits it most tightly; the free capacities are one integer's bits, so the search
   is a shift and a lowest-bit (big-integer operations in C) rather than a tree walked in Python.
 

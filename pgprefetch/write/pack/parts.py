@@ -16,9 +16,8 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.pack.documents import ColumnSpec, MixedSpec
+from pgprefetch.write.pack.documents import ColumnSpec, Documents, MixedSpec
 from pgprefetch.write.pack.packer import Packing
-from pgprefetch.write.pack.place import Documents
 from pgprefetch.write.pack.serving import served
 from pgprefetch.write.plan import EpochPlan
 

@@ -1,8 +1,8 @@
 """A unit of a packed epoch placed: its documents' tokens, decoded flat, laid into its sequences' arrays.
 
 A unit holds sequences ``first ... last - 1``; their pieces name documents by their place in the epoch's
-order. :meth:`Placer.documents` says which documents a unit needs (each once, however many of its pieces
-they have); :meth:`Placer.fill` takes their tokens (:mod:`.documents`) and computes, for every token
+order. :meth:`Placer.wanted` says which tokens a unit needs (each piece's, without its eos);
+:meth:`Placer.fill` takes them (:mod:`.documents`) and computes, for every token
 of every piece at once, the slot it goes to and the place in its document it comes from: one gather and a
 scatter per array, no loop over pieces or tokens.
 """
@@ -14,29 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgprefetch.config.model import FieldConfig, PackingConfig
-from pgprefetch.errors import SampleError
-from pgprefetch.keys import KeyColumns
+from pgprefetch.write.pack.documents import Documents, Wanted
 from pgprefetch.write.pack.packer import Packing
 
 SEGMENT_IDS = "segment_ids"
 POSITION_IDS = "position_ids"
 SEGMENT_KEYS = "segment_keys"
 SEGMENT_OFFSETS = "segment_offsets"
-
-
-@dataclass(frozen=True)
-class Documents:
-    """A packed epoch's documents (or a part's), by their place in the epoch's order: keys and token counts."""
-
-    key_columns: KeyColumns
-    keys: np.ndarray  # (key slots, documents)
-    lengths: np.ndarray  # tokens each, as the field keeps them (no eos)
-    sources: np.ndarray | None = None  # a mixed epoch: each document's source code
-
-    def take(self, rows: np.ndarray) -> Documents:
-        """The documents ``rows`` alone (a unit's, or what a cluster's part is sent)."""
-        sources = None if self.sources is None else self.sources[rows]
-        return Documents(self.key_columns, self.keys[:, rows], self.lengths[rows], sources)
 
 
 @dataclass(frozen=True)
@@ -72,25 +56,30 @@ class Placer:
         self.packing, self.field = packing, field
         self.docs, self.packed, self.base = docs, packed, base
 
-    def documents(self, first: int, last: int) -> np.ndarray:
-        """The documents (their places in ``docs``) with a piece in sequences ``first ... last - 1``, each once."""
-        return np.unique(self.packed.doc[self.packed.pieces(first - self.base, last - self.base)])
+    def wanted(self, first: int, last: int) -> Wanted:
+        """The tokens sequences ``first ... last - 1`` need: each piece's own (not its eos); a piece with none, none."""
+        p = self.packed
+        at = p.pieces(first - self.base, last - self.base)
+        doc, offset, size = p.doc[at], p.offset[at], p.size[at]
+        count = np.clip(self.docs.lengths[doc] - offset, 0, size)  # past a document's last token: its eos
+        asked = np.flatnonzero(count)
+        return Wanted(self.docs.take(doc[asked]), offset[asked], count[asked])
 
-    def fill(
-        self, first: int, last: int, rows: np.ndarray, got: tuple[np.ndarray, np.ndarray], out: dict[str, np.ndarray]
-    ) -> None:
-        """Fill ``out`` with sequences ``first ... last - 1`` (padding past them) from documents ``rows``.
+    def fill(self, first: int, last: int, tokens: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` with sequences ``first ... last - 1`` (padding past them).
 
-        ``got``: their tokens back to back, and each one's count (:meth:`~.documents.Tokens.decode`).
+        ``tokens``: what :meth:`wanted` asked for, back to back (:meth:`~.documents.Tokens.decode`).
         """
-        tokens, starts = self._checked(rows, *got)
         p, lo, hi = self.packed, first - self.base, last - self.base
+        at = p.pieces(lo, hi)
+        doc, offset = p.doc[at], p.offset[at]
         where = _Where.of(p, lo, hi)
-        doc = p.doc[p.pieces(lo, hi)]
-        row = np.searchsorted(rows, doc)[where.piece]  # each token's document among the fetched
-        real = where.position < self.docs.lengths[rows][row]  # the others: the eos after a document's last token
+        count = np.clip(self.docs.lengths[doc] - offset, 0, p.size[at])  # each piece's tokens asked for
+        begins = np.cumsum(count) - count  # where each piece's tokens begin among ``tokens``
+        j = where.position - offset[where.piece]  # each token's place in its piece
+        real = j < count[where.piece]  # the others: the eos after a document's last token
         value = np.full(where.position.size, self.packing.eos or 0, dtype=tokens.dtype)
-        value[real] = tokens[starts[row[real]] + where.position[real]]
+        value[real] = tokens[begins[where.piece[real]] + j[real]]
         out[self.field.name].fill(self.packing.pad)
         for name in (SEGMENT_IDS, POSITION_IDS):
             out[name].fill(0)
@@ -100,20 +89,7 @@ class Placer:
         out[SEGMENT_IDS].reshape(-1)[where.slot] = (where.segment + 1)[where.piece]
         out[POSITION_IDS].reshape(-1)[where.slot] = where.position
         out[SEGMENT_KEYS][where.sequence, where.segment] = self.docs.keys[:, doc].T
-        out[SEGMENT_OFFSETS][where.sequence, where.segment] = p.offset[p.pieces(lo, hi)]
-
-    def _checked(self, rows: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The documents' tokens, and where each begins; their counts checked against the lengths packed."""
-        keys = self.docs.keys[:, rows]
-        expected = self.docs.lengths[rows]
-        if not np.array_equal(counts, expected):  # one snapshot: only a query that is not a function of its key
-            i = int(np.flatnonzero(counts != expected)[0])
-            raise SampleError(
-                f"sample ({self.docs.key_columns.show(keys[:, i])}): field {self.field.name} has {counts[i]} tokens, "
-                f"where its length was {expected[i]} when the epoch was packed (the per-document query must return "
-                "the same row each time it runs)"
-            )
-        return tokens, np.cumsum(counts) - counts
+        out[SEGMENT_OFFSETS][where.sequence, where.segment] = offset
 
 
-__all__ = ["POSITION_IDS", "SEGMENT_IDS", "SEGMENT_KEYS", "SEGMENT_OFFSETS", "Documents", "Placer"]
+__all__ = ["POSITION_IDS", "SEGMENT_IDS", "SEGMENT_KEYS", "SEGMENT_OFFSETS", "Placer"]

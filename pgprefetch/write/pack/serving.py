@@ -1,6 +1,6 @@
 """A packed epoch's batch source, for the whole epoch or a cluster's part of it: units of sequences placed.
 
-Each unit's documents are asked for once, in one round trip (:mod:`.documents`), and placed
+Each unit's pieces are asked for once, in one round trip (:mod:`.documents`), and placed
 (:class:`~.place.Placer`). The epoch's samples are sequences; their arrays are described to the writer and
 the readers as fields (:func:`sequence_layout`): they come from no column, so they have no statistics.
 """
@@ -16,10 +16,11 @@ import numpy as np
 from pgprefetch.config.model import SOURCE_ARRAY, Config, FieldConfig
 from pgprefetch.decode.layout import BatchLayout, FieldLayout
 from pgprefetch.keys import KeyColumns
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, SourcePart, unit_batches
-from pgprefetch.write.pack.documents import Tokens
+from pgprefetch.write.pack.documents import Documents, Tokens, Wanted
 from pgprefetch.write.pack.packer import Packing
-from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Documents, Placer
+from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Placer
 from pgprefetch.write.plan import EpochPlan
 
 SEQUENCE_KEY = KeyColumns(("sequence",))  # a packed epoch's keys array: each sequence's number in the packing
@@ -70,18 +71,19 @@ def served(
     size, used = cfg.batches.size, plan.used
     place = Placer(packing, cfg.field(packing.field), docs, packed, base)
     layout = sequence_layout(cfg, docs.keys.shape[0], max_segments)
-    # (a unit's documents hold about its tokens again, as sent and decoded: the sequences' bytes or fewer)
+    # (a unit's pieces' tokens are its sequences' tokens, at most: fetched as they are, then decoded flat)
     unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
 
     async def fetch(batch: int, count: int) -> object:
-        rows = place.documents(batch * size, min((batch + count) * size, used))
-        return rows, await tokens.fetch(batch, docs.take(rows), count)
+        wanted = place.wanted(batch * size, min((batch + count) * size, used))
+        return wanted, await tokens.fetch(batch, wanted, count)
 
     def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
-        rows, got = cast("tuple[np.ndarray, object]", fetched)
-        decoded = tokens.decode(got, docs.take(rows))
+        wanted, got = cast("tuple[Wanted, object]", fetched)
         first, last = batch * size, min((batch + count) * size, used)
-        place.fill(first, last, rows, decoded, buffers)
+        # the unit's tokens, decoded, and the placement's index arrays (about 8 int64 a token)
+        with memory.current().reserve("placing a unit", (last - first) * packing.length * 72):
+            place.fill(first, last, tokens.decode(got, wanted), buffers)
         if sources is not None:
             buffers[SOURCE_ARRAY][: last - first] = sources[first - base : last - base]
 

@@ -28,20 +28,26 @@ import numpy as np
 
 from pgprefetch.config.model import Config, PackingConfig, SamplesConfig, ScanConfig
 from pgprefetch.errors import SourceError
-from pgprefetch.pg.session import BatchReader, Snapshot
-from pgprefetch.pg.statement import BatchStatement
+from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.order.shuffle import n_batches
-from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, Tokens, TransformTokens, transform_lengths
+from pgprefetch.write.pack.documents import (
+    ColumnSpec,
+    Documents,
+    Tokens,
+    TransformTokens,
+    column_spec,
+    transform_lengths,
+)
 from pgprefetch.write.pack.lengths import Counted, document_lengths
 from pgprefetch.write.pack.packer import Packing, pack
 from pgprefetch.write.pack.parts import cut
-from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Documents
+from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS
 from pgprefetch.write.pack.serving import SEQUENCE_KEY, served
 from pgprefetch.write.plan import EpochPlan, Vocabulary
-from pgprefetch.write.query import layout_from, plan_epoch
+from pgprefetch.write.query import plan_epoch
 from pgprefetch.write.scan.shape import scan_relation
 from pgprefetch.write.spill.folder import SpillFolder
 from pgprefetch.write.transform.inputs import check_inputs, sample_key_columns, sample_keys
@@ -72,14 +78,12 @@ async def packed_source(
     one = documents_config(cfg, width)
     plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
     keys = _held_keys(plan)
-    counted = Counted(keys, plan.key_columns, plan.by_field[field.name][0])
-    lengths = await document_lengths(one, snap.id, counted, field, width)
-    async with BatchReader.open(cfg.source, snap.id, plan.sql, plan.params, row_wise=plan.row_wise) as reader:
-        layout = layout_from(one, plan, await reader.fetch(0, keys[:, :1]))
-        spec = ColumnSpec(BatchStatement(plan.sql, plan.params, plan.row_wise), layout, np.dtype(field.dtype), width)
-        yield await _source(
-            cfg, snap, plan, Documents(plan.key_columns, keys, lengths), ColumnTokens(spec, reader), spec
-        )
+    column = plan.by_field[field.name][0]
+    lengths, skip = await document_lengths(one, snap.id, Counted(keys, plan.key_columns, column), field, width)
+    spec = column_spec(one, plan.key_columns, column, field, width)
+    async with spec.opened(cfg.source, snap.id) as tokens:
+        docs = Documents(plan.key_columns, keys, lengths, skip=skip if field.truncate == "left" else None)
+        yield await _source(cfg, snap, plan, docs, tokens, spec)
 
 
 @asynccontextmanager
@@ -180,11 +184,14 @@ def documents_config(cfg: Config, width: int) -> Config:
     return dataclasses.replace(cfg, samples=samples, batches=batches, fields=fields)
 
 
+PACKING_BYTES = 200  # a document's share of the packer's peak: its lists of Python ints and a dozen arrays
+
+
 def _packed(lengths: np.ndarray, cfg: PackingConfig, seed: int, epoch: int, pool: memory.MemoryPool) -> Packing:
     """The documents packed and the sequences shuffled, what they hold reserved (about 32 bytes a piece)."""
     with_eos = lengths + (cfg.eos is not None)
     held = pool.reserve("the packing")
-    held.grow(with_eos.size * 40)  # the packer's arrays and sorts: pieces are about the documents
+    held.grow(with_eos.size * PACKING_BYTES)
     packed = pack(with_eos, cfg.length, cfg.method, cfg.group)
     held.resize(packed.nbytes * 2)
     shuffled = packed.shuffled(seed, epoch)
