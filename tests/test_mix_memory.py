@@ -206,12 +206,16 @@ def test_a_connection_terminated_while_a_scan_source_streams_into_buckets_is_ret
     assert list(scratch.iterdir()) == []
 
 
-@pytest.mark.parametrize("memory", ["4GiB", "24MiB"], ids=["scan-source-in-memory", "scan-source-spilled"])
 def test_a_mixed_epoch_spread_over_ray_is_the_single_process_bytes(
-    ray_cluster: object, big_mix_db: str, tmp_path: Path, memory: str
+    ray_cluster: object, big_mix_db: str, tmp_path: Path
 ) -> None:
-    """Two query sources fetched by the parts, a scan source (in memory, or in buckets) decoded by the driver."""
+    """Two query sources fetched by the parts, a scan source in buckets on the driver's disk decoded by the driver.
+
+    (A scan source held in memory on Ray: tests/test_transforms.py's mixed epoch on Ray.)
+    """
     from .harness.raycluster import manifest, on_ray
+
+    memory = "24MiB"
 
     single = dump(_config(tmp_path, memory, "single.zarr"), big_mix_db, 1)
     spread = on_ray(_config(tmp_path, memory, "ray.zarr"), big_mix_db, epoch=1, parts=3)

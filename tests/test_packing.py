@@ -145,18 +145,6 @@ def test_a_scan_table_packs_to_the_bytes_of_its_query_twin(docs_db: str, tmp_pat
     assert EpochArrays(tmp_path / "scan.zarr", 1).manifest["mode"] == "scan"
 
 
-def test_a_packed_epoch_spread_over_ray_is_the_single_process_bytes(
-    ray_cluster: object, docs_db: str, tmp_path: Path
-) -> None:
-    from .harness.raycluster import on_ray
-
-    single = dump(packed_config(tmp_path, eos=7, method="concat"), docs_db, epoch=1)
-    config = packed_config(tmp_path, eos=7, method="concat", store="ray.zarr", name="ray.toml")
-    spread = on_ray(config, docs_db, epoch=1, parts=3)
-    assert (spread.executor, spread.parts) == ("ray", 3)
-    assert chunk_bytes(spread.path) == chunk_bytes(single.path)
-
-
 def test_splits_pack_disjoint_documents_that_cover_the_table(docs_db: str, tmp_path: Path) -> None:
     import pgprefetch
 
@@ -320,15 +308,21 @@ def test_a_packed_mix_walks_each_sources_passes_and_an_epoch_alone_is_the_runs(m
     assert max(counts.values()) - min(counts.values()) <= 1  # none a pass ahead of another
 
 
-def test_a_packed_mix_spread_over_ray_is_the_single_process_bytes(
+def test_packed_epochs_spread_over_ray_are_the_single_process_bytes(
     ray_cluster: object, mix_db: str, tmp_path: Path
 ) -> None:
+    """One source (concat: documents cut across parts) and a packed mix (a reader a source in each part)."""
     from .harness.raycluster import on_ray
 
-    single = dump(mixed_config(tmp_path, 2, 1), mix_db, epoch=1)
-    spread = on_ray(mixed_config(tmp_path, 2, 1, name="ray.toml", store="ray.zarr"), mix_db, epoch=1, parts=3)
+    single = dump(packed_config(tmp_path, eos=7, method="concat"), mix_db, epoch=1)
+    config = packed_config(tmp_path, eos=7, method="concat", store="ray.zarr", name="ray.toml")
+    spread = on_ray(config, mix_db, epoch=1, parts=3)
+    assert (spread.executor, spread.parts) == ("ray", 3)
     assert chunk_bytes(spread.path) == chunk_bytes(single.path)
-    assert spread.sources == single.sources
+    mixed = dump(mixed_config(tmp_path, 2, 1), mix_db, epoch=1)
+    spread = on_ray(mixed_config(tmp_path, 2, 1, name="rmix.toml", store="rmix.zarr"), mix_db, epoch=1, parts=3)
+    assert chunk_bytes(spread.path) == chunk_bytes(mixed.path)
+    assert spread.sources == mixed.sources
 
 
 def test_a_packed_epoch_resumes_on_another_world_and_batch_size_reading_each_sequence_once(
