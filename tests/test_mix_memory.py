@@ -207,7 +207,7 @@ def test_a_connection_terminated_while_a_scan_source_streams_into_buckets_is_ret
 
 
 def test_a_mixed_epoch_spread_over_ray_is_the_single_process_bytes(
-    ray_cluster: object, big_mix_db: str, tmp_path: Path
+    ray_cluster: object, db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two query sources fetched by the parts, a scan source in buckets on the driver's disk decoded by the driver.
 
@@ -215,10 +215,24 @@ def test_a_mixed_epoch_spread_over_ray_is_the_single_process_bytes(
     """
     from .harness.raycluster import manifest, on_ray
 
-    memory = "24MiB"
+    execute(
+        db,
+        *MIX_TABLES,
+        "CREATE TABLE events (id bigint PRIMARY KEY, a float8 NOT NULL, b real NOT NULL, tag int NOT NULL)",
+        "INSERT INTO events SELECT i, 3000000 + i, i * 0.125, i % 3 FROM generate_series(1, 40000) i",
+        "ANALYZE events",
+    )
 
-    single = dump(_config(tmp_path, memory, "single.zarr"), big_mix_db, 1)
-    spread = on_ray(_config(tmp_path, memory, "ray.zarr"), big_mix_db, epoch=1, parts=3)
+    def config(store: str) -> Path:
+        sources = {"web": {"weight": 1, **WEB}, "code": {"weight": 1, **CODE}, "events": {"weight": 2, **BIG}}
+        path = mix_config(tmp_path, sources, size=100, samples=2000, store=store, name=f"{store}.toml")
+        path.write_text(path.read_text().replace("[source]\n", '[source]\nmemory = "1MiB"\n', 1))
+        return path
+
+    with caplog.at_level("INFO", logger="pgprefetch"):
+        single = dump(config("single.zarr"), db, 1)
+    assert "[samples.events] table: 40,000 rows beyond its share" in caplog.text  # the buckets, not memory
+    spread = on_ray(config("ray.zarr"), db, epoch=1, parts=3)
     assert (spread.executor, spread.parts, spread.sources) == ("ray", 3, single.sources)
     assert chunk_bytes(spread.path) == chunk_bytes(single.path)
     assert manifest(spread.path)["mix"] == manifest(single.path)["mix"]

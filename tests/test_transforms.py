@@ -485,8 +485,8 @@ def test_a_mixed_epoch_with_transforms_on_ray_is_the_single_process_bytes(
     from .harness.raycluster import on_ray
 
     db, _ = docs
-    picky = WORDS.format(workers=1, log=tmp_path / "log").replace("prep:words", "prep:picky") + 'on_error = "skip"\n'
-    transforms, fields = picky + NOISE.format(workers=0), WORDS_FIELDS + NOISE_FIELDS
+    picky = WORDS.format(workers=0, log=tmp_path / "log").replace("prep:words", "prep:picky") + 'on_error = "skip"\n'
+    transforms, fields = picky + NOISE.format(workers=0), WORDS_FIELDS + NOISE_FIELDS  # (in the parts' processes)
     single = dump(_mixed_config(tmp_path / "single", transforms, fields), db, epoch=1)
     spread = on_ray(_mixed_config(tmp_path / "ray", transforms, fields), db, epoch=1, parts=3)
     assert chunk_bytes(spread.path) == chunk_bytes(single.path)
