@@ -349,3 +349,24 @@ def test_a_packed_epoch_resumes_on_another_world_and_batch_size_reading_each_seq
     assert len(set(seen + rest)) == len(seen) + len(rest)  # no sequence twice
     assert set(seen + rest) <= set(every)
     assert len(every) - len(seen) - len(rest) < 15  # all but the remainder a last step of 3 ranks drops
+
+
+@pytest.mark.chaos
+def test_a_packed_epochs_lost_connections_are_retried_to_the_clean_bytes(db: str, tmp_path: Path) -> None:
+    import json
+
+    from .harness.db import execute
+    from .harness.dumps import journal_lines, start_dump, wait_for
+    from .harness.faults import kill_every_connection
+
+    execute(db, *docs_table(20_000))
+    clean = dump(packed_config(tmp_path, length=2048, size=8, store="clean.zarr", name="clean.toml"), db)
+    config = packed_config(tmp_path, length=2048, size=8)
+    config.write_text(config.read_text().replace("FROM docs WHERE", "FROM docs, pg_sleep(0.0005) WHERE"))
+    proc = start_dump(config, db, 0, "--json")
+    wait_for(lambda: journal_lines(tmp_path / "store.zarr") >= 1)
+    kill_every_connection(db)  # the lengths' statement, the pieces' readers, the snapshot
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["retries"] == 1
+    assert chunk_bytes(tmp_path / "store.zarr" / "epoch-00000") == chunk_bytes(clean.path)

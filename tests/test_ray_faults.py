@@ -347,3 +347,39 @@ def test_a_node_removed_mid_epoch_has_its_part_rerun_elsewhere_and_the_epoch_is_
         join=180,
     )
     assert sum(result.part_retries) >= 1
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("packed", [False, True], ids=["mixed", "packed-mix"])
+def test_connections_lost_in_a_mixed_epochs_parts_are_retried_to_the_single_process_bytes(
+    ray_cluster: Any, db: str, tmp_path: Path, packed: bool
+) -> None:
+    """A mix on Ray (a query source a part fetches, a scan source the driver sends it), its connections killed."""
+    from .harness.db import execute
+    from .harness.mixing import CODE_SCAN, MIX_TABLES, WEB, mix_config
+    from .harness.packing import CODE_DOCS, DOCS, mixed_config
+
+    if packed:
+        execute(db, *DOCS, *CODE_DOCS)
+        slow = "SELECT tokens FROM docs, pg_sleep(0.002) WHERE id = $1"
+
+        def config(name: str) -> Path:
+            path = mixed_config(tmp_path, 2, 1, name=f"{name}.toml", store=f"{name}.zarr")
+            path.write_text(path.read_text().replace("SELECT tokens FROM docs WHERE id = $1", slow))
+            return path
+    else:
+        execute(db, *MIX_TABLES)
+        web = {**WEB, "query": "SELECT a, b, tag FROM web, pg_sleep(0.002) WHERE id = $1"}
+
+        def config(name: str) -> Path:
+            sources = {"web": {"weight": 3, **web}, "code": {"weight": 1, **CODE_SCAN}}
+            return mix_config(tmp_path, sources, size=4, store=f"{name}.zarr", name=f"{name}.toml")
+
+    single = dump(config("single"), db)
+    store = tmp_path / "ray.zarr"
+    result = fault_mid_dump(
+        lambda: on_ray(config("ray"), db, parts=3), lambda: part_journal_lines(store) >= 2,
+        lambda: kill_every_connection(db),
+    )  # fmt: skip
+    assert result.retries >= 1
+    assert chunk_bytes(Path(result.path)) == chunk_bytes(Path(single.path))
