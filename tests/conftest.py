@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -164,6 +165,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if _on_ray(item):
             item.add_marker(pytest.mark.xdist_group("ray"))
     items.sort(key=lambda item: not _on_ray(item))  # stable: the order within each part is kept
+
+
+def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str] | None:
+    """Two epochs' files (:func:`~tests.harness.dumps.chunk_bytes`) compared: which differ and where, in a few lines.
+
+    pytest's own report prints every file's bytes: tens of kilobytes that push the failing test's name out of
+    the last lines a CI log keeps.
+    """
+    if op != "==" or not (_files(left) and _files(right)):
+        return None
+    a, b = cast("dict[str, bytes]", left), cast("dict[str, bytes]", right)
+    lines = [f"epoch files differ ({len(a)} left, {len(b)} right)"]
+    for name in sorted(a.keys() ^ b.keys())[:5]:
+        lines.append(f"  {name}: only {'left' if name in a else 'right'}")
+    for name in sorted(n for n in a.keys() & b.keys() if a[n] != b[n])[:10]:
+        x, y = a[name], b[name]
+        at = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+        lines.append(f"  {name}: {len(x)} and {len(y)} bytes, first differing at byte {at}")
+    return lines
+
+
+def _files(value: object) -> bool:
+    """Whether ``value`` is a dict of relative paths to bytes with an array's zarr.json among them."""
+    return (
+        isinstance(value, dict)
+        and any(isinstance(k, str) and k.endswith("zarr.json") for k in value)
+        and all(isinstance(v, bytes) for v in value.values())
+    )
 
 
 @pytest.fixture(scope="session")
