@@ -34,7 +34,6 @@ from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import BatchReader
 from pgprefetch.pg.statement import pieces_statement
-from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.transform.outputs import Packed
 from pgprefetch.write.transform.stage import Stage
 
@@ -247,21 +246,21 @@ class MixedTokens:
         return out
 
 
-async def transform_lengths(stage: Stage, field: str, plan: EpochPlan) -> np.ndarray:
-    """Each document's token count, from the transform's outputs: computed now (and cached) or found.
+async def transform_lengths(stage: Stage, field: str, keys: np.ndarray, first: int) -> np.ndarray:
+    """The token counts of the documents ``keys`` (from document ``first`` on), from the transform's outputs.
 
-    ``plan``: the documents', one a batch. A pass over every document before the epoch is planned: the
-    outputs are cached, so the epoch's units find them there and nothing runs twice.
+    Computed now (and cached) or found: a pass over the documents before the epoch is planned, so the
+    epoch's units find the outputs in the cache and nothing runs twice.
     """
-    lengths = np.empty(plan.used, dtype=np.int64)
+    lengths = np.empty(keys.shape[1], dtype=np.int64)
     in_flight = asyncio.Semaphore(max(1, stage.connections))  # (each chunk's inputs on its own connection)
 
     async def chunk(start: int) -> None:
         async with in_flight:
-            keys = np.ascontiguousarray(plan.batch_keys(start, 1, min(CHUNK, plan.used - start)))
-            lengths[start : start + keys.shape[1]] = (await stage.unit(start, keys))[field].lengths
+            some = np.ascontiguousarray(keys[:, start : start + CHUNK])
+            lengths[start : start + some.shape[1]] = (await stage.unit(first + start, some))[field].lengths
 
-    await asyncio.gather(*(chunk(start) for start in range(0, plan.used, CHUNK)))
+    await asyncio.gather(*(chunk(start) for start in range(0, keys.shape[1], CHUNK)))
     return lengths
 
 

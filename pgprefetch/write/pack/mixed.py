@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pgprefetch.config.model import MIX_VERSION, SOURCE_ARRAY, Config
+from pgprefetch.config.model import MIX_VERSION, SOURCE_ARRAY, Config, PackingConfig
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
@@ -39,6 +40,7 @@ from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, Documents,
 from pgprefetch.write.pack.lengths import Counted, document_lengths
 from pgprefetch.write.pack.packer import PACK_STREAM, Packing, pack
 from pgprefetch.write.pack.parts import cut
+from pgprefetch.write.pack.pieces import HeldPieces, Identity
 from pgprefetch.write.pack.serving import served
 from pgprefetch.write.pack.shares import TokenSource, epoch_tokens, quotas, shares_at, token_starts, walk
 from pgprefetch.write.pack.source import PACKING_BYTES, documents_config, plan_of, record_of, token_bytes
@@ -95,20 +97,32 @@ async def mixed_packed_source(
             code: _take(cfg, epoch, s, begun.positions[s.read.name], given[s.read.name]) for code, s in sources.items()
         }
         docs, packed, sources_of = _interleaved(cfg, epoch, sources, taken)
+        pieces = HeldPieces(docs, packed, eos=cfg.packing.eos is not None)
         repeats = sum(s.chosen.repeats for s in sources.values())
-        plan = plan_of(cfg, epoch, docs, packed, sum(s.chosen.n_keys for s in sources.values()), repeats)
+        n_keys = sum(s.chosen.n_keys for s in sources.values())
+        plan = plan_of(cfg, epoch, pieces, _identity(cfg.packing, docs), n_keys, repeats)
         written = np.bincount(sources_of[: plan.used], minlength=max(sources) + 1)
         taken = {code: dataclasses.replace(t, written=int(written[code])) for code, t in taken.items()}
         mix = _record(cfg, epoch, sources, begun, taken, record)
         records = {"sources": [s.name for s in cfg.mix.sources], "source_array": SOURCE_ARRAY, "mix": mix}
-        records["packing"] = record_of(cfg.packing, docs, packed, plan.used)
+        records["packing"] = record_of(cfg.packing, pieces.summary(plan.used), plan.used)
         own = {code: s.read.key_columns for code, s in sources.items()}
         tokens = MixedTokens({code: s.columns for code, s in sources.items()}, own)
         snapshot = (snap.id, snap.server_version)
-        most = max(1, packed.max_segments)
         spec = MixedSpec({code: s.spec for code, s in sources.items()}, own)  # what a cluster's part opens
-        parts = functools.partial(cut, cfg.batches.size, docs, packed, plan.used, spec, sources_of)
-        yield served(cfg, plan, docs, packed, tokens, snapshot, most, records, parts, sources=sources_of)
+        parts = functools.partial(cut, cfg.batches.size, pieces, plan.used, spec, sources_of)
+        width = docs.keys.shape[0]
+        yield served(cfg, plan, pieces, tokens, snapshot, records, parts, sources=sources_of, key_width=width)
+
+
+def _identity(cfg: PackingConfig, docs: Documents) -> str:
+    """The mixed epoch's hash: every source's documents it draws (keys, sources, lengths) and ``[packing]``."""
+    digest = hashlib.sha256()
+    for array in (docs.keys, docs.sources):
+        digest.update(np.ascontiguousarray(array).data)
+    identity = Identity(cfg, digest.hexdigest())
+    identity.update(docs.lengths, docs.skip)
+    return identity.hexdigest()
 
 
 async def _read(cfg: Config, snap: Snapshot, code: int, name: str, n: int, stack: contextlib.AsyncExitStack) -> _Source:

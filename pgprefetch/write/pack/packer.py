@@ -103,46 +103,74 @@ def pack(lengths: np.ndarray, length: int, method: str, group: int) -> Packing:
 
 
 def concat(lengths: np.ndarray, length: int) -> Packing:
-    """The documents as one stream, cut every ``length`` tokens.
+    """The documents as one stream, cut every ``length`` tokens (see :func:`concat_pieces`)."""
+    doc, offset, size, sequence = concat_pieces(lengths, length)
+    total = int(lengths.sum())
+    starts = np.searchsorted(sequence, np.arange(-(-total // length) + 1))
+    return Packing(length, starts.astype(np.int64), doc, offset, size)
 
-    A document from token ``b`` to ``e`` of the stream spans sequences ``b // length`` to ``(e - 1) // length``,
-    a piece in each: every piece follows from its document's bounds, in stream order, with no sort.
+
+def concat_pieces(lengths: np.ndarray, length: int, begin: int = 0) -> tuple[np.ndarray, ...]:
+    """The pieces of the stream cut every ``length`` tokens: each one's document, offset, size and sequence.
+
+    ``begin``: the stream's tokens before the first of ``lengths`` (a window of the epoch's documents, the
+    documents before it laid already). A document from token ``b`` to ``e`` of the stream spans sequences
+    ``b // length`` to ``(e - 1) // length``, a piece in each: every piece follows from its document's
+    bounds, in stream order, with no sort.
     """
-    ends = np.cumsum(lengths)
+    ends = begin + np.cumsum(lengths)
     begins = ends - lengths
     docs = np.flatnonzero(lengths)  # (an empty document has no piece)
     b, e = begins[docs], ends[docs]
     first = b // length
     count = (e - 1) // length - first + 1
-    doc = np.repeat(docs, count)
+    doc = np.repeat(docs, count).astype(np.int64)
     k = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
     sequence = np.repeat(first, count) + k
     start = np.maximum(np.repeat(b, count), sequence * length)
     stop = np.minimum(np.repeat(e, count), (sequence + 1) * length)
-    total = int(ends[-1]) if ends.size else 0
-    starts = np.searchsorted(sequence, np.arange(-(-total // length) + 1))
-    return Packing(length, starts.astype(np.int64), doc.astype(np.int64), start - begins[doc], stop - start)
+    return doc, start - begins[doc], stop - start, sequence
 
 
 def best_fit(lengths: np.ndarray, length: int, group: int) -> Packing:
-    """Whole documents, best-fit decreasing within groups of ``group`` documents (see the module)."""
-    n = lengths.size
+    """Whole documents, best-fit decreasing within groups of ``group`` documents (see the module).
+
+    The remainders' sequences first (:func:`remainders`), then a sequence for each full piece
+    (:func:`full_pieces`), in document order.
+    """
+    rest = remainders(lengths, length, group)
+    full_doc, full_offset = full_pieces(lengths, length)
+    doc = np.concatenate([rest.doc, full_doc])
+    offset = np.concatenate([rest.offset, full_offset])
+    size = np.concatenate([rest.size, np.full(full_doc.size, length, dtype=np.int64)])
+    starts = np.concatenate([rest.starts, rest.starts[-1] + np.arange(1, full_doc.size + 1, dtype=np.int64)])
+    return Packing(length, starts, doc, offset, size)
+
+
+def remainders(lengths: np.ndarray, length: int, group: int) -> Packing:
+    """The documents' remainders (their tokens past their last full piece) packed by best-fit decreasing.
+
+    Within groups of ``group`` consecutive documents, largest first (ties by document order); each sequence's
+    pieces in document order. The documents of a window that begins at a multiple of ``group`` pack as they
+    do among all of the epoch's: the groups are the same.
+    """
     full, rest = np.divmod(lengths, length)
-    index = np.arange(n, dtype=np.int64)
-    # the remainders: packed, a group at a time, largest first (ties by document order)
     packed = np.flatnonzero(rest)
     order = packed[np.lexsort((packed, -rest[packed], packed // group))]
     bins, n_bins = _best_fit(rest[order].tolist(), (order // group).tolist(), length)
-    # the full pieces: a sequence each, after the remainders' sequences, in document order
-    full_doc = np.repeat(index, full)
+    sequence = np.asarray(bins, dtype=np.int64)
+    by = np.lexsort((order, sequence))  # each sequence's pieces in document order
+    doc = order[by].astype(np.int64)
+    starts = np.searchsorted(sequence[by], np.arange(n_bins + 1)).astype(np.int64)
+    return Packing(length, starts, doc, full[doc] * length, rest[doc])
+
+
+def full_pieces(lengths: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each full piece of ``length`` tokens (a sequence of its own): its document and offset, in document order."""
+    full = lengths // length
+    full_doc = np.repeat(np.arange(lengths.size, dtype=np.int64), full)
     k = np.arange(full_doc.size, dtype=np.int64) - np.repeat(np.cumsum(full) - full, full)  # its place in its doc
-    doc = np.concatenate([order, full_doc])
-    offset = np.concatenate([full[order] * length, k * length])
-    size = np.concatenate([rest[order], np.full(full_doc.size, length, dtype=np.int64)])
-    sequence = np.concatenate([np.asarray(bins, dtype=np.int64), n_bins + np.arange(full_doc.size, dtype=np.int64)])
-    by = np.lexsort((offset, doc, sequence))  # each sequence's pieces in document order
-    starts = np.searchsorted(sequence[by], np.arange(n_bins + full_doc.size + 1))
-    return Packing(length, starts.astype(np.int64), doc[by], offset[by], size[by])
+    return full_doc, k * length
 
 
 def _best_fit(sizes: list[int], groups: list[int], length: int) -> tuple[list[int], int]:
@@ -179,4 +207,4 @@ def _best_fit(sizes: list[int], groups: list[int], length: int) -> tuple[list[in
     return out, made
 
 
-__all__ = ["PACK_STREAM", "Packing", "best_fit", "concat", "pack"]
+__all__ = ["PACK_STREAM", "Packing", "best_fit", "concat", "concat_pieces", "full_pieces", "pack", "remainders"]

@@ -1,7 +1,8 @@
 """A unit of a packed epoch placed: its documents' tokens, decoded flat, laid into its sequences' arrays.
 
-A unit holds sequences ``first ... last - 1``; their pieces name documents by their place in the epoch's
-order. :meth:`Placer.wanted` says which tokens a unit needs (each piece's, without its eos);
+A unit holds sequences ``first ... last - 1``, as a packing of their own whose pieces name documents by their
+place among the unit's (:meth:`~.pieces.Pieces.unit`). :meth:`Placer.wanted` says which tokens a unit needs
+(each piece's, without its eos);
 :meth:`Placer.fill` takes them (:mod:`.documents`) and computes, for every token
 of every piece at once, the slot it goes to and the place in its document it comes from: one gather and a
 scatter per array, no loop over pieces or tokens.
@@ -50,31 +51,25 @@ class _Where:
 
 
 class Placer:
-    """Places the pieces of a packed epoch's sequences (or of a part's: ``base`` is its first sequence)."""
+    """Places a unit's sequences: a packing of their own and the documents it names (:meth:`.pieces.Pieces.unit`)."""
 
-    def __init__(self, packing: PackingConfig, field: FieldConfig, docs: Documents, packed: Packing, base: int = 0):
+    def __init__(self, packing: PackingConfig, field: FieldConfig):
         self.packing, self.field = packing, field
-        self.docs, self.packed, self.base = docs, packed, base
 
-    def wanted(self, first: int, last: int) -> Wanted:
-        """The tokens sequences ``first ... last - 1`` need: each piece's own (not its eos); a piece with none, none."""
-        p = self.packed
-        at = p.pieces(first - self.base, last - self.base)
-        doc, offset, size = p.doc[at], p.offset[at], p.size[at]
-        count = np.clip(self.docs.lengths[doc] - offset, 0, size)  # past a document's last token: its eos
+    def wanted(self, p: Packing, docs: Documents) -> Wanted:
+        """The tokens the unit's sequences need: each piece's own (not its eos); a piece with none, none."""
+        count = np.clip(docs.lengths[p.doc] - p.offset, 0, p.size)  # past a document's last token: its eos
         asked = np.flatnonzero(count)
-        return Wanted(self.docs.take(doc[asked]), offset[asked], count[asked])
+        return Wanted(docs.take(p.doc[asked]), p.offset[asked], count[asked])
 
-    def fill(self, first: int, last: int, tokens: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        """Fill ``out`` with sequences ``first ... last - 1`` (padding past them).
+    def fill(self, p: Packing, docs: Documents, tokens: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` with the unit's sequences (padding past them).
 
         ``tokens``: what :meth:`wanted` asked for, back to back (:meth:`~.documents.Tokens.decode`).
         """
-        p, lo, hi = self.packed, first - self.base, last - self.base
-        at = p.pieces(lo, hi)
-        doc, offset = p.doc[at], p.offset[at]
-        where = _Where.of(p, lo, hi)
-        count = np.clip(self.docs.lengths[doc] - offset, 0, p.size[at])  # each piece's tokens asked for
+        doc, offset = p.doc, p.offset
+        where = _Where.of(p, 0, p.n_sequences)
+        count = np.clip(docs.lengths[doc] - offset, 0, p.size)  # each piece's tokens asked for
         begins = np.cumsum(count) - count  # where each piece's tokens begin among ``tokens``
         j = where.position - offset[where.piece]  # each token's place in its piece
         real = j < count[where.piece]  # the others: the eos after a document's last token
@@ -88,7 +83,7 @@ class Placer:
         out[self.field.name].reshape(-1)[where.slot] = value
         out[SEGMENT_IDS].reshape(-1)[where.slot] = (where.segment + 1)[where.piece]
         out[POSITION_IDS].reshape(-1)[where.slot] = where.position
-        out[SEGMENT_KEYS][where.sequence, where.segment] = self.docs.keys[:, doc].T
+        out[SEGMENT_KEYS][where.sequence, where.segment] = docs.keys[:, doc].T
         out[SEGMENT_OFFSETS][where.sequence, where.segment] = offset
 
 

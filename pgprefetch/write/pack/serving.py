@@ -7,6 +7,7 @@ the readers as fields (:func:`sequence_layout`): they come from no column, so th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, cast
@@ -20,6 +21,7 @@ from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource, SourcePart, unit_batches
 from pgprefetch.write.pack.documents import Documents, Tokens, Wanted
 from pgprefetch.write.pack.packer import Packing
+from pgprefetch.write.pack.pieces import Pieces
 from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS, Placer
 from pgprefetch.write.plan import EpochPlan
 
@@ -50,40 +52,42 @@ def sequence_layout(cfg: Config, width: int, max_segments: int) -> BatchLayout:
 def served(
     cfg: Config,
     plan: EpochPlan,
-    docs: Documents,
-    packed: Packing,
+    pieces: Pieces,
     tokens: Tokens,
     snapshot: tuple[str, str],
-    max_segments: int,
     records: dict[str, Any],
     cut: Callable[[range], AbstractContextManager[SourcePart]] | None = None,
-    base: int = 0,
     sources: np.ndarray | None = None,
+    key_width: int = 1,
+    base: int = 0,
 ) -> BatchSource:
-    """The writer's view of a packed epoch (or of a cluster's part: its sequences from ``base`` on).
+    """The writer's view of a packed epoch (or of a cluster's part: ``pieces`` holds its sequences alone).
 
-    Each unit's documents are asked of ``tokens`` once and placed (:class:`~.place.Placer`).
-    ``max_segments``: the epoch's most pieces a sequence (the width of ``segment_keys``). ``sources``: a packed
-    mix's source of each sequence from ``base`` on, for the ``source`` array.
+    Each unit takes its sequences' pieces (:meth:`~.pieces.Pieces.unit`, on a thread: they may be read from
+    the spill folder), asks ``tokens`` for them once and places them (:class:`~.place.Placer`). ``sources``: a
+    packed mix's source of each sequence from ``base`` on (a part's first), for the ``source`` array; ``key_width``: the
+    documents' key slots (the width of ``segment_keys``).
     """
     packing = cfg.packing
     assert packing is not None
     size, used = cfg.batches.size, plan.used
-    place = Placer(packing, cfg.field(packing.field), docs, packed, base)
-    layout = sequence_layout(cfg, docs.keys.shape[0], max_segments)
+    place = Placer(packing, cfg.field(packing.field))
+    layout = sequence_layout(cfg, key_width, pieces.max_segments)
     # (a unit's pieces' tokens are its sequences' tokens, at most: fetched as they are, then decoded flat)
     unit = min(unit_batches(size, layout.sample_bytes), plan.n_batches)
 
     async def fetch(batch: int, count: int) -> object:
-        wanted = place.wanted(batch * size, min((batch + count) * size, used))
-        return wanted, await tokens.fetch(batch, wanted, count)
+        first, last = batch * size, min((batch + count) * size, used)
+        own, docs = await asyncio.to_thread(pieces.unit, first, last)
+        wanted = place.wanted(own, docs)
+        return own, docs, wanted, await tokens.fetch(batch, wanted, count)
 
     def produce(batch: int, count: int, fetched: object, buffers: dict[str, np.ndarray]) -> None:
-        wanted, got = cast("tuple[Wanted, object]", fetched)
+        own, docs, wanted, got = cast("tuple[Packing, Documents, Wanted, object]", fetched)
         first, last = batch * size, min((batch + count) * size, used)
         # the unit's tokens, decoded, and the placement's index arrays (about 8 int64 a token)
         with memory.current().reserve("placing a unit", (last - first) * packing.length * 72):
-            place.fill(first, last, tokens.decode(got, wanted), buffers)
+            place.fill(own, docs, tokens.decode(got, wanted), buffers)
         if sources is not None:
             buffers[SOURCE_ARRAY][: last - first] = sources[first - base : last - base]
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import hashlib
-import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,6 +31,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
 from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.order.keyfile import OrderedKeys
 from pgprefetch.write.order.shuffle import n_batches
 from pgprefetch.write.pack.documents import (
     ColumnSpec,
@@ -44,14 +44,18 @@ from pgprefetch.write.pack.documents import (
 from pgprefetch.write.pack.lengths import Counted, document_lengths
 from pgprefetch.write.pack.packer import Packing, pack
 from pgprefetch.write.pack.parts import cut
+from pgprefetch.write.pack.pieces import HeldPieces, Identity, Pieces, Summary
 from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS
 from pgprefetch.write.pack.serving import SEQUENCE_KEY, served
+from pgprefetch.write.pack.spilled import PACK_BYTES, Count, documents_share, spilled_pieces
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import plan_epoch
 from pgprefetch.write.scan.shape import scan_relation
 from pgprefetch.write.spill.folder import SpillFolder
 from pgprefetch.write.transform.inputs import check_inputs, sample_key_columns, sample_keys
 from pgprefetch.write.transform.stage import stage_for
+
+log = logging.getLogger("pgprefetch")
 
 
 @asynccontextmanager
@@ -77,13 +81,14 @@ async def packed_source(
     width = await token_bytes(cfg, snap)
     one = documents_config(cfg, width)
     plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
-    keys = _held_keys(plan)
     column = plan.by_field[field.name][0]
-    lengths, skip = await document_lengths(one, snap.id, Counted(keys, plan.key_columns, column), field, width)
+
+    async def count(keys: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+        return await document_lengths(one, snap.id, Counted(keys, plan.key_columns, column), field, width)
+
     spec = column_spec(one, plan.key_columns, column, field, width)
-    async with spec.opened(cfg.source, snap.id) as tokens:
-        docs = Documents(plan.key_columns, keys, lengths, skip=skip if field.truncate == "left" else None)
-        yield await _source(cfg, snap, plan, docs, tokens, spec)
+    async with spec.opened(cfg.source, snap.id) as tokens, _pieces(cfg, plan, count, spill) as (pieces, identity):
+        yield _source(cfg, snap, plan, pieces, identity, tokens, spec)
 
 
 @asynccontextmanager
@@ -108,37 +113,71 @@ async def _tokenized(
         if stage.skips:
             one = dataclasses.replace(one, left_out=await stage.sweep(sample_keys(one, snap, key_columns)))
         plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
-        keys = _held_keys(plan)
-        lengths = await transform_lengths(stage, field.name, plan)
+
+        async def count(keys: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+            lengths = await transform_lengths(stage, field.name, keys, first)
+            return lengths, np.zeros_like(lengths)
+
         tokens = TransformTokens(stage, field.name, np.dtype(field.dtype))
-        source = await _source(cfg, snap, plan, Documents(plan.key_columns, keys, lengths), tokens, None)
-        yield dataclasses.replace(source, records=(source.records or {}) | {"transforms": stage.summary})
+        async with _pieces(cfg, plan, count, spill) as (pieces, identity):
+            source = _source(cfg, snap, plan, pieces, identity, tokens, None)
+            yield dataclasses.replace(source, records=(source.records or {}) | {"transforms": stage.summary})
 
 
-def _held_keys(plan: EpochPlan) -> np.ndarray:
-    """The documents' keys, held for the epoch (a unit looks up those of its pieces by their place), reserved."""
-    memory.current().reserve("documents' keys", plan.used * plan.key_columns.width * 8)
-    return np.ascontiguousarray(plan.batch_keys(0, 1, plan.used))
+@asynccontextmanager
+async def _pieces(
+    cfg: Config, plan: EpochPlan, count: Count, spill: SpillFolder
+) -> AsyncIterator[tuple[Pieces, Identity]]:
+    """The documents of ``plan`` counted, packed and shuffled, and the epoch's hash.
+
+    Held in memory while they fit their share of ``--memory`` (:func:`~.spilled.documents_share`), else on
+    disk (:mod:`.spilled`). ``count(keys, first)``: the documents' kept token counts and where their kept tokens begin.
+    """
+    packing = cfg.packing
+    assert packing is not None
+    left = cfg.field(packing.field).truncate == "left"
+    identity = Identity(packing, plan.keys_sha256)
+    held = plan.used * (plan.key_columns.width * 8 + HELD_BYTES)
+    if isinstance(plan.keys, OrderedKeys) or held > documents_share(cfg):
+        log.info(
+            "[packing] %s documents beyond their share of --memory: their lengths and pieces on disk",
+            f"{plan.used:,}",
+        )
+        async with spilled_pieces(cfg, plan, count, spill.sub("documents"), identity, left=left) as pieces:
+            yield pieces, identity
+        return
+    pool = memory.current()
+    with pool.reserve("documents", plan.used * (plan.key_columns.width * 8 + 16)):
+        keys = np.ascontiguousarray(plan.batch_keys(0, 1, plan.used))
+        lengths, skip = await count(keys, 0)
+        identity.update(lengths, skip if left else None)
+        docs = Documents(plan.key_columns, keys, lengths, skip=skip if left else None)
+        packed = await asyncio.to_thread(_packed, lengths, packing, cfg.batches.seed, plan.epoch, pool)
+        yield HeldPieces(docs, packed, eos=packing.eos is not None), identity
 
 
-async def _source(
-    cfg: Config, snap: Snapshot, plan: EpochPlan, docs: Documents, tokens: Tokens, spec: ColumnSpec | None
+def _source(
+    cfg: Config,
+    snap: Snapshot,
+    plan: EpochPlan,
+    pieces: Pieces,
+    identity: Identity,
+    tokens: Tokens,
+    spec: ColumnSpec | None,
 ) -> BatchSource:
-    """The documents packed, the sequences planned, and the batch source that serves them.
+    """The batch source that serves the sequences of ``pieces``.
 
     ``spec``: how a cluster's part fetches a column's documents (None: a transform's, which no part serves).
     """
     packing = cfg.packing
     assert packing is not None
-    pool = memory.current()
-    pool.reserve("documents' lengths", plan.used * 8 * 2)  # theirs, and with eos as packed
-    packed = await asyncio.to_thread(_packed, docs.lengths, packing, cfg.batches.seed, plan.epoch, pool)
-    sequences = plan_of(cfg, plan.epoch, docs, packed, n_keys=plan.n_keys, repeats=plan.duplicates_dropped)
-    records = {"packing": record_of(packing, docs, packed, sequences.used)}
-    size, used, most = cfg.batches.size, sequences.used, max(1, packed.max_segments)
-    parts = functools.partial(cut, size, docs, packed, used, spec, None) if spec is not None else None
+    sequences = plan_of(
+        cfg, plan.epoch, pieces, identity.hexdigest(), n_keys=plan.n_keys, repeats=plan.duplicates_dropped
+    )
+    records = {"packing": record_of(packing, pieces.summary(sequences.used), sequences.used)}
+    parts = functools.partial(cut, cfg.batches.size, pieces, sequences.used, spec, None) if spec is not None else None
     snapshot = (snap.id, snap.server_version)
-    return served(cfg, sequences, docs, packed, tokens, snapshot, most, records, parts)
+    return served(cfg, sequences, pieces, tokens, snapshot, records, parts, key_width=plan.key_columns.width)
 
 
 async def token_bytes(cfg: Config, snap: Snapshot) -> int:
@@ -184,7 +223,8 @@ def documents_config(cfg: Config, width: int) -> Config:
     return dataclasses.replace(cfg, samples=samples, batches=batches, fields=fields)
 
 
-PACKING_BYTES = 200  # a document's share of the packer's peak: its lists of Python ints and a dozen arrays
+PACKING_BYTES = PACK_BYTES  # a document's share of the packer's peak: its lists of Python ints and a dozen arrays
+HELD_BYTES = 16 + PACKING_BYTES  # beside its key: a document's lengths, and its share of the packer's peak
 
 
 def _packed(lengths: np.ndarray, cfg: PackingConfig, seed: int, epoch: int, pool: memory.MemoryPool) -> Packing:
@@ -196,35 +236,36 @@ def _packed(lengths: np.ndarray, cfg: PackingConfig, seed: int, epoch: int, pool
     held.resize(packed.nbytes * 2)
     shuffled = packed.shuffled(seed, epoch)
     held.resize(shuffled.nbytes)
-    if not shuffled.n_sequences:
-        raise SourceError("[packing]: the documents hold no tokens: no sequence to write")
     return shuffled
 
 
-def plan_of(cfg: Config, epoch: int, docs: Documents, packed: Packing, n_keys: int, repeats: int = 0) -> EpochPlan:
+def plan_of(cfg: Config, epoch: int, pieces: Pieces, identity: str, n_keys: int, repeats: int = 0) -> EpochPlan:
     """The epoch's plan of sequences: the packing's, in its order, in batches of ``[batches] size`` sequences.
 
-    ``n_keys`` and ``repeats``: what the documents' keys queries returned, and the repeated keys dropped.
+    ``identity``: the epoch's hash (:class:`~.pieces.Identity`); ``n_keys`` and ``repeats``: what the
+    documents' keys queries returned, and the repeated keys dropped.
+
+    Raises:
+        SourceError: the documents hold no tokens, or too few for one batch.
     """
     packing = cfg.packing
     assert packing is not None
-    size = cfg.batches.size
-    batches = n_batches(packed.n_sequences, size, cfg.batches.drop_last)
+    size, n = cfg.batches.size, pieces.n_sequences
+    if not n:
+        raise SourceError("[packing]: the documents hold no tokens: no sequence to write")
+    batches = n_batches(n, size, cfg.batches.drop_last)
     if not batches:
-        raise SourceError(
-            f"[packing]: {packed.n_sequences} sequences of {packing.length} tokens, fewer than one batch of {size}"
-        )
-    used = min(packed.n_sequences, batches * size)
-    assert packed.numbers is not None, "the sequences were shuffled"
+        raise SourceError(f"[packing]: {n} sequences of {packing.length} tokens, fewer than one batch of {size}")
+    used = min(n, batches * size)
     return EpochPlan(
         epoch=epoch,
-        keys=packed.numbers[None, :used].astype(np.int64),
+        keys=pieces.numbers[None, :used].astype(np.int64),
         key_columns=SEQUENCE_KEY,
         n_keys=n_keys,
         duplicates_dropped=repeats,
         used=used,
         n_batches=batches,
-        keys_sha256=_identity(docs, packed, packing),
+        keys_sha256=identity,
         columns=(),
         by_field={},
         categories={},
@@ -233,31 +274,21 @@ def plan_of(cfg: Config, epoch: int, docs: Documents, packed: Packing, n_keys: i
     )
 
 
-def _identity(docs: Documents, packed: Packing, cfg: PackingConfig) -> str:
-    """The epoch's hash: its documents and every piece's place (a partial epoch resumes only under it)."""
-    digest = hashlib.sha256(b"pgprefetch-packing")
-    digest.update(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
-    for array in (docs.keys, packed.starts, packed.doc, packed.offset, packed.size):
-        digest.update(np.ascontiguousarray(array).data)
-    return digest.hexdigest()
-
-
-def record_of(cfg: PackingConfig, docs: Documents, packed: Packing, used: int) -> dict[str, Any]:
+def record_of(cfg: PackingConfig, summary: Summary, used: int) -> dict[str, Any]:
     """What the manifest records of the packing: its settings and figures (``ls`` and ``check`` show them)."""
-    kept = slice(0, int(packed.starts[used]))
-    tokens = int(packed.size[kept].sum())
+    room = used * cfg.length
     return {
         **dataclasses.asdict(cfg),
-        "documents": int(docs.lengths.size),
-        "empty_documents": int((docs.lengths + (cfg.eos is not None) == 0).sum()),
-        "sequences": int(packed.n_sequences),
+        "documents": summary.documents,
+        "empty_documents": summary.empty_documents,
+        "sequences": summary.sequences,
         "sequences_written": used,
-        "tokens": tokens,
-        "padding": used * cfg.length - tokens,
-        "padding_share": round((used * cfg.length - tokens) / max(1, used * cfg.length), 8),
-        "pieces": int(kept.stop),
-        "documents_cut": packed.documents_cut,
-        "max_segments": max(1, packed.max_segments),
+        "tokens": summary.tokens,
+        "padding": room - summary.tokens,
+        "padding_share": round((room - summary.tokens) / max(1, room), 8),
+        "pieces": summary.pieces,
+        "documents_cut": summary.documents_cut,
+        "max_segments": summary.max_segments,
         "segment_ids": SEGMENT_IDS,
         "position_ids": POSITION_IDS,
         "segment_keys": SEGMENT_KEYS,

@@ -1,0 +1,65 @@
+"""A packed epoch whose documents outgrow their share of ``--memory``: lengths and pieces on disk, the same bytes.
+
+``[source] memory = "1MiB"`` leaves the documents a share of about 1,200 documents held (their keys, lengths
+and the packer's lists), so 3,000 are counted, packed and placed from the spill folder
+(:mod:`pgprefetch.write.pack.spilled`), in windows: of whole groups of 100 under best-fit, of the stream under
+concat. The epoch held in memory is checked against the table by tests/test_packing.py; here the epoch from
+disk is checked against it, byte for byte, with its record and its hash (a dump resumes under either).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .harness.db import execute
+from .harness.dumps import chunk_bytes, dump
+from .harness.packing import docs_table, packed_config
+from .harness.raycluster import manifest
+
+N = 3000
+
+
+@pytest.fixture
+def many_docs_db(db: str) -> str:
+    execute(db, *docs_table(N))
+    return db
+
+
+def _config(tmp_path: Path, method: str, memory: str, packing: str) -> Path:
+    path = packed_config(tmp_path, method=method, eos=7, store=f"{memory}.zarr", name=f"{memory}.toml")
+    text = path.read_text().replace("[source]\n", f'[source]\nmemory = "{memory}"\n', 1)
+    path.write_text(text.replace("[batches]\n", f"{packing}[batches]\n", 1))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("method", "packing", "field"),
+    [
+        ("best-fit", "group = 100\n", ""),
+        ("best-fit", "group = 100\n", 'truncate = "left"\n'),  # each kept piece begins past the cut tokens
+        ("concat", "", ""),
+    ],
+    ids=["best-fit", "best-fit-truncated-left", "concat"],
+)
+def test_documents_beyond_memory_pack_on_disk_to_the_bytes_held_in_memory(
+    many_docs_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, method: str, packing: str, field: str
+) -> None:
+    configs = {m: _config(tmp_path, method, m, packing) for m in ("1MiB", "1GiB")}
+    if field:
+        for path in configs.values():
+            path.write_text(path.read_text().replace("max_length = 1000\n", f"max_length = 100\n{field}"))
+    with caplog.at_level("INFO", logger="pgprefetch"):
+        small = dump(configs["1MiB"], many_docs_db, 1)
+    assert f"[packing] {N:,} documents beyond their share of --memory" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="pgprefetch"):
+        held = dump(configs["1GiB"], many_docs_db, 1)
+    assert "beyond their share" not in caplog.text
+    assert chunk_bytes(small.path) == chunk_bytes(held.path)
+    a, b = manifest(small.path), manifest(held.path)
+    assert a["packing"] == b["packing"]
+    assert a["keys_sha256"] == b["keys_sha256"]  # a partial epoch resumes under either budget
+    assert a["packing"]["documents"] == N and a["packing"]["sequences_written"] > 100
+    assert not list((tmp_path / "1MiB.zarr").rglob("*.spill"))  # the spill folder went with the dump
