@@ -61,5 +61,6 @@ def test_documents_beyond_memory_pack_on_disk_to_the_bytes_held_in_memory(
     a, b = manifest(small.path), manifest(held.path)
     assert a["packing"] == b["packing"]
     assert a["keys_sha256"] == b["keys_sha256"]  # a partial epoch resumes under either budget
-    assert a["packing"]["documents"] == N and a["packing"]["sequences_written"] > 100
+    assert a["packing"]["documents"] == N
+    assert a["packing"]["sequences_written"] > 100
     assert not list((tmp_path / "1MiB.zarr").rglob("*.spill"))  # the spill folder went with the dump
