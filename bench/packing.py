@@ -10,6 +10,9 @@
 3. **Tokens per second from PostgreSQL**: a whole ``pgprefetch dump --json`` process of a packed epoch, query
    mode and scan mode, against a per-document fetch (a statement a document, pipelined on as many
    connections, the tokens only collected: no packing, no write) over the same documents.
+4. **Documents beyond memory**: 1M short documents (1 to 40 tokens, a ``bytea``) packed under ``--memory
+   2GiB`` (held in memory) and under 256 MiB and 64 MiB (their lengths and pieces on disk): seconds and the
+   process's peak RSS, against the epoch held.
 
 Run: ``python -m bench.packing [--quick] [--results bench/RESULTS.md]`` (``make bench`` runs it).
 """
@@ -46,6 +49,8 @@ MEDIAN = 545
 SYNTHETIC = 1_000_000
 PLANNED = 10_000_000
 TABLE_DOCS = 20_000  # the dump's table: about 18M tokens
+SHORT_DOCS = 1_000_000  # documents beyond memory: about 20M tokens
+BUDGETS = ("2GiB", "256MiB", "64MiB")
 CONNECTIONS = 2
 ROUNDS = 3
 
@@ -253,8 +258,53 @@ def dump_rows(dsn: str, folder: Path, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def load_short(dsn: str, docs: int) -> None:
+    """``short_b(id, tokens bytea)``: ``docs`` documents of 1 to 40 tokens (uint16 little-endian)."""
+
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("CREATE TABLE short_b (id bigint PRIMARY KEY, tokens bytea NOT NULL)")
+            await conn.execute(
+                "INSERT INTO short_b SELECT i, decode(repeat('0100', 1 + ((i::bigint * 7919) % 40)::int), 'hex') "
+                f"FROM generate_series(1, {docs}) i"
+            )
+            await conn.execute("VACUUM ANALYZE short_b")
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def spill_rows(dsn: str, folder: Path, rounds: int) -> list[dict[str, Any]]:
+    """The short documents' epoch under each of :data:`BUDGETS`: median seconds, peak RSS, held or on disk."""
+    cfg = config(folder, scan=False, table="short_b")
+    out = []
+    for budget in BUDGETS:
+        seconds, peaks, spilled = [], [], False
+        for _ in range(rounds):
+            argv = [str(PGPREFETCH), "--debug", "dump", "--config", str(cfg), "--epoch", "0", "--json", "--force",
+                    "--dsn", dsn, "--memory", budget]  # fmt: skip
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise SystemExit(f"short documents under --memory {budget}: {proc.stdout}{proc.stderr}")
+            got = json.loads(proc.stdout.strip().splitlines()[-1])
+            seconds.append(float(got["seconds"]))
+            peaks.append(int(got["peak_rss"]))
+            spilled = "beyond their share of --memory" in proc.stderr
+        log(f"  packing: --memory {budget}: {statistics.median(seconds):.2f} s, {max(peaks) >> 20} MiB")
+        out.append({"budget": budget, "seconds": statistics.median(seconds), "peak": max(peaks), "spilled": spilled})
+    return out
+
+
 def render(
-    rows: list[dict[str, Any]], plans: list[dict[str, Any]], dumps: dict[str, float], tokens: int, docs: int
+    rows: list[dict[str, Any]],
+    plans: list[dict[str, Any]],
+    dumps: dict[str, float],
+    tokens: int,
+    docs: int,
+    spills: list[dict[str, Any]],
+    short: int,
 ) -> str:
     """The RESULTS.md section."""
     lines = [BEGIN, "## Packing", "", "| corpus | length | method | sequences (least possible) | padding | "
@@ -274,6 +324,13 @@ def render(
     for name, seconds in dumps.items():
         base = dumps["per-document fetch, `bytea`" if "bytea" in name else "per-document fetch, `int4[]`"]
         lines.append(f"| {name} | {seconds:.2f} | {tokens / seconds:,.0f} | {base / seconds:.2f}x |")
+    held = spills[0]["seconds"]
+    lines += ["", f"| {short:,} short documents (`bytea`), packed under | the documents | seconds | peak RSS | "
+              "against held |", "|---|---|--:|--:|--:|"]  # fmt: skip
+    for r in spills:
+        where = "on disk" if r["spilled"] else "in memory"
+        lines.append(f"| `--memory {r['budget']}` | {where} | {r['seconds']:.2f} | {r['peak'] / 2**20:.0f} MiB | "
+                     f"{held / r['seconds']:.2f}x |")  # fmt: skip
     lines.append(END)
     return "\n".join(lines)
 
@@ -291,7 +348,10 @@ def main(argv: list[str] | None = None) -> None:
         docs = 2_000 if args.quick else TABLE_DOCS
         tokens = load(dsn, docs)
         dumps = dump_rows(dsn, Path(tmp), 1 if args.quick else ROUNDS)
-    section = render(rows, plans, dumps, tokens, docs)
+        short = 100_000 if args.quick else SHORT_DOCS
+        load_short(dsn, short)
+        spills = spill_rows(dsn, Path(tmp), 1 if args.quick else ROUNDS)
+    section = render(rows, plans, dumps, tokens, docs, spills, short)
     print(section)
     if args.results:
         old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"

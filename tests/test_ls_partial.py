@@ -96,9 +96,12 @@ def test_ls_of_a_failed_ray_dump_into_s3_counts_the_batches_the_parts_recorded(
     single = single_process(tmp_path, s_table, compression="zstd")
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PGPREFETCH_"))}  # the workers' moto
     late = fail_the_last_part(s_table, single)
-    with pytest.raises(SampleError):
-        pgprefetch.dump(config, epochs=0, dsn=s_table, executor="ray", parts=3, ray_env=env)
-    (info,) = pgprefetch.ls(store)
+    for _ in range(3):  # Ray runs the last part after another has finished, almost always: not by contract
+        with pytest.raises(SampleError):
+            pgprefetch.dump(config, epochs=0, dsn=s_table, executor="ray", parts=3, ray_env=env)
+        (info,) = pgprefetch.ls(store)
+        if info.batches_written:
+            break
     execute(s_table, f"UPDATE s SET v = {late} * 0.5 WHERE id = {late}")
     (rerun,) = pgprefetch.dump(config, epochs=0, dsn=s_table, executor="ray", parts=3, ray_env=env)
     assert rerun.resumed > 0

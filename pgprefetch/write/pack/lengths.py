@@ -53,9 +53,10 @@ async def document_lengths(
     sql = lengths_statement(docs.key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
     n = docs.keys.shape[1]
     lengths = np.empty(n, dtype=np.int64)
+    step = max(1, min(CHUNK, -(-n // max(1, cfg.source.connections))))  # every connection busy, even for a few
 
     async def chunk(start: int, reader: BatchReader) -> None:
-        keys = docs.keys[:, start : start + CHUNK]
+        keys = docs.keys[:, start : start + step]
         got_rows = cast("Sequence[Sequence[int | None]]", await reader.fetch(start, keys, keys.shape[1]))
         ords, counts = got_rows if got_rows else ((), ())  # (no row at all: every key is named missing below)
         got = np.asarray(ords, dtype=np.int64) - 1
@@ -63,7 +64,7 @@ async def document_lengths(
         lengths[start + got] = [-1 if c is None else c for c in counts]  # -1: NULL
 
     async with BatchReader.open(cfg.source, snapshot, sql, row_wise=True) as reader:
-        await asyncio.gather(*(chunk(start, reader) for start in range(0, n, CHUNK)))
+        await asyncio.gather(*(chunk(start, reader) for start in range(0, n, step)))
     kept = _as_tokens(docs, lengths, field, width)
     skip = np.maximum(lengths - kept, 0) if field.truncate == "left" else np.zeros_like(kept)
     return kept, skip

@@ -53,8 +53,14 @@ Count = Callable[[np.ndarray, int], Awaitable[tuple[np.ndarray, np.ndarray]]]
 
 
 def documents_share(cfg: Config) -> int:
-    """The bytes a packed epoch's documents may hold in memory: the share the epoch's keys have."""
-    return Policy.for_scan(cfg.source.memory_bytes).keys_bytes(beside_rows=False)
+    """The bytes a packed epoch's documents may hold in memory: the data's share, less the epoch's keys held.
+
+    The documents' plan is a query-mode epoch's: its keys, in memory while they fit, take the data's share
+    first (:meth:`~pgprefetch.write.memory.policy.Policy.keys_bytes`); the documents have what they leave.
+    """
+    pool = memory.current()
+    keys = sum(size for name, size in pool.holders() if name == "keys")
+    return max(0, Policy.for_scan(cfg.source.memory_bytes).keys_bytes(beside_rows=False) - keys)
 
 
 @dataclass(frozen=True)
