@@ -3,8 +3,9 @@
 ``[source] memory = "1MiB"`` leaves the documents a share of about 1,200 documents held (their keys, lengths
 and the packer's lists), so 3,000 are counted, packed and placed from the spill folder
 (:mod:`pgprefetch.write.pack.spilled`), in windows: of whole groups of 100 under best-fit, of the stream under
-concat. The epoch held in memory is checked against the table by tests/test_packing.py; here the epoch from
-disk is checked against it, byte for byte, with its record and its hash (a dump resumes under either).
+concat; 60,000 short documents' keys are past it too, and ordered on disk. The epoch held in memory is checked
+against the table by tests/test_packing.py; here the epoch from disk is checked against it, byte for byte, with
+its record and its hash (a dump resumes under either).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def many_docs_db(db: str) -> str:
     return db
 
 
-def _config(tmp_path: Path, method: str, memory: str, packing: str) -> Path:
-    path = packed_config(tmp_path, method=method, eos=7, store=f"{memory}.zarr", name=f"{memory}.toml")
+def _config(tmp_path: Path, method: str, memory: str, packing: str, size: int = 4) -> Path:
+    path = packed_config(tmp_path, method=method, eos=7, size=size, store=f"{memory}.zarr", name=f"{memory}.toml")
     text = path.read_text().replace("[source]\n", f'[source]\nmemory = "{memory}"\n', 1)
     path.write_text(text.replace("[batches]\n", f"{packing}[batches]\n", 1))
     return path
@@ -64,3 +65,23 @@ def test_documents_beyond_memory_pack_on_disk_to_the_bytes_held_in_memory(
     assert a["packing"]["documents"] == N
     assert a["packing"]["sequences_written"] > 100
     assert not list((tmp_path / "1MiB.zarr").rglob("*.spill"))  # the spill folder went with the dump
+
+
+def test_keys_and_documents_beyond_memory_both_on_disk_pack_to_the_bytes_held_in_memory(
+    db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """60,000 short documents: past what 1 MiB holds of their keys too, which are read back from the key file."""
+    execute(
+        db,
+        "CREATE TABLE docs (id bigint PRIMARY KEY, tokens int[] NOT NULL)",
+        "INSERT INTO docs SELECT i, ARRAY(SELECT (i * 7 + j) % 50000 FROM generate_series(1, 1 + i % 5) j) "
+        "FROM generate_series(1, 60000) i",
+    )
+    configs = {m: _config(tmp_path, "best-fit", m, "group = 1000\n", size=64) for m in ("1MiB", "1GiB")}
+    with caplog.at_level("INFO", logger="pgprefetch"):
+        small = dump(configs["1MiB"], db, 2)
+    assert "[packing] 60,000 documents beyond their share of --memory" in caplog.text
+    assert "their keys ordered there too" in caplog.text
+    held = dump(configs["1GiB"], db, 2)
+    assert chunk_bytes(small.path) == chunk_bytes(held.path)
+    assert manifest(small.path)["keys_sha256"] == manifest(held.path)["keys_sha256"]

@@ -2,7 +2,8 @@
 
 One statement per chunk of keys (:func:`~pgprefetch.pg.statement.lengths_statement`): the per-document query
 runs LATERAL for each key as the batches' does, and the server sends each document's length instead of its
-tokens. The chunks run concurrently on ``[source] connections``. What the field would refuse at the write (a
+tokens. The chunks run concurrently on ``[source] connections``, opened once (:func:`counter`) for every window
+of documents counted. What the field would refuse at the write (a
 NULL under ``null = "error"``, a document longer than ``max_length`` under ``truncate = "error"``, a query that
 returns no row or two for a key) is refused here, naming the document, before anything is written.
 """
@@ -10,7 +11,8 @@ returns no row or two for a key) is refused here, naming the document, before an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import cast
 
@@ -39,23 +41,29 @@ class Counted:
         return SampleError(f"sample ({self.key_columns.show(self.keys[:, i])}): {message}")
 
 
+@asynccontextmanager
+async def counter(cfg: Config, snapshot: str, key_columns: KeyColumns, column: Column) -> AsyncIterator[BatchReader]:
+    """The connections that count documents' tokens: ``cfg``'s (the documents', query mode), opened once."""
+    sql = lengths_statement(key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
+    async with BatchReader.open(cfg.source, snapshot, sql, row_wise=True) as reader:
+        yield reader
+
+
 async def document_lengths(
-    cfg: Config, snapshot: str, docs: Counted, field: FieldConfig, width: int = 0
+    reader: BatchReader, docs: Counted, field: FieldConfig, width: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """The token count of each of ``docs``, as ``field`` keeps them, and where in each its kept tokens begin.
 
-    ``cfg``: the documents' (query mode, one a batch). The count is the field's: cut to ``max_length`` under
-    ``truncate = "right"`` or ``"left"`` (which keeps the last ones: they begin past the others); a NULL
-    document is empty where the field has a NULL policy. ``width``: a token's bytes in a ``bytea`` column (0:
-    an array's elements are its tokens).
+    ``reader``: the :func:`counter`'s. The count is the field's: cut to ``max_length`` under ``truncate =
+    "right"`` or ``"left"`` (which keeps the last ones: they begin past the others); a NULL document is
+    empty where the field has a NULL policy. ``width``: a token's bytes in a ``bytea`` column (0: an array's
+    elements are its tokens).
     """
-    column = docs.column
-    sql = lengths_statement(docs.key_columns, cfg.query_samples.query, column.name, as_bytes=not column.is_array)
     n = docs.keys.shape[1]
     lengths = np.empty(n, dtype=np.int64)
-    step = max(1, min(CHUNK, -(-n // max(1, cfg.source.connections))))  # every connection busy, even for a few
+    step = max(1, min(CHUNK, -(-n // reader.size)))  # every connection busy, even for a few documents
 
-    async def chunk(start: int, reader: BatchReader) -> None:
+    async def chunk(start: int) -> None:
         keys = docs.keys[:, start : start + step]
         got_rows = cast("Sequence[Sequence[int | None]]", await reader.fetch(start, keys, keys.shape[1]))
         ords, counts = got_rows if got_rows else ((), ())  # (no row at all: every key is named missing below)
@@ -63,8 +71,7 @@ async def document_lengths(
         _check_rows(docs.key_columns, keys, got)
         lengths[start + got] = [-1 if c is None else c for c in counts]  # -1: NULL
 
-    async with BatchReader.open(cfg.source, snapshot, sql, row_wise=True) as reader:
-        await asyncio.gather(*(chunk(start, reader) for start in range(0, n, step)))
+    await asyncio.gather(*(chunk(start) for start in range(0, n, step)))
     kept = _as_tokens(docs, lengths, field, width)
     skip = np.maximum(lengths - kept, 0) if field.truncate == "left" else np.zeros_like(kept)
     return kept, skip
@@ -114,4 +121,4 @@ def _check_rows(key_columns: KeyColumns, keys: np.ndarray, got: np.ndarray) -> N
     raise SampleError(f"sample ({key_columns.show(keys[:, bad])}): [samples] query returned {what}, expected 1")
 
 
-__all__ = ["CHUNK", "Counted", "document_lengths"]
+__all__ = ["CHUNK", "Counted", "counter", "document_lengths"]

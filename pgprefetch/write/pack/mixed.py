@@ -37,7 +37,7 @@ from pgprefetch.write.mix.passes import Chosen, Position
 from pgprefetch.write.mix.positions import find_record, needed
 from pgprefetch.write.mix.reading import SourceRead, prefixed, read_query_source, source_config, widest
 from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, Documents, MixedSpec, MixedTokens, column_spec
-from pgprefetch.write.pack.lengths import Counted, document_lengths
+from pgprefetch.write.pack.lengths import Counted, counter, document_lengths
 from pgprefetch.write.pack.packer import PACK_STREAM, Packing, pack
 from pgprefetch.write.pack.parts import cut
 from pgprefetch.write.pack.pieces import HeldPieces, Identity
@@ -139,8 +139,8 @@ async def _read(cfg: Config, snap: Snapshot, code: int, name: str, n: int, stack
         column = (await query_statement(docs_cfg, snap, read.shape, None, {}))["by_field"][field.name][0]
         keys = read.chosen.keys
         memory.current().reserve(f"documents of {name}", keys.nbytes + keys.shape[1] * 24)  # keys, lengths, skips
-        counted = Counted(keys, read.key_columns, column)
-        lengths, skip = await document_lengths(docs_cfg, snap.id, counted, field, width)
+        async with counter(docs_cfg, snap.id, read.key_columns, column) as reader:
+            lengths, skip = await document_lengths(reader, Counted(keys, read.key_columns, column), field, width)
         spec = column_spec(docs_cfg, read.key_columns, column, field, width)
         columns = await stack.enter_async_context(spec.opened(docs_cfg.source, snap.id))
     with_eos = lengths + (cfg.packing.eos is not None)

@@ -41,13 +41,13 @@ from pgprefetch.write.pack.documents import (
     column_spec,
     transform_lengths,
 )
-from pgprefetch.write.pack.lengths import Counted, document_lengths
+from pgprefetch.write.pack.lengths import Counted, counter, document_lengths
 from pgprefetch.write.pack.packer import Packing, pack
 from pgprefetch.write.pack.parts import cut
 from pgprefetch.write.pack.pieces import HeldPieces, Identity, Pieces, Summary
 from pgprefetch.write.pack.place import POSITION_IDS, SEGMENT_IDS, SEGMENT_KEYS, SEGMENT_OFFSETS
 from pgprefetch.write.pack.serving import SEQUENCE_KEY, served
-from pgprefetch.write.pack.spilled import PACK_BYTES, Count, documents_share, spilled_pieces
+from pgprefetch.write.pack.spilled import PACK_BYTES, Count, Counting, documents_share, spilled_pieces
 from pgprefetch.write.plan import EpochPlan, Vocabulary
 from pgprefetch.write.query import plan_epoch
 from pgprefetch.write.scan.shape import scan_relation
@@ -83,11 +83,18 @@ async def packed_source(
     plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
     column = plan.by_field[field.name][0]
 
-    async def count(keys: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
-        return await document_lengths(one, snap.id, Counted(keys, plan.key_columns, column), field, width)
-
     spec = column_spec(one, plan.key_columns, column, field, width)
-    async with spec.opened(cfg.source, snap.id) as tokens, _pieces(cfg, plan, count, spill) as (pieces, identity):
+
+    @asynccontextmanager
+    async def counting() -> AsyncIterator[Count]:
+        async with counter(one, snap.id, plan.key_columns, column) as reader:
+
+            async def count(keys: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+                return await document_lengths(reader, Counted(keys, plan.key_columns, column), field, width)
+
+            yield count
+
+    async with _pieces(cfg, plan, counting, spill) as (pieces, identity), spec.opened(cfg.source, snap.id) as tokens:
         yield _source(cfg, snap, plan, pieces, identity, tokens, spec)
 
 
@@ -114,24 +121,28 @@ async def _tokenized(
             one = dataclasses.replace(one, left_out=await stage.sweep(sample_keys(one, snap, key_columns)))
         plan = await plan_epoch(one, snap, epoch, vocabulary, spill.sub("keys"))
 
-        async def count(keys: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
-            lengths = await transform_lengths(stage, field.name, keys, first)
-            return lengths, np.zeros_like(lengths)
+        @asynccontextmanager
+        async def counting() -> AsyncIterator[Count]:
+            async def count(keys: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+                lengths = await transform_lengths(stage, field.name, keys, first)
+                return lengths, np.zeros_like(lengths)
+
+            yield count
 
         tokens = TransformTokens(stage, field.name, np.dtype(field.dtype))
-        async with _pieces(cfg, plan, count, spill) as (pieces, identity):
+        async with _pieces(cfg, plan, counting, spill) as (pieces, identity):
             source = _source(cfg, snap, plan, pieces, identity, tokens, None)
             yield dataclasses.replace(source, records=(source.records or {}) | {"transforms": stage.summary})
 
 
 @asynccontextmanager
 async def _pieces(
-    cfg: Config, plan: EpochPlan, count: Count, spill: SpillFolder
+    cfg: Config, plan: EpochPlan, counting: Counting, spill: SpillFolder
 ) -> AsyncIterator[tuple[Pieces, Identity]]:
     """The documents of ``plan`` counted, packed and shuffled, and the epoch's hash.
 
     Held in memory while they fit their share of ``--memory`` (:func:`~.spilled.documents_share`), else on
-    disk (:mod:`.spilled`). ``count(keys, first)``: the documents' kept token counts and where their kept tokens begin.
+    disk (:mod:`.spilled`). ``counting()``: opens what counts the documents (:data:`~.spilled.Counting`).
     """
     packing = cfg.packing
     assert packing is not None
@@ -139,17 +150,18 @@ async def _pieces(
     identity = Identity(packing, plan.keys_sha256)
     held = plan.used * (plan.key_columns.width * 8 + HELD_BYTES)
     if isinstance(plan.keys, OrderedKeys) or held > documents_share(cfg):
+        too = ", their keys ordered there too" if isinstance(plan.keys, OrderedKeys) else ""
         log.info(
-            "[packing] %s documents beyond their share of --memory: their lengths and pieces on disk",
-            f"{plan.used:,}",
+            "[packing] %s documents beyond their share of --memory: lengths and pieces on disk%s", f"{plan.used:,}", too
         )
-        async with spilled_pieces(cfg, plan, count, spill.sub("documents"), identity, left=left) as pieces:
+        async with spilled_pieces(cfg, plan, counting, spill.sub("documents"), identity, left=left) as pieces:
             yield pieces, identity
         return
     pool = memory.current()
     with pool.reserve("documents", plan.used * (plan.key_columns.width * 8 + 16)):
         keys = np.ascontiguousarray(plan.batch_keys(0, 1, plan.used))
-        lengths, skip = await count(keys, 0)
+        async with counting() as count:
+            lengths, skip = await count(keys, 0)
         identity.update(lengths, skip if left else None)
         docs = Documents(plan.key_columns, keys, lengths, skip=skip if left else None)
         packed = await asyncio.to_thread(_packed, lengths, packing, cfg.batches.seed, plan.epoch, pool)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,10 @@ PACK_BYTES = 200
 SEQUENCE_BYTES = 64
 LEAST_WINDOW = 1024  # documents counted, or cut under concat, at once however small the share
 
+# count(keys, first): the kept token counts of the documents ``keys`` (from document ``first`` on), and where
+# their kept tokens begin; Counting opens one (its connections) for as long as the documents are counted.
 Count = Callable[[np.ndarray, int], Awaitable[tuple[np.ndarray, np.ndarray]]]
+Counting = Callable[[], AbstractAsyncContextManager[Count]]
 
 
 def documents_share(cfg: Config) -> int:
@@ -141,12 +145,12 @@ class SpilledPieces:
 
 @contextlib.asynccontextmanager
 async def spilled_pieces(
-    cfg: Config, plan: EpochPlan, count: Count, folder: SpillFolder, identity: Identity, *, left: bool
+    cfg: Config, plan: EpochPlan, counting: Counting, folder: SpillFolder, identity: Identity, *, left: bool
 ) -> AsyncIterator[SpilledPieces]:
-    """The documents of ``plan`` (one a batch) counted by ``count``, packed and shuffled, on disk in ``folder``.
+    """The documents of ``plan`` (one a batch) counted, packed and shuffled, on disk in ``folder``.
 
-    ``count(keys, first)``: the kept token counts of the documents ``keys`` (from document ``first`` on) and
-    where their kept tokens begin; ``identity`` is given every window's; ``left``: ``truncate = "left"``.
+    ``counting()``: opens what counts them (:data:`Counting`); ``identity`` is given every window's lengths;
+    ``left``: ``truncate = "left"``.
     """
     packing = cfg.packing
     assert packing is not None
@@ -156,7 +160,8 @@ async def spilled_pieces(
     rest = ColumnFile(folder.create("pieces"), _pieces_schema(width, left))
     files = _Files(rest, ColumnFile(folder.create("full pieces"), rest.schema), width, left)
     try:
-        empty, total = await _count(cfg, plan, count, documents, identity)
+        async with counting() as count:
+            empty, total = await _count(cfg, plan, count, documents, identity)
         if packing.method == "concat":
             built = _pack_concat(cfg, documents, files, total)
         else:
@@ -294,4 +299,4 @@ def _starts(counts: np.ndarray) -> np.ndarray:
     return starts
 
 
-__all__ = ["SpilledPieces", "documents_share", "spilled_pieces"]
+__all__ = ["Count", "Counting", "SpilledPieces", "documents_share", "spilled_pieces"]
