@@ -85,3 +85,17 @@ def test_keys_and_documents_beyond_memory_both_on_disk_pack_to_the_bytes_held_in
     held = dump(configs["1GiB"], db, 2)
     assert chunk_bytes(small.path) == chunk_bytes(held.path)
     assert manifest(small.path)["keys_sha256"] == manifest(held.path)["keys_sha256"]
+
+
+def test_documents_beyond_memory_spread_over_ray_are_the_single_process_bytes(
+    ray_cluster: object, many_docs_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each part is sent its sequences' pieces, read back from the driver's spill folder."""
+    from .harness.raycluster import on_ray
+
+    held = dump(_config(tmp_path, "concat", "1GiB", ""), many_docs_db, 1)
+    with caplog.at_level("INFO", logger="pgprefetch"):
+        spread = on_ray(_config(tmp_path, "concat", "1MiB", ""), many_docs_db, epoch=1, parts=3)
+    assert f"[packing] {N:,} documents beyond their share of --memory" in caplog.text
+    assert (spread.executor, spread.parts) == ("ray", 3)
+    assert chunk_bytes(spread.path) == chunk_bytes(held.path)
