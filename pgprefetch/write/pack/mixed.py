@@ -38,12 +38,12 @@ from pgprefetch.write.mix.positions import find_record, needed
 from pgprefetch.write.mix.reading import SourceRead, prefixed, read_query_source, source_config, widest
 from pgprefetch.write.pack.documents import ColumnSpec, ColumnTokens, Documents, MixedSpec, MixedTokens, column_spec
 from pgprefetch.write.pack.lengths import Counted, counter, document_lengths
-from pgprefetch.write.pack.packer import PACK_STREAM, Packing, pack
+from pgprefetch.write.pack.packer import PACK_BYTES, PACK_STREAM, Packing, pack
 from pgprefetch.write.pack.parts import cut
 from pgprefetch.write.pack.pieces import HeldPieces, Identity
+from pgprefetch.write.pack.plan import documents_config, plan_of, record_of, token_bytes
 from pgprefetch.write.pack.serving import served
 from pgprefetch.write.pack.shares import TokenSource, epoch_tokens, quotas, shares_at, token_starts, walk
-from pgprefetch.write.pack.source import PACKING_BYTES, documents_config, plan_of, record_of, token_bytes
 from pgprefetch.write.plan import Vocabulary
 from pgprefetch.write.query import query_statement
 
@@ -152,7 +152,7 @@ def _take(cfg: Config, epoch: int, s: _Source, at: Position, asked: int) -> _Tak
     assert cfg.packing is not None
     p = cfg.packing
     handles, end = walk(s.tokens, at, asked)
-    with memory.current().reserve(f"packing {s.read.name}", handles.size * PACKING_BYTES):
+    with memory.current().reserve(f"packing {s.read.name}", handles.size * PACK_BYTES):
         packed = pack(s.tokens.lengths[handles], p.length, p.method, p.group)
         stream = PACK_STREAM ^ zlib.crc32(s.read.name.encode())  # (each source's sequences in an order of its own)
         return _Taken(asked, handles, end, packed.shuffled(cfg.batches.seed, epoch, stream))

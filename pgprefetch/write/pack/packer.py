@@ -25,6 +25,7 @@ import numpy as np
 from pgprefetch.write.order.shuffle import key_hash
 
 PACK_STREAM = 0x7061636B  # "pack": the sequences' shuffle draws apart from the documents'
+PACK_BYTES = 200  # the packer's peak a document: its lists of Python ints and a dozen arrays (reserved by callers)
 
 
 @dataclass(frozen=True)
@@ -207,4 +208,14 @@ def _best_fit(sizes: list[int], groups: list[int], length: int) -> tuple[list[in
     return out, made
 
 
-__all__ = ["PACK_STREAM", "Packing", "best_fit", "concat", "concat_pieces", "full_pieces", "pack", "remainders"]
+__all__ = [
+    "PACK_BYTES",
+    "PACK_STREAM",
+    "Packing",
+    "best_fit",
+    "concat",
+    "concat_pieces",
+    "full_pieces",
+    "pack",
+    "remainders",
+]

@@ -36,7 +36,7 @@ from pgprefetch.write import memory
 from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.order.shuffle import key_hash
 from pgprefetch.write.pack.documents import Documents
-from pgprefetch.write.pack.packer import PACK_STREAM, Packing, concat_pieces, full_pieces, remainders
+from pgprefetch.write.pack.packer import PACK_BYTES, PACK_STREAM, Packing, concat_pieces, full_pieces, remainders
 from pgprefetch.write.pack.pieces import Identity, Summary
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.spill.columns import ColumnFile
@@ -44,8 +44,6 @@ from pgprefetch.write.spill.folder import SpillFolder
 
 # What counting a window holds a document: its key slots and lengths, the server's answer (Python ints).
 COUNT_BYTES = 160
-# What packing a window holds a document: the packer's lists of Python ints and its arrays (see source.py).
-PACK_BYTES = 200
 # What the epoch holds a sequence: where its pieces begin, its pieces and tokens, its number, the shuffle's sort.
 SEQUENCE_BYTES = 64
 LEAST_WINDOW = 1024  # documents counted, or cut under concat, at once however small the share
