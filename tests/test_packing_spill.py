@@ -3,9 +3,9 @@
 ``[source] memory = "1MiB"`` leaves the documents a share of about 1,200 documents held (their keys, lengths
 and the packer's lists), so 1,500 are counted, packed and placed from the spill folder
 (:mod:`pgprefetch.write.pack.spilled`), in windows: of whole groups of 100 under best-fit, of the stream under
-concat (two each); 60,000 short documents' keys are past it too, and ordered on disk. The epoch held in memory is checked
-against the table by tests/test_packing.py; here the epoch from disk is checked against it, byte for byte, with
-its record and its hash (a dump resumes under either).
+concat (two each); 60,000 short documents' keys are past it too, and ordered on disk. The epoch held in
+memory is checked against the table by tests/test_packing.py; here the epoch from disk is checked against
+it, byte for byte, with its record and its hash (a dump resumes under either).
 """
 
 from __future__ import annotations
