@@ -100,3 +100,24 @@ def test_documents_beyond_memory_spread_over_ray_are_the_single_process_bytes(
     assert f"[packing] {N:,} documents beyond their share of --memory" in caplog.text
     assert (spread.executor, spread.parts) == ("ray", 3)
     assert chunk_bytes(spread.path) == chunk_bytes(held.path)
+
+
+def test_a_spilled_packed_epoch_stopped_midway_resumes_held_in_memory_to_the_clean_bytes(
+    many_docs_db: str, tmp_path: Path
+) -> None:
+    """Stopped on disk under 1 MiB, resumed under 1 GiB in memory: the batches written first are kept."""
+    from pgprefetch import EpochArrays
+
+    from .harness.dumps import run_cli
+
+    clean = dump(_config(tmp_path, "best-fit", "1GiB", "group = 100\n"), many_docs_db)
+    last = int(EpochArrays(tmp_path / "1GiB.zarr", 0)[-1]["segment_keys"][0, 0, 0])  # a document of the last batch
+    execute(many_docs_db, f"UPDATE docs SET tokens[1] = 70000 WHERE id = {last}")  # uint16 cannot hold it
+    small = _config(tmp_path, "best-fit", "1MiB", "group = 100\n")
+    code, out = run_cli("dump", "--config", str(small), "--dsn", many_docs_db, "--epoch", "0")
+    assert code != 0
+    assert f"sample (id={last}): field tokens, column tokens value 70000 does not fit uint16" in out
+    execute(many_docs_db, f"UPDATE docs SET tokens[1] = (({last} * 7919 + 104729) % 50000) WHERE id = {last}")
+    resumed = dump(small, many_docs_db, memory="1GiB")
+    assert resumed.resumed > 0
+    assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
