@@ -16,7 +16,7 @@ import pytest
 
 from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump
-from .harness.packing import docs_table, packed_config
+from .harness.packing import docs_table, documents, packed_config, read_back
 from .harness.raycluster import manifest
 
 N = 1500
@@ -121,3 +121,30 @@ def test_a_spilled_packed_epoch_stopped_midway_resumes_held_in_memory_to_the_cle
     resumed = dump(small, many_docs_db, memory="1GiB")
     assert resumed.resumed > 0
     assert chunk_bytes(resumed.path) == chunk_bytes(clean.path)
+
+
+def test_a_transforms_documents_beyond_memory_pack_on_disk_to_the_bytes_held_in_memory(
+    many_docs_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tokens a transform makes (here: each document's array, reversed) are counted from its outputs."""
+    (tmp_path / "prep.py").write_text(
+        "def tok(batch, ctx):\n    return {'tokens': [list(reversed(t)) for t in batch['tokens']]}\n"
+    )
+    stores = {}
+    for memory in ("1MiB", "1GiB"):
+        path = tmp_path / f"t{memory}.toml"
+        path.write_text(
+            f'[source]\nmemory = "{memory}"\n[samples]\nkeys = "SELECT id FROM docs"\n'
+            'query = "SELECT tokens FROM docs WHERE id = $1"\n'
+            '[transforms.tok]\nfunction = "prep:tok"\ninputs = ["tokens"]\nworkers = 0\n'
+            '[fields.tokens]\ntransform = "tok"\ndtype = "uint16"\nmax_length = 1000\n'
+            '[packing]\nfield = "tokens"\nlength = 64\neos = 7\ngroup = 100\n'
+            f'[batches]\nsize = 4\n[store]\npath = "t{memory}.zarr"\n'
+        )
+        with caplog.at_level("INFO", logger="pgprefetch"):
+            stores[memory] = dump(path, many_docs_db, 1)
+        assert (f"[packing] {N:,} documents beyond their share" in caplog.text) == (memory == "1MiB")
+        caplog.clear()
+    assert chunk_bytes(stores["1MiB"].path) == chunk_bytes(stores["1GiB"].path)
+    expected = {k: [*reversed(v), 7] for k, v in documents(many_docs_db).items()}
+    assert read_back(stores["1MiB"].path, 7) == expected  # every document once, its transform's tokens
