@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgprefetch.config.model import Config
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.pack.documents import ColumnSpec, MixedSpec
 from pgprefetch.write.pack.pieces import HeldPieces, Pieces
@@ -52,11 +53,16 @@ def cut(
     sources: np.ndarray | None,
     batches: range,
 ) -> Iterator[PackedPart]:
-    """The part of the epoch that writes ``batches`` (``used``: the epoch's sequences; ``sources``: a mix's)."""
+    """The part of the epoch that writes ``batches`` (``used``: the epoch's sequences; ``sources``: a mix's).
+
+    Its pieces are reserved while it is held (sent to the cluster's object store).
+    """
     first, last = batches.start * size, min(batches.stop * size, used)
     own, docs = pieces.unit(first, last)
     mine = None if sources is None else sources[first:last]
-    yield PackedPart(HeldPieces(docs, own, base=first, segments=pieces.max_segments), spec, mine)
+    held = own.nbytes + docs.keys.nbytes + docs.lengths.nbytes * 3  # (and skips, sources: at most as large)
+    with memory.current().reserve("a part's pieces", held):  # (read back from disk, where the epoch's are there)
+        yield PackedPart(HeldPieces(docs, own, base=first, segments=pieces.max_segments), spec, mine)
 
 
 __all__ = ["PackedPart", "cut"]

@@ -23,6 +23,7 @@ are those of the epoch held in memory.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
@@ -120,7 +121,8 @@ class SpilledPieces:
         counts = self.per_sequence[numbers]
         starts = np.zeros(numbers.size + 1, dtype=np.int64)
         np.cumsum(counts, out=starts[1:])
-        columns = {name: np.concatenate([c[name] for c in chunks]) for name in self.files.rest.schema}
+        empty = {name: np.empty((0, *shape), dtype) for name, (dtype, shape) in self.files.rest.schema.items()}
+        columns = {name: np.concatenate([empty[name], *(c[name] for c in chunks)]) for name in empty}
         n = int(starts[-1])
         packed = Packing(self.length, starts, np.arange(n, dtype=np.int64), columns["offset"], columns["size"])
         keys = np.vstack([columns[f"k{i}"] for i in range(self.files.width)]) if n else np.empty((self.files.width, 0))
@@ -161,13 +163,12 @@ async def spilled_pieces(
         async with counting() as count:
             empty, total = await _count(cfg, plan, count, documents, identity)
         if packing.method == "concat":
-            built = _pack_concat(cfg, documents, files, total)
+            built = await asyncio.to_thread(_pack_concat, cfg, documents, files, total)
         else:
-            built = _pack_best_fit(cfg, documents, files)
+            built = await asyncio.to_thread(_pack_best_fit, cfg, documents, files)
         documents.remove()
         with memory.current().reserve("the shuffle of the sequences", built.n_sequences * 24):
-            numbers = np.argsort(key_hash(np.arange(built.n_sequences, dtype=np.int64)[None], seed=cfg.batches.seed,
-                                          epoch=plan.epoch, stream=PACK_STREAM))  # fmt: skip
+            numbers = await asyncio.to_thread(_shuffle, built.n_sequences, cfg.batches.seed, plan.epoch)
         held = memory.current().reserve("the sequences", built.n_sequences * SEQUENCE_BYTES)
         with held:
             yield SpilledPieces(
@@ -177,6 +178,11 @@ async def spilled_pieces(
     finally:
         for file in (documents, files.rest, files.full):
             file.close()
+
+
+def _shuffle(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The sequences' order, as :meth:`~.packer.Packing.shuffled` draws it: by the hash of their numbers."""
+    return np.argsort(key_hash(np.arange(n, dtype=np.int64)[None], seed=seed, epoch=epoch, stream=PACK_STREAM))
 
 
 def _lengths_schema() -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
