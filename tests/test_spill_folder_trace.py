@@ -20,6 +20,7 @@ from .harness.configs import scan_config
 from .harness.db import execute
 from .harness.dumps import chunk_bytes, dump, dump_argv
 from .harness.mixing import MIX_TABLES, WEB, mix_config
+from .harness.packing import docs_table, packed_config
 from .harness.spill import TINY_SOURCE, WINDOWS, load_tables, numbers_config
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="traces the dump's system calls: needs strace")
@@ -76,7 +77,18 @@ def _mixed_config(db: str, folder: Path) -> Path:
     return config
 
 
-@pytest.mark.parametrize("kind", ["windows in passes", "rows in stretches", "query keys", "a mixed scan source"])
+def _packed_config(db: str, folder: Path) -> Path:
+    """1,500 documents packed under ``[source] memory = "1MiB"``: their lengths and pieces go to the spill folder."""
+    execute(db, *docs_table(1500))
+    folder.mkdir()
+    config = packed_config(folder, store=str(folder / "store.zarr"))
+    config.write_text(config.read_text().replace("[source]\n", '[source]\nmemory = "1MiB"\n', 1))
+    return config
+
+
+@pytest.mark.parametrize(
+    "kind", ["windows in passes", "rows in stretches", "query keys", "a mixed scan source", "packed documents"]
+)
 def test_with_scratch_a_dump_beyond_memory_creates_files_only_in_the_scratch_and_the_store(
     db: str, tmp_path: Path, kind: str
 ) -> None:
@@ -85,6 +97,9 @@ def test_with_scratch_a_dump_beyond_memory_creates_files_only_in_the_scratch_and
         store = tmp_path / "c" / "store.zarr"
     elif kind == "a mixed scan source":
         config = _mixed_config(db, tmp_path / "c")
+        store = tmp_path / "c" / "store.zarr"
+    elif kind == "packed documents":
+        config = _packed_config(db, tmp_path / "c")
         store = tmp_path / "c" / "store.zarr"
     else:
         load_tables(db)
