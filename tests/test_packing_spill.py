@@ -148,3 +148,26 @@ def test_a_transforms_documents_beyond_memory_pack_on_disk_to_the_bytes_held_in_
     assert chunk_bytes(stores["1MiB"].path) == chunk_bytes(stores["1GiB"].path)
     expected = {k: [*reversed(v), 7] for k, v in documents(many_docs_db).items()}
     assert read_back(stores["1MiB"].path, 7) == expected  # every document once, its transform's tokens
+
+
+def test_lost_connections_while_units_read_spilled_pieces_are_retried_to_the_clean_bytes(
+    many_docs_db: str, tmp_path: Path
+) -> None:
+    """Killed once a batch is written: the retry packs the documents to disk again, on a new snapshot."""
+    import json
+
+    from .harness.dumps import journal_lines, start_dump, wait_for
+    from .harness.faults import kill_every_connection
+
+    clean = dump(_config(tmp_path, "best-fit", "1GiB", "group = 100\n"), many_docs_db)
+    config = _config(tmp_path, "best-fit", "1MiB", "group = 100\n")
+    config.write_text(config.read_text().replace("FROM docs WHERE", "FROM docs, pg_sleep(0.004) WHERE"))
+    proc = start_dump(config, many_docs_db, 0, "--json")
+    wait_for(lambda: journal_lines(tmp_path / "1MiB.zarr") >= 1)
+    kill_every_connection(many_docs_db)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "beyond their share of --memory" in err
+    assert json.loads(out.strip().splitlines()[-1])["retries"] == 1
+    assert chunk_bytes(tmp_path / "1MiB.zarr" / "epoch-00000") == chunk_bytes(clean.path)
+    assert not list((tmp_path / "1MiB.zarr").rglob("*.spill"))
