@@ -40,6 +40,7 @@ from pgprefetch.write.spill.folder import SpillFolder
 log = logging.getLogger("pgprefetch")
 
 MIN_KEYS = 4096  # the fewest keys a run or a bucket holds, however small the budget
+KEYS_RESERVATION = "keys"  # the pool's name for the keys held (a packed epoch's documents take what they leave)
 _SPAN = 1 << 64  # the hash space
 FILL = 0.9  # buckets aim at this share of the budget: the ranges' counts vary a little
 
@@ -242,7 +243,7 @@ class KeyCollector:
         self.limit = keys_in_budget(budget, width + payload) if limit is None else max(MIN_KEYS, limit)
         # A key's share of the budget while it is held and ordered: a full hold reserves the budget.
         self.per_key = budget / self.limit if budget else float(bytes_per_key(width + payload))
-        self.reservation = memory.current().reserve("keys")
+        self.reservation = memory.current().reserve(KEYS_RESERVATION)
         self.started = time.monotonic()
         self.held: list[np.ndarray] = []
         self.n = 0  # keys held

@@ -28,7 +28,7 @@ from pgprefetch.write.plan import EpochPlan
 class PackedPart:
     """What a part of a packed epoch is sent: its sequences' pieces and their documents."""
 
-    pieces: HeldPieces  # its sequences (from its first), each piece naming its document among its own
+    pieces: HeldPieces  # its sequences (from its first), a document row for each piece
     spec: ColumnSpec | MixedSpec  # how the documents are fetched
     sources: np.ndarray | None = None  # a packed mix: each of its sequences' source
 

@@ -84,13 +84,12 @@ class HeldPieces:
         return self.packed.numbers
 
     def unit(self, first: int, last: int) -> tuple[Packing, Documents]:
-        """Sequences ``first ... last - 1`` of the epoch, their documents each once."""
+        """Sequences ``first ... last - 1`` of the epoch: a document row a piece, as :mod:`.spilled` reads them."""
         p, lo, hi = self.packed, first - self.base, last - self.base
         at = p.pieces(lo, hi)
-        rows, doc = np.unique(p.doc[at], return_inverse=True)
         starts = p.starts[lo : hi + 1] - p.starts[lo]
-        own = Packing(p.length, starts, doc.astype(np.int64).reshape(-1), p.offset[at], p.size[at])
-        return own, self.docs.take(rows)
+        own = Packing(p.length, starts, np.arange(at.stop - at.start, dtype=np.int64), p.offset[at], p.size[at])
+        return own, self.docs.take(p.doc[at])
 
     def summary(self, used: int) -> Summary:
         """The figures over the first ``used`` sequences."""

@@ -36,6 +36,7 @@ from pgprefetch.keys import KeyColumns
 from pgprefetch.write import memory
 from pgprefetch.write.memory.policy import Policy
 from pgprefetch.write.order.shuffle import key_hash
+from pgprefetch.write.order.spill import KEYS_RESERVATION
 from pgprefetch.write.pack.documents import Documents
 from pgprefetch.write.pack.packer import PACK_BYTES, PACK_STREAM, Packing, concat_pieces, full_pieces, remainders
 from pgprefetch.write.pack.pieces import Identity, Summary
@@ -62,7 +63,7 @@ def documents_share(cfg: Config) -> int:
     first (:meth:`~pgprefetch.write.memory.policy.Policy.keys_bytes`); the documents have what they leave.
     """
     pool = memory.current()
-    keys = sum(size for name, size in pool.holders() if name == "keys")
+    keys = sum(size for name, size in pool.holders() if name == KEYS_RESERVATION)
     return max(0, Policy.for_scan(cfg.source.memory_bytes).keys_bytes(beside_rows=False) - keys)
 
 
