@@ -44,7 +44,9 @@ def two_node_cluster() -> Iterator[Any]:
         cluster.add_node(num_cpus=1, temp_dir=f"{temp}/ray", include_dashboard=False)  # the head
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+        # As the dump joins a cluster (write/ray/cluster.py): the raylets' and workers' own lines (a full disk's
+        # warning, say) stay in their logs, not in the stderr of whichever test this worker runs next.
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
         yield cluster
     finally:
         ray.shutdown()
