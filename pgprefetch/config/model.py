@@ -51,7 +51,7 @@ LENGTH_SUFFIX = "_length"  # a field with max_length gets an int32 array "<field
 N_ROWS = "n_rows"  # with [samples] max_rows, an int32 array of each sample's real row count
 TRUNCATES = ("error", "right", "left")
 # Arrays of every epoch: each batch's keys, every chunk's CRC32C, each batch's longest sample (padded fields)
-RESERVED_FIELDS = ("keys", "_checksums", "_longest")
+RESERVED_FIELDS = ("keys", "_checksums", "_longest", "_starts")
 SOURCE_ARRAY = "source"  # a mixed epoch's int8 array: each sample's source, as its code (position in [samples])
 MIX_VERSION = 1  # the plan of mixed epochs (pass orders, apportionment): a change of it is a new version
 
@@ -308,6 +308,12 @@ class StoreConfig:
 
     path: Path | str  # a local folder, or an object store URL (``s3://bucket/prefix``; see store_location)
     compression: str = "none"
+    windows: str = "batches"
+    """Scan-mode windows: ``"batches"`` stores every window's rows; ``"starts"`` the rows once and each window's
+    first row (:mod:`pgprefetch.write.scan.starts`), gathered at read time (:mod:`pgprefetch.read.windows`)."""
+
+
+WINDOW_LAYOUTS = ("batches", "starts")
 
 
 TRAIN = "train"  # the split that is shuffled anew every epoch; every other split is an evaluation split
@@ -487,6 +493,7 @@ class Config:
                 "batches": dataclasses.asdict(self.batches),
                 "compression": self.store.compression,
             }
+            | ({"windows": self.store.windows} if self.store.windows != "batches" else {})  # (hashed once set)
         )
 
     def sha256(self) -> str:

@@ -29,6 +29,7 @@ from pgprefetch.config.model import (
     SPLIT_BY,
     SPLIT_NAME,
     TRUNCATES,
+    WINDOW_LAYOUTS,
     BatchesConfig,
     Config,
     FieldConfig,
@@ -47,6 +48,12 @@ from pgprefetch.errors import ConfigError
 from pgprefetch.sqltext import find_params, strip_statement
 
 _TABLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
+_RESERVED_FOR = {
+    "keys": "each batch's keys",
+    "_checksums": "every chunk's checksum",
+    "_longest": "each batch's longest sample",
+    "_starts": "each window's first row",
+}
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -71,7 +78,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
         optional=("dsn", "connections", "statement_timeout", "io_timeout", "memory", "scratch"),
     )
     p.keys(batches, "batches", required=("size",), optional=("seed", "drop_last"))
-    p.keys(store, "store", required=("path",), optional=("compression",))
+    p.keys(store, "store", required=("path",), optional=("compression", "windows"))
 
     fields_cfg = p.fields(fields)
     check_no_stray_keys(p, samples)
@@ -102,6 +109,9 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
             p.time_cut_fits(s.samples, f"samples.{s.name}")
         if mix is None:
             p.time_cut_fits(samples_cfg, "samples")
+    windows = p.choice(store, "store", "windows", WINDOW_LAYOUTS, default="batches")
+    if windows == "starts":
+        p.starts_fit(samples_cfg, mix is not None, bool(transforms))
     return Config(
         source=SourceConfig(
             dsn=p.optional_str(source, "source", "dsn"),
@@ -125,6 +135,7 @@ def parse_config(raw: dict[str, Any], *, file: Path | None = None) -> Config:
         store=StoreConfig(
             path=p.location(store, "store", "path"),
             compression=p.choice(store, "store", "compression", COMPRESSIONS, default="none"),
+            windows=windows,
         ),
         file=file,
     )
@@ -358,6 +369,18 @@ class _Parser:
             self.fail(f"[{section}] {key}", f"expected a local folder, got {show(table[key])}")
         return value
 
+    def starts_fit(self, samples: SamplesConfig | ScanConfig, mixed: bool, transforms: bool) -> None:
+        """``[store] windows = "starts"`` stores a table's rows once: scan-mode windows of one source only."""
+        where = '[store] windows = "starts"'
+        if mixed:
+            self.fail(where, "stores one table's rows once; a mixed epoch's samples come from several sources")
+        if not isinstance(samples, ScanConfig) or samples.window is None:
+            self.fail(where, "stores windows as their first rows: it needs scan-mode windows ([samples] table, key, "
+                             "order and window)")  # fmt: skip
+        if transforms:
+            self.fail(where, "gathers windows at read time; a [transforms] field is written per sample: use the "
+                             "default windows = \"batches\"")  # fmt: skip
+
     def duration(self, table: dict[str, Any], section: str, key: str) -> int | None:
         value = table.get(key)
         if value is None:
@@ -372,7 +395,7 @@ class _Parser:
         for name, spec in table.items():
             where = f"[fields.{name}]"
             if name in RESERVED_FIELDS:
-                what = "each batch's keys" if name == "keys" else "every chunk's checksum"
+                what = _RESERVED_FOR[name]
                 self.fail(where, f'"{name}" is reserved (the store keeps {what} under it)')
             if not _FIELD_NAME.fullmatch(name):
                 self.fail(where, "a field name must be letters, digits and underscores, not starting with a digit")

@@ -21,7 +21,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import google_crc32c
 import numpy as np
@@ -57,6 +57,45 @@ class MappedFile:
     def close(self) -> None:
         """Close the file's descriptor (the mapping lives on while views of it do)."""
         os.close(self.fd)
+
+
+class Ranges(Protocol):
+    """What every reader reads an epoch through: sample ranges of its arrays, however they are stored.
+
+    :class:`SampleRanges` reads arrays of samples; :class:`~pgprefetch.read.windows.WindowRanges` gathers windows
+    stored as starts from their rows. The view over an epoch (:mod:`pgprefetch.read.view`) picks one.
+    """
+
+    layouts: dict[str, ArrayLayout]
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Object stores: bytes this process fetched."""
+        ...
+
+    def sample_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of one sample of array ``name``."""
+        ...
+
+    def dtype(self, name: str) -> np.dtype:
+        """The dtype of array ``name``."""
+        ...
+
+    def mapped(self, name: str, a: int, b: int) -> tuple[MappedFile, int, int] | None:
+        """The mapped file that holds samples ``a..b`` as one view, and where; None when they are not one."""
+        ...
+
+    def read(self, name: str, a: int, b: int) -> np.ndarray:
+        """Samples ``a..b`` of ``name``, read-only."""
+        ...
+
+    def read_into(self, name: str, a: int, b: int, out: np.ndarray) -> None:
+        """Fill ``out[: b - a]`` with samples ``a..b`` of ``name``."""
+        ...
+
+    def forget(self) -> None:
+        """Map the files afresh from the next read on."""
+        ...
 
 
 class SampleRanges:

@@ -32,9 +32,10 @@ from pgprefetch.config.model import SOURCE_ARRAY
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.keys import KeyColumns, KeyValue
 from pgprefetch.read.padding import Sliced
-from pgprefetch.read.ranges import SampleRanges
+from pgprefetch.read.ranges import Ranges, SampleRanges
+from pgprefetch.read.windows import WindowRanges
 from pgprefetch.store.base import KEYS_ARRAY, epoch_name
-from pgprefetch.store.checks import check_layouts, manifest_fields, manifest_int, manifest_sources
+from pgprefetch.store.checks import check_layouts, manifest_fields, manifest_int, manifest_sources, windows_record
 from pgprefetch.store.layout import plain_name
 from pgprefetch.store.open import open_store
 from pgprefetch.store.splits import refuse_whole, served_epoch
@@ -100,7 +101,13 @@ class EpochView(abc.ABC, Generic[B]):
         self.stored_batch_size = manifest_int(self.manifest, "batch_size", where, least=1)
         self.batch_size = self.stored_batch_size if batch_size is None else positive("batch_size", batch_size)
         self.n_samples = manifest_int(self.manifest, "n_samples", where)
-        self._ranges = SampleRanges(self._backend, epoch, (*self.arrays, KEYS_ARRAY))
+        names = (*self.arrays, KEYS_ARRAY)
+        windows = windows_record(self.manifest, where)  # windows stored as starts: gathered from their rows
+        self._ranges: Ranges = (
+            SampleRanges(self._backend, epoch, names)
+            if windows is None
+            else WindowRanges(self._backend, epoch, names, windows)
+        )
         check_layouts(self.manifest, self._ranges.layouts, where)
         self._seek(0)  # _base: the first sample of this view; _pos: local batches handed out by iteration
         if consumer is not None and not self.in_worker():

@@ -62,11 +62,17 @@ def epoch_name(epoch: int) -> str:
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """One array of an epoch: a field or the keys."""
+    """One array of an epoch: a field or the keys.
+
+    ``per_batch``: the items a chunk holds, 0 for the epoch's batch size. A windows epoch stored as starts
+    keeps its rows in arrays of their own count per chunk (:mod:`pgprefetch.write.scan.starts`), so that
+    every array still has a chunk per batch: one journal line, one checksum column, one resume for both.
+    """
 
     name: str
     dtype: np.dtype
     sample_shape: tuple[int, ...]
+    per_batch: int = 0
 
 
 class Uploader(abc.ABC):

@@ -63,8 +63,42 @@ def manifest_sources(manifest: Mapping[str, Any], where: str) -> list[str]:
     return list(names)
 
 
+def windows_record(manifest: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The manifest's record of windows stored as starts (``[store] windows``), checked; None for batches.
+
+    ``window``, ``rows`` (stored), ``rows_per_batch`` (a chunk's), ``starts`` (the array of each sample's first
+    row) and ``arrays`` (those that hold rows, not samples).
+    """
+    record = manifest.get("windows")
+    if record is None:
+        return None
+    if not isinstance(record, dict) or record.get("layout") != "starts":
+        raise StoreError(
+            f"{where}: the manifest's windows record is {record!r:.80}, not a starts layout (a damaged store)"
+        )
+    window = manifest_int(record, "window", where, least=1)
+    if manifest.get("rows") != window:
+        raise StoreError(f"{where}: the manifest's windows are {window} rows, its samples {manifest.get('rows')!r}")
+    arrays = record.get("arrays")
+    if not isinstance(arrays, list) or not arrays:
+        raise StoreError(f"{where}: the manifest's windows record lists no arrays (a damaged store)")
+    return {
+        "window": window,
+        "rows": manifest_int(record, "rows", where),
+        "rows_per_batch": manifest_int(record, "rows_per_batch", where, least=1),
+        "starts": plain_name(record.get("starts"), where),
+        "arrays": [plain_name(a, where) for a in arrays],
+    }
+
+
 def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout], where: str) -> None:
-    """Raise StoreError naming the first array whose metadata disagrees with the manifest."""
+    """Raise StoreError naming the first array whose metadata disagrees with the manifest.
+
+    Windows stored as starts: their arrays hold ``rows_per_batch`` rows a chunk, enough for every stored row,
+    and a row is a sample's shape less the window.
+    """
+    windows = windows_record(manifest, where)
+    rows: dict[str, int] = dict.fromkeys(windows["arrays"], windows["rows_per_batch"]) if windows else {}
     size = manifest_int(manifest, "batch_size", where, least=1)
     n_batches = manifest_int(manifest, "n_batches", where)
     n_samples = manifest_int(manifest, "n_samples", where)
@@ -80,17 +114,25 @@ def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout
                 f"{where}/{name}: the array's zarr.json is not the one the manifest records (its SHA-256 "
                 "differs; a damaged or altered store)"
             )
-        if layout.dtype.kind not in _NUMERIC or layout.shape[:2] != (n_batches, size):
+        per = rows.get(name, size)
+        if layout.dtype.kind not in _NUMERIC or layout.shape[:2] != (n_batches, per):
             raise StoreError(
                 f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "
-                f"{n_batches} batches of {size} (a damaged store)"
+                f"{n_batches} batches of {per} (a damaged store)"
             )
+        if windows is not None and name in rows and n_batches * per < windows["rows"]:
+            raise StoreError(f"{where}/{name}: {n_batches} chunks of {per} rows hold fewer than the manifest's "
+                             f"{windows['rows']} rows (a damaged store)")  # fmt: skip
         entry = fields.get(name)
         if isinstance(entry, dict):
             shape = entry.get("shape", [])
             if not isinstance(shape, list):
                 raise StoreError(f"{where}: the manifest's shape of field {name} is {shape!r:.60}, not a list")
-            want = (str(entry.get("dtype")), (n_batches, size, *shape))
+            if name in rows:  # a row: the sample's shape less its window
+                if shape[:1] != [windows["window"] if windows else 0]:
+                    raise StoreError(f"{where}: field {name}'s shape {shape} is not of windows (a damaged store)")
+                shape = shape[1:]
+            want = (str(entry.get("dtype")), (n_batches, per, *shape))
             if (str(layout.dtype), layout.shape) != want:
                 raise StoreError(
                     f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pgprefetch.read.ranges import MappedFile, SampleRanges
+from pgprefetch.read.ranges import MappedFile, Ranges
 from pgprefetch.torch.workers import by_reference
 
 TORCH_DTYPES: dict[np.dtype[Any], torch.dtype] = {
@@ -42,9 +42,9 @@ _HOSTS_KEPT = 64  # tensors whose NumPy views read_into keeps (weakly)
 
 
 class TensorRanges:
-    """Sample ranges of one epoch's arrays as torch tensors, over a :class:`SampleRanges`."""
+    """Sample ranges of one epoch's arrays as torch tensors, over its :class:`~pgprefetch.read.ranges.Ranges`."""
 
-    def __init__(self, ranges: SampleRanges) -> None:
+    def __init__(self, ranges: Ranges) -> None:
         self.ranges = ranges
         self._hosts: dict[int, tuple[weakref.ref[torch.Tensor], np.ndarray]] = {}  # see _host
 

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.store.base import ArraySpec
+from pgprefetch.write.files.stats import EpochStats
 from pgprefetch.write.memory.policy import UNIT_BYTES, unit_bytes
 from pgprefetch.write.plan import EpochPlan
 
@@ -53,6 +55,30 @@ def local_unit_batches(size: int, sample_bytes: int, budget: int | None = None) 
     return max(1, most // max(1, size * sample_bytes))
 
 
+STARTS_ARRAY = "_starts"  # a windows epoch stored as starts: each sample's first row (int64), in epoch order
+
+Arrays = list[tuple[str, np.dtype, tuple[int, ...]]]  # (name, dtype, shape of one item)
+
+
+@dataclass(frozen=True)
+class RowArrays:
+    """The rows a windows epoch stored as starts keeps once: ``per_batch`` rows a chunk, beside ``_starts``.
+
+    Every array keeps a chunk per batch (the rows' ``n_rows`` spread evenly over the epoch's batches), so the
+    writer journals, checksums and resumes them as it does the samples' (:mod:`pgprefetch.write.scan.starts`).
+    """
+
+    arrays: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]  # the layout's arrays, one row of each
+    per_batch: int
+    n_rows: int
+    window: int
+
+    @property
+    def row_bytes(self) -> int:
+        """One row's bytes over the arrays."""
+        return sum(d.itemsize * int(np.prod(s)) for _, d, s in self.arrays)
+
+
 @dataclass(frozen=True)
 class BatchSource:
     """One epoch's batches, ready to be written."""
@@ -75,20 +101,39 @@ class BatchSource:
     slot_sources: np.ndarray | None = None  # a mixed epoch: each sample's source code, in epoch order ...
     slots_from: int = 0  # ... from this sample on (a part of the epoch holds its own batches' alone)
     cut: Callable[[range], AbstractContextManager[SourcePart]] | None = None  # what a cluster's part is sent
+    rows: RowArrays | None = None  # windows stored as starts: produce fills these and ``_starts``, not the layout's
+    stats: EpochStats | None = None  # the statistics, where they are not the layout's batches' (windows as starts)
+    identity: dict[str, str] = field(default_factory=dict)  # what a partial epoch must match beyond its keys
 
     @property
-    def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-        """Every array ``produce`` fills: the layout's, then the extra ones (a mixed epoch's ``source``)."""
-        return [*self.layout.arrays(), *self.extra_arrays]
+    def arrays(self) -> Arrays:
+        """Every array of samples ``produce`` fills: the layout's (or ``_starts``), then the extra ones."""
+        own = [(STARTS_ARRAY, np.dtype(np.int64), ())] if self.rows is not None else self.layout.arrays()
+        return [*own, *self.extra_arrays]
 
     @property
     def sample_bytes(self) -> int:
         """One sample's bytes over :attr:`arrays`."""
         return sum(d.itemsize * int(np.prod(s)) for _, d, s in self.arrays)
 
-    def allocate(self, n: int) -> dict[str, np.ndarray]:
-        """Zeroed buffers of :attr:`arrays` for ``n`` samples."""
-        return {name: np.zeros((n, *shape), dtype=dtype) for name, dtype, shape in self.arrays}
+    def specs(self) -> list[ArraySpec]:
+        """The epoch's arrays as the writer creates them: the samples', then the rows' (the keys are the writer's)."""
+        specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in self.arrays]
+        if self.rows is not None:
+            specs += [ArraySpec(name, dtype, shape, self.rows.per_batch) for name, dtype, shape in self.rows.arrays]
+        return specs
+
+    def allocate(self, n: int, batches: int) -> dict[str, np.ndarray]:
+        """Zeroed buffers of :attr:`arrays` for ``n`` samples (and of the rows for ``batches`` batches)."""
+        out = {name: np.zeros((n, *shape), dtype=dtype) for name, dtype, shape in self.arrays}
+        if self.rows is not None:
+            rows = batches * self.rows.per_batch
+            out |= {name: np.zeros((rows, *shape), dtype=dtype) for name, dtype, shape in self.rows.arrays}
+        return out
+
+    def buffer_bytes(self, n: int, batches: int) -> int:
+        """The bytes of :meth:`allocate`'s buffers."""
+        return n * self.sample_bytes + (batches * self.rows.per_batch * self.rows.row_bytes if self.rows else 0)
 
     def sources_at(self, start: int, n: int) -> np.ndarray | None:
         """Samples ``start ... start + n - 1``'s source codes (a mixed epoch), None for a single source."""
@@ -98,8 +143,8 @@ class BatchSource:
 
     def epoch_bytes(self, size: int) -> int:
         """The bytes of the epoch's arrays, keys included, uncompressed: what the dump writes, what check says."""
-        extra = sum(d.itemsize * int(np.prod(s)) for _, d, s in self.extra_arrays)
-        return self.plan.n_batches * size * (self.layout.sample_bytes + extra + 8 * self.plan.key_columns.width)
+        rows = self.plan.n_batches * self.rows.per_batch * self.rows.row_bytes if self.rows else 0
+        return self.plan.n_batches * size * (self.sample_bytes + 8 * self.plan.key_columns.width) + rows
 
 
 class SourcePart(Protocol):

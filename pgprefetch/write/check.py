@@ -367,7 +367,7 @@ async def _sample(
     in_flight = asyncio.Semaphore(max(1, source.concurrency))
     free: asyncio.Queue[dict[str, np.ndarray]] = asyncio.Queue()
     for _ in range(max(1, source.threads)):
-        free.put_nowait(source.allocate(size))
+        free.put_nowait(source.allocate(size, 1))
     fetches: list[float] = []
     produces: list[float] = []
     unknown: list[tuple[int, UnknownCategoryError]] = []

@@ -356,16 +356,16 @@ async def _write_epoch(
     """Write every batch of ``source`` not yet on disk (resuming a partial epoch), then publish."""
     size = cfg.batches.size
     plan = source.plan
-    specs = [ArraySpec(name, dtype, shape) for name, dtype, shape in source.arrays]
+    specs = source.specs()
     specs.append(ArraySpec(KEYS_ARRAY, np.dtype(np.int64), (plan.key_columns.width,)))
-    stats = EpochStats.of(source.layout, plan.n_batches, size, plan.used)
+    stats = source.stats or EpochStats.of(source.layout, plan.n_batches, size, plan.used)
     owned = executor.driver_owns(store) if executor else None
     discard = fresh or bool(executor and executor.starts_over(store))  # (fresh: --force's first attempt)
     with store.uploader(epoch) as uploader:  # an object store: files go up while the dump runs
         writer = await finish_in_thread(
             EpochWriter, store, epoch, n_batches=plan.n_batches, batch_size=size, arrays=specs,
-            compression=cfg.store.compression, identity=_identity(cfg, plan), fresh=discard, uploader=uploader,
-            stats=stats, owned=owned,
+            compression=cfg.store.compression, identity=_identity(cfg, plan) | source.identity, fresh=discard,
+            uploader=uploader, stats=stats, owned=owned,
         )  # fmt: skip
         with writer:  # a failure keeps the partial epoch: the next dump resumes it
             _announce(writer, source, epoch)

@@ -69,6 +69,7 @@ async def write_batches(
     """Fetch, produce and write ``batches`` a unit at a time, ``source.concurrency`` units in flight."""
     total = 0
     keys = source.plan.keys
+    samples = [KEYS_ARRAY, *(name for name, _, _ in source.arrays)]
     todo = Units(batches, source.unit, source.unit_seconds)  # shared by the workers: each takes the next unit
     # The dump's own threads (one in query mode: on a few cores more only fight over the GIL while the
     # event loop decodes; see BatchSource.threads); an executor of its own cannot outlive the dump.
@@ -81,15 +82,17 @@ async def write_batches(
             source.produce(first, count, fetched, buffers)
             buffers[KEYS_ARRAY][:n] = unit_keys.T
             if n < count * size:  # the padded last batch (drop_last = false): zeros after the real samples
-                for array in buffers.values():
-                    array[n : count * size] = 0
+                for name in samples:  # (the rows of windows stored as starts are produce's own)
+                    buffers[name][n : count * size] = 0
             return writer.write_batches(first, count, buffers)
 
         async def worker() -> None:
             nonlocal total
             reservation = memory.current().reserve("writer")  # a unit's buffers, each worker's own
-            reservation.grow(size * source.unit * (source.sample_bytes + 8 * keys.shape[0]))
-            buffers = source.allocate(size * source.unit)
+            reservation.grow(
+                source.buffer_bytes(size * source.unit, source.unit) + size * source.unit * 8 * keys.shape[0]
+            )
+            buffers = source.allocate(size * source.unit, source.unit)
             buffers[KEYS_ARRAY] = np.zeros((size * source.unit, keys.shape[0]), dtype=np.int64)
             with reservation:
                 await work(buffers)

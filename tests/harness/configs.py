@@ -96,10 +96,11 @@ def scan_config(folder: Path, name: str = "scan.toml", **samples: Any) -> Path:
     extra = samples.pop("extra", "")
     size = samples.pop("size", 32)
     compression = samples.pop("compression", "none")
+    windows = samples.pop("windows", None)
     lines = ["[source]", "connections = 3", extra, "[samples]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in samples.items()]
     lines += ["[batches]", f"size = {size}", "seed = 5", "drop_last = false", "[store]", 'path = "store.zarr"']
-    lines += [f'compression = "{compression}"']
+    lines += [f'compression = "{compression}"', *([f'windows = "{windows}"'] if windows else [])]
     for fname, (columns, dtype) in fields.items():
         lines += [f"[fields.{fname}]", f"columns = {json.dumps(columns)}", f"dtype = {toml_value(dtype)}"]
     (folder / name).parent.mkdir(parents=True, exist_ok=True)

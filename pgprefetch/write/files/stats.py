@@ -45,9 +45,11 @@ class EpochStats:
         batch_size: int,
         n_samples: int,
         lengths: tuple[str, ...] = (),
+        weights: np.ndarray | None = None,
     ) -> None:
         self.fields = fields
         self.size, self.n_samples = batch_size, n_samples
+        self.weights = weights  # rows (windows stored as starts): the samples each item counts for
         width = sum(len(f.columns) for f in self.fields)
         self._batches = np.full((n_batches, width, 5), np.nan)  # count, mean, M2, min, max
         self._longest = {name: np.zeros(n_batches, dtype=np.int64) for name in lengths}  # each batch's
@@ -75,10 +77,23 @@ class EpochStats:
         lengths = tuple(f.config.length_array for f in layout.fields if f.config.length_array)
         return cls(fields, n_batches, batch_size, n_samples, (*lengths, *([N_ROWS] if layout.variable_rows else [])))
 
+    @classmethod
+    def of_rows(cls, layout: BatchLayout, n_batches: int, per_batch: int, weights: np.ndarray) -> EpochStats:
+        """The statistics of windows stored as starts, from their rows: the figures the windows would give.
+
+        ``layout`` is of one row, ``per_batch`` rows a chunk, each row counted for the ``weights`` windows it is in.
+
+        Each batch's longest sample is the source's to :meth:`put` (a window's rows lie in other chunks).
+        """
+        stats = cls.of(layout, n_batches, per_batch, int(weights.size))
+        stats.weights = weights
+        return stats
+
     def add(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> None:
         """The statistics of batches ``first..first+count-1``: ``count * batch_size`` samples of ``arrays``."""
-        for name, longest in self._longest.items():  # the last batch's padding samples have length 0
-            longest[first : first + count] = arrays[name][: count * self.size].reshape(count, -1).max(axis=1)
+        if self.weights is None:
+            for name, longest in self._longest.items():  # the last batch's padding samples have length 0
+                longest[first : first + count] = arrays[name][: count * self.size].reshape(count, -1).max(axis=1)
         if not self.fields:
             return
         out = np.empty((count, self._batches.shape[1], 5))
@@ -99,6 +114,13 @@ class EpochStats:
                 valid = _and(valid, (np.arange(f.length, dtype=lengths.dtype) < lengths[..., None])[:, :, :, None, :])
             if f.null_mask is not None:
                 valid = _and(valid, ~arrays[f.null_mask][: count * self.size].reshape(shape))
+            if self.weights is not None:  # rows, each counted for the windows it is in
+                weights = self._weights(first, count).reshape(count, self.size, 1, 1)
+                for j in range(len(f.columns)):
+                    mask = None if valid is None else np.broadcast_to(valid, shape)[:, :, :, j, :]
+                    out[:, col] = _per_batch_weighted(values[:, :, :, j, :], mask, weights)
+                    col += 1
+                continue
             if valid is None:  # every value is real: all the field's columns of all the batches at once
                 out[:, col : col + len(f.columns)] = _per_batch_columns(np.moveaxis(values, 3, 1))
                 col += len(f.columns)
@@ -109,6 +131,14 @@ class EpochStats:
                 col += 1
         with self._lock:
             self._batches[first : first + count] = out
+
+    def _weights(self, first: int, count: int) -> np.ndarray:
+        """The weights of rows ``first * size ..`` for ``count`` chunks: zero past the last row."""
+        assert self.weights is not None
+        out = np.zeros(count * self.size, dtype=np.float64)
+        part = self.weights[first * self.size : (first + count) * self.size]
+        out[: part.size] = part
+        return out
 
     def taken(self, batches: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The figures of ``batches`` (indices), for another process's :meth:`put` (a part of a spread dump)."""
@@ -121,6 +151,11 @@ class EpochStats:
             self._batches[batches] = rows
             for name, values in longest.items():
                 self._longest[name][batches] = values
+
+    def set_longest(self, longest: dict[str, np.ndarray]) -> None:
+        """Each batch's longest sample per lengths array, known before the batches (windows stored as starts)."""
+        for name, values in longest.items():
+            self._longest[name][:] = values
 
     def longest(self) -> dict[str, list[int]]:
         """Each batch's longest sample per lengths array (``<field>_length``, and ``n_rows``: its most rows).
@@ -175,6 +210,28 @@ def _per_batch(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
             x -= mean
             np.square(x, out=x)
             out[b] = (x.size, mean, x.sum(), real.min(), real.max())  # min and max in the field's own dtype
+    return out
+
+
+def _per_batch_weighted(values: np.ndarray, valid: np.ndarray | None, weights: np.ndarray) -> np.ndarray:
+    """:func:`_per_batch` with each value counted ``weights`` times (``(count, items, 1, 1)``, 0: not counted).
+
+    Vectorised over the batches, in float64: min and max of the values counted at least once.
+    """
+    count = values.shape[0]
+    w = np.broadcast_to(weights, values.shape).reshape(count, -1)
+    if valid is not None:
+        w = np.where(valid.reshape(count, -1), w, 0.0)
+    x = values.reshape(count, -1).astype(np.float64)
+    out = np.empty((count, 5))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        n = w.sum(axis=1)
+        mean = np.where(n > 0, (w * x).sum(axis=1) / np.maximum(n, 1), 0.0)
+        d = x - mean[:, None]
+        out[:, 0], out[:, 1], out[:, 2] = n, mean, (w * d * d).sum(axis=1)
+        counted = w > 0
+        out[:, 3] = np.where(counted, x, np.inf).min(axis=1, initial=np.inf)
+        out[:, 4] = np.where(counted, x, -np.inf).max(axis=1, initial=-np.inf)
     return out
 
 

@@ -104,13 +104,15 @@ class EpochWriter:
         self.part = part
         self.compressed = compression != "none"
         self.names = [a.name for a in arrays]
+        self.sizes = {a.name: a.per_batch or batch_size for a in arrays}  # items per chunk (rows: their own)
         self.header = {
             **identity,
             "n_batches": n_batches,
             "batch_size": batch_size,
             "compression": compression,
-            "arrays": {a.name: [a.dtype.str, list(a.sample_shape)] for a in arrays},
-        }
+            "arrays": {a.name: [a.dtype.str, list(a.sample_shape), *([a.per_batch] if a.per_batch else [])]
+                       for a in arrays},
+        }  # fmt: skip
         self.checksums = np.zeros((len(arrays), n_batches), dtype=np.uint32)
         self._journal_lock = threading.Lock()
         self.done = np.zeros(n_batches, dtype=bool)
@@ -224,8 +226,10 @@ class EpochWriter:
 
     def _create_array(self, spec: ArraySpec, n_batches: int, batch_size: int, compression: str) -> None:
         """Create an array of the epoch: its ``zarr.json`` (zarr's own bytes) and, uncompressed, its shard files."""
-        chunk = (1, batch_size, *spec.sample_shape)
-        per_shard = shard_batches(int(np.prod(chunk)) * spec.dtype.itemsize, n_batches)
+        chunk = (1, spec.per_batch or batch_size, *spec.sample_shape)
+        # An array of rows (windows stored as starts) is one file: a window may begin at any row, and one
+        # mapping of the file serves every window of a batch.
+        per_shard = n_batches if spec.per_batch else shard_batches(int(np.prod(chunk)) * spec.dtype.itemsize, n_batches)
         assert self.dir is not None
         meta = array_json(
             (n_batches, *chunk[1:]),
@@ -233,7 +237,11 @@ class EpochWriter:
             chunk,
             # Each array's own axes get names of their own: arrays sharing "dim0" with other sizes make
             # xarray refuse the epoch (pydata/xarray#9685).
-            ["batch", "sample", *(f"{spec.name}_dim{i}" for i in range(len(spec.sample_shape)))],
+            [
+                "batch",
+                "row" if spec.per_batch else "sample",
+                *(f"{spec.name}_dim{i}" for i in range(len(spec.sample_shape))),
+            ],
             shards=None if self.compressed else (per_shard, *chunk[1:]),
             compression=compression,
         )
@@ -315,16 +323,17 @@ class EpochWriter:
     def write_batches(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> int:
         """Write ``count`` consecutive batches from ``first`` on; return bytes. Blocking: run it on a thread.
 
-        Each array in ``arrays`` holds at least ``count * batch_size`` samples, the batches one after another.
+        Each array in ``arrays`` holds at least ``count`` chunks of its items (``batch_size`` samples, or its
+        ``per_batch`` rows), the batches one after another.
         """
         with io_errors(self.path):
             return self._write_batches(first, count, arrays)
 
     def _write_batches(self, first: int, count: int, arrays: dict[str, np.ndarray]) -> int:
-        size = self.header["batch_size"]
         written = 0
         crcs = np.empty((len(self.names), count), dtype=np.uint32)
         for j, name in enumerate(self.names):
+            size = self.sizes[name]
             data = arrays[name][: count * size]
             raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
             layout = self.layouts[name]

@@ -89,11 +89,18 @@ class RayExecutor:
             self._started = False
 
     def check(self, cfg: Config) -> None:
-        """Nothing is refused: every config's epoch is cut into parts.
+        """Every config's epoch is cut into parts, but two.
 
         Query mode by batch ranges, scan mode through the exchange (:mod:`pgprefetch.write.ray.scan`), a mixed
         or packed epoch by what its source sends each part (:attr:`~pgprefetch.write.batches.BatchSource.cut`).
+        Refused: packing a transform's output, and windows stored as starts, whose rows are one table in the
+        process that read it (a few bytes a window: there is little left to spread).
         """
+        if cfg.store.windows == "starts":
+            raise ConfigError(
+                '--executor ray does not dump [store] windows = "starts": its epoch is the rows once and 8 bytes '
+                "a window; dump it here"
+            )
         if cfg.packing is not None and cfg.field(cfg.packing.field).transform is not None:
             raise ConfigError(
                 "--executor ray does not dump epochs packed from a transform's output yet: dump them here "
@@ -185,7 +192,8 @@ class RayExecutor:
         if store.local_root is None:
             metadata = {p.relative_to(writer.path).as_posix(): p.read_bytes() for p in writer.path.rglob("zarr.json")}
         arrays = tuple(
-            ArraySpec(name, np.dtype(spec[0]), tuple(spec[1])) for name, spec in writer.header["arrays"].items()
+            ArraySpec(name, np.dtype(spec[0]), tuple(spec[1]), *spec[2:])
+            for name, spec in writer.header["arrays"].items()
         )
         layout_keys = ("n_batches", "batch_size", "compression", "arrays")
         identity = {k: v for k, v in writer.header.items() if k not in layout_keys}

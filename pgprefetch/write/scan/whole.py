@@ -27,6 +27,7 @@ from pgprefetch.write.memory import heap
 from pgprefetch.write.memory.policy import plan_bytes
 from pgprefetch.write.plan import EpochPlan, Vocabulary, known_vocabulary, order_keys, resolve_categories
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values
+from pgprefetch.write.scan.starts import starts_source
 from pgprefetch.write.scan.table import Overflow, Table, array_lengths, cut_whole, gather, read_table
 
 
@@ -177,6 +178,14 @@ def scan_source(cfg: Config, read: ScanRead, epoch: int) -> BatchSource:
     starts = read.starts[plan.samples]
     held = read.table.nbytes + plan_bytes(int(plan.samples.size), plan.key_columns.width)
     memory.current().reserve("table", held)  # the table and the epoch's plan, held while its batches are written
+    if cfg.store.windows == "starts":
+        row_layout = BatchLayout.build(
+            cfg.fields, read.shape.columns, read.shape.by_field, array_lengths(read.table), 1, plan.key_columns
+        )
+        starts = starts[: plan.used]
+        return starts_source(
+            cfg, plan, layout, row_layout, read.table, starts, read.snapshot, read.server_version, rows_read
+        )
     return cut_source(cfg, plan, layout, read.table, starts, read.snapshot, read.server_version, rows_read)
 
 

@@ -7,6 +7,7 @@ strategy                  when                         holds                    
 :mod:`.stretches`         rows beyond memory           a stretch of the epoch    rows by order range, samples
 :mod:`.passes`            windows beyond memory        a pass of whole series    rows by series, sorted rows, keys
 :mod:`.keysonly`          a check beyond memory        the keys (or a run)       keys beyond memory
+:mod:`.startsheld`        windows as starts, beyond    (refused: --memory named) nothing
 ========================  ===========================  ========================  ===============================
 
 :func:`open_scan` describes the table and fixes its category lists (:class:`~..whole.Coding`), asks the
@@ -33,6 +34,7 @@ from pgprefetch.write.scan.strategy.inmemory import InMemory
 from pgprefetch.write.scan.strategy.job import BeyondMemory, Epoch, ScanJob, Strategy
 from pgprefetch.write.scan.strategy.keysonly import KeysOnly
 from pgprefetch.write.scan.strategy.passes import InPasses
+from pgprefetch.write.scan.strategy.startsheld import StartsHeld
 from pgprefetch.write.scan.strategy.stretches import InStretches
 from pgprefetch.write.scan.whole import Coding, ScanRead, scan_source
 from pgprefetch.write.spill.folder import SpillFolder
@@ -47,6 +49,8 @@ def choose(cfg: Config, job: ScanJob, *, write: bool, keep: list[ScanRead]) -> S
     beyond: BeyondMemory[Epoch]
     if not write:
         beyond = KeysOnly()
+    elif cfg.store.windows == "starts":
+        beyond = StartsHeld()
     elif cfg.scan_samples.window is not None:
         beyond = InPasses()
     else:

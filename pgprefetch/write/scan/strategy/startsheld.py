@@ -1,0 +1,51 @@
+"""Windows stored as starts beyond memory: refused in one line naming the ``--memory`` that holds the table.
+
+A starts epoch is cut from the table in memory (:mod:`pgprefetch.write.scan.starts`): its rows are stored in
+(key, order) order and each window found among them. Beyond memory, the windows' passes
+(:mod:`.passes`) would need the rows of every pass written in one order and the starts mapped into it, which
+is not built; until it is, such a table is refused before it is read (the estimate says so), or where a read
+in memory outgrows the budget, with the least budget that holds it. ``windows = "batches"`` reads any table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from pgprefetch.config.values import show_size
+from pgprefetch.errors import ConfigError
+from pgprefetch.write.batches import BatchSource
+from pgprefetch.write.memory.policy import ESTIMATE_MARGIN, least_budget
+from pgprefetch.write.scan.partition import Partition
+from pgprefetch.write.scan.strategy.job import ScanJob
+
+
+class StartsHeld:
+    """The "beyond memory" of windows stored as starts: a refusal, with the budget that would hold the table."""
+
+    name = "windows stored as starts, beyond memory (refused)"
+    takes_over = False  # an outgrown read is given up (TableTooLarge), and measured, before open
+
+    def partition(self, job: ScanJob) -> Partition | None:
+        """None: nothing takes a read over."""
+        return None
+
+    def open_from(
+        self, job: ScanJob, partition: Partition, rows_read: int
+    ) -> contextlib.AbstractAsyncContextManager[BatchSource]:
+        """Never called: :attr:`takes_over` is False."""
+        raise AssertionError("windows stored as starts take no read over")
+
+    @contextlib.asynccontextmanager
+    async def open(self, job: ScanJob) -> AsyncIterator[BatchSource]:
+        """Refuse, naming the least ``--memory`` that holds the table as estimated (or measured so far)."""
+        cfg, guess = job.cfg, job.guess
+        n = int(guess.rows * ESTIMATE_MARGIN)
+        stride = cfg.scan_samples.stride
+        need = least_budget(lambda p: p.fits_in_memory(n, guess.row_bytes, -(-n // stride), len(job.shape.key_names)))
+        raise ConfigError(
+            f'[store] windows = "starts" cuts an epoch from the table held in memory, and {job.shape.relation} '
+            f"(about {n:,} rows) does not fit [source] memory = {show_size(cfg.source.memory_bytes)}: give "
+            f'--memory {show_size(need)} or more, or windows = "batches", which reads any table'
+        )
+        yield  # (unreachable: an async context manager must yield)
