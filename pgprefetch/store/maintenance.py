@@ -15,13 +15,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pgprefetch.config.model import SOURCE_ARRAY
 from pgprefetch.errors import ConfigError, StoreError
 from pgprefetch.store.base import KEYS_ARRAY, Store, epoch_name
-from pgprefetch.store.checks import check_layouts, check_metadata_files, manifest_int
+from pgprefetch.store.checks import check_layouts, check_metadata_files, manifest_int, windows_record
 from pgprefetch.store.consumers import ConsumerInfo, check_name, damaged, infos, positions, run_of
 from pgprefetch.store.journal import journaled, part_journals, samples
-from pgprefetch.store.layout import checksum, plain_name
+from pgprefetch.store.layout import ArrayLayout, checksum, plain_name
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
     for name in recorded:
         plain_name(name, where)
     check_layouts(manifest, {name: store.array_layout(epoch, name) for name in recorded}, where)
+    windows = windows_record(manifest, where)
     # What a reader opens must be what the checksums cover: a manifest edited to name another array
     # (or a file outside the store) would otherwise pass as clean.
     problems = [f"{name}: the manifest names it but no checksum covers it" for name in _read_arrays(manifest, where)
@@ -166,7 +169,29 @@ def verify_epoch(store: Store, epoch: int) -> list[str]:
                 problems.append(f"{name} batch {batch}: {wrong}")
             elif checksum(data) != expected:
                 problems.append(f"{name} batch {batch}: checksum mismatch")
+            elif windows is not None and name == windows["starts"]:
+                problems += _starts_outside(layout, batch, data, manifest, windows)
     return problems
+
+
+def _starts_outside(
+    layout: ArrayLayout, batch: int, data: bytes, manifest: dict[str, Any], windows: dict[str, Any]
+) -> list[str]:
+    """Windows stored as starts: batch ``batch``'s starts (its real samples') must begin windows inside the rows.
+
+    Checksums say the bytes are the dump's; this says the dump's bytes can be gathered (a store written by
+    someone else carries checksums of its own making).
+    """
+    if not layout.raw:
+        return []  # (compressed: the readers check each start as they gather)
+    size = layout.batch_shape[0]
+    real = max(0, min(size, int(manifest["n_samples"]) - batch * size))
+    starts = np.frombuffer(data, dtype="<i8")[:real]
+    bad = (starts < 0) | (starts > windows["rows"] - windows["window"])
+    if not bad.any():
+        return []
+    outside = f"{int(bad.sum())} window(s) start outside the epoch's {windows['rows']} rows"
+    return [f"{windows['starts']} batch {batch}: {outside}"]
 
 
 def _read_arrays(manifest: dict[str, Any], where: str) -> list[str]:
@@ -184,6 +209,8 @@ def _read_arrays(manifest: dict[str, Any], where: str) -> list[str]:
         names.append(manifest["n_rows"])
     if manifest.get("sources") is not None:
         names.append(SOURCE_ARRAY)
+    if (windows := windows_record(manifest, where)) is not None:
+        names.append(windows["starts"])
     return [plain_name(name, where) for name in names]
 
 

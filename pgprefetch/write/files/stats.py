@@ -222,14 +222,14 @@ def _per_batch_weighted(values: np.ndarray, valid: np.ndarray | None, weights: n
     w = np.broadcast_to(weights, values.shape).reshape(count, -1)
     if valid is not None:
         w = np.where(valid.reshape(count, -1), w, 0.0)
-    x = values.reshape(count, -1).astype(np.float64)
+    counted = w > 0
+    x = np.where(counted, values.reshape(count, -1), 0).astype(np.float64)  # (a NULL's fill is never summed)
     out = np.empty((count, 5))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         n = w.sum(axis=1)
         mean = np.where(n > 0, (w * x).sum(axis=1) / np.maximum(n, 1), 0.0)
         d = x - mean[:, None]
         out[:, 0], out[:, 1], out[:, 2] = n, mean, (w * d * d).sum(axis=1)
-        counted = w > 0
         out[:, 3] = np.where(counted, x, np.inf).min(axis=1, initial=np.inf)
         out[:, 4] = np.where(counted, x, -np.inf).max(axis=1, initial=-np.inf)
     return out
