@@ -19,16 +19,15 @@ import zarr
 
 from pgprefetch import ArrayStream, EpochArrays, EpochDataset, EpochStream, StoreError
 
-from .harness.configs import scan_config
 from .harness.db import execute, fetch, own_database
 from .harness.dumps import dump, dump_argv, journal_lines, run_cli, wait_for
 from .harness.s3 import S3
-from .test_scan import twin_config
 
 WINDOW, STRIDE, SIZE = 8, 2, 16
 TABLE = (
     """CREATE TABLE wt (sid int, t int, a real[] NOT NULL, v float8, tok int[] NOT NULL, label smallint NOT NULL)""",
-    """INSERT INTO wt SELECT s, t, ARRAY[s + t * 0.25, -t, s * 0.5], CASE WHEN (s + t) % 7 = 0 THEN NULL ELSE s * 10 + t END,
+    """INSERT INTO wt SELECT s, t, ARRAY[s + t * 0.25, -t, s * 0.5],
+              CASE WHEN (s + t) % 7 = 0 THEN NULL ELSE s * 10 + t END,
               (SELECT coalesce(array_agg(s * 100 + k), '{}') FROM generate_series(1, (s * t) % 6) k), (s * 3 + t) % 5
        FROM generate_series(1, 30) s, generate_series(1, (s * 17) % 60 + 1) t ORDER BY random()""",
 )
