@@ -55,6 +55,7 @@ format: $(STAMP)
 # mixing two sources against the same samples unmixed (bench/mixing.py), and the dump's peak RSS and time under
 # --memory 32, 64 and 256 MiB against in memory (bench/memory.py, about 10 minutes): sections of bench/RESULTS.md.
 # Packing (bench/packing.py: padding beside OLMo-core's best-fit, the plan of 10M lengths, tokens/s).
+# Windows stored as starts against the batches layout (bench/windowstarts.py: dump, bytes, readers warm and cold).
 # The transforms bench (bench/transforms.py) sets Hugging Face datasets beside the dump: it and what it reads
 # the table with (SQLAlchemy, psycopg2) are the `bench` extra, installed here only, not by `make install`.
 BENCH_STAMP := $(VENV)/.bench-installed
@@ -69,6 +70,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.transforms --results bench/RESULTS.md
 	$(BIN)/python -m bench.packing --results bench/RESULTS.md
 	$(BIN)/python -m bench.memory --results bench/RESULTS.md
+	$(BIN)/python -m bench.windowstarts --results bench/RESULTS.md
 
 # The reader beside MosaicML Streaming and LitData on the same epoch (bench/peers.py, report in bench/PEERS.md),
 # in a venv of its own: Streaming pins numpy < 2.2, which .venv need not agree with. The peers and their runtime

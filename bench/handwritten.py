@@ -89,18 +89,23 @@ async def _load(dsn: str, rows: int, series: int, series_len: int) -> None:
         )
         await conn.execute("VACUUM (FREEZE, ANALYZE) wide")
         if series:
-            await conn.execute("DROP TABLE IF EXISTS series")
-            await conn.execute(
-                "CREATE TABLE series (series_id int4, t int4, f0 real NOT NULL, f1 real NOT NULL, "
-                "label int4 NOT NULL, PRIMARY KEY (series_id, t))"
-            )
-            await conn.execute(
-                "INSERT INTO series SELECT s, t, random()::real, random()::real, (random() * 9)::int4 "
-                f"FROM generate_series(0, {series_len - 1}) t, generate_series(1, {series}) s ORDER BY t, s"
-            )
-            await conn.execute("VACUUM (FREEZE, ANALYZE) series")
+            await load_series(conn, series, series_len)
     finally:
         await conn.close()
+
+
+async def load_series(conn: asyncpg.Connection, series: int, series_len: int, name: str = "series") -> None:
+    """(Re)create the windows job's table ``name``: ``series`` x ``series_len`` rows, inserted time-major."""
+    await conn.execute(f"DROP TABLE IF EXISTS {name}")
+    await conn.execute(
+        f"CREATE TABLE {name} (series_id int4, t int4, f0 real NOT NULL, f1 real NOT NULL, "
+        "label int4 NOT NULL, PRIMARY KEY (series_id, t))"
+    )
+    await conn.execute(
+        f"INSERT INTO {name} SELECT s, t, random()::real, random()::real, (random() * 9)::int4 "
+        f"FROM generate_series(0, {series_len - 1}) t, generate_series(1, {series}) s ORDER BY t, s"
+    )
+    await conn.execute(f"VACUUM (FREEZE, ANALYZE) {name}")
 
 
 async def _prewarm(dsn: str, tables: tuple[str, ...]) -> None:

@@ -120,6 +120,16 @@ class WindowRanges:
         """Windows from the mapped files: one fancy index of runs per file, then one copy into ``out``."""
         layout = self.layouts[name]
         per_file = layout.per_file * layout.batch_shape[0]  # rows a file holds
+        if self.n_rows <= per_file:  # the rows in one file, as pgprefetch writes them: the hot path
+            hit = self.rows.mapped(name, 0, self.n_rows)
+            samples = None if hit is None else hit[0].samples
+            if hit is not None and samples is not None:
+                file = hit[0]
+                runs = file.views.get("runs")
+                if runs is None:
+                    runs = file.views["runs"] = _runs(samples, self.window)
+                out.reshape(-1).view(np.uint8).view(runs.dtype)[:] = runs[starts]
+                return
         files = starts // per_file
         inside = (starts + self.window - 1) // per_file == files
         for number in np.unique(files[inside]).tolist():
