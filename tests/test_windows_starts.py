@@ -324,7 +324,8 @@ def test_starts_outside_scan_mode_windows_are_refused_in_one_line(tmp_path: Path
 def test_a_table_beyond_memory_is_refused_naming_the_memory_that_holds_it(wt: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, extra='memory = "1MiB"')
     execute(
-        wt, "CREATE TABLE wt_big AS SELECT sid + 100 * k AS sid, t, a, v, tok, label FROM wt, generate_series(0, 29) k"
+        wt,
+        "CREATE TABLE IF NOT EXISTS wt_big AS SELECT sid + 100 * k AS sid, t, a, v, tok, label FROM wt, generate_series(0, 29) k",
     )
     cfg.write_text(cfg.read_text().replace('table = "wt"', 'table = "wt_big"'))
     code, out = run_cli("dump", "--config", str(cfg), "--epoch", "0", "--dsn", wt)
@@ -343,3 +344,22 @@ def test_ray_refuses_a_starts_epoch_in_one_line(tmp_path: Path) -> None:
     )
     assert code == 2
     assert '--executor ray does not dump [store] windows = "starts"' in out
+
+
+def test_check_plans_a_starts_epoch_and_names_its_bytes(wt: str, tmp_path: Path, stores: dict[str, Path]) -> None:
+    code, out = run_cli("check", "--config", str(config(tmp_path)), "--dsn", wt, "--json")
+    assert code == 0, out
+    report = json.loads(out.splitlines()[-1])
+    published = zarr.open_group(stores["starts"])["epoch-00000"].attrs["pgprefetch"]
+    assert report["n_samples"] == published["n_samples"]
+    assert report["epoch_bytes"] == published["bytes"]
+
+
+def test_check_says_the_dumps_refusal_of_a_table_beyond_memory(wt: str, tmp_path: Path) -> None:
+    execute(wt, "CREATE TABLE IF NOT EXISTS wt_big AS SELECT sid + 100 * k AS sid, t, a, v, tok, label FROM wt, "
+                "generate_series(0, 29) k")  # fmt: skip
+    cfg = config(tmp_path, extra='memory = "1MiB"')
+    cfg.write_text(cfg.read_text().replace('table = "wt"', 'table = "wt_big"'))
+    code, out = run_cli("check", "--config", str(cfg), "--dsn", wt)
+    assert code != 0, out
+    assert 'windows = "starts" cuts an epoch from the table held in memory' in out

@@ -33,6 +33,7 @@ from pgprefetch.pg.session import Snapshot
 from pgprefetch.store.open import config_store
 from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.forecast import (
+    IN_MEMORY,
     Forecast,
     TableRead,
     Timed,
@@ -45,6 +46,7 @@ from pgprefetch.write.memory.policy import FLOOR, SLACK
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category, per_store_notice
 from pgprefetch.write.scan.sampled import Sampled, sampled_from_plan, sampled_source, series_share
 from pgprefetch.write.scan.shape import sample_text
+from pgprefetch.write.scan.strategy.startsheld import refusal as starts_refusal
 from pgprefetch.write.scan.table import TableTooLarge
 from pgprefetch.write.sources import ReadCache, open_source
 from pgprefetch.write.spill.folder import SpillFolder
@@ -194,9 +196,13 @@ async def check_config(cfg: Config, epoch: int = 0, batches: int = SAMPLE_BATCHE
                 else:
                     async with with_transforms(cfg, snap, sampled.source, epoch) as source:
                         timed = await _sample(cfg, snap, source, sampled.chosen, report)
+                    report.epoch_bytes = sampled.epoch_bytes(size) or report.epoch_bytes  # (windows as starts)
                     _fewer(cfg, report, sampled.plan, sampled.chosen, batches)
                     report.rows_read = sampled.source.rows_read
                     forecast = scan_forecast(budget, sampled.source, size, table, timed)
+                    if cfg.store.windows == "starts" and forecast.way != IN_MEMORY and table.rows is not None:
+                        width = sampled.plan.key_columns.width  # the dump's refusal, said by the check too
+                        report.errors.append(starts_refusal(cfg, "the table", table.rows, table.row_bytes, width))
             else:  # query mode, or a scan whose keys outgrow [source] memory (ordered on disk)
                 spill = SpillFolder.temporary(cfg.source.scratch)  # keys beyond --memory: removed after
                 opened = open_source(
@@ -240,6 +246,9 @@ async def _check_beyond(
     windows = cfg.scan_samples.window is not None
     source, chosen, row_bytes = await sampled_from_plan(cfg, snap, plan, lambda n: spread(n, batches))
     table = TableRead(None, plan.n_keys, windows, row_bytes, 8.0 * plan.key_columns.width, planned, planned)
+    if cfg.store.windows == "starts":  # the dump's refusal (the rows: at least a window's stride a sample)
+        rows = plan.n_keys * cfg.scan_samples.stride
+        report.errors.append(starts_refusal(cfg, "the table", rows, row_bytes, plan.key_columns.width))
     if source is None:
         return _keys_only(cfg, plan, table, report)
     async with with_transforms(cfg, snap, source, plan.epoch) as transformed_source:

@@ -32,6 +32,7 @@ from pgprefetch.write.batches import BatchSource
 from pgprefetch.write.memory.policy import READ_COPIES, SORT_BYTES_PER_ROW, Policy
 from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values, keys_only
+from pgprefetch.write.scan.starts import place, starts_bytes
 from pgprefetch.write.scan.table import TableTooLarge, array_lengths, cut, cut_whole, read_ranges, read_table
 from pgprefetch.write.scan.whole import cut_source, plan_scan, scan_layout
 
@@ -54,6 +55,13 @@ class Sampled:
     key_bytes: float  # a row's key and order columns, decoded
     keys_seconds: float  # the keys pass: the table's key columns read, sorted and cut, and the epoch ordered
     planned_at: float  # when the epoch was planned (``time.perf_counter()``), before the checked rows are read
+    kept_rows: int | None = None  # windows stored as starts: the rows the epoch's windows cover
+
+    def epoch_bytes(self, size: int) -> int | None:
+        """The bytes the dump writes, where they are not the checked batches' times the epoch's (starts)."""
+        if self.kept_rows is None or self.source is None:
+            return None
+        return starts_bytes(self.plan, self.source.layout, size, self.kept_rows)
 
 
 async def sampled_source(
@@ -84,15 +92,19 @@ async def sampled_source(
     shape = dataclasses.replace(shape, categories=await resolve_categories(cfg, distinct, vocabulary))
     started = time.perf_counter()
     keys = await read_table(cfg, snap, keys_only(shape))  # TableTooLarge: keys beyond memory (the caller's)
-    sample_keys, _ = await asyncio.to_thread(cut_whole, keys, shape, cfg.samples)
+    sample_keys, starts = await asyncio.to_thread(cut_whole, keys, shape, cfg.samples)
     plan = plan_scan(cfg, shape, sample_keys, epoch)
     planned_at = time.perf_counter()
     n_rows, n_samples, rows_read = keys.keys.shape[1], sample_keys.shape[1], keys.rows_read + counted[0]
+    kept = None
+    if cfg.store.windows == "starts":  # the rows the dump will store: those the epoch's windows cover
+        assert plan.samples is not None
+        kept = int(place(starts[plan.samples[: plan.used]], cfg.samples.rows, n_rows).rows.size)
     key_bytes = keys.nbytes / n_rows if n_rows else 0.0
-    del keys, sample_keys  # the plan holds what the batches need: the rows' keys go before their series come
+    del keys, sample_keys, starts  # the plan holds what the batches need: the rows' keys go before their series come
     source, chosen, row_bytes = await _checked_batches(cfg, snap, shape, plan, choose(plan.n_batches), rows_read)
     keys_seconds = planned_at - started
-    return Sampled(plan, source, chosen, n_rows, n_samples, row_bytes, key_bytes, keys_seconds, planned_at)
+    return Sampled(plan, source, chosen, n_rows, n_samples, row_bytes, key_bytes, keys_seconds, planned_at, kept)
 
 
 async def sampled_from_plan(

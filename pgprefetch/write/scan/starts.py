@@ -149,6 +149,13 @@ def _longest(
     return out
 
 
+def starts_bytes(plan: EpochPlan, layout: BatchLayout, size: int, kept_rows: int) -> int:
+    """The bytes of a starts epoch whose windows (``layout``) cover ``kept_rows`` rows: what the dump writes."""
+    per_batch = max(1, -(-kept_rows // plan.n_batches))
+    row_bytes = layout.sample_bytes // layout.rows
+    return plan.n_batches * (size * 8 * (1 + plan.key_columns.width) + per_batch * row_bytes)
+
+
 def _record(rows: RowArrays) -> dict[str, object]:
     """The manifest's record of the layout: what a reader needs to gather a window from the rows."""
     return {

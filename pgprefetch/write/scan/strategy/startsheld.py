@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from pgprefetch.config.model import Config
 from pgprefetch.config.values import show_size
 from pgprefetch.errors import ConfigError
 from pgprefetch.write.batches import BatchSource
@@ -39,13 +40,19 @@ class StartsHeld:
     @contextlib.asynccontextmanager
     async def open(self, job: ScanJob) -> AsyncIterator[BatchSource]:
         """Refuse, naming the least ``--memory`` that holds the table as estimated (or measured so far)."""
-        cfg, guess = job.cfg, job.guess
-        n = int(guess.rows * ESTIMATE_MARGIN)
-        stride = cfg.scan_samples.stride
-        need = least_budget(lambda p: p.fits_in_memory(n, guess.row_bytes, -(-n // stride), len(job.shape.key_names)))
         raise ConfigError(
-            f'[store] windows = "starts" cuts an epoch from the table held in memory, and {job.shape.relation} '
-            f"(about {n:,} rows) does not fit [source] memory = {show_size(cfg.source.memory_bytes)}: give "
-            f'--memory {show_size(need)} or more, or windows = "batches", which reads any table'
+            refusal(job.cfg, job.shape.relation, job.guess.rows, job.guess.row_bytes, len(job.shape.key_names))
         )
         yield  # (unreachable: an async context manager must yield)
+
+
+def refusal(cfg: Config, relation: str, rows: float, row_bytes: float, width: int) -> str:
+    """The one line that refuses a starts epoch of a table past the budget: ``rows`` of ``row_bytes``, estimated."""
+    n = int(rows * ESTIMATE_MARGIN)
+    stride = cfg.scan_samples.stride
+    need = least_budget(lambda p: p.fits_in_memory(n, row_bytes, -(-n // stride), width))
+    return (
+        f'[store] windows = "starts" cuts an epoch from the table held in memory, and {relation} (about {n:,} rows) '
+        f"does not fit [source] memory = {show_size(cfg.source.memory_bytes)}: give --memory {show_size(need)} or "
+        'more, or windows = "batches", which reads any table'
+    )
