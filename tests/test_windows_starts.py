@@ -31,6 +31,8 @@ TABLE = (
               (SELECT coalesce(array_agg(s * 100 + k), '{}') FROM generate_series(1, (s * t) % 6) k), (s * 3 + t) % 5
        FROM generate_series(1, 30) s, generate_series(1, (s * 17) % 60 + 1) t ORDER BY random()""",
 )
+BIG = """CREATE TABLE IF NOT EXISTS wt_big AS
+         SELECT sid + 100 * k AS sid, t, a, v, tok, label FROM wt, generate_series(0, 29) k"""  # 30 times wt
 FIELDS = """
 [fields.a]
 columns = ["a"]
@@ -323,10 +325,7 @@ def test_starts_outside_scan_mode_windows_are_refused_in_one_line(tmp_path: Path
 
 def test_a_table_beyond_memory_is_refused_naming_the_memory_that_holds_it(wt: str, tmp_path: Path) -> None:
     cfg = config(tmp_path, extra='memory = "1MiB"')
-    execute(
-        wt,
-        "CREATE TABLE IF NOT EXISTS wt_big AS SELECT sid + 100 * k AS sid, t, a, v, tok, label FROM wt, generate_series(0, 29) k",
-    )
+    execute(wt, BIG)
     cfg.write_text(cfg.read_text().replace('table = "wt"', 'table = "wt_big"'))
     code, out = run_cli("dump", "--config", str(cfg), "--epoch", "0", "--dsn", wt)
     assert code == 2, out
@@ -356,8 +355,7 @@ def test_check_plans_a_starts_epoch_and_names_its_bytes(wt: str, tmp_path: Path,
 
 
 def test_check_says_the_dumps_refusal_of_a_table_beyond_memory(wt: str, tmp_path: Path) -> None:
-    execute(wt, "CREATE TABLE IF NOT EXISTS wt_big AS SELECT sid + 100 * k AS sid, t, a, v, tok, label FROM wt, "
-                "generate_series(0, 29) k")  # fmt: skip
+    execute(wt, BIG)
     cfg = config(tmp_path, extra='memory = "1MiB"')
     cfg.write_text(cfg.read_text().replace('table = "wt"', 'table = "wt_big"'))
     code, out = run_cli("check", "--config", str(cfg), "--dsn", wt)
