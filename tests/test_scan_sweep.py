@@ -43,7 +43,7 @@ def _take(source: BatchSource, units: Units, size: int, threads: int) -> dict[in
 
     def one(unit: tuple[int, int]) -> tuple[int, dict[str, np.ndarray]]:
         first, count = unit
-        buffers = source.allocate(count * size)
+        buffers = source.allocate(count * size, count)
         source.produce(first, count, None, buffers)
         return first, buffers
 

@@ -361,3 +361,15 @@ def test_check_says_the_dumps_refusal_of_a_table_beyond_memory(wt: str, tmp_path
     code, out = run_cli("check", "--config", str(cfg), "--dsn", wt)
     assert code != 0, out
     assert 'windows = "starts" cuts an epoch from the table held in memory' in out
+
+
+def test_xarray_opens_a_starts_epoch_and_its_rows_gather_into_the_windows(stores: dict[str, Path]) -> None:
+    import xarray
+
+    epoch = xarray.open_zarr(stores["starts"], group="epoch-00000", consolidated=False)
+    assert epoch["a"].dims == ("batch", "row", "a_dim0")
+    assert epoch["_starts"].dims == ("batch", "sample")
+    rows = epoch["a"].values.reshape(-1, 3)  # the rows, chunk after chunk
+    starts = epoch["_starts"].values.reshape(-1)
+    window = EpochArrays(stores["batches"], 0, consumer=None)[0]["a"][5]
+    assert np.array_equal(rows[starts[5] : starts[5] + WINDOW], window)
