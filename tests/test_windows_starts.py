@@ -257,14 +257,30 @@ def test_compressed_starts_give_the_batches_bytes(wt: str, tmp_path: Path, compr
     )
 
 
-def test_starts_in_s3_give_the_batches_bytes(wt: str, tmp_path: Path, s3: S3) -> None:
+@pytest.mark.parametrize("held", [True, False])
+def test_starts_in_s3_give_the_batches_bytes(
+    wt: str, tmp_path: Path, s3: S3, monkeypatch: pytest.MonkeyPatch, held: bool
+) -> None:
+    """Rows held (fetched whole once, in blocks) or fetched as each batch's windows need them."""
+    import pgprefetch.read.windows
+
+    monkeypatch.setattr(pgprefetch.read.windows, "HELD_BYTES", 1 << 30 if held else 0)
+    monkeypatch.setattr(pgprefetch.read.windows, "BLOCK_ROWS_BYTES", 1000)  # many blocks, fetched concurrently
+    monkeypatch.setattr(pgprefetch.read.windows, "MERGE_BYTES", 200)  # many runs a batch, fetched concurrently
     bucket = s3.bucket()
     remote = dump(config(tmp_path / "s3", store=f"s3://{bucket}/w"), wt)
     local = dump(config(tmp_path / "b", "batches"), wt)
     reader = EpochArrays(f"s3://{bucket}/w", 0, consumer=None)
     assert every_batch(reader) == every_batch(EpochArrays(Path(local.path).parent, 0, consumer=None))
     assert remote.n_samples == local.n_samples
+    fetched = reader.bytes_fetched
     assert list(reader)  # iteration fetches ahead, concurrently
+    record = reader.manifest["windows"]
+    row_bytes = 4 * 3 + 8 + 1 + 4 * 4 + 4 + 8  # a, v, v_null, tok, tok_length, label
+    if held:  # the rows once in this process, however many passes: then only the keys and the starts
+        assert reader.bytes_fetched - fetched < record["rows"] * row_bytes
+    else:
+        assert reader.bytes_fetched - fetched > record["rows"] * row_bytes  # each batch's windows' rows again
 
 
 def test_kill_9_while_writing_a_starts_epoch_then_rerun_resumes_to_the_clean_bytes(wt: str, tmp_path: Path) -> None:

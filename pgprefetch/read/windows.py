@@ -8,15 +8,21 @@ without knowing which layout it reads:
 - a window is ``window`` consecutive rows: in a local uncompressed store, one contiguous run of a mapped
   file, gathered for a whole range of samples by one fancy index over the runs (each an opaque item), then
   one copy into the caller's buffer; a window across two files (rare: one per file boundary) is read alone;
-- in an object store, or compressed, the rows a range's windows need are fetched (decoded) as a few runs:
-  the starts sorted, near ones merged (:data:`MERGE_ROWS`), one ranged read per run, and the windows cut
-  from them;
+- in an object store, or compressed, the rows are fetched (decoded) whole on first use, in concurrent
+  blocks, and held by the process while they take at most :data:`HELD_BYTES` (a starts epoch's rows are
+  about the table's size, and a shuffled epoch's windows touch all of them within a few batches); larger
+  rows are fetched as a batch's windows need them: the starts sorted, near ones merged (:data:`MERGE_BYTES`),
+  one ranged read per run, the runs read concurrently;
 - the keys, the ``_starts`` and any array that is not a window's (``n_rows``, ``source``) are read as samples.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +32,11 @@ from pgprefetch.store.base import Store
 from pgprefetch.store.layout import ArrayLayout
 
 MERGE_BYTES = 256 << 10  # object stores: windows whose rows lie closer than this are fetched in one range
+HELD_BYTES = 512 << 20  # object stores, compressed: rows of an epoch up to this are fetched whole and held
+BLOCK_ROWS_BYTES = 8 << 20  # ... in blocks of about this many bytes, fetched concurrently
+FETCHES = 8  # ranged reads in flight for one gather
+
+T = TypeVar("T")
 
 
 class WindowRanges:
@@ -46,6 +57,11 @@ class WindowRanges:
         self.rows = SampleRanges(backend, epoch, (*names, self.starts_name))
         self.layouts: dict[str, ArrayLayout] = self.rows.layouts
         self._check_rows(int(record["rows_per_batch"]), f"{backend.location}/epoch {epoch}")
+        self._held: dict[str, np.ndarray] = {}  # object stores, compressed: rows fetched whole (see HELD_BYTES)
+        self._hold_lock = threading.Lock()
+        self._pid = os.getpid()
+        held = sum(self.n_rows * self._row_bytes(n) for n in self.windowed)
+        self.holds = (self.rows.remote or not all(self.layouts[n].raw for n in self.windowed)) and held <= HELD_BYTES
 
     def _check_rows(self, per_batch: int, where: str) -> None:
         for name in self.windowed:
@@ -96,7 +112,10 @@ class WindowRanges:
             return
         starts = self.starts(a, b)
         target = out[: b - a]
-        if self.rows.remote or not self.layouts[name].raw:
+        if self.holds:
+            runs = _runs(self._rows_held(name), self.window)
+            target.reshape(-1).view(np.uint8).view(runs.dtype)[:] = runs[starts]
+        elif self.rows.remote or not self.layouts[name].raw:
             self._gather_fetched(name, starts, target)
         else:
             self._gather_mapped(name, starts, target)
@@ -150,18 +169,52 @@ class WindowRanges:
         """Windows from runs of rows fetched (or decoded) together: near windows share one ranged read."""
         if not starts.size:
             return
-        row_bytes = max(1, self.rows.layouts[name].batch_bytes // self.rows.layouts[name].batch_shape[0])
-        gap = max(self.window, MERGE_BYTES // row_bytes)
+        gap = max(self.window, MERGE_BYTES // self._row_bytes(name))
         order = np.argsort(starts, kind="stable")
         ordered = starts[order]
-        breaks = np.flatnonzero(np.diff(ordered) > gap) + 1
-        for group in np.split(np.arange(ordered.size), breaks):
+        groups = np.split(np.arange(ordered.size), np.flatnonzero(np.diff(ordered) > gap) + 1)
+
+        def fetch(group: np.ndarray) -> None:
             lo, hi = int(ordered[group[0]]), int(ordered[group[-1]]) + self.window
-            rows = self.rows.read(name, lo, hi)
-            _into(out, order[group], _runs(rows, self.window)[ordered[group] - lo])
+            _into(out, order[group], _runs(self.rows.read(name, lo, hi), self.window)[ordered[group] - lo])
+
+        self._each(fetch, groups)  # (each group's windows are its own places of out)
+
+    def _rows_held(self, name: str) -> np.ndarray:
+        """Array ``name``'s rows, fetched (decoded) whole on first use in concurrent blocks, then held."""
+        with self._hold_lock:
+            if self._pid != os.getpid():  # a forked worker fetches its own
+                self._held, self._pid = {}, os.getpid()
+            rows = self._held.get(name)
+            if rows is None:
+                rows = np.empty((self.n_rows, *self.rows.sample_shape(name)), dtype=self.dtype(name))
+                block = max(1, BLOCK_ROWS_BYTES // self._row_bytes(name))
+                spans = [(lo, min(lo + block, self.n_rows)) for lo in range(0, self.n_rows, block)]
+                self._each(lambda span: self.rows.read_into(name, span[0], span[1], rows[span[0] :]), spans)
+                rows.flags.writeable = False
+                self._held[name] = rows
+            return rows
+
+    def _each(self, read: Callable[[T], None], parts: Sequence[T]) -> None:
+        """``read`` each of ``parts``: concurrently from an object store (ranged GETs), in turn through zarr."""
+        if not self.rows.remote or len(parts) < 2:
+            for part in parts:
+                read(part)
+            return
+        with ThreadPoolExecutor(min(FETCHES, len(parts)), thread_name_prefix="pgprefetch-rows") as pool:
+            list(pool.map(read, parts))
+
+    def _row_bytes(self, name: str) -> int:
+        layout = self.layouts[name]
+        return max(1, layout.batch_bytes // layout.batch_shape[0])
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()  # (the SampleRanges pickles without its mappings)
+        state = self.__dict__.copy()  # (the SampleRanges pickles without its mappings)
+        state.update(_held={}, _hold_lock=None)  # each process fetches its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _hold_lock=threading.Lock(), _pid=os.getpid())
 
 
 def _runs(rows: np.ndarray, window: int) -> np.ndarray:
