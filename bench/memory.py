@@ -34,7 +34,7 @@ from tests.harness.db import execute
 from . import log
 from .dumprun import PGPREFETCH, RSS_WRAPPER
 from .postgres import database, server
-from .report import splice
+from .report import splice_into
 
 MIB = 1 << 20
 TARGET_TIME = 1.5
@@ -263,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(section)
     if args.results:
-        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
-        args.results.write_text(splice(old, section, BEGIN, END), encoding="utf-8")
+        splice_into(args.results, section, BEGIN, END)
     return 0
 
 

@@ -24,7 +24,7 @@ from tests.harness.db import execute
 
 from . import log
 from .postgres import database, server
-from .report import splice
+from .report import splice_into
 
 ROWS, QUICK_ROWS = 600_000, 20_000
 ROUNDS = 7
@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     section = render(times, rows)
     print(section)
     if args.results:
-        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
-        args.results.write_text(splice(old, section, BEGIN, END), encoding="utf-8")
+        splice_into(args.results, section, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from pgprefetch.write.pack.packer import Packing, pack
 
 from . import log
 from .postgres import database, server
-from .report import splice
+from .report import splice_into
 
 BEGIN, END = "<!-- packing bench: begin -->", "<!-- packing bench: end -->"
 PGPREFETCH = Path(sys.executable).parent / "pgprefetch"
@@ -354,8 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     section = render(rows, plans, dumps, tokens, docs, spills, short)
     print(section)
     if args.results:
-        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
-        args.results.write_text(splice(old, section, BEGIN, END), encoding="utf-8")
+        splice_into(args.results, section, BEGIN, END)
 
 
 if __name__ == "__main__":

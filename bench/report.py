@@ -6,6 +6,7 @@ import os
 import platform
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .casts import CastRun, render_casts
@@ -366,6 +367,12 @@ def render_loader(rows: list[ReaderRow]) -> list[str]:
 def splice_reader(text: str, section: str) -> str:
     """``text`` (a RESULTS.md) with its reader section replaced by ``section`` (or added before Machine)."""
     return splice(text, section, READER_BEGIN, READER_END)
+
+
+def splice_into(results: Path, section: str, begin_marker: str, end_marker: str) -> None:
+    """Put ``section`` into the RESULTS.md at ``results`` between its markers (a new file: a heading first)."""
+    old = results.read_text(encoding="utf-8") if results.exists() else "# pgprefetch bench\n"
+    results.write_text(splice(old, section, begin_marker, end_marker), encoding="utf-8")
 
 
 def splice(text: str, section: str, begin_marker: str, end_marker: str) -> str:

@@ -36,7 +36,7 @@ from tests.harness.texts import gpt2_tokenizer_file
 
 from . import log
 from .postgres import database, server
-from .report import splice
+from .report import splice_into
 
 LINES = 40  # lines of source per sample
 QUICK_FILES = 60
@@ -282,8 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     section = render(times, hf, len(texts), peaks)
     print(section)
     if args.results:
-        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
-        args.results.write_text(splice(old, section, BEGIN, END), encoding="utf-8")
+        splice_into(args.results, section, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from bench import log as _log
 from bench.handwritten import load_series
 from bench.machine import code_revision
 from bench.postgres import database, server
-from bench.report import splice
+from bench.report import splice_into
 
 WINDOW, SIZE, SEED = 64, 256, 7
 TABLES = {"bench": (150, 3000), "large": (1200, 3000)}
@@ -265,8 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     section = render(rows, tables, time.perf_counter() - started)
     print(section)
     if args.results:
-        old = args.results.read_text(encoding="utf-8") if args.results.exists() else "# pgprefetch bench\n"
-        args.results.write_text(splice(old, section, BEGIN, END), encoding="utf-8")
+        splice_into(args.results, section, BEGIN, END)
 
 
 if __name__ == "__main__":
