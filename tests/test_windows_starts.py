@@ -12,6 +12,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -389,3 +390,51 @@ def test_xarray_opens_a_starts_epoch_and_its_rows_gather_into_the_windows(stores
     starts = epoch["_starts"].values.reshape(-1)
     window = EpochArrays(stores["batches"], 0, consumer=None)[0]["a"][5]
     assert np.array_equal(rows[starts[5] : starts[5] + WINDOW], window)
+
+
+def _forged(stores: dict[str, Path], tmp_path: Path, edit: Any, array: tuple[str, Any] | None = None) -> Path:
+    """A copy of the starts store, its manifest (and an array's metadata, rehashed) edited as a forger would."""
+    import shutil
+
+    from .test_reader_damaged_metadata import edit_array, edit_manifest, rehash
+
+    store = tmp_path / "forged.zarr"
+    shutil.copytree(stores["starts"], store)
+    edit_manifest(store, edit)
+    if array is not None:
+        edit_array(store, *array)
+        rehash(store)
+    return store
+
+
+def _huge_window(m: dict[str, Any]) -> None:
+    m["windows"]["window"] = m["windows"]["rows"] = m["rows"] = 10**12
+    for entry in m["fields"].values():
+        entry["shape"][0] = 10**12
+
+
+@pytest.mark.parametrize(
+    ("edit", "array"),
+    [
+        (lambda m: m["windows"].update(starts="keys"), None),
+        (lambda m: m["windows"]["arrays"].append("keys"), None),
+        (lambda m: m["windows"].update(arrays=["_starts"]), None),
+        (_huge_window, None),  # no allocation of what it promises
+        (lambda m: None, ("_starts", lambda meta: meta.update(data_type="float64"))),
+        (lambda m: m["windows"].update(rows_per_batch=10**9), ("a", lambda meta: meta["shape"].__setitem__(1, 10**9))),
+    ],
+    ids=["starts-named-keys", "keys-as-rows", "starts-as-rows", "huge-window", "float-starts", "rows-beyond-files"],
+)
+def test_a_forged_windows_record_is_a_store_error_for_readers_and_verify(
+    stores: dict[str, Path], tmp_path: Path, edit: Any, array: tuple[str, Any] | None
+) -> None:
+    store = _forged(stores, tmp_path, edit, array)
+    def read_first() -> None:
+        reader = EpochArrays(store, 0, consumer=None)
+        reader.read_into(0, reader.new_buffers())
+
+    with pytest.raises(StoreError):
+        read_first()
+    code, out = run_cli("verify", "--store", str(store), "--epoch", "0")
+    assert code != 0, out
+    assert "Traceback" not in out

@@ -233,6 +233,22 @@ class SampleRanges:
                     _pread(file.fd, part[done : done + n], at, layout, number)
                     done += n
 
+    def check_files(self, name: str) -> None:
+        """Check every file of array ``name`` against its metadata now (local: mapped; object store: its size).
+
+        A reader that sizes its buffers from the metadata calls it first, so that metadata forged to promise
+        more than the files hold is a StoreError, not an allocation of what it promised.
+        """
+        layout = self.layouts[name]
+        if not layout.raw:
+            return  # (zarr decodes what is there)
+        for number in range(-(-layout.n_batches // layout.per_file)):
+            if self.remote:
+                if (str(layout.path), number) not in self._sized:
+                    self._check_size(layout, number)
+            else:
+                self._file(name, number)
+
     def _per_file(self, layout: ArrayLayout, a: int, b: int) -> list[tuple[int, int]]:
         """Samples ``a..b`` cut where files end: ``(lo, hi)`` per file touched."""
         per = layout.per_file * layout.batch_shape[0]  # samples per file

@@ -64,6 +64,7 @@ class WindowRanges:
         self.holds = (self.rows.remote or not all(self.layouts[n].raw for n in self.windowed)) and held <= HELD_BYTES
 
     def _check_rows(self, per_batch: int, where: str) -> None:
+        """The rows arrays hold the record's rows, chunk and files alike (before any window is sized from them)."""
         for name in self.windowed:
             layout = self.layouts[name]
             if layout.batch_shape[0] != per_batch or layout.shape[0] * per_batch < self.n_rows:
@@ -71,6 +72,7 @@ class WindowRanges:
                     f"{where}/{name}: the array holds {layout.shape[0]} chunks of {layout.batch_shape[0]} rows; the "
                     f"manifest says {self.n_rows} rows, {per_batch} a chunk (a damaged store)"
                 )
+            self.rows.check_files(name)
 
     # --- SampleRanges's interface ------------------------------------------------------------------------
     @property
@@ -100,8 +102,9 @@ class WindowRanges:
         """Samples ``a..b`` of ``name``, read-only; windows gathered into a new array."""
         if name not in self.windowed:
             return self.rows.read(name, a, b)
+        starts = self.starts(a, b)  # checked before anything is allocated for them
         out = np.empty((b - a, *self.sample_shape(name)), dtype=self.dtype(name))
-        self.read_into(name, a, b, out)
+        self._gather(name, starts, out)
         out.flags.writeable = False
         return out
 
@@ -110,8 +113,10 @@ class WindowRanges:
         if name not in self.windowed:
             self.rows.read_into(name, a, b, out)
             return
-        starts = self.starts(a, b)
-        target = out[: b - a]
+        self._gather(name, self.starts(a, b), out[: b - a])
+
+    def _gather(self, name: str, starts: np.ndarray, target: np.ndarray) -> None:
+        """The windows starting at ``starts`` into ``target``, from wherever the rows are."""
         if self.holds:
             runs = _runs(self._rows_held(name), self.window)
             target.reshape(-1).view(np.uint8).view(runs.dtype)[:] = runs[starts]
@@ -122,7 +127,7 @@ class WindowRanges:
 
     def starts(self, a: int, b: int) -> np.ndarray:
         """Samples ``a..b``'s first rows, each checked to begin a window inside the rows."""
-        starts = self.rows.read(self.starts_name, a, b)
+        starts = np.array(self.rows.read(self.starts_name, a, b))  # (a copy: checked, then used as it was checked)
         if starts.size and (int(starts.min()) < 0 or int(starts.max()) > self.n_rows - self.window):
             raise StoreError(
                 f"{self.rows.backend.location}: a window of samples {a}..{b} starts outside the epoch's "

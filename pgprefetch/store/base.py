@@ -47,6 +47,7 @@ log = logging.getLogger("pgprefetch")
 FORMAT_VERSION = 1
 WAIT_NOTICE_S = 60.0  # a reader waiting for an epoch says so this often (and at once when no store is there)
 KEYS_ARRAY = "keys"
+STARTS_ARRAY = "_starts"  # windows stored as starts: each sample's first row among the stored rows (int64)
 # A partial epoch's spill folder, and the keys folder a dump before the one spill folder (#52) left in its place.
 SPILL_SUFFIXES = (".spill", ".keys")
 META_DIR = ".pgprefetch"

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pgprefetch.errors import StoreError
+from pgprefetch.store.base import STARTS_ARRAY
 from pgprefetch.store.layout import ArrayLayout, metadata_sha256, plain_name
 
 _NUMERIC = "biuf"  # bool, signed, unsigned, float: the kinds pgprefetch writes
@@ -77,28 +78,41 @@ def windows_record(manifest: Mapping[str, Any], where: str) -> dict[str, Any] | 
             f"{where}: the manifest's windows record is {record!r:.80}, not a starts layout (a damaged store)"
         )
     window = manifest_int(record, "window", where, least=1)
-    if manifest.get("rows") != window:
-        raise StoreError(f"{where}: the manifest's windows are {window} rows, its samples {manifest.get('rows')!r}")
+    rows = manifest_int(record, "rows", where)
+    if manifest.get("rows") != window or (rows and window > rows):
+        raise StoreError(
+            f"{where}: the manifest's windows of {window} rows do not fit its samples' {manifest.get('rows')!r} "
+            f"rows or its {rows} stored rows (a damaged store)"
+        )
+    if record.get("starts") != STARTS_ARRAY:
+        raise StoreError(f"{where}: the manifest's windows start in {record.get('starts')!r:.40}, not {STARTS_ARRAY}")
     arrays = record.get("arrays")
-    if not isinstance(arrays, list) or not arrays:
-        raise StoreError(f"{where}: the manifest's windows record lists no arrays (a damaged store)")
-    return {
-        "window": window,
-        "rows": manifest_int(record, "rows", where),
-        "rows_per_batch": manifest_int(record, "rows_per_batch", where, least=1),
-        "starts": plain_name(record.get("starts"), where),
-        "arrays": [plain_name(a, where) for a in arrays],
-    }
+    rowwise = _rowwise_arrays(manifest, where)
+    if not isinstance(arrays, list) or not arrays or not all(isinstance(a, str) and a in rowwise for a in arrays):
+        raise StoreError(
+            f"{where}: the manifest's windows record names arrays {arrays!r:.80}, not its fields' (a damaged store)"
+        )
+    per_batch = manifest_int(record, "rows_per_batch", where, least=1)
+    return {"window": window, "rows": rows, "rows_per_batch": per_batch, "starts": STARTS_ARRAY, "arrays": arrays}
+
+
+def _rowwise_arrays(manifest: Mapping[str, Any], where: str) -> set[str]:
+    """The arrays a window's rows fill: the fields, their NULL masks and lengths (never keys or starts)."""
+    out = set()
+    for name, entry in manifest_fields(manifest, where).items():
+        out.add(name)
+        null = entry.get("null")
+        out |= {n for n in (null.get("mask") if isinstance(null, dict) else None, entry.get("lengths")) if n}
+    return {plain_name(n, where) for n in out}
 
 
 def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout], where: str) -> None:
     """Raise StoreError naming the first array whose metadata disagrees with the manifest.
 
     Windows stored as starts: their arrays hold ``rows_per_batch`` rows a chunk, enough for every stored row,
-    and a row is a sample's shape less the window.
+    a row being a sample's shape less the window; ``_starts`` is one int64 a sample.
     """
     windows = windows_record(manifest, where)
-    rows: dict[str, int] = dict.fromkeys(windows["arrays"], windows["rows_per_batch"]) if windows else {}
     size = manifest_int(manifest, "batch_size", where, least=1)
     n_batches = manifest_int(manifest, "n_batches", where)
     n_samples = manifest_int(manifest, "n_samples", where)
@@ -114,30 +128,48 @@ def check_layouts(manifest: Mapping[str, Any], layouts: Mapping[str, ArrayLayout
                 f"{where}/{name}: the array's zarr.json is not the one the manifest records (its SHA-256 "
                 "differs; a damaged or altered store)"
             )
-        per = rows.get(name, size)
+        per, window = (
+            (windows["rows_per_batch"], windows["window"]) if windows and name in windows["arrays"] else (size, 0)
+        )
         if layout.dtype.kind not in _NUMERIC or layout.shape[:2] != (n_batches, per):
             raise StoreError(
                 f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "
                 f"{n_batches} batches of {per} (a damaged store)"
             )
-        if windows is not None and name in rows and n_batches * per < windows["rows"]:
-            raise StoreError(f"{where}/{name}: {n_batches} chunks of {per} rows hold fewer than the manifest's "
-                             f"{windows['rows']} rows (a damaged store)")  # fmt: skip
+        if windows is not None:
+            _check_windowed(name, layout, windows, (n_batches, size), where)
         entry = fields.get(name)
         if isinstance(entry, dict):
-            shape = entry.get("shape", [])
-            if not isinstance(shape, list):
-                raise StoreError(f"{where}: the manifest's shape of field {name} is {shape!r:.60}, not a list")
-            if name in rows:  # a row: the sample's shape less its window
-                if shape[:1] != [windows["window"] if windows else 0]:
-                    raise StoreError(f"{where}: field {name}'s shape {shape} is not of windows (a damaged store)")
-                shape = shape[1:]
-            want = (str(entry.get("dtype")), (n_batches, per, *shape))
+            want = (str(entry.get("dtype")), (n_batches, per, *_stored_shape(entry, name, window, where)))
             if (str(layout.dtype), layout.shape) != want:
                 raise StoreError(
                     f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; the manifest says "
                     f"{want[0]} {list(want[1])} (a damaged store)"
                 )
+
+
+def _check_windowed(
+    name: str, layout: ArrayLayout, windows: dict[str, Any], batches: tuple[int, int], where: str
+) -> None:
+    """An array of windows stored as starts: the starts one int64 a sample, the rows enough for the record's."""
+    if name == STARTS_ARRAY and (str(layout.dtype), layout.shape) != ("int64", batches):
+        raise StoreError(f"{where}/{name}: the array is {layout.dtype} {list(layout.shape)}; each sample's start "
+                         f"is one int64, {batches[0]} batches of {batches[1]} (a damaged store)")  # fmt: skip
+    if name in windows["arrays"] and layout.shape[0] * layout.shape[1] < windows["rows"]:
+        raise StoreError(f"{where}/{name}: {layout.shape[0]} chunks of {layout.shape[1]} rows hold fewer than the "
+                         f"manifest's {windows['rows']} rows (a damaged store)")  # fmt: skip
+
+
+def _stored_shape(entry: dict[str, Any], name: str, window: int, where: str) -> list[Any]:
+    """A field's item shape as stored: its sample's, less the window for rows of windows stored as starts."""
+    shape = entry.get("shape", [])
+    if not isinstance(shape, list):
+        raise StoreError(f"{where}: the manifest's shape of field {name} is {shape!r:.60}, not a list")
+    if not window:
+        return shape
+    if shape[:1] != [window]:
+        raise StoreError(f"{where}: field {name}'s shape {shape} is not of {window}-row windows (a damaged store)")
+    return shape[1:]
 
 
 def metadata_digests(manifest: Mapping[str, Any], where: str) -> dict[str, str] | None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
-from pgprefetch.store.base import ArraySpec
+from pgprefetch.store.base import STARTS_ARRAY, ArraySpec
 from pgprefetch.write.files.stats import EpochStats
 from pgprefetch.write.memory.policy import UNIT_BYTES, unit_bytes
 from pgprefetch.write.plan import EpochPlan
@@ -54,8 +54,6 @@ def local_unit_batches(size: int, sample_bytes: int, budget: int | None = None) 
     most = UNIT_BYTES if budget is None else unit_bytes(budget)
     return max(1, most // max(1, size * sample_bytes))
 
-
-STARTS_ARRAY = "_starts"  # a windows epoch stored as starts: each sample's first row (int64), in epoch order
 
 Arrays = list[tuple[str, np.dtype, tuple[int, ...]]]  # (name, dtype, shape of one item)
 

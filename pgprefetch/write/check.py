@@ -42,7 +42,7 @@ from pgprefetch.write.forecast import (
     unchecked_scan_forecast,
 )
 from pgprefetch.write.manifest import field_entries
-from pgprefetch.write.memory.policy import FLOOR, SLACK
+from pgprefetch.write.memory.policy import FLOOR, SLACK, STARTS_ROW_BYTES
 from pgprefetch.write.plan import EpochPlan, Vocabulary, name_unknown_category, per_store_notice
 from pgprefetch.write.scan.sampled import Sampled, sampled_from_plan, sampled_source, series_share
 from pgprefetch.write.scan.shape import sample_text
@@ -299,7 +299,8 @@ def _source_forecast(cfg: Config, source: BatchSource, planned: float, timed: Ti
 def _table_read(cfg: Config, sampled: Sampled, planned: float) -> TableRead:
     """What the check's keys pass found of a scan's table, for :func:`~pgprefetch.write.forecast.scan_forecast`."""
     windows = cfg.scan_samples.window is not None
-    figures = (sampled.row_bytes, sampled.key_bytes, sampled.keys_seconds, planned)
+    placing = STARTS_ROW_BYTES if cfg.store.windows == "starts" else 0  # the dump's fit adds the windows' places
+    figures = (sampled.row_bytes + placing, sampled.key_bytes, sampled.keys_seconds, planned)
     return TableRead(sampled.rows, sampled.samples, windows, *figures)
 
 

@@ -216,8 +216,20 @@ def _per_batch(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
 def _per_batch_weighted(values: np.ndarray, valid: np.ndarray | None, weights: np.ndarray) -> np.ndarray:
     """:func:`_per_batch` with each value counted ``weights`` times (``(count, items, 1, 1)``, 0: not counted).
 
-    Vectorised over the batches, in float64: min and max of the values counted at least once.
+    Vectorised over the batches, in float64: min and max of the values counted at least once. In blocks of
+    batches of about :data:`BLOCK_BYTES` of float64 each, as :func:`_per_batch_columns` works.
     """
+    per = max(1, int(np.prod(values.shape[1:], dtype=np.int64)))
+    block = max(1, BLOCK_BYTES // (8 * per))
+    parts = [
+        _weighted_block(values[b : b + block], None if valid is None else valid[b : b + block], weights[b : b + block])
+        for b in range(0, values.shape[0], block)
+    ]
+    return np.concatenate(parts) if parts else np.empty((0, 5))
+
+
+def _weighted_block(values: np.ndarray, valid: np.ndarray | None, weights: np.ndarray) -> np.ndarray:
+    """:func:`_per_batch_weighted` of a block of batches."""
     count = values.shape[0]
     w = np.broadcast_to(weights, values.shape).reshape(count, -1)
     if valid is not None:

@@ -48,6 +48,9 @@ STRETCH_MOST = 256 * MIB
 # high would cost a slower dump of the same bytes; one too low is caught by the read itself. A refusal's
 # least budget for a read in memory counts the rows this much larger, for the same reason.
 ESTIMATE_MARGIN = 1.1
+# Windows stored as starts (write/scan/starts.py): beside the table, a table row's share of placing its windows
+# (a bincount, counts and their shifted copy, the kept rows: 21 bytes measured at the peak), which the fit adds.
+STARTS_ROW_BYTES = 24
 # Per sample of a scan epoch: its keys in key order and in epoch order, the shuffle's index and hash, its
 # start row and its start in epoch order (8 bytes each but the keys'): the in-memory plan's arrays.
 PLAN_BYTES_PER_SAMPLE = 32

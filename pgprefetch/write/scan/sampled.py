@@ -28,8 +28,9 @@ from pgprefetch.config.model import Config, ScanConfig
 from pgprefetch.errors import SourceError
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.sqltext import quote_ident
+from pgprefetch.write import memory
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.memory.policy import READ_COPIES, SORT_BYTES_PER_ROW, Policy
+from pgprefetch.write.memory.policy import READ_COPIES, SORT_BYTES_PER_ROW, STARTS_ROW_BYTES, Policy
 from pgprefetch.write.plan import EpochPlan, Vocabulary, resolve_categories
 from pgprefetch.write.scan.shape import ScanShape, describe_scan, distinct_values, keys_only
 from pgprefetch.write.scan.starts import place, starts_bytes
@@ -99,7 +100,8 @@ async def sampled_source(
     kept = None
     if cfg.store.windows == "starts":  # the rows the dump will store: those the epoch's windows cover
         assert plan.samples is not None
-        kept = int(place(starts[plan.samples[: plan.used]], cfg.samples.rows, n_rows).rows.size)
+        with memory.current().reserve("window places", STARTS_ROW_BYTES * (n_rows + 1)):
+            kept = int(place(starts[plan.samples[: plan.used]], cfg.samples.rows, n_rows).rows.size)
     key_bytes = keys.nbytes / n_rows if n_rows else 0.0
     del keys, sample_keys, starts  # the plan holds what the batches need: the rows' keys go before their series come
     source, chosen, row_bytes = await _checked_batches(cfg, snap, shape, plan, choose(plan.n_batches), rows_read)

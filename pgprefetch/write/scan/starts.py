@@ -29,9 +29,11 @@ import numpy as np
 
 from pgprefetch.config.model import Config
 from pgprefetch.decode.layout import BatchLayout
+from pgprefetch.store.base import STARTS_ARRAY
 from pgprefetch.write import memory
-from pgprefetch.write.batches import STARTS_ARRAY, BatchSource, RowArrays, local_unit_batches
+from pgprefetch.write.batches import BatchSource, RowArrays, local_unit_batches
 from pgprefetch.write.files.stats import EpochStats
+from pgprefetch.write.memory.policy import STARTS_ROW_BYTES
 from pgprefetch.write.plan import EpochPlan
 from pgprefetch.write.scan.table import Table, gather
 
@@ -56,16 +58,15 @@ def place(table_starts: np.ndarray, window: int, n_table_rows: int) -> Placed:
     """The rows that the windows starting at ``table_starts`` (table rows, epoch order) cover, and their starts there.
 
     A window's rows are consecutive table rows, all covered, so they stay consecutive among the rows kept.
-    In int32 (a table of 2**31 rows is far past any budget), one buffer reused: each array of a table's length
-    costs its page faults, which this machine's kernel takes at about 0.5 GB/s.
+    In int32 below 2**31 rows, one buffer reused: each array of a table's length costs its page faults, which
+    this machine's kernel takes at about 0.5 GB/s.
     """
-    if n_table_rows >= 2**31 - 1:
-        raise ValueError("windows stored as starts hold fewer than 2**31 table rows")
-    counts = np.cumsum(np.bincount(table_starts, minlength=n_table_rows), dtype=np.int32)  # starts at rows <= i
+    kind = np.dtype(np.int32 if n_table_rows < 2**31 - 1 else np.int64)
+    counts: np.ndarray = np.cumsum(np.bincount(table_starts, minlength=n_table_rows), dtype=kind)  # starts at <= i
     counts[window:] -= counts[:-window].copy() if window < n_table_rows else 0  # ... past i - window: holding i
     covered = counts > 0
     weights = counts[covered]
-    np.cumsum(covered, dtype=np.int32, out=counts)  # (reused: each kept row's place among them, plus one)
+    np.cumsum(covered, dtype=kind, out=counts)  # (reused: each kept row's place among them, plus one)
     starts = counts[table_starts]
     starts -= 1
     return Placed(np.flatnonzero(covered), starts, weights)
@@ -103,13 +104,15 @@ def starts_source(
     """
     size, window = cfg.batches.size, layout.rows
     n = int(table.keys.shape[1])
-    with memory.current().reserve("window places", 8 * (n + 1)):  # the counts, their bincount
+    with memory.current().reserve("window places", STARTS_ROW_BYTES * (n + 1)):  # its peak, measured: 21 B a row
         placed = place(table_starts, window, n)
     per_batch = max(1, -(-placed.rows.size // plan.n_batches))
     memory.current().reserve("window starts", placed.rows.nbytes + placed.starts.nbytes + placed.weights.nbytes)
     rows = RowArrays(tuple(row_layout.arrays()), per_batch, int(placed.rows.size), window)
     stats = EpochStats.of_rows(row_layout, plan.n_batches, per_batch, placed.weights)
-    stats.set_longest(_longest(table, row_layout, placed, window, size, plan.n_batches))
+    padded = sum(1 for f in row_layout.fields if f.config.max_length is not None)
+    with memory.current().reserve("longest windows", 16 * padded * placed.rows.size):  # lengths, their maxima
+        stats.set_longest(_longest(table, row_layout, placed, window, size, plan.n_batches))
 
     async def fetch(batch: int, count: int) -> object:
         return None

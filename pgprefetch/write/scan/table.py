@@ -39,7 +39,7 @@ from pgprefetch.keys import KeyColumns
 from pgprefetch.pg.columns import Column
 from pgprefetch.pg.session import Snapshot
 from pgprefetch.write import memory
-from pgprefetch.write.memory.policy import Policy
+from pgprefetch.write.memory.policy import STARTS_ROW_BYTES, Policy
 from pgprefetch.write.scan.copyread import copy_ranges
 from pgprefetch.write.scan.copystream import Columns, CopyDecoder
 from pgprefetch.write.scan.shape import ScanShape
@@ -146,9 +146,10 @@ async def read_table(
         account = Policy.for_scan(cfg.source.memory_bytes)
         stride = cfg.scan_samples.stride if cfg.scan_samples.window is not None else 1
         width = len(shape.key_names)
+        placing = STARTS_ROW_BYTES if cfg.store.windows == "starts" else 0  # (the windows placed beside the table)
 
         def over(rows: int, held: int) -> bool:
-            per_row = held / rows if rows else float(held)
+            per_row = (held / rows if rows else float(held)) + placing
             return not account.fits_in_memory(rows, per_row, -(-rows // stride), width)
 
         return await read_ranges(cfg, snap.id, shape, ranges, budget=1, over=over, on_rows=on_rows, overflow=overflow)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from pgprefetch.config.model import Config
 from pgprefetch.pg.session import Snapshot
-from pgprefetch.write.memory.policy import ESTIMATE_MARGIN, Policy
+from pgprefetch.write.memory.policy import ESTIMATE_MARGIN, STARTS_ROW_BYTES, Policy
 from pgprefetch.write.scan.shape import ScanShape
 
 
@@ -66,4 +66,5 @@ def beyond_memory(cfg: Config, shape: ScanShape, guess: Estimate) -> bool:
     n = int(guess.rows / ESTIMATE_MARGIN)
     stride = cfg.scan_samples.stride if windows else 1
     policy = Policy.for_scan(cfg.source.memory_bytes)
-    return not policy.fits_in_memory(n, guess.row_bytes, -(-n // stride), len(shape.key_names))
+    row_bytes = guess.row_bytes + (STARTS_ROW_BYTES if cfg.store.windows == "starts" else 0)
+    return not policy.fits_in_memory(n, row_bytes, -(-n // stride), len(shape.key_names))

@@ -16,7 +16,7 @@ from pgprefetch.config.model import Config
 from pgprefetch.config.values import show_size
 from pgprefetch.errors import ConfigError
 from pgprefetch.write.batches import BatchSource
-from pgprefetch.write.memory.policy import ESTIMATE_MARGIN, least_budget
+from pgprefetch.write.memory.policy import ESTIMATE_MARGIN, STARTS_ROW_BYTES, least_budget
 from pgprefetch.write.scan.partition import Partition
 from pgprefetch.write.scan.strategy.job import ScanJob
 
@@ -50,7 +50,8 @@ def refusal(cfg: Config, relation: str, rows: float, row_bytes: float, width: in
     """The one line that refuses a starts epoch of a table past the budget: ``rows`` of ``row_bytes``, estimated."""
     n = int(rows * ESTIMATE_MARGIN)
     stride = cfg.scan_samples.stride
-    need = least_budget(lambda p: p.fits_in_memory(n, row_bytes, -(-n // stride), width))
+    placed = row_bytes + STARTS_ROW_BYTES  # (the windows placed beside the table)
+    need = least_budget(lambda p: p.fits_in_memory(n, placed, -(-n // stride), width))
     return (
         f'[store] windows = "starts" cuts an epoch from the table held in memory, and {relation} (about {n:,} rows) '
         f"does not fit [source] memory = {show_size(cfg.source.memory_bytes)}: give --memory {show_size(need)} or "
