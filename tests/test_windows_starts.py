@@ -429,6 +429,7 @@ def test_a_forged_windows_record_is_a_store_error_for_readers_and_verify(
     stores: dict[str, Path], tmp_path: Path, edit: Any, array: tuple[str, Any] | None
 ) -> None:
     store = _forged(stores, tmp_path, edit, array)
+
     def read_first() -> None:
         reader = EpochArrays(store, 0, consumer=None)
         reader.read_into(0, reader.new_buffers())
