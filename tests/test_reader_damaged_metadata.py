@@ -10,8 +10,6 @@ naming the file and what is wrong; ``verify`` exits non-zero with one line, or l
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import shutil
 from collections.abc import Callable
@@ -26,7 +24,7 @@ from pgprefetch.cli import cli
 from pgprefetch.errors import StoreError
 from pgprefetch.store.layout import plain_name
 
-from .harness.hostile import SIZE, N
+from .harness.hostile import SIZE, N, edit_array, edit_manifest, epoch, rehash, without_hashes
 from .harness.s3 import S3
 
 ARRAYS = ("v", "score", "score_null", "keys")  # every array a reader of the epoch opens
@@ -38,39 +36,6 @@ def store(hostile_store: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "store.zarr"
     shutil.copytree(hostile_store, copy)
     return copy
-
-
-def epoch(store: Path) -> Path:
-    return store / "epoch-00000"
-
-
-def edit_manifest(store: Path, edit: Callable[[dict[str, Any]], object]) -> None:
-    path = epoch(store) / "zarr.json"
-    doc = json.loads(path.read_text())
-    edit(doc["attributes"]["pgprefetch"])
-    path.write_text(json.dumps(doc))
-
-
-def edit_array(store: Path, name: str, edit: Callable[[dict[str, Any]], object]) -> None:
-    path = epoch(store) / name / "zarr.json"
-    meta = json.loads(path.read_text())
-    edit(meta)
-    path.write_text(json.dumps(meta))
-
-
-def without_hashes(store: Path) -> None:
-    """As an older pgprefetch published it: no SHA-256 of the arrays' zarr.json in the manifest."""
-    edit_manifest(store, lambda m: m.pop("metadata_sha256"))
-
-
-def rehash(store: Path) -> None:
-    """Record every array's zarr.json as it is now: a forger who can write the manifest does."""
-    digests = {name: hashlib.sha256((p / "zarr.json").read_bytes()).hexdigest() for name, p in _arrays(store)}
-    edit_manifest(store, lambda m: m["metadata_sha256"].update(digests))
-
-
-def _arrays(store: Path) -> list[tuple[str, Path]]:
-    return [(p.name, p) for p in sorted(epoch(store).iterdir()) if p.is_dir()]
 
 
 def read_numpy(store: Path | str) -> None:

@@ -267,7 +267,7 @@ def test_starts_in_s3_give_the_batches_bytes(
 
     monkeypatch.setattr(pgprefetch.read.windows, "HELD_BYTES", 1 << 30 if held else 0)
     monkeypatch.setattr(pgprefetch.read.windows, "BLOCK_ROWS_BYTES", 1000)  # many blocks, fetched concurrently
-    monkeypatch.setattr(pgprefetch.read.windows, "MERGE_BYTES", 200)  # many runs a batch, fetched concurrently
+    monkeypatch.setattr(pgprefetch.read.windows, "MERGE_BYTES", 2000)  # several runs a batch, fetched concurrently
     bucket = s3.bucket()
     remote = dump(config(tmp_path / "s3", store=f"s3://{bucket}/w"), wt)
     local = dump(config(tmp_path / "b", "batches"), wt)
@@ -286,7 +286,8 @@ def test_starts_in_s3_give_the_batches_bytes(
 
 def test_kill_9_while_writing_a_starts_epoch_then_rerun_resumes_to_the_clean_bytes(wt: str, tmp_path: Path) -> None:
     # Batches of one window, compressed: milliseconds each through zarr, so the dump is still writing when killed.
-    slow = config(tmp_path / "a", extra="").read_text().replace(f"size = {SIZE}", "size = 1")
+    sparse = {"table": "wt", "key": ["sid"], "order": "t", "window": WINDOW, "stride": 5}  # about 400 windows
+    slow = config(tmp_path / "a", **sparse).read_text().replace(f"size = {SIZE}", "size = 1")
     slow = slow.replace('windows = "starts"', 'windows = "starts"\ncompression = "zstd"')
     cfg = tmp_path / "a" / "c.toml"
     cfg.write_text(slow)
@@ -396,7 +397,7 @@ def _forged(stores: dict[str, Path], tmp_path: Path, edit: Any, array: tuple[str
     """A copy of the starts store, its manifest (and an array's metadata, rehashed) edited as a forger would."""
     import shutil
 
-    from .test_reader_damaged_metadata import edit_array, edit_manifest, rehash
+    from .harness.hostile import edit_array, edit_manifest, rehash
 
     store = tmp_path / "forged.zarr"
     shutil.copytree(stores["starts"], store)

@@ -7,7 +7,11 @@ store the tests copy before they tamper (tests/test_security_store.py, tests/tes
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .configs import write_config
 from .dumps import dump
@@ -31,3 +35,37 @@ def pristine_store(database: str, folder: Path) -> Path:
     """Epoch 0 of ``r`` dumped into ``folder``; the store's path."""
     dump(r_config(folder), database, epoch=0)
     return folder / "store.zarr"
+
+
+# --- tampering, as someone who can write the store would ------------------------------------------------
+def epoch(store: Path) -> Path:
+    return store / "epoch-00000"
+
+
+def edit_manifest(store: Path, edit: Callable[[dict[str, Any]], object]) -> None:
+    path = epoch(store) / "zarr.json"
+    doc = json.loads(path.read_text())
+    edit(doc["attributes"]["pgprefetch"])
+    path.write_text(json.dumps(doc))
+
+
+def edit_array(store: Path, name: str, edit: Callable[[dict[str, Any]], object]) -> None:
+    path = epoch(store) / name / "zarr.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+
+
+def without_hashes(store: Path) -> None:
+    """As an older pgprefetch published it: no SHA-256 of the arrays' zarr.json in the manifest."""
+    edit_manifest(store, lambda m: m.pop("metadata_sha256"))
+
+
+def rehash(store: Path) -> None:
+    """Record every array's zarr.json as it is now: a forger who can write the manifest does."""
+    digests = {name: hashlib.sha256((p / "zarr.json").read_bytes()).hexdigest() for name, p in _arrays(store)}
+    edit_manifest(store, lambda m: m["metadata_sha256"].update(digests))
+
+
+def _arrays(store: Path) -> list[tuple[str, Path]]:
+    return [(p.name, p) for p in sorted(epoch(store).iterdir()) if p.is_dir()]

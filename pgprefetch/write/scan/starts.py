@@ -43,14 +43,14 @@ class Placed:
     """Where an epoch's windows lie among the rows it stores."""
 
     rows: np.ndarray  # the table's rows stored, ascending
-    starts: np.ndarray  # each sample's first row among them, in the epoch's order (int32)
+    starts: np.ndarray  # each sample's first row among them, in the epoch's order (int32 below 2**31 rows)
     weights: np.ndarray  # how many of the epoch's windows each stored row is in (int32)
 
     @property
     def digest(self) -> str:
         """A SHA-256 of the rows' count and the starts: a partial epoch resumes only under the same ones."""
         h = hashlib.sha256(np.int64(self.rows.size).tobytes())
-        h.update(np.ascontiguousarray(self.starts, dtype="<i4").data)
+        h.update(np.ascontiguousarray(self.starts, dtype="<i8").data)  # (int32 or int64 alike)
         return h.hexdigest()
 
 
