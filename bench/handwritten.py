@@ -14,6 +14,8 @@ rounds; the median is reported:
 
 - *pgprefetch*: ``pgprefetch dump`` of a scan-mode config (``[samples] table``), ``compression = "none"``,
   on local disk;
+- *pgprefetch, windows as starts* (the windows job only): the same dump with ``[store] windows = "starts"``
+  (#56), its batches checked after the first round to be the batches layout's, byte for byte;
 - *ADBC script* (``bench/scripts/adbc_script.py``): ``fetch_arrow_table()`` on one connection;
 - *ConnectorX script* (``bench/scripts/connectorx_script.py``): ``read_sql(partition_on=..., partition_num=8,
   return_type="arrow")``.
@@ -65,6 +67,7 @@ OUT = Path(__file__).with_name("HANDWRITTEN.md")
 SEED = 0
 JOBS = {"rows": 1024, "windows": 256}  # batch sizes
 CONTENDERS = ("pgprefetch", "adbc", "connectorx")
+STARTS = "pgprefetch-starts"  # the windows job again, stored as starts ([store] windows = "starts", #56)
 BEGIN = "<!-- handwritten bench: begin -->"
 END = "<!-- handwritten bench: end -->"
 WINDOW = 64
@@ -120,8 +123,8 @@ async def _prewarm(dsn: str, tables: tuple[str, ...]) -> None:
         await conn.close()
 
 
-def scan_config(job: str, store: Path, connections: int, memory: str | None) -> str:
-    """pgprefetch's scan-mode config for a job."""
+def scan_config(job: str, store: Path, connections: int, memory: str | None, windows: str = "batches") -> str:
+    """pgprefetch's scan-mode config for a job (``windows``: the windows' store layout)."""
     if job == "rows":
         columns = ", ".join(f'"r{i}"' for i in range(16))
         samples = 'table = "wide"\nkey = ["id"]\n'
@@ -134,7 +137,7 @@ def scan_config(job: str, store: Path, connections: int, memory: str | None) -> 
         f"[source]\nconnections = {connections}\n{memory_line}\n[samples]\n{samples}\n{x}\n"
         '[fields.y]\ncolumns = ["label"]\ndtype = "int64"\n\n'
         f"[batches]\nsize = {JOBS[job]}\nseed = {SEED}\ndrop_last = false\n\n"
-        f'[store]\npath = "{store}"\ncompression = "none"\n'
+        f'[store]\npath = "{store}"\ncompression = "none"\nwindows = "{windows}"\n'
     )
 
 
@@ -171,9 +174,10 @@ def run_one(contender: str, job: str, dsn: str, work: Path, args: argparse.Names
     """Run one contender on one job as a whole process, into ``work/<contender>-<job>``."""
     out = work / f"{contender}-{job}"
     shutil.rmtree(out, ignore_errors=True)
-    if contender == "pgprefetch":
-        config = work / f"{job}.toml"
-        config.write_text(scan_config(job, out, args.connections, memory), encoding="utf-8")
+    if contender in ("pgprefetch", STARTS):
+        config = work / f"{contender}-{job}.toml"
+        layout = "starts" if contender == STARTS else "batches"
+        config.write_text(scan_config(job, out, args.connections, memory, layout), encoding="utf-8")
         pgprefetch = Path(sys.executable).parent / "pgprefetch"
         argv = [str(pgprefetch), "dump", "--config", str(config), "--epoch", "0", "--force", "--json"]
     else:
@@ -241,6 +245,18 @@ def check(job: str, work: Path, expected: int, draws: int = 5) -> None:
     log(f"{job}: the three wrote the same {expected:,} samples (keys as a multiset; {draws} samples' rows)")
 
 
+def same_batches(batches: Path, starts: Path) -> None:
+    """The starts layout's epoch hands out the batches layout's batches, byte for byte (every batch)."""
+    from pgprefetch import EpochArrays
+
+    a, b = (EpochArrays(store, 0, consumer=None) for store in (batches, starts))
+    if len(a) != len(b) or any(
+        {k: v.tobytes() for k, v in a[i].items()} != {k: v.tobytes() for k, v in b[i].items()} for i in range(len(a))
+    ):
+        raise AssertionError("windows: the starts epoch's batches are not the batches epoch's")
+    log(f"windows: the starts epoch hands out the batches epoch's {len(a):,} batches, byte for byte")
+
+
 def run_job(
     job: str,
     dsn: str,
@@ -252,9 +268,10 @@ def run_job(
 ) -> JobResult:
     """``--runs`` interleaved rounds of the three contenders on one job (checked after the first)."""
     label = job if memory is None else f"{job}, `memory = {memory}`"
-    result = JobResult(label, table_rows, server, {c: [] for c in CONTENDERS})
+    contenders = (*CONTENDERS, *((STARTS,) if job == "windows" else ()))
+    result = JobResult(label, table_rows, server, {c: [] for c in contenders})
     for r in range(args.runs):
-        order = CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]
+        order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for c in order:
             run = run_one(c, job, dsn, work, args, memory or args.memory)
             result.runs[c].append(run)
@@ -265,7 +282,9 @@ def run_job(
             if len(set(samples.values())) != 1:
                 raise AssertionError(f"{job}: sample counts differ: {samples}")
             check(job, work, samples["pgprefetch"])
-        for c in CONTENDERS:
+            if STARTS in contenders:
+                same_batches(work / f"pgprefetch-{job}", work / f"{STARTS}-{job}")
+        for c in contenders:
             shutil.rmtree(work / f"{c}-{job}", ignore_errors=True)
     return result
 
@@ -287,13 +306,16 @@ def render(results: list[JobResult], args: argparse.Namespace, wall_s: float) ->
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in results:
-        pg, adbc, cx = (r.median(c) for c in CONTENDERS)
-        adbc_read, cx_read = r.median("adbc", "read_s"), r.median("connectorx", "read_s")
-        lines.append(
-            f"| {r.server} | {r.job} | {r.table_rows:,} | {r.runs['pgprefetch'][0].samples:,} | {pg:.2f} s "
-            f"| {adbc:.2f} s ({adbc_read:.2f} s) | {cx:.2f} s ({cx_read:.2f} s) "
-            f"| {adbc / pg:.2f}x | {cx / pg:.2f}x | {pg / adbc_read:.2f}x |"
-        )
+        for ours, job in (("pgprefetch", r.job), (STARTS, f'{r.job}, `windows = "starts"`')):
+            if ours not in r.runs:
+                continue
+            pg, adbc, cx = r.median(ours), r.median("adbc"), r.median("connectorx")
+            adbc_read, cx_read = r.median("adbc", "read_s"), r.median("connectorx", "read_s")
+            lines.append(
+                f"| {r.server} | {job} | {r.table_rows:,} | {r.runs[ours][0].samples:,} | {pg:.2f} s "
+                f"| {adbc:.2f} s ({adbc_read:.2f} s) | {cx:.2f} s ({cx_read:.2f} s) "
+                f"| {adbc / pg:.2f}x | {cx / pg:.2f}x | {pg / adbc_read:.2f}x |"
+            )
     lines += [
         "",
         "CPU seconds of each whole process (user + system, medians):",
@@ -304,6 +326,8 @@ def render(results: list[JobResult], args: argparse.Namespace, wall_s: float) ->
     for r in results:
         cpu = " | ".join(f"{r.median(c, 'cpu_s'):.2f} s" for c in CONTENDERS)
         lines.append(f"| {r.server} | {r.job} | {cpu} |")
+        if STARTS in r.runs:
+            lines.append(f"| {r.server} | {r.job}, as starts | {r.median(STARTS, 'cpu_s'):.2f} s | | |")
     lines += [
         "",
         "Ratios above 1 mean pgprefetch was faster. *pgprefetch / ADBC read*: the dump's wall time over ADBC's "
