@@ -440,3 +440,16 @@ def test_a_forged_windows_record_is_a_store_error_for_readers_and_verify(
     code, out = run_cli("verify", "--store", str(store), "--epoch", "0")
     assert code != 0, out
     assert "Traceback" not in out
+
+
+def test_a_fraction_of_the_windows_stores_only_the_rows_they_cover(wt: str, tmp_path: Path) -> None:
+    sampled = {"table": "wt", "key": ["sid"], "order": "t", "window": 16, "stride": 3, "fraction": 0.4}
+    got, want = (dump(config(tmp_path / k, k, **sampled), wt) for k in ("starts", "batches"))
+    assert 0 < got.n_samples == want.n_samples
+    starts = EpochArrays(Path(got.path).parent, 0, consumer=None)
+    assert every_batch(starts) == every_batch(EpochArrays(Path(want.path).parent, 0, consumer=None))
+    all_windows = dump(config(tmp_path / "all", **{**sampled, "fraction": 1.0}), wt)
+    assert (
+        starts.manifest["windows"]["rows"]
+        < EpochArrays(Path(all_windows.path).parent, 0, consumer=None).manifest["windows"]["rows"]
+    )
