@@ -286,7 +286,7 @@ def test_starts_in_s3_give_the_batches_bytes(
 
 def test_kill_9_while_writing_a_starts_epoch_then_rerun_resumes_to_the_clean_bytes(wt: str, tmp_path: Path) -> None:
     # Batches of one window, compressed: milliseconds each through zarr, so the dump is still writing when killed.
-    sparse = {"table": "wt", "key": ["sid"], "order": "t", "window": WINDOW, "stride": 5}  # about 400 windows
+    sparse = {"table": "wt", "key": ["sid"], "order": "t", "window": WINDOW, "stride": 9}  # about 220 windows
     slow = config(tmp_path / "a", **sparse).read_text().replace(f"size = {SIZE}", "size = 1")
     slow = slow.replace('windows = "starts"', 'windows = "starts"\ncompression = "zstd"')
     cfg = tmp_path / "a" / "c.toml"
