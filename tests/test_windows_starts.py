@@ -453,3 +453,26 @@ def test_a_fraction_of_the_windows_stores_only_the_rows_they_cover(wt: str, tmp_
         starts.manifest["windows"]["rows"]
         < EpochArrays(Path(all_windows.path).parent, 0, consumer=None).manifest["windows"]["rows"]
     )
+
+
+def test_connections_killed_while_a_starts_epoch_reads_are_retried_to_the_clean_bytes(wt: str, tmp_path: Path) -> None:
+    """The one COPY stream's retry: a new snapshot, the table read again, the same rows and starts placed."""
+    import asyncio
+    import threading
+
+    from pgprefetch import dump_epoch, load_config
+    from pgprefetch.pg.retry import RetryPolicy
+
+    from .harness.faults import kill_every_connection
+
+    slow = "SELECT sid, t, a, v, tok, label, pg_sleep(0.001) AS pause FROM wt"  # a COPY of about 1.5 s
+    cfg = config(tmp_path / "slow", table=slow, key=["sid"], order="t", window=WINDOW, stride=STRIDE)
+    killer = threading.Timer(0.8, kill_every_connection, args=(wt,))
+    killer.start()
+    result = asyncio.run(dump_epoch(load_config(cfg, dsn=wt), 0, retries=RetryPolicy(first_wait=0.1)))
+    killer.join()
+    assert result.retries == 1
+    clean = dump(config(tmp_path / "clean"), wt)
+    a, b = (EpochArrays(Path(r.path).parent, 0, consumer=None) for r in (result, clean))
+    assert every_batch(a) == every_batch(b)
+    assert a.manifest["windows"] == b.manifest["windows"]
